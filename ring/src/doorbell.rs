@@ -1,0 +1,96 @@
+//! The doorbell: an eventfd (`EFD_NONBLOCK | EFD_CLOEXEC`) the producer writes when the consumer
+//! announced a sleep (`ring.rs`, `SYNC: doorbell`). The counter coalesces rings: one read clears
+//! any number of them.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+/// An eventfd shared by one producer and one consumer.
+#[derive(Debug)]
+pub struct Doorbell {
+    fd: OwnedFd,
+}
+
+impl Doorbell {
+    /// A new eventfd with a zero counter.
+    pub fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Doorbell { fd })
+    }
+
+    /// Wraps a descriptor received from the producer. It is checked to be an eventfd by the first
+    /// read; a wrong descriptor makes [`Doorbell::wait`] fail, never block forever.
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        Doorbell { fd }
+    }
+
+    /// Adds one to the counter, waking a sleeper. `EAGAIN` (counter saturated: nobody has read it
+    /// for 2^64 rings) means a wake-up is already pending, so it is not an error.
+    pub fn ring(&self) -> io::Result<()> {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our descriptor.
+        let n = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::WouldBlock {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and clears the counter; returns how many rings it held (0 if none).
+    pub fn clear(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a valid u64 from our descriptor.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(0)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(v)
+    }
+
+    /// Blocks until the counter is non-zero or `timeout` passes (None: forever), then clears it.
+    /// Returns whether it was rung.
+    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
+        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        loop {
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            if r == 0 {
+                return Ok(false);
+            }
+            return Ok(self.clear()? > 0);
+        }
+    }
+}
+
+impl AsFd for Doorbell {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}

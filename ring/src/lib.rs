@@ -1,0 +1,35 @@
+//! `ringmux-ring`: a lock-free single-producer/single-consumer datagram ring in memfd-backed
+//! shared memory, with an eventfd doorbell that rings only when the consumer sleeps.
+//!
+//! The demux creates a ring per worker ([`Producer::create`]) and hands the worker three
+//! descriptors ([`Producer::handles`]); the worker attaches ([`Consumer::attach`]), which checks
+//! everything it maps. `shm-layout.md` at the repository root is the normative byte layout and
+//! protocol. This crate knows nothing of QUIC or sockets.
+//!
+//! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
+//! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (eventfd), `config.rs`
+//! (geometry and `RINGMUX_*` tuning).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod config;
+pub mod doorbell;
+pub mod layout;
+#[cfg_attr(loom, allow(dead_code))]
+mod ring;
+#[cfg(not(loom))]
+mod shm;
+mod sync;
+
+pub use config::{ConfigError, RingConfig};
+pub use doorbell::Doorbell;
+pub use ring::{
+    decode_desc, ConsumerViolation, Datagram, DatagramMeta, Drained, InvalidSlot,
+    ProducerViolation, PushError,
+};
+#[cfg(not(loom))]
+pub use shm::{AttachError, Consumer, ConsumerHandles, Producer, RingStats, WaitError};
+
+/// The algorithm's halves over arbitrary memory, for the loom model (`tests/loom.rs`).
+#[cfg(loom)]
+pub mod model;

@@ -1,0 +1,719 @@
+//! The SPSC ring algorithm over a producer header, a consumer line and a slot array. No syscalls
+//! and no mappings here (`shm.rs` owns those); this file runs unchanged under loom.
+//!
+//! # Ordering contract
+//!
+//! Indices are free-running `u64`s; slot `i` lives at `i & (slot_count - 1)`. The producer owns
+//! `tail`, the consumer owns `head` and `need_wakeup`. Each side caches the other's index and
+//! re-reads it only when its cached view says full (producer) or empty (consumer).
+//!
+//! - `SYNC: slot-publish` — the producer writes descriptors and payloads, then stores `tail` with
+//!   `Release`; the consumer loads `tail` with `Acquire` before it reads any slot below it. So no
+//!   slot is read before it is published.
+//! - `SYNC: slot-release` — the consumer reads slots, then stores `head` with `Release`; the
+//!   producer loads `head` with `Acquire` before it overwrites any slot below it. So no slot is
+//!   overwritten before it is released.
+//! - `SYNC: doorbell` — a store-load (Dekker) handshake. Consumer: store a non-zero sleep ticket in
+//!   `need_wakeup`, `fence(SeqCst)`, load `tail`; sleep only if still empty. Producer: store `tail`,
+//!   `fence(SeqCst)`, load `need_wakeup`; ring the eventfd if the ticket is non-zero and not yet
+//!   rung. The two fences guarantee that at least one side sees the other's store: either the
+//!   consumer sees the new tail and does not sleep, or the producer sees the ticket and rings.
+//!   Tickets make it at most one doorbell per sleep; none while the consumer is awake.
+//!
+//! # Untrusted peers
+//!
+//! Every shared index is loaded once, validated, and only the local copy is used: the producer
+//! requires `cached_head <= head <= published tail` (a hostile consumer can only make the producer
+//! think the ring is fuller, or be reported); the consumer requires `head <= tail <= head +
+//! capacity` and checks every descriptor before it hands a payload out.
+
+use core::ptr::NonNull;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+use crate::layout::{ConsumerLine, ProducerHeader, SlotDesc, DESC_BYTES, FLAG_LOCAL_ADDR};
+use crate::sync::{fence, Ordering};
+
+/// What travels with a datagram: enough to build a quinn `RecvMeta`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatagramMeta {
+    /// The client's address.
+    pub remote: SocketAddr,
+    /// The local address the datagram was sent to (`IP_PKTINFO`), when known.
+    pub local_ip: Option<IpAddr>,
+    /// The IP header's ECN bits (0–3).
+    pub ecn: u8,
+    /// GRO stride; equal to the payload length for a single datagram.
+    pub segment_size: u32,
+    /// Receive time, `CLOCK_MONOTONIC` ns.
+    pub rx_timestamp_ns: u64,
+}
+
+/// A datagram borrowed from a slot, valid until the drain call returns.
+#[derive(Debug)]
+pub struct Datagram<'a> {
+    pub meta: DatagramMeta,
+    pub payload: &'a [u8],
+}
+
+/// Why [`crate::Producer::try_push`] refused a datagram. The caller counts it and moves on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    #[error("ring full")]
+    Full,
+    #[error("datagram of {len} bytes exceeds the slot payload capacity of {capacity} bytes")]
+    Oversize { len: usize, capacity: usize },
+    #[error(transparent)]
+    Violation(#[from] ConsumerViolation),
+}
+
+/// The consumer broke the protocol: seen by the producer when it reads `head`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConsumerViolation {
+    #[error("consumer head {head} is ahead of the published tail {tail}")]
+    HeadAhead { head: u64, tail: u64 },
+    #[error("consumer head {head} moved backwards from {previous}")]
+    HeadBackwards { head: u64, previous: u64 },
+}
+
+/// The producer broke the protocol: seen by the consumer when it reads `tail`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProducerViolation {
+    #[error("producer tail {tail} is behind the consumer head {head}")]
+    TailBehind { tail: u64, head: u64 },
+    #[error("producer tail {tail} is more than the capacity {capacity} ahead of head {head}")]
+    TailTooFar { tail: u64, head: u64, capacity: u64 },
+}
+
+/// What one drain call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Drained {
+    /// Slots released (valid and invalid).
+    pub slots: usize,
+    /// Slots whose descriptor failed validation; skipped, not handed out.
+    pub invalid: usize,
+}
+
+/// Why a slot was not handed out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSlot {
+    #[error("payload length {len} exceeds the slot capacity {capacity}")]
+    Length { len: u32, capacity: u32 },
+    #[error("segment size {segment_size} is zero or exceeds the length {len}")]
+    SegmentSize { segment_size: u32, len: u32 },
+    #[error("address family {0} is neither 4 nor 6")]
+    Family(u8),
+    #[error("ECN bits {0} exceed 3")]
+    Ecn(u8),
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slot storage: raw shared memory in real builds, loom cells in the model.
+
+/// The slot array: `count` slots of `size` bytes.
+pub(crate) struct Slots {
+    #[cfg(not(loom))]
+    base: NonNull<u8>,
+    #[cfg(loom)]
+    cells: std::sync::Arc<Vec<loom::cell::UnsafeCell<Vec<u8>>>>,
+    size: usize,
+    mask: u64,
+}
+
+impl Slots {
+    /// # Safety
+    /// `base` points to `count * size` bytes that stay mapped while this value lives; `count` is a
+    /// power of two and `size` a multiple of 64 of at least `DESC_BYTES`.
+    #[cfg(not(loom))]
+    pub(crate) unsafe fn new(base: NonNull<u8>, count: u32, size: u32) -> Self {
+        Slots {
+            base,
+            size: size as usize,
+            mask: u64::from(count) - 1,
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn new_model(count: u32, size: u32) -> Self {
+        let cells = (0..count)
+            .map(|_| loom::cell::UnsafeCell::new(vec![0u8; size as usize]))
+            .collect();
+        Slots {
+            cells: std::sync::Arc::new(cells),
+            size: size as usize,
+            mask: u64::from(count) - 1,
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn share_model(&self) -> Self {
+        Slots {
+            cells: self.cells.clone(),
+            size: self.size,
+            mask: self.mask,
+        }
+    }
+
+    /// # Safety
+    /// The caller owns slot `idx`: the producer, for an index in `[head, head + capacity)` that it
+    /// has not published.
+    unsafe fn write(&self, idx: u64, desc: &SlotDesc, payload: &[u8]) {
+        debug_assert!(payload.len() + DESC_BYTES as usize <= self.size);
+        let write = |slot: *mut u8| {
+            // SAFETY: `slot` has `size` bytes (Slots::new), the descriptor and payload fit (checked
+            // by try_push against payload_capacity), and the caller owns the slot.
+            unsafe {
+                slot.cast::<SlotDesc>().write_unaligned(*desc);
+                core::ptr::copy_nonoverlapping(
+                    payload.as_ptr(),
+                    slot.add(DESC_BYTES as usize),
+                    payload.len(),
+                );
+            }
+        };
+        #[cfg(not(loom))]
+        // SAFETY: `idx & mask` < count, so the offset stays inside the mapping (Slots::new).
+        write(unsafe {
+            self.base
+                .as_ptr()
+                .add((idx & self.mask) as usize * self.size)
+        });
+        #[cfg(loom)]
+        self.cells[(idx & self.mask) as usize].with_mut(|v| {
+            // SAFETY: loom checks the exclusive access this closure claims.
+            write(unsafe { (*v).as_mut_ptr() })
+        });
+    }
+
+    /// Copies out slot `idx`'s descriptor and lends its whole payload area to `f`.
+    ///
+    /// # Safety
+    /// Slot `idx` is published (`idx < tail` observed with Acquire) and not yet released.
+    unsafe fn read<R>(&self, idx: u64, f: impl FnOnce(SlotDesc, &[u8]) -> R) -> R {
+        let read = |slot: *const u8| {
+            // SAFETY: `slot` has `size` bytes; SlotDesc is plain old data, every bit pattern valid.
+            let desc = unsafe { slot.cast::<SlotDesc>().read_unaligned() };
+            // SAFETY: the payload area is the rest of the slot, published and not yet released.
+            let area = unsafe {
+                core::slice::from_raw_parts(
+                    slot.add(DESC_BYTES as usize),
+                    self.size - DESC_BYTES as usize,
+                )
+            };
+            f(desc, area)
+        };
+        #[cfg(not(loom))]
+        // SAFETY: as in `write`.
+        return read(unsafe {
+            self.base
+                .as_ptr()
+                .add((idx & self.mask) as usize * self.size)
+        });
+        #[cfg(loom)]
+        // SAFETY: loom checks the shared access this closure claims.
+        self.cells[(idx & self.mask) as usize].with(|v| read(unsafe { (*v).as_ptr() }))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// The producer half of the algorithm.
+pub(crate) struct ProducerCore {
+    header: NonNull<ProducerHeader>,
+    cons: NonNull<ConsumerLine>,
+    slots: Slots,
+    capacity: u64,
+    payload_capacity: usize,
+    /// Next slot to write (local, not yet visible beyond `published`).
+    tail: u64,
+    /// Last tail stored to shared memory.
+    published: u64,
+    /// Last validated head.
+    cached_head: u64,
+    /// The sleep ticket last rung for.
+    last_rung: u32,
+    doorbells: u64,
+    dropped_full: u64,
+}
+
+// SAFETY: the pointers refer to shared memory that the owner keeps mapped; all shared access is
+// through atomics or through slots this half owns by the protocol.
+unsafe impl Send for ProducerCore {}
+
+impl ProducerCore {
+    /// # Safety
+    /// `header` and `cons` stay valid (mapped, writable) while the core lives; `slots` describes
+    /// the slot array of the same ring; the consumer line's head equals the header's tail.
+    pub(crate) unsafe fn new(
+        header: NonNull<ProducerHeader>,
+        cons: NonNull<ConsumerLine>,
+        slots: Slots,
+        slot_count: u32,
+        slot_size: u32,
+    ) -> Self {
+        // SAFETY: valid per the caller's contract.
+        let tail = unsafe { header.as_ref() }.tail.tail.load(Ordering::Relaxed);
+        ProducerCore {
+            header,
+            cons,
+            slots,
+            capacity: u64::from(slot_count),
+            payload_capacity: (slot_size - DESC_BYTES) as usize,
+            tail,
+            published: tail,
+            cached_head: tail,
+            last_rung: 0,
+            doorbells: 0,
+            dropped_full: 0,
+        }
+    }
+
+    fn header(&self) -> &ProducerHeader {
+        // SAFETY: valid while self lives (ProducerCore::new).
+        unsafe { self.header.as_ref() }
+    }
+
+    fn cons(&self) -> &ConsumerLine {
+        // SAFETY: valid while self lives (ProducerCore::new).
+        unsafe { self.cons.as_ref() }
+    }
+
+    pub(crate) fn payload_capacity(&self) -> usize {
+        self.payload_capacity
+    }
+
+    /// Slots written but not yet published.
+    pub(crate) fn pending(&self) -> u64 {
+        self.tail - self.published
+    }
+
+    pub(crate) fn doorbells(&self) -> u64 {
+        self.doorbells
+    }
+
+    /// Writes one datagram into the next free slot. Returns whether the doorbell must ring (the
+    /// quarter-ring auto-publish may have published).
+    pub(crate) fn try_push(
+        &mut self,
+        meta: &DatagramMeta,
+        payload: &[u8],
+    ) -> Result<bool, PushError> {
+        if payload.len() > self.payload_capacity {
+            return Err(PushError::Oversize {
+                len: payload.len(),
+                capacity: self.payload_capacity,
+            });
+        }
+        if self.tail - self.cached_head >= self.capacity {
+            self.refresh_head()?;
+            if self.tail - self.cached_head >= self.capacity {
+                self.dropped_full += 1;
+                self.header()
+                    .tail
+                    .dropped_full
+                    .store(self.dropped_full, Ordering::Relaxed);
+                return Err(PushError::Full);
+            }
+        }
+        let desc = encode_desc(meta, payload.len() as u32);
+        // SAFETY: tail - cached_head < capacity and the consumer released everything below
+        // cached_head (validated in refresh_head), so slot `tail` is ours.
+        unsafe { self.slots.write(self.tail, &desc, payload) };
+        self.tail += 1;
+        // A GRO batch can carry more datagrams than the ring holds: publish every quarter ring
+        // so the consumer can start before the batch ends (DESIGN.md, "The ring").
+        if self.tail - self.published >= self.capacity / 4 {
+            return Ok(self.publish());
+        }
+        Ok(false)
+    }
+
+    /// Makes every written slot visible. Returns whether the caller must ring the doorbell.
+    pub(crate) fn publish(&mut self) -> bool {
+        if self.tail == self.published {
+            return false;
+        }
+        // SYNC: slot-publish. Release: the slot writes above happen-before the consumer's Acquire
+        // load of this tail.
+        self.header().tail.tail.store(self.tail, Ordering::Release);
+        self.published = self.tail;
+        // SYNC: doorbell. Orders the tail store before the need_wakeup load (store-load).
+        fence(Ordering::SeqCst);
+        let ticket = self.cons().need_wakeup.load(Ordering::Relaxed);
+        if ticket != 0 && ticket != self.last_rung {
+            self.last_rung = ticket;
+            self.doorbells += 1;
+            self.header()
+                .tail
+                .doorbells
+                .store(self.doorbells, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
+    /// Loads, validates and caches the consumer's head.
+    fn refresh_head(&mut self) -> Result<(), ConsumerViolation> {
+        // SYNC: slot-release. Acquire: the consumer's reads of slots below head happen-before our
+        // overwrites of them.
+        let head = self.cons().head.load(Ordering::Acquire);
+        if head < self.cached_head {
+            return Err(ConsumerViolation::HeadBackwards {
+                head,
+                previous: self.cached_head,
+            });
+        }
+        if head > self.published {
+            return Err(ConsumerViolation::HeadAhead {
+                head,
+                tail: self.published,
+            });
+        }
+        self.cached_head = head;
+        Ok(())
+    }
+
+    /// The datagrams published but not yet consumed (after validating head), for accounting.
+    pub(crate) fn unconsumed(&mut self) -> u64 {
+        match self.refresh_head() {
+            Ok(()) => self.published - self.cached_head,
+            Err(_) => self.published - self.cached_head,
+        }
+    }
+
+    /// Switches to a fresh consumer line for a new consumer generation, discarding what the old
+    /// consumer left. Returns how many published datagrams were discarded.
+    ///
+    /// # Safety
+    /// `cons` stays valid while the core lives, and its head was initialised to `self.tail`
+    /// after [`ProducerCore::publish`] (so `pending() == 0`).
+    pub(crate) unsafe fn reset(&mut self, cons: NonNull<ConsumerLine>) -> u64 {
+        let discarded = self.unconsumed() + self.pending();
+        self.publish();
+        self.cons = cons;
+        self.cached_head = self.tail;
+        self.published = self.tail;
+        self.last_rung = 0;
+        discarded
+    }
+}
+
+/// The consumer half of the algorithm.
+pub(crate) struct ConsumerCore {
+    header: NonNull<ProducerHeader>,
+    cons: NonNull<ConsumerLine>,
+    slots: Slots,
+    capacity: u64,
+    payload_capacity: u32,
+    head: u64,
+    cached_tail: u64,
+    ticket: u32,
+    dequeued: u64,
+    invalid: u64,
+    sleeps: u64,
+}
+
+// SAFETY: as for ProducerCore.
+unsafe impl Send for ConsumerCore {}
+
+impl ConsumerCore {
+    /// # Safety
+    /// `header` (readable) and `cons` (writable) stay valid while the core lives and `slots`
+    /// describes the same ring's slot array.
+    pub(crate) unsafe fn new(
+        header: NonNull<ProducerHeader>,
+        cons: NonNull<ConsumerLine>,
+        slots: Slots,
+        slot_count: u32,
+        slot_size: u32,
+    ) -> Self {
+        // SAFETY: valid per the caller's contract. The head was written by the producer before
+        // the page was handed over; it is validated against tail on the first refresh.
+        let head = unsafe { cons.as_ref() }.head.load(Ordering::Relaxed);
+        ConsumerCore {
+            header,
+            cons,
+            slots,
+            capacity: u64::from(slot_count),
+            payload_capacity: slot_size - DESC_BYTES,
+            head,
+            cached_tail: head,
+            ticket: 0,
+            dequeued: 0,
+            invalid: 0,
+            sleeps: 0,
+        }
+    }
+
+    fn header(&self) -> &ProducerHeader {
+        // SAFETY: valid while self lives (ConsumerCore::new).
+        unsafe { self.header.as_ref() }
+    }
+
+    fn cons(&self) -> &ConsumerLine {
+        // SAFETY: valid while self lives (ConsumerCore::new).
+        unsafe { self.cons.as_ref() }
+    }
+
+    /// Loads, validates and caches the producer's tail.
+    fn refresh_tail(&mut self) -> Result<u64, ProducerViolation> {
+        // SYNC: slot-publish. Acquire pairs with the producer's Release store of tail.
+        let tail = self.header().tail.tail.load(Ordering::Acquire);
+        if tail < self.head {
+            return Err(ProducerViolation::TailBehind {
+                tail,
+                head: self.head,
+            });
+        }
+        if tail - self.head > self.capacity {
+            return Err(ProducerViolation::TailTooFar {
+                tail,
+                head: self.head,
+                capacity: self.capacity,
+            });
+        }
+        self.cached_tail = tail;
+        Ok(tail - self.head)
+    }
+
+    /// Datagrams ready now (re-reads tail only when the cached view is empty).
+    pub(crate) fn available(&mut self) -> Result<u64, ProducerViolation> {
+        if self.cached_tail != self.head {
+            return Ok(self.cached_tail - self.head);
+        }
+        self.refresh_tail()
+    }
+
+    /// Hands up to `max` datagrams to `f`, then releases their slots with one head store.
+    pub(crate) fn drain(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(Datagram<'_>),
+    ) -> Result<Drained, ProducerViolation> {
+        // Re-read tail only when the cached view cannot fill the request (AF_XDP's
+        // `xsk_cons_nb_avail` does the same): one shared load per call at most.
+        let mut ready = self.cached_tail - self.head;
+        if ready < max as u64 {
+            ready = self.refresh_tail()?;
+        }
+        let n = ready.min(max as u64);
+        if n == 0 {
+            return Ok(Drained::default());
+        }
+        let mut invalid = 0;
+        for i in 0..n {
+            let cap = self.payload_capacity;
+            // SAFETY: head + i < cached_tail, validated and observed with Acquire; not released.
+            let ok = unsafe {
+                self.slots
+                    .read(self.head + i, |desc, area| match decode_desc(&desc, cap) {
+                        Ok(meta) => {
+                            f(Datagram {
+                                meta,
+                                payload: &area[..desc.len as usize],
+                            });
+                            true
+                        }
+                        Err(_) => false,
+                    })
+            };
+            if !ok {
+                invalid += 1;
+            }
+        }
+        self.head += n;
+        // SYNC: slot-release. Release: our slot reads happen-before the producer's reuse.
+        self.cons().head.store(self.head, Ordering::Release);
+        self.dequeued += n;
+        self.cons().dequeued.store(self.dequeued, Ordering::Relaxed);
+        if invalid > 0 {
+            self.invalid += invalid as u64;
+            self.cons().invalid.store(self.invalid, Ordering::Relaxed);
+        }
+        Ok(Drained {
+            slots: n as usize,
+            invalid,
+        })
+    }
+
+    /// Announces a sleep. Returns `Ok(true)` if the ring is still empty after the announcement,
+    /// so the caller may block on the doorbell (and must call [`Self::end_sleep`] after); `Ok(false)`
+    /// if data arrived, in which case the announcement is already withdrawn.
+    pub(crate) fn prepare_sleep(&mut self) -> Result<bool, ProducerViolation> {
+        self.ticket = self.ticket.wrapping_add(1).max(1);
+        self.cons()
+            .need_wakeup
+            .store(self.ticket, Ordering::Relaxed);
+        // SYNC: doorbell. Orders the ticket store before the tail load (store-load).
+        fence(Ordering::SeqCst);
+        if self.refresh_tail()? != 0 {
+            self.cons().need_wakeup.store(0, Ordering::Relaxed);
+            return Ok(false);
+        }
+        self.sleeps += 1;
+        self.cons().sleeps.store(self.sleeps, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Withdraws the sleep announcement after a wake-up (or a timeout).
+    pub(crate) fn end_sleep(&mut self) {
+        self.cons().need_wakeup.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Builds the slot descriptor for a datagram of `len` bytes.
+fn encode_desc(meta: &DatagramMeta, len: u32) -> SlotDesc {
+    let mut d = SlotDesc {
+        len,
+        segment_size: if meta.segment_size == 0 || meta.segment_size > len {
+            len
+        } else {
+            meta.segment_size
+        },
+        ecn: meta.ecn & 3,
+        remote_port: meta.remote.port(),
+        rx_timestamp_ns: meta.rx_timestamp_ns,
+        ..SlotDesc::default()
+    };
+    match meta.remote {
+        SocketAddr::V4(a) => {
+            d.family = 4;
+            d.remote_addr[..4].copy_from_slice(&a.ip().octets());
+        }
+        SocketAddr::V6(a) => {
+            d.family = 6;
+            d.remote_addr = a.ip().octets();
+            d.remote_scope_id = a.scope_id();
+        }
+    }
+    match meta.local_ip {
+        Some(IpAddr::V4(ip)) => {
+            d.flags |= FLAG_LOCAL_ADDR;
+            d.local_addr[..4].copy_from_slice(&ip.octets());
+            if d.family == 6 {
+                // A v4 destination on a dual-stack socket: keep the families consistent.
+                d.local_addr = ip.to_ipv6_mapped().octets();
+            }
+        }
+        Some(IpAddr::V6(ip)) => {
+            d.flags |= FLAG_LOCAL_ADDR;
+            d.local_addr = ip.octets();
+        }
+        None => {}
+    }
+    d
+}
+
+/// Validates a descriptor copied out of shared memory and turns it into metadata.
+pub fn decode_desc(d: &SlotDesc, payload_capacity: u32) -> Result<DatagramMeta, InvalidSlot> {
+    if d.len > payload_capacity {
+        return Err(InvalidSlot::Length {
+            len: d.len,
+            capacity: payload_capacity,
+        });
+    }
+    if d.segment_size > d.len || (d.segment_size == 0 && d.len != 0) {
+        return Err(InvalidSlot::SegmentSize {
+            segment_size: d.segment_size,
+            len: d.len,
+        });
+    }
+    if d.ecn > 3 {
+        return Err(InvalidSlot::Ecn(d.ecn));
+    }
+    let local = d.flags & FLAG_LOCAL_ADDR != 0;
+    let (remote, local_ip) = match d.family {
+        4 => {
+            let ip = Ipv4Addr::new(
+                d.remote_addr[0],
+                d.remote_addr[1],
+                d.remote_addr[2],
+                d.remote_addr[3],
+            );
+            let l = Ipv4Addr::new(
+                d.local_addr[0],
+                d.local_addr[1],
+                d.local_addr[2],
+                d.local_addr[3],
+            );
+            (
+                SocketAddr::V4(SocketAddrV4::new(ip, d.remote_port)),
+                local.then_some(IpAddr::V4(l)),
+            )
+        }
+        6 => {
+            let ip = Ipv6Addr::from(d.remote_addr);
+            let l = Ipv6Addr::from(d.local_addr);
+            (
+                SocketAddr::V6(SocketAddrV6::new(ip, d.remote_port, 0, d.remote_scope_id)),
+                local.then_some(IpAddr::V6(l)),
+            )
+        }
+        f => return Err(InvalidSlot::Family(f)),
+    };
+    Ok(DatagramMeta {
+        remote,
+        local_ip,
+        ecn: d.ecn,
+        segment_size: d.segment_size,
+        rx_timestamp_ns: d.rx_timestamp_ns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_round_trips_both_families() {
+        for (remote, local) in [
+            (
+                "127.0.0.1:4433".parse::<SocketAddr>().unwrap(),
+                Some("127.0.0.2".parse().unwrap()),
+            ),
+            ("[::1]:9".parse().unwrap(), Some("::2".parse().unwrap())),
+            ("[fe80::1%3]:443".parse().unwrap(), None),
+        ] {
+            let meta = DatagramMeta {
+                remote,
+                local_ip: local,
+                ecn: 2,
+                segment_size: 1200,
+                rx_timestamp_ns: 77,
+            };
+            let d = encode_desc(&meta, 1200);
+            assert_eq!(decode_desc(&d, 1984).unwrap(), meta);
+        }
+    }
+
+    #[test]
+    fn hostile_descriptors_are_refused() {
+        let meta = DatagramMeta {
+            remote: "127.0.0.1:1".parse().unwrap(),
+            local_ip: None,
+            ecn: 0,
+            segment_size: 0,
+            rx_timestamp_ns: 0,
+        };
+        let good = encode_desc(&meta, 100);
+        assert_eq!(good.segment_size, 100);
+        assert!(decode_desc(&SlotDesc { len: 2000, ..good }, 1984).is_err());
+        assert!(decode_desc(
+            &SlotDesc {
+                segment_size: 0,
+                ..good
+            },
+            1984
+        )
+        .is_err());
+        assert!(decode_desc(
+            &SlotDesc {
+                segment_size: 101,
+                ..good
+            },
+            1984
+        )
+        .is_err());
+        assert!(decode_desc(&SlotDesc { family: 5, ..good }, 1984).is_err());
+        assert!(decode_desc(&SlotDesc { ecn: 9, ..good }, 1984).is_err());
+    }
+}

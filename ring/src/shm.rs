@@ -1,0 +1,542 @@
+//! Shared memory: memfd creation, sizing, sealing and mapping, and the two public halves that own
+//! those mappings — [`Producer`] (the demux) and [`Consumer`] (a worker). The algorithm itself is
+//! in `ring.rs`; this file adds the syscalls and the checks an attacher makes before it trusts a
+//! descriptor it was handed.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use crate::config::RingConfig;
+use crate::doorbell::Doorbell;
+use crate::layout::{
+    ConsumerLine, ProducerHeader, CONSUMER_PAGE_BYTES, FEATURES, LAYOUT_VERSION, MAGIC,
+    SLOTS_OFFSET,
+};
+use crate::ring::{
+    ConsumerCore, Datagram, DatagramMeta, Drained, ProducerCore, ProducerViolation, PushError,
+    Slots,
+};
+use crate::sync::Ordering;
+
+/// Seals every ring memfd carries: nobody can resize it (no SIGBUS under another process), and
+/// nobody can add or remove seals.
+const BASE_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+/// The producer region also refuses new writable mappings and `write()`: only the demux's own
+/// mapping, made before the seal, can write it.
+const REGION_SEALS: i32 = BASE_SEALS | libc::F_SEAL_FUTURE_WRITE;
+
+/// Why a consumer refused the descriptors it was handed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+    #[error("the {which} memfd lacks seals: has {found:#x}, needs {needed:#x}")]
+    Unsealed {
+        which: &'static str,
+        found: i32,
+        needed: i32,
+    },
+    #[error("bad magic {found:#018x}: not a ringmux ring")]
+    BadMagic { found: u64 },
+    #[error("ring not initialised by its creator (layout version 0)")]
+    NotInitialised,
+    #[error("layout version {found}, this build speaks {expected}")]
+    VersionMismatch { found: u32, expected: u32 },
+    #[error("unknown feature bits {found:#x}")]
+    UnknownFeatures { found: u32 },
+    #[error("bad geometry: {0}")]
+    Geometry(String),
+    #[error(
+        "stale generation {found}, expected {expected}: the ring was reset for another consumer"
+    )]
+    StaleGeneration { found: u64, expected: u64 },
+}
+
+/// Why a blocking wait ended in error.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    #[error(transparent)]
+    Violation(#[from] ProducerViolation),
+    #[error("doorbell: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// The descriptors a consumer needs, borrowed from the producer for hand-off (SCM_RIGHTS).
+#[derive(Clone, Copy, Debug)]
+pub struct ConsumerHandles<'a> {
+    pub ring: BorrowedFd<'a>,
+    pub page: BorrowedFd<'a>,
+    pub doorbell: BorrowedFd<'a>,
+    pub generation: u64,
+}
+
+/// Snapshot of a ring's counters as the producer sees them. Consumer-written values are
+/// informational only (a hostile consumer can write anything there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    pub generation: u64,
+    pub published: u64,
+    /// Published but not yet released (validated head; 0..=capacity).
+    pub occupancy: u64,
+    pub capacity: u64,
+    pub doorbells: u64,
+    pub consumer_sleeps: u64,
+    pub consumer_invalid: u64,
+}
+
+/// The demux's half of one ring: creates the memfds, writes datagrams, rings the doorbell.
+pub struct Producer {
+    core: ProducerCore,
+    // The mappings and descriptors the core points into; dropped after it.
+    region: MmapRaw,
+    region_file: File,
+    page: MmapRaw,
+    page_file: File,
+    doorbell: Doorbell,
+    config: RingConfig,
+    generation: u64,
+}
+
+impl Producer {
+    /// Creates a ring: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`, size, map, initialise
+    /// (layout version stored last), seal; plus the consumer page and the doorbell.
+    pub fn create(config: &RingConfig) -> io::Result<Self> {
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let region_bytes =
+            u64::from(SLOTS_OFFSET) + u64::from(config.slots) * u64::from(config.slot_bytes);
+        let region_file = memfd(c"ringmux-ring", region_bytes)?;
+        let region = MmapOptions::new()
+            .len(region_bytes as usize)
+            .map_raw(&region_file)?;
+        let header = header_ptr(&region);
+        // SAFETY: the mapping is at least SLOTS_OFFSET bytes, page aligned, zero-filled, and not
+        // yet shared with anyone.
+        let h = unsafe { header.as_ref() };
+        h.header.magic.store(MAGIC, Ordering::Relaxed);
+        h.header.features.store(FEATURES, Ordering::Relaxed);
+        h.header.slot_count.store(config.slots, Ordering::Relaxed);
+        h.header
+            .slot_size
+            .store(config.slot_bytes, Ordering::Relaxed);
+        h.header.slots_offset.store(SLOTS_OFFSET, Ordering::Relaxed);
+        h.header.region_bytes.store(region_bytes, Ordering::Relaxed);
+        h.header.generation.store(1, Ordering::Relaxed);
+        // Version last: an attacher that sees it sees everything above (Release/Acquire).
+        h.header
+            .layout_version
+            .store(LAYOUT_VERSION, Ordering::Release);
+        add_seals(&region_file, REGION_SEALS)?;
+
+        let (page, page_file) = consumer_page(0)?;
+        let doorbell = Doorbell::new()?;
+        // SAFETY: the slot array follows the header inside `region`, which `Producer` keeps.
+        let slots = unsafe { Slots::new(slots_ptr(&region), config.slots, config.slot_bytes) };
+        // SAFETY: header, page and slots stay mapped while the Producer (which owns them) lives;
+        // the page's head is 0 = the initial tail.
+        let core = unsafe {
+            ProducerCore::new(
+                header,
+                page_ptr(&page),
+                slots,
+                config.slots,
+                config.slot_bytes,
+            )
+        };
+        Ok(Producer {
+            core,
+            region,
+            region_file,
+            page,
+            page_file,
+            doorbell,
+            config: *config,
+            generation: 1,
+        })
+    }
+
+    /// Writes one datagram into the next free slot. Never blocks, never allocates. `Full` and
+    /// `Oversize` are drops for the caller to count; `Violation` means the consumer broke the
+    /// protocol and its ring should be reset.
+    #[inline]
+    pub fn try_push(&mut self, meta: &DatagramMeta, payload: &[u8]) -> Result<(), PushError> {
+        if self.core.try_push(meta, payload)? {
+            self.ring();
+        }
+        Ok(())
+    }
+
+    /// Publishes every written slot (call once per receive batch). Returns whether it rang.
+    #[inline]
+    pub fn publish(&mut self) -> bool {
+        let rang = self.core.publish();
+        if rang {
+            self.ring();
+        }
+        rang
+    }
+
+    fn ring(&self) {
+        // The only errors an eventfd write can return are EAGAIN (handled inside: a wake-up is
+        // already pending) and EBADF/EINVAL, impossible for the descriptor this struct owns.
+        let _ = self.doorbell.ring();
+    }
+
+    /// Starts a new consumer generation after the old consumer died or misbehaved: a fresh
+    /// consumer page (the old process's mapping no longer matters), `generation + 1`. Returns how
+    /// many published datagrams the old consumer left unread (now discarded).
+    pub fn reset(&mut self) -> io::Result<u64> {
+        self.core.publish();
+        let tail = self.header().tail.tail.load(Ordering::Relaxed);
+        let (page, page_file) = consumer_page(tail)?;
+        // SAFETY: the new page stays mapped in `self.page` below; its head equals the tail.
+        let discarded = unsafe { self.core.reset(page_ptr(&page)) };
+        self.page = page;
+        self.page_file = page_file;
+        // Drain any ring the old consumer never read, so the new one starts clean.
+        let _ = self.doorbell.clear();
+        self.generation += 1;
+        self.header()
+            .header
+            .generation
+            .store(self.generation, Ordering::Release);
+        Ok(discarded)
+    }
+
+    /// The descriptors to hand to the consumer of the current generation.
+    pub fn handles(&self) -> ConsumerHandles<'_> {
+        ConsumerHandles {
+            ring: self.region_file.as_fd(),
+            page: self.page_file.as_fd(),
+            doorbell: self.doorbell.as_fd(),
+            generation: self.generation,
+        }
+    }
+
+    pub fn config(&self) -> &RingConfig {
+        &self.config
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Largest payload a slot takes.
+    pub fn payload_capacity(&self) -> usize {
+        self.core.payload_capacity()
+    }
+
+    /// Counters and occupancy (re-reads and validates head).
+    pub fn stats(&mut self) -> RingStats {
+        let occupancy = self.core.unconsumed();
+        let line = page_ptr(&self.page);
+        // SAFETY: the page stays mapped while self lives.
+        let c = unsafe { line.as_ref() };
+        RingStats {
+            generation: self.generation,
+            published: self.header().tail.tail.load(Ordering::Relaxed),
+            occupancy,
+            capacity: u64::from(self.config.slots),
+            doorbells: self.core.doorbells(),
+            consumer_sleeps: c.sleeps.load(Ordering::Relaxed),
+            consumer_invalid: c.invalid.load(Ordering::Relaxed),
+        }
+    }
+
+    fn header(&self) -> &ProducerHeader {
+        // SAFETY: `region` is mapped while self lives and starts with the header.
+        unsafe { header_ptr(&self.region).as_ref() }
+    }
+}
+
+/// A worker's half of one ring: validates what it was handed, drains slots, sleeps on the
+/// doorbell when idle.
+pub struct Consumer {
+    core: ConsumerCore,
+    _region: MmapRaw,
+    _page: MmapRaw,
+    doorbell: Doorbell,
+    generation: u64,
+    spin: Duration,
+    payload_capacity: usize,
+}
+
+impl Consumer {
+    /// Attaches to a ring from received descriptors: checks seals, size, magic, version, features,
+    /// geometry and generation; maps the producer region read-only and only the consumer page
+    /// read-write.
+    pub fn attach(
+        ring: OwnedFd,
+        page: OwnedFd,
+        doorbell: OwnedFd,
+        generation: u64,
+        spin: Duration,
+    ) -> Result<Self, AttachError> {
+        let ring = File::from(ring);
+        let page = File::from(page);
+        check_seals(&ring, "ring", REGION_SEALS)?;
+        check_seals(&page, "consumer page", BASE_SEALS)?;
+        let size = ring
+            .metadata()
+            .map_err(|source| AttachError::Io {
+                what: "fstat ring",
+                source,
+            })?
+            .len();
+        if size < u64::from(SLOTS_OFFSET) {
+            return Err(AttachError::Geometry(format!(
+                "ring memfd is {size} bytes, smaller than its header"
+            )));
+        }
+        let region = MmapOptions::new()
+            .len(size as usize)
+            .map_raw_read_only(&ring)
+            .map_err(|source| AttachError::Io {
+                what: "mmap ring read-only",
+                source,
+            })?;
+        let header = header_ptr(&region);
+        // SAFETY: the mapping holds at least the header (checked above) and the seals keep it
+        // from shrinking.
+        let h = unsafe { header.as_ref() };
+        let geometry = validate_header(h, size, generation)?;
+
+        let page_size = page
+            .metadata()
+            .map_err(|source| AttachError::Io {
+                what: "fstat consumer page",
+                source,
+            })?
+            .len();
+        if page_size != u64::from(CONSUMER_PAGE_BYTES) {
+            return Err(AttachError::Geometry(format!(
+                "consumer page is {page_size} bytes, expected {CONSUMER_PAGE_BYTES}"
+            )));
+        }
+        let page_map = MmapOptions::new()
+            .len(page_size as usize)
+            .map_raw(&page)
+            .map_err(|source| AttachError::Io {
+                what: "mmap consumer page",
+                source,
+            })?;
+        let line = page_ptr(&page_map);
+        // SAFETY: the page is mapped read-write, sealed against shrinking.
+        unsafe { line.as_ref() }
+            .generation
+            .store(generation, Ordering::Relaxed);
+        let (slots_n, slot_size) = geometry;
+        // SAFETY: slot array bounds were checked against the mapping size in validate_header.
+        let slots = unsafe { Slots::new(slots_ptr(&region), slots_n, slot_size) };
+        // SAFETY: region and page are kept in the Consumer for as long as the core lives.
+        let core = unsafe { ConsumerCore::new(header, line, slots, slots_n, slot_size) };
+        Ok(Consumer {
+            core,
+            _region: region,
+            _page: page_map,
+            doorbell: Doorbell::from_fd(doorbell),
+            generation,
+            spin,
+            payload_capacity: (slot_size - crate::layout::DESC_BYTES) as usize,
+        })
+    }
+
+    /// Hands up to `max` datagrams to `f` (borrowed views, valid inside the call), then releases
+    /// their slots with one head store. Slots with invalid descriptors are skipped and counted.
+    #[inline]
+    pub fn drain(
+        &mut self,
+        max: usize,
+        f: impl FnMut(Datagram<'_>),
+    ) -> Result<Drained, ProducerViolation> {
+        self.core.drain(max, f)
+    }
+
+    /// Datagrams ready now.
+    #[inline]
+    pub fn available(&mut self) -> Result<u64, ProducerViolation> {
+        self.core.available()
+    }
+
+    /// Blocks until data is ready: spins for the configured time, then announces a sleep and waits
+    /// on the doorbell (at most `timeout`). Returns whether data is ready.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool, WaitError> {
+        let start = Instant::now();
+        loop {
+            if self.core.available()? > 0 {
+                return Ok(true);
+            }
+            if start.elapsed() >= self.spin {
+                break;
+            }
+            for _ in 0..32 {
+                std::hint::spin_loop();
+            }
+        }
+        if !self.core.prepare_sleep()? {
+            return Ok(true);
+        }
+        let waited = self.doorbell.wait(timeout);
+        self.core.end_sleep();
+        waited?;
+        Ok(self.core.available()? > 0)
+    }
+
+    /// Step one of an asynchronous sleep (for a runtime that polls [`Consumer::doorbell_fd`]):
+    /// announces it; `Ok(false)` means data arrived and the caller should drain instead.
+    pub fn prepare_sleep(&mut self) -> Result<bool, ProducerViolation> {
+        self.core.prepare_sleep()
+    }
+
+    /// Step two: after the doorbell fd became readable (or the caller gave up waiting).
+    pub fn end_sleep(&mut self) {
+        let _ = self.doorbell.clear();
+        self.core.end_sleep();
+    }
+
+    /// The eventfd to register with an event loop (readable = rung).
+    pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
+        self.doorbell.as_fd()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
+    pub fn payload_capacity(&self) -> usize {
+        self.payload_capacity
+    }
+}
+
+/// Checks the header an attacher reads: magic, version, features, geometry against the file
+/// size, generation. Returns `(slot_count, slot_size)`.
+fn validate_header(
+    h: &ProducerHeader,
+    size: u64,
+    generation: u64,
+) -> Result<(u32, u32), AttachError> {
+    // Acquire pairs with the creator's Release store of the version (stored last).
+    let version = h.header.layout_version.load(Ordering::Acquire);
+    let magic = h.header.magic.load(Ordering::Relaxed);
+    if magic != MAGIC {
+        return Err(AttachError::BadMagic { found: magic });
+    }
+    if version == 0 {
+        return Err(AttachError::NotInitialised);
+    }
+    if version != LAYOUT_VERSION {
+        return Err(AttachError::VersionMismatch {
+            found: version,
+            expected: LAYOUT_VERSION,
+        });
+    }
+    let features = h.header.features.load(Ordering::Relaxed);
+    if features & !FEATURES != 0 {
+        return Err(AttachError::UnknownFeatures { found: features });
+    }
+    let slots = h.header.slot_count.load(Ordering::Relaxed);
+    let slot_size = h.header.slot_size.load(Ordering::Relaxed);
+    let offset = h.header.slots_offset.load(Ordering::Relaxed);
+    let declared = h.header.region_bytes.load(Ordering::Relaxed);
+    let cfg = RingConfig {
+        slots,
+        slot_bytes: slot_size,
+        spin_us: 0,
+    };
+    cfg.validate()
+        .map_err(|e| AttachError::Geometry(e.to_string()))?;
+    let expected = u64::from(SLOTS_OFFSET) + u64::from(slots) * u64::from(slot_size);
+    if offset != SLOTS_OFFSET || declared != expected || size != expected {
+        return Err(AttachError::Geometry(format!(
+            "slots at {offset} (expected {SLOTS_OFFSET}), {slots} slots of {slot_size} bytes need {expected} bytes; header declares {declared}, memfd has {size}"
+        )));
+    }
+    let found = h.header.generation.load(Ordering::Acquire);
+    if found != generation {
+        return Err(AttachError::StaleGeneration {
+            found,
+            expected: generation,
+        });
+    }
+    Ok((slots, slot_size))
+}
+
+fn memfd(name: &std::ffi::CStr, len: u64) -> io::Result<File> {
+    // SAFETY: valid NUL-terminated name; the result is checked.
+    let fd =
+        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh descriptor we own.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len)?;
+    Ok(file)
+}
+
+/// A zeroed, sealed consumer page whose head starts at `head`.
+fn consumer_page(head: u64) -> io::Result<(MmapRaw, File)> {
+    let file = memfd(c"ringmux-consumer", u64::from(CONSUMER_PAGE_BYTES))?;
+    let map = MmapOptions::new()
+        .len(CONSUMER_PAGE_BYTES as usize)
+        .map_raw(&file)?;
+    // SAFETY: fresh page-sized mapping, not yet shared.
+    unsafe { page_ptr(&map).as_ref() }
+        .head
+        .store(head, Ordering::Relaxed);
+    add_seals(&file, BASE_SEALS)?;
+    Ok((map, file))
+}
+
+fn add_seals(file: &File, seals: i32) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn check_seals(file: &File, which: &'static str, needed: i32) -> Result<(), AttachError> {
+    // SAFETY: fcntl on a descriptor we own.
+    let found = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
+    if found < 0 {
+        return Err(AttachError::Io {
+            what: "F_GET_SEALS (is it a memfd?)",
+            source: io::Error::last_os_error(),
+        });
+    }
+    if found & needed != needed {
+        return Err(AttachError::Unsealed {
+            which,
+            found,
+            needed,
+        });
+    }
+    Ok(())
+}
+
+fn header_ptr(map: &MmapRaw) -> NonNull<ProducerHeader> {
+    NonNull::new(map.as_mut_ptr().cast()).expect("mmap never returns null")
+}
+
+fn page_ptr(map: &MmapRaw) -> NonNull<ConsumerLine> {
+    NonNull::new(map.as_mut_ptr().cast()).expect("mmap never returns null")
+}
+
+fn slots_ptr(map: &MmapRaw) -> NonNull<u8> {
+    // SAFETY: callers checked the mapping is larger than SLOTS_OFFSET.
+    NonNull::new(unsafe { map.as_mut_ptr().add(SLOTS_OFFSET as usize) }).expect("non-null")
+}

@@ -1,0 +1,287 @@
+//! A broken or hostile consumer: garbage in its page makes the producer report a violation (no
+//! panic, no UB); it cannot resize either memfd, cannot map or write the producer region, and a
+//! store into its read-only mapping faults (checked in a child process). Attach refuses what does
+//! not check out.
+
+mod common;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::time::Duration;
+
+use memmap2::MmapOptions;
+use ringmux_ring::{
+    AttachError, Consumer, ConsumerViolation, DatagramMeta, Producer, PushError, RingConfig,
+};
+
+fn meta() -> DatagramMeta {
+    DatagramMeta {
+        remote: "127.0.0.1:1".parse().unwrap(),
+        local_ip: None,
+        ecn: 0,
+        segment_size: 0,
+        rx_timestamp_ns: 0,
+    }
+}
+
+fn fill(p: &mut Producer) {
+    while p.try_push(&meta(), b"x").is_ok() {}
+    p.publish();
+}
+
+/// Maps the consumer page the way a hostile worker would and returns (map, head ptr, flag ptr).
+fn hostile_page(p: &Producer) -> memmap2::MmapRaw {
+    let f = File::from(common::dup(p.handles().page));
+    MmapOptions::new().len(4096).map_raw(&f).unwrap()
+}
+
+fn poke_u64(m: &memmap2::MmapRaw, off: usize, v: u64) {
+    // SAFETY: inside the 4096-byte mapping, aligned; a volatile store like a foreign process's.
+    unsafe { m.as_mut_ptr().add(off).cast::<u64>().write_volatile(v) }
+}
+
+fn poke_u32(m: &memmap2::MmapRaw, off: usize, v: u32) {
+    // SAFETY: as above.
+    unsafe { m.as_mut_ptr().add(off).cast::<u32>().write_volatile(v) }
+}
+
+#[test]
+fn head_ahead_of_tail_is_reported() {
+    let (mut p, _c) = common::pair(8, 0);
+    fill(&mut p);
+    let m = hostile_page(&p);
+    poke_u64(&m, 0, 1_000_000);
+    let e = p.try_push(&meta(), b"y").unwrap_err();
+    assert_eq!(
+        e,
+        PushError::Violation(ConsumerViolation::HeadAhead {
+            head: 1_000_000,
+            tail: 8
+        })
+    );
+}
+
+#[test]
+fn head_moving_backwards_is_reported() {
+    let (mut p, mut c) = common::pair(8, 0);
+    fill(&mut p);
+    c.drain(4, |_| {}).unwrap();
+    assert_eq!(p.try_push(&meta(), b"y"), Ok(())); // sees head = 4
+    fill(&mut p);
+    let m = hostile_page(&p);
+    poke_u64(&m, 0, 1);
+    assert_eq!(
+        p.try_push(&meta(), b"y"),
+        Err(PushError::Violation(ConsumerViolation::HeadBackwards {
+            head: 1,
+            previous: 4
+        }))
+    );
+}
+
+#[test]
+fn flipping_need_wakeup_costs_at_most_one_doorbell_per_publish() {
+    let (mut p, _c) = common::pair(1024, 0);
+    let m = hostile_page(&p);
+    let mut publishes = 0;
+    for i in 0..500u32 {
+        poke_u32(&m, 8, if i % 3 == 0 { 0 } else { i });
+        let _ = p.try_push(&meta(), b"z");
+        p.publish();
+        publishes += 1;
+        // Keep draining on the hostile side so the ring never fills: head = published tail.
+        poke_u64(&m, 0, p.stats().published);
+    }
+    let s = p.stats();
+    assert!(
+        s.doorbells <= publishes,
+        "{} doorbells for {publishes} publishes",
+        s.doorbells
+    );
+    assert!(
+        s.doorbells > 0,
+        "a sleep announced with a fresh ticket must be rung"
+    );
+}
+
+#[test]
+fn garbage_head_and_flag_never_panic_the_producer() {
+    let (mut p, _c) = common::pair(16, 0);
+    let m = hostile_page(&p);
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut violations = 0;
+    for _ in 0..10_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        poke_u64(&m, 0, x);
+        poke_u32(&m, 8, (x >> 32) as u32);
+        match p.try_push(&meta(), b"g") {
+            Err(PushError::Violation(_)) => violations += 1,
+            Ok(()) | Err(PushError::Full) => {}
+            Err(e) => panic!("{e}"),
+        }
+        p.publish();
+    }
+    assert!(violations > 0);
+    // After a reset the producer works again with a fresh consumer page.
+    p.reset().unwrap();
+    let h = p.handles();
+    let mut c = Consumer::attach(
+        common::dup(h.ring),
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        h.generation,
+        Duration::ZERO,
+    )
+    .unwrap();
+    p.try_push(&meta(), b"after").unwrap();
+    p.publish();
+    let mut got = Vec::new();
+    c.drain(8, |d| got.push(d.payload.to_vec())).unwrap();
+    assert_eq!(got, vec![b"after".to_vec()]);
+}
+
+#[test]
+fn consumer_cannot_resize_or_write_the_memfds() {
+    let (p, _c) = common::pair(8, 0);
+    let ring = File::from(common::dup(p.handles().ring));
+    let page = File::from(common::dup(p.handles().page));
+    assert!(
+        ring.set_len(4096).is_err(),
+        "ftruncate (shrink) of the ring must fail"
+    );
+    assert!(
+        ring.set_len(1 << 30).is_err(),
+        "ftruncate (grow) of the ring must fail"
+    );
+    assert!(
+        page.set_len(0).is_err(),
+        "ftruncate of the consumer page must fail"
+    );
+    assert!(
+        MmapOptions::new().len(4096).map_raw(&ring).is_err(),
+        "a new writable mapping of the ring must fail"
+    );
+    assert!(
+        (&ring).write(b"garbage").is_err(),
+        "write() into the ring must fail"
+    );
+    // SAFETY: fcntl on our own descriptor; removing seals must be impossible (F_SEAL_SEAL).
+    let r = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&ring),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_WRITE,
+        )
+    };
+    assert!(r < 0, "adding seals must fail once F_SEAL_SEAL is set");
+}
+
+#[test]
+fn write_into_producer_region_faults_in_child() {
+    let (p, _c) = common::pair(8, 0);
+    let mut child = common::spawn_child("hostile_writer", &p, &[]);
+    let status = common::wait_with_watchdog(&mut child, Duration::from_secs(60));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGSEGV),
+        "expected the store to fault, got {status:?}"
+    );
+}
+
+#[test]
+#[ignore = "child-process role: run by common::spawn_child, not on its own"]
+fn hostile_writer() {
+    if common::child_role().as_deref() != Some("hostile_writer") {
+        return;
+    }
+    use std::os::fd::FromRawFd;
+    // SAFETY: the parent put the ring at this descriptor (common::spawn_child).
+    let ring = File::from(unsafe { OwnedFd::from_raw_fd(common::CHILD_RING_FD) });
+    let map = MmapOptions::new()
+        .len(4096)
+        .map_raw_read_only(&ring)
+        .unwrap();
+    // mprotect to writable must be refused (F_SEAL_FUTURE_WRITE on a shared mapping).
+    // SAFETY: the mapping is ours and 4096 bytes long.
+    let r = unsafe {
+        libc::mprotect(
+            map.as_mut_ptr().cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    assert!(r < 0, "mprotect to writable succeeded");
+    // This store must fault: the process dies of SIGSEGV, which the parent checks.
+    // SAFETY: deliberately invalid; this is the behaviour under test.
+    unsafe {
+        map.as_mut_ptr()
+            .add(128)
+            .cast::<u64>()
+            .write_volatile(u64::MAX)
+    };
+    std::process::exit(0);
+}
+
+#[test]
+fn attach_refuses_stale_generation_and_bad_descriptors() {
+    let cfg = RingConfig {
+        slots: 8,
+        slot_bytes: 2048,
+        spin_us: 0,
+    };
+    let mut p = Producer::create(&cfg).unwrap();
+    let old = p.handles().generation;
+    p.reset().unwrap();
+    let h = p.handles();
+    let e = Consumer::attach(
+        common::dup(h.ring),
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        old,
+        Duration::ZERO,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            e,
+            AttachError::StaleGeneration {
+                found: 2,
+                expected: 1
+            }
+        ),
+        "{e}"
+    );
+
+    // A page handed as the ring: wrong seals.
+    let e = Consumer::attach(
+        common::dup(h.page),
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        2,
+        Duration::ZERO,
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(e, AttachError::Unsealed { which: "ring", .. }),
+        "{e}"
+    );
+
+    // A plain file is not a memfd.
+    let f = File::open("/proc/self/status").unwrap();
+    let e = Consumer::attach(
+        f.into(),
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        2,
+        Duration::ZERO,
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, AttachError::Io { .. }), "{e}");
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs every ringmux test: the workspace under cargo-nextest, then the loom model of the ring.
+# On a fresh machine it first installs what the interop tests need (run as root, or have them):
+# Debian's ngtcp2-client (gtlsclient) and PyPI's aioquic.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v gtlsclient >/dev/null 2>&1 || need_apt+=(ngtcp2-client)
+if ((${#need_apt[@]})); then
+  echo "== installing ${need_apt[*]} (apt)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+if ! python3 -c 'import aioquic' 2>/dev/null; then
+  echo "== installing aioquic (pip)"
+  python3 -m pip install -q aioquic
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "== installing cargo-nextest"
+  cargo install --locked cargo-nextest
+fi
+
+echo "== cargo nextest run --workspace"
+cargo nextest run --workspace --no-fail-fast
+
+echo "== loom model of the ring (RUSTFLAGS=--cfg loom)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
+  cargo test -p ringmux-ring --test loom --release
