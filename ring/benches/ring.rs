@@ -1,1 +1,257 @@
-fn main() {}
+//! Pure ring benchmark across two processes pinned to two cores (mirrors
+//! `reference/limits/bench.c ring`): throughput of 1200-byte messages published in batches of 32,
+//! one-way latency (hdrhistogram) with the consumer spinning and with it sleeping on the eventfd,
+//! and doorbells per message at saturation with the default spin.
+//!
+//! `cargo bench -p ringmux-ring --bench ring [-- --seconds 2 --mode all|tput|lat-spin|lat-sleep]`
+//! Prints one `RES …` line per run, comparable with the C reference's.
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ringmux_ring::{Consumer, DatagramMeta, Producer, PushError, RingConfig};
+
+const MSG: usize = 1200;
+const BATCH: usize = 32;
+const END: u64 = u64::MAX;
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn cpu_ns() -> u64 {
+    // SAFETY: zeroed rusage is a valid out-parameter.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+fn pin_and_prioritise(core: usize) {
+    if let Some(ids) = core_affinity::get_core_ids() {
+        if let Some(id) = ids.get(core % ids.len()) {
+            core_affinity::set_for_current(*id);
+        }
+    }
+    // SCHED_FIFO like the C reference, when allowed (root); otherwise keep the default.
+    let p = libc::sched_param { sched_priority: 10 };
+    // SAFETY: valid sched_param for this thread.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
+}
+
+fn meta(ts: u64) -> DatagramMeta {
+    DatagramMeta {
+        remote: "127.0.0.1:4433".parse().unwrap(),
+        local_ip: None,
+        ecn: 0,
+        segment_size: 0,
+        rx_timestamp_ns: ts,
+    }
+}
+
+fn main() {
+    if let Ok(mode) = std::env::var("RINGMUX_BENCH_CONSUMER") {
+        consumer(&mode);
+        return;
+    }
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |k: &str| {
+        args.iter()
+            .position(|a| a == k)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let seconds: f64 = arg("--seconds").map_or(2.0, |s| s.parse().expect("--seconds"));
+    let mode = arg("--mode").unwrap_or_else(|| "all".into());
+    let modes: Vec<&str> = if mode == "all" {
+        vec!["tput", "lat-spin", "lat-sleep"]
+    } else {
+        vec![mode.as_str()]
+    };
+    for m in modes {
+        run(m, seconds);
+    }
+}
+
+fn run(mode: &str, seconds: f64) {
+    let spin_us = match mode {
+        "lat-spin" => 1_000_000,
+        "lat-sleep" => 0,
+        _ => RingConfig::default().spin_us,
+    };
+    let cfg = RingConfig {
+        spin_us,
+        ..RingConfig::default()
+    };
+    let mut p = Producer::create(&cfg).expect("create ring");
+    let h = p.handles();
+    let fds = [
+        h.ring.as_raw_fd(),
+        h.page.as_raw_fd(),
+        h.doorbell.as_raw_fd(),
+    ];
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.env("RINGMUX_BENCH_CONSUMER", mode)
+        .env("RINGMUX_BENCH_GEN", h.generation.to_string())
+        .env("RINGMUX_BENCH_SPIN", spin_us.to_string())
+        .stdout(Stdio::piped());
+    // SAFETY: only fcntl/dup2 between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            for (i, fd) in fds.iter().enumerate() {
+                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
+                if high < 0 || libc::dup2(high, 3 + i as i32) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn consumer");
+    pin_and_prioritise(0);
+    let payload = [0x5au8; MSG];
+    let warm = Duration::from_millis(300);
+    let total = warm + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let (mut sent, mut sent_measured, mut bells0, mut cpu0) = (0u64, 0u64, 0u64, 0u64);
+    let mut measuring = false;
+    let mut next = now_ns();
+    while start.elapsed() < total {
+        if !measuring && start.elapsed() >= warm {
+            measuring = true;
+            bells0 = p.stats().doorbells;
+            cpu0 = cpu_ns();
+            sent_measured = sent;
+        }
+        let batch = if mode == "tput" { BATCH } else { 1 };
+        if mode != "tput" {
+            while now_ns() < next {
+                std::hint::spin_loop();
+            }
+            next += 20_000;
+        }
+        for _ in 0..batch {
+            let ts = if mode == "tput" { 0 } else { now_ns() };
+            loop {
+                match p.try_push(&meta(ts), &payload) {
+                    Ok(()) => break,
+                    Err(PushError::Full) => std::hint::spin_loop(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        p.publish();
+        sent += batch as u64;
+    }
+    let n = sent - sent_measured;
+    let p_cpu = cpu_ns() - cpu0;
+    let bells = p.stats().doorbells - bells0;
+    loop {
+        match p.try_push(&meta(END), b"end") {
+            Ok(()) => break,
+            Err(PushError::Full) => std::hint::spin_loop(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    p.publish();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let line = out
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("CONSUMER"))
+        .unwrap_or_default();
+    let _ = child.wait();
+    println!(
+        "RES kind=ring impl=ringmux mode={mode} pub={} spin_us={spin_us} slots={} p_cpu_ns={:.2} doorbell_per_msg={:.5} {}",
+        if mode == "tput" { BATCH } else { 1 },
+        cfg.slots,
+        p_cpu as f64 / n as f64,
+        bells as f64 / n as f64,
+        line.trim_start_matches("CONSUMER ")
+    );
+}
+
+fn consumer(mode: &str) {
+    pin_and_prioritise(1);
+    let generation = std::env::var("RINGMUX_BENCH_GEN").unwrap().parse().unwrap();
+    let spin: u64 = std::env::var("RINGMUX_BENCH_SPIN")
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: the parent placed the ring's descriptors at 3, 4, 5.
+    let (r, pg, b) = unsafe {
+        (
+            OwnedFd::from_raw_fd(3),
+            OwnedFd::from_raw_fd(4),
+            OwnedFd::from_raw_fd(5),
+        )
+    };
+    let mut c =
+        Consumer::attach(r, pg, b, generation, Duration::from_micros(spin)).expect("attach");
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
+    let mut buf = [0u8; 2048];
+    let (mut count, mut done) = (0u64, false);
+    let (mut first, mut cpu0) = (None::<Instant>, 0u64);
+    let lat = mode != "tput";
+    let warm = Duration::from_millis(300);
+    let mut measured_from = 0u64;
+    let mut started_measuring = false;
+    while !done {
+        let d = c
+            .drain(BATCH, |dg| {
+                if dg.meta.rx_timestamp_ns == END {
+                    done = true;
+                    return;
+                }
+                buf[..dg.payload.len()].copy_from_slice(dg.payload);
+                count += 1;
+                if lat && started_measuring {
+                    let _ = hist.record(now_ns().saturating_sub(dg.meta.rx_timestamp_ns).max(1));
+                }
+            })
+            .expect("violation");
+        if first.is_none() && d.slots > 0 {
+            first = Some(Instant::now());
+        }
+        if let Some(f) = first {
+            if !started_measuring && f.elapsed() >= warm {
+                started_measuring = true;
+                measured_from = count;
+                cpu0 = cpu_ns();
+                first = Some(Instant::now());
+            }
+        }
+        if d.slots == 0 && !done {
+            c.wait(Some(Duration::from_secs(1))).expect("wait");
+        }
+    }
+    let el = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+    let n = (count - measured_from) as f64;
+    print!(
+        "CONSUMER msgs_per_s={:.0} ns_per_msg={:.2} c_cpu_ns={:.2}",
+        n / el,
+        el / n * 1e9,
+        (cpu_ns() - cpu0) as f64 / n
+    );
+    if lat {
+        print!(
+            " lat_p50_ns={} lat_p99_ns={} lat_p999_ns={} lat_max_ns={} nlat={}",
+            hist.value_at_quantile(0.5),
+            hist.value_at_quantile(0.99),
+            hist.value_at_quantile(0.999),
+            hist.max(),
+            hist.len()
+        );
+    }
+    println!();
+}
