@@ -1,0 +1,447 @@
+//! The demux side: which instance owns a datagram.
+//!
+//! This module owns the per-datagram decision: parse the QUIC invariant header (RFC 8999) plus
+//! the QUIC v1 long-header types (RFC 9000 §17.2) far enough to find the Destination Connection
+//! ID, then decode that DCID or hash it. It never allocates, never panics on any input, keeps no
+//! state between datagrams and never looks at addresses, so connection migration and NAT
+//! rebinding need nothing special.
+//!
+//! GRO: a coalesced receive buffer is several datagrams. The caller splits it at the segment
+//! size and calls [`Router::route`] once per segment; segments of one train may carry different
+//! DCIDs (CID rotation) and so may go to different instances.
+
+use siphasher::sip::SipHasher13;
+
+use crate::codec::{CidCodec, MAX_CID_LEN, MAX_PLAINTEXT_LEN};
+use crate::config::{ConfigError, QuicLbConfig};
+
+/// Where a datagram goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The DCID decodes to this node and a configured instance: that instance owns the
+    /// connection.
+    Owned(u8),
+    /// The DCID is not ours to decode (client-chosen Initial/0-RTT DCID, another node's or
+    /// another config's CID, unknown version, garbage): a keyed hash of the DCID picks the
+    /// instance, which answers with a handshake, version negotiation or a stateless reset.
+    Hashed(u8),
+    /// Too short to carry the header it claims, or a DCID longer than QUIC allows.
+    Malformed(MalformedReason),
+}
+
+/// Why a datagram was not routable at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MalformedReason {
+    /// Zero-length datagram.
+    Empty,
+    /// Short header shorter than 1 + the configured CID length.
+    ShortHeaderTruncated,
+    /// Long header cut inside the version, CID lengths, CIDs, or (QUIC v1) the token or Length
+    /// field, or a v1 Length larger than the datagram.
+    LongHeaderTruncated,
+    /// Long-header DCID length above 20 (RFC 9000 §17.2; quinn cannot parse those either).
+    DcidTooLong,
+}
+
+/// The demux's routing function for one node: a precomputed AES key schedule, the node ID, the
+/// instance count and a SipHash-1-3 key. `route` is a pure function of the datagram's DCID.
+#[derive(Clone)]
+pub struct Router {
+    codec: CidCodec,
+    node_id: [u8; MAX_PLAINTEXT_LEN],
+    node_id_len: usize,
+    instance_count: u8,
+    hasher: SipHasher13,
+}
+
+impl Route {
+    /// The instance the datagram goes to, unless it is malformed.
+    pub fn instance(&self) -> Option<u8> {
+        match *self {
+            Route::Owned(i) | Route::Hashed(i) => Some(i),
+            Route::Malformed(_) => None,
+        }
+    }
+}
+
+impl MalformedReason {
+    /// A snake_case label for metrics.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            MalformedReason::Empty => "empty",
+            MalformedReason::ShortHeaderTruncated => "short_header_truncated",
+            MalformedReason::LongHeaderTruncated => "long_header_truncated",
+            MalformedReason::DcidTooLong => "dcid_too_long",
+        }
+    }
+
+    /// Every reason, for registering metric labels up front.
+    pub const ALL: [MalformedReason; 4] = [
+        MalformedReason::Empty,
+        MalformedReason::ShortHeaderTruncated,
+        MalformedReason::LongHeaderTruncated,
+        MalformedReason::DcidTooLong,
+    ];
+}
+
+impl std::fmt::Display for MalformedReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Router {
+    /// Validates `config` and expands the AES key schedule; `hash_key` keys the SipHash used for
+    /// DCIDs this node does not own (use [`crate::KeySet::routing_hash`]).
+    pub fn new(config: &QuicLbConfig, hash_key: [u8; 16]) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let codec = CidCodec::new(
+            config.config_id,
+            config.server_id_len(),
+            usize::from(config.nonce_len),
+            config.key,
+        )?;
+        let mut node_id = [0u8; MAX_PLAINTEXT_LEN];
+        node_id[..config.node_id.len()].copy_from_slice(&config.node_id);
+        Ok(Self {
+            codec,
+            node_id,
+            node_id_len: config.node_id.len(),
+            instance_count: config.instance_count,
+            hasher: SipHasher13::new_with_key(&hash_key),
+        })
+    }
+
+    /// Routes one datagram (one GRO segment). Never panics; every input gets a decision.
+    ///
+    /// The fixed bit (0x40) is ignored: quinn greases it and clients follow (RFC 9287).
+    #[inline]
+    pub fn route(&self, datagram: &[u8]) -> Route {
+        match destination_cid(datagram, self.codec.cid_len()) {
+            Ok(dcid) => self.route_dcid(dcid),
+            Err(reason) => Route::Malformed(reason),
+        }
+    }
+
+    /// The decision for a DCID already cut out of a header: `Owned` if it decodes to this node
+    /// and an instance below `instance_count`, otherwise `Hashed`.
+    #[inline]
+    pub fn route_dcid(&self, dcid: &[u8]) -> Route {
+        match self.owner(dcid) {
+            Some(instance) => Route::Owned(instance),
+            None => Route::Hashed(self.hash_instance(dcid)),
+        }
+    }
+
+    /// The instance that issued `dcid`, if it was issued on this node under this configuration
+    /// by a configured instance.
+    #[inline]
+    pub fn owner(&self, dcid: &[u8]) -> Option<u8> {
+        let sid = self.codec.decode_server_id(dcid)?;
+        let (node, instance) = sid.split_at(self.node_id_len);
+        let instance = *instance.first()?;
+        (node == &self.node_id[..self.node_id_len] && instance < self.instance_count)
+            .then_some(instance)
+    }
+
+    /// `SipHash-1-3(routing key, dcid) mod instance_count`: the fallback for DCIDs nobody here
+    /// owns. Pure, so every Initial of one handshake (multi-datagram ClientHello, retransmits,
+    /// 0-RTT) meets the same instance (draft-21 §4.2 "Fallback Algorithms").
+    #[inline]
+    pub fn hash_instance(&self, dcid: &[u8]) -> u8 {
+        // The modulo bias is below 255 / 2^64: negligible.
+        (self.hasher.hash(dcid) % u64::from(self.instance_count)) as u8
+    }
+
+    /// Number of instances routed to.
+    pub fn instance_count(&self) -> u8 {
+        self.instance_count
+    }
+
+    /// The fixed short-header DCID length (= every CID the workers issue).
+    pub fn cid_len(&self) -> usize {
+        self.codec.cid_len()
+    }
+
+    /// The codec the router decodes with.
+    pub fn codec(&self) -> &CidCodec {
+        &self.codec
+    }
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("codec", &self.codec)
+            .field("node_id", &hex::encode(&self.node_id[..self.node_id_len]))
+            .field("instance_count", &self.instance_count)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The QUIC v1 version number (RFC 9000 §15).
+const QUIC_V1: u32 = 1;
+/// Header form bit: 1 = long header (RFC 8999 §5.1).
+const LONG_HEADER: u8 = 0x80;
+
+/// Cuts the Destination Connection ID out of a datagram's first packet.
+///
+/// - Short header (first bit 0): `datagram[1..1 + short_header_cid_len]`; a short header carries
+///   no length, so the server's fixed CID length is needed.
+/// - Long header: `first(1) version(4) dcid_len(1) dcid scid_len(1) scid` (RFC 8999 §5.1), with
+///   `dcid_len ≤ 20`. Any version is accepted, including 0 (version negotiation). For QUIC v1 the
+///   type-specific fields are checked as quinn does before it would process the packet: Initial
+///   token and Length, 0-RTT/Handshake Length, and Length within the datagram.
+pub fn destination_cid(
+    datagram: &[u8],
+    short_header_cid_len: usize,
+) -> Result<&[u8], MalformedReason> {
+    let Some(&first) = datagram.first() else {
+        return Err(MalformedReason::Empty);
+    };
+    if first & LONG_HEADER == 0 {
+        return datagram
+            .get(1..short_header_cid_len.saturating_add(1))
+            .ok_or(MalformedReason::ShortHeaderTruncated);
+    }
+    use MalformedReason::LongHeaderTruncated as Truncated;
+    let version = match datagram.get(1..5) {
+        Some(&[a, b, c, d]) => u32::from_be_bytes([a, b, c, d]),
+        _ => return Err(Truncated),
+    };
+    let dcid_len = usize::from(*datagram.get(5).ok_or(Truncated)?);
+    if dcid_len > MAX_CID_LEN {
+        return Err(MalformedReason::DcidTooLong);
+    }
+    let dcid = datagram.get(6..6 + dcid_len).ok_or(Truncated)?;
+    let scid_len_at = 6 + dcid_len;
+    let scid_len = usize::from(*datagram.get(scid_len_at).ok_or(Truncated)?);
+    let rest = datagram
+        .get(scid_len_at + 1 + scid_len..)
+        .ok_or(Truncated)?;
+    if version == QUIC_V1 {
+        check_v1_long_header(first, rest).ok_or(Truncated)?;
+    }
+    Ok(dcid)
+}
+
+/// RFC 9000 §17.2: the fields after the SCID for each v1 long-header type. `None` if they are
+/// cut short or the Length field points past the datagram (quinn drops such packets: "packet too
+/// short to contain payload length").
+fn check_v1_long_header(first: u8, rest: &[u8]) -> Option<()> {
+    const INITIAL: u8 = 0;
+    const ZERO_RTT: u8 = 1;
+    const HANDSHAKE: u8 = 2;
+    let mut rest = rest;
+    match (first >> 4) & 0x3 {
+        INITIAL => {
+            let token_len = read_varint(&mut rest)?;
+            let token_len = usize::try_from(token_len).ok()?;
+            rest = rest.get(token_len..)?;
+            check_length(&mut rest)
+        }
+        ZERO_RTT | HANDSHAKE => check_length(&mut rest),
+        // Retry: Retry Token and Integrity Tag, no length field.
+        _ => Some(()),
+    }
+}
+
+fn check_length(rest: &mut &[u8]) -> Option<()> {
+    let len = read_varint(rest)?;
+    (len <= rest.len() as u64).then_some(())
+}
+
+/// RFC 9000 §16 variable-length integer.
+fn read_varint(buf: &mut &[u8]) -> Option<u64> {
+    let (&first, _) = buf.split_first()?;
+    let len = 1usize << (first >> 6);
+    let bytes = buf.get(..len)?;
+    let mut value = u64::from(first & 0x3f);
+    for &b in &bytes[1..] {
+        value = (value << 8) | u64::from(b);
+    }
+    *buf = &buf[len..];
+    Some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CidGenerator;
+    use quinn_proto::ConnectionIdGenerator;
+
+    fn config(count: u8) -> QuicLbConfig {
+        let mut c = QuicLbConfig::default_with_key([0x42; 16]);
+        c.instance_count = count;
+        c
+    }
+
+    fn short(cid: &[u8]) -> Vec<u8> {
+        let mut d = vec![0x41];
+        d.extend_from_slice(cid);
+        d.extend_from_slice(&[0xaa; 30]);
+        d
+    }
+
+    /// A v1 Initial: first, version, dcid, scid, token len 0, Length, payload.
+    fn initial(dcid: &[u8], payload: usize) -> Vec<u8> {
+        let mut d = vec![0xc3, 0, 0, 0, 1, dcid.len() as u8];
+        d.extend_from_slice(dcid);
+        d.extend_from_slice(&[8, 1, 2, 3, 4, 5, 6, 7, 8]);
+        d.push(0); // token length
+        d.extend_from_slice(&[0x40 | (payload >> 8) as u8, payload as u8]);
+        d.extend(std::iter::repeat_n(0x5a, payload));
+        d
+    }
+
+    #[test]
+    fn own_cids_are_owned_in_short_and_long_headers() {
+        let cfg = config(4);
+        let router = Router::new(&cfg, [1; 16]).unwrap();
+        for i in 0..4 {
+            let mut g = CidGenerator::new(&cfg, i, None).unwrap();
+            let cid = g.generate_cid();
+            assert_eq!(router.route(&short(&cid)), Route::Owned(i));
+            let mut greased = short(&cid);
+            greased[0] &= !0x40;
+            assert_eq!(router.route(&greased), Route::Owned(i), "fixed bit clear");
+            assert_eq!(router.route(&initial(&cid, 100)), Route::Owned(i));
+        }
+    }
+
+    #[test]
+    fn instance_beyond_count_is_hashed() {
+        let router = Router::new(&config(2), [1; 16]).unwrap();
+        let mut g = CidGenerator::new(&config(4), 3, None).unwrap();
+        let cid = g.generate_cid();
+        assert!(matches!(router.route(&short(&cid)), Route::Hashed(i) if i < 2));
+    }
+
+    #[test]
+    fn client_initial_is_hashed_consistently() {
+        let router = Router::new(&config(7), [1; 16]).unwrap();
+        let dcid = [0x11u8; 18];
+        let a = router.route(&initial(&dcid, 1200));
+        let b = router.route(&initial(&dcid, 600));
+        assert!(matches!(a, Route::Hashed(_)));
+        assert_eq!(a, b);
+        // 0-RTT with the same DCID meets the same instance.
+        let mut zero_rtt = initial(&dcid, 0);
+        zero_rtt[0] = 0xd0;
+        let n = zero_rtt.len();
+        zero_rtt.truncate(n - 3); // drop token length and 2-byte Length
+        zero_rtt.push(0x05);
+        zero_rtt.extend_from_slice(&[0; 5]);
+        assert_eq!(router.route(&zero_rtt), a);
+    }
+
+    #[test]
+    fn malformed_reasons() {
+        let router = Router::new(&config(2), [1; 16]).unwrap();
+        let m = Route::Malformed;
+        assert_eq!(router.route(&[]), m(MalformedReason::Empty));
+        assert_eq!(
+            router.route(&[0x40; 17]),
+            m(MalformedReason::ShortHeaderTruncated)
+        );
+        assert!(router.route(&[0x40; 18]).instance().is_some());
+        assert_eq!(
+            router.route(&[0xc0, 0, 0]),
+            m(MalformedReason::LongHeaderTruncated)
+        );
+        assert_eq!(
+            router.route(&[0xc0, 0, 0, 0, 1, 21, 0, 0]),
+            m(MalformedReason::DcidTooLong)
+        );
+        assert_eq!(
+            router.route(&[0xc0, 0, 0, 0, 1, 8, 0, 0]),
+            m(MalformedReason::LongHeaderTruncated)
+        );
+        // Missing SCID length.
+        assert_eq!(
+            router.route(&[0xc0, 0xff, 0, 0, 2, 1, 9]),
+            m(MalformedReason::LongHeaderTruncated)
+        );
+        // Unknown version: invariants only, so the rest may be anything.
+        assert!(matches!(
+            router.route(&[0xc0, 0xff, 0, 0, 2, 1, 9, 0]),
+            Route::Hashed(_)
+        ));
+        // Version negotiation (version 0) parses by invariants.
+        assert!(matches!(
+            router.route(&[0x80, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 1]),
+            Route::Hashed(_)
+        ));
+        // v1 Initial whose Length points past the end.
+        let mut d = initial(&[1; 8], 100);
+        d.truncate(d.len() - 1);
+        assert_eq!(router.route(&d), m(MalformedReason::LongHeaderTruncated));
+        // v1 Initial cut inside the token length / token.
+        let mut d = vec![0xc0, 0, 0, 0, 1, 0, 0, 0x44];
+        assert_eq!(router.route(&d), m(MalformedReason::LongHeaderTruncated));
+        d.truncate(7);
+        assert_eq!(router.route(&d), m(MalformedReason::LongHeaderTruncated));
+        // v1 Retry has no Length.
+        assert!(matches!(
+            router.route(&[0xf0, 0, 0, 0, 1, 0, 0]),
+            Route::Hashed(_)
+        ));
+    }
+
+    #[test]
+    fn other_config_other_node_and_unroutable_are_hashed() {
+        let cfg = config(3);
+        let router = Router::new(&cfg, [1; 16]).unwrap();
+        let mut other = cfg.clone();
+        other.node_id = vec![1];
+        let cid = CidGenerator::new(&other, 0, None).unwrap().generate_cid();
+        assert!(matches!(router.route(&short(&cid)), Route::Hashed(_)));
+        let mut other = cfg.clone();
+        other.config_id = 1;
+        let cid = CidGenerator::new(&other, 0, None).unwrap().generate_cid();
+        assert!(matches!(router.route(&short(&cid)), Route::Hashed(_)));
+        let mut own = CidGenerator::new(&cfg, 0, None)
+            .unwrap()
+            .generate_cid()
+            .to_vec();
+        own[0] |= 0xe0;
+        assert!(matches!(router.route(&short(&own)), Route::Hashed(_)));
+    }
+
+    #[test]
+    fn labels() {
+        let labels: Vec<_> = MalformedReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "empty",
+                "short_header_truncated",
+                "long_header_truncated",
+                "dcid_too_long"
+            ]
+        );
+        assert_eq!(Route::Malformed(MalformedReason::Empty).instance(), None);
+        assert_eq!(Route::Hashed(3).instance(), Some(3));
+    }
+
+    #[test]
+    fn varints() {
+        for (bytes, v) in [
+            (&[0x25][..], 37u64),
+            (&[0x7b, 0xbd], 15293),
+            (&[0x9d, 0x7f, 0x3e, 0x7d], 494878333),
+            (
+                &[0xc2, 0x19, 0x7c, 0x5e, 0xff, 0x14, 0xe8, 0x8c],
+                151288809941952652,
+            ),
+        ] {
+            let mut b = bytes;
+            assert_eq!(read_varint(&mut b), Some(v));
+            assert!(b.is_empty());
+            let mut cut = &bytes[..bytes.len() - 1];
+            if !cut.is_empty() {
+                assert_eq!(read_varint(&mut cut), None);
+            }
+        }
+    }
+}
