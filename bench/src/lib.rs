@@ -1,0 +1,9 @@
+//! ringmux benchmarks and load generators.
+//!
+//! * [`client`]: an HTTP/3 client (quinn + h3) for `h3-probe` and end-to-end tests.
+//! * [`stats`]: latency histograms, error counts and the JSON report of `h3-probe`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod client;
+pub mod stats;

@@ -24,7 +24,7 @@ mod sync;
 pub use config::{ConfigError, RingConfig};
 pub use doorbell::Doorbell;
 pub use ring::{
-    decode_desc, ConsumerViolation, Datagram, DatagramMeta, Drained, InvalidSlot,
+    decode_desc, encode_desc, ConsumerViolation, Datagram, DatagramMeta, Drained, InvalidSlot,
     ProducerViolation, PushError,
 };
 #[cfg(not(loom))]

@@ -560,8 +560,9 @@ impl ConsumerCore {
     }
 }
 
-/// Builds the slot descriptor for a datagram of `len` bytes.
-fn encode_desc(meta: &DatagramMeta, len: u32) -> SlotDesc {
+/// Builds the slot descriptor for a datagram of `len` bytes (also the header of a `unix`-mode
+/// forwarded datagram).
+pub fn encode_desc(meta: &DatagramMeta, len: u32) -> SlotDesc {
     let mut d = SlotDesc {
         len,
         segment_size: if meta.segment_size == 0 || meta.segment_size > len {

@@ -1,0 +1,419 @@
+//! `h3-probe`: HTTP/3 load generator. C connections × S concurrent streams of GET for a
+//! duration (or a request budget); reports req/s, latency percentiles (hdrhistogram) and
+//! errors by kind, as text on stdout and optionally as JSON.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use ringmux_bench::client::{client_config, ClientError, H3Client, H3Conn};
+use ringmux_bench::stats::{ProbeReport, ProbeStats};
+use tokio::sync::watch;
+
+/// HTTP/3 load generator: C connections × S concurrent streams of GET.
+///
+/// Requests completing during the warm-up are not counted. Ctrl-C stops early and still
+/// reports what was measured. Exit status: 0 if at least one request succeeded, 1 otherwise.
+#[derive(Debug, Parser)]
+#[command(name = "h3-probe", version)]
+struct Args {
+    /// Target URL, e.g. https://127.0.0.1:4433/bytes/1024. The host is also the TLS server
+    /// name (IP literals work with the self-signed ringmux certificate).
+    #[arg(long, env = "H3_PROBE_URL")]
+    url: String,
+
+    /// Number of QUIC connections, each on its own UDP socket.
+    #[arg(long, short = 'c', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    connections: u32,
+
+    /// Concurrent request streams per connection (keep ≤ the server's stream limit, 256 for
+    /// ringmux, or requests queue).
+    #[arg(long, short = 's', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    streams: u32,
+
+    /// Measurement duration in seconds, after the warm-up.
+    #[arg(long, short = 'd', default_value_t = 10.0)]
+    seconds: f64,
+
+    /// Stop after this many counted requests (successes and errors) even if time is left.
+    #[arg(long, short = 'n')]
+    requests: Option<u64>,
+
+    /// Warm-up in seconds: requests completing before it ends are not counted.
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
+
+    /// Write the report as JSON to this file (fields: requests, requests_per_s, errors
+    /// {kind: count, total}, latency_us {p50, p99, p999, max}).
+    #[arg(long)]
+    json: Option<PathBuf>,
+
+    /// Expected response body length; other lengths count as error `body_len`.
+    #[arg(long)]
+    expect_len: Option<u64>,
+
+    /// Accept any server certificate (load testing against self-signed servers).
+    #[arg(long, conflicts_with = "ca")]
+    insecure: bool,
+
+    /// Trust the certificates in this PEM file (instead of --insecure).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+
+    /// Per-request timeout in seconds (error kind `request_timeout`).
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+
+    /// Runtime worker threads (default: number of CPUs).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// What each stream task needs.
+struct Plan {
+    addr: SocketAddr,
+    server_name: String,
+    path: String,
+    expect_len: Option<u64>,
+    timeout: Duration,
+    measure_from: Instant,
+    budget: Option<u64>,
+    /// Requests counted so far (all tasks), for the budget and the progress bar.
+    counted: AtomicU64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    let rt = rt
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")?;
+    let ok = rt.block_on(run(args))?;
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    for (name, v) in [
+        ("--seconds", args.seconds),
+        ("--warmup", args.warmup),
+        ("--timeout", args.timeout),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            bail!("{name} must be a non-negative number of seconds, got {v}");
+        }
+    }
+    let uri: http::Uri = args
+        .url
+        .parse()
+        .with_context(|| format!("bad --url {:?}", args.url))?;
+    if uri.scheme_str() != Some("https") {
+        bail!("--url {:?}: only https:// URLs are supported", args.url);
+    }
+    let host = uri.host().context("--url has no host")?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let path = uri
+        .path_and_query()
+        .map_or("/".to_string(), |p| p.to_string());
+    let addr = tokio::net::lookup_host((host.as_str(), port))
+        .await
+        .with_context(|| format!("cannot resolve {host}:{port}"))?
+        .next()
+        .with_context(|| format!("{host}:{port} resolves to no address"))?;
+
+    let config = match (&args.ca, args.insecure) {
+        (Some(ca), _) => {
+            let pem =
+                std::fs::read(ca).with_context(|| format!("cannot read --ca {}", ca.display()))?;
+            let certs =
+                rustls_pemfile_certs(&pem).with_context(|| format!("--ca {}", ca.display()))?;
+            client_config(Some(&certs)).with_context(|| format!("--ca {}", ca.display()))?
+        }
+        (None, true) => client_config(None)?,
+        (None, false) => {
+            bail!("pass --ca PEM to verify the server, or --insecure to accept any certificate")
+        }
+    };
+
+    let start = Instant::now();
+    let warmup = Duration::from_secs_f64(args.warmup);
+    let measure = Duration::from_secs_f64(args.seconds);
+    let plan = Arc::new(Plan {
+        addr,
+        server_name: host,
+        path,
+        expect_len: args.expect_len,
+        timeout: Duration::from_secs_f64(args.timeout),
+        measure_from: start + warmup,
+        budget: args.requests,
+        counted: AtomicU64::new(0),
+    });
+    let (stop_tx, stop) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..args.connections {
+        tasks.spawn(connection(
+            plan.clone(),
+            config.clone(),
+            args.streams,
+            stop.clone(),
+            stop_tx.clone(),
+        ));
+    }
+
+    let progress = progress_bar(warmup + measure);
+    let deadline = tokio::time::Instant::from_std(start + warmup + measure);
+    let mut budget_done = stop.clone();
+    let interrupted = tokio::select! {
+        _ = tokio::time::sleep_until(deadline) => false,
+        _ = budget_done.wait_for(|s| *s) => false,
+        r = tokio::signal::ctrl_c() => { r.context("cannot listen for Ctrl-C")?; true }
+        _ = tick(&progress, &plan, start) => false,
+    };
+    let _ = stop_tx.send(true);
+    let measured = Instant::now().saturating_duration_since(plan.measure_from);
+    if let Some(p) = &progress {
+        p.finish_and_clear();
+    }
+    if interrupted {
+        eprintln!("interrupted: reporting what was measured");
+    }
+
+    let mut total = ProbeStats::new();
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(stats) => total.merge(&stats),
+            Err(e) => eprintln!("connection task failed: {e}"),
+        }
+    }
+    let report = total.report(measured);
+    print_report(&args, &report, measured);
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write --json {}", path.display()))?;
+    }
+    Ok(report.requests > 0)
+}
+
+/// One connection: connects (again after a connection-level failure) and runs `streams`
+/// request loops on it until stopped.
+async fn connection(
+    plan: Arc<Plan>,
+    config: quinn::ClientConfig,
+    streams: u32,
+    mut stop: watch::Receiver<bool>,
+    stop_tx: Arc<watch::Sender<bool>>,
+) -> ProbeStats {
+    let mut stats = ProbeStats::new();
+    let client = match H3Client::new(config, plan.addr) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot open a client socket: {e}");
+            stats.record_error("io");
+            return stats;
+        }
+    };
+    while !*stop.borrow() {
+        let conn = tokio::select! {
+            c = client.connect(plan.addr, &plan.server_name) => c,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        let conn = match conn {
+            Ok(c) => Arc::new(c),
+            Err(e) => {
+                count_error(&plan, &mut stats, &e, &stop_tx);
+                // Back off a little so a dead server does not turn into a busy loop.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+                continue;
+            }
+        };
+        let mut loops = tokio::task::JoinSet::new();
+        for _ in 0..streams {
+            loops.spawn(stream_loop(
+                plan.clone(),
+                conn.clone(),
+                stop.clone(),
+                stop_tx.clone(),
+            ));
+        }
+        while let Some(r) = loops.join_next().await {
+            if let Ok(s) = r {
+                stats.merge(&s);
+            }
+        }
+        if let Ok(conn) = Arc::try_unwrap(conn) {
+            let _ = tokio::time::timeout(Duration::from_secs(1), conn.close()).await;
+        }
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), client.close()).await;
+    stats
+}
+
+/// Requests back to back on one stream slot until stopped or the connection dies.
+async fn stream_loop(
+    plan: Arc<Plan>,
+    conn: Arc<H3Conn>,
+    mut stop: watch::Receiver<bool>,
+    stop_tx: Arc<watch::Sender<bool>>,
+) -> ProbeStats {
+    let mut stats = ProbeStats::new();
+    loop {
+        let t0 = Instant::now();
+        let result = tokio::select! {
+            r = tokio::time::timeout(plan.timeout, conn.get(&plan.path)) => r,
+            // An unfinished request at the end is neither a success nor an error.
+            _ = stop.wait_for(|s| *s) => return stats,
+        };
+        let done = Instant::now();
+        let counted = done >= plan.measure_from;
+        match result {
+            Ok(Ok(resp)) => {
+                let kind = if !resp.status.is_success() {
+                    Some(format!("status_{}", resp.status.as_u16()))
+                } else if plan.expect_len.is_some_and(|n| n != resp.body_len) {
+                    Some("body_len".to_string())
+                } else {
+                    None
+                };
+                if counted {
+                    match kind {
+                        Some(k) => stats.record_error(&k),
+                        None => stats.record_ok(done - t0),
+                    }
+                    count(&plan, &stop_tx);
+                }
+            }
+            Ok(Err(e)) => {
+                if counted {
+                    count_error(&plan, &mut stats, &e, &stop_tx);
+                }
+                if conn.quic().close_reason().is_some() {
+                    return stats; // reconnect
+                }
+            }
+            Err(_) => {
+                if counted {
+                    stats.record_error("request_timeout");
+                    count(&plan, &stop_tx);
+                }
+            }
+        }
+    }
+}
+
+fn count_error(
+    plan: &Plan,
+    stats: &mut ProbeStats,
+    e: &ClientError,
+    stop_tx: &watch::Sender<bool>,
+) {
+    if Instant::now() >= plan.measure_from {
+        stats.record_error(e.kind());
+        count(plan, stop_tx);
+    }
+}
+
+fn count(plan: &Plan, stop_tx: &watch::Sender<bool>) {
+    // Relaxed: a counter; the stop signal itself goes through the watch channel.
+    let n = plan.counted.fetch_add(1, Ordering::Relaxed) + 1;
+    if plan.budget.is_some_and(|b| n >= b) {
+        let _ = stop_tx.send(true);
+    }
+}
+
+fn progress_bar(total: Duration) -> Option<indicatif::ProgressBar> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total.as_millis() as u64);
+    let style = indicatif::ProgressStyle::with_template("{bar:40} {elapsed}/{duration} {msg}")
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    Some(bar)
+}
+
+/// Updates the progress bar; never returns (it is one arm of the main select).
+async fn tick(bar: &Option<indicatif::ProgressBar>, plan: &Plan, start: Instant) {
+    let Some(bar) = bar else {
+        return std::future::pending().await;
+    };
+    let mut every = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        every.tick().await;
+        bar.set_position(start.elapsed().as_millis() as u64);
+        let phase = if Instant::now() < plan.measure_from {
+            "warm-up"
+        } else {
+            "measuring"
+        };
+        bar.set_message(format!(
+            "{phase}: {} requests",
+            plan.counted.load(Ordering::Relaxed)
+        ));
+    }
+}
+
+fn print_report(args: &Args, r: &ProbeReport, measured: Duration) {
+    println!(
+        "h3-probe {} : {} connections x {} streams, {:.1} s measured",
+        args.url,
+        args.connections,
+        args.streams,
+        measured.as_secs_f64()
+    );
+    println!("requests      {}", r.requests);
+    println!("requests/s    {:.1}", r.requests_per_s);
+    println!(
+        "latency (us)  p50 {}  p99 {}  p99.9 {}  max {}",
+        r.latency_us.p50, r.latency_us.p99, r.latency_us.p999, r.latency_us.max
+    );
+    let errors: Vec<String> = r
+        .errors
+        .iter()
+        .filter(|(k, _)| k.as_str() != "total")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!(
+        "errors        {}{}",
+        r.errors.get("total").copied().unwrap_or(0),
+        if errors.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", errors.join(", "))
+        }
+    );
+}
+
+/// Certificates from PEM text.
+fn rustls_pemfile_certs(
+    pem: &[u8],
+) -> anyhow::Result<Vec<rustls::pki_types::CertificateDer<'static>>> {
+    use rustls::pki_types::pem::PemObject;
+    let certs = rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .context("malformed PEM")?;
+    if certs.is_empty() {
+        bail!("no CERTIFICATE block found");
+    }
+    Ok(certs)
+}

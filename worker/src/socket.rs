@@ -1,0 +1,428 @@
+//! [`RingSocket`]: a quinn [`AsyncUdpSocket`] whose receive side is a ringmux ingress (the shared
+//! memory ring, or the baseline unix `SOCK_SEQPACKET` socket) and whose send side is this
+//! process's own descriptor of the public UDP socket. Put any quinn application behind ringmux
+//! by building its endpoint with `Endpoint::new_with_abstract_socket(.., Arc::new(ring_socket), ..)`.
+//!
+//! Receive: datagrams are copied from ring slots into quinn's buffers (quinn copies once more,
+//! notes G12). When the ring runs dry the socket keeps polling it cooperatively (returning
+//! `Pending` after waking itself, so timers and sends still run) for the configured spin time,
+//! then announces a sleep and waits on the doorbell eventfd through tokio's reactor.
+//!
+//! Send: `quinn::udp::UdpSocketState::send` with GSO on the public socket. The descriptor is never
+//! registered with the reactor: every worker shares the socket's file description, and a
+//! registration for writability would wake every worker after any worker's send (notes G2).
+//! `poll_writable` is always ready unless the last send hit `EAGAIN`, after which it waits a short
+//! timer. Only `WouldBlock` ever reaches quinn (G3). Errors from `poll_recv` would kill the whole
+//! endpoint (G4), so malformed ingress is dropped and counted, never returned.
+
+use std::fmt;
+use std::future::Future;
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use quinn::udp::{EcnCodepoint, RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use quinn::{AsyncUdpSocket, UdpPoller};
+use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
+use ringmux_ring::{decode_desc, Consumer, DatagramMeta};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+
+/// How long `poll_writable` backs off after a send hit `EAGAIN`.
+const SEND_BACKOFF: Duration = Duration::from_micros(200);
+
+/// Where datagrams come from.
+pub enum Ingress {
+    /// The shared-memory ring.
+    Ring(Consumer),
+    /// One `SOCK_SEQPACKET` message per datagram: a 64-byte slot descriptor, then the payload.
+    Unix(OwnedFd),
+}
+
+/// Datagram counters of one socket.
+#[derive(Debug, Default)]
+pub struct IngressStats {
+    /// Datagrams handed to quinn.
+    pub received: AtomicU64,
+    /// Datagrams dropped: larger than quinn's buffer, or a descriptor that failed validation.
+    pub dropped: AtomicU64,
+    /// Times the socket went to sleep on its doorbell.
+    pub sleeps: AtomicU64,
+    /// Sends that hit `EAGAIN`.
+    pub send_would_block: AtomicU64,
+}
+
+/// A quinn socket over a ringmux ingress; see the module docs.
+pub struct RingSocket {
+    rx: Mutex<RxState>,
+    /// Readiness of the doorbell (ring) or of the unix socket, through tokio's reactor.
+    rx_fd: AsyncFd<OwnedFd>,
+    tx: std::net::UdpSocket,
+    tx_state: UdpSocketState,
+    public_addr: SocketAddr,
+    send_blocked: AtomicBool,
+    stats: Arc<IngressStats>,
+}
+
+struct RxState {
+    ingress: Ingress,
+    /// When the ring was first seen empty in this idle period.
+    spin_started: Option<Instant>,
+    /// A sleep is announced (`need_wakeup` set).
+    sleeping: bool,
+    /// Set after a producer protocol violation: the ingress is dead, wait for the supervisor.
+    broken: bool,
+}
+
+impl RingSocket {
+    /// Wraps an ingress and this process's descriptor of the public socket. Must run inside a
+    /// tokio runtime (it registers the doorbell or unix socket with the reactor).
+    pub fn new(ingress: Ingress, public: OwnedFd, public_addr: SocketAddr) -> io::Result<Self> {
+        let rx_raw = match &ingress {
+            Ingress::Ring(c) => c.doorbell_fd().try_clone_to_owned()?,
+            Ingress::Unix(fd) => {
+                set_nonblocking(fd)?;
+                fd.try_clone()?
+            }
+        };
+        // SAFETY: `rx_raw` is an owned, open descriptor that the AsyncFd keeps for its lifetime.
+        let rx_fd = unsafe { AsyncFd::register_with_interest(rx_raw, Interest::READABLE) }
+            .map_err(io::Error::from)?;
+        let tx = std::net::UdpSocket::from(public);
+        // This changes flags on the file description the demux shares (notes G1); the demux
+        // expects non-blocking reads and GRO.
+        let tx_state = UdpSocketState::new(UdpSockRef::from(&tx))?;
+        Ok(RingSocket {
+            rx: Mutex::new(RxState {
+                ingress,
+                spin_started: None,
+                sleeping: false,
+                broken: false,
+            }),
+            rx_fd,
+            tx,
+            tx_state,
+            public_addr,
+            send_blocked: AtomicBool::new(false),
+            stats: Arc::default(),
+        })
+    }
+
+    /// The counters, shared.
+    pub fn stats(&self) -> Arc<IngressStats> {
+        self.stats.clone()
+    }
+
+    fn poll_ring(
+        &self,
+        st: &mut RxState,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let Ingress::Ring(consumer) = &mut st.ingress else {
+                unreachable!("poll_ring on a ring")
+            };
+            let spin = consumer.spin();
+            let mut n = 0;
+            let mut dropped = 0u64;
+            let max = bufs.len().min(meta.len());
+            let drained = consumer.drain(max, |d| {
+                let buf = &mut bufs[n];
+                if d.payload.len() > buf.len() {
+                    dropped += 1;
+                    return;
+                }
+                buf[..d.payload.len()].copy_from_slice(d.payload);
+                meta[n] = recv_meta(&d.meta, d.payload.len());
+                n += 1;
+            });
+            let drained = match drained {
+                Ok(d) => d,
+                Err(e) => {
+                    // The demux is the trusted side; a violation means its memory is corrupt.
+                    // Stop reading (an error here would kill every connection) and let the
+                    // supervisor notice through the control socket.
+                    tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
+                    st.broken = true;
+                    return Poll::Pending;
+                }
+            };
+            dropped += drained.invalid as u64;
+            if dropped > 0 {
+                self.stats.dropped.fetch_add(dropped, Ordering::Relaxed);
+            }
+            if drained.slots > 0 {
+                st.spin_started = None;
+                if st.sleeping {
+                    st.sleeping = false;
+                    consumer.end_sleep();
+                }
+                if n > 0 {
+                    self.stats.received.fetch_add(n as u64, Ordering::Relaxed);
+                    return Poll::Ready(Ok(n));
+                }
+                continue; // everything drained was dropped: look again
+            }
+            if st.sleeping {
+                match self.rx_fd.poll_read_ready(cx) {
+                    Poll::Ready(Ok(mut guard)) => {
+                        guard.clear_ready();
+                        st.sleeping = false;
+                        consumer.end_sleep();
+                        st.spin_started = Some(Instant::now());
+                        continue;
+                    }
+                    Poll::Ready(Err(e)) => {
+                        tracing::error!(error = %e, "doorbell registration failed");
+                        st.broken = true;
+                        return Poll::Pending;
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            let now = Instant::now();
+            let started = *st.spin_started.get_or_insert(now);
+            if now.duration_since(started) < spin {
+                // Cooperative spin: let the runtime run timers and sends, then poll again.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            match consumer.prepare_sleep() {
+                Ok(true) => {
+                    st.sleeping = true;
+                    self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
+                    st.broken = true;
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+
+    fn poll_unix(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = match self.rx_fd.poll_read_ready(cx) {
+                Poll::Ready(Ok(g)) => g,
+                Poll::Ready(Err(e)) => {
+                    tracing::error!(error = %e, "unix ingress registration failed");
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
+            };
+            let fd = self.rx_fd.get_ref().as_raw_fd();
+            let max = bufs.len().min(meta.len());
+            let mut n = 0;
+            let mut dropped = 0;
+            let mut closed = false;
+            while n < max {
+                match recv_unix(fd, &mut bufs[n]) {
+                    Ok(UnixRecv::Datagram(desc, len)) => match decode_desc(&desc, u32::MAX) {
+                        Ok(m) if m_len_ok(&desc, len) => {
+                            meta[n] = recv_meta(&m, len);
+                            n += 1;
+                        }
+                        _ => dropped += 1,
+                    },
+                    Ok(UnixRecv::Dropped) => dropped += 1,
+                    Ok(UnixRecv::Closed) => {
+                        closed = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        guard.clear_ready();
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "unix ingress receive failed");
+                        guard.clear_ready();
+                        break;
+                    }
+                }
+            }
+            if dropped > 0 {
+                self.stats.dropped.fetch_add(dropped, Ordering::Relaxed);
+            }
+            if n > 0 {
+                self.stats.received.fetch_add(n as u64, Ordering::Relaxed);
+                return Poll::Ready(Ok(n));
+            }
+            if closed {
+                // The demux is gone; the control socket tells the worker to exit.
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+fn m_len_ok(desc: &SlotDesc, len: usize) -> bool {
+    desc.len as usize == len
+}
+
+enum UnixRecv {
+    Datagram(SlotDesc, usize),
+    Dropped,
+    Closed,
+}
+
+/// One `recvmsg`: the descriptor into a local, the payload straight into quinn's buffer.
+fn recv_unix(fd: i32, buf: &mut [u8]) -> io::Result<UnixRecv> {
+    let mut desc = [0u8; DESC_BYTES as usize];
+    let mut iov = [
+        libc::iovec {
+            iov_base: desc.as_mut_ptr().cast(),
+            iov_len: desc.len(),
+        },
+        libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        },
+    ];
+    // SAFETY: a zeroed msghdr is valid; it points at two live iovecs.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = 2;
+    // SAFETY: msg describes live, writable buffers.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    if n == 0 {
+        return Ok(UnixRecv::Closed);
+    }
+    if msg.msg_flags & libc::MSG_TRUNC != 0 || n < desc.len() {
+        return Ok(UnixRecv::Dropped);
+    }
+    // SAFETY: SlotDesc is plain old data; every bit pattern is a valid value.
+    let d: SlotDesc = unsafe { desc.as_ptr().cast::<SlotDesc>().read_unaligned() };
+    Ok(UnixRecv::Datagram(d, n - desc.len()))
+}
+
+fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {
+    RecvMeta {
+        addr: m.remote,
+        len,
+        stride: len,
+        ecn: EcnCodepoint::from_bits(m.ecn),
+        dst_ip: m.local_ip,
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    socket2::SockRef::from(fd).set_nonblocking(true)
+}
+
+impl fmt::Debug for RingSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RingSocket")
+            .field("public_addr", &self.public_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AsyncUdpSocket for RingSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        Box::pin(SendPoller {
+            socket: self,
+            backoff: None,
+        })
+    }
+
+    fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
+        // `send`, not `try_send`: only WouldBlock escapes; EMSGSIZE, ECONNREFUSED etc. are logged
+        // and swallowed so that quinn never freezes a connection over them (G3).
+        match self.tx_state.send(UdpSockRef::from(&self.tx), transmit) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                self.send_blocked.store(true, Ordering::Relaxed);
+                self.stats.send_would_block.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+            r => r,
+        }
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let mut st = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+        if st.broken {
+            return Poll::Pending;
+        }
+        match st.ingress {
+            Ingress::Ring(_) => self.poll_ring(&mut st, cx, bufs, meta),
+            Ingress::Unix(_) => {
+                drop(st);
+                self.poll_unix(cx, bufs, meta)
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.public_addr)
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.tx_state.max_gso_segments()
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        1 // the demux splits GRO trains: one datagram per slot
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.tx_state.may_fragment()
+    }
+}
+
+/// Send readiness without registering the shared descriptor (G2).
+struct SendPoller {
+    socket: Arc<RingSocket>,
+    backoff: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl fmt::Debug for SendPoller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SendPoller").finish_non_exhaustive()
+    }
+}
+
+impl UdpPoller for SendPoller {
+    fn poll_writable(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.socket.send_blocked.load(Ordering::Relaxed) && self.backoff.is_none() {
+            self.backoff = Some(Box::pin(tokio::time::sleep(SEND_BACKOFF)));
+        }
+        if let Some(sleep) = self.backoff.as_mut() {
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.backoff = None;
+            self.socket.send_blocked.store(false, Ordering::Relaxed);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+// `AsFd` for callers that want to inspect the egress descriptor (e.g. buffer sizes).
+impl AsFd for RingSocket {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.tx.as_fd()
+    }
+}

@@ -1,0 +1,490 @@
+//! TLS for the worker: the certificate chain, the session-resumption state shared by every
+//! worker process, and the rustls server configuration handed to quinn.
+//!
+//! This module owns everything TLS-shaped a worker needs and nothing else: it never touches
+//! sockets, QUIC keys (see [`crate::quic`]) or HTTP.
+//!
+//! # Resumption and 0-RTT across instances
+//!
+//! A resumed connection lands on whichever instance its new random DCID hashes to, so every
+//! instance must be able to accept a ticket another instance issued. There are two ways, and
+//! rustls treats them differently:
+//!
+//! * **Stateless tickets** ([`SharedTicketer`], [`Resumption::SharedTickets`]): the session state
+//!   is sealed into the ticket with a key all instances share. Resumption (no certificate, one
+//!   fewer signature) works on every instance. **rustls 0.23 never accepts 0-RTT with stateless
+//!   tickets** (`tls13.rs`: "early_data with stateless resumption is not allowed", following
+//!   RFC 8446 §8.1: stateless tickets cannot be made single-use, so early data would be
+//!   replayable). Tickets it issues carry no `early_data` extension, so clients do not even try.
+//! * **A session store** ([`Resumption::SessionStore`]): tickets are random IDs looked up (and
+//!   removed: single use) in a [`StoresServerSessions`]. rustls accepts 0-RTT here. Across
+//!   instances this needs a store that all instances share; across *processes* that means a
+//!   store backed by shared memory or the demux, which ringmux does not have yet.
+//!
+//! [`server_crypto`] uses stateless shared tickets: the safe default that works across processes
+//! today. [`server_crypto_with`] takes either.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use quinn::crypto::rustls::QuicServerConfig;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use rustls::server::{ProducesTickets, StoresServerSessions};
+
+/// ALPN token for HTTP/3 over QUIC v1 (RFC 9114 §3.1).
+pub const ALPN_H3: &[u8] = b"h3";
+
+/// Subject alternative names of [`CertChain::self_signed`].
+pub const SELF_SIGNED_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// Errors from loading or making certificates and building the TLS configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file could not be read.
+    #[error("cannot read {what} file {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    /// PEM text did not contain what it should.
+    #[error("{origin}: {problem}")]
+    Pem { origin: String, problem: String },
+    /// rcgen could not make the self-signed certificate.
+    #[error("cannot make a self-signed certificate: {0}")]
+    SelfSigned(#[from] rcgen::Error),
+    /// rustls refused the certificate, key or settings.
+    #[error("TLS configuration rejected: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// quinn refused the rustls configuration (it needs TLS 1.3 and an AES-128-GCM suite).
+    #[error("TLS configuration unusable for QUIC: {0}")]
+    Quic(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
+}
+
+/// A certificate chain (leaf first) and its private key.
+pub struct CertChain {
+    pub certs: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl fmt::Debug for CertChain {
+    // Never print key material.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertChain")
+            .field("certs", &self.certs.len())
+            .field("key", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Clone for CertChain {
+    fn clone(&self) -> Self {
+        CertChain {
+            certs: self.certs.clone(),
+            key: self.key.clone_key(),
+        }
+    }
+}
+
+impl CertChain {
+    /// A fresh self-signed certificate for `localhost`, `127.0.0.1` and `::1` (ECDSA P-256).
+    pub fn self_signed() -> Result<Self, TlsError> {
+        let names: Vec<String> = SELF_SIGNED_NAMES.iter().map(|s| s.to_string()).collect();
+        let ck = rcgen::generate_simple_self_signed(names)?;
+        Ok(CertChain {
+            certs: vec![ck.cert.der().clone()],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der())),
+        })
+    }
+
+    /// Loads a PEM certificate chain and a PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let read = |what, path: &Path| {
+            std::fs::read_to_string(path).map_err(|source| TlsError::Read {
+                what,
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let cert_pem = read("certificate", cert)?;
+        let key_pem = read("private key", key)?;
+        Ok(CertChain {
+            certs: parse_certs(&cert_pem, &cert.display().to_string())?,
+            key: parse_key(&key_pem, &key.display().to_string())?,
+        })
+    }
+
+    /// Parses PEM text as produced by [`CertChain::to_pem`] (or any PEM chain and key).
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, TlsError> {
+        Ok(CertChain {
+            certs: parse_certs(cert_pem, "certificate PEM")?,
+            key: parse_key(key_pem, "private key PEM")?,
+        })
+    }
+
+    /// PEM text of the chain and of the key, in that order. The demux makes the certificate
+    /// once and hands this text to every worker.
+    pub fn to_pem(&self) -> (String, String) {
+        let certs: String = self
+            .certs
+            .iter()
+            .map(|c| pem_encode("CERTIFICATE", c.as_ref()))
+            .collect();
+        let label = match &self.key {
+            PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+            PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+            _ => "PRIVATE KEY",
+        };
+        (certs, pem_encode(label, self.key.secret_der()))
+    }
+}
+
+/// How resumed sessions are recognised, see the module docs.
+#[derive(Clone)]
+pub enum Resumption {
+    /// Stateless tickets sealed with a key every instance shares: resumption anywhere, no 0-RTT.
+    SharedTickets(Arc<SharedTicketer>),
+    /// Single-use tickets looked up in a store: 0-RTT, but only on instances sharing the store.
+    SessionStore(Arc<dyn StoresServerSessions>),
+}
+
+impl fmt::Debug for Resumption {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resumption::SharedTickets(t) => f.debug_tuple("SharedTickets").field(t).finish(),
+            Resumption::SessionStore(s) => f.debug_tuple("SessionStore").field(s).finish(),
+        }
+    }
+}
+
+/// Number of session tickets sent after each full handshake. More than one lets a client open
+/// parallel resumed connections (each ticket is meant to be used once).
+pub const TICKETS_PER_HANDSHAKE: usize = 2;
+
+/// The QUIC server crypto config with stateless tickets sealed by `ticket_secret`, which all
+/// worker processes share: TLS 1.3 only, ALPN `h3`, ring provider.
+pub fn server_crypto(
+    chain: &CertChain,
+    ticket_secret: &[u8; 32],
+) -> anyhow::Result<Arc<QuicServerConfig>> {
+    let ticketer = Arc::new(SharedTicketer::new(ticket_secret));
+    Ok(server_crypto_with(
+        chain,
+        Resumption::SharedTickets(ticketer),
+    )?)
+}
+
+/// Like [`server_crypto`] with an explicit resumption mechanism.
+pub fn server_crypto_with(
+    chain: &CertChain,
+    resumption: Resumption,
+) -> Result<Arc<QuicServerConfig>, TlsError> {
+    // Always name the provider: a process-default provider may be ambiguous (notes G8).
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_no_client_auth()
+        .with_single_cert(chain.certs.clone(), chain.key.clone_key())?;
+    tls.alpn_protocols = vec![ALPN_H3.to_vec()];
+    // QUIC allows only 0 or 0xffffffff here (RFC 9001 §4.6.1); quinn rejects anything else.
+    tls.max_early_data_size = u32::MAX;
+    tls.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+    match resumption {
+        Resumption::SharedTickets(t) => tls.ticketer = t,
+        Resumption::SessionStore(s) => tls.session_storage = s,
+    }
+    Ok(Arc::new(QuicServerConfig::try_from(tls)?))
+}
+
+/// Counters of a [`SharedTicketer`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TicketStats {
+    /// Tickets sealed.
+    pub issued: u64,
+    /// Tickets that opened and were still fresh.
+    pub accepted: u64,
+    /// Tickets that failed to open (other key, tampered, garbage) or had expired.
+    pub rejected: u64,
+}
+
+/// Stateless TLS 1.3 session tickets sealed with AES-256-GCM under a key derived from a secret
+/// shared by all worker processes, so a ticket issued by one instance opens on any other.
+///
+/// Ticket format: `nonce (12) ‖ AES-256-GCM(issued_at_secs_be (8) ‖ rustls state) ‖ tag (16)`.
+/// The nonce is random per ticket. With a fixed key, 2^32 random nonces keep the collision
+/// probability below 2^-32 (NIST SP 800-38D §8.3), so rotate the secret well before that many
+/// tickets are issued (and regularly anyway: forward secrecy of resumed sessions lasts only as
+/// long as the secret).
+pub struct SharedTicketer {
+    key: LessSafeKey,
+    rng: SystemRandom,
+    lifetime: Duration,
+    issued: AtomicU64,
+    accepted: AtomicU64,
+    rejected: AtomicU64,
+}
+
+/// Default ticket lifetime.
+pub const TICKET_LIFETIME: Duration = Duration::from_secs(6 * 60 * 60);
+
+/// Tickets issued up to this far in the "future" (clock differences between hosts sharing the
+/// secret) are still accepted.
+const CLOCK_SKEW: u64 = 60;
+
+/// HKDF info label: the shared secret may be reused for other purposes, the ticket key must not
+/// be equal to it.
+const TICKET_KEY_INFO: &[u8] = b"ringmux tls13 ticket key v1";
+
+const ISSUED_LEN: usize = 8;
+
+impl SharedTicketer {
+    /// A ticketer with the default [`TICKET_LIFETIME`].
+    pub fn new(secret: &[u8; 32]) -> Self {
+        Self::with_lifetime(secret, TICKET_LIFETIME)
+    }
+
+    /// A ticketer whose tickets expire after `lifetime` (clamped to 1 s ..= 7 days, RFC 8446
+    /// §4.6.1).
+    pub fn with_lifetime(secret: &[u8; 32], lifetime: Duration) -> Self {
+        let lifetime = lifetime.clamp(Duration::from_secs(1), Duration::from_secs(7 * 86_400));
+        let prk = ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, &[]).extract(secret);
+        let mut key = [0u8; 32];
+        // `expand`/`fill` fail only when the output is longer than 255 hash lengths; 32 bytes
+        // from SHA-256 HKDF cannot fail.
+        prk.expand(&[TICKET_KEY_INFO], &AES_256_GCM)
+            .and_then(|okm| okm.fill(&mut key))
+            .expect("HKDF-SHA256 expand to 32 bytes");
+        let unbound = UnboundKey::new(&AES_256_GCM, &key).expect("AES-256 key is 32 bytes");
+        SharedTicketer {
+            key: LessSafeKey::new(unbound),
+            rng: SystemRandom::new(),
+            lifetime,
+            issued: AtomicU64::new(0),
+            accepted: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// Counters since creation.
+    pub fn stats(&self) -> TicketStats {
+        // Relaxed: independent statistics counters, nothing is published through them.
+        TicketStats {
+            issued: self.issued.load(Ordering::Relaxed),
+            accepted: self.accepted.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+        }
+    }
+
+    fn open(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        if cipher.len() < NONCE_LEN + ISSUED_LEN + AES_256_GCM.tag_len() {
+            return None;
+        }
+        let (nonce, sealed) = cipher.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut buf = sealed.to_vec();
+        let plain = self.key.open_in_place(nonce, Aad::empty(), &mut buf).ok()?;
+        let (issued, state) = plain.split_at(ISSUED_LEN);
+        let issued = u64::from_be_bytes(issued.try_into().ok()?);
+        let now = unix_now();
+        let fresh = issued <= now.saturating_add(CLOCK_SKEW)
+            && now.saturating_sub(issued) <= self.lifetime.as_secs();
+        fresh.then(|| state.to_vec())
+    }
+}
+
+impl fmt::Debug for SharedTicketer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedTicketer")
+            .field("lifetime", &self.lifetime)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProducesTickets for SharedTicketer {
+    fn enabled(&self) -> bool {
+        true
+    }
+
+    fn lifetime(&self) -> u32 {
+        u32::try_from(self.lifetime.as_secs()).unwrap_or(u32::MAX)
+    }
+
+    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
+        let mut nonce = [0u8; NONCE_LEN];
+        // A failing system RNG means no ticket (rustls then sends none), never a reused nonce.
+        self.rng.fill(&mut nonce).ok()?;
+        let mut out = Vec::with_capacity(NONCE_LEN + ISSUED_LEN + plain.len() + 16);
+        out.extend_from_slice(&nonce);
+        out.extend_from_slice(&unix_now().to_be_bytes());
+        out.extend_from_slice(plain);
+        let mut sealed = out.split_off(NONCE_LEN);
+        self.key
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut sealed,
+            )
+            .ok()?;
+        out.extend_from_slice(&sealed);
+        // Relaxed: statistics only.
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Some(out)
+    }
+
+    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
+        // `cipher` is attacker-controlled: every failure is `None`, nothing here can panic.
+        let plain = self.open(cipher);
+        // Relaxed: statistics only.
+        let counter = if plain.is_some() {
+            &self.accepted
+        } else {
+            &self.rejected
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        plain
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn parse_certs(pem: &str, origin: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = rustls_pemfile::certs(&mut pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            origin: origin.to_string(),
+            problem: format!("malformed PEM: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Pem {
+            origin: origin.to_string(),
+            problem: "no CERTIFICATE block found".to_string(),
+        });
+    }
+    Ok(certs)
+}
+
+fn parse_key(pem: &str, origin: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    rustls_pemfile::private_key(&mut pem.as_bytes())
+        .map_err(|e| TlsError::Pem {
+            origin: origin.to_string(),
+            problem: format!("malformed PEM: {e}"),
+        })?
+        .ok_or_else(|| TlsError::Pem {
+            origin: origin.to_string(),
+            problem: "no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block found".to_string(),
+        })
+}
+
+/// RFC 7468 PEM: base64 (RFC 4648 §4) in 64-column lines.
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = Vec::with_capacity(der.len().div_ceil(3) * 4);
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                b64.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]);
+            } else {
+                b64.push(b'=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.chunks(64) {
+        // The alphabet is ASCII.
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pem_round_trip() {
+        let chain = CertChain::self_signed().unwrap();
+        let (c, k) = chain.to_pem();
+        let back = CertChain::from_pem(&c, &k).unwrap();
+        assert_eq!(back.certs, chain.certs);
+        assert_eq!(back.key.secret_der(), chain.key.secret_der());
+    }
+
+    #[test]
+    fn pem_errors_name_the_origin() {
+        let err = CertChain::from_pem("", "").unwrap_err().to_string();
+        assert!(
+            err.contains("certificate PEM") && err.contains("no CERTIFICATE"),
+            "{err}"
+        );
+        let missing = Path::new("/nonexistent/cert.pem");
+        let err = CertChain::from_pem_files(missing, missing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/cert.pem"), "{err}");
+    }
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (input, b64) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+        ] {
+            let pem = pem_encode("X", input.as_bytes());
+            let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+            assert_eq!(body, b64, "{input}");
+        }
+    }
+
+    #[test]
+    fn tickets_open_across_instances_only_with_the_same_secret() {
+        let a = SharedTicketer::new(&[7; 32]);
+        let b = SharedTicketer::new(&[7; 32]);
+        let other = SharedTicketer::new(&[8; 32]);
+        let t1 = a.encrypt(b"session state").unwrap();
+        let t2 = a.encrypt(b"session state").unwrap();
+        assert_ne!(t1, t2, "nonce must be random per ticket");
+        assert_eq!(b.decrypt(&t1).as_deref(), Some(&b"session state"[..]));
+        assert_eq!(other.decrypt(&t1), None);
+        let mut tampered = t1.clone();
+        *tampered.last_mut().unwrap() ^= 1;
+        assert_eq!(b.decrypt(&tampered), None);
+        for len in 0..40 {
+            assert_eq!(b.decrypt(&vec![0u8; len]), None);
+        }
+        assert_eq!(
+            b.stats(),
+            TicketStats {
+                issued: 0,
+                accepted: 1,
+                rejected: 41
+            }
+        );
+        assert_eq!(a.stats().issued, 2);
+    }
+
+    #[test]
+    fn server_crypto_builds() {
+        let chain = CertChain::self_signed().unwrap();
+        server_crypto(&chain, &[1; 32]).unwrap();
+    }
+}
