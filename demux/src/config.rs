@@ -1,0 +1,259 @@
+//! `ringmux` command line: every option has a `RINGMUX_*` environment twin, documented in
+//! `--help`. [`RunArgs::validate`] turns the arguments into a checked [`Config`]; every refusal
+//! names the option, its variable, the value and what is accepted.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use ringmux_ring::RingConfig;
+
+/// Spreads one public QUIC/HTTP-3 UDP port over several worker processes.
+///
+/// The demux receives every datagram on the public socket, routes it by its QUIC connection ID
+/// (QUIC-LB), and forwards it to the owning worker through a shared-memory ring (or, for
+/// comparison, a unix socket). Workers serve HTTP/3 and send directly on the public socket.
+#[derive(Parser, Debug)]
+#[command(name = "ringmux", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the metrics of a running ringmux as a table.
+    Stats {
+        /// Metrics address of the running ringmux.
+        #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
+        metrics: String,
+    },
+}
+
+/// How the demux hands datagrams to workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ForwardMode {
+    /// Shared-memory rings with eventfd doorbells (the design).
+    Shm,
+    /// One `sendmsg` per datagram on a unix SOCK_SEQPACKET socket (the baseline it replaces).
+    Unix,
+    /// Receive and route, then discard: the floor benchmarks compare against.
+    Drop,
+}
+
+/// What the workers run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkerMode {
+    /// HTTP/3 over quinn (the product).
+    Http,
+    /// Drain and count without quinn, checking each datagram's connection ID (benchmarks).
+    Sink,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
+    #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
+    pub listen: SocketAddr,
+    /// Number of worker processes (1–255).
+    #[arg(long, env = "RINGMUX_INSTANCES", default_value_t = 2)]
+    pub instances: u32,
+    /// Forwarding mode: shm (rings), unix (SOCK_SEQPACKET baseline) or drop (benchmark floor).
+    #[arg(long, env = "RINGMUX_FORWARD", value_enum, default_value = "shm")]
+    pub forward: ForwardMode,
+    /// Prometheus metrics address (`http://ADDR/metrics`); `off` disables.
+    #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
+    pub metrics: String,
+    /// PEM certificate chain. Default: a self-signed certificate for localhost, 127.0.0.1 and ::1.
+    #[arg(long, env = "RINGMUX_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key for --cert.
+    #[arg(long, env = "RINGMUX_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Document root for static files. Default: built-ins only (/hello.txt, /bytes/N).
+    #[arg(long, env = "RINGMUX_ROOT")]
+    pub root: Option<PathBuf>,
+    /// Shared key file (QUIC-LB, routing hash, stateless reset, token and ticket keys), mode 0600.
+    /// Default: fresh keys at every start. Use one file for every box behind one load balancer.
+    #[arg(long, env = "RINGMUX_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// CPUs to pin to: the first for the demux, then one per instance in order (e.g. `0,1,2`).
+    #[arg(long, env = "RINGMUX_CPUS", value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+    /// Slots per ring: a power of two from 4 to 1048576.
+    #[arg(long, env = "RINGMUX_RING_SLOTS", default_value_t = RingConfig::default().slots)]
+    pub ring_slots: u32,
+    /// Bytes per slot, 64-byte descriptor included: a multiple of 64 from 1280 to 65600.
+    #[arg(long, env = "RINGMUX_SLOT_BYTES", default_value_t = RingConfig::default().slot_bytes)]
+    pub slot_bytes: u32,
+    /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000).
+    #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
+    pub spin_us: u32,
+    /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
+    #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]
+    pub recv_batch: usize,
+    /// SO_RCVBUF of the public socket in bytes (forced past net.core.rmem_max when root).
+    #[arg(long, env = "RINGMUX_RCVBUF", default_value_t = 32 << 20)]
+    pub rcvbuf: usize,
+    /// SO_SNDBUF of the public socket in bytes.
+    #[arg(long, env = "RINGMUX_SNDBUF", default_value_t = 8 << 20)]
+    pub sndbuf: usize,
+    /// Seconds workers get to drain on SIGTERM/SIGINT before they are killed.
+    #[arg(long, env = "RINGMUX_GRACE", default_value_t = 10)]
+    pub grace: u64,
+    /// Path of the ringmux-worker binary. Default: next to this executable.
+    #[arg(long, env = "RINGMUX_WORKER_BIN")]
+    pub worker_bin: Option<PathBuf>,
+    /// What workers run: http (the server) or sink (count-only, for benchmarks).
+    #[arg(long, env = "RINGMUX_WORKER_MODE", value_enum, default_value = "http")]
+    pub worker_mode: WorkerMode,
+    /// QUIC-LB node ID of this box, hex (1 or more bytes); unique per box behind one load balancer.
+    #[arg(long, env = "RINGMUX_NODE_ID", default_value = "00")]
+    pub node_id: String,
+    /// QUIC-LB config rotation codepoint (0–6).
+    #[arg(long, env = "RINGMUX_CONFIG_ID", default_value_t = 0)]
+    pub config_id: u8,
+    /// QUIC-LB nonce length in bytes (4–18). Default: 16 − node-ID length − 1, so that server ID
+    /// + nonce is one AES block (single-pass, 17-byte CIDs).
+    #[arg(long, env = "RINGMUX_NONCE_LEN")]
+    pub nonce_len: Option<u8>,
+    /// Issue unencrypted (plaintext-mode) QUIC-LB connection IDs.
+    #[arg(long, env = "RINGMUX_PLAINTEXT_CIDS")]
+    pub plaintext_cids: bool,
+    /// Seconds after which workers rotate connection IDs (0: never).
+    #[arg(long, env = "RINGMUX_CID_LIFETIME", default_value_t = 0)]
+    pub cid_lifetime: u64,
+    /// Validate every client address with a Retry before accepting a connection.
+    #[arg(long, env = "RINGMUX_RETRY")]
+    pub retry: bool,
+    /// Largest body /bytes/N serves.
+    #[arg(long, env = "RINGMUX_MAX_BYTES", default_value_t = 64 << 20)]
+    pub max_bytes: u64,
+    /// QUIC idle timeout in seconds.
+    #[arg(long, env = "RINGMUX_IDLE_TIMEOUT", default_value_t = 30)]
+    pub idle_timeout: u64,
+    /// Seconds a worker may leave a non-empty ring untouched before it is declared stuck,
+    /// killed and replaced.
+    #[arg(long, env = "RINGMUX_STALL_SECS", default_value_t = 5)]
+    pub stall_secs: u64,
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub args: RunArgs,
+    pub ring: RingConfig,
+    pub node_id: Vec<u8>,
+    pub nonce_len: u8,
+    pub metrics: Option<SocketAddr>,
+    pub worker_bin: PathBuf,
+    pub instances: u8,
+}
+
+impl RunArgs {
+    pub fn validate(self) -> Result<Config> {
+        let ring = RingConfig {
+            slots: self.ring_slots,
+            slot_bytes: self.slot_bytes,
+            spin_us: self.spin_us,
+        };
+        ring.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !(1..=255).contains(&self.instances) {
+            bail!(
+                "--instances / RINGMUX_INSTANCES={} is not valid: expected 1 to 255",
+                self.instances
+            );
+        }
+        if !(1..=quinn::udp::BATCH_SIZE).contains(&self.recv_batch) {
+            bail!(
+                "--recv-batch / RINGMUX_RECV_BATCH={} is not valid: expected 1 to {}",
+                self.recv_batch,
+                quinn::udp::BATCH_SIZE
+            );
+        }
+        let node_id = parse_hex(&self.node_id).with_context(|| {
+            format!("--node-id / RINGMUX_NODE_ID={:?} is not valid: expected hex bytes, e.g. 00 or 0a1b", self.node_id)
+        })?;
+        if node_id.is_empty() {
+            bail!("--node-id / RINGMUX_NODE_ID is empty: expected at least one hex byte, e.g. 00");
+        }
+        // server ID = node ID ‖ instance byte; default nonce fills one AES block.
+        let sid = node_id.len() + 1;
+        let nonce_len = match self.nonce_len {
+            Some(n) => n,
+            None if sid <= 12 => (16 - sid) as u8,
+            None => 4,
+        };
+        if self.grace == 0 {
+            bail!("--grace / RINGMUX_GRACE=0 is not valid: expected at least 1 second");
+        }
+        let metrics = match self.metrics.as_str() {
+            "off" | "" => None,
+            a => Some(a.parse().with_context(|| {
+                format!("--metrics / RINGMUX_METRICS={a:?} is not valid: expected ADDR:PORT or off")
+            })?),
+        };
+        let worker_bin = match &self.worker_bin {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .context("locating this executable")?
+                .with_file_name("ringmux-worker"),
+        };
+        if !worker_bin.is_file() {
+            bail!(
+                "worker binary {} not found: build it (`cargo build --release`) or pass --worker-bin / RINGMUX_WORKER_BIN",
+                worker_bin.display()
+            );
+        }
+        if let Some(root) = &self.root {
+            if !root.is_dir() {
+                bail!(
+                    "--root / RINGMUX_ROOT={} is not a directory",
+                    root.display()
+                );
+            }
+        }
+        let instances = self.instances as u8;
+        Ok(Config {
+            ring,
+            node_id,
+            nonce_len,
+            metrics,
+            worker_bin,
+            instances,
+            args: self,
+        })
+    }
+}
+
+impl Config {
+    pub fn grace(&self) -> Duration {
+        Duration::from_secs(self.args.grace)
+    }
+
+    /// CPU of the demux's data plane, if pinning was asked for.
+    pub fn demux_cpu(&self) -> Option<usize> {
+        self.args.cpus.first().copied()
+    }
+
+    /// CPU of instance `i`: the list after the demux's, cycled.
+    pub fn worker_cpu(&self, i: u8) -> Option<usize> {
+        let rest = self.args.cpus.get(1..)?;
+        (!rest.is_empty()).then(|| rest[i as usize % rest.len()])
+    }
+}
+
+fn parse_hex(s: &str) -> Option<Vec<u8>> {
+    let s = s.trim().trim_start_matches("0x");
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}

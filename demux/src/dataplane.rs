@@ -1,0 +1,401 @@
+//! The receive loop: `recvmmsg` + GRO through quinn-udp, split every GRO train into datagrams,
+//! route each with the QUIC-LB [`Router`], hand it to its instance's ring (or unix socket), and
+//! publish each ring once per batch. No allocation, lock or syscall per datagram beyond the
+//! receive itself (`unix` mode adds its one `sendmsg`, which is the point of comparing it).
+//!
+//! The loop owns the producers. The supervisor talks to it through [`Control`]: it marks
+//! instances up or down, asks for ring resets (a new consumer generation for a replacement
+//! worker) and reads back fresh hand-off descriptors; the loop reports protocol violations and
+//! stalls. Commands are looked at once per batch (one relaxed load when there are none).
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use quinn::udp::{RecvMeta, UdpSockRef, UdpSocketState};
+use ringmux_quic_lb::{Route, Router};
+use ringmux_ring::{encode_desc, DatagramMeta, Producer, PushError};
+
+use crate::metrics::{Counters, DropReason};
+
+/// Largest datagram train one receive buffer holds (UDP GRO caps a super-datagram at 64 KiB).
+const RECV_BUF: usize = 65536;
+/// How often occupancy and doorbell gauges are refreshed and stalls checked.
+const GAUGE_PERIOD: Duration = Duration::from_millis(100);
+
+/// How datagrams leave the demux.
+pub enum Forwarder {
+    Shm(Vec<Producer>),
+    /// The demux's end of each instance's `SOCK_SEQPACKET` pair.
+    Unix(Vec<OwnedFd>),
+    /// Route and discard. Workers still get (idle) rings so that supervision is the same.
+    Drop(Vec<Producer>),
+}
+
+/// Descriptors for a (re)started worker's ingress.
+pub enum IngressHandles {
+    /// ring memfd, consumer page, doorbell, generation
+    Shm([OwnedFd; 3], u64),
+    Unix(OwnedFd),
+}
+
+/// Supervisor → data plane requests.
+pub enum Command {
+    /// Start a new generation for `instance` and send its ingress descriptors back.
+    Reset {
+        instance: u8,
+        reply: Sender<io::Result<IngressHandles>>,
+    },
+}
+
+/// Data plane → supervisor events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The worker broke the ring protocol or stopped draining: kill and replace it.
+    Misbehaved { instance: u8, stalled: bool },
+}
+
+/// The channel pair and flags shared with the supervisor.
+pub struct Control {
+    pub commands: Receiver<Command>,
+    pub pending: Arc<AtomicBool>,
+    pub events: Sender<Event>,
+    pub stop: Arc<AtomicBool>,
+}
+
+pub struct DataPlane {
+    socket: std::net::UdpSocket,
+    state: UdpSocketState,
+    router: Router,
+    forwarder: Forwarder,
+    counters: Arc<Counters>,
+    batch: usize,
+    stall: Duration,
+}
+
+/// Per-instance bookkeeping the loop keeps to itself.
+#[derive(Clone, Copy)]
+struct Local {
+    forwarded: u64,
+    up: bool,
+    /// Consumed count and when it last moved (stall detection).
+    consumed: u64,
+    consumed_at: Instant,
+    /// The consumer broke the protocol since the last reset.
+    violated: bool,
+    /// The supervisor was told about this generation's misbehaviour.
+    reported: bool,
+}
+
+impl DataPlane {
+    pub fn new(
+        socket: std::net::UdpSocket,
+        state: UdpSocketState,
+        router: Router,
+        forwarder: Forwarder,
+        counters: Arc<Counters>,
+        batch: usize,
+        stall: Duration,
+    ) -> Self {
+        DataPlane {
+            socket,
+            state,
+            router,
+            forwarder,
+            counters,
+            batch,
+            stall,
+        }
+    }
+
+    /// Runs until `control.stop` is set.
+    pub fn run(mut self, control: Control) {
+        let n_inst = self.router.instance_count() as usize;
+        let mut storage = vec![0u8; RECV_BUF * self.batch];
+        let mut iovs: Vec<IoSliceMut<'_>> =
+            storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
+        let mut metas = vec![RecvMeta::default(); self.batch];
+        let now = Instant::now();
+        let mut local = vec![
+            Local {
+                forwarded: 0,
+                up: false,
+                consumed: 0,
+                consumed_at: now,
+                violated: false,
+                reported: false
+            };
+            n_inst
+        ];
+        let mut received = 0u64;
+        let mut recv_calls = 0u64;
+        let mut dropped = [0u64; DropReason::ALL.len()];
+        let mut last_gauges = now;
+        let mut errors_logged = 0u32;
+
+        while !control.stop.load(Ordering::Relaxed) {
+            if control.pending.swap(false, Ordering::Acquire) {
+                while let Ok(cmd) = control.commands.try_recv() {
+                    self.execute(cmd, &mut local);
+                }
+            }
+            for (i, l) in local.iter_mut().enumerate() {
+                l.up = !l.violated && self.counters.instances[i].alive.load(Ordering::Relaxed);
+            }
+            let n = match self
+                .state
+                .recv(UdpSockRef::from(&self.socket), &mut iovs, &mut metas)
+            {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait_readable(&self.socket, GAUGE_PERIOD);
+                    self.refresh_gauges(&mut local, &control, &mut last_gauges);
+                    continue;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    if errors_logged < 10 {
+                        tracing::warn!(error = %e, "receive failed");
+                        errors_logged += 1;
+                    }
+                    continue;
+                }
+            };
+            recv_calls += 1;
+            let ts = monotonic_ns();
+            for (meta, iov) in metas.iter().zip(iovs.iter()).take(n) {
+                let data = &iov[..meta.len.min(iov.len())];
+                let stride = if meta.stride == 0 {
+                    data.len().max(1)
+                } else {
+                    meta.stride
+                };
+                let dmeta = DatagramMeta {
+                    remote: meta.addr,
+                    local_ip: meta.dst_ip,
+                    ecn: meta.ecn.map_or(0, |e| e as u8),
+                    segment_size: 0,
+                    rx_timestamp_ns: ts,
+                };
+                // Each GRO segment is routed on its own: one train can carry several DCIDs.
+                for seg in data.chunks(stride) {
+                    received += 1;
+                    let inst = match self.router.route(seg) {
+                        Route::Owned(i) | Route::Hashed(i) => i as usize,
+                        Route::Malformed(_) => {
+                            dropped[DropReason::Malformed as usize] += 1;
+                            continue;
+                        }
+                    };
+                    if let Some(reason) = self.forward(inst, &dmeta, seg, &mut local) {
+                        dropped[reason as usize] += 1;
+                    }
+                }
+            }
+            if let Forwarder::Shm(rings) = &mut self.forwarder {
+                for r in rings.iter_mut() {
+                    r.publish();
+                }
+            }
+            // Publish counters: single writer, plain stores.
+            self.counters.received.store(received, Ordering::Relaxed);
+            self.counters
+                .recv_calls
+                .store(recv_calls, Ordering::Relaxed);
+            for (i, d) in dropped.iter().enumerate() {
+                self.counters.dropped[i].store(*d, Ordering::Relaxed);
+            }
+            for (i, l) in local.iter().enumerate() {
+                self.counters.instances[i]
+                    .forwarded
+                    .store(l.forwarded, Ordering::Relaxed);
+            }
+            if last_gauges.elapsed() >= GAUGE_PERIOD {
+                self.refresh_gauges(&mut local, &control, &mut last_gauges);
+            }
+        }
+        // Final publish so nothing written stays invisible.
+        if let Forwarder::Shm(rings) = &mut self.forwarder {
+            for r in rings.iter_mut() {
+                r.publish();
+            }
+        }
+    }
+
+    /// Hands one datagram to instance `inst`; returns the drop reason if it was not forwarded.
+    #[inline]
+    fn forward(
+        &mut self,
+        inst: usize,
+        meta: &DatagramMeta,
+        seg: &[u8],
+        local: &mut [Local],
+    ) -> Option<DropReason> {
+        let l = &mut local[inst];
+        match &mut self.forwarder {
+            Forwarder::Drop(_) => Some(DropReason::Discarded),
+            _ if !l.up => Some(DropReason::InstanceDown),
+            Forwarder::Shm(rings) => match rings[inst].try_push(meta, seg) {
+                Ok(()) => {
+                    l.forwarded += 1;
+                    None
+                }
+                Err(PushError::Full) => Some(DropReason::RingFull),
+                Err(PushError::Oversize { .. }) => Some(DropReason::Oversize),
+                Err(PushError::Violation(e)) => {
+                    // Stop pushing at once; the supervisor hears of it at the next gauge refresh.
+                    tracing::error!(instance = inst, error = %e, "worker broke the ring protocol");
+                    l.violated = true;
+                    l.up = false;
+                    Some(DropReason::RingViolation)
+                }
+            },
+            Forwarder::Unix(socks) => match send_unix(socks[inst].as_raw_fd(), meta, seg) {
+                Ok(()) => {
+                    l.forwarded += 1;
+                    None
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(DropReason::SocketFull),
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Some(DropReason::Oversize),
+                Err(_) => Some(DropReason::InstanceDown),
+            },
+        }
+    }
+
+    fn execute(&mut self, cmd: Command, local: &mut [Local]) {
+        match cmd {
+            Command::Reset { instance, reply } => {
+                let i = instance as usize;
+                let result = match &mut self.forwarder {
+                    Forwarder::Shm(rings) | Forwarder::Drop(rings) => {
+                        rings[i].reset().and_then(|discarded| {
+                            let c = &self.counters.instances[i];
+                            c.discarded_on_reset.fetch_add(discarded, Ordering::Relaxed);
+                            shm_handles(&rings[i])
+                        })
+                    }
+                    Forwarder::Unix(socks) => unix_pair().map(|(ours, theirs)| {
+                        socks[i] = ours;
+                        IngressHandles::Unix(theirs)
+                    }),
+                };
+                local[i].reported = false;
+                local[i].violated = false;
+                local[i].consumed_at = Instant::now();
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Occupancy and doorbell gauges; stall and violation reports.
+    fn refresh_gauges(&mut self, local: &mut [Local], control: &Control, last: &mut Instant) {
+        *last = Instant::now();
+        let Forwarder::Shm(rings) = &mut self.forwarder else {
+            return;
+        };
+        for (i, r) in rings.iter_mut().enumerate() {
+            let s = r.stats();
+            let c = &self.counters.instances[i];
+            c.occupancy.store(s.occupancy, Ordering::Relaxed);
+            c.doorbells.store(s.doorbells, Ordering::Relaxed);
+            let l = &mut local[i];
+            let consumed = s.published - s.occupancy;
+            if consumed != l.consumed || s.occupancy == 0 {
+                l.consumed = consumed;
+                l.consumed_at = *last;
+            }
+            let stalled =
+                l.up && s.occupancy > 0 && last.duration_since(l.consumed_at) >= self.stall;
+            if (stalled || l.violated) && !l.reported {
+                if stalled {
+                    tracing::error!(
+                        instance = i,
+                        occupancy = s.occupancy,
+                        "worker stopped draining its ring"
+                    );
+                }
+                l.reported = true;
+                c.violations.fetch_add(1, Ordering::Relaxed);
+                c.alive.store(false, Ordering::Relaxed);
+                l.up = false;
+                let _ = control.events.send(Event::Misbehaved {
+                    instance: i as u8,
+                    stalled,
+                });
+            }
+        }
+    }
+}
+
+/// Duplicates a ring's consumer descriptors for hand-off.
+pub fn shm_handles(p: &Producer) -> io::Result<IngressHandles> {
+    let h = p.handles();
+    Ok(IngressHandles::Shm(
+        [
+            h.ring.try_clone_to_owned()?,
+            h.page.try_clone_to_owned()?,
+            h.doorbell.try_clone_to_owned()?,
+        ],
+        h.generation,
+    ))
+}
+
+/// A `SOCK_SEQPACKET` pair for unix forwarding: (demux end, non-blocking; worker end).
+pub fn unix_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket2::Socket::pair(socket2::Domain::UNIX, socket2::Type::SEQPACKET, None)?;
+    a.set_nonblocking(true)?;
+    // Deep buffers so the baseline is not penalised by a small default.
+    let _ = a.set_send_buffer_size(8 << 20);
+    let _ = b.set_recv_buffer_size(8 << 20);
+    Ok((a.into(), b.into()))
+}
+
+/// The baseline: one `sendmsg` per datagram, a 64-byte descriptor then the payload.
+fn send_unix(fd: i32, meta: &DatagramMeta, seg: &[u8]) -> io::Result<()> {
+    let desc = encode_desc(meta, seg.len() as u32);
+    let iov = [
+        libc::iovec {
+            iov_base: (&desc as *const ringmux_ring::layout::SlotDesc)
+                .cast_mut()
+                .cast(),
+            iov_len: size_of_val(&desc),
+        },
+        libc::iovec {
+            iov_base: seg.as_ptr().cast_mut().cast(),
+            iov_len: seg.len(),
+        },
+    ];
+    // SAFETY: a zeroed msghdr is valid; it points at two live iovecs (read-only use by sendmsg).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr().cast_mut();
+    msg.msg_iovlen = 2;
+    // SAFETY: msg is initialised and refers to live buffers.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn wait_readable(sock: &std::net::UdpSocket, timeout: Duration) {
+    let mut p = libc::pollfd {
+        fd: sock.as_fd().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists (vDSO, no syscall).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1,0 +1,465 @@
+//! Worker supervision: spawns `ringmux-worker` processes as direct children, hands each its
+//! descriptors and configuration over a control socket, notices a death at once (pidfd and the
+//! control socket closing), resets the dead instance's ring and starts a replacement with
+//! back-off, and runs the graceful shutdown on SIGTERM/SIGINT. Other instances never notice.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command as Process, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use ringmux_worker::control::{self, Handoff, WorkerReport};
+
+use crate::config::Config;
+use crate::dataplane::{Command, Event, IngressHandles};
+use crate::metrics::Counters;
+
+/// Back-off bounds for restarting a crashing worker.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A worker that ran this long before dying is not in a crash loop.
+const HEALTHY_UPTIME: Duration = Duration::from_secs(10);
+/// How long a starting worker has to report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+struct Worker {
+    child: Option<Child>,
+    pidfd: Option<OwnedFd>,
+    control: Option<OwnedFd>,
+    ready: bool,
+    started: Instant,
+    backoff: Duration,
+    crashes: u32,
+    /// A reset was requested; its descriptors arrive here.
+    reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
+    /// Descriptors waiting for the restart time.
+    handles: Option<IngressHandles>,
+    restart_at: Option<Instant>,
+    /// Asked to drain (shutdown).
+    draining: bool,
+}
+
+pub struct Supervisor {
+    cfg: Config,
+    template: Handoff,
+    public: OwnedFd,
+    counters: Arc<Counters>,
+    commands: Sender<Command>,
+    pending: Arc<AtomicBool>,
+    events: Receiver<Event>,
+    signals: OwnedFd,
+    workers: Vec<Worker>,
+    sessions: crate::sessions::Sessions,
+}
+
+impl Supervisor {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: Config,
+        template: Handoff,
+        public: OwnedFd,
+        counters: Arc<Counters>,
+        commands: Sender<Command>,
+        pending: Arc<AtomicBool>,
+        events: Receiver<Event>,
+        signals: OwnedFd,
+    ) -> Self {
+        let workers = (0..cfg.instances)
+            .map(|_| Worker {
+                child: None,
+                pidfd: None,
+                control: None,
+                ready: false,
+                started: Instant::now(),
+                backoff: BACKOFF_MIN,
+                crashes: 0,
+                reset_reply: None,
+                handles: None,
+                restart_at: None,
+                draining: false,
+            })
+            .collect();
+        Supervisor {
+            cfg,
+            template,
+            public,
+            counters,
+            commands,
+            pending,
+            events,
+            signals,
+            workers,
+            sessions: crate::sessions::Sessions::new(),
+        }
+    }
+
+    /// Starts every worker with its initial descriptors and waits until all report ready.
+    pub fn start_all(&mut self, handles: Vec<IngressHandles>) -> Result<()> {
+        for (i, h) in handles.into_iter().enumerate() {
+            self.spawn(i as u8, h)
+                .with_context(|| format!("starting worker {i}"))?;
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while self.workers.iter().any(|w| !w.ready) {
+            if Instant::now() > deadline {
+                let late: Vec<usize> = self
+                    .workers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, w)| !w.ready)
+                    .map(|(i, _)| i)
+                    .collect();
+                bail!("workers {late:?} did not report ready within {READY_TIMEOUT:?}");
+            }
+            let fds: Vec<RawFd> = self
+                .workers
+                .iter()
+                .filter_map(|w| w.control.as_ref().map(|c| c.as_raw_fd()))
+                .collect();
+            poll_any(&fds, Duration::from_millis(100));
+            for i in 0..self.workers.len() {
+                if self.read_control(i) == Liveness::Gone {
+                    let status = self.workers[i].child.as_mut().and_then(|c| c.wait().ok());
+                    bail!("worker {i} exited during start-up ({status:?}); see its log above");
+                }
+            }
+        }
+        tracing::info!(instances = self.workers.len(), "all workers ready");
+        Ok(())
+    }
+
+    /// Supervises until a shutdown signal, then drains. Returns when every worker is gone.
+    pub fn run(&mut self) -> Result<()> {
+        let mut shutdown_deadline: Option<Instant> = None;
+        loop {
+            let mut fds = vec![self.signals.as_raw_fd()];
+            for w in &self.workers {
+                if let Some(p) = &w.pidfd {
+                    fds.push(p.as_raw_fd());
+                }
+                if let Some(c) = &w.control {
+                    fds.push(c.as_raw_fd());
+                }
+            }
+            poll_any(&fds, Duration::from_millis(50));
+
+            if let Some(sig) = read_signal(self.signals.as_fd()) {
+                if shutdown_deadline.is_none() {
+                    tracing::info!(signal = sig, grace = ?self.cfg.grace(), "shutting down: draining workers");
+                    shutdown_deadline = Some(Instant::now() + self.cfg.grace());
+                    for w in self.workers.iter_mut() {
+                        w.draining = true;
+                        w.restart_at = None;
+                        if let Some(c) = &w.control {
+                            let _ = control::send(c.as_fd(), b"SHUTDOWN");
+                        }
+                    }
+                } else {
+                    tracing::warn!(signal = sig, "second signal: stopping now");
+                    shutdown_deadline = Some(Instant::now());
+                }
+            }
+            while let Ok(Event::Misbehaved { instance, stalled }) = self.events.try_recv() {
+                let w = &mut self.workers[instance as usize];
+                tracing::error!(instance, stalled, "killing misbehaving worker");
+                if let Some(c) = w.child.as_mut() {
+                    let _ = c.kill();
+                }
+            }
+            for i in 0..self.workers.len() {
+                let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
+                if gone && self.workers[i].child.is_some() {
+                    self.on_death(i, shutdown_deadline.is_some());
+                }
+                self.progress_restart(i)?;
+            }
+            if let Some(deadline) = shutdown_deadline {
+                if self.workers.iter().all(|w| w.child.is_none()) {
+                    tracing::info!("all workers exited");
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    for (i, w) in self.workers.iter_mut().enumerate() {
+                        if let Some(mut c) = w.child.take() {
+                            tracing::warn!(instance = i, "grace period over: killing worker");
+                            let _ = c.kill();
+                            let _ = c.wait();
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
+        let (ours, theirs) = seqpacket_pair()?;
+        let (sess_ours, sess_theirs) = seqpacket_pair()?;
+        let mut h = self.template.clone();
+        h.instance = i;
+        h.cpu = self.cfg.worker_cpu(i);
+        let mut fds: Vec<OwnedFd> = vec![self.public.try_clone()?];
+        match handles {
+            IngressHandles::Shm([r, p, b], generation) => {
+                h.generation = generation;
+                fds.extend([r, p, b]);
+            }
+            IngressHandles::Unix(u) => fds.push(u),
+        }
+        fds.push(sess_theirs);
+        let child_fd = theirs.as_raw_fd();
+        let mut cmd = Process::new(&self.cfg.worker_bin);
+        cmd.env("RINGMUX_CONTROL_FD", "3").stdin(Stdio::null());
+        // SAFETY: between fork and exec only async-signal-safe calls: fcntl, dup2, sigprocmask.
+        unsafe {
+            cmd.pre_exec(move || {
+                let high = libc::fcntl(child_fd, libc::F_DUPFD_CLOEXEC, 10);
+                if high < 0 || libc::dup2(high, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The demux blocks its shutdown signals (it reads them from a signalfd); the
+                // worker must receive them normally.
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", self.cfg.worker_bin.display()))?;
+        drop(theirs);
+        let pidfd = pidfd_open(child.id()).ok();
+        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+        control::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
+            .context("sending the hand-off")?;
+        drop(fds);
+        set_nonblocking(&ours)?;
+        self.sessions.serve(i, sess_ours);
+        let w = &mut self.workers[i as usize];
+        tracing::info!(
+            instance = i,
+            pid = child.id(),
+            generation = h.generation,
+            "worker started"
+        );
+        w.child = Some(child);
+        w.pidfd = pidfd;
+        w.control = Some(ours);
+        w.ready = false;
+        w.started = Instant::now();
+        Ok(())
+    }
+
+    /// Reads pending control messages of worker `i`.
+    fn read_control(&mut self, i: usize) -> Liveness {
+        let Some(fd) = self.workers[i].control.as_ref().map(|c| c.as_raw_fd()) else {
+            return Liveness::Alive;
+        };
+        let mut buf = [0u8; 1024];
+        loop {
+            // SAFETY: `fd` belongs to `self.workers[i].control`, which this loop does not drop.
+            let c = unsafe { BorrowedFd::borrow_raw(fd) };
+            match control::recv_with_fds(c, &mut buf) {
+                Ok(Some((n, _))) => {
+                    let msg = String::from_utf8_lossy(&buf[..n]);
+                    let ic = &self.counters.instances[i];
+                    if msg == "READY" {
+                        self.workers[i].ready = true;
+                        ic.alive.store(true, Ordering::Release);
+                        tracing::info!(instance = i, "worker ready");
+                    } else if let Some(r) = WorkerReport::decode(&msg) {
+                        ic.connections_active
+                            .store(r.connections_active, Ordering::Relaxed);
+                        ic.connections_total
+                            .store(r.connections_total, Ordering::Relaxed);
+                        ic.requests_total.store(r.requests_total, Ordering::Relaxed);
+                        ic.worker_datagrams_in
+                            .store(r.datagrams_in, Ordering::Relaxed);
+                        ic.worker_datagrams_dropped
+                            .store(r.datagrams_dropped, Ordering::Relaxed);
+                    }
+                }
+                Ok(None) => return Liveness::Gone,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Liveness::Alive,
+                Err(_) => return Liveness::Gone,
+            }
+        }
+    }
+
+    fn exited(&mut self, i: usize) -> bool {
+        match self.workers[i].child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(_))) => true,
+            Some(Ok(None)) | None => false,
+            Some(Err(_)) => true,
+        }
+    }
+
+    fn on_death(&mut self, i: usize, shutting_down: bool) {
+        let ic = &self.counters.instances[i];
+        ic.alive.store(false, Ordering::Release);
+        let w = &mut self.workers[i];
+        let mut child = w.child.take().expect("caller checked");
+        // The control socket may close a moment before the process is gone: make sure.
+        let _ = child.kill();
+        let status = child.wait().ok();
+        w.pidfd = None;
+        w.control = None;
+        w.ready = false;
+        if shutting_down || w.draining {
+            tracing::info!(instance = i, ?status, "worker exited");
+            return;
+        }
+        let uptime = w.started.elapsed();
+        if uptime >= HEALTHY_UPTIME {
+            w.backoff = BACKOFF_MIN;
+            w.crashes = 0;
+        } else {
+            w.crashes += 1;
+        }
+        if w.crashes >= 3 {
+            tracing::warn!(instance = i, ?status, crashes = w.crashes, backoff = ?w.backoff, "worker is crash-looping; restarts throttled");
+        } else {
+            tracing::warn!(instance = i, ?status, ?uptime, "worker died; restarting");
+        }
+        w.restart_at = Some(
+            Instant::now()
+                + if w.crashes == 0 {
+                    Duration::ZERO
+                } else {
+                    w.backoff
+                },
+        );
+        w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
+        let (tx, rx) = mpsc::channel();
+        w.reset_reply = Some(rx);
+        let _ = self.commands.send(Command::Reset {
+            instance: i as u8,
+            reply: tx,
+        });
+        self.pending.store(true, Ordering::Release);
+    }
+
+    fn progress_restart(&mut self, i: usize) -> Result<()> {
+        let w = &mut self.workers[i];
+        if let Some(rx) = &w.reset_reply {
+            match rx.try_recv() {
+                Ok(Ok(h)) => {
+                    w.handles = Some(h);
+                    w.reset_reply = None;
+                }
+                Ok(Err(e)) => bail!("resetting the ring of instance {i}: {e}"),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
+            }
+        }
+        let due = w.restart_at.is_some_and(|t| Instant::now() >= t);
+        if due && w.handles.is_some() && !w.draining {
+            let h = w.handles.take().expect("checked");
+            w.restart_at = None;
+            self.counters.instances[i]
+                .restarts
+                .fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.spawn(i as u8, h) {
+                tracing::error!(instance = i, error = %format!("{e:#}"), "restart failed; retrying");
+                let w = &mut self.workers[i];
+                w.restart_at = Some(Instant::now() + w.backoff);
+                w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
+                let (tx, rx) = mpsc::channel();
+                w.reset_reply = Some(rx);
+                let _ = self.commands.send(Command::Reset {
+                    instance: i as u8,
+                    reply: tx,
+                });
+                self.pending.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum Liveness {
+    Alive,
+    Gone,
+}
+
+fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket2::Socket::pair(
+        socket2::Domain::UNIX,
+        socket2::Type::SEQPACKET.cloexec(),
+        None,
+    )?;
+    Ok((a.into(), b.into()))
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    socket2::SockRef::from(fd).set_nonblocking(true)
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn poll_any(fds: &[RawFd], timeout: Duration) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid array of pollfds.
+    unsafe {
+        libc::poll(
+            p.as_mut_ptr(),
+            p.len() as libc::nfds_t,
+            timeout.as_millis() as i32,
+        )
+    };
+}
+
+/// Blocks SIGTERM, SIGINT (and SIGPIPE) in this thread and those it spawns, and returns a
+/// non-blocking signalfd that reports the first two. Call before spawning any thread.
+pub fn block_signals() -> std::io::Result<OwnedFd> {
+    // SAFETY: sigset manipulation on locals; pthread_sigmask and signalfd are checked.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn read_signal(fd: BorrowedFd<'_>) -> Option<i32> {
+    // SAFETY: a zeroed siginfo is valid; read fills at most its size.
+    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
+    // SAFETY: reading into a live struct of the stated size.
+    let n = unsafe {
+        libc::read(
+            fd.as_raw_fd(),
+            (&mut info as *mut libc::signalfd_siginfo).cast(),
+            size_of_val(&info),
+        )
+    };
+    (n == size_of_val(&info) as isize).then_some(info.ssi_signo as i32)
+}
