@@ -133,13 +133,18 @@ fn run(cfg: Config) -> Result<()> {
         cpu: None,
         cert_pem,
         key_pem,
+        sink: cfg.args.worker_mode == config::WorkerMode::Sink,
     };
 
     let counters = Arc::new(Counters::new(cfg.instances));
-    if let Some(addr) = cfg.metrics {
-        let bound = metrics::serve(addr, counters.clone())?;
-        tracing::info!(%bound, "metrics at http://{bound}/metrics");
-    }
+    let metrics_addr = match cfg.metrics {
+        Some(addr) => {
+            let bound = metrics::serve(addr, counters.clone())?;
+            tracing::info!(%bound, "metrics at http://{bound}/metrics");
+            Some(bound)
+        }
+        None => None,
+    };
     let (cmd_tx, cmd_rx) = mpsc::channel();
     let (ev_tx, ev_rx) = mpsc::channel();
     let pending = Arc::new(AtomicBool::new(false));
@@ -187,6 +192,12 @@ fn run(cfg: Config) -> Result<()> {
         forward = ?cfg.args.forward,
         "serving https://{}/",
         display_addr(public_addr)
+    );
+    // One machine-readable line on stdout for scripts and tests: the bound addresses.
+    println!(
+        "ringmux ready listen={public_addr} metrics={} pid={}",
+        metrics_addr.map_or("off".to_string(), |a| a.to_string()),
+        std::process::id()
     );
     let result = sup.run();
     stop.store(true, Ordering::Relaxed);

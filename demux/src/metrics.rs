@@ -74,6 +74,12 @@ pub struct InstanceCounters {
     pub requests_total: AtomicU64,
     pub worker_datagrams_in: AtomicU64,
     pub worker_datagrams_dropped: AtomicU64,
+    pub worker_bad_cid: AtomicU64,
+    pub worker_cpu_ns: AtomicU64,
+    pub worker_pid: AtomicU64,
+    pub sink_lat_p50_ns: AtomicU64,
+    pub sink_lat_p99_ns: AtomicU64,
+    pub sink_lat_p999_ns: AtomicU64,
     /// Set by the supervisor: the worker is up and its ring attached.
     pub alive: AtomicBool,
 }
@@ -208,6 +214,48 @@ impl Counters {
             &|i| ld(&i.worker_datagrams_dropped),
             &mut reg,
         );
+        per(
+            "ringmux_worker_datagrams",
+            "Datagrams the worker took from its ingress",
+            &|i| ld(&i.worker_datagrams_in),
+            &mut reg,
+        );
+        per(
+            "ringmux_worker_bad_cid",
+            "Sink mode: datagrams whose connection ID is not the instance's",
+            &|i| ld(&i.worker_bad_cid),
+            &mut reg,
+        );
+        per(
+            "ringmux_worker_cpu_nanoseconds",
+            "CPU time used by the worker process",
+            &|i| ld(&i.worker_cpu_ns),
+            &mut reg,
+        );
+        gauge(
+            "ringmux_worker_pid",
+            "Process id of the current worker",
+            &|i| ld(&i.worker_pid),
+            &mut reg,
+        );
+        gauge(
+            "ringmux_sink_latency_p50_nanoseconds",
+            "Sink mode: ring latency p50 (receive to dequeue)",
+            &|i| ld(&i.sink_lat_p50_ns),
+            &mut reg,
+        );
+        gauge(
+            "ringmux_sink_latency_p99_nanoseconds",
+            "Sink mode: ring latency p99",
+            &|i| ld(&i.sink_lat_p99_ns),
+            &mut reg,
+        );
+        gauge(
+            "ringmux_sink_latency_p999_nanoseconds",
+            "Sink mode: ring latency p99.9",
+            &|i| ld(&i.sink_lat_p999_ns),
+            &mut reg,
+        );
         gauge(
             "ringmux_ring_occupancy",
             "Slots published and not yet released",
@@ -286,7 +334,10 @@ pub fn fetch(addr: &str) -> Result<String> {
 }
 
 /// One sample of the text format: name, labels, value.
-pub fn parse_samples(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+pub type Sample = (String, Vec<(String, String)>, f64);
+
+/// Parses the samples of a Prometheus text exposition (comments skipped).
+pub fn parse_samples(text: &str) -> Vec<Sample> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .filter_map(|l| {

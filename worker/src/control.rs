@@ -58,6 +58,8 @@ pub struct Handoff {
     pub cpu: Option<usize>,
     pub cert_pem: String,
     pub key_pem: String,
+    /// Benchmark sink: drain and count (checking each datagram's connection ID), no quinn.
+    pub sink: bool,
 }
 
 /// A malformed control message.
@@ -139,6 +141,7 @@ impl Handoff {
         kv("cpu", &self.cpu.map_or(String::new(), |c| c.to_string()));
         kv("cert_pem", &hex(self.cert_pem.as_bytes()));
         kv("key_pem", &hex(self.key_pem.as_bytes()));
+        kv("sink", if self.sink { "1" } else { "0" });
         s
     }
 
@@ -210,6 +213,7 @@ impl Handoff {
             },
             cert_pem: string("cert_pem")?,
             key_pem: string("key_pem")?,
+            sink: flag("sink")?,
         })
     }
 }
@@ -348,13 +352,32 @@ pub struct WorkerReport {
     pub requests_total: u64,
     pub datagrams_in: u64,
     pub datagrams_dropped: u64,
+    /// Sink mode: datagrams whose connection ID does not belong to this instance.
+    pub bad_cid: u64,
+    /// Sink mode: ring latency (receive timestamp to dequeue), ns.
+    pub lat_p50_ns: u64,
+    pub lat_p99_ns: u64,
+    pub lat_p999_ns: u64,
+    /// CPU time this worker used (user + system), ns.
+    pub cpu_ns: u64,
+    pub pid: u64,
 }
 
 impl WorkerReport {
     pub fn encode(&self) -> String {
         format!(
-            "STATS connections_active={} connections_total={} requests_total={} datagrams_in={} datagrams_dropped={}",
-            self.connections_active, self.connections_total, self.requests_total, self.datagrams_in, self.datagrams_dropped
+            "STATS connections_active={} connections_total={} requests_total={} datagrams_in={} datagrams_dropped={} bad_cid={} lat_p50_ns={} lat_p99_ns={} lat_p999_ns={} cpu_ns={} pid={}",
+            self.connections_active,
+            self.connections_total,
+            self.requests_total,
+            self.datagrams_in,
+            self.datagrams_dropped,
+            self.bad_cid,
+            self.lat_p50_ns,
+            self.lat_p99_ns,
+            self.lat_p999_ns,
+            self.cpu_ns,
+            self.pid,
         )
     }
 
@@ -371,6 +394,12 @@ impl WorkerReport {
                 "requests_total" => r.requests_total = v,
                 "datagrams_in" => r.datagrams_in = v,
                 "datagrams_dropped" => r.datagrams_dropped = v,
+                "bad_cid" => r.bad_cid = v,
+                "lat_p50_ns" => r.lat_p50_ns = v,
+                "lat_p99_ns" => r.lat_p99_ns = v,
+                "lat_p999_ns" => r.lat_p999_ns = v,
+                "cpu_ns" => r.cpu_ns = v,
+                "pid" => r.pid = v,
                 _ => {}
             }
         }
@@ -419,6 +448,7 @@ mod tests {
             cpu: Some(1),
             cert_pem: "-----BEGIN CERTIFICATE-----\nabc\n".into(),
             key_pem: "key\n".into(),
+            sink: false,
         }
     }
 
@@ -470,6 +500,12 @@ mod tests {
             requests_total: 3,
             datagrams_in: 4,
             datagrams_dropped: 5,
+            bad_cid: 6,
+            lat_p50_ns: 7,
+            lat_p99_ns: 8,
+            lat_p999_ns: 9,
+            cpu_ns: 10,
+            pid: 11,
         };
         assert_eq!(WorkerReport::decode(&r.encode()), Some(r));
         assert_eq!(WorkerReport::decode("NOPE"), None);

@@ -5,11 +5,13 @@
 //! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
 //! * [`socket`]: [`socket::RingSocket`], a quinn `AsyncUdpSocket` over a ringmux ingress.
 //! * [`control`]: the hand-off and control messages between the demux and a worker.
+//! * [`sink`]: the count-only benchmark worker (no quinn).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod control;
 pub mod http;
 pub mod quic;
+pub mod sink;
 pub mod socket;
 pub mod tls;

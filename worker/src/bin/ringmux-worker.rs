@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig};
+use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use ringmux_ring::Consumer;
 use ringmux_worker::control::{self, Handoff, IngressKind, WorkerReport};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
+use ringmux_worker::sink::{self, SinkIngress};
 use ringmux_worker::socket::{Ingress, RingSocket};
 use ringmux_worker::tls::{server_crypto, CertChain};
 use tokio::io::unix::AsyncFd;
@@ -71,21 +72,53 @@ fn run(args: Args) -> Result<()> {
             tracing::warn!(cpu, "could not pin to CPU");
         }
     }
+    if h.sink {
+        return run_sink(h, fds, control);
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(serve(h, fds, control))
 }
 
-async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()> {
-    let keys = KeySet::from_bytes(&h.keys).map_err(|e| anyhow::anyhow!("hand-off keys: {e}"))?;
-    let lb = QuicLbConfig {
+/// The QUIC-LB configuration every instance shares.
+fn lb_config(h: &Handoff, keys: &KeySet) -> QuicLbConfig {
+    QuicLbConfig {
         config_id: h.config_id,
         node_id: h.node_id.clone(),
         instance_count: h.instances,
         nonce_len: h.nonce_len,
         key: h.encrypt_cids.then_some(keys.quic_lb),
+    }
+}
+
+/// Benchmark sink: no quinn, just drain, check and count.
+fn run_sink(h: Handoff, fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()> {
+    let keys = KeySet::from_bytes(&h.keys).map_err(|e| anyhow::anyhow!("hand-off keys: {e}"))?;
+    let router = Router::new(&lb_config(&h, &keys), keys.routing_hash)
+        .map_err(|e| anyhow::anyhow!("QUIC-LB config: {e}"))?;
+    let mut fds = fds.into_iter().skip(1); // a sink never sends on the public socket
+    let ingress = match h.ingress {
+        IngressKind::Shm => {
+            let ring = fds.next().context("ring")?;
+            let page = fds.next().context("page")?;
+            let bell = fds.next().context("doorbell")?;
+            let spin = Duration::from_micros(u64::from(h.spin_us));
+            SinkIngress::Ring(
+                Consumer::attach(ring, page, bell, h.generation, spin)
+                    .context("attaching to the ring")?,
+            )
+        }
+        IngressKind::Unix => SinkIngress::Unix(fds.next().context("unix ingress socket")?),
     };
+    control::send(control.as_fd(), b"READY").context("reporting ready")?;
+    tracing::info!(ingress = ?h.ingress, "sink running");
+    sink::run(ingress, router, h.instance, control).context("sink")
+}
+
+async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()> {
+    let keys = KeySet::from_bytes(&h.keys).map_err(|e| anyhow::anyhow!("hand-off keys: {e}"))?;
+    let lb = lb_config(&h, &keys);
     // Validate once here so that the factory below cannot fail.
     CidGenerator::new(&lb, h.instance, h.cid_lifetime)
         .map_err(|e| anyhow::anyhow!("QUIC-LB config: {e}"))?;
@@ -187,6 +220,9 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
                     requests_total: s.requests_total,
                     datagrams_in: ingress_stats.received.load(std::sync::atomic::Ordering::Relaxed),
                     datagrams_dropped: ingress_stats.dropped.load(std::sync::atomic::Ordering::Relaxed),
+                    cpu_ns: sink::cpu_ns(),
+                    pid: u64::from(std::process::id()),
+                    ..WorkerReport::default()
                 };
                 let _ = control::send(control.get_ref().as_fd(), r.encode().as_bytes());
             }
