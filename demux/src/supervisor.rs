@@ -171,6 +171,13 @@ impl Supervisor {
                 }
             }
             for i in 0..self.workers.len() {
+                let w = &mut self.workers[i];
+                if !w.ready && w.child.is_some() && w.started.elapsed() > READY_TIMEOUT {
+                    tracing::error!(instance = i, "worker did not report ready in time; killing it");
+                    if let Some(c) = w.child.as_mut() {
+                        let _ = c.kill();
+                    }
+                }
                 let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
                 if gone && self.workers[i].child.is_some() {
                     self.on_death(i, shutdown_deadline.is_some());
