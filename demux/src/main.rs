@@ -234,7 +234,8 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     if s.send_buffer_size().unwrap_or(0) < cfg.args.sndbuf {
         let _ = s.set_send_buffer_size(cfg.args.sndbuf);
     }
-    let got = s.recv_buffer_size().unwrap_or(0);
+    // Linux reports twice the size it grants (it counts its own overhead).
+    let got = s.recv_buffer_size().unwrap_or(0) / 2;
     if got < cfg.args.rcvbuf {
         tracing::warn!(
             requested = cfg.args.rcvbuf,
