@@ -89,6 +89,12 @@ impl Doorbell {
     }
 }
 
+impl From<Doorbell> for OwnedFd {
+    fn from(d: Doorbell) -> OwnedFd {
+        d.fd
+    }
+}
+
 impl AsFd for Doorbell {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -14,6 +14,9 @@
 
 pub mod config;
 pub mod doorbell;
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod layout;
 #[cfg_attr(loom, allow(dead_code))]
 mod ring;

@@ -25,10 +25,10 @@ use crate::sync::Ordering;
 
 /// Seals every ring memfd carries: nobody can resize it (no SIGBUS under another process), and
 /// nobody can add or remove seals.
-const BASE_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+pub(crate) const BASE_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 /// The producer region also refuses new writable mappings and `write()`: only the demux's own
 /// mapping, made before the seal, can write it.
-const REGION_SEALS: i32 = BASE_SEALS | libc::F_SEAL_FUTURE_WRITE;
+pub(crate) const REGION_SEALS: i32 = BASE_SEALS | libc::F_SEAL_FUTURE_WRITE;
 
 /// Why a consumer refused the descriptors it was handed.
 #[derive(Debug, thiserror::Error)]
@@ -474,7 +474,7 @@ fn validate_header(
     Ok((slots, slot_size))
 }
 
-fn memfd(name: &std::ffi::CStr, len: u64) -> io::Result<File> {
+pub(crate) fn memfd(name: &std::ffi::CStr, len: u64) -> io::Result<File> {
     // SAFETY: valid NUL-terminated name; the result is checked.
     let fd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -501,7 +501,7 @@ fn consumer_page(head: u64) -> io::Result<(MmapRaw, File)> {
     Ok((map, file))
 }
 
-fn add_seals(file: &File, seals: i32) -> io::Result<()> {
+pub(crate) fn add_seals(file: &File, seals: i32) -> io::Result<()> {
     // SAFETY: fcntl on a descriptor we own.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
         return Err(io::Error::last_os_error());
