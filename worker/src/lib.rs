@@ -12,6 +12,7 @@
 pub mod control;
 pub mod http;
 pub mod quic;
+pub mod sessions;
 pub mod sink;
 pub mod socket;
 pub mod tls;

@@ -14,9 +14,10 @@ use ringmux_ring::Consumer;
 use ringmux_worker::control::{self, Handoff, IngressKind, WorkerReport};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
+use ringmux_worker::sessions::RemoteSessionStore;
 use ringmux_worker::sink::{self, SinkIngress};
 use ringmux_worker::socket::{Ingress, RingSocket};
-use ringmux_worker::tls::{server_crypto, CertChain};
+use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -128,16 +129,20 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
     };
 
     let chain = CertChain::from_pem(&h.cert_pem, &h.key_pem).context("hand-off certificate")?;
-    let crypto = server_crypto(&chain, &keys.session_ticket)?;
     let opts = ServerOptions {
         idle_timeout: h.idle_timeout,
         retry: h.retry,
         ..ServerOptions::default()
     };
-    let server = server_config(crypto, &keys.token, &opts);
 
     // Descriptors in hand-off order: public socket, ingress…, session socket.
-    let _sessions = fds.pop().context("session socket missing")?;
+    // TLS sessions live in the demux's cache, so a resumed (0-RTT) connection is accepted
+    // whichever instance its new connection ID hashes to (rustls allows 0-RTT only with a
+    // single-use session store, never with stateless tickets).
+    let sessions = fds.pop().context("session socket missing")?;
+    let store = Arc::new(RemoteSessionStore::new(sessions));
+    let crypto = server_crypto_with(&chain, Resumption::SessionStore(store))?;
+    let server = server_config(crypto, &keys.token, &opts);
     let mut fds = fds.into_iter();
     let public = fds.next().context("public socket missing")?;
     let ingress = match h.ingress {
