@@ -119,6 +119,8 @@ impl DataPlane {
             storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
         let mut metas = vec![RecvMeta::default(); self.batch];
         let now = Instant::now();
+        // Buffers above are the loop's only allocations; from here on every allocation on this
+        // thread is counted (ringmux_dataplane_allocations_total).
         let mut local = vec![
             Local {
                 forwarded: 0,
@@ -135,6 +137,7 @@ impl DataPlane {
         let mut dropped = [0u64; DropReason::ALL.len()];
         let mut last_gauges = now;
         let mut errors_logged = 0u32;
+        crate::alloc::count_this_thread();
 
         while !control.stop.load(Ordering::Relaxed) {
             if control.pending.swap(false, Ordering::Acquire) {

@@ -2,6 +2,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod alloc;
 mod config;
 mod dataplane;
 mod metrics;
@@ -26,6 +27,9 @@ use ringmux_worker::tls::CertChain;
 use config::{Cli, Command, Config, ForwardMode};
 use dataplane::{Control, DataPlane, Forwarder, IngressHandles};
 use metrics::Counters;
+
+#[global_allocator]
+static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -134,6 +134,11 @@ impl Counters {
             "Receive system calls (recvmmsg) that returned data",
             c(self.recv_calls.load(Ordering::Relaxed)),
         );
+        reg.register(
+            "ringmux_dataplane_allocations",
+            "Heap allocations made on the data-plane thread after start-up (should stay flat)",
+            c(crate::alloc::dataplane_allocations()),
+        );
         let dropped = Family::<Vec<(String, String)>, Counter<u64>>::default();
         for r in DropReason::ALL {
             dropped
@@ -299,17 +304,25 @@ pub fn serve(addr: SocketAddr, counters: Arc<Counters>) -> Result<SocketAddr> {
 fn answer(mut s: TcpStream, counters: &Counters) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
-    BufReader::new(&mut s).read_line(&mut line)?;
+    let mut reader = BufReader::new(&mut s);
+    reader.read_line(&mut line)?;
+    // Read the rest of the request head: closing with unread input would reset the connection
+    // before the client has read the answer.
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 2 {
+        header.clear();
+    }
     let (status, body) = if line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?") {
         ("200 OK", counters.encode())
     } else {
         ("404 Not Found", "try /metrics\n".to_string())
     };
-    write!(
-        s,
+    let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
+    );
+    // One write: a formatted write! would issue a syscall per piece.
+    s.write_all(response.as_bytes())
 }
 
 /// Fetches the metrics text from a running ringmux.
@@ -320,10 +333,8 @@ pub fn fetch(addr: &str) -> Result<String> {
         )
     })?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(request.as_bytes())?;
     let mut text = String::new();
     s.read_to_string(&mut text)?;
     let body = text

@@ -173,7 +173,10 @@ impl Supervisor {
             for i in 0..self.workers.len() {
                 let w = &mut self.workers[i];
                 if !w.ready && w.child.is_some() && w.started.elapsed() > READY_TIMEOUT {
-                    tracing::error!(instance = i, "worker did not report ready in time; killing it");
+                    tracing::error!(
+                        instance = i,
+                        "worker did not report ready in time; killing it"
+                    );
                     if let Some(c) = w.child.as_mut() {
                         let _ = c.kill();
                     }
@@ -289,6 +292,7 @@ impl Supervisor {
                             .store(r.datagrams_in, Ordering::Relaxed);
                         ic.worker_datagrams_dropped
                             .store(r.datagrams_dropped, Ordering::Relaxed);
+                        ic.worker_pid.store(r.pid, Ordering::Relaxed);
                     }
                 }
                 Ok(None) => return Liveness::Gone,
