@@ -300,6 +300,12 @@ impl DataPlane {
             return;
         };
         for (i, r) in rings.iter_mut().enumerate() {
+            if let Err(e) = r.check_consumer() {
+                if !local[i].violated {
+                    tracing::error!(instance = i, error = %e, "worker broke the ring protocol");
+                }
+                local[i].violated = true;
+            }
             let s = r.stats();
             let c = &self.counters.instances[i];
             c.occupancy.store(s.occupancy, Ordering::Relaxed);

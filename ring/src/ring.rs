@@ -372,6 +372,14 @@ impl ProducerCore {
         Ok(())
     }
 
+    /// Re-reads and validates the consumer's head now; returns the published datagrams not yet
+    /// consumed. A supervisor calls this periodically, so a hostile head is caught even while
+    /// the ring never fills.
+    pub(crate) fn check_consumer(&mut self) -> Result<u64, ConsumerViolation> {
+        self.refresh_head()?;
+        Ok(self.published - self.cached_head)
+    }
+
     /// The datagrams published but not yet consumed (after validating head), for accounting.
     pub(crate) fn unconsumed(&mut self) -> u64 {
         match self.refresh_head() {

@@ -18,8 +18,8 @@ use crate::layout::{
     SLOTS_OFFSET,
 };
 use crate::ring::{
-    ConsumerCore, Datagram, DatagramMeta, Drained, ProducerCore, ProducerViolation, PushError,
-    Slots,
+    ConsumerCore, ConsumerViolation, Datagram, DatagramMeta, Drained, ProducerCore,
+    ProducerViolation, PushError, Slots,
 };
 use crate::sync::Ordering;
 
@@ -233,6 +233,11 @@ impl Producer {
     /// Largest payload a slot takes.
     pub fn payload_capacity(&self) -> usize {
         self.core.payload_capacity()
+    }
+
+    /// Re-reads and validates the consumer's head: `Ok(occupancy)`, or the violation.
+    pub fn check_consumer(&mut self) -> Result<u64, ConsumerViolation> {
+        self.core.check_consumer()
     }
 
     /// Counters and occupancy (re-reads and validates head).
