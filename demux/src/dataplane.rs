@@ -183,6 +183,12 @@ impl DataPlane {
                     segment_size: 0,
                     rx_timestamp_ns: ts,
                 };
+                if data.is_empty() {
+                    // `chunks` yields nothing for an empty datagram: count it here.
+                    received += 1;
+                    dropped[DropReason::Malformed as usize] += 1;
+                    continue;
+                }
                 // Each GRO segment is routed on its own: one train can carry several DCIDs.
                 for seg in data.chunks(stride) {
                     received += 1;

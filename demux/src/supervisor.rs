@@ -250,6 +250,9 @@ impl Supervisor {
         drop(fds);
         set_nonblocking(&ours)?;
         self.sessions.serve(i, sess_ours);
+        self.counters.instances[i as usize]
+            .worker_pid
+            .store(u64::from(child.id()), Ordering::Relaxed);
         let w = &mut self.workers[i as usize];
         tracing::info!(
             instance = i,
@@ -292,7 +295,11 @@ impl Supervisor {
                             .store(r.datagrams_in, Ordering::Relaxed);
                         ic.worker_datagrams_dropped
                             .store(r.datagrams_dropped, Ordering::Relaxed);
-                        ic.worker_pid.store(r.pid, Ordering::Relaxed);
+                        ic.worker_bad_cid.store(r.bad_cid, Ordering::Relaxed);
+                        ic.worker_cpu_ns.store(r.cpu_ns, Ordering::Relaxed);
+                        ic.sink_lat_p50_ns.store(r.lat_p50_ns, Ordering::Relaxed);
+                        ic.sink_lat_p99_ns.store(r.lat_p99_ns, Ordering::Relaxed);
+                        ic.sink_lat_p999_ns.store(r.lat_p999_ns, Ordering::Relaxed);
                     }
                 }
                 Ok(None) => return Liveness::Gone,
@@ -313,6 +320,7 @@ impl Supervisor {
     fn on_death(&mut self, i: usize, shutting_down: bool) {
         let ic = &self.counters.instances[i];
         ic.alive.store(false, Ordering::Release);
+        ic.worker_pid.store(0, Ordering::Relaxed);
         let w = &mut self.workers[i];
         let mut child = w.child.take().expect("caller checked");
         // The control socket may close a moment before the process is gone: make sure.

@@ -1,0 +1,873 @@
+//! End to end with third-party HTTP/3 clients: ngtcp2's `gtlsclient` (Debian `ngtcp2-client`)
+//! and aioquic (Python, driven through `aioquic_client.py` next to this file). How they behave
+//! and what their output means: /work/shared/notes/interop.md §2.
+//!
+//! A client that is not installed skips its tests with a loud message, unless `CI` is set: then
+//! its absence is a failure.
+
+mod harness;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use harness::{bounded, expected_bytes, Forward, Ringmux};
+use ringmux_bench::client::Fnv64;
+
+const LIMIT: Duration = Duration::from_secs(120);
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// gtlsclient
+
+/// Whether gtlsclient can run here; `false` means skip (only allowed outside CI).
+fn have_gtlsclient() -> bool {
+    let found = Command::new("gtlsclient")
+        .arg("--help")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    tool_present(found, "gtlsclient", "apt-get install ngtcp2-client")
+}
+
+fn tool_present(found: bool, name: &str, install: &str) -> bool {
+    if found {
+        return true;
+    }
+    if std::env::var_os("CI").is_some() {
+        panic!("{name} is not installed and CI is set: install it ({install})");
+    }
+    eprintln!("\n*** SKIPPED: {name} is not installed ({install}); this test did NOT run. ***\n");
+    false
+}
+
+/// One gtlsclient run against `rm`: its stderr (where it writes everything).
+async fn gtls(rm: &Ringmux, opts: &[String], paths: &[&str]) -> String {
+    let port = rm.listen.port().to_string();
+    let mut args: Vec<String> = vec![
+        "--exit-on-all-streams-close".into(),
+        "--no-quic-dump".into(),
+        "--no-http-dump".into(),
+        "--timeout=10s".into(),
+        "--handshake-timeout=5s".into(),
+    ];
+    args.extend(opts.iter().cloned());
+    args.push("127.0.0.1".into());
+    args.push(port.clone());
+    args.extend(paths.iter().map(|p| format!("https://127.0.0.1:{port}{p}")));
+    let out = run("gtlsclient", &args, rm.dir()).await;
+    // Exit status is always 0 (notes §2.1): success is read from the output.
+    out.stderr
+}
+
+/// The lines every successful gtlsclient request prints, and no error.
+fn assert_gtls_ok(what: &str, log: &str, requests: usize) {
+    let statuses = log.matches("[:status: 200]").count();
+    let closed = log.matches("closed with error code 256").count();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERR_")).collect();
+    assert!(
+        statuses == requests && closed == requests && errors.is_empty(),
+        "{what}: {statuses}/{requests} responses with status 200, {closed}/{requests} streams \
+         closed with H3_NO_ERROR, errors {errors:?}\n--- gtlsclient (last lines) ---\n{}",
+        tail(log, 40)
+    );
+}
+
+/// Checks a body gtlsclient saved (`--download DIR` names it after the last path component).
+fn assert_download(dir: &Path, n: u64) {
+    let path = dir.join(n.to_string());
+    let body = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut sum = Fnv64::new();
+    sum.update(&body);
+    assert_eq!(
+        (body.len() as u64, sum.finish()),
+        expected_bytes(n),
+        "{}: (length, FNV) differs from fill_pattern",
+        path.display()
+    );
+}
+
+fn download_dir(rm: &Ringmux, name: &str) -> PathBuf {
+    let d = rm.dir().join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_get_hello() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(
+            &rm,
+            &[format!("--download={}", dir.display())],
+            &["/hello.txt"],
+        )
+        .await;
+        assert!(log.contains("Negotiated ALPN is h3"), "{}", tail(&log, 40));
+        assert_gtls_ok("GET /hello.txt", &log, 1);
+        let body = std::fs::read(dir.join("hello.txt")).expect("saved /hello.txt");
+        assert!(
+            log.contains(&format!("[content-length: {}]", body.len())),
+            "saved {} bytes, not the content-length announced",
+            body.len()
+        );
+        assert!(!body.is_empty(), "empty /hello.txt");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_100_requests_one_connection() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let log = gtls(&rm, &["-n".into(), "100".into()], &["/bytes/5000"]).await;
+        assert_gtls_ok("100 requests on one connection", &log, 100);
+        assert_eq!(
+            log.matches("QUIC handshake has completed").count(),
+            1,
+            "more than one connection"
+        );
+        rm.wait_for(
+            "the workers to report 100 requests",
+            Duration::from_secs(5),
+            |m| m.sum("ringmux_worker_requests_total") >= 100.0,
+        )
+        .await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_20_connections() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        const N: u64 = 20;
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let runs = (0..N).map(|i| {
+            let dir = download_dir(&rm, &format!("dl{i}"));
+            let path = format!("/bytes/{}", 1000 + i * 997);
+            let rm = &rm;
+            async move {
+                let log = gtls(rm, &[format!("--download={}", dir.display())], &[&path]).await;
+                (i, dir, log)
+            }
+        });
+        for (i, dir, log) in join_all(runs).await {
+            assert_gtls_ok(&format!("connection {i}"), &log, 1);
+            assert_download(&dir, 1000 + i * 997);
+        }
+        let m = rm
+            .wait_for(
+                "the workers to report 20 connections",
+                Duration::from_secs(5),
+                |m| m.sum("ringmux_worker_connections_accepted_total") >= N as f64,
+            )
+            .await;
+        let busy = (0..3)
+            .filter(|&i| m.instance("ringmux_worker_connections_accepted_total", i) > 0.0)
+            .count();
+        assert!(
+            busy >= 2,
+            "20 random DCIDs all landed on one instance:\n{m}"
+        );
+    })
+    .await
+}
+
+/// Active migration: a new socket and a new server-issued CID, which must route to the worker
+/// that issued it (notes §3.3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_active_migration() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        const N: u64 = 2_000_000;
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(
+            &rm,
+            &[
+                "--change-local-addr=100ms".into(),
+                "--delay-stream=300ms".into(),
+                format!("--download={}", dir.display()),
+            ],
+            &[&format!("/bytes/{N}")],
+        )
+        .await;
+        assert!(
+            log.contains("Local address is now")
+                && log.contains("Path validation against path")
+                && log.contains("succeeded"),
+            "no validated move:\n{}",
+            tail(&log, 40)
+        );
+        assert_gtls_ok("download after active migration", &log, 1);
+        assert_download(&dir, N);
+    })
+    .await
+}
+
+/// NAT rebinding: same CID from a new port; the worker must answer there and validate it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_nat_rebinding() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        const N: u64 = 2_000_000;
+        let rm = Ringmux::start(3, Forward::Unix, &[]);
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(
+            &rm,
+            &[
+                "--change-local-addr=100ms".into(),
+                "--nat-rebinding".into(),
+                "--delay-stream=300ms".into(),
+                format!("--download={}", dir.display()),
+            ],
+            &[&format!("/bytes/{N}")],
+        )
+        .await;
+        assert!(
+            log.contains("Local address is now"),
+            "no rebinding:\n{}",
+            tail(&log, 40)
+        );
+        assert!(
+            log.contains("frm rx") && log.contains("PATH_CHALLENGE"),
+            "the server did not validate the new path (no PATH_CHALLENGE received)"
+        );
+        assert_gtls_ok("download after NAT rebinding", &log, 1);
+        assert_download(&dir, N);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_key_update() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        const N: u64 = 4 << 20;
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(
+            &rm,
+            &[
+                "--key-update=20ms".into(),
+                // quinn starts a key update of its own after a random 10..1000 packets; if it
+                // lands just before gtlsclient's, ngtcp2 refuses the client's
+                // (ERR_INVALID_STATE) and gtlsclient closes. Holding the request until after
+                // the client's update keeps the two apart.
+                "--delay-stream=100ms".into(),
+                format!("--download={}", dir.display()),
+            ],
+            &[&format!("/bytes/{N}")],
+        )
+        .await;
+        // "Updating traffic key" appears in every run; these two only after a real update.
+        assert!(
+            log.contains("Initiate key update") && log.contains("key update confirmed"),
+            "no confirmed key update:\n{}",
+            tail(&log, 40)
+        );
+        assert_gtls_ok("download across a key update", &log, 1);
+        assert_download(&dir, N);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_10mib_download() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        const N: u64 = 10 << 20;
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(
+            &rm,
+            &[format!("--download={}", dir.display())],
+            &[&format!("/bytes/{N}")],
+        )
+        .await;
+        assert_gtls_ok("10 MiB download", &log, 1);
+        assert_download(&dir, N);
+    })
+    .await
+}
+
+/// 0-RTT with the ticket of instance 0 on a connection whose first DCID routes to instance 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_0rtt_on_another_instance() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let session = rm.dir().join("session");
+        let tp = rm.dir().join("tp");
+        let files = [
+            format!("--session-file={}", session.display()),
+            format!("--tp-file={}", tp.display()),
+        ];
+        let run_on = |instance: u8| {
+            let mut opts = files.to_vec();
+            opts.push(format!("--dcid={}", hex(&rm.dcid_for(instance, 18))));
+            opts
+        };
+        let first = gtls(&rm, &run_on(0), &["/bytes/100"]).await;
+        assert_gtls_ok("first connection", &first, 1);
+        assert!(session.is_file() && tp.is_file(), "no session or tp file");
+        let before = rm.metrics();
+        let second = gtls(&rm, &run_on(2), &["/bytes/3000"]).await;
+        assert_gtls_ok("resumed connection", &second, 1);
+        assert!(
+            second.contains("type=0RTT"),
+            "no 0-RTT packet sent:\n{}",
+            tail(&second, 40)
+        );
+        assert!(
+            !second.contains("Early data was rejected"),
+            "0-RTT rejected by instance 2 (ticket from instance 0)"
+        );
+        // If the server took the 0-RTT request, its response starts before the client sends
+        // the request again in 1-RTT (a PTO probe may resend it; a rejection must).
+        let lines: Vec<&str> = second.lines().collect();
+        let first = |pred: &dyn Fn(&str) -> bool| lines.iter().position(|l| pred(l));
+        let response =
+            first(&|l| l.contains("frm rx") && l.contains("STREAM") && l.contains(" id=0x0 "))
+                .expect("no response data on stream 0");
+        let resent =
+            first(&|l| l.contains("frm tx") && l.contains("1RTT STREAM") && l.contains(" id=0x0 "));
+        assert!(
+            resent.is_none_or(|r| response < r),
+            "the response came only after the request was resent in 1-RTT (0-RTT ignored):\n{}",
+            lines[..response + 1].join("\n")
+        );
+        let after = rm.metrics();
+        assert!(
+            after.instance("ringmux_datagrams_forwarded_total", 2)
+                > before.instance("ringmux_datagrams_forwarded_total", 2),
+            "the resumed connection did not reach instance 2"
+        );
+    })
+    .await
+}
+
+/// `--retry`: gtlsclient logs the Retry it received and then completes its request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_retry() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &["--retry"]);
+        let log = gtls(&rm, &[], &["/bytes/777"]).await;
+        assert!(
+            log.lines()
+                .any(|l| l.contains("pkt rx") && l.contains("type=Retry")),
+            "no Retry received with --retry:\n{}",
+            tail(&log, 40)
+        );
+        assert_gtls_ok("request after Retry", &log, 1);
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// aioquic
+
+fn have_aioquic() -> bool {
+    let found = Command::new("python3")
+        .args(["-c", "import aioquic"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    tool_present(found, "python3 with aioquic", "pip install aioquic")
+}
+
+/// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok` and
+/// for every body it reports.
+async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_client.py");
+    let mut args = vec![
+        script.to_string_lossy().into_owned(),
+        "127.0.0.1".into(),
+        rm.listen.port().to_string(),
+        scenario.into(),
+        "--dir".into(),
+        rm.dir().to_string_lossy().into_owned(),
+    ];
+    args.extend(extra.iter().cloned());
+    let out = run("python3", &args, rm.dir()).await;
+    let line = out
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("aioquic {scenario}: no output\n{}", tail(&out.stderr, 40)));
+    let json = Json::parse(line).unwrap_or_else(|| panic!("aioquic {scenario}: bad JSON {line}"));
+    assert_eq!(
+        json.get("ok").and_then(Json::as_bool),
+        Some(true),
+        "aioquic {scenario} failed: {:?}\n{}",
+        json.get("error"),
+        tail(&out.stderr, 40)
+    );
+    for body in json.get("bodies").map(Json::as_array).unwrap_or_default() {
+        let text = body.as_str().expect("body summary");
+        let f: Vec<&str> = text.split(' ').collect();
+        assert_eq!(f.len(), 4, "body summary {text:?}");
+        assert_eq!(f[1], "200", "aioquic {scenario}: {text}");
+        let len: u64 = f[2].parse().unwrap();
+        if let Some(n) = f[0].strip_prefix("/bytes/") {
+            let n: u64 = n.parse().unwrap();
+            assert_eq!(len, n, "aioquic {scenario}: length of {text}");
+            if scenario != "download" {
+                let sum = u64::from_str_radix(f[3], 16).unwrap();
+                assert_eq!(
+                    sum,
+                    expected_bytes(n).1,
+                    "aioquic {scenario}: content of {text} differs from fill_pattern"
+                );
+            }
+        }
+    }
+    json
+}
+
+fn bodies(j: &Json) -> usize {
+    j.get("bodies").map_or(0, |b| b.as_array().len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_get() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let j = aioquic(&rm, "get", &[]).await;
+        assert_eq!(bodies(&j), 2);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_100_requests_one_connection() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Unix, &[]);
+        let j = aioquic(&rm, "many", &[]).await;
+        assert_eq!(bodies(&j), 100);
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_20_connections() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let j = aioquic(&rm, "conns", &[]).await;
+        assert_eq!(bodies(&j), 20);
+        rm.wait_for(
+            "the workers to report 20 connections",
+            Duration::from_secs(5),
+            |m| m.sum("ringmux_worker_connections_accepted_total") >= 20.0,
+        )
+        .await;
+    })
+    .await
+}
+
+async fn aioquic_migration(scenario: &str) {
+    let rm = Ringmux::start(3, Forward::Shm, &[]);
+    let dcid = format!("--dcid={}", hex(&rm.dcid_for(1, 8)));
+    let j = aioquic(&rm, scenario, &[dcid]).await;
+    assert_eq!(bodies(&j), 2);
+    assert_eq!(
+        j.get("moved_before_end").and_then(Json::as_bool),
+        Some(true),
+        "the download ended before the move: nothing was tested"
+    );
+    assert_ne!(
+        j.get("port_before").and_then(Json::as_u64),
+        j.get("port_after").and_then(Json::as_u64),
+        "the port did not change"
+    );
+}
+
+/// A new socket mid-download with the same CID (NAT rebinding as the server sees it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_rebinding() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, aioquic_migration("migrate")).await
+}
+
+/// A new socket mid-download and a switch to another server-issued CID (active migration).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_migration_new_cid() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, aioquic_migration("migrate_cid")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_key_update() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let j = aioquic(&rm, "keyupdate", &[]).await;
+        // Responses after each update decrypt only if the server followed (notes §2.2).
+        assert_eq!(bodies(&j), 3);
+        let updates = j.get("key_updated_events").and_then(Json::as_u64);
+        assert!(updates >= Some(2), "key_updated events: {updates:?}");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_10mib_download() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let j = aioquic(&rm, "download", &[]).await;
+        assert_eq!(bodies(&j), 1);
+        assert_download(rm.dir(), 10 << 20);
+    })
+    .await
+}
+
+/// Ticket from instance 0, early data on a connection routed to instance 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_0rtt_on_another_instance() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let dcids = [
+            format!("--dcid={}", hex(&rm.dcid_for(0, 8))),
+            format!("--dcid2={}", hex(&rm.dcid_for(2, 8))),
+        ];
+        let j = aioquic(&rm, "zerortt", &dcids).await;
+        assert_eq!(bodies(&j), 2);
+        let flag = |k: &str| j.get(k).and_then(Json::as_bool);
+        assert_eq!(flag("session_resumed"), Some(true), "not resumed: {j:?}");
+        assert!(
+            j.get("sent_0rtt_packets").and_then(Json::as_u64) >= Some(1),
+            "no 0-RTT packet sent: {j:?}"
+        );
+        assert_eq!(
+            flag("early_data_accepted"),
+            Some(true),
+            "0-RTT rejected on instance 2 (ticket from instance 0): {j:?}"
+        );
+        let m = rm.metrics();
+        assert!(
+            m.instance("ringmux_datagrams_forwarded_total", 2) > 0.0,
+            "nothing reached instance 2"
+        );
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes, hex, JSON
+
+struct Output {
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `program` with a deadline (killed after [`CLIENT_TIMEOUT`]); output goes through files
+/// so a chatty client cannot block on a full pipe.
+async fn run(program: &str, args: &[String], dir: &Path) -> Output {
+    let tag = harness::random_u64();
+    let out_path = dir.join(format!("{program}-{tag:x}.out"));
+    let err_path = dir.join(format!("{program}-{tag:x}.err"));
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(File::create(&out_path).unwrap())
+        .stderr(File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"));
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{program} {args:?} still running after {CLIENT_TIMEOUT:?}\n{}",
+                tail(&std::fs::read_to_string(&err_path).unwrap_or_default(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
+    Output {
+        stdout: read(&out_path),
+        stderr: read(&err_path),
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Polls all futures to completion, returning their outputs in order.
+async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (slot, f) in out.iter_mut().zip(futs.iter_mut()) {
+            if let Some(fut) = f {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *slot = Some(v);
+                        *f = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+/// Just enough JSON for aioquic_client.py's one-line result.
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Bool(bool),
+    Num(f64),
+    Str(String),
+    Arr(Vec<Json>),
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn parse(text: &str) -> Option<Json> {
+        let mut p = JsonParser {
+            s: text.as_bytes(),
+            i: 0,
+        };
+        let v = p.value()?;
+        p.ws();
+        (p.i == p.s.len()).then_some(v)
+    }
+
+    fn get(&self, key: &str) -> Option<&Json> {
+        match self {
+            Json::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
+            _ => None,
+        }
+    }
+
+    fn as_bool(&self) -> Option<bool> {
+        match self {
+            Json::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    fn as_u64(&self) -> Option<u64> {
+        match self {
+            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as u64),
+            _ => None,
+        }
+    }
+
+    fn as_str(&self) -> Option<&str> {
+        match self {
+            Json::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn as_array(&self) -> Vec<Json> {
+        match self {
+            Json::Arr(a) => a.clone(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+struct JsonParser<'a> {
+    s: &'a [u8],
+    i: usize,
+}
+
+impl JsonParser<'_> {
+    fn ws(&mut self) {
+        while self.s.get(self.i).is_some_and(|c| c.is_ascii_whitespace()) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, lit: &str) -> bool {
+        let ok = self.s[self.i..].starts_with(lit.as_bytes());
+        if ok {
+            self.i += lit.len();
+        }
+        ok
+    }
+
+    fn value(&mut self) -> Option<Json> {
+        self.ws();
+        match *self.s.get(self.i)? {
+            b'n' => self.eat("null").then_some(Json::Null),
+            b't' => self.eat("true").then_some(Json::Bool(true)),
+            b'f' => self.eat("false").then_some(Json::Bool(false)),
+            b'"' => self.string().map(Json::Str),
+            b'[' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                self.ws();
+                if self.eat("]") {
+                    return Some(Json::Arr(items));
+                }
+                loop {
+                    items.push(self.value()?);
+                    self.ws();
+                    if self.eat("]") {
+                        return Some(Json::Arr(items));
+                    }
+                    self.eat(",").then_some(())?;
+                }
+            }
+            b'{' => {
+                self.i += 1;
+                let mut kv = Vec::new();
+                self.ws();
+                if self.eat("}") {
+                    return Some(Json::Obj(kv));
+                }
+                loop {
+                    self.ws();
+                    let k = self.string()?;
+                    self.ws();
+                    self.eat(":").then_some(())?;
+                    kv.push((k, self.value()?));
+                    self.ws();
+                    if self.eat("}") {
+                        return Some(Json::Obj(kv));
+                    }
+                    self.eat(",").then_some(())?;
+                }
+            }
+            _ => {
+                let start = self.i;
+                while self
+                    .s
+                    .get(self.i)
+                    .is_some_and(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
+                {
+                    self.i += 1;
+                }
+                std::str::from_utf8(&self.s[start..self.i])
+                    .ok()?
+                    .parse()
+                    .ok()
+                    .map(Json::Num)
+            }
+        }
+    }
+
+    fn string(&mut self) -> Option<String> {
+        self.eat("\"").then_some(())?;
+        let mut out = String::new();
+        loop {
+            let c = *self.s.get(self.i)?;
+            self.i += 1;
+            match c {
+                b'"' => return Some(out),
+                b'\\' => {
+                    let e = *self.s.get(self.i)?;
+                    self.i += 1;
+                    match e {
+                        b'n' => out.push('\n'),
+                        b't' => out.push('\t'),
+                        b'r' => out.push('\r'),
+                        b'u' => {
+                            let hex = std::str::from_utf8(self.s.get(self.i..self.i + 4)?).ok()?;
+                            self.i += 4;
+                            out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
+                        }
+                        other => out.push(other as char),
+                    }
+                }
+                _ => {
+                    // Re-decode multi-byte UTF-8 sequences.
+                    let start = self.i - 1;
+                    let len = match c {
+                        0x00..=0x7f => 1,
+                        0xc0..=0xdf => 2,
+                        0xe0..=0xef => 3,
+                        _ => 4,
+                    };
+                    self.i = start + len;
+                    out.push_str(std::str::from_utf8(self.s.get(start..self.i)?).ok()?);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn json_parser_reads_the_script_output() {
+    let j = Json::parse(
+        r#"{"ok": true, "error": null, "bodies": ["/a 200 1 00"], "n": 3, "s": "x\"y\u00e9"}"#,
+    )
+    .unwrap();
+    assert_eq!(j.get("ok"), Some(&Json::Bool(true)));
+    assert_eq!(j.get("error"), Some(&Json::Null));
+    assert_eq!(bodies(&j), 1);
+    assert_eq!(j.get("n").and_then(Json::as_u64), Some(3));
+    assert_eq!(j.get("s").and_then(Json::as_str), Some("x\"yé"));
+    assert!(Json::parse("{").is_none());
+}

@@ -1,0 +1,255 @@
+//! End to end with the project's quinn + h3 client: real ringmux processes on loopback, every
+//! scenario once over shared-memory rings and once over unix sockets.
+
+mod harness;
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use harness::{bounded, check_bytes, pin, Forward, Ringmux, SERVER_NAME};
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// 24 connections from one client socket, pinned round-robin over 3 instances, 4 GETs of
+/// `/bytes/N` each (distinct N): every body is checked byte for byte, and the demux and the
+/// workers must have seen it all on every instance.
+async fn many_connections(forward: Forward) {
+    const INSTANCES: u8 = 3;
+    const CONNECTIONS: usize = 24;
+    const GETS: usize = 4;
+    let rm = Ringmux::start(INSTANCES, forward, &[]);
+    let mut client = rm.client();
+    let next = Arc::new(AtomicUsize::new(0));
+    let turn = next.clone();
+    pin(&mut client, rm.router.clone(), move || {
+        (turn.fetch_add(1, Ordering::Relaxed) % usize::from(INSTANCES)) as u8
+    });
+    let client = Arc::new(client);
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let client = client.clone();
+        let listen = rm.listen;
+        tasks.push(tokio::spawn(async move {
+            let conn = client
+                .connect(listen, SERVER_NAME)
+                .await
+                .unwrap_or_else(|e| panic!("connection {c}: {e}"));
+            let gets = (0..GETS).map(|g| {
+                let n = (c * 7919 + g * 104_729 + g * g * 65_537) as u64;
+                let conn = &conn;
+                async move {
+                    let resp = conn
+                        .get(&format!("/bytes/{n}"))
+                        .await
+                        .unwrap_or_else(|e| panic!("connection {c} GET /bytes/{n}: {e}"));
+                    check_bytes(&format!("connection {c}"), &resp, n);
+                }
+            });
+            futures_join_all(gets).await;
+            conn.close().await.expect("clean close");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("connection task");
+    }
+    assert_eq!(
+        next.load(Ordering::Relaxed),
+        CONNECTIONS,
+        "one DCID per connection"
+    );
+    let per_instance = (CONNECTIONS / usize::from(INSTANCES) * GETS) as f64;
+    let m = rm
+        .wait_for(
+            "every instance to report its connections and requests",
+            Duration::from_secs(10),
+            |m| {
+                (0..INSTANCES).all(|i| {
+                    m.instance("ringmux_worker_requests_total", i) >= per_instance
+                        && m.instance("ringmux_worker_connections_accepted_total", i)
+                            >= (CONNECTIONS / usize::from(INSTANCES)) as f64
+                })
+            },
+        )
+        .await;
+    for i in 0..INSTANCES {
+        assert!(
+            m.instance("ringmux_datagrams_forwarded_total", i) > 0.0,
+            "nothing forwarded to instance {i}:\n{m}"
+        );
+    }
+    assert!(
+        m.sum("ringmux_worker_requests_total") >= (CONNECTIONS * GETS) as f64,
+        "requests served < requests made:\n{m}"
+    );
+    let m = rm.wait_balanced(Duration::from_secs(5)).await;
+    assert_eq!(m.sum("ringmux_datagrams_dropped_total"), 0.0, "drops:\n{m}");
+}
+
+/// A large download survives the client moving to a new UDP port mid-transfer (RFC 9000 §9):
+/// the same CIDs arrive from a new address and the worker must answer there.
+async fn migration(forward: Forward) {
+    const N: u64 = 48 << 20;
+    let rm = Ringmux::start(2, forward, &[]);
+    let client = rm.pinned_client(1);
+    let conn = Arc::new(rm.connect(&client).await);
+    let before = client.local_addr().unwrap();
+    let downloader = conn.clone();
+    let body = tokio::spawn(async move { downloader.get(&format!("/bytes/{N}")).await });
+    // Move once some of the body has arrived.
+    while conn.quic().stats().udp_rx.bytes < (1 << 20) {
+        assert!(
+            !body.is_finished(),
+            "the download ended before 1 MiB arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    client
+        .rebind(UdpSocket::bind("127.0.0.1:0").unwrap())
+        .expect("rebind");
+    let after = client.local_addr().unwrap();
+    assert_ne!(before.port(), after.port(), "rebind kept the port");
+    let moved_at = conn.quic().stats().udp_rx.bytes;
+    assert!(
+        !body.is_finished(),
+        "the download finished before the move: nothing was tested"
+    );
+    let resp = body.await.unwrap().expect("download after migration");
+    check_bytes("migrated download", &resp, N);
+    assert!(
+        conn.quic().stats().udp_rx.bytes > moved_at + (1 << 20),
+        "little arrived after the move"
+    );
+    // The connection still works on the new path.
+    let resp = conn.get("/bytes/1000").await.expect("GET after migration");
+    check_bytes("after migration", &resp, 1000);
+}
+
+/// `--retry`: every Initial without a token gets a Retry; the client's second Initial goes to
+/// the CID the Retry chose (owned by the instance that sent it). Connections succeed on every
+/// instance.
+async fn retry(forward: Forward) {
+    let rm = Ringmux::start(2, forward, &["--retry"]);
+    for instance in 0..2 {
+        let client = rm.pinned_client(instance);
+        let conn = rm.connect(&client).await;
+        let resp = conn.get("/bytes/5000").await.expect("GET with --retry");
+        check_bytes("with --retry", &resp, 5000);
+        conn.close().await.expect("clean close");
+    }
+    rm.wait_for(
+        "both instances to report a connection",
+        Duration::from_secs(5),
+        |m| (0..2).all(|i| m.instance("ringmux_worker_connections_accepted_total", i) >= 1.0),
+    )
+    .await;
+}
+
+/// 0-RTT: a first connection on instance `first` gets a session ticket; a second connection,
+/// pinned to instance `second`, sends its request as 0-RTT data, which must be accepted.
+async fn zero_rtt(forward: Forward, first: u8, second: u8) {
+    let rm = Ringmux::start(3, forward, &[]);
+    let target = Arc::new(AtomicUsize::new(usize::from(first)));
+    let mut client = rm.client();
+    let t = target.clone();
+    pin(&mut client, rm.router.clone(), move || {
+        t.load(Ordering::Relaxed) as u8
+    });
+    let conn = rm.connect(&client).await;
+    let resp = conn.get("/bytes/100").await.expect("first GET");
+    check_bytes("first connection", &resp, 100);
+    // The ticket (NewSessionTicket after the handshake) has arrived by the time a response has.
+    conn.close().await.expect("clean close");
+    let before = rm.metrics();
+
+    target.store(usize::from(second), Ordering::Relaxed);
+    let (conn, zrtt) = client
+        .connect_0rtt(rm.listen, SERVER_NAME)
+        .await
+        .expect("second connection");
+    assert!(zrtt.attempted(), "0-RTT not attempted: after the first connection the client holds no ticket that allows early data");
+    let resp = conn.get("/bytes/3000").await.expect("GET in 0-RTT");
+    check_bytes("0-RTT request", &resp, 3000);
+    let accepted = zrtt.accepted().await;
+    let after = rm
+        .wait_for(
+            "instance `second` to report the resumed connection",
+            Duration::from_secs(5),
+            |m| {
+                m.instance("ringmux_worker_connections_accepted_total", second)
+                    > before.instance("ringmux_worker_connections_accepted_total", second)
+            },
+        )
+        .await;
+    assert!(
+        after.instance("ringmux_datagrams_forwarded_total", second)
+            > before.instance("ringmux_datagrams_forwarded_total", second),
+        "the resumed connection did not reach instance {second}"
+    );
+    assert!(
+        accepted,
+        "0-RTT rejected: ticket from instance {first}, resumed on instance {second} ({forward:?})"
+    );
+    conn.close().await.expect("clean close");
+}
+
+/// `join_all` without pulling in futures-util as a dev-dependency: polls all to completion.
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futs: impl Iterator<Item = F>) {
+    let mut futs: Vec<_> = futs.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        futs.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if futs.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_connections_shm() {
+    bounded(LIMIT, many_connections(Forward::Shm)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_connections_unix() {
+    bounded(LIMIT, many_connections(Forward::Unix)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_shm() {
+    bounded(LIMIT, migration(Forward::Shm)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_unix() {
+    bounded(LIMIT, migration(Forward::Unix)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_shm() {
+    bounded(LIMIT, retry(Forward::Shm)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_unix() {
+    bounded(LIMIT, retry(Forward::Unix)).await
+}
+
+/// Control for the cross-instance case: resumption on the instance that issued the ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_rtt_same_instance_shm() {
+    bounded(LIMIT, zero_rtt(Forward::Shm, 0, 0)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_rtt_other_instance_shm() {
+    bounded(LIMIT, zero_rtt(Forward::Shm, 0, 2)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_rtt_other_instance_unix() {
+    bounded(LIMIT, zero_rtt(Forward::Unix, 1, 0)).await
+}

@@ -1,0 +1,438 @@
+//! Fault injection against real ringmux processes: a worker killed mid-transfer, SIGTERM and
+//! SIGKILL of the demux, and a storm of malformed datagrams next to real traffic.
+
+mod harness;
+
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use harness::{
+    alive, bounded, check_bytes, dcid_routed_to, random_bytes, random_u64, wait_gone, Forward,
+    Ringmux,
+};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// kill -9 of instance 1's worker while instances 0 and 2 stream large bodies: their transfers
+/// complete, the client of instance 1 gets a stateless reset (not an idle timeout) within a few
+/// seconds, and a replacement worker comes up and serves a new connection on instance 1.
+async fn worker_killed(forward: Forward) {
+    const BIG: u64 = 32 << 20;
+    const VICTIM: u8 = 1;
+    let rm = Ringmux::start(3, forward, &["--idle-timeout", "30"]);
+    let pids = rm.worker_pids().await;
+    let victim_pid = pids[usize::from(VICTIM)];
+
+    let victim_client = rm.pinned_client(VICTIM);
+    let victim = rm.connect(&victim_client).await;
+    let resp = victim.get("/bytes/10").await.expect("victim's first GET");
+    check_bytes("victim before the kill", &resp, 10);
+
+    // Survivors: two connections each on instances 0 and 2, each downloading BIG.
+    let mut survivors = Vec::new();
+    let mut conns = Vec::new();
+    for instance in [0u8, 2, 0, 2] {
+        let client = rm.pinned_client(instance);
+        let conn = Arc::new(rm.connect(&client).await);
+        let c = conn.clone();
+        let task = tokio::spawn(async move {
+            let _keep = client;
+            c.get(&format!("/bytes/{BIG}")).await
+        });
+        survivors.push((instance, task));
+        conns.push(conn);
+    }
+    // Kill once every survivor is receiving its body.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while conns
+        .iter()
+        .any(|c| c.quic().stats().udp_rx.bytes < (256 << 10))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "survivor downloads did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // SAFETY: plain kill(2) of a worker pid the demux reported and /proc confirmed.
+    assert_eq!(unsafe { libc::kill(victim_pid as i32, libc::SIGKILL) }, 0);
+    let killed_at = Instant::now();
+    let unfinished = survivors.iter().filter(|(_, t)| !t.is_finished()).count();
+    assert!(
+        unfinished > 0,
+        "every survivor finished before the kill: nothing was tested"
+    );
+
+    // The victim's next request meets the replacement (or nobody), which can only answer with
+    // a stateless reset, since every instance shares the reset key.
+    let err = victim
+        .get("/bytes/10")
+        .await
+        .expect_err("a request on a dead worker's connection succeeded");
+    let elapsed = killed_at.elapsed();
+    let reason = victim.quic().close_reason();
+    assert!(
+        matches!(reason, Some(quinn::ConnectionError::Reset)),
+        "victim connection ended with {reason:?} ({err}, kind {}) after {elapsed:?}, \
+         expected a stateless reset",
+        err.kind()
+    );
+    assert!(
+        elapsed < Duration::from_secs(8),
+        "stateless reset took {elapsed:?}"
+    );
+
+    for (instance, task) in survivors {
+        let resp = task
+            .await
+            .expect("survivor task")
+            .unwrap_or_else(|e| panic!("download on instance {instance} failed: {e}"));
+        check_bytes(&format!("survivor on instance {instance}"), &resp, BIG);
+    }
+
+    let m = rm
+        .wait_for(
+            "instance 1 restarted, up, and reporting a new pid",
+            Duration::from_secs(10),
+            |m| {
+                let pid = m.instance("ringmux_worker_pid", VICTIM);
+                m.instance("ringmux_worker_restarts_total", VICTIM) >= 1.0
+                    && m.instance("ringmux_worker_up", VICTIM) == 1.0
+                    && pid > 0.0
+                    && pid != f64::from(victim_pid)
+            },
+        )
+        .await;
+    for i in [0u8, 2] {
+        assert_eq!(
+            m.instance("ringmux_worker_restarts_total", i),
+            0.0,
+            "instance {i} restarted too"
+        );
+    }
+    assert!(!alive(victim_pid), "killed worker {victim_pid} still alive");
+    let new_pid = m.instance("ringmux_worker_pid", VICTIM) as u32;
+    assert!(
+        alive(new_pid),
+        "replacement worker {new_pid} is not running"
+    );
+
+    let client = rm.pinned_client(VICTIM);
+    let conn = rm.connect(&client).await;
+    let resp = conn
+        .get("/bytes/77777")
+        .await
+        .expect("GET on the replacement");
+    check_bytes("replacement worker", &resp, 77777);
+    conn.close().await.expect("clean close");
+    rm.wait_for(
+        "the replacement to report the new connection",
+        Duration::from_secs(5),
+        |m| m.instance("ringmux_worker_connections_accepted_total", VICTIM) >= 1.0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_shm() {
+    bounded(LIMIT, worker_killed(Forward::Shm)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_killed_unix() {
+    bounded(LIMIT, worker_killed(Forward::Unix)).await
+}
+
+/// SIGTERM with a connection still open: ringmux drains, exits 0 within `--grace 5` (plus
+/// slack for process teardown), and leaves no worker behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_cleanly() {
+    bounded(LIMIT, async {
+        const GRACE: u64 = 5;
+        let mut rm = Ringmux::start(2, Forward::Shm, &["--grace", &GRACE.to_string()]);
+        let pids = rm.worker_pids().await;
+        let client = rm.client();
+        let conn = rm.connect(&client).await;
+        let resp = conn.get("/bytes/1234").await.expect("GET");
+        check_bytes("before SIGTERM", &resp, 1234);
+
+        let start = Instant::now();
+        rm.signal(libc::SIGTERM);
+        let status = rm.wait_exit(Duration::from_secs(GRACE + 10)).await;
+        let took = start.elapsed();
+        assert_eq!(status.code(), Some(0), "ringmux exit status {status:?}");
+        assert!(
+            took <= Duration::from_secs(GRACE + 2),
+            "ringmux took {took:?} to exit with --grace {GRACE}"
+        );
+        let left = wait_gone(&pids, Duration::from_secs(2)).await;
+        assert!(left.is_empty(), "workers {left:?} outlived ringmux");
+        drop(conn);
+    })
+    .await
+}
+
+/// SIGKILL of the demux: it cannot tell its workers, so they must notice (PR_SET_PDEATHSIG,
+/// control socket closing) and die on their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_demux_takes_workers_down() {
+    bounded(LIMIT, async {
+        let mut rm = Ringmux::start(3, Forward::Shm, &[]);
+        let pids = rm.worker_pids().await;
+        rm.signal(libc::SIGKILL);
+        rm.wait_exit(Duration::from_secs(5)).await;
+        let left = wait_gone(&pids, Duration::from_secs(5)).await;
+        assert!(
+            left.is_empty(),
+            "workers {left:?} survived the demux's SIGKILL"
+        );
+    })
+    .await
+}
+
+/// The kinds of junk the storm sends.
+#[derive(Clone, Copy, Debug)]
+enum Junk {
+    Garbage,
+    TruncatedLong,
+    DcidTooLong,
+    UnknownVersion,
+    Runt,
+    Oversize,
+}
+
+/// Zero-length datagrams are left to `zero_length_datagrams_are_counted`.
+const JUNK: [Junk; 6] = [
+    Junk::Garbage,
+    Junk::TruncatedLong,
+    Junk::DcidTooLong,
+    Junk::UnknownVersion,
+    Junk::Runt,
+    Junk::Oversize,
+];
+
+fn junk(kind: Junk) -> Vec<u8> {
+    let r = random_u64();
+    match kind {
+        Junk::Garbage => random_bytes(1 + (r % 1400) as usize),
+        Junk::TruncatedLong => {
+            // A v1 Initial header cut somewhere inside its fields.
+            let mut d = vec![0xc0, 0, 0, 0, 1, 8];
+            d.extend_from_slice(&random_bytes(8));
+            d.extend_from_slice(&[8]);
+            d.extend_from_slice(&random_bytes(8));
+            d.extend_from_slice(&[0x00, 0x44, 0xd0]); // token 0, Length 1232 > what follows
+            d.truncate(1 + (r % (d.len() as u64 - 1)) as usize);
+            if r.is_multiple_of(5) {
+                d.extend_from_slice(&random_bytes(50)); // whole header, Length past the end
+            }
+            d
+        }
+        Junk::DcidTooLong => {
+            let len = 21 + (r % 235) as u8;
+            let mut d = vec![0xc0, 0, 0, 0, 1, len];
+            d.extend_from_slice(&random_bytes(usize::from(len) + 40));
+            d
+        }
+        Junk::UnknownVersion => {
+            // Version negotiation needs ≥ 1200 bytes (RFC 9000 §6, §14.1).
+            let mut d = vec![0xc0, 0x1a, 0x2a, 0x3a, 0x4a, 8];
+            d.extend_from_slice(&random_bytes(8));
+            d.push(8);
+            d.extend_from_slice(&random_bytes(8));
+            d.resize(1200, 0);
+            d
+        }
+        Junk::Runt => random_bytes(1),
+        Junk::Oversize => {
+            let mut d = random_bytes(3000);
+            d[0] = 0x40 | (d[0] & 0x3f); // a short header with some DCID
+            d
+        }
+    }
+}
+
+/// 50 000 junk datagrams at full speed while a real client keeps making requests: ringmux keeps
+/// running, every real request succeeds, and every received datagram is accounted for.
+async fn bad_input_storm(forward: Forward) {
+    const STORM: usize = 50_000;
+    let mut rm = Ringmux::start(2, forward, &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let requests = Arc::new(AtomicU64::new(0));
+
+    let client = rm.client();
+    let conn = Arc::new(rm.connect(&client).await);
+    let (c, s, n) = (conn.clone(), stop.clone(), requests.clone());
+    let real = tokio::spawn(async move {
+        let mut i = 0u64;
+        while !s.load(Ordering::Relaxed) || i < 20 {
+            let size = 1 + (i * 7919) % 200_000;
+            let resp = c
+                .get(&format!("/bytes/{size}"))
+                .await
+                .unwrap_or_else(|e| panic!("real request {i} during the storm: {e}"));
+            check_bytes(&format!("real request {i}"), &resp, size);
+            i += 1;
+            n.store(i, Ordering::Relaxed);
+        }
+    });
+    // A second client connecting during the storm, pinned to each instance in turn.
+    let mut fresh = Vec::new();
+    for instance in 0..2u8 {
+        fresh.push(rm.pinned_client(instance));
+    }
+
+    let listen = rm.listen;
+    let router = rm.router.clone();
+    let storm = tokio::task::spawn_blocking(move || {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut expected_malformed = 0u64;
+        let mut per_kind = [0u64; JUNK.len()];
+        for i in 0..STORM {
+            let k = (random_u64() % JUNK.len() as u64) as usize;
+            let d = junk(JUNK[k]);
+            if router.route(&d).instance().is_none() {
+                expected_malformed += 1;
+            }
+            per_kind[k] += 1;
+            // Loopback drops nothing on send; ENOBUFS would be a (harmless) local drop.
+            let _ = sock.send_to(&d, listen);
+            if i.is_multiple_of(5_000) {
+                // A valid-looking short header for a CID only instance 1 could own.
+                let mut d = vec![0x41];
+                d.extend_from_slice(&dcid_routed_to(&router, 1, 17));
+                d.extend_from_slice(&random_bytes(40));
+                let _ = sock.send_to(&d, listen);
+            }
+        }
+        (expected_malformed, per_kind)
+    });
+    let mut fresh_ok = 0;
+    while !storm.is_finished() {
+        for c in &fresh {
+            let conn = rm.connect(c).await;
+            let resp = conn
+                .get("/bytes/4321")
+                .await
+                .expect("new connection during the storm");
+            check_bytes("new connection during the storm", &resp, 4321);
+            conn.close().await.expect("clean close");
+            fresh_ok += 1;
+        }
+    }
+    let (expected_malformed, per_kind) = storm.await.unwrap();
+    stop.store(true, Ordering::Relaxed);
+    real.await.expect("real requests");
+    assert!(fresh_ok >= 2, "no new connection was made during the storm");
+    assert!(rm.running(), "ringmux died during the storm");
+
+    let m = rm.wait_balanced(Duration::from_secs(10)).await;
+    let malformed = m.dropped("malformed");
+    eprintln!(
+        "storm {per_kind:?} (Garbage, TruncatedLong, DcidTooLong, UnknownVersion, Runt, \
+         Oversize): {expected_malformed} malformed by the router; demux counted {malformed}; \
+         {} real requests, {fresh_ok} fresh connections\n{m}",
+        requests.load(Ordering::Relaxed)
+    );
+    assert!(malformed > 0.0, "no malformed datagram counted:\n{m}");
+    let kernel_drops = udp_drops(rm.listen.port());
+    if kernel_drops == Some(0) {
+        // Nothing was lost before the demux: its count must match the router's exactly.
+        assert_eq!(
+            malformed, expected_malformed as f64,
+            "malformed datagrams counted by the demux vs sent"
+        );
+        if forward == Forward::Shm {
+            assert_eq!(
+                m.dropped("oversize"),
+                per_kind[5] as f64,
+                "3000-byte datagrams fit no 2 KiB slot: each must be counted oversize"
+            );
+        }
+    } else {
+        eprintln!("the kernel dropped {kernel_drops:?} datagrams: counts checked as bounds");
+        assert!(
+            malformed <= expected_malformed as f64,
+            "more malformed ({malformed}) than the storm contained ({expected_malformed})"
+        );
+    }
+    assert!(
+        m.received() >= (STORM / 2) as f64,
+        "the demux received only {} of {STORM} storm datagrams",
+        m.received()
+    );
+    if forward == Forward::Shm {
+        assert!(
+            m.dropped("oversize") > 0.0,
+            "3000-byte datagrams fit no 2 KiB slot but none was counted oversize:\n{m}"
+        );
+    }
+    for i in 0..2 {
+        assert_eq!(m.instance("ringmux_worker_up", i), 1.0, "instance {i} down");
+        assert_eq!(
+            m.instance("ringmux_worker_restarts_total", i),
+            0.0,
+            "instance {i} restarted during the storm"
+        );
+    }
+    // Still serving after the storm.
+    let resp = conn.get("/bytes/99").await.expect("GET after the storm");
+    check_bytes("after the storm", &resp, 99);
+}
+
+/// A zero-length UDP datagram is a datagram received, and a malformed one (the router's
+/// `MalformedReason::Empty`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_length_datagrams_are_counted() {
+    bounded(LIMIT, async {
+        const N: usize = 10;
+        let rm = Ringmux::start(1, Forward::Shm, &[]);
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        for _ in 0..N {
+            sock.send_to(&[], rm.listen).unwrap();
+        }
+        // A 1-byte runt after them: once it is counted, the empty ones were read before it.
+        sock.send_to(&[0x40], rm.listen).unwrap();
+        rm.wait_for("the runt to be counted", Duration::from_secs(5), |m| {
+            m.received() >= 1.0
+        })
+        .await;
+        let m = rm.wait_balanced(Duration::from_secs(5)).await;
+        assert_eq!(
+            udp_drops(rm.listen.port()),
+            Some(0),
+            "the kernel dropped datagrams"
+        );
+        assert_eq!(
+            (m.received(), m.dropped("malformed")),
+            ((N + 1) as f64, (N + 1) as f64),
+            "{N} zero-length datagrams and one runt: (received, malformed)"
+        );
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_storm_shm() {
+    bounded(LIMIT, bad_input_storm(Forward::Shm)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_storm_unix() {
+    bounded(LIMIT, bad_input_storm(Forward::Unix)).await
+}
+
+/// Datagrams the kernel dropped on the 127.0.0.1 UDP socket bound to `port` (the last column
+/// of /proc/net/udp), if the socket is listed.
+fn udp_drops(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/udp").ok()?;
+    let local = format!("0100007F:{port:04X}");
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&local.as_str()))
+            .then(|| fields.last()?.parse().ok())
+            .flatten()
+    })
+}

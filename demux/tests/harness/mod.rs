@@ -1,0 +1,557 @@
+//! End-to-end test harness: starts a real `ringmux` (and so its `ringmux-worker` children) on
+//! loopback, reads its ready line, scrapes its Prometheus metrics, and kills the whole process
+//! tree when dropped, also when the test panics (then the tail of ringmux's log is printed).
+//!
+//! It also knows ringmux's routing: every start gets a fresh key file, so the harness builds the
+//! same QUIC-LB [`Router`] as the demux and can choose client DCIDs that land on a given
+//! instance (quinn through [`pinned_client`], gtlsclient through `--dcid`).
+//!
+//! Each test binary uses a part of this module.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use quinn::ConnectionId;
+use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
+use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
+
+/// Name the tests use as SNI / :authority host (the self-signed certificate covers it, and the
+/// test client accepts any certificate anyway).
+pub const SERVER_NAME: &str = "localhost";
+
+/// How datagrams go from the demux to the workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forward {
+    Shm,
+    Unix,
+}
+
+impl Forward {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            Forward::Shm => "shm",
+            Forward::Unix => "unix",
+        }
+    }
+}
+
+/// A running ringmux. Dropping it SIGKILLs the demux and any worker still around.
+pub struct Ringmux {
+    pub listen: SocketAddr,
+    pub metrics: SocketAddr,
+    pub pid: u32,
+    pub instances: u8,
+    /// The demux's routing function (same keys and QUIC-LB configuration).
+    pub router: Router,
+    child: Option<Child>,
+    dir: TempDir,
+}
+
+impl Ringmux {
+    /// Starts ringmux with `instances` workers in `forward` mode plus `extra` arguments, and
+    /// waits (bounded) for its ready line.
+    pub fn start(instances: u8, forward: Forward, extra: &[&str]) -> Ringmux {
+        let dir = TempDir::new("ringmux-e2e");
+        let keys = KeySet::generate().expect("generating keys");
+        let key_file = dir.path().join("keys");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&key_file)
+            .and_then(|mut f| f.write_all(keys.to_key_file().as_bytes()))
+            .expect("writing the key file");
+        // Same QUIC-LB configuration as ringmux's defaults (node 00, config 0, nonce filling
+        // one AES block), so this router agrees with the demux's.
+        let lb = QuicLbConfig {
+            config_id: 0,
+            node_id: vec![0],
+            instance_count: instances,
+            nonce_len: 14,
+            key: Some(keys.quic_lb),
+        };
+        let router = Router::new(&lb, keys.routing_hash).expect("QUIC-LB router");
+
+        let log_path = dir.path().join("ringmux.log");
+        let log = File::create(&log_path).expect("creating the log file");
+        let instances_arg = instances.to_string();
+        let worker_bin = worker_bin();
+        let worker_bin_arg = worker_bin.to_string_lossy().into_owned();
+        let key_file_arg = key_file.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = vec![
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--instances",
+            &instances_arg,
+            "--forward",
+            forward.as_arg(),
+            "--worker-bin",
+            &worker_bin_arg,
+            "--key-file",
+            &key_file_arg,
+        ];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ringmux"))
+            .args(&args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or("info".into()),
+            )
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("spawning ringmux");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("ringmux ready ") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let mut rm = Ringmux {
+            listen: "0.0.0.0:0".parse().unwrap(),
+            metrics: "0.0.0.0:0".parse().unwrap(),
+            pid: child.id(),
+            instances,
+            router,
+            child: Some(child),
+            dir,
+        };
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => line,
+            Err(_) => {
+                let status = rm.child.as_mut().and_then(|c| c.try_wait().ok()).flatten();
+                panic!(
+                    "ringmux did not print its ready line within 30 s (exit status {status:?}); \
+                     args {args:?}\n--- log ---\n{}",
+                    rm.log_tail(60)
+                );
+            }
+        };
+        let field = |name: &str| -> String {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in ready line {line:?}"))
+                .to_string()
+        };
+        rm.listen = field("listen=").parse().expect("listen address");
+        rm.metrics = field("metrics=").parse().expect("metrics address");
+        let pid: u32 = field("pid=").parse().expect("pid");
+        assert_eq!(pid, rm.pid, "ready line pid vs spawned child");
+        rm
+    }
+
+    /// One scrape of `/metrics`.
+    pub fn metrics(&self) -> Metrics {
+        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5))
+            .expect("connecting to the metrics endpoint");
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        // One write: a request split over several writes raced the endpoint's close (reset).
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.metrics
+        );
+        s.write_all(request.as_bytes())
+            .expect("sending the metrics request");
+        let mut text = String::new();
+        s.read_to_string(&mut text).expect("reading metrics");
+        let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
+        assert!(head.starts_with("HTTP/1.1 200"), "metrics answer: {head}");
+        Metrics::parse(body)
+    }
+
+    /// Polls the metrics until `pred` holds; panics with the last scrape and `what` after
+    /// `timeout`.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Metrics) -> bool,
+    ) -> Metrics {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = self.metrics();
+            if pred(&m) {
+                return m;
+            }
+            if Instant::now() >= deadline {
+                panic!("timed out after {timeout:?} waiting for {what}; last metrics:\n{m}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits for a quiet moment at which every received datagram is accounted for:
+    /// `received == Σ forwarded + Σ dropped`.
+    pub async fn wait_balanced(&self, timeout: Duration) -> Metrics {
+        self.wait_for(
+            "received == Σforwarded + Σdropped",
+            timeout,
+            Metrics::balanced,
+        )
+        .await
+    }
+
+    /// The pid the demux reports for every instance (`ringmux_worker_pid`), once all are
+    /// non-zero; checked against the demux's actual children.
+    pub async fn worker_pids(&self) -> Vec<u32> {
+        let n = self.instances;
+        let m = self
+            .wait_for(
+                "ringmux_worker_pid of every instance to be set (workers report once a second)",
+                Duration::from_secs(5),
+                |m| (0..n).all(|i| m.instance("ringmux_worker_pid", i) > 0.0),
+            )
+            .await;
+        let pids: Vec<u32> = (0..n)
+            .map(|i| m.instance("ringmux_worker_pid", i) as u32)
+            .collect();
+        let mut children = children_of(self.pid);
+        children.sort_unstable();
+        let mut sorted = pids.clone();
+        sorted.sort_unstable();
+        assert_eq!(
+            sorted, children,
+            "ringmux_worker_pid values vs the demux's child processes"
+        );
+        pids
+    }
+
+    /// Sends `sig` to the demux.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) on our own child, which has not been reaped yet.
+        let rc = unsafe { libc::kill(self.pid as libc::pid_t, sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.pid);
+    }
+
+    /// Waits (bounded) for the demux to exit and reaps it.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().expect("ringmux already reaped");
+        loop {
+            if let Some(status) = child.try_wait().expect("waitpid") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                panic!("ringmux did not exit within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Whether the demux is still running.
+    pub fn running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().expect("waitpid").is_none(),
+            None => false,
+        }
+    }
+
+    /// A scratch directory removed with this ringmux.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Last `lines` lines of ringmux's (and its workers') log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("ringmux.log")).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// A random DCID of `len` bytes that the demux routes to `instance`.
+    pub fn dcid_for(&self, instance: u8, len: usize) -> Vec<u8> {
+        dcid_routed_to(&self.router, instance, len)
+    }
+
+    /// A quinn/h3 client whose connections all start with DCIDs routed to `instance`.
+    pub fn pinned_client(&self, instance: u8) -> H3Client {
+        let mut c = self.client();
+        pin(&mut c, self.router.clone(), move || instance);
+        c
+    }
+
+    /// A quinn/h3 client; the demux picks the instance from its random DCIDs.
+    pub fn client(&self) -> H3Client {
+        H3Client::new(client_config(None).expect("client config"), self.listen)
+            .expect("binding the client")
+    }
+
+    /// Connects `client` to this ringmux.
+    pub async fn connect(&self, client: &H3Client) -> H3Conn {
+        client
+            .connect(self.listen, SERVER_NAME)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to ringmux at {}: {e}", self.listen))
+    }
+}
+
+impl Drop for Ringmux {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let workers = children_of(self.pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        // The workers die with the demux (PR_SET_PDEATHSIG); make sure anyway, but only
+        // processes that still are ringmux workers.
+        for pid in workers {
+            if is_worker(pid) {
+                // SAFETY: plain kill(2) of a process checked to be a ringmux worker.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- ringmux log (last 80 lines) ---\n{}\n--- end of ringmux log ---",
+                self.log_tail(80)
+            );
+        }
+    }
+}
+
+/// The `ringmux-worker` binary next to `ringmux`.
+pub fn worker_bin() -> PathBuf {
+    let demux = Path::new(env!("CARGO_BIN_EXE_ringmux"));
+    let worker = demux.with_file_name("ringmux-worker");
+    assert!(
+        worker.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` before these tests",
+        worker.display()
+    );
+    worker
+}
+
+/// One scrape of the Prometheus text: `name{labels}` → value.
+pub struct Metrics(pub BTreeMap<String, f64>);
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        Metrics(
+            text.lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .filter_map(|l| {
+                    let (key, value) = l.rsplit_once(' ')?;
+                    Some((key.to_string(), value.parse().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// A sample without labels (0 if absent).
+    pub fn get(&self, name: &str) -> f64 {
+        self.0.get(name).copied().unwrap_or(0.0)
+    }
+
+    /// A per-instance sample (0 if absent).
+    pub fn instance(&self, name: &str, instance: u8) -> f64 {
+        self.get(&format!("{name}{{instance=\"{instance}\"}}"))
+    }
+
+    /// `ringmux_datagrams_dropped_total{reason}`.
+    pub fn dropped(&self, reason: &str) -> f64 {
+        self.get(&format!(
+            "ringmux_datagrams_dropped_total{{reason=\"{reason}\"}}"
+        ))
+    }
+
+    /// The sum of every sample of `name`, whatever its labels.
+    pub fn sum(&self, name: &str) -> f64 {
+        self.0
+            .iter()
+            .filter(|(k, _)| {
+                k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+
+    pub fn received(&self) -> f64 {
+        self.get("ringmux_datagrams_received_total")
+    }
+
+    /// `received == Σ forwarded + Σ dropped`.
+    pub fn balanced(&self) -> bool {
+        self.received()
+            == self.sum("ringmux_datagrams_forwarded_total")
+                + self.sum("ringmux_datagrams_dropped_total")
+    }
+}
+
+impl std::fmt::Display for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (k, v) in &self.0 {
+            if !k.contains("sink_latency") {
+                writeln!(f, "  {k} {v}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes every new connection of `client` start with a random 20-byte DCID that `router`
+/// sends to the instance `target()` names at that moment.
+pub fn pin(client: &mut H3Client, router: Router, target: impl Fn() -> u8 + Send + Sync + 'static) {
+    client.set_initial_dst_cid_provider(Arc::new(move || {
+        ConnectionId::new(&dcid_routed_to(&router, target(), 20))
+    }));
+}
+
+/// A random DCID of `len` bytes (8..=20) routed to `instance` by `router`.
+pub fn dcid_routed_to(router: &Router, instance: u8, len: usize) -> Vec<u8> {
+    assert!(instance < router.instance_count());
+    for _ in 0..100_000 {
+        let dcid = random_bytes(len);
+        if router.route_dcid(&dcid).instance() == Some(instance) {
+            return dcid;
+        }
+    }
+    panic!("no DCID found for instance {instance}");
+}
+
+/// Not cryptographic: SplitMix64 over a clock-seeded global counter.
+pub fn random_u64() -> u64 {
+    static STATE: AtomicU64 = AtomicU64::new(0);
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let _ = STATE.compare_exchange(0, seed | 1, Ordering::Relaxed, Ordering::Relaxed);
+    let mut z = STATE.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+pub fn random_bytes(len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(&random_u64().to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// The `/bytes/n` body ringmux serves, as (length, FNV-1a 64).
+pub fn expected_bytes(n: u64) -> (u64, u64) {
+    let mut sum = Fnv64::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut offset = 0u64;
+    while offset < n {
+        let len = (n - offset).min(buf.len() as u64) as usize;
+        ringmux_worker::http::fill_pattern(offset, &mut buf[..len]);
+        sum.update(&buf[..len]);
+        offset += len as u64;
+    }
+    (n, sum.finish())
+}
+
+/// Checks a `/bytes/n` response: status 200, length and content.
+pub fn check_bytes(what: &str, resp: &Response, n: u64) {
+    assert_eq!(resp.status, 200, "{what}: status");
+    let (len, sum) = expected_bytes(n);
+    assert_eq!(resp.body_len, len, "{what}: body length of /bytes/{n}");
+    assert_eq!(
+        resp.body_checksum, sum,
+        "{what}: body checksum of /bytes/{n} (content differs from fill_pattern)"
+    );
+}
+
+/// Runs `fut` with a deadline; a test that hangs fails instead.
+pub async fn bounded<T>(limit: Duration, fut: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("test did not finish within {limit:?}"),
+    }
+}
+
+/// Direct children of `pid` (all its threads).
+pub fn children_of(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for task in tasks.flatten() {
+        if let Ok(text) = std::fs::read_to_string(task.path().join("children")) {
+            out.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Whether `pid` is a live (not zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may contain spaces.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+/// Whether `pid` is a live `ringmux-worker` process.
+pub fn is_worker(pid: u32) -> bool {
+    alive(pid)
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("ringmux-worker"))
+}
+
+/// Waits (bounded) until none of `pids` is alive; returns those still alive at the deadline.
+pub async fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|&p| alive(p)).collect();
+        if left.is_empty() || Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A directory under the system temp dir, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> TempDir {
+        let path = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{:016x}",
+            std::process::id(),
+            random_u64()
+        ));
+        std::fs::create_dir_all(&path).expect("creating a temp dir");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
