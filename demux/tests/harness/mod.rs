@@ -60,6 +60,18 @@ impl Ringmux {
     /// Starts ringmux with `instances` workers in `forward` mode plus `extra` arguments, and
     /// waits (bounded) for its ready line.
     pub fn start(instances: u8, forward: Forward, extra: &[&str]) -> Ringmux {
+        Ringmux::start_with(instances, forward, extra, worker_bin(), &[])
+    }
+
+    /// As [`Ringmux::start`], with another worker binary and extra environment for the demux
+    /// (which its workers inherit).
+    pub fn start_with(
+        instances: u8,
+        forward: Forward,
+        extra: &[&str],
+        worker_bin: PathBuf,
+        env: &[(&str, String)],
+    ) -> Ringmux {
         let dir = TempDir::new("ringmux-e2e");
         let keys = KeySet::generate().expect("generating keys");
         let key_file = dir.path().join("keys");
@@ -84,7 +96,6 @@ impl Ringmux {
         let log_path = dir.path().join("ringmux.log");
         let log = File::create(&log_path).expect("creating the log file");
         let instances_arg = instances.to_string();
-        let worker_bin = worker_bin();
         let worker_bin_arg = worker_bin.to_string_lossy().into_owned();
         let key_file_arg = key_file.to_string_lossy().into_owned();
         let mut args: Vec<&str> = vec![
@@ -109,6 +120,7 @@ impl Ringmux {
                 std::env::var("RUST_LOG").unwrap_or("info".into()),
             )
             .env("NO_COLOR", "1")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -515,8 +527,10 @@ pub fn alive(pid: u32) -> bool {
 /// Whether `pid` is a live `ringmux-worker` process.
 pub fn is_worker(pid: u32) -> bool {
     alive(pid)
-        && std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("ringmux-worker"))
+        && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+            let cmd = String::from_utf8_lossy(&c);
+            cmd.contains("ringmux-worker") || cmd.contains("ringmux-fault-worker")
+        })
 }
 
 /// Waits (bounded) until none of `pids` is alive; returns those still alive at the deadline.
