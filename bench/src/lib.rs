@@ -6,4 +6,5 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod client;
+pub mod fwd;
 pub mod stats;

@@ -1,0 +1,246 @@
+//! What the harness reads from and asks of the kernel: per-thread CPU time (`schedstat`, in
+//! nanoseconds, unlike the 10 ms ticks of `/proc/PID/stat`), thread states and names, the
+//! public socket's queue and drop counters (`/proc/net/udp`), CPU affinity, SCHED_FIFO and
+//! signals. It never writes to `/proc` and never touches a process it did not start.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+/// CPU accounting of one thread from `/proc/PID/task/TID/schedstat` (kernel `sched_info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedStat {
+    /// Time on CPU, ns.
+    pub cpu_ns: u64,
+    /// Time runnable but waiting for a CPU, ns.
+    pub wait_ns: u64,
+}
+
+impl std::ops::Sub for SchedStat {
+    type Output = SchedStat;
+    fn sub(self, o: SchedStat) -> SchedStat {
+        SchedStat {
+            cpu_ns: self.cpu_ns.saturating_sub(o.cpu_ns),
+            wait_ns: self.wait_ns.saturating_sub(o.wait_ns),
+        }
+    }
+}
+
+/// `schedstat` of thread `tid` of process `pid`.
+pub fn schedstat(pid: u32, tid: u32) -> io::Result<SchedStat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/schedstat"))?;
+    let mut f = s.split_ascii_whitespace().map(|v| v.parse::<u64>());
+    match (f.next(), f.next()) {
+        (Some(Ok(cpu_ns)), Some(Ok(wait_ns))) => Ok(SchedStat { cpu_ns, wait_ns }),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("/proc/{pid}/task/{tid}/schedstat: {s:?}"),
+        )),
+    }
+}
+
+/// Thread ids of a process.
+pub fn threads(pid: u32) -> io::Result<Vec<u32>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        if let Some(tid) = e?.file_name().to_str().and_then(|s| s.parse().ok()) {
+            out.push(tid);
+        }
+    }
+    Ok(out)
+}
+
+/// On-CPU time of every thread of `pid`, summed, ns (threads that exited are not counted, so
+/// take it before and after a window in which the thread set does not change).
+pub fn process_cpu_ns(pid: u32) -> io::Result<u64> {
+    let mut sum = 0;
+    for tid in threads(pid)? {
+        // A thread may exit between the listing and the read.
+        if let Ok(s) = schedstat(pid, tid) {
+            sum += s.cpu_ns;
+        }
+    }
+    Ok(sum)
+}
+
+/// The thread of `pid` whose `comm` is `name` (e.g. ringmux's `data-plane`).
+pub fn thread_by_name(pid: u32, name: &str) -> io::Result<Option<u32>> {
+    for tid in threads(pid)? {
+        if let Ok(comm) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")) {
+            if comm.trim_end() == name {
+                return Ok(Some(tid));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Scheduler state letter of a thread (`R`, `S`, `T` stopped, ...), from `/proc/.../stat`.
+pub fn thread_state(pid: u32, tid: u32) -> io::Result<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))?;
+    // The command name may contain spaces and parentheses: the state follows the last ')'.
+    s.rfind(')')
+        .and_then(|i| s[i + 1..].trim_start().chars().next())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unparsable stat"))
+}
+
+/// Waits until thread `tid` is in one of `states`; false on timeout.
+pub fn wait_state(pid: u32, tid: u32, states: &[char], timeout: Duration) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if states.contains(&thread_state(pid, tid)?) {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// A UDP socket's receive queue as `/proc/net/udp` shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UdpQueue {
+    /// Bytes queued (truesize accounting, not payload bytes).
+    pub rx_queue: u64,
+    /// Datagrams the kernel dropped on this socket (receive buffer full).
+    pub drops: u64,
+}
+
+/// The socket bound to local `port` in `/proc/net/udp` or `/proc/net/udp6`.
+pub fn udp_queue(port: u16) -> io::Result<Option<UdpQueue>> {
+    for file in ["/proc/net/udp", "/proc/net/udp6"] {
+        let text = match std::fs::read_to_string(file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        if let Some(q) = parse_udp_table(&text, port) {
+            return Ok(Some(q));
+        }
+    }
+    Ok(None)
+}
+
+fn parse_udp_table(text: &str, port: u16) -> Option<UdpQueue> {
+    let want = format!("{port:04X}");
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_ascii_whitespace().collect();
+        // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
+        if f.len() < 13 || f[1].rsplit(':').next() != Some(want.as_str()) {
+            continue;
+        }
+        let rx = f[4].split(':').nth(1)?;
+        return Some(UdpQueue {
+            rx_queue: u64::from_str_radix(rx, 16).ok()?,
+            drops: f[12].parse().ok()?,
+        });
+    }
+    None
+}
+
+/// The load average line, recorded with every result (this box is shared).
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Number of online CPUs.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_current(cpu: usize) -> io::Result<()> {
+    set_affinity(0, cpu)
+}
+
+/// Pins thread `tid` (0: the caller) to `cpu`.
+pub fn set_affinity(tid: u32, cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024,
+    // which the check guarantees.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= 1024 {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "cpu >= 1024"));
+    }
+    // SAFETY: see above.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: valid set and size; tid 0 means the calling thread.
+    let r =
+        unsafe { libc::sched_setaffinity(tid as libc::pid_t, size_of::<libc::cpu_set_t>(), &set) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts thread `tid` in SCHED_FIFO at `priority` (root only), as bench.c does with its demux
+/// (`dfifo`) and consumer (`cfifo`) so the other users of a shared box do not preempt them.
+pub fn set_fifo(tid: u32, priority: i32) -> io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: valid sched_param pointer; the kernel validates tid and priority.
+    let r = unsafe { libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_FIFO, &p) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every thread of `pid` in SCHED_FIFO at `priority`.
+pub fn set_fifo_process(pid: u32, priority: i32) -> io::Result<()> {
+    for tid in threads(pid)? {
+        set_fifo(tid, priority)?;
+    }
+    Ok(())
+}
+
+/// Sends `sig` to process `pid` (one the harness started).
+pub fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill has no memory arguments.
+    if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// CPU time of the calling thread, ns (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer; the clock always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_table_line() {
+        let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+                 1234: 0100007F:A0B1 00000000:0000 07 00000000:0001F400 00:00000000 00000000     0        0 99 2 0000000000000000 17\n";
+        assert_eq!(
+            parse_udp_table(t, 0xa0b1),
+            Some(UdpQueue {
+                rx_queue: 0x1f400,
+                drops: 17
+            })
+        );
+        assert_eq!(parse_udp_table(t, 0xa0b2), None);
+    }
+
+    #[test]
+    fn own_threads_are_visible() {
+        let pid = std::process::id();
+        assert!(!threads(pid).unwrap().is_empty());
+        assert!(process_cpu_ns(pid).unwrap() > 0);
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::gettid() } as u32;
+        assert_eq!(thread_state(pid, tid).unwrap(), 'R');
+    }
+}

@@ -1,0 +1,494 @@
+//! Per-mode summaries (median, min–max over rounds), within-round ratios, the checks against
+//! the issue's targets, the Markdown table, the JSON document and the SVG chart.
+//!
+//! Ratios are taken within each round (the modes of one round ran back to back under the same
+//! background load) and then summarised, rather than dividing medians.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{anyhow, Result};
+use serde::Serialize;
+
+use super::measure::{Regime, Round};
+use super::reference::RefRound;
+use super::sender::SendShape;
+
+/// Median, minimum and maximum of one figure over the rounds.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Stat {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Stat {
+    pub fn of(values: &[f64]) -> Option<Stat> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Some(Stat {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        })
+    }
+
+    /// Spread wider than 25 % of the median: say so next to the figure.
+    pub fn wide(&self) -> bool {
+        self.median > 0.0 && (self.max - self.min) / self.median > 0.25
+    }
+}
+
+/// The figures of one round that are summarised, by key.
+fn figures(r: &Round) -> Vec<(&'static str, Option<f64>)> {
+    vec![
+        ("demux_ns_per_datagram", Some(r.demux_ns_per_datagram)),
+        (
+            "demux_process_ns_per_datagram",
+            Some(r.demux_process_ns_per_datagram),
+        ),
+        ("consumer_ns_per_datagram", r.consumer_ns_per_datagram),
+        (
+            "demux_plus_consumer_ns_per_datagram",
+            r.consumer_ns_per_datagram
+                .map(|c| c + r.demux_ns_per_datagram),
+        ),
+        ("delivered_per_s", Some(r.delivered_per_s)),
+        ("offered_per_s", r.offered_per_s),
+        ("doorbells_per_datagram", Some(r.doorbells_per_datagram)),
+        ("recv_calls_per_datagram", Some(r.recv_calls_per_datagram)),
+        ("datagrams_per_recv_call", Some(r.datagrams_per_recv_call)),
+        ("sender_ns_per_datagram", Some(r.sender_ns_per_datagram)),
+        (
+            "allocations_per_million_datagrams",
+            r.allocations_per_million_datagrams,
+        ),
+        ("drops", Some(r.drops_excluding_discard() as f64)),
+        ("latency_p50_us", r.latency_p50_us),
+        ("latency_p99_us", r.latency_p99_us),
+        ("latency_p999_us", r.latency_p999_us),
+    ]
+}
+
+/// `summary[mode][figure]`.
+pub fn summarise(rounds: &[Round], modes: &[String]) -> BTreeMap<String, BTreeMap<String, Stat>> {
+    let mut out = BTreeMap::new();
+    for mode in modes {
+        let rs: Vec<&Round> = rounds.iter().filter(|r| &r.mode == mode).collect();
+        let mut per: BTreeMap<String, Stat> = BTreeMap::new();
+        if let Some(first) = rs.first() {
+            for (i, (key, _)) in figures(first).iter().enumerate() {
+                let vals: Vec<f64> = rs.iter().filter_map(|r| figures(r)[i].1).collect();
+                if let Some(s) = Stat::of(&vals) {
+                    per.insert(key.to_string(), s);
+                }
+            }
+        }
+        out.insert(mode.clone(), per);
+    }
+    out
+}
+
+/// `reference_summary[mode]` for the reference's figures.
+pub fn summarise_reference(refs: &[RefRound]) -> BTreeMap<String, BTreeMap<String, Stat>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Stat>> = BTreeMap::new();
+    let modes: Vec<String> = refs.iter().map(|r| r.mode.clone()).collect();
+    for mode in modes {
+        let rs: Vec<&RefRound> = refs.iter().filter(|r| r.mode == mode).collect();
+        let mut per = BTreeMap::new();
+        let d: Vec<f64> = rs.iter().map(|r| r.demux_ns_per_datagram).collect();
+        let c: Vec<f64> = rs
+            .iter()
+            .filter_map(|r| r.consumer_ns_per_datagram)
+            .collect();
+        let b: Vec<f64> = rs.iter().filter_map(|r| r.doorbells_per_datagram).collect();
+        let x: Vec<f64> = rs.iter().map(|r| r.rx_per_s).collect();
+        for (k, v) in [
+            ("demux_ns_per_datagram", d),
+            ("consumer_ns_per_datagram", c),
+            ("doorbells_per_datagram", b),
+            ("rx_per_s", x),
+        ] {
+            if let Some(s) = Stat::of(&v) {
+                per.insert(k.to_string(), s);
+            }
+        }
+        out.insert(mode, per);
+    }
+    out
+}
+
+/// Within-round ratios, summarised.
+pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
+    let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let round_ids: Vec<u32> = {
+        let mut v: Vec<u32> = rounds.iter().map(|r| r.round).collect();
+        v.dedup();
+        v
+    };
+    for id in round_ids {
+        let get = |m: &str| rounds.iter().find(|r| r.round == id && r.mode == m);
+        let rget = |m: &str| refs.iter().find(|r| r.round == id && r.mode == m);
+        let mut push = |k: &str, v: Option<f64>| {
+            if let Some(v) = v.filter(|v| v.is_finite() && *v > 0.0) {
+                per.entry(k.to_string()).or_default().push(v);
+            }
+        };
+        let d = |r: Option<&Round>| r.map(|r| r.demux_ns_per_datagram);
+        let dc = |r: Option<&Round>| {
+            r.and_then(|r| {
+                r.consumer_ns_per_datagram
+                    .map(|c| c + r.demux_ns_per_datagram)
+            })
+        };
+        let (shm, unix, drop) = (get("shm"), get("unix"), get("drop"));
+        push("unix_over_shm_demux", div(d(unix), d(shm)));
+        push("shm_over_drop_demux", div(d(shm), d(drop)));
+        push("unix_over_shm_demux_plus_consumer", div(dc(unix), dc(shm)));
+        let rd = |m: &str| rget(m).map(|r| r.demux_ns_per_datagram);
+        push("shm_over_reference_ring_demux", div(d(shm), rd("shm")));
+        push("unix_over_reference_seq_demux", div(d(unix), rd("unix")));
+        push("drop_over_reference_none_demux", div(d(drop), rd("drop")));
+        push("reference_seq_over_ring_demux", div(rd("unix"), rd("shm")));
+        push("reference_ring_over_none_demux", div(rd("shm"), rd("drop")));
+    }
+    per.into_iter()
+        .filter_map(|(k, v)| Some((k, Stat::of(&v)?)))
+        .collect()
+}
+
+fn div(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+/// One target of the issue and whether the median meets it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub target: String,
+    pub value: Option<f64>,
+    pub met: Option<bool>,
+}
+
+/// The issue's targets that apply to this regime and sender shape.
+pub fn checks(
+    regime: Regime,
+    shape: SendShape,
+    ratios: &BTreeMap<String, Stat>,
+    summary: &BTreeMap<String, BTreeMap<String, Stat>>,
+) -> Vec<Check> {
+    let r = |k: &str| ratios.get(k).map(|s| s.median);
+    let mut out = Vec::new();
+    let mut add = |target: &str, value: Option<f64>, ok: fn(f64) -> bool| {
+        out.push(Check {
+            target: target.to_string(),
+            value,
+            met: value.map(ok),
+        });
+    };
+    if regime == Regime::Saturated {
+        match shape {
+            SendShape::Gso => {
+                add(
+                    "unix/shm demux >= 3.5 (GRO on)",
+                    r("unix_over_shm_demux"),
+                    |v| v >= 3.5,
+                );
+                add(
+                    "shm/drop demux <= 2.6 (GRO on)",
+                    r("shm_over_drop_demux"),
+                    |v| v <= 2.6,
+                );
+                add(
+                    "unix/shm demux+consumer >= 5 (GRO on)",
+                    r("unix_over_shm_demux_plus_consumer"),
+                    |v| v >= 5.0,
+                );
+            }
+            SendShape::Mmsg => {
+                add(
+                    "unix/shm demux >= 2.0 (GRO off)",
+                    r("unix_over_shm_demux"),
+                    |v| v >= 2.0,
+                );
+                add(
+                    "shm/drop demux <= 1.6 (GRO off)",
+                    r("shm_over_drop_demux"),
+                    |v| v <= 1.6,
+                );
+            }
+        }
+        let doorbells = summary
+            .get("shm")
+            .and_then(|m| m.get("doorbells_per_datagram"))
+            .map(|s| s.median);
+        add("shm doorbells/datagram <= 0.02", doorbells, |v| v <= 0.02);
+    }
+    if ratios.contains_key("shm_over_reference_ring_demux") {
+        add(
+            "shm demux within 1.15x of the C reference ring",
+            r("shm_over_reference_ring_demux"),
+            |v| v <= 1.15,
+        );
+    }
+    out
+}
+
+/// `235 (230–241)`, with `wide` when the spread is over 25 %.
+fn fmt_stat(s: Option<&Stat>, f: fn(f64) -> String) -> String {
+    match s {
+        None => "—".into(),
+        Some(s) => format!(
+            "{} ({}–{}){}",
+            f(s.median),
+            f(s.min),
+            f(s.max),
+            if s.wide() { " wide" } else { "" }
+        ),
+    }
+}
+
+fn ns(v: f64) -> String {
+    format!("{v:.0}")
+}
+
+fn rate(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{:.2} M", v / 1e6)
+    } else {
+        format!("{:.0} k", v / 1e3)
+    }
+}
+
+fn frac(v: f64) -> String {
+    format!("{v:.4}")
+}
+
+fn us(v: f64) -> String {
+    format!("{v:.1}")
+}
+
+fn ratio(v: f64) -> String {
+    format!("{v:.2}")
+}
+
+/// The Markdown table, the ratios and the target checks.
+pub fn markdown(
+    modes: &[String],
+    summary: &BTreeMap<String, BTreeMap<String, Stat>>,
+    reference: &BTreeMap<String, BTreeMap<String, Stat>>,
+    ratios: &BTreeMap<String, Stat>,
+    checks: &[Check],
+) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "| mode | demux ns/datagram (median, min–max) | consumer ns/datagram | delivered/s | drops | doorbells/datagram | p99 µs |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    for mode in modes {
+        let Some(m) = summary.get(mode) else { continue };
+        let _ = writeln!(
+            o,
+            "| {mode} | {} | {} | {} | {} | {} | {} |",
+            fmt_stat(m.get("demux_ns_per_datagram"), ns),
+            fmt_stat(m.get("consumer_ns_per_datagram"), ns),
+            fmt_stat(m.get("delivered_per_s"), rate),
+            fmt_stat(m.get("drops"), ns),
+            fmt_stat(m.get("doorbells_per_datagram"), frac),
+            fmt_stat(m.get("latency_p99_us"), us),
+        );
+    }
+    for mode in modes {
+        let Some(m) = reference.get(mode) else {
+            continue;
+        };
+        let name = super::reference::fwd_for(mode).unwrap_or("?");
+        let _ = writeln!(
+            o,
+            "| C reference `{name}` | {} | {} | {} (rx/s) | — | {} | — |",
+            fmt_stat(m.get("demux_ns_per_datagram"), ns),
+            fmt_stat(m.get("consumer_ns_per_datagram"), ns),
+            fmt_stat(m.get("rx_per_s"), rate),
+            fmt_stat(m.get("doorbells_per_datagram"), frac),
+        );
+    }
+    if !ratios.is_empty() {
+        let _ = writeln!(o, "\nWithin-round ratios (median, min–max):\n");
+        for (k, s) in ratios {
+            let _ = writeln!(o, "- {k}: {}", fmt_stat(Some(s), ratio));
+        }
+    }
+    if !checks.is_empty() {
+        let _ = writeln!(o, "\nTargets (medians):\n");
+        for c in checks {
+            let mark = match c.met {
+                Some(true) => "met",
+                Some(false) => "NOT met",
+                None => "not measured",
+            };
+            let v = c.value.map_or("—".into(), ratio);
+            let _ = writeln!(o, "- {}: {v} — {mark}", c.target);
+        }
+    }
+    o
+}
+
+/// Per-round demux cost (left) and demux + consumer cost (right), one line per mode, the C
+/// reference beside it.
+pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let root = root
+        .titled(title, ("sans-serif", 18))
+        .map_err(|e| anyhow!("{e:?}"))?;
+    let (left, right) = root.split_horizontally(600);
+    let color = |mode: &str, reference: bool| -> RGBColor {
+        match (mode, reference) {
+            ("shm", false) => RGBColor(31, 119, 180),
+            ("shm", true) => RGBColor(140, 190, 230),
+            ("unix", false) => RGBColor(214, 39, 40),
+            ("unix", true) => RGBColor(240, 150, 150),
+            (_, false) => RGBColor(60, 60, 60),
+            (_, true) => RGBColor(170, 170, 170),
+        }
+    };
+    type Series = (String, RGBColor, Vec<(f64, f64)>);
+    let mut modes: Vec<String> = rounds.iter().map(|r| r.mode.clone()).collect();
+    modes.dedup();
+    modes.sort();
+    modes.dedup();
+    let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+                 caption: &str,
+                 series: Vec<Series>|
+     -> Result<()> {
+        let xmax = rounds.iter().map(|r| r.round).max().unwrap_or(1).max(2) as f64;
+        let ymax = series
+            .iter()
+            .flat_map(|s| s.2.iter().map(|p| p.1))
+            .fold(1.0, f64::max)
+            * 1.15;
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.5..xmax + 0.5, 0.0..ymax)
+            .map_err(|e| anyhow!("{e:?}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("round")
+            .y_desc("ns per datagram")
+            .x_labels(xmax as usize + 1)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        for (label, c, pts) in series {
+            if pts.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(|e| anyhow!("{e:?}"))?
+                .label(label)
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
+                .map_err(|e| anyhow!("{e:?}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        Ok(())
+    };
+    let mut demux: Vec<Series> = Vec::new();
+    let mut total: Vec<Series> = Vec::new();
+    for m in &modes {
+        let rs: Vec<&Round> = rounds.iter().filter(|r| &r.mode == m).collect();
+        demux.push((
+            format!("ringmux {m}"),
+            color(m, false),
+            rs.iter()
+                .map(|r| (r.round as f64, r.demux_ns_per_datagram))
+                .collect(),
+        ));
+        total.push((
+            format!("ringmux {m}"),
+            color(m, false),
+            rs.iter()
+                .filter_map(|r| {
+                    Some((
+                        r.round as f64,
+                        r.demux_ns_per_datagram + r.consumer_ns_per_datagram?,
+                    ))
+                })
+                .collect(),
+        ));
+        let fwd = super::reference::fwd_for(m).unwrap_or("?");
+        let rr: Vec<&RefRound> = refs.iter().filter(|r| &r.mode == m).collect();
+        demux.push((
+            format!("C reference {fwd}"),
+            color(m, true),
+            rr.iter()
+                .map(|r| (r.round as f64, r.demux_ns_per_datagram))
+                .collect(),
+        ));
+        total.push((
+            format!("C reference {fwd}"),
+            color(m, true),
+            rr.iter()
+                .filter_map(|r| {
+                    Some((
+                        r.round as f64,
+                        r.demux_ns_per_datagram + r.consumer_ns_per_datagram?,
+                    ))
+                })
+                .collect(),
+        ));
+    }
+    panel(&left, "demux CPU per datagram", demux)?;
+    panel(&right, "demux + consumer CPU per datagram", total)?;
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_median_min_max() {
+        let s = Stat::of(&[3.0, 1.0, 2.0, 10.0]).unwrap();
+        assert_eq!(
+            s,
+            Stat {
+                median: 2.5,
+                min: 1.0,
+                max: 10.0
+            }
+        );
+        assert!(s.wide());
+        assert_eq!(Stat::of(&[]), None);
+        assert_eq!(Stat::of(&[5.0]).unwrap().median, 5.0);
+    }
+}
