@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use quinn::udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{Route, Router};
+use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{encode_desc, DatagramMeta, Producer, PushError};
 
 use crate::metrics::{Counters, DropReason};
@@ -169,6 +170,9 @@ impl DataPlane {
             };
             recv_calls += 1;
             let ts = monotonic_ns();
+            // Routes are remembered within one batch only: a reset or restart between batches
+            // can never see a stale entry (routing is pure anyway).
+            let mut cache = RouteCache::new(self.router.cid_len());
             for (meta, iov) in metas.iter().zip(iovs.iter()).take(n) {
                 let data = &iov[..meta.len.min(iov.len())];
                 let stride = if meta.stride == 0 {
@@ -176,13 +180,17 @@ impl DataPlane {
                 } else {
                     meta.stride
                 };
-                let dmeta = DatagramMeta {
-                    remote: meta.addr,
-                    local_ip: meta.dst_ip,
-                    ecn: meta.ecn.map_or(0, |e| e as u8),
-                    segment_size: 0,
-                    rx_timestamp_ns: ts,
-                };
+                // Segments of a train share addresses, ECN and timestamp: encode once.
+                let desc = encode_desc(
+                    &DatagramMeta {
+                        remote: meta.addr,
+                        local_ip: meta.dst_ip,
+                        ecn: meta.ecn.map_or(0, |e| e as u8),
+                        segment_size: 0,
+                        rx_timestamp_ns: ts,
+                    },
+                    0,
+                );
                 if data.is_empty() {
                     // `chunks` yields nothing for an empty datagram: count it here.
                     received += 1;
@@ -192,14 +200,14 @@ impl DataPlane {
                 // Each GRO segment is routed on its own: one train can carry several DCIDs.
                 for seg in data.chunks(stride) {
                     received += 1;
-                    let inst = match self.router.route(seg) {
+                    let inst = match cache.route(&self.router, seg) {
                         Route::Owned(i) | Route::Hashed(i) => i as usize,
                         Route::Malformed(_) => {
                             dropped[DropReason::Malformed as usize] += 1;
                             continue;
                         }
                     };
-                    if let Some(reason) = self.forward(inst, &dmeta, seg, &mut local) {
+                    if let Some(reason) = self.forward(inst, &desc, seg, &mut local) {
                         dropped[reason as usize] += 1;
                     }
                 }
@@ -239,7 +247,7 @@ impl DataPlane {
     fn forward(
         &mut self,
         inst: usize,
-        meta: &DatagramMeta,
+        desc: &SlotDesc,
         seg: &[u8],
         local: &mut [Local],
     ) -> Option<DropReason> {
@@ -247,7 +255,7 @@ impl DataPlane {
         match &mut self.forwarder {
             Forwarder::Drop(_) => Some(DropReason::Discarded),
             _ if !l.up => Some(DropReason::InstanceDown),
-            Forwarder::Shm(rings) => match rings[inst].try_push(meta, seg) {
+            Forwarder::Shm(rings) => match rings[inst].try_push_desc(desc, seg) {
                 Ok(()) => {
                     l.forwarded += 1;
                     None
@@ -262,7 +270,7 @@ impl DataPlane {
                     Some(DropReason::RingViolation)
                 }
             },
-            Forwarder::Unix(socks) => match send_unix(socks[inst].as_raw_fd(), meta, seg) {
+            Forwarder::Unix(socks) => match send_unix(socks[inst].as_raw_fd(), desc, seg) {
                 Ok(()) => {
                     l.forwarded += 1;
                     None
@@ -369,13 +377,15 @@ pub fn unix_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The baseline: one `sendmsg` per datagram, a 64-byte descriptor then the payload.
-fn send_unix(fd: i32, meta: &DatagramMeta, seg: &[u8]) -> io::Result<()> {
-    let desc = encode_desc(meta, seg.len() as u32);
+fn send_unix(fd: i32, template: &SlotDesc, seg: &[u8]) -> io::Result<()> {
+    let desc = SlotDesc {
+        len: seg.len() as u32,
+        segment_size: seg.len() as u32,
+        ..*template
+    };
     let iov = [
         libc::iovec {
-            iov_base: (&desc as *const ringmux_ring::layout::SlotDesc)
-                .cast_mut()
-                .cast(),
+            iov_base: (&desc as *const SlotDesc).cast_mut().cast(),
             iov_len: size_of_val(&desc),
         },
         libc::iovec {
@@ -413,4 +423,98 @@ fn monotonic_ns() -> u64 {
     // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists (vDSO, no syscall).
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The route of the last short-header DCID seen. Under load consecutive datagrams mostly belong
+/// to one connection (always within a GRO train), so an exact DCID match saves the AES decode.
+/// Only short headers are cached: their DCID is at a fixed place and routing depends on it alone.
+struct RouteCache {
+    cid_len: usize,
+    dcid: [u8; 20],
+    route: Option<Route>,
+}
+
+impl RouteCache {
+    fn new(cid_len: usize) -> Self {
+        RouteCache {
+            cid_len: cid_len.min(20),
+            dcid: [0; 20],
+            route: None,
+        }
+    }
+
+    #[inline]
+    fn route(&mut self, router: &Router, seg: &[u8]) -> Route {
+        let n = self.cid_len;
+        let short = seg.first().is_some_and(|b| b & 0x80 == 0) && seg.len() > n;
+        if !short {
+            return router.route(seg);
+        }
+        let dcid = &seg[1..1 + n];
+        if let Some(r) = self.route {
+            if dcid == &self.dcid[..n] {
+                return r;
+            }
+        }
+        let r = router.route(seg);
+        self.dcid[..n].copy_from_slice(dcid);
+        self.route = Some(r);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmux_quic_lb::{CidGenerator, ConnectionIdGenerator, QuicLbConfig};
+
+    /// The cache must answer exactly what the router answers, whatever the sequence.
+    #[test]
+    fn route_cache_agrees_with_the_router() {
+        let mut cfg = QuicLbConfig::default_with_key([7; 16]);
+        cfg.instance_count = 4;
+        let router = Router::new(&cfg, [9; 16]).unwrap();
+        let mut gens: Vec<CidGenerator> = (0..4)
+            .map(|i| CidGenerator::new(&cfg, i, None).unwrap())
+            .collect();
+        let mut x = 0x1234_5678u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut datagrams: Vec<Vec<u8>> = Vec::new();
+        for i in 0..2000 {
+            let r = rnd();
+            let d = match r % 5 {
+                0 | 1 => {
+                    // short header with an owned CID, repeated a few times
+                    let cid = gens[(r as usize / 7) % 4].generate_cid();
+                    let mut d = vec![0x40 | (r as u8 & 0x3f)];
+                    d.extend_from_slice(&cid);
+                    d.resize(20 + (r as usize % 50), 1);
+                    d
+                }
+                2 => (0..(r % 40) as usize).map(|_| rnd() as u8).collect(), // garbage, runts
+                3 => datagrams.last().cloned().unwrap_or_default(),         // repeat
+                _ => {
+                    // long header with a random DCID
+                    let mut d = vec![0xc0, 0, 0, 0, 1, 8];
+                    d.extend((0..8).map(|_| rnd() as u8));
+                    d.extend_from_slice(&[0, 0, 1, 0]);
+                    d.resize(1200, 0);
+                    d
+                }
+            };
+            datagrams.push(d);
+            if i % 100 == 0 {
+                datagrams.push(vec![0x40]); // truncated short header
+            }
+        }
+        let mut cache = RouteCache::new(router.cid_len());
+        for d in &datagrams {
+            assert_eq!(cache.route(&router, d), router.route(d), "{d:02x?}");
+        }
+    }
 }

@@ -297,6 +297,17 @@ impl ProducerCore {
         meta: &DatagramMeta,
         payload: &[u8],
     ) -> Result<bool, PushError> {
+        self.try_push_desc(&encode_desc(meta, payload.len() as u32), payload)
+    }
+
+    /// As [`Self::try_push`] with a descriptor encoded once for many datagrams (the segments of
+    /// a GRO train share their addresses and timestamp); `len` and `segment_size` are set here.
+    #[inline]
+    pub(crate) fn try_push_desc(
+        &mut self,
+        template: &SlotDesc,
+        payload: &[u8],
+    ) -> Result<bool, PushError> {
         if payload.len() > self.payload_capacity {
             return Err(PushError::Oversize {
                 len: payload.len(),
@@ -314,7 +325,11 @@ impl ProducerCore {
                 return Err(PushError::Full);
             }
         }
-        let desc = encode_desc(meta, payload.len() as u32);
+        let desc = SlotDesc {
+            len: payload.len() as u32,
+            segment_size: payload.len() as u32,
+            ..*template
+        };
         // SAFETY: tail - cached_head < capacity and the consumer released everything below
         // cached_head (validated in refresh_head), so slot `tail` is ours.
         unsafe { self.slots.write(self.tail, &desc, payload) };

@@ -14,7 +14,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use crate::config::RingConfig;
 use crate::doorbell::Doorbell;
 use crate::layout::{
-    ConsumerLine, ProducerHeader, CONSUMER_PAGE_BYTES, FEATURES, LAYOUT_VERSION, MAGIC,
+    ConsumerLine, ProducerHeader, SlotDesc, CONSUMER_PAGE_BYTES, FEATURES, LAYOUT_VERSION, MAGIC,
     SLOTS_OFFSET,
 };
 use crate::ring::{
@@ -170,6 +170,17 @@ impl Producer {
     #[inline]
     pub fn try_push(&mut self, meta: &DatagramMeta, payload: &[u8]) -> Result<(), PushError> {
         if self.core.try_push(meta, payload)? {
+            self.ring();
+        }
+        Ok(())
+    }
+
+    /// As [`Producer::try_push`] with a descriptor encoded once ([`crate::encode_desc`]) for
+    /// several datagrams, e.g. the segments of one GRO train; its `len` and `segment_size` are
+    /// replaced by the payload's length.
+    #[inline]
+    pub fn try_push_desc(&mut self, template: &SlotDesc, payload: &[u8]) -> Result<(), PushError> {
+        if self.core.try_push_desc(template, payload)? {
             self.ring();
         }
         Ok(())
