@@ -44,6 +44,10 @@ fn pin_and_prioritise(core: usize) {
         }
     }
     // SCHED_FIFO like the C reference, when allowed (root); otherwise keep the default.
+    // RINGMUX_BENCH_NO_FIFO=1 keeps the normal scheduler (RT throttling shows up as ms tails).
+    if std::env::var_os("RINGMUX_BENCH_NO_FIFO").is_some() {
+        return;
+    }
     let p = libc::sched_param { sched_priority: 10 };
     // SAFETY: valid sched_param for this thread.
     unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) };
@@ -207,17 +211,20 @@ fn consumer(mode: &str) {
     let mut measured_from = 0u64;
     let mut started_measuring = false;
     while !done {
+        // Like the C reference: the clock is read as soon as the wait sees data, before the
+        // consumer decodes or copies anything.
+        let seen = if lat { now_ns() } else { 0 };
         let d = c
             .drain(BATCH, |dg| {
                 if dg.meta.rx_timestamp_ns == END {
                     done = true;
                     return;
                 }
+                if lat && started_measuring {
+                    let _ = hist.record(seen.saturating_sub(dg.meta.rx_timestamp_ns).max(1));
+                }
                 buf[..dg.payload.len()].copy_from_slice(dg.payload);
                 count += 1;
-                if lat && started_measuring {
-                    let _ = hist.record(now_ns().saturating_sub(dg.meta.rx_timestamp_ns).max(1));
-                }
             })
             .expect("violation");
         if first.is_none() && d.slots > 0 {

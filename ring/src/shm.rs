@@ -115,7 +115,10 @@ impl Producer {
         let region_bytes =
             u64::from(SLOTS_OFFSET) + u64::from(config.slots) * u64::from(config.slot_bytes);
         let region_file = memfd(c"ringmux-ring", region_bytes)?;
+        // Populated up front (MAP_POPULATE): a first-touch page fault costs microseconds on
+        // these VMs, and every slot page would otherwise take one on the first lap.
         let region = MmapOptions::new()
+            .populate()
             .len(region_bytes as usize)
             .map_raw(&region_file)?;
         let header = header_ptr(&region);
@@ -313,7 +316,9 @@ impl Consumer {
                 "ring memfd is {size} bytes, smaller than its header"
             )));
         }
+        // Populated for the same reason as the producer's mapping: no faults on the first lap.
         let region = MmapOptions::new()
+            .populate()
             .len(size as usize)
             .map_raw_read_only(&ring)
             .map_err(|source| AttachError::Io {
@@ -387,16 +392,19 @@ impl Consumer {
     /// on the doorbell (at most `timeout`). Returns whether data is ready.
     pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool, WaitError> {
         let start = Instant::now();
+        let mut spins = 0u32;
         loop {
+            // One tail load and one PAUSE per iteration: a PAUSE costs ~40-140 cycles, so more
+            // of them between looks only delays the pick-up (measured: p50 latency doubled with
+            // 32). The clock is read every 64 looks.
             if self.core.available()? > 0 {
                 return Ok(true);
             }
-            if start.elapsed() >= self.spin {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) && start.elapsed() >= self.spin {
                 break;
             }
-            for _ in 0..32 {
-                std::hint::spin_loop();
-            }
+            std::hint::spin_loop();
         }
         if !self.core.prepare_sleep()? {
             return Ok(true);
