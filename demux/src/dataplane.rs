@@ -452,7 +452,7 @@ impl RouteCache {
         }
         let dcid = &seg[1..1 + n];
         if let Some(r) = self.route {
-            if dcid == &self.dcid[..n] {
+            if same_bytes(dcid, &self.dcid[..n]) {
                 return r;
             }
         }
@@ -461,6 +461,25 @@ impl RouteCache {
         self.route = Some(r);
         r
     }
+}
+
+/// Equality of two short slices of one length, compared 8 bytes at a time inline. A slice `==`
+/// calls libc's `memcmp`, which the profile showed at a quarter of the data plane's time.
+#[inline(always)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    debug_assert_eq!(a.len(), b.len());
+    let (mut ca, mut cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        let x = u64::from_ne_bytes(x.try_into().expect("8 bytes"));
+        let y = u64::from_ne_bytes(y.try_into().expect("8 bytes"));
+        if x != y {
+            return false;
+        }
+    }
+    ca.remainder()
+        .iter()
+        .zip(cb.remainder())
+        .all(|(x, y)| x == y)
 }
 
 #[cfg(test)]
@@ -512,6 +531,9 @@ mod tests {
                 datagrams.push(vec![0x40]); // truncated short header
             }
         }
+        assert!(same_bytes(b"0123456789abcdefXYZ", b"0123456789abcdefXYZ"));
+        assert!(!same_bytes(b"0123456789abcdefXYZ", b"0123456789abcdefXYz"));
+        assert!(!same_bytes(b"1123456789abcdefXYZ", b"0123456789abcdefXYZ"));
         let mut cache = RouteCache::new(router.cid_len());
         for d in &datagrams {
             assert_eq!(cache.route(&router, d), router.route(d), "{d:02x?}");
