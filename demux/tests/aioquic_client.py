@@ -12,7 +12,7 @@ Scenarios: get, many (100 requests, one connection), conns (20 parallel connecti
 (new socket mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID:
 active migration), keyupdate, download (10 MiB to DIR), zerortt (ticket, then early data).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
-Notes on aioquic's behaviour: /work/shared/notes/interop.md section 2.2.
+Notes on aioquic's behaviour: the team notes on interop (shared/notes/interop.md, section 2.2).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 //! End to end with third-party HTTP/3 clients: ngtcp2's `gtlsclient` (Debian `ngtcp2-client`)
 //! and aioquic (Python, driven through `aioquic_client.py` next to this file). How they behave
-//! and what their output means: /work/shared/notes/interop.md §2.
+//! and what their output means: the team notes on interop (shared/notes/interop.md, §2).
 //!
 //! A client that is not installed skips its tests with a loud message, unless `CI` is set: then
 //! its absence is a failure.

@@ -125,7 +125,7 @@ struct RunArgs {
     /// Write a chart of the per-round figures.
     #[arg(long)]
     svg: Option<PathBuf>,
-    /// Directory holding the C reference bench.c (e.g. /work/shared/reference/limits): build
+    /// Directory holding the C reference bench.c (the shared reference forwarder, e.g. ../shared/reference/limits): build
     /// a copy and run it beside each mode in the same alternation.
     #[arg(long)]
     reference: Option<PathBuf>,
