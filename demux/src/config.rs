@@ -175,7 +175,7 @@ impl RunArgs {
                 quinn::udp::BATCH_SIZE
             );
         }
-        let node_id = parse_hex(&self.node_id).with_context(|| {
+        let node_id = hex::decode(self.node_id.trim().trim_start_matches("0x")).ok().with_context(|| {
             format!("--node-id / RINGMUX_NODE_ID={:?} is not valid: expected hex bytes, e.g. 00 or 0a1b", self.node_id)
         })?;
         if node_id.is_empty() {
@@ -245,15 +245,4 @@ impl Config {
         let rest = self.args.cpus.get(1..)?;
         (!rest.is_empty()).then(|| rest[i as usize % rest.len()])
     }
-}
-
-fn parse_hex(s: &str) -> Option<Vec<u8>> {
-    let s = s.trim().trim_start_matches("0x");
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use quinn::udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{Route, Router};
 use ringmux_ring::layout::SlotDesc;
-use ringmux_ring::{encode_desc, DatagramMeta, Producer, PushError};
+use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta, Producer, PushError};
 
 use crate::metrics::{Counters, DropReason};
 
@@ -413,16 +413,6 @@ fn wait_readable(sock: &std::net::UdpSocket, timeout: Duration) {
     };
     // SAFETY: one valid pollfd.
     unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; CLOCK_MONOTONIC always exists (vDSO, no syscall).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The route of the last short-header DCID seen. Under load consecutive datagrams mostly belong

@@ -12,21 +12,13 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ringmux_ring::{Consumer, DatagramMeta, Producer, PushError, RingConfig};
+use ringmux_ring::{
+    monotonic_ns as now_ns, Consumer, DatagramMeta, Producer, PushError, RingConfig,
+};
 
 const MSG: usize = 1200;
 const BATCH: usize = 32;
 const END: u64 = u64::MAX;
-
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 fn cpu_ns() -> u64 {
     // SAFETY: zeroed rusage is a valid out-parameter.

@@ -114,10 +114,10 @@ impl Handoff {
         kv("spin_us", &self.spin_us.to_string());
         kv("public_addr", &self.public_addr.to_string());
         kv("config_id", &self.config_id.to_string());
-        kv("node_id", &hex(&self.node_id));
+        kv("node_id", &hex::encode(&self.node_id));
         kv("nonce_len", &self.nonce_len.to_string());
         kv("encrypt_cids", if self.encrypt_cids { "1" } else { "0" });
-        kv("keys", &hex(&self.keys));
+        kv("keys", &hex::encode(&self.keys));
         kv(
             "cid_lifetime_ms",
             &self
@@ -127,10 +127,11 @@ impl Handoff {
         );
         kv(
             "root",
-            &hex(self
-                .root
-                .as_ref()
-                .map_or(&[][..], |p| p.as_os_str().as_encoded_bytes())),
+            &hex::encode(
+                self.root
+                    .as_ref()
+                    .map_or(&[][..], |p| p.as_os_str().as_encoded_bytes()),
+            ),
         );
         kv("max_bytes", &self.max_bytes.to_string());
         kv("retry", if self.retry { "1" } else { "0" });
@@ -139,8 +140,8 @@ impl Handoff {
             &(self.idle_timeout.as_millis() as u64).to_string(),
         );
         kv("cpu", &self.cpu.map_or(String::new(), |c| c.to_string()));
-        kv("cert_pem", &hex(self.cert_pem.as_bytes()));
-        kv("key_pem", &hex(self.key_pem.as_bytes()));
+        kv("cert_pem", &hex::encode(self.cert_pem.as_bytes()));
+        kv("key_pem", &hex::encode(self.key_pem.as_bytes()));
         kv("sink", if self.sink { "1" } else { "0" });
         s
     }
@@ -162,7 +163,7 @@ impl Handoff {
             })
         }
         let bytes = |k: &'static str| -> Result<Vec<u8>, ControlError> {
-            unhex(get(k)?).ok_or(ControlError::Field {
+            hex::decode(get(k)?).ok().ok_or(ControlError::Field {
                 field: k,
                 problem: "bad hex".into(),
             })
@@ -405,20 +406,6 @@ impl WorkerReport {
         }
         Some(r)
     }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]

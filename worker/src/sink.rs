@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ringmux_quic_lb::{Route, Router};
 use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
-use ringmux_ring::{decode_desc, Consumer};
+use ringmux_ring::{decode_desc, monotonic_ns, Consumer};
 
 use crate::control::{self, WorkerReport};
 
@@ -114,17 +114,6 @@ pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd)
             }
         }
     }
-}
-
-/// `CLOCK_MONOTONIC` in ns: the clock the demux stamps descriptors with.
-pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// CPU time of this process (user + system), ns.
