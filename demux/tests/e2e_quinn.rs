@@ -253,3 +253,39 @@ async fn zero_rtt_other_instance_shm() {
 async fn zero_rtt_other_instance_unix() {
     bounded(LIMIT, zero_rtt(Forward::Unix, 1, 0)).await
 }
+
+/// `--listen [::]:PORT` is dual-stack: clients reach every instance over IPv4 and IPv6, replies
+/// leave from the address each client used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_listen_serves_ipv4_and_ipv6() {
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &["--listen", "[::]:0"]);
+        assert!(
+            rm.listen.is_ipv6() && rm.listen.ip().is_unspecified(),
+            "{}",
+            rm.listen
+        );
+        let port = rm.listen.port();
+        for target in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+            let target: std::net::SocketAddr = target.parse().unwrap();
+            for instance in 0..2u8 {
+                let mut client = ringmux_bench::client::H3Client::new(
+                    ringmux_bench::client::client_config(None).unwrap(),
+                    target,
+                )
+                .unwrap();
+                harness::pin(&mut client, rm.router.clone(), move || instance);
+                let conn = client
+                    .connect(target, harness::SERVER_NAME)
+                    .await
+                    .expect("connect");
+                let r = conn.get("/bytes/3000").await.expect("GET");
+                check_bytes(&format!("{target} instance {instance}"), &r, 3000);
+            }
+        }
+        let m = rm.wait_balanced(Duration::from_secs(5)).await;
+        assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
+        assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
+    })
+    .await;
+}

@@ -98,9 +98,11 @@ impl Ringmux {
         let instances_arg = instances.to_string();
         let worker_bin_arg = worker_bin.to_string_lossy().into_owned();
         let key_file_arg = key_file.to_string_lossy().into_owned();
-        let mut args: Vec<&str> = vec![
-            "--listen",
-            "127.0.0.1:0",
+        let mut args: Vec<&str> = Vec::new();
+        if !extra.contains(&"--listen") {
+            args.extend(["--listen", "127.0.0.1:0"]);
+        }
+        args.extend([
             "--metrics",
             "127.0.0.1:0",
             "--instances",
@@ -111,7 +113,7 @@ impl Ringmux {
             &worker_bin_arg,
             "--key-file",
             &key_file_arg,
-        ];
+        ]);
         args.extend_from_slice(extra);
         let mut child = Command::new(env!("CARGO_BIN_EXE_ringmux"))
             .args(&args)
