@@ -161,7 +161,14 @@ impl RunArgs {
             slot_bytes: self.slot_bytes,
             spin_us: self.spin_us,
         };
-        ring.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        ring.validate().map_err(|e| {
+            let flag = match e.name {
+                "RINGMUX_RING_SLOTS" => "--ring-slots",
+                "RINGMUX_SLOT_BYTES" => "--slot-bytes",
+                _ => "--spin-us",
+            };
+            anyhow::anyhow!("{flag} / {e}")
+        })?;
         if !(1..=255).contains(&self.instances) {
             bail!(
                 "--instances / RINGMUX_INSTANCES={} is not valid: expected 1 to 255",
