@@ -323,8 +323,11 @@ impl Supervisor {
         ic.worker_pid.store(0, Ordering::Relaxed);
         let w = &mut self.workers[i];
         let mut child = w.child.take().expect("caller checked");
-        // The control socket may close a moment before the process is gone: make sure.
-        let _ = child.kill();
+        // A draining worker closes its control socket as it exits: let it finish. Otherwise the
+        // socket may close a moment before a crashing process is gone: make sure it is.
+        if !(shutting_down || w.draining) {
+            let _ = child.kill();
+        }
         let status = child.wait().ok();
         w.pidfd = None;
         w.control = None;
@@ -458,6 +461,10 @@ pub fn block_signals() -> std::io::Result<OwnedFd> {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        // A shell starts background jobs with SIGINT ignored, and an ignored signal never
+        // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
             return Err(std::io::Error::last_os_error());
         }

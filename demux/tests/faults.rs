@@ -163,6 +163,17 @@ async fn sigterm_exits_cleanly() {
         let status = rm.wait_exit(Duration::from_secs(GRACE + 10)).await;
         let took = start.elapsed();
         assert_eq!(status.code(), Some(0), "ringmux exit status {status:?}");
+        // Every worker drained and exited on its own: none had to be killed at the deadline.
+        let log = rm.log_tail(400);
+        assert!(
+            !log.contains("grace period over"),
+            "a worker did not drain:\n{log}"
+        );
+        assert_eq!(log.matches("worker exited").count(), 2, "{log}");
+        assert!(
+            !log.contains("unix_wait_status(9)"),
+            "a worker was killed:\n{log}"
+        );
         assert!(
             took <= Duration::from_secs(GRACE + 2),
             "ringmux took {took:?} to exit with --grace {GRACE}"

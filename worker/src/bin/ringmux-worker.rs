@@ -176,6 +176,11 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let stats = Arc::new(ServerStats::default());
+    // Non-blocking from here on: the reactor's readiness can be stale, and a blocking recv on
+    // a stale readiness would stall the whole runtime (seen: a drain that never finished).
+    socket2::SockRef::from(&control)
+        .set_nonblocking(true)
+        .context("control socket")?;
     // SAFETY: `control` is an open descriptor owned by the AsyncFd for its whole life.
     let control = unsafe { AsyncFd::register_with_interest(control, Interest::READABLE) }
         .map_err(std::io::Error::from)?;
