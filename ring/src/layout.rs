@@ -126,6 +126,7 @@ pub struct FieldInfo {
     pub size: usize,
 }
 
+#[cfg(not(loom))]
 macro_rules! fields {
     ($( $region:literal, $base:expr, $ty:ty, $field:ident, $fty:ty; )*) => {
         /// Every field of the shared layout with its absolute offset in its memfd (the producer
