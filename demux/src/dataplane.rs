@@ -67,6 +67,50 @@ pub struct Control {
     pub stop: Arc<AtomicBool>,
 }
 
+/// The supervisor's end of the channels to the data plane.
+pub struct DataPlaneLink {
+    commands: Sender<Command>,
+    pending: Arc<AtomicBool>,
+    events: Receiver<Event>,
+}
+
+impl DataPlaneLink {
+    /// Creates both ends: the supervisor's link and the data plane's [`Control`].
+    pub fn new(stop: Arc<AtomicBool>) -> (DataPlaneLink, Control) {
+        let (commands, command_rx) = std::sync::mpsc::channel();
+        let (event_tx, events) = std::sync::mpsc::channel();
+        let pending = Arc::new(AtomicBool::new(false));
+        let control = Control {
+            commands: command_rx,
+            pending: pending.clone(),
+            events: event_tx,
+            stop,
+        };
+        (
+            DataPlaneLink {
+                commands,
+                pending,
+                events,
+            },
+            control,
+        )
+    }
+
+    /// Asks for a new consumer generation of `instance`'s ring; its hand-off descriptors arrive
+    /// on the returned receiver once the data plane has reset it (within one batch or poll).
+    pub fn request_reset(&self, instance: u8) -> Receiver<io::Result<IngressHandles>> {
+        let (reply, rx) = std::sync::mpsc::channel();
+        let _ = self.commands.send(Command::Reset { instance, reply });
+        self.pending.store(true, Ordering::Release);
+        rx
+    }
+
+    /// The next misbehaviour report, if any.
+    pub fn next_event(&self) -> Option<Event> {
+        self.events.try_recv().ok()
+    }
+}
+
 pub struct DataPlane {
     socket: std::net::UdpSocket,
     state: UdpSocketState,

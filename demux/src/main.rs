@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -25,7 +25,7 @@ use ringmux_worker::control::{Handoff, IngressKind};
 use ringmux_worker::tls::CertChain;
 
 use config::{Cli, Command, Config, ForwardMode};
-use dataplane::{Control, DataPlane, Forwarder, IngressHandles};
+use dataplane::{DataPlane, DataPlaneLink, Forwarder, IngressHandles};
 use metrics::Counters;
 
 #[global_allocator]
@@ -149,19 +149,15 @@ fn run(cfg: Config) -> Result<()> {
         }
         None => None,
     };
-    let (cmd_tx, cmd_rx) = mpsc::channel();
-    let (ev_tx, ev_rx) = mpsc::channel();
-    let pending = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
+    let (link, control) = DataPlaneLink::new(stop.clone());
     let public_fd: OwnedFd = socket.try_clone()?.into();
     let mut sup = supervisor::Supervisor::new(
         cfg.clone(),
         template,
         public_fd,
         counters.clone(),
-        cmd_tx,
-        pending.clone(),
-        ev_rx,
+        link,
         signals,
     );
     sup.start_all(handles)?;
@@ -175,12 +171,6 @@ fn run(cfg: Config) -> Result<()> {
         cfg.args.recv_batch,
         Duration::from_secs(cfg.args.stall_secs),
     );
-    let control = Control {
-        commands: cmd_rx,
-        pending,
-        events: ev_tx,
-        stop: stop.clone(),
-    };
     let cpu = cfg.demux_cpu();
     let data_plane = std::thread::Builder::new()
         .name("data-plane".into())

@@ -6,8 +6,8 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command as Process, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use ringmux_worker::control::{self, Handoff, WorkerReport};
 
 use crate::config::Config;
-use crate::dataplane::{Command, Event, IngressHandles};
+use crate::dataplane::{DataPlaneLink, Event, IngressHandles};
 use crate::metrics::Counters;
 
 /// Back-off bounds for restarting a crashing worker.
@@ -48,24 +48,19 @@ pub struct Supervisor {
     template: Handoff,
     public: OwnedFd,
     counters: Arc<Counters>,
-    commands: Sender<Command>,
-    pending: Arc<AtomicBool>,
-    events: Receiver<Event>,
+    link: DataPlaneLink,
     signals: OwnedFd,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
 }
 
 impl Supervisor {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         cfg: Config,
         template: Handoff,
         public: OwnedFd,
         counters: Arc<Counters>,
-        commands: Sender<Command>,
-        pending: Arc<AtomicBool>,
-        events: Receiver<Event>,
+        link: DataPlaneLink,
         signals: OwnedFd,
     ) -> Self {
         let workers = (0..cfg.instances)
@@ -88,9 +83,7 @@ impl Supervisor {
             template,
             public,
             counters,
-            commands,
-            pending,
-            events,
+            link,
             signals,
             workers,
             sessions: crate::sessions::Sessions::new(),
@@ -163,7 +156,7 @@ impl Supervisor {
                     shutdown_deadline = Some(Instant::now());
                 }
             }
-            while let Ok(Event::Misbehaved { instance, stalled }) = self.events.try_recv() {
+            while let Some(Event::Misbehaved { instance, stalled }) = self.link.next_event() {
                 let w = &mut self.workers[instance as usize];
                 tracing::error!(instance, stalled, "killing misbehaving worker");
                 if let Some(c) = w.child.as_mut() {
@@ -357,13 +350,7 @@ impl Supervisor {
                 },
         );
         w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
-        let (tx, rx) = mpsc::channel();
-        w.reset_reply = Some(rx);
-        let _ = self.commands.send(Command::Reset {
-            instance: i as u8,
-            reply: tx,
-        });
-        self.pending.store(true, Ordering::Release);
+        w.reset_reply = Some(self.link.request_reset(i as u8));
     }
 
     fn progress_restart(&mut self, i: usize) -> Result<()> {
@@ -391,13 +378,7 @@ impl Supervisor {
                 let w = &mut self.workers[i];
                 w.restart_at = Some(Instant::now() + w.backoff);
                 w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
-                let (tx, rx) = mpsc::channel();
-                w.reset_reply = Some(rx);
-                let _ = self.commands.send(Command::Reset {
-                    instance: i as u8,
-                    reply: tx,
-                });
-                self.pending.store(true, Ordering::Release);
+                w.reset_reply = Some(self.link.request_reset(i as u8));
             }
         }
         Ok(())

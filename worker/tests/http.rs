@@ -100,6 +100,16 @@ async fn connect(client: &H3Client, server: &Server) -> H3Conn {
         .expect("connect")
 }
 
+/// The common start of a test: a server with built-ins only, a client trusting its
+/// certificate, and one connection.
+async fn simple_setup() -> (Server, H3Client, H3Conn) {
+    let chain = CertChain::self_signed().unwrap();
+    let server = Server::simple(&chain);
+    let client = client_for(&chain, &server);
+    let conn = connect(&client, &server).await;
+    (server, client, conn)
+}
+
 /// Runs a test body with a deadline, so a hang fails instead of blocking CI.
 async fn bounded<F: Future<Output = ()>>(f: F) {
     tokio::time::timeout(TEST_TIMEOUT, f)
@@ -136,10 +146,7 @@ fn header<'a>(resp: &'a Response, name: &str) -> &'a str {
 #[tokio::test]
 async fn builtins_head_and_errors() {
     bounded(async {
-        let chain = CertChain::self_signed().unwrap();
-        let server = Server::simple(&chain);
-        let client = client_for(&chain, &server);
-        let conn = connect(&client, &server).await;
+        let (server, _client, conn) = simple_setup().await;
 
         let hello = conn.get_body("/hello.txt").await.unwrap();
         assert_eq!(hello.status, StatusCode::OK);
@@ -300,10 +307,7 @@ async fn static_files_from_root() {
 #[tokio::test]
 async fn request_bodies_are_read_to_the_end() {
     bounded(async {
-        let chain = CertChain::self_signed().unwrap();
-        let server = Server::simple(&chain);
-        let client = client_for(&chain, &server);
-        let conn = connect(&client, &server).await;
+        let (server, _client, conn) = simple_setup().await;
 
         for n in [0usize, 1, 100_000, 3 << 20] {
             let body = Bytes::from(vec![0xab; n]);
@@ -345,10 +349,7 @@ async fn request_bodies_are_read_to_the_end() {
 #[tokio::test]
 async fn hundred_concurrent_streams_on_one_connection() {
     bounded(async {
-        let chain = CertChain::self_signed().unwrap();
-        let server = Server::simple(&chain);
-        let client = client_for(&chain, &server);
-        let conn = connect(&client, &server).await;
+        let (server, _client, conn) = simple_setup().await;
 
         let requests = (0..100u64).map(|i| {
             let conn = &conn;
@@ -495,10 +496,7 @@ async fn retry_round_trip() {
 #[tokio::test]
 async fn client_migration_with_rebind() {
     bounded(async {
-        let chain = CertChain::self_signed().unwrap();
-        let server = Server::simple(&chain);
-        let client = client_for(&chain, &server);
-        let conn = connect(&client, &server).await;
+        let (server, client, conn) = simple_setup().await;
         assert_eq!(conn.get("/hello.txt").await.unwrap().status, StatusCode::OK);
         let before = client.local_addr().unwrap();
         client
@@ -516,10 +514,7 @@ async fn client_migration_with_rebind() {
 #[tokio::test]
 async fn graceful_shutdown_finishes_in_flight_download() {
     bounded(async {
-        let chain = CertChain::self_signed().unwrap();
-        let server = Server::simple(&chain);
-        let client = client_for(&chain, &server);
-        let conn = connect(&client, &server).await;
+        let (server, _client, conn) = simple_setup().await;
         let len = 10u64 << 20;
 
         // Response headers in: the request is accepted and the body is streaming.
