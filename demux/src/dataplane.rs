@@ -9,6 +9,7 @@
 //! stalls. Commands are looked at once per batch (one relaxed load when there are none).
 
 use std::io::{self, IoSliceMut};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
@@ -111,9 +112,64 @@ impl DataPlaneLink {
     }
 }
 
-pub struct DataPlane {
+/// The demux's descriptor of the public socket, configured for receiving.
+pub struct PublicSocket {
     socket: std::net::UdpSocket,
     state: UdpSocketState,
+    /// The address the socket is bound to, when it is a specific one: then every datagram's
+    /// destination is known without asking the kernel for it.
+    fixed_local_ip: Option<IpAddr>,
+}
+
+impl PublicSocket {
+    /// Configures a bound socket: quinn-udp's options (non-blocking, GRO, ECN, destination
+    /// address, no fragmentation), then, when it is bound to a specific address, turns the
+    /// per-datagram destination-address control message (`IP_PKTINFO` / `IPV6_RECVPKTINFO`)
+    /// off again: the kernel would build one for every datagram to say what is already known.
+    ///
+    /// Workers never change options of this socket (they share its file description, notes G1):
+    /// `ringmux_worker::RingSocket` probes its send capabilities on a scratch socket.
+    pub fn new(socket: std::net::UdpSocket) -> io::Result<Self> {
+        let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
+        let local = socket.local_addr()?;
+        let fixed_local_ip = if local.ip().is_unspecified() {
+            None
+        } else {
+            let (level, name) = match local {
+                SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+                SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+            };
+            let off: libc::c_int = 0;
+            // SAFETY: setsockopt on an open socket with a pointer to a live int and its size.
+            let rc = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    level,
+                    name,
+                    (&off as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Some(local.ip())
+        };
+        Ok(PublicSocket {
+            socket,
+            state,
+            fixed_local_ip,
+        })
+    }
+
+    /// The underlying socket (to duplicate its descriptor for the workers).
+    pub fn socket(&self) -> &std::net::UdpSocket {
+        &self.socket
+    }
+}
+
+pub struct DataPlane {
+    public: PublicSocket,
     router: Router,
     forwarder: Forwarder,
     counters: Arc<Counters>,
@@ -137,8 +193,7 @@ struct Local {
 
 impl DataPlane {
     pub fn new(
-        socket: std::net::UdpSocket,
-        state: UdpSocketState,
+        public: PublicSocket,
         router: Router,
         forwarder: Forwarder,
         counters: Arc<Counters>,
@@ -146,8 +201,7 @@ impl DataPlane {
         stall: Duration,
     ) -> Self {
         DataPlane {
-            socket,
-            state,
+            public,
             router,
             forwarder,
             counters,
@@ -162,6 +216,7 @@ impl DataPlane {
         let mut storage = vec![0u8; RECV_BUF * self.batch];
         let mut iovs: Vec<IoSliceMut<'_>> =
             storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
+        let fixed_local_ip = self.public.fixed_local_ip;
         let mut metas = vec![RecvMeta::default(); self.batch];
         let now = Instant::now();
         // Buffers above are the loop's only allocations; from here on every allocation on this
@@ -197,13 +252,14 @@ impl DataPlane {
             for (i, l) in local.iter_mut().enumerate() {
                 l.up = !l.violated && self.counters.instances[i].alive.load(Ordering::Relaxed);
             }
-            let n = match self
-                .state
-                .recv(UdpSockRef::from(&self.socket), &mut iovs, &mut metas)
-            {
+            let n = match self.public.state.recv(
+                UdpSockRef::from(&self.public.socket),
+                &mut iovs,
+                &mut metas,
+            ) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_readable(&self.socket, GAUGE_PERIOD);
+                    wait_readable(&self.public.socket, GAUGE_PERIOD);
                     self.refresh_gauges(&mut local, &control, &mut last_gauges);
                     continue;
                 }
@@ -232,7 +288,7 @@ impl DataPlane {
                 let desc = encode_desc(
                     &DatagramMeta {
                         remote: meta.addr,
-                        local_ip: meta.dst_ip,
+                        local_ip: meta.dst_ip.or(fixed_local_ip),
                         ecn: meta.ecn.map_or(0, |e| e as u8),
                         segment_size: 0,
                         rx_timestamp_ns: ts,

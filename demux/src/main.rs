@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use quinn::udp::{UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 use ringmux_ring::Producer;
 use ringmux_worker::control::{Handoff, IngressKind};
@@ -84,10 +83,9 @@ fn run(cfg: Config) -> Result<()> {
     };
     let (cert_pem, key_pem) = chain.to_pem();
 
-    let socket = bind_public(&cfg)?;
-    let state =
-        UdpSocketState::new(UdpSockRef::from(&socket)).context("configuring the public socket")?;
-    let public_addr = socket.local_addr()?;
+    let public = dataplane::PublicSocket::new(bind_public(&cfg)?)
+        .context("configuring the public socket")?;
+    let public_addr = public.socket().local_addr()?;
 
     let mut rings = Vec::new();
     let mut handles = Vec::new();
@@ -151,7 +149,7 @@ fn run(cfg: Config) -> Result<()> {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let (link, control) = DataPlaneLink::new(stop.clone());
-    let public_fd: OwnedFd = socket.try_clone()?.into();
+    let public_fd: OwnedFd = public.socket().try_clone()?.into();
     let mut sup = supervisor::Supervisor::new(
         cfg.clone(),
         template,
@@ -163,8 +161,7 @@ fn run(cfg: Config) -> Result<()> {
     sup.start_all(handles)?;
 
     let dp = DataPlane::new(
-        socket,
-        state,
+        public,
         router,
         forwarder,
         counters.clone(),

@@ -289,3 +289,35 @@ async fn dual_stack_listen_serves_ipv4_and_ipv6() {
     })
     .await;
 }
+
+/// `--listen [::1]:PORT`, a specific IPv6 address: the demux asks the kernel for no destination
+/// address (it knows it), and every instance still serves and replies from that address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn specific_ipv6_listen_serves_every_instance() {
+    bounded(Duration::from_secs(60), async {
+        if std::net::UdpSocket::bind("[::1]:0").is_err() {
+            eprintln!("no IPv6 loopback on this machine; the IPv4 tests cover the code path");
+            return;
+        }
+        let rm = Ringmux::start(2, Forward::Shm, &["--listen", "[::1]:0"]);
+        assert_eq!(rm.listen.ip(), "::1".parse::<std::net::IpAddr>().unwrap());
+        for instance in 0..2u8 {
+            let mut client = ringmux_bench::client::H3Client::new(
+                ringmux_bench::client::client_config(None).unwrap(),
+                rm.listen,
+            )
+            .unwrap();
+            harness::pin(&mut client, rm.router.clone(), move || instance);
+            let conn = client
+                .connect(rm.listen, harness::SERVER_NAME)
+                .await
+                .expect("connect");
+            let r = conn.get("/bytes/3000").await.expect("GET");
+            check_bytes(&format!("[::1] instance {instance}"), &r, 3000);
+        }
+        let m = rm.wait_balanced(Duration::from_secs(5)).await;
+        assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
+        assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
+    })
+    .await;
+}

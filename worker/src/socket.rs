@@ -8,11 +8,12 @@
 //! `Pending` after waking itself, so timers and sends still run) for the configured spin time,
 //! then announces a sleep and waits on the doorbell eventfd through tokio's reactor.
 //!
-//! Send: `quinn::udp::UdpSocketState::send` with GSO on the public socket. The descriptor is never
-//! registered with the reactor: every worker shares the socket's file description, and a
-//! registration for writability would wake every worker after any worker's send (notes G2).
-//! `poll_writable` is always ready unless the last send hit `EAGAIN`, after which it waits a short
-//! timer. Only `WouldBlock` ever reaches quinn (G3). Errors from `poll_recv` would kill the whole
+//! Send: `quinn::udp::UdpSocketState::send` with GSO on the public socket. The socket's options
+//! belong to the demux and are never changed here (the send state is probed on a scratch
+//! socket, see `send_state`). The descriptor is never registered with the reactor: every worker
+//! shares the socket's file description, and a registration for writability would wake every
+//! worker after any worker's send (notes G2). `poll_writable` is always ready unless the last
+//! send hit `EAGAIN`, after which it waits a short timer. Only `WouldBlock` ever reaches quinn (G3). Errors from `poll_recv` would kill the whole
 //! endpoint (G4), so malformed ingress is dropped and counted, never returned.
 
 use std::fmt;
@@ -94,9 +95,9 @@ impl RingSocket {
         let rx_fd = unsafe { AsyncFd::register_with_interest(rx_raw, Interest::READABLE) }
             .map_err(io::Error::from)?;
         let tx = std::net::UdpSocket::from(public);
-        // This changes flags on the file description the demux shares (notes G1); the demux
-        // expects non-blocking reads and GRO.
-        let tx_state = UdpSocketState::new(UdpSockRef::from(&tx))?;
+        // Sends must not block; the demux set this already on the file description we share.
+        tx.set_nonblocking(true)?;
+        let tx_state = send_state(&tx)?;
         Ok(RingSocket {
             rx: Mutex::new(RxState {
                 ingress,
@@ -321,6 +322,28 @@ fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {
         ecn: EcnCodepoint::from_bits(m.ecn),
         dst_ip: m.local_ip,
     }
+}
+
+/// quinn-udp's send state for the public socket, probed on a scratch socket of the same family.
+///
+/// `UdpSocketState::new` sets socket options, and the public socket's options belong to the
+/// demux: this descriptor shares its file description (notes G1), so options set here would
+/// change how the demux receives (it turns the per-datagram destination address off when it is
+/// bound to a specific address, for example). The state itself only records what the kernel
+/// supports (GSO segments, fragmentation control), which a scratch socket tells as well; the
+/// demux has already set the public socket's send-side options (no fragmentation).
+fn send_state(public: &std::net::UdpSocket) -> io::Result<UdpSocketState> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let local = public.local_addr()?;
+    let scratch = Socket::new(
+        Domain::for_address(local),
+        Type::DGRAM.cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    if local.is_ipv6() {
+        scratch.set_only_v6(socket2::SockRef::from(public).only_v6()?)?;
+    }
+    UdpSocketState::new(UdpSockRef::from(&scratch))
 }
 
 fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
