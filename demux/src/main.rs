@@ -87,13 +87,15 @@ fn run(cfg: Config) -> Result<()> {
         .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
 
+    let counters = Arc::new(Counters::new(cfg.instances));
     let mut rings = Vec::new();
     let mut handles = Vec::new();
     let mut unix_ends = Vec::new();
-    for _ in 0..cfg.instances {
+    for i in 0..cfg.instances {
         match cfg.args.forward {
             ForwardMode::Shm | ForwardMode::Drop => {
-                let p = Producer::create(&cfg.ring).context("creating a ring")?;
+                let mut p = Producer::create(&cfg.ring).context("creating a ring")?;
+                p.watch_doorbell(counters.ringing.clone(), u32::from(i) + 1);
                 handles.push(dataplane::shm_handles(&p)?);
                 rings.push(p);
             }
@@ -138,7 +140,6 @@ fn run(cfg: Config) -> Result<()> {
         sink: cfg.args.worker_mode == config::WorkerMode::Sink,
     };
 
-    let counters = Arc::new(Counters::new(cfg.instances));
     let metrics_addr = match cfg.metrics {
         Some(addr) => {
             let bound = metrics::serve(addr, counters.clone())?;

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -91,6 +91,9 @@ pub struct Counters {
     pub recv_calls: AtomicU64,
     pub dropped: [AtomicU64; DropReason::ALL.len()],
     pub instances: Vec<InstanceCounters>,
+    /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise
+    /// (`Producer::watch_doorbell`). The supervisor's watchdog reads it to find a jammed doorbell.
+    pub ringing: Arc<AtomicU32>,
 }
 
 impl Counters {
@@ -102,6 +105,7 @@ impl Counters {
             instances: (0..instances)
                 .map(|_| InstanceCounters::default())
                 .collect(),
+            ringing: Arc::default(),
         }
     }
 

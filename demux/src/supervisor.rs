@@ -17,6 +17,7 @@ use ringmux_worker::control::{self, Handoff, WorkerReport};
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event, IngressHandles};
 use crate::metrics::Counters;
+use ringmux_ring::doorbell::Doorbell;
 
 /// Back-off bounds for restarting a crashing worker.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -25,6 +26,10 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const HEALTHY_UPTIME: Duration = Duration::from_secs(10);
 /// How long a starting worker has to report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the data plane may sit in one doorbell write before the watchdog calls it jammed.
+/// A write to a non-blocking eventfd takes microseconds; only a hostile worker (counter filled,
+/// `O_NONBLOCK` cleared on the shared file description) can make it block.
+const DOORBELL_JAM: Duration = Duration::from_millis(250);
 
 struct Worker {
     child: Option<Child>,
@@ -52,6 +57,10 @@ pub struct Supervisor {
     signals: OwnedFd,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
+    /// The supervisor's own descriptor of each instance's doorbell (shm), to reclaim it.
+    doorbells: Vec<Option<Doorbell>>,
+    /// The watchdog's last view of the data plane: (`ringing`, `recv_calls`), and since when.
+    doorbell_watch: ((u32, u64), Instant),
 }
 
 impl Supervisor {
@@ -87,11 +96,23 @@ impl Supervisor {
             signals,
             workers,
             sessions: crate::sessions::Sessions::new(),
+            doorbells: Vec::new(),
+            doorbell_watch: ((0, 0), Instant::now()),
         }
     }
 
     /// Starts every worker with its initial descriptors and waits until all report ready.
     pub fn start_all(&mut self, handles: Vec<IngressHandles>) -> Result<()> {
+        self.doorbells = handles
+            .iter()
+            .map(|h| match h {
+                IngressHandles::Shm([_, _, bell], _) => {
+                    bell.try_clone().map(|fd| Some(Doorbell::from_fd(fd)))
+                }
+                IngressHandles::Unix(_) => Ok(None),
+            })
+            .collect::<std::io::Result<_>>()
+            .context("keeping a descriptor of each doorbell")?;
         for (i, h) in handles.into_iter().enumerate() {
             self.spawn(i as u8, h)
                 .with_context(|| format!("starting worker {i}"))?;
@@ -163,6 +184,7 @@ impl Supervisor {
                     let _ = c.kill();
                 }
             }
+            self.watch_doorbells(shutdown_deadline.is_some());
             for i in 0..self.workers.len() {
                 let w = &mut self.workers[i];
                 if !w.ready && w.child.is_some() && w.started.elapsed() > READY_TIMEOUT {
@@ -302,6 +324,45 @@ impl Supervisor {
         }
     }
 
+    /// The watchdog for jammed doorbells: the data plane stuck in one instance's doorbell write
+    /// (the `ringing` marker unchanged and no receive completed) for [`DOORBELL_JAM`] means the
+    /// worker filled its eventfd and made it blocking. Killing the worker and reclaiming the
+    /// eventfd (in `on_death`) releases the write; the ring is then reset as after any death.
+    fn watch_doorbells(&mut self, shutting_down: bool) {
+        let now = Instant::now();
+        let view = (
+            self.counters.ringing.load(Ordering::Relaxed),
+            self.counters.recv_calls.load(Ordering::Relaxed),
+        );
+        if view.0 == 0 || view != self.doorbell_watch.0 {
+            self.doorbell_watch = (view, now);
+            return;
+        }
+        if now.duration_since(self.doorbell_watch.1) < DOORBELL_JAM {
+            return;
+        }
+        self.doorbell_watch.1 = now;
+        let i = (view.0 - 1) as usize;
+        if i >= self.workers.len() {
+            return;
+        }
+        tracing::error!(
+            instance = i,
+            "the data plane is blocked writing this worker's doorbell (eventfd filled and made blocking); killing the worker"
+        );
+        self.counters.instances[i]
+            .violations
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = self.workers[i].child.as_mut() {
+            // Killed here even while shutting down: it will not drain.
+            let _ = c.kill();
+            self.on_death(i, shutting_down);
+        } else if let Some(Some(bell)) = self.doorbells.get(i) {
+            // Already gone (and reclaimed then), yet still jammed: reclaim again.
+            let _ = bell.reclaim();
+        }
+    }
+
     fn exited(&mut self, i: usize) -> bool {
         match self.workers[i].child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(Some(_))) => true,
@@ -322,6 +383,15 @@ impl Supervisor {
             let _ = child.kill();
         }
         let status = child.wait().ok();
+        // The worker is gone and cannot touch its eventfd any more: undo whatever it did to it
+        // (a filled counter and a cleared O_NONBLOCK would block the data plane's next doorbell
+        // write, or release one blocked now).
+        if let Some(Some(bell)) = self.doorbells.get(i) {
+            if let Err(e) = bell.reclaim() {
+                tracing::warn!(instance = i, error = %e, "reclaiming the doorbell failed");
+            }
+        }
+        let w = &mut self.workers[i];
         w.pidfd = None;
         w.control = None;
         w.ready = false;

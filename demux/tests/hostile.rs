@@ -131,6 +131,18 @@ async fn worker_stops_draining() {
     .await;
 }
 
+/// The worker fills its eventfd and makes the file description it shares with the demux
+/// blocking: the demux's next doorbell write blocks. The supervisor sees the data plane stuck in
+/// that write, kills the worker, restores the eventfd and the data plane carries on.
+#[tokio::test]
+async fn worker_jams_its_doorbell() {
+    bounded(
+        Duration::from_secs(60),
+        fault_is_contained("jam-doorbell", true),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn worker_dies_mid_batch() {
     bounded(

@@ -46,6 +46,27 @@ impl Doorbell {
         Ok(())
     }
 
+    /// Takes the eventfd back after its consumer is gone: sets `O_NONBLOCK` again (a consumer
+    /// shares the file description and may have cleared it) and clears the counter (it may
+    /// have filled it, which makes a write block once `O_NONBLOCK` is off). Returns how many
+    /// rings the counter held. Call it only when no other process holds the eventfd any more:
+    /// otherwise it can undo both at once again.
+    pub fn reclaim(&self) -> io::Result<u64> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: fcntl on our own descriptor.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if flags & libc::O_NONBLOCK == 0 {
+            // SAFETY: as above.
+            if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        self.clear()
+    }
+
     /// Reads and clears the counter; returns how many rings it held (0 if none).
     pub fn clear(&self) -> io::Result<u64> {
         let mut v: u64 = 0;

@@ -7,6 +7,8 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -103,6 +105,8 @@ pub struct Producer {
     doorbell: Doorbell,
     config: RingConfig,
     generation: u64,
+    /// Set to `.1` while a doorbell write is in progress, for a watchdog ([`Producer::watch_doorbell`]).
+    watch: Option<(Arc<AtomicU32>, u32)>,
 }
 
 impl Producer {
@@ -164,6 +168,7 @@ impl Producer {
             doorbell,
             config: *config,
             generation: 1,
+            watch: None,
         })
     }
 
@@ -199,15 +204,33 @@ impl Producer {
         rang
     }
 
+    /// Stores `value` into `marker` for the duration of every doorbell write (Relaxed; 0 after).
+    ///
+    /// The write can block: the consumer shares the eventfd's file description, so it can fill
+    /// the counter and clear `O_NONBLOCK`. A watchdog in another thread that sees the marker
+    /// stay set while the producer makes no progress kills the consumer and calls
+    /// [`Doorbell::reclaim`] on its own descriptor of the eventfd, which releases the write.
+    pub fn watch_doorbell(&mut self, marker: Arc<AtomicU32>, value: u32) {
+        self.watch = Some((marker, value));
+    }
+
+    #[cold]
     fn ring(&self) {
+        if let Some((m, v)) = &self.watch {
+            m.store(*v, std::sync::atomic::Ordering::Relaxed);
+        }
         // The only errors an eventfd write can return are EAGAIN (handled inside: a wake-up is
         // already pending) and EBADF/EINVAL, impossible for the descriptor this struct owns.
         let _ = self.doorbell.ring();
+        if let Some((m, _)) = &self.watch {
+            m.store(0, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Starts a new consumer generation after the old consumer died or misbehaved: a fresh
-    /// consumer page (the old process's mapping no longer matters), `generation + 1`. Returns how
-    /// many published datagrams the old consumer left unread (now discarded).
+    /// consumer page (the old process's mapping no longer matters), `generation + 1`, and the
+    /// doorbell reclaimed ([`Doorbell::reclaim`]). Returns how many published datagrams the old
+    /// consumer left unread (now discarded). Call it once the old consumer is gone.
     pub fn reset(&mut self) -> io::Result<u64> {
         self.core.publish();
         let tail = self.header().tail.tail.load(Ordering::Relaxed);
@@ -216,8 +239,9 @@ impl Producer {
         let discarded = unsafe { self.core.reset(page_ptr(&page)) };
         self.page = page;
         self.page_file = page_file;
-        // Drain any ring the old consumer never read, so the new one starts clean.
-        let _ = self.doorbell.clear();
+        // Drain any ring the old consumer never read, so the new one starts clean, and undo
+        // what a hostile one may have done to the eventfd (a blocking read here would stall).
+        let _ = self.doorbell.reclaim();
         self.generation += 1;
         self.header()
             .header

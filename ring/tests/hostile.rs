@@ -106,6 +106,70 @@ fn flipping_need_wakeup_costs_at_most_one_doorbell_per_publish() {
     );
 }
 
+/// A consumer shares the doorbell's file description: it can fill the counter and clear
+/// `O_NONBLOCK`, and the producer's next doorbell write blocks. The producer marks the write
+/// for a watchdog, and `Doorbell::reclaim` on another descriptor releases it and restores the
+/// eventfd.
+#[test]
+fn a_jammed_doorbell_write_is_marked_and_released_by_reclaim() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+
+    let (mut p, _c) = common::pair(1024, 0);
+    let marker = Arc::new(AtomicU32::new(0));
+    p.watch_doorbell(marker.clone(), 7);
+    let theirs = common::dup(p.handles().doorbell);
+    let ours = ringmux_ring::doorbell::Doorbell::from_fd(common::dup(p.handles().doorbell));
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
+    let max: u64 = 0xffff_ffff_ffff_fffe;
+    // SAFETY: an 8-byte write from a live u64 and fcntl, on our own descriptor.
+    unsafe {
+        assert_eq!(libc::write(fd, (&max as *const u64).cast(), 8), 8);
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
+    }
+    let m = hostile_page(&p);
+    poke_u32(&m, 8, 99);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let producer = std::thread::spawn(move || {
+        p.try_push(&meta(), b"wake").unwrap();
+        let rang = p.publish();
+        done_tx.send(rang).unwrap();
+    });
+    // The producer enters the doorbell write and stays there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while marker.load(Ordering::Relaxed) != 7 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the doorbell write was never marked"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(
+        ours.reclaim().unwrap(),
+        max,
+        "reclaim clears the filled counter"
+    );
+    let rang = done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the blocked doorbell write was not released");
+    producer.join().unwrap();
+    assert!(rang);
+    assert_eq!(
+        marker.load(Ordering::Relaxed),
+        0,
+        "marker cleared after the write"
+    );
+    // SAFETY: fcntl on our own descriptor.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    assert_ne!(flags & libc::O_NONBLOCK, 0, "O_NONBLOCK restored");
+    assert_eq!(
+        ours.clear().unwrap(),
+        1,
+        "the released write's ring is pending"
+    );
+}
+
 #[test]
 fn garbage_head_and_flag_never_panic_the_producer() {
     let (mut p, _c) = common::pair(16, 0);

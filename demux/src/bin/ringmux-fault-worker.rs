@@ -8,7 +8,9 @@
 //! - `RINGMUX_FAULT`: `head-ahead` (writes a head far beyond the tail), `head-backwards`
 //!   (consumes, then moves head back), `stop-draining` (attaches, reports ready, never drains),
 //!   `die-mid-batch` (reads part of a batch, then aborts), `flip-wakeup` (drains, but flips
-//!   `need_wakeup` wildly);
+//!   `need_wakeup` wildly), `jam-doorbell` (fills its eventfd's counter to the maximum, clears
+//!   `O_NONBLOCK` on the file description it shares with the demux and announces a sleep, so
+//!   that the demux's next doorbell write would block);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
@@ -53,6 +55,7 @@ fn main() {
         fds.next().unwrap(),
     );
     let page_map = map_rw(page.try_clone().unwrap());
+    let bell_fd = bell.as_raw_fd();
     let mut c = Consumer::attach(ring, page, bell, h.generation, Duration::ZERO).expect("attach");
     control::send(control.as_fd(), b"READY").expect("ready");
     eprintln!("fault-worker: instance {} plays {fault}", h.instance);
@@ -87,6 +90,21 @@ fn main() {
                 // SAFETY: as above.
                 unsafe { flag.write_volatile(x) };
             }
+        }
+        "jam-doorbell" => {
+            let max: u64 = 0xffff_ffff_ffff_fffe;
+            // SAFETY: an 8-byte write from a live u64, then fcntl, on the doorbell we were given
+            // (the Consumer keeps it open).
+            unsafe {
+                assert_eq!(libc::write(bell_fd, (&max as *const u64).cast(), 8), 8);
+                let flags = libc::fcntl(bell_fd, libc::F_GETFL);
+                assert_eq!(
+                    libc::fcntl(bell_fd, libc::F_SETFL, flags & !libc::O_NONBLOCK),
+                    0
+                );
+            }
+            // SAFETY: as above.
+            unsafe { flag.write_volatile(0x5eed) };
         }
         other => panic!("unknown RINGMUX_FAULT {other:?}"),
     }
