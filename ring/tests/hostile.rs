@@ -163,11 +163,10 @@ fn a_jammed_doorbell_write_is_marked_and_released_by_reclaim() {
     // SAFETY: fcntl on our own descriptor.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     assert_ne!(flags & libc::O_NONBLOCK, 0, "O_NONBLOCK restored");
-    assert_eq!(
-        ours.clear().unwrap(),
-        1,
-        "the released write's ring is pending"
-    );
+    // 1 if the write was blocked and completed after reclaim's read; 0 if it came between
+    // reclaim's fcntl and its read, found the counter still full and returned at once (a
+    // wake-up was pending then). Either way nothing blocks any more.
+    assert!(ours.clear().unwrap() <= 1);
 }
 
 #[test]
