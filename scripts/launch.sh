@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs ringmux on a dedicated Linux box (docs/running.md):
+# Runs ringmux on a dedicated Linux box (README.md, "Running on a dedicated box"):
 #
 #   scripts/launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
 #
@@ -47,7 +47,7 @@ usage: launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
   --dry-run    print the kernel check, sysctl changes, CPU plan and every setting; change nothing
   --no-sysctl  leave net.core.rmem_max/wmem_max alone (warn when below RINGMUX_RCVBUF/SNDBUF)
   -h, --help   this text; ringmux's own options: launch.sh -- --help
-Every other argument goes to ringmux unchanged. See docs/running.md.
+Every other argument goes to ringmux unchanged. See README.md, "Running on a dedicated box".
 EOF
 }
 
@@ -66,6 +66,7 @@ readonly SETTINGS=(
   "RING_SLOTS|--ring-slots|value|4096"
   "SLOT_BYTES|--slot-bytes|value|2048"
   "SPIN_US|--spin-us|value|50"
+  "ECN|--ecn|value|on"
   "RECV_BATCH|--recv-batch|value|32"
   "RCVBUF|--rcvbuf|value|33554432"
   "SNDBUF|--sndbuf|value|8388608"
@@ -225,7 +226,7 @@ warn_unknown_variables() {
     for entry in "${SETTINGS[@]}" BIN CONTROL_FD; do
       [[ $v == "RINGMUX_${entry%%|*}" ]] && known=1
     done
-    ((known)) || warn "$v is not a ringmux setting and is ignored (see docs/running.md)"
+    ((known)) || warn "$v is not a ringmux setting and is ignored (see README.md, \"Running on a dedicated box\")"
   done
 }
 
@@ -261,7 +262,7 @@ raise_max() {
   elif ((cur >= want)); then
     line "$key $cur >= $var=$want: unchanged"
   elif ((no_sysctl)); then
-    warn "$key is $cur, below $var=$want, and --no-sysctl was given: the kernel caps the buffer at $cur unless ringmux runs as root; set $key = $want in /etc/sysctl.d (docs/running.md)"
+    warn "$key is $cur, below $var=$want, and --no-sysctl was given: the kernel caps the buffer at $cur unless ringmux runs as root; set $key = $want in /etc/sysctl.d (README.md, \"Running on a dedicated box\")"
   elif ((dry_run)); then
     line "$key $cur -> $want (would raise, for $var)"
   else

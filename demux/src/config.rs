@@ -54,6 +54,13 @@ pub enum WorkerMode {
     Sink,
 }
 
+/// An on/off setting.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toggle {
+    On,
+    Off,
+}
+
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
@@ -96,6 +103,12 @@ pub struct RunArgs {
     /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
     #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]
     pub recv_batch: usize,
+    /// Read each datagram's ECN bits (IP_RECVTOS / IPV6_RECVTCLASS) and pass them to the
+    /// workers, so QUIC's ECN validation and congestion feedback work for traffic from clients.
+    /// `off` saves the kernel one control message per datagram (about 5 % of the demux's cost
+    /// without GRO, bench/RESULTS.md); clients then see ECN validation fail and stop marking.
+    #[arg(long, env = "RINGMUX_ECN", value_enum, default_value_t = Toggle::On)]
+    pub ecn: Toggle,
     /// SO_RCVBUF of the public socket in bytes (forced past net.core.rmem_max when root).
     #[arg(long, env = "RINGMUX_RCVBUF", default_value_t = 32 << 20)]
     pub rcvbuf: usize,

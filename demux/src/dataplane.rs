@@ -129,32 +129,32 @@ impl PublicSocket {
     ///
     /// Workers never change options of this socket (they share its file description, notes G1):
     /// `ringmux_worker::RingSocket` probes its send capabilities on a scratch socket.
-    pub fn new(socket: std::net::UdpSocket) -> io::Result<Self> {
+    ///
+    /// With `ecn` false it also turns the ECN control messages (`IP_RECVTOS`, and
+    /// `IPV6_RECVTCLASS` on an IPv6 socket) off: datagrams then reach the workers as not-ECT.
+    pub fn new(socket: std::net::UdpSocket, ecn: bool) -> io::Result<Self> {
         let state = UdpSocketState::new(UdpSockRef::from(&socket))?;
         let local = socket.local_addr()?;
         let fixed_local_ip = if local.ip().is_unspecified() {
             None
         } else {
-            let (level, name) = match local {
-                SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
-                SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
-            };
-            let off: libc::c_int = 0;
-            // SAFETY: setsockopt on an open socket with a pointer to a live int and its size.
-            let rc = unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    level,
-                    name,
-                    (&off as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc != 0 {
-                return Err(io::Error::last_os_error());
+            match local {
+                SocketAddr::V4(_) => switch_off(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO)?,
+                SocketAddr::V6(_) => {
+                    switch_off(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)?
+                }
             }
             Some(local.ip())
         };
+        if !ecn {
+            if local.is_ipv6() {
+                switch_off(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)?;
+            }
+            // Also on a dual-stack IPv6 socket, for its IPv4 traffic (quinn-udp sets both).
+            if local.is_ipv4() || !socket2::SockRef::from(&socket).only_v6()? {
+                switch_off(&socket, libc::IPPROTO_IP, libc::IP_RECVTOS)?;
+            }
+        }
         Ok(PublicSocket {
             socket,
             state,
@@ -166,6 +166,29 @@ impl PublicSocket {
     pub fn socket(&self) -> &std::net::UdpSocket {
         &self.socket
     }
+}
+
+/// Sets an integer socket option to 0.
+fn switch_off(
+    socket: &std::net::UdpSocket,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<()> {
+    let off: libc::c_int = 0;
+    // SAFETY: setsockopt on an open socket with a pointer to a live int and its size.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&off as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub struct DataPlane {
@@ -581,7 +604,70 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quinn::udp::EcnCodepoint;
     use ringmux_quic_lb::{CidGenerator, ConnectionIdGenerator, QuicLbConfig};
+
+    /// Sends one datagram marked ECT(0) to `public` and receives it the way the data plane does.
+    fn mark_and_receive(public: &PublicSocket) -> RecvMeta {
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tos: libc::c_int = 2; // ECT(0)
+                                  // SAFETY: setsockopt with a live int and its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                client.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_TOS,
+                (&tos as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        let to = public.socket.local_addr().unwrap();
+        client
+            .send_to(b"\x40ecn", ("127.0.0.1", to.port()))
+            .unwrap();
+        let mut buf = vec![0u8; 2048];
+        let mut iovs = [IoSliceMut::new(&mut buf)];
+        let mut metas = [RecvMeta::default()];
+        for _ in 0..1000 {
+            match public
+                .state
+                .recv(UdpSockRef::from(&public.socket), &mut iovs, &mut metas)
+            {
+                Ok(1) => return metas[0],
+                Ok(_) => unreachable!("one buffer"),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    wait_readable(&public.socket, Duration::from_millis(10))
+                }
+                Err(e) => panic!("recv: {e}"),
+            }
+        }
+        panic!("the datagram never arrived");
+    }
+
+    /// What the kernel is asked for: ECN unless `--ecn off`; the destination address only on a
+    /// wildcard bind (a specific one is filled in from the bound address).
+    #[test]
+    fn public_socket_cmsgs_follow_bind_and_ecn() {
+        let specific =
+            PublicSocket::new(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), true).unwrap();
+        let m = mark_and_receive(&specific);
+        assert_eq!(m.ecn, Some(EcnCodepoint::Ect0));
+        assert_eq!(m.dst_ip, None, "no destination cmsg on a specific bind");
+        assert_eq!(specific.fixed_local_ip, Some("127.0.0.1".parse().unwrap()));
+
+        let wildcard =
+            PublicSocket::new(std::net::UdpSocket::bind("0.0.0.0:0").unwrap(), true).unwrap();
+        let m = mark_and_receive(&wildcard);
+        assert_eq!(m.ecn, Some(EcnCodepoint::Ect0));
+        assert_eq!(m.dst_ip, Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(wildcard.fixed_local_ip, None);
+
+        let no_ecn =
+            PublicSocket::new(std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), false).unwrap();
+        let m = mark_and_receive(&no_ecn);
+        assert_eq!(m.ecn, None, "--ecn off: no TOS cmsg");
+    }
 
     /// The cache must answer exactly what the router answers, whatever the sequence.
     #[test]

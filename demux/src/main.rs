@@ -83,8 +83,9 @@ fn run(cfg: Config) -> Result<()> {
     };
     let (cert_pem, key_pem) = chain.to_pem();
 
-    let public = dataplane::PublicSocket::new(bind_public(&cfg)?)
-        .context("configuring the public socket")?;
+    let public =
+        dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
+            .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
 
     let counters = Arc::new(Counters::new(cfg.instances));

@@ -321,3 +321,19 @@ async fn specific_ipv6_listen_serves_every_instance() {
     })
     .await;
 }
+
+/// `--ecn off`: the demux asks for no ECN bits; every instance still serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecn_off_still_serves() {
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &["--ecn", "off"]);
+        for instance in 0..2u8 {
+            let client = rm.pinned_client(instance);
+            let conn = rm.connect(&client).await;
+            let r = conn.get("/bytes/3000").await.expect("GET");
+            check_bytes(&format!("--ecn off, instance {instance}"), &r, 3000);
+        }
+        rm.wait_balanced(Duration::from_secs(5)).await;
+    })
+    .await;
+}
