@@ -104,6 +104,44 @@ impl ProbeStats {
     }
 }
 
+/// One process's share of a multi-process `h3-probe` run (`--processes`): its counts and its
+/// latency histogram as (value, count) pairs, so the parent can merge exact percentiles.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct ProbeShard {
+    pub requests: u64,
+    pub errors: BTreeMap<String, u64>,
+    /// Recorded latency values in µs (each bucket's highest equivalent value) and their counts.
+    pub latency_us: Vec<(u64, u64)>,
+    /// Length of this process's measurement window in seconds.
+    pub measured_s: f64,
+}
+
+impl ProbeShard {
+    pub fn new(stats: &ProbeStats, measured: Duration) -> Self {
+        ProbeShard {
+            requests: stats.requests,
+            errors: stats.errors.clone(),
+            latency_us: stats
+                .latency_us
+                .iter_recorded()
+                .map(|v| (v.value_iterated_to(), v.count_at_value()))
+                .collect(),
+            measured_s: measured.as_secs_f64(),
+        }
+    }
+
+    /// Back into statistics (histogram values land in the same buckets they came from).
+    pub fn stats(&self) -> ProbeStats {
+        let mut s = ProbeStats::new();
+        for &(v, n) in &self.latency_us {
+            let _ = s.latency_us.record_n(v.clamp(1, MAX_LATENCY_US), n);
+        }
+        s.requests = self.requests;
+        s.errors = self.errors.clone();
+        s
+    }
+}
+
 /// What `h3-probe --json` writes.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ProbeReport {
@@ -127,6 +165,27 @@ pub struct Latency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shards_merge_to_the_same_report() {
+        let mut a = ProbeStats::new();
+        let mut b = ProbeStats::new();
+        for i in 1..=5000u64 {
+            a.record_ok(Duration::from_micros(i * 7));
+            b.record_ok(Duration::from_micros(100_000 + i));
+        }
+        b.record_error("reset");
+        let mut whole = a.clone();
+        whole.merge(&b);
+        let d = Duration::from_secs(2);
+        let mut merged = ProbeShard::new(&a, d).stats();
+        let json = serde_json::to_string(&ProbeShard::new(&b, d)).unwrap();
+        let back: ProbeShard = serde_json::from_str(&json).unwrap();
+        merged.merge(&back.stats());
+        assert_eq!(merged.report(d), whole.report(d));
+        assert_eq!(merged.requests(), 10_000);
+        assert_eq!(merged.error_total(), 1);
+    }
 
     #[test]
     fn report_shape() {

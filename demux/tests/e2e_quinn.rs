@@ -337,3 +337,52 @@ async fn ecn_off_still_serves() {
     })
     .await;
 }
+
+/// `h3-probe --processes 2`: two copies load ringmux, each stops after its request budget, and
+/// the parent merges their counts and histograms into one JSON report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_probe_merges_its_processes() {
+    bounded(Duration::from_secs(90), async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let dir = harness::TempDir::new("ringmux-probe");
+        let json = dir.path().join("probe.json");
+        let probe = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
+        assert!(
+            probe.is_file(),
+            "{} is missing: run `cargo build --workspace --bins` before these tests",
+            probe.display()
+        );
+        let url = format!("https://127.0.0.1:{}/bytes/1000", rm.listen.port());
+        let out = tokio::process::Command::new(&probe)
+            .args(["--url", &url, "--insecure", "--expect-len", "1000"])
+            .args(["-c", "2", "-s", "2", "-p", "2"])
+            .args(["-n", "40", "--seconds", "60"])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .await
+            .expect("running h3-probe");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "h3-probe failed: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("2 processes x 2 connections x 2 streams"),
+            "{stdout}"
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the --json report")).unwrap();
+        let requests = report["requests"].as_u64().unwrap();
+        // Each process stops once it has counted its own 40 (a few more may be in flight).
+        assert!((80..=100).contains(&requests), "{report}");
+        assert_eq!(report["errors"]["total"].as_u64(), Some(0), "{report}");
+        assert!(report["requests_per_s"].as_f64().unwrap() > 0.0, "{report}");
+        let lat = &report["latency_us"];
+        let (p50, max) = (lat["p50"].as_u64().unwrap(), lat["max"].as_u64().unwrap());
+        assert!(p50 > 0 && p50 <= max, "{report}");
+    })
+    .await;
+}

@@ -1,6 +1,7 @@
 //! `h3-probe`: HTTP/3 load generator. C connections × S concurrent streams of GET for a
-//! duration (or a request budget); reports req/s, latency percentiles (hdrhistogram) and
-//! errors by kind, as text on stdout and optionally as JSON.
+//! duration (or a request budget), optionally in P processes whose results are merged; reports
+//! req/s, latency percentiles (hdrhistogram) and errors by kind, as text on stdout and
+//! optionally as JSON.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use ringmux_bench::client::{client_config, ClientError, H3Client, H3Conn};
-use ringmux_bench::stats::{ProbeReport, ProbeStats};
+use ringmux_bench::stats::{ProbeReport, ProbeShard, ProbeStats};
 use tokio::sync::watch;
 
 /// HTTP/3 load generator: C connections × S concurrent streams of GET.
@@ -72,6 +73,16 @@ struct Args {
     /// Runtime worker threads (default: number of CPUs).
     #[arg(long)]
     threads: Option<usize>,
+
+    /// Run this many processes, each with --connections × --streams (and --requests, if given,
+    /// each), and merge their counts and latency histograms into one report. One process's
+    /// runtime can become the bottleneck before the server does.
+    #[arg(long, short = 'p', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    processes: u32,
+
+    /// Internal (set by --processes): write this process's share as JSON here, print nothing.
+    #[arg(long, hide = true)]
+    shard_out: Option<PathBuf>,
 }
 
 /// What each stream task needs.
@@ -89,6 +100,11 @@ struct Plan {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // A copy started by --processes never starts copies of its own.
+    if args.processes > 1 && args.shard_out.is_none() {
+        let ok = run_processes(&args)?;
+        std::process::exit(if ok { 0 } else { 1 });
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = args.threads {
         rt.worker_threads(n.max(1));
@@ -177,7 +193,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         ));
     }
 
-    let progress = progress_bar(warmup + measure);
+    let progress = if args.shard_out.is_some() {
+        None
+    } else {
+        progress_bar(warmup + measure)
+    };
     let deadline = tokio::time::Instant::from_std(start + warmup + measure);
     let mut budget_done = stop.clone();
     let interrupted = tokio::select! {
@@ -191,7 +211,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(p) = &progress {
         p.finish_and_clear();
     }
-    if interrupted {
+    if interrupted && args.shard_out.is_none() {
         eprintln!("interrupted: reporting what was measured");
     }
 
@@ -201,6 +221,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             Ok(stats) => total.merge(&stats),
             Err(e) => eprintln!("connection task failed: {e}"),
         }
+    }
+    if let Some(path) = &args.shard_out {
+        let json = serde_json::to_string(&ProbeShard::new(&total, measured))?;
+        std::fs::write(path, json)
+            .with_context(|| format!("cannot write the shard {}", path.display()))?;
+        return Ok(total.requests() > 0);
     }
     let report = total.report(measured);
     print_report(&args, &report, measured);
@@ -373,10 +399,106 @@ async fn tick(bar: &Option<indicatif::ProgressBar>, plan: &Plan, start: Instant)
     }
 }
 
+/// `--processes P`: runs P copies of this program (same arguments, one process each, no
+/// --json), waits for them and merges what they measured. Ctrl-C reaches the whole foreground
+/// process group: the copies stop and report, and this process, which ignores it, merges.
+fn run_processes(args: &Args) -> anyhow::Result<bool> {
+    let exe = std::env::current_exe().context("cannot find this executable to start copies")?;
+    let dir = std::env::temp_dir().join(format!("h3-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let child_args = without_options(
+        std::env::args_os().skip(1),
+        &["--processes", "-p", "--json"],
+    );
+    let mut children = Vec::new();
+    for i in 0..args.processes {
+        let shard = dir.join(format!("{i}.json"));
+        let child = std::process::Command::new(&exe)
+            .args(&child_args)
+            .arg("--shard-out")
+            .arg(&shard)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start copy {i} of {}", exe.display()))?;
+        children.push((child, shard));
+    }
+    // SAFETY: changes this process's SIGINT disposition only; the copies were started (and
+    // exec'd, which `spawn` waits for) with the default one.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    let mut total = ProbeStats::new();
+    let (mut measured_s, mut reported) = (0.0, 0u32);
+    for (i, (mut child, shard)) in children.into_iter().enumerate() {
+        let status = child.wait()?;
+        let parsed = std::fs::read(&shard)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<ProbeShard>(&b).ok());
+        match parsed {
+            Some(s) => {
+                total.merge(&s.stats());
+                measured_s += s.measured_s;
+                reported += 1;
+            }
+            None => eprintln!("h3-probe: process {i} reported nothing ({status})"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    if reported == 0 {
+        bail!("none of the {} processes reported", args.processes);
+    }
+    if reported < args.processes {
+        eprintln!(
+            "h3-probe: only {reported} of {} processes reported; the figures cover those",
+            args.processes
+        );
+    }
+    let measured = Duration::from_secs_f64(measured_s / f64::from(reported));
+    let report = total.report(measured);
+    print_report(args, &report, measured);
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write --json {}", path.display()))?;
+    }
+    Ok(report.requests > 0)
+}
+
+/// The arguments without the named options and their values (`--opt V` and `--opt=V`).
+fn without_options(
+    args: impl Iterator<Item = std::ffi::OsString>,
+    drop: &[&str],
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut skip_value = false;
+    for a in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        let text = a.to_string_lossy();
+        if drop.contains(&text.as_ref()) {
+            skip_value = true;
+        } else if !drop.iter().any(|d| {
+            // `--opt=V`, and a short option with its value attached (`-p4`).
+            if d.starts_with("--") {
+                text.starts_with(&format!("{d}="))
+            } else {
+                text.starts_with(d) && !text.starts_with("--")
+            }
+        }) {
+            out.push(a);
+        }
+    }
+    out
+}
+
 fn print_report(args: &Args, r: &ProbeReport, measured: Duration) {
     println!(
-        "h3-probe {} : {} connections x {} streams, {:.1} s measured",
+        "h3-probe {} : {}{} connections x {} streams, {:.1} s measured",
         args.url,
+        if args.processes > 1 {
+            format!("{} processes x ", args.processes)
+        } else {
+            String::new()
+        },
         args.connections,
         args.streams,
         measured.as_secs_f64()
@@ -416,4 +538,34 @@ fn rustls_pemfile_certs(
         bail!("no CERTIFICATE block found");
     }
     Ok(certs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_options;
+
+    #[test]
+    fn copies_get_neither_processes_nor_json() {
+        let args = [
+            "--url",
+            "https://x/",
+            "-p",
+            "3",
+            "--json",
+            "out.json",
+            "-c",
+            "4",
+            "-p5",
+            "--processes=2",
+            "--json=a",
+            "--streams",
+            "8",
+        ]
+        .map(std::ffi::OsString::from);
+        let kept = without_options(args.into_iter(), &["--processes", "-p", "--json"]);
+        assert_eq!(
+            kept,
+            ["--url", "https://x/", "-c", "4", "--streams", "8"].map(std::ffi::OsString::from)
+        );
+    }
 }
