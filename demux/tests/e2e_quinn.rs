@@ -267,27 +267,31 @@ async fn dual_stack_listen_serves_ipv4_and_ipv6() {
         );
         let port = rm.listen.port();
         for target in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
-            let target: std::net::SocketAddr = target.parse().unwrap();
-            for instance in 0..2u8 {
-                let mut client = ringmux_bench::client::H3Client::new(
-                    ringmux_bench::client::client_config(None).unwrap(),
-                    target,
-                )
-                .unwrap();
-                harness::pin(&mut client, rm.router.clone(), move || instance);
-                let conn = client
-                    .connect(target, harness::SERVER_NAME)
-                    .await
-                    .expect("connect");
-                let r = conn.get("/bytes/3000").await.expect("GET");
-                check_bytes(&format!("{target} instance {instance}"), &r, 3000);
-            }
+            each_instance_serves(&rm, target.parse().unwrap()).await;
         }
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
         assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
         assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
     })
     .await;
+}
+
+/// A connection pinned to each of the two instances fetches and checks a body via `target`.
+async fn each_instance_serves(rm: &Ringmux, target: std::net::SocketAddr) {
+    for instance in 0..2u8 {
+        let mut client = ringmux_bench::client::H3Client::new(
+            ringmux_bench::client::client_config(None).unwrap(),
+            target,
+        )
+        .unwrap();
+        harness::pin(&mut client, rm.router.clone(), move || instance);
+        let conn = client
+            .connect(target, harness::SERVER_NAME)
+            .await
+            .expect("connect");
+        let r = conn.get("/bytes/3000").await.expect("GET");
+        check_bytes(&format!("{target} instance {instance}"), &r, 3000);
+    }
 }
 
 /// `--listen [::1]:PORT`, a specific IPv6 address: the demux asks the kernel for no destination
@@ -301,20 +305,7 @@ async fn specific_ipv6_listen_serves_every_instance() {
         }
         let rm = Ringmux::start(2, Forward::Shm, &["--listen", "[::1]:0"]);
         assert_eq!(rm.listen.ip(), "::1".parse::<std::net::IpAddr>().unwrap());
-        for instance in 0..2u8 {
-            let mut client = ringmux_bench::client::H3Client::new(
-                ringmux_bench::client::client_config(None).unwrap(),
-                rm.listen,
-            )
-            .unwrap();
-            harness::pin(&mut client, rm.router.clone(), move || instance);
-            let conn = client
-                .connect(rm.listen, harness::SERVER_NAME)
-                .await
-                .expect("connect");
-            let r = conn.get("/bytes/3000").await.expect("GET");
-            check_bytes(&format!("[::1] instance {instance}"), &r, 3000);
-        }
+        each_instance_serves(&rm, rm.listen).await;
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
         assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
         assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
@@ -327,12 +318,7 @@ async fn specific_ipv6_listen_serves_every_instance() {
 async fn ecn_off_still_serves() {
     bounded(Duration::from_secs(60), async {
         let rm = Ringmux::start(2, Forward::Shm, &["--ecn", "off"]);
-        for instance in 0..2u8 {
-            let client = rm.pinned_client(instance);
-            let conn = rm.connect(&client).await;
-            let r = conn.get("/bytes/3000").await.expect("GET");
-            check_bytes(&format!("--ecn off, instance {instance}"), &r, 3000);
-        }
+        each_instance_serves(&rm, rm.listen).await;
         rm.wait_balanced(Duration::from_secs(5)).await;
     })
     .await;
