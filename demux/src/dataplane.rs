@@ -610,18 +610,7 @@ mod tests {
     /// Sends one datagram marked ECT(0) to `public` and receives it the way the data plane does.
     fn mark_and_receive(public: &PublicSocket) -> RecvMeta {
         let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let tos: libc::c_int = 2; // ECT(0)
-                                  // SAFETY: setsockopt with a live int and its size.
-        let rc = unsafe {
-            libc::setsockopt(
-                client.as_raw_fd(),
-                libc::IPPROTO_IP,
-                libc::IP_TOS,
-                (&tos as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0);
+        socket2::SockRef::from(&client).set_tos_v4(2).unwrap(); // ECT(0)
         let to = public.socket.local_addr().unwrap();
         client
             .send_to(b"\x40ecn", ("127.0.0.1", to.port()))

@@ -53,8 +53,12 @@ async fn instance0_serves(rm: &Ringmux) {
     check_bytes("instance 0", &r, 50_000);
 }
 
-/// Plays `fault` and checks detection, reset, restart and isolation.
+/// Plays `fault` and checks detection, reset, restart and isolation, within 60 s.
 async fn fault_is_contained(fault: &str, expect_violation: bool) {
+    bounded(Duration::from_secs(60), play_fault(fault, expect_violation)).await;
+}
+
+async fn play_fault(fault: &str, expect_violation: bool) {
     let dir = TempDir::new("ringmux-fault");
     let rm = start_faulty(fault, &["--stall-secs", "1"], &dir);
     let before = rm.metrics();
@@ -106,29 +110,17 @@ async fn fault_is_contained(fault: &str, expect_violation: bool) {
 
 #[tokio::test]
 async fn head_written_ahead_of_tail() {
-    bounded(
-        Duration::from_secs(60),
-        fault_is_contained("head-ahead", true),
-    )
-    .await;
+    fault_is_contained("head-ahead", true).await;
 }
 
 #[tokio::test]
 async fn head_moved_backwards() {
-    bounded(
-        Duration::from_secs(60),
-        fault_is_contained("head-backwards", true),
-    )
-    .await;
+    fault_is_contained("head-backwards", true).await;
 }
 
 #[tokio::test]
 async fn worker_stops_draining() {
-    bounded(
-        Duration::from_secs(60),
-        fault_is_contained("stop-draining", true),
-    )
-    .await;
+    fault_is_contained("stop-draining", true).await;
 }
 
 /// The worker fills its eventfd and makes the file description it shares with the demux
@@ -136,20 +128,12 @@ async fn worker_stops_draining() {
 /// that write, kills the worker, restores the eventfd and the data plane carries on.
 #[tokio::test]
 async fn worker_jams_its_doorbell() {
-    bounded(
-        Duration::from_secs(60),
-        fault_is_contained("jam-doorbell", true),
-    )
-    .await;
+    fault_is_contained("jam-doorbell", true).await;
 }
 
 #[tokio::test]
 async fn worker_dies_mid_batch() {
-    bounded(
-        Duration::from_secs(60),
-        fault_is_contained("die-mid-batch", false),
-    )
-    .await;
+    fault_is_contained("die-mid-batch", false).await;
 }
 
 /// One slow worker (its ring full) does not slow the others: instance 1 never drains (and is
