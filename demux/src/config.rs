@@ -188,11 +188,11 @@ impl RunArgs {
                 self.instances
             );
         }
-        if !(1..=quinn::udp::BATCH_SIZE).contains(&self.recv_batch) {
+        if !(1..=quinn_udp::BATCH_SIZE).contains(&self.recv_batch) {
             bail!(
                 "--recv-batch / RINGMUX_RECV_BATCH={} is not valid: expected 1 to {}",
                 self.recv_batch,
-                quinn::udp::BATCH_SIZE
+                quinn_udp::BATCH_SIZE
             );
         }
         let node_id = hex::decode(self.node_id.trim().trim_start_matches("0x")).ok().with_context(|| {

@@ -10,18 +10,19 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn::udp::{RecvMeta, UdpSockRef, UdpSocketState};
+use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{Route, Router};
 use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta, Producer, PushError};
 
 use crate::metrics::{Counters, DropReason};
+use crate::sys::{self, RecvCmsg};
 
 /// Largest datagram train one receive buffer holds (UDP GRO caps a super-datagram at 64 KiB).
 const RECV_BUF: usize = 65536;
@@ -127,7 +128,7 @@ impl PublicSocket {
     /// per-datagram destination-address control message (`IP_PKTINFO` / `IPV6_RECVPKTINFO`)
     /// off again: the kernel would build one for every datagram to say what is already known.
     ///
-    /// Workers never change options of this socket (they share its file description, notes G1):
+    /// Workers never change options of this socket (they share its file description):
     /// `ringmux_worker::RingSocket` probes its send capabilities on a scratch socket.
     ///
     /// With `ecn` false it also turns the ECN control messages (`IP_RECVTOS`, and
@@ -139,20 +140,18 @@ impl PublicSocket {
             None
         } else {
             match local {
-                SocketAddr::V4(_) => switch_off(&socket, libc::IPPROTO_IP, libc::IP_PKTINFO)?,
-                SocketAddr::V6(_) => {
-                    switch_off(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO)?
-                }
+                SocketAddr::V4(_) => sys::switch_off(socket.as_fd(), RecvCmsg::Ipv4PacketInfo)?,
+                SocketAddr::V6(_) => sys::switch_off(socket.as_fd(), RecvCmsg::Ipv6PacketInfo)?,
             }
             Some(local.ip())
         };
         if !ecn {
             if local.is_ipv6() {
-                switch_off(&socket, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS)?;
+                sys::switch_off(socket.as_fd(), RecvCmsg::Ipv6TrafficClass)?;
             }
             // Also on a dual-stack IPv6 socket, for its IPv4 traffic (quinn-udp sets both).
             if local.is_ipv4() || !socket2::SockRef::from(&socket).only_v6()? {
-                switch_off(&socket, libc::IPPROTO_IP, libc::IP_RECVTOS)?;
+                sys::switch_off(socket.as_fd(), RecvCmsg::Ipv4Tos)?;
             }
         }
         Ok(PublicSocket {
@@ -166,29 +165,6 @@ impl PublicSocket {
     pub fn socket(&self) -> &std::net::UdpSocket {
         &self.socket
     }
-}
-
-/// Sets an integer socket option to 0.
-fn switch_off(
-    socket: &std::net::UdpSocket,
-    level: libc::c_int,
-    name: libc::c_int,
-) -> io::Result<()> {
-    let off: libc::c_int = 0;
-    // SAFETY: setsockopt on an open socket with a pointer to a live int and its size.
-    let rc = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            (&off as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 pub struct DataPlane {
@@ -282,7 +258,7 @@ impl DataPlane {
             ) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_readable(&self.public.socket, GAUGE_PERIOD);
+                    let _ = sys::wait_readable(self.public.socket.as_fd(), GAUGE_PERIOD);
                     self.refresh_gauges(&mut local, &control, &mut last_gauges);
                     continue;
                 }
@@ -399,7 +375,7 @@ impl DataPlane {
                     Some(DropReason::RingViolation)
                 }
             },
-            Forwarder::Unix(socks) => match send_unix(socks[inst].as_raw_fd(), desc, seg) {
+            Forwarder::Unix(socks) => match send_unix(socks[inst].as_fd(), desc, seg) {
                 Ok(()) => {
                     l.forwarded += 1;
                     None
@@ -506,42 +482,16 @@ pub fn unix_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The baseline: one `sendmsg` per datagram, a 64-byte descriptor then the payload.
-fn send_unix(fd: i32, template: &SlotDesc, seg: &[u8]) -> io::Result<()> {
+fn send_unix(fd: std::os::fd::BorrowedFd<'_>, template: &SlotDesc, seg: &[u8]) -> io::Result<()> {
     let desc = SlotDesc {
         len: seg.len() as u32,
         segment_size: seg.len() as u32,
         ..*template
     };
-    let iov = [
-        libc::iovec {
-            iov_base: (&desc as *const SlotDesc).cast_mut().cast(),
-            iov_len: size_of_val(&desc),
-        },
-        libc::iovec {
-            iov_base: seg.as_ptr().cast_mut().cast(),
-            iov_len: seg.len(),
-        },
-    ];
-    // SAFETY: a zeroed msghdr is valid; it points at two live iovecs (read-only use by sendmsg).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_ptr().cast_mut();
-    msg.msg_iovlen = 2;
-    // SAFETY: msg is initialised and refers to live buffers.
-    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn wait_readable(sock: &std::net::UdpSocket, timeout: Duration) {
-    let mut p = libc::pollfd {
-        fd: sock.as_fd().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, timeout.as_millis() as i32) };
+    sys::send_iov(
+        fd,
+        &[io::IoSlice::new(desc.as_bytes()), io::IoSlice::new(seg)],
+    )
 }
 
 /// The route of the last short-header DCID seen. Under load consecutive datagrams mostly belong
@@ -604,7 +554,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use quinn::udp::EcnCodepoint;
+    use quinn_udp::EcnCodepoint;
     use ringmux_quic_lb::{CidGenerator, ConnectionIdGenerator, QuicLbConfig};
 
     /// Sends one datagram marked ECT(0) to `public` and receives it the way the data plane does.
@@ -626,7 +576,7 @@ mod tests {
                 Ok(1) => return metas[0],
                 Ok(_) => unreachable!("one buffer"),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    wait_readable(&public.socket, Duration::from_millis(10))
+                    let _ = sys::wait_readable(public.socket.as_fd(), Duration::from_millis(10));
                 }
                 Err(e) => panic!("recv: {e}"),
             }

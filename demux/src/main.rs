@@ -1,16 +1,10 @@
-//! `ringmux`: the demux and supervisor. See `ringmux --help`, README.md and DESIGN.md.
+//! `ringmux`: the demux and supervisor. See `ringmux --help`, README.md and DESIGN.md; the parts
+//! live in the library (`lib.rs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod alloc;
-mod config;
-mod dataplane;
-mod metrics;
-mod sessions;
-mod supervisor;
-
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,14 +12,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use ringmux_proto::{Handoff, IngressKind};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 use ringmux_ring::Producer;
-use ringmux_worker::control::{Handoff, IngressKind};
-use ringmux_worker::tls::CertChain;
 
-use config::{Cli, Command, Config, ForwardMode};
-use dataplane::{DataPlane, DataPlaneLink, Forwarder, IngressHandles};
-use metrics::Counters;
+use ringmux_demux::certs::CertPem;
+use ringmux_demux::config::{self, Cli, Command, Config, ForwardMode};
+use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Forwarder, IngressHandles};
+use ringmux_demux::metrics::{self, Counters};
+use ringmux_demux::{alloc, supervisor, sys};
 
 #[global_allocator]
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -56,7 +51,7 @@ fn main() -> ExitCode {
 
 fn run(cfg: Config) -> Result<()> {
     // Before any thread exists, so that every thread inherits the mask.
-    let signals = supervisor::block_signals().context("setting up signal handling")?;
+    let signals = sys::shutdown_signals().context("setting up signal handling")?;
     let keys = match &cfg.args.key_file {
         Some(p) => {
             KeySet::load(p).map_err(|e| anyhow::anyhow!("--key-file / RINGMUX_KEY_FILE: {e}"))?
@@ -77,11 +72,10 @@ fn run(cfg: Config) -> Result<()> {
     })?;
     let router =
         Router::new(&lb, keys.routing_hash).map_err(|e| anyhow::anyhow!("QUIC-LB router: {e}"))?;
-    let chain = match (&cfg.args.cert, &cfg.args.key) {
-        (Some(c), Some(k)) => CertChain::from_pem_files(c, k)?,
-        _ => CertChain::self_signed()?,
+    let cert = match (&cfg.args.cert, &cfg.args.key) {
+        (Some(c), Some(k)) => CertPem::load(c, k)?,
+        _ => CertPem::self_signed()?,
     };
-    let (cert_pem, key_pem) = chain.to_pem();
 
     let public =
         dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
@@ -136,8 +130,8 @@ fn run(cfg: Config) -> Result<()> {
         retry: cfg.args.retry,
         idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
         cpu: None,
-        cert_pem,
-        key_pem,
+        cert_pem: cert.chain,
+        key_pem: cert.key,
         sink: cfg.args.worker_mode == config::WorkerMode::Sink,
     };
 
@@ -219,8 +213,9 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
         s.set_only_v6(false)
             .context("enabling dual-stack on [::]")?;
     }
-    force_buffer(&s, libc::SO_RCVBUFFORCE, cfg.args.rcvbuf);
-    force_buffer(&s, libc::SO_SNDBUFFORCE, cfg.args.sndbuf);
+    // Fails when not privileged: the plain sizes below are then capped by the sysctl limits.
+    let _ = sys::force_buffer(s.as_fd(), false, cfg.args.rcvbuf);
+    let _ = sys::force_buffer(s.as_fd(), true, cfg.args.sndbuf);
     if s.recv_buffer_size().unwrap_or(0) < cfg.args.rcvbuf {
         let _ = s.set_recv_buffer_size(cfg.args.rcvbuf);
     }
@@ -240,20 +235,6 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
         .with_context(|| format!("binding {addr} (--listen / RINGMUX_LISTEN)"))?;
     s.set_nonblocking(true)?;
     Ok(s.into())
-}
-
-fn force_buffer(s: &socket2::Socket, opt: libc::c_int, bytes: usize) {
-    let v = bytes.min(i32::MAX as usize / 2) as libc::c_int;
-    // SAFETY: setsockopt with a valid int; failure (not privileged) is fine, we fall back.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            4,
-        );
-    }
 }
 
 fn pin(cpu: usize) {

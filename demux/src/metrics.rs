@@ -84,6 +84,23 @@ pub struct InstanceCounters {
     pub alive: AtomicBool,
 }
 
+impl InstanceCounters {
+    /// Stores what a worker's `STATS` message says.
+    pub fn record_report(&self, r: &ringmux_proto::WorkerReport) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.connections_active, r.connections_active);
+        set(&self.connections_total, r.connections_total);
+        set(&self.requests_total, r.requests_total);
+        set(&self.worker_datagrams_in, r.datagrams_in);
+        set(&self.worker_datagrams_dropped, r.datagrams_dropped);
+        set(&self.worker_bad_cid, r.bad_cid);
+        set(&self.worker_cpu_ns, r.cpu_ns);
+        set(&self.sink_lat_p50_ns, r.lat_p50_ns);
+        set(&self.sink_lat_p99_ns, r.lat_p99_ns);
+        set(&self.sink_lat_p999_ns, r.lat_p999_ns);
+    }
+}
+
 /// Everything the demux counts.
 #[derive(Debug)]
 pub struct Counters {

@@ -1,16 +1,39 @@
 //! The demux's half of the cross-instance TLS session store: one shared, bounded, single-use
 //! cache ([`SessionCache`]) and one thread per worker answering its session socket. Workers
 //! store the sessions they issue tickets for and take them back on resumption, so 0-RTT works
-//! whichever instance a resumed connection lands on (see `ringmux_worker::sessions`).
+//! whichever instance a resumed connection lands on. The worker's half is
+//! `ringmux_worker::sessions`; the wire format is `ringmux_proto::session`, specified in
+//! `control-protocol.md` ("Session store").
+//!
+//! Every request is untrusted input: memory stays bounded ([`CacheLimits`]), keys are hashed
+//! with SipHash under a random key (no hash flooding), malformed or oversized requests are
+//! dropped and counted, never a panic. A worker can insert sessions under keys of its choosing
+//! and look up or take sessions whose key it knows; it cannot list keys.
 
-use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use ringmux_worker::sessions::SessionCache;
+use ringmux_proto::session::{encode_reply, Op, Request, MAX_REQUEST_LEN};
+use tracing::{debug, warn};
+
+use crate::sys;
+
+/// How long a session may be resumed: six hours, the ticket lifetime workers announce.
+pub const TICKET_LIFETIME: Duration = Duration::from_secs(6 * 60 * 60);
 
 /// Serves every worker's session requests from one cache.
 pub struct Sessions {
     cache: Arc<SessionCache>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Sessions {
@@ -36,5 +59,312 @@ impl Sessions {
             // handshakes, nothing else breaks.
             tracing::error!(instance, error = %e, "could not start the session thread");
         }
+    }
+}
+
+/// Bounds of a [`SessionCache`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Most entries; the oldest is evicted to make room.
+    pub max_entries: usize,
+    /// Most bytes of keys and values plus [`ENTRY_OVERHEAD`] per entry; the oldest entries are
+    /// evicted to make room. Bounds memory even if a worker stores only maximal values.
+    pub max_bytes: usize,
+    /// Entries older than this are forgotten.
+    pub ttl: Duration,
+}
+
+/// Bytes charged per entry on top of its key and value (map and order bookkeeping).
+pub const ENTRY_OVERHEAD: usize = 128;
+
+impl Default for CacheLimits {
+    /// 65 536 entries, 64 MiB, 6 h ([`TICKET_LIFETIME`]).
+    fn default() -> Self {
+        CacheLimits {
+            max_entries: 65_536,
+            max_bytes: 64 << 20,
+            ttl: TICKET_LIFETIME,
+        }
+    }
+}
+
+/// Counters and gauges of a [`SessionCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// PUTs stored.
+    pub puts: u64,
+    /// GETs and TAKEs that found their key.
+    pub hits: u64,
+    /// GETs and TAKEs that did not (never stored, already taken, evicted or expired).
+    pub misses: u64,
+    /// Entries evicted to stay within [`CacheLimits`].
+    pub evictions: u64,
+    /// Entries dropped because they were older than [`CacheLimits::ttl`].
+    pub expired: u64,
+    /// Requests dropped unanswered: malformed, unknown op, key or value out of bounds.
+    pub malformed: u64,
+    /// Well-formed PUTs refused because the entry can never fit [`CacheLimits`].
+    pub refused: u64,
+    /// Replies not sent because the worker's socket was full or gone.
+    pub dropped_replies: u64,
+    /// Entries now.
+    pub entries: u64,
+    /// Bytes charged now (see [`CacheLimits::max_bytes`]).
+    pub bytes: u64,
+}
+
+/// The demux's session cache, shared by all workers: bounded, FIFO eviction, entries expire
+/// after a TTL, TAKE removes (single use). Thread-safe; one thread per worker runs
+/// [`SessionCache::serve_worker`].
+pub struct SessionCache {
+    limits: CacheLimits,
+    inner: Mutex<Store>,
+}
+
+struct Store {
+    /// std's `HashMap` hashes with SipHash-1-3 under a per-map random key, so worker-chosen
+    /// keys cannot force collisions.
+    map: HashMap<Vec<u8>, Entry>,
+    /// Insertion order: sequence number → key. Oldest first, which is also the expiry order.
+    order: BTreeMap<u64, Vec<u8>>,
+    next_seq: u64,
+    bytes: usize,
+    stats: CacheStats,
+}
+
+struct Entry {
+    seq: u64,
+    stored_at: Instant,
+    value: Vec<u8>,
+}
+
+impl SessionCache {
+    /// A cache with [`CacheLimits::default`].
+    pub fn new() -> Self {
+        Self::with_limits(CacheLimits::default())
+    }
+
+    /// A cache with explicit limits.
+    pub fn with_limits(limits: CacheLimits) -> Self {
+        SessionCache {
+            limits,
+            inner: Mutex::new(Store {
+                map: HashMap::new(),
+                order: BTreeMap::new(),
+                next_seq: 0,
+                bytes: 0,
+                stats: CacheStats::default(),
+            }),
+        }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> CacheLimits {
+        self.limits
+    }
+
+    /// Counters since creation, and the current size.
+    pub fn stats(&self) -> CacheStats {
+        let store = self.store();
+        CacheStats {
+            entries: store.map.len() as u64,
+            bytes: store.bytes as u64,
+            ..store.stats
+        }
+    }
+
+    /// Handles one request: the reply to send back, or `None` for a malformed request (which
+    /// is counted). Never panics on any input.
+    pub fn handle(&self, request: &[u8]) -> Option<Vec<u8>> {
+        self.handle_at(request, Instant::now())
+    }
+
+    /// [`SessionCache::handle`] as if the time were `now` (for tests of expiry).
+    pub fn handle_at(&self, request: &[u8], now: Instant) -> Option<Vec<u8>> {
+        let mut store = self.store();
+        let Some(req) = Request::parse(request) else {
+            store.stats.malformed += 1;
+            let n = store.stats.malformed;
+            if n.is_power_of_two() {
+                warn!(
+                    len = request.len(),
+                    total = n,
+                    "malformed session store request"
+                );
+            }
+            return None;
+        };
+        store.expire(now, self.limits.ttl);
+        let value = match req.op {
+            Op::Put => store
+                .put(req.key, req.value, now, &self.limits)
+                .then(Vec::new),
+            Op::Get | Op::Take => store.lookup(req.key, req.op == Op::Take, now, self.limits.ttl),
+        };
+        Some(encode_reply(req.req_id, value.as_deref()))
+    }
+
+    /// Serves one worker's session socket until the worker closes it (returns `Ok`, e.g. the
+    /// worker died) or a fatal socket error (`Err`). Blocking: run it on a dedicated thread,
+    /// one per worker. Works whether or not `sock` is in non-blocking mode.
+    ///
+    /// Replies are sent without blocking: if the worker's receive queue is full (it is not
+    /// reading its replies), the reply is dropped and counted, and the worker times out. To
+    /// stop the loop while the worker lives, `shutdown(2)` a duplicate of `sock`.
+    pub fn serve_worker(self: Arc<Self>, sock: OwnedFd) -> io::Result<()> {
+        let fd = sock.as_fd();
+        let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
+        loop {
+            let n = match sys::recv_packet(fd, &mut buf) {
+                Ok(0) => {
+                    debug!("session socket closed by the worker");
+                    return Ok(());
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    match sys::poll_readable(&[fd], None) {
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) if sys::is_disconnect(&e) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            // A truncated message (n > MAX_REQUEST_LEN, from MSG_TRUNC) is passed on as an
+            // oversized one so that `handle` counts it.
+            let request = if n <= MAX_REQUEST_LEN {
+                &buf[..n]
+            } else {
+                &buf[..]
+            };
+            let Some(reply) = self.handle(request) else {
+                continue;
+            };
+            match sys::send_packet(fd, &reply) {
+                Ok(()) => {}
+                Err(e) if sys::is_disconnect(&e) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.store().stats.dropped_replies += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        // Nothing panics under this lock; should that change, the maps stay consistent between
+        // statements that could panic, so keep serving.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Default for SessionCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for SessionCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionCache")
+            .field("limits", &self.limits)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Store {
+    fn cost(key: &[u8], value: &[u8]) -> usize {
+        key.len() + value.len() + ENTRY_OVERHEAD
+    }
+
+    fn remove(&mut self, key: &[u8]) -> Option<Entry> {
+        let entry = self.map.remove(key)?;
+        self.order.remove(&entry.seq);
+        self.bytes = self.bytes.saturating_sub(Self::cost(key, &entry.value));
+        Some(entry)
+    }
+
+    /// Removes the oldest entry.
+    fn pop_oldest(&mut self) -> bool {
+        let Some((_, key)) = self.order.pop_first() else {
+            return false;
+        };
+        if let Some(entry) = self.map.remove(&key) {
+            self.bytes = self.bytes.saturating_sub(Self::cost(&key, &entry.value));
+        }
+        true
+    }
+
+    /// Drops entries older than `ttl`, oldest first (insertion order is age order).
+    fn expire(&mut self, now: Instant, ttl: Duration) {
+        while let Some((_, key)) = self.order.first_key_value() {
+            let expired = self
+                .map
+                .get(key)
+                .is_none_or(|e| now.saturating_duration_since(e.stored_at) >= ttl);
+            if !expired {
+                break;
+            }
+            self.pop_oldest();
+            self.stats.expired += 1;
+        }
+    }
+
+    /// Stores `value` under `key`; `false` if it can never fit the limits.
+    fn put(&mut self, key: &[u8], value: &[u8], now: Instant, limits: &CacheLimits) -> bool {
+        let cost = Self::cost(key, value);
+        self.remove(key);
+        if limits.max_entries == 0 || cost > limits.max_bytes {
+            self.stats.refused += 1;
+            return false;
+        }
+        while self.map.len() >= limits.max_entries || self.bytes + cost > limits.max_bytes {
+            if !self.pop_oldest() {
+                break;
+            }
+            self.stats.evictions += 1;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.order.insert(seq, key.to_vec());
+        self.map.insert(
+            key.to_vec(),
+            Entry {
+                seq,
+                stored_at: now,
+                value: value.to_vec(),
+            },
+        );
+        self.bytes += cost;
+        self.stats.puts += 1;
+        true
+    }
+
+    fn lookup(&mut self, key: &[u8], take: bool, now: Instant, ttl: Duration) -> Option<Vec<u8>> {
+        // `expire` only looks at the oldest entries; an entry can still be stale here if the
+        // caller's clock went backwards between calls (tests), so check its own age too.
+        let fresh = self
+            .map
+            .get(key)
+            .map(|e| now.saturating_duration_since(e.stored_at) < ttl);
+        let value = match fresh {
+            Some(true) if take => self.remove(key).map(|e| e.value),
+            Some(true) => self.map.get(key).map(|e| e.value.clone()),
+            Some(false) => {
+                self.remove(key);
+                self.stats.expired += 1;
+                None
+            }
+            None => None,
+        };
+        if value.is_some() {
+            self.stats.hits += 1;
+        } else {
+            self.stats.misses += 1;
+        }
+        value
     }
 }

@@ -3,8 +3,7 @@
 //! control socket closing), resets the dead instance's ring and starts a replacement with
 //! back-off, and runs the graceful shutdown on SIGTERM/SIGINT. Other instances never notice.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -12,12 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use ringmux_worker::control::{self, Handoff, WorkerReport};
+use nix::sys::signalfd::SignalFd;
+use ringmux_proto::{Handoff, Message};
+use ringmux_ring::doorbell::Doorbell;
 
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event, IngressHandles};
 use crate::metrics::Counters;
-use ringmux_ring::doorbell::Doorbell;
+use crate::sys;
 
 /// Back-off bounds for restarting a crashing worker.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -54,7 +55,7 @@ pub struct Supervisor {
     public: OwnedFd,
     counters: Arc<Counters>,
     link: DataPlaneLink,
-    signals: OwnedFd,
+    signals: SignalFd,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
     /// The supervisor's own descriptor of each instance's doorbell (shm), to reclaim it.
@@ -70,7 +71,7 @@ impl Supervisor {
         public: OwnedFd,
         counters: Arc<Counters>,
         link: DataPlaneLink,
-        signals: OwnedFd,
+        signals: SignalFd,
     ) -> Self {
         let workers = (0..cfg.instances)
             .map(|_| Worker {
@@ -129,12 +130,12 @@ impl Supervisor {
                     .collect();
                 bail!("workers {late:?} did not report ready within {READY_TIMEOUT:?}");
             }
-            let fds: Vec<RawFd> = self
+            let fds: Vec<BorrowedFd<'_>> = self
                 .workers
                 .iter()
-                .filter_map(|w| w.control.as_ref().map(|c| c.as_raw_fd()))
+                .filter_map(|w| w.control.as_ref().map(|c| c.as_fd()))
                 .collect();
-            poll_any(&fds, Duration::from_millis(100));
+            let _ = sys::poll_readable(&fds, Some(Duration::from_millis(100)));
             for i in 0..self.workers.len() {
                 if self.read_control(i) == Liveness::Gone {
                     let status = self.workers[i].child.as_mut().and_then(|c| c.wait().ok());
@@ -150,18 +151,15 @@ impl Supervisor {
     pub fn run(&mut self) -> Result<()> {
         let mut shutdown_deadline: Option<Instant> = None;
         loop {
-            let mut fds = vec![self.signals.as_raw_fd()];
+            let mut fds = vec![sys::signal_fd(&self.signals)];
             for w in &self.workers {
-                if let Some(p) = &w.pidfd {
-                    fds.push(p.as_raw_fd());
-                }
-                if let Some(c) = &w.control {
-                    fds.push(c.as_raw_fd());
-                }
+                fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
+                fds.extend(w.control.as_ref().map(|c| c.as_fd()));
             }
-            poll_any(&fds, Duration::from_millis(50));
+            let _ = sys::poll_readable(&fds, Some(Duration::from_millis(50)));
+            drop(fds);
 
-            if let Some(sig) = read_signal(self.signals.as_fd()) {
+            if let Some(sig) = sys::read_signal(&self.signals) {
                 if shutdown_deadline.is_none() {
                     tracing::info!(signal = sig, grace = ?self.cfg.grace(), "shutting down: draining workers");
                     shutdown_deadline = Some(Instant::now() + self.cfg.grace());
@@ -169,7 +167,7 @@ impl Supervisor {
                         w.draining = true;
                         w.restart_at = None;
                         if let Some(c) = &w.control {
-                            let _ = control::send(c.as_fd(), b"SHUTDOWN");
+                            let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
                         }
                     }
                 } else {
@@ -222,8 +220,8 @@ impl Supervisor {
     }
 
     fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
-        let (ours, theirs) = seqpacket_pair()?;
-        let (sess_ours, sess_theirs) = seqpacket_pair()?;
+        let (ours, theirs) = sys::seqpacket_pair()?;
+        let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
         let mut h = self.template.clone();
         h.instance = i;
         h.cpu = self.cfg.worker_cpu(i);
@@ -236,34 +234,19 @@ impl Supervisor {
             IngressHandles::Unix(u) => fds.push(u),
         }
         fds.push(sess_theirs);
-        let child_fd = theirs.as_raw_fd();
         let mut cmd = Process::new(&self.cfg.worker_bin);
-        cmd.env("RINGMUX_CONTROL_FD", "3").stdin(Stdio::null());
-        // SAFETY: between fork and exec only async-signal-safe calls: fcntl, dup2, sigprocmask.
-        unsafe {
-            cmd.pre_exec(move || {
-                let high = libc::fcntl(child_fd, libc::F_DUPFD_CLOEXEC, 10);
-                if high < 0 || libc::dup2(high, 3) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The demux blocks its shutdown signals (it reads them from a signalfd); the
-                // worker must receive them normally.
-                let mut set: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut set);
-                libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-                Ok(())
-            });
-        }
+        cmd.env(ringmux_proto::CONTROL_FD_ENV, "3")
+            .stdin(Stdio::null());
+        sys::pass_control_socket(&mut cmd, theirs.as_fd());
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", self.cfg.worker_bin.display()))?;
         drop(theirs);
-        let pidfd = pidfd_open(child.id()).ok();
+        let pidfd = sys::pidfd_open(child.id()).ok();
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        control::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
+        sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
             .context("sending the hand-off")?;
         drop(fds);
-        set_nonblocking(&ours)?;
         self.sessions.serve(i, sess_ours);
         self.counters.instances[i as usize]
             .worker_pid
@@ -285,41 +268,27 @@ impl Supervisor {
 
     /// Reads pending control messages of worker `i`.
     fn read_control(&mut self, i: usize) -> Liveness {
-        let Some(fd) = self.workers[i].control.as_ref().map(|c| c.as_raw_fd()) else {
-            return Liveness::Alive;
-        };
         let mut buf = [0u8; 1024];
         loop {
-            // SAFETY: `fd` belongs to `self.workers[i].control`, which this loop does not drop.
-            let c = unsafe { BorrowedFd::borrow_raw(fd) };
-            match control::recv_with_fds(c, &mut buf) {
-                Ok(Some((n, _))) => {
-                    let msg = String::from_utf8_lossy(&buf[..n]);
-                    let ic = &self.counters.instances[i];
-                    if msg == "READY" {
-                        self.workers[i].ready = true;
-                        ic.alive.store(true, Ordering::Release);
-                        tracing::info!(instance = i, "worker ready");
-                    } else if let Some(r) = WorkerReport::decode(&msg) {
-                        ic.connections_active
-                            .store(r.connections_active, Ordering::Relaxed);
-                        ic.connections_total
-                            .store(r.connections_total, Ordering::Relaxed);
-                        ic.requests_total.store(r.requests_total, Ordering::Relaxed);
-                        ic.worker_datagrams_in
-                            .store(r.datagrams_in, Ordering::Relaxed);
-                        ic.worker_datagrams_dropped
-                            .store(r.datagrams_dropped, Ordering::Relaxed);
-                        ic.worker_bad_cid.store(r.bad_cid, Ordering::Relaxed);
-                        ic.worker_cpu_ns.store(r.cpu_ns, Ordering::Relaxed);
-                        ic.sink_lat_p50_ns.store(r.lat_p50_ns, Ordering::Relaxed);
-                        ic.sink_lat_p99_ns.store(r.lat_p99_ns, Ordering::Relaxed);
-                        ic.sink_lat_p999_ns.store(r.lat_p999_ns, Ordering::Relaxed);
-                    }
-                }
-                Ok(None) => return Liveness::Gone,
+            let Some(control) = self.workers[i].control.as_ref() else {
+                return Liveness::Alive;
+            };
+            let n = match sys::recv_packet(control.as_fd(), &mut buf) {
+                Ok(0) => return Liveness::Gone,
+                Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Liveness::Alive,
                 Err(_) => return Liveness::Gone,
+            };
+            let ic = &self.counters.instances[i];
+            match buf.get(..n).map(Message::decode) {
+                Some(Ok(Message::Ready)) => {
+                    self.workers[i].ready = true;
+                    ic.alive.store(true, Ordering::Release);
+                    tracing::info!(instance = i, "worker ready");
+                }
+                Some(Ok(Message::Stats(r))) => ic.record_report(&r),
+                // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
+                Some(Ok(Message::Shutdown) | Err(_)) | None => {}
             }
         }
     }
@@ -459,84 +428,4 @@ impl Supervisor {
 enum Liveness {
     Alive,
     Gone,
-}
-
-fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (a, b) = socket2::Socket::pair(
-        socket2::Domain::UNIX,
-        socket2::Type::SEQPACKET.cloexec(),
-        None,
-    )?;
-    Ok((a.into(), b.into()))
-}
-
-fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
-    socket2::SockRef::from(fd).set_nonblocking(true)
-}
-
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the result is checked.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-fn poll_any(fds: &[RawFd], timeout: Duration) {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: a valid array of pollfds.
-    unsafe {
-        libc::poll(
-            p.as_mut_ptr(),
-            p.len() as libc::nfds_t,
-            timeout.as_millis() as i32,
-        )
-    };
-}
-
-/// Blocks SIGTERM, SIGINT (and SIGPIPE) in this thread and those it spawns, and returns a
-/// non-blocking signalfd that reports the first two. Call before spawning any thread.
-pub fn block_signals() -> std::io::Result<OwnedFd> {
-    // SAFETY: sigset manipulation on locals; pthread_sigmask and signalfd are checked.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        // A shell starts background jobs with SIGINT ignored, and an ignored signal never
-        // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let fd = libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
-}
-
-fn read_signal(fd: BorrowedFd<'_>) -> Option<i32> {
-    // SAFETY: a zeroed siginfo is valid; read fills at most its size.
-    let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
-    // SAFETY: reading into a live struct of the stated size.
-    let n = unsafe {
-        libc::read(
-            fd.as_raw_fd(),
-            (&mut info as *mut libc::signalfd_siginfo).cast(),
-            size_of_val(&info),
-        )
-    };
-    (n == size_of_val(&info) as isize).then_some(info.ssi_signo as i32)
 }

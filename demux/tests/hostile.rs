@@ -1,5 +1,5 @@
-//! A broken or hostile worker, and overload. `ringmux-fault-worker` (a test tool of this
-//! package) plays one fault on instance 1, once; the replacement is the real worker. Checked:
+//! A broken or hostile worker, and overload. `ringmux-fault-worker` (the test tool in
+//! test-tools/fault-worker) plays one fault on instance 1, once; the replacement is the real worker. Checked:
 //! the demux stays up, detects and counts the fault, resets that ring, restarts that worker,
 //! and instance 0 never notices. Overload: a burst far beyond what a ring holds, a worker that
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use harness::{bounded, check_bytes, Forward, Metrics, Ringmux, TempDir};
 
 fn fault_worker() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ringmux-fault-worker"))
+    // A test tool of its own package (test-tools/fault-worker), built beside ringmux by
+    // scripts/test.sh.
+    PathBuf::from(env!("CARGO_BIN_EXE_ringmux")).with_file_name("ringmux-fault-worker")
 }
 
 /// Starts 2 instances whose instance 1 plays `fault` once.

@@ -114,6 +114,26 @@ pub struct SlotDesc {
     pub reserved2: u32,
 }
 
+impl SlotDesc {
+    /// The descriptor's bytes as they lie at the start of a slot. The unix ingress framing
+    /// sends exactly these bytes before the payload.
+    pub fn as_bytes(&self) -> &[u8; DESC_BYTES as usize] {
+        // SAFETY: `SlotDesc` is `repr(C)` and exactly `DESC_BYTES` long with no padding (the
+        // const asserts below, and `FIELDS` tiling the struct, `tests/layout_doc.rs`), so all
+        // of its bytes are initialised; a byte array has alignment 1.
+        unsafe { &*(self as *const SlotDesc).cast::<[u8; DESC_BYTES as usize]>() }
+    }
+
+    /// A descriptor from its bytes. Any bit pattern is a `SlotDesc`; whether it makes sense is
+    /// for `decode_desc` to say.
+    pub fn from_bytes(bytes: &[u8; DESC_BYTES as usize]) -> SlotDesc {
+        // SAFETY: the array is exactly `size_of::<SlotDesc>()` bytes (asserted below), every
+        // field is an integer or byte array (any bit pattern is valid), and the read is
+        // unaligned.
+        unsafe { bytes.as_ptr().cast::<SlotDesc>().read_unaligned() }
+    }
+}
+
 /// `SlotDesc::flags` bit: `local_addr` is meaningful.
 pub const FLAG_LOCAL_ADDR: u8 = 1;
 
@@ -230,4 +250,32 @@ mod asserts {
     const _: () = assert!(offset_of!(SlotDesc, rx_timestamp_ns) == 48);
     const _: () = assert!(offset_of!(SlotDesc, remote_scope_id) == 56);
     const _: () = assert!(offset_of!(SlotDesc, reserved2) == 60);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_descriptor_bytes_round_trip_in_field_order() {
+        let d = SlotDesc {
+            len: 0x0403_0201,
+            segment_size: 0x0807_0605,
+            family: 6,
+            ecn: 2,
+            flags: FLAG_LOCAL_ADDR,
+            remote_port: 0x1234,
+            remote_addr: [0xaa; 16],
+            local_addr: [0xbb; 16],
+            rx_timestamp_ns: u64::MAX - 1,
+            remote_scope_id: 7,
+            ..SlotDesc::default()
+        };
+        let b = d.as_bytes();
+        assert_eq!(&b[..4], &0x0403_0201u32.to_ne_bytes());
+        assert_eq!(b[8], 6);
+        assert_eq!(&b[16..32], &[0xaa; 16]);
+        assert_eq!(&b[48..56], &(u64::MAX - 1).to_ne_bytes());
+        assert_eq!(SlotDesc::from_bytes(b), d);
+    }
 }

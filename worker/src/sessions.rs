@@ -1,10 +1,9 @@
 //! A TLS session store shared by all worker processes and held by the demux, so that 0-RTT
 //! works whichever worker a resumed connection lands on.
 //!
-//! This module owns the wire format of the session-store socket and both of its ends: the
-//! worker's [`RemoteSessionStore`] (a rustls [`StoresServerSessions`]) and the demux's
-//! [`SessionCache`] with its per-worker [`SessionCache::serve_worker`] loop. It never touches
-//! QUIC, HTTP or the datagram path.
+//! This module owns the worker's end of the session-store socket: [`RemoteSessionStore`], a
+//! rustls [`StoresServerSessions`] that asks the demux's cache. It never touches QUIC, HTTP or
+//! the datagram path.
 //!
 //! # Why
 //!
@@ -20,17 +19,8 @@
 //!
 //! # Wire format
 //!
-//! One Unix `SOCK_SEQPACKET` socket pair per worker, used for nothing else (see
-//! [`session_socket_pair`]); one message per packet, integers little-endian:
-//!
-//! * request, worker → demux: `op u8 ‖ req_id u64 ‖ key_len u16 ‖ key ‖ value`, `op` one of
-//!   [`Op`] (PUT = 1, GET = 2, TAKE = 3). `key_len` is 1..=[`MAX_KEY_LEN`]; `value` is
-//!   0..=[`MAX_VALUE_LEN`] bytes for PUT and empty for GET and TAKE.
-//! * reply, demux → worker, to every well-formed request: `req_id u64 ‖ status u8 ‖ value`.
-//!   GET/TAKE: status 1 (found, `value` follows) or 0 (not found, nothing follows). PUT:
-//!   status 1 (stored) or 0 (refused), never a value.
-//!
-//! A malformed request gets no reply (the worker times out), and is counted.
+//! The session socket's codec is [`ringmux_proto::session`], specified in
+//! `control-protocol.md` ("Session store"). The demux end, the cache itself, lives in the demux.
 //!
 //! # Ordering: PUT is acknowledged
 //!
@@ -65,7 +55,7 @@
 //!   private key anyway. What it *can* do is deny service: flooding PUTs evicts other
 //!   workers' sessions (those clients then do full handshakes), taking a key it knows costs
 //!   that client its 0-RTT, and spamming requests costs the CPU of its own serving thread.
-//!   Memory stays bounded ([`CacheLimits`]), keys are hashed with SipHash under a random key
+//!   Memory stays bounded (the cache's limits), keys are hashed with SipHash under a random key
 //!   (no hash flooding), and malformed or oversized requests are dropped and counted, never a
 //!   panic.
 //! * **Worker side.** A dead, slow or hostile demux can make `put` fail (no ticket), make
@@ -83,117 +73,29 @@
 //!   returns `false` (no ticket); if the demux stores it later, the entry is never used and
 //!   ages out.
 //! * rustls tells clients a stateful ticket lives 24 h (hard-coded), while the cache forgets
-//!   entries after [`CacheLimits::ttl`] (default 6 h, like [`crate::tls::TICKET_LIFETIME`]) or
+//!   entries after its TTL (6 h, [`crate::tls::TICKET_LIFETIME`]) or
 //!   when evicted (oldest first). A forgotten ticket means a full handshake.
 //! * The cache dies with the demux: after a demux restart every client does a full handshake.
 //! * A zero-length message reads as end-of-file on a `SOCK_SEQPACKET` socket, so a worker that
 //!   sends one ends its own serving thread, as if it had died.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ringmux_proto::session::{
+    decode_reply, encode_request, Op, MAX_KEY_LEN, MAX_REPLY_LEN, MAX_VALUE_LEN,
+};
 use rustls::server::StoresServerSessions;
 use tracing::{debug, warn};
 
-/// Longest key the store accepts. rustls uses 32-byte random ticket IDs; the key of a lookup is
-/// the ticket a client presented, so it is attacker-controlled and checked before it is sent.
-pub const MAX_KEY_LEN: usize = 255;
-/// Longest session value the store accepts (rustls' encoded `ServerSessionValue`, typically a
-/// few hundred bytes; more only with client certificates).
-pub const MAX_VALUE_LEN: usize = 16 * 1024;
-/// Request header: `op u8 ‖ req_id u64 ‖ key_len u16`.
-pub const REQUEST_HEADER_LEN: usize = 1 + 8 + 2;
-/// Reply header: `req_id u64 ‖ status u8`.
-pub const REPLY_HEADER_LEN: usize = 8 + 1;
-/// Largest valid request.
-pub const MAX_REQUEST_LEN: usize = REQUEST_HEADER_LEN + MAX_KEY_LEN + MAX_VALUE_LEN;
-/// Largest valid reply.
-pub const MAX_REPLY_LEN: usize = REPLY_HEADER_LEN + MAX_VALUE_LEN;
+use crate::sys;
+
 /// How long a worker waits for the demux's reply to a request by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
-
-const STATUS_NOT_FOUND: u8 = 0;
-const STATUS_FOUND: u8 = 1;
-
-/// Request operations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Op {
-    /// Store `value` under `key`, replacing any previous value. Acknowledged (status 1) or
-    /// refused (status 0).
-    Put = 1,
-    /// Look `key` up, leaving it in place.
-    Get = 2,
-    /// Look `key` up and remove it (single use).
-    Take = 3,
-}
-
-impl Op {
-    fn from_u8(b: u8) -> Option<Op> {
-        match b {
-            1 => Some(Op::Put),
-            2 => Some(Op::Get),
-            3 => Some(Op::Take),
-            _ => None,
-        }
-    }
-}
-
-/// Encodes a request. No limits are checked here (tests use it to build oversized requests);
-/// a `key` longer than `u16::MAX` bytes is cut to that length field's range.
-pub fn encode_request(op: Op, req_id: u64, key: &[u8], value: &[u8]) -> Vec<u8> {
-    let key = &key[..key.len().min(usize::from(u16::MAX))];
-    let mut msg = Vec::with_capacity(REQUEST_HEADER_LEN + key.len() + value.len());
-    msg.push(op as u8);
-    msg.extend_from_slice(&req_id.to_le_bytes());
-    // Cannot truncate: cut to u16::MAX above.
-    msg.extend_from_slice(&(key.len() as u16).to_le_bytes());
-    msg.extend_from_slice(key);
-    msg.extend_from_slice(value);
-    msg
-}
-
-/// Decodes a reply: `(req_id, Some(value))` if found (or stored, with an empty value),
-/// `(req_id, None)` if not (or refused), `None` if the reply is malformed (too short or long,
-/// unknown status, a value after status 0).
-pub fn decode_reply(reply: &[u8]) -> Option<(u64, Option<&[u8]>)> {
-    if reply.len() < REPLY_HEADER_LEN || reply.len() > MAX_REPLY_LEN {
-        return None;
-    }
-    let req_id = u64::from_le_bytes(reply[..8].try_into().ok()?);
-    let value = &reply[REPLY_HEADER_LEN..];
-    match reply[8] {
-        STATUS_FOUND => Some((req_id, Some(value))),
-        STATUS_NOT_FOUND if value.is_empty() => Some((req_id, None)),
-        _ => None,
-    }
-}
-
-/// A connected `SOCK_SEQPACKET` pair for one worker's session store, close-on-exec:
-/// `(demux_end, worker_end)`. The demux runs [`SessionCache::serve_worker`] on the first and
-/// hands the second to the worker (SCM_RIGHTS in the hand-off).
-pub fn session_socket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [-1; 2];
-    // SAFETY: `fds` is a valid, writable array of two c_ints, as socketpair(2) requires.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: socketpair succeeded, so both descriptors are open and owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
 
 // ---------------------------------------------------------------------------------------------
 // Worker half
@@ -220,7 +122,7 @@ pub struct RemoteStats {
 }
 
 /// The worker's session store: forwards rustls' `put`/`get`/`take` to the demux's
-/// [`SessionCache`] over the worker's session socket.
+/// session cache over the worker's session socket.
 ///
 /// Every call waits for the demux's reply for at most the timeout (default
 /// [`DEFAULT_TIMEOUT`]). On timeout or any error `put` returns `false` (no ticket) and
@@ -372,7 +274,7 @@ impl Channel {
         // socket's receive queue cannot fill up with them. Bounded by the deadline too: a
         // demux flooding replies must not hold the worker here.
         while Instant::now() < deadline {
-            match recv(self.fd.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
+            match sys::recv_packet(self.fd.as_fd(), &mut self.buf, true) {
                 Ok(0) => return self.died("session socket closed by the demux"),
                 Ok(_) => {
                     stale.fetch_add(1, Ordering::Relaxed); // Relaxed: statistics only.
@@ -385,7 +287,7 @@ impl Channel {
         let req_id = self.next_id;
         self.next_id = self.next_id.wrapping_add(1);
         let msg = encode_request(op, req_id, key, value);
-        if let Err(e) = send_nonblocking(self.fd.as_fd(), &msg) {
+        if let Err(e) = sys::send_packet(self.fd.as_fd(), &msg, true) {
             return self.broken("send", &e);
         }
         loop {
@@ -393,13 +295,13 @@ impl Channel {
             if now >= deadline {
                 return Exchange::TimedOut;
             }
-            match poll_readable(self.fd.as_fd(), Some(deadline - now)) {
+            match sys::poll_readable(self.fd.as_fd(), Some(deadline - now)) {
                 Ok(false) => return Exchange::TimedOut,
                 Ok(true) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return self.broken("poll", &e),
             }
-            let n = match recv(self.fd.as_fd(), &mut self.buf, libc::MSG_DONTWAIT) {
+            let n = match sys::recv_packet(self.fd.as_fd(), &mut self.buf, true) {
                 Ok(0) => return self.died("session socket closed by the demux"),
                 Ok(n) => n,
                 Err(e)
@@ -480,435 +382,14 @@ impl fmt::Debug for RemoteSessionStore {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Demux half
-// ---------------------------------------------------------------------------------------------
-
-/// Bounds of a [`SessionCache`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CacheLimits {
-    /// Most entries; the oldest is evicted to make room.
-    pub max_entries: usize,
-    /// Most bytes of keys and values plus [`ENTRY_OVERHEAD`] per entry; the oldest entries are
-    /// evicted to make room. Bounds memory even if a worker stores only maximal values.
-    pub max_bytes: usize,
-    /// Entries older than this are forgotten.
-    pub ttl: Duration,
-}
-
-/// Bytes charged per entry on top of its key and value (map and order bookkeeping).
-pub const ENTRY_OVERHEAD: usize = 128;
-
-impl Default for CacheLimits {
-    /// 65 536 entries, 64 MiB, 6 h ([`crate::tls::TICKET_LIFETIME`]).
-    fn default() -> Self {
-        CacheLimits {
-            max_entries: 65_536,
-            max_bytes: 64 << 20,
-            ttl: crate::tls::TICKET_LIFETIME,
-        }
-    }
-}
-
-/// Counters and gauges of a [`SessionCache`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// PUTs stored.
-    pub puts: u64,
-    /// GETs and TAKEs that found their key.
-    pub hits: u64,
-    /// GETs and TAKEs that did not (never stored, already taken, evicted or expired).
-    pub misses: u64,
-    /// Entries evicted to stay within [`CacheLimits`].
-    pub evictions: u64,
-    /// Entries dropped because they were older than [`CacheLimits::ttl`].
-    pub expired: u64,
-    /// Requests dropped unanswered: malformed, unknown op, key or value out of bounds.
-    pub malformed: u64,
-    /// Well-formed PUTs refused because the entry can never fit [`CacheLimits`].
-    pub refused: u64,
-    /// Replies not sent because the worker's socket was full or gone.
-    pub dropped_replies: u64,
-    /// Entries now.
-    pub entries: u64,
-    /// Bytes charged now (see [`CacheLimits::max_bytes`]).
-    pub bytes: u64,
-}
-
-/// The demux's session cache, shared by all workers: bounded, FIFO eviction, entries expire
-/// after a TTL, TAKE removes (single use). Thread-safe; one thread per worker runs
-/// [`SessionCache::serve_worker`].
-pub struct SessionCache {
-    limits: CacheLimits,
-    inner: Mutex<Store>,
-}
-
-struct Store {
-    /// std's `HashMap` hashes with SipHash-1-3 under a per-map random key, so worker-chosen
-    /// keys cannot force collisions.
-    map: HashMap<Vec<u8>, Entry>,
-    /// Insertion order: sequence number → key. Oldest first, which is also the expiry order.
-    order: BTreeMap<u64, Vec<u8>>,
-    next_seq: u64,
-    bytes: usize,
-    stats: CacheStats,
-}
-
-struct Entry {
-    seq: u64,
-    stored_at: Instant,
-    value: Vec<u8>,
-}
-
-/// A request that passed validation.
-struct Request<'a> {
-    op: Op,
-    req_id: u64,
-    key: &'a [u8],
-    value: &'a [u8],
-}
-
-impl Request<'_> {
-    fn parse(msg: &[u8]) -> Option<Request<'_>> {
-        if msg.len() < REQUEST_HEADER_LEN || msg.len() > MAX_REQUEST_LEN {
-            return None;
-        }
-        let op = Op::from_u8(msg[0])?;
-        let req_id = u64::from_le_bytes(msg[1..9].try_into().ok()?);
-        let key_len = usize::from(u16::from_le_bytes(msg[9..11].try_into().ok()?));
-        if key_len == 0 || key_len > MAX_KEY_LEN {
-            return None;
-        }
-        let rest = &msg[REQUEST_HEADER_LEN..];
-        let key = rest.get(..key_len)?;
-        let value = &rest[key_len..];
-        let value_ok = match op {
-            Op::Put => value.len() <= MAX_VALUE_LEN,
-            Op::Get | Op::Take => value.is_empty(),
-        };
-        value_ok.then_some(Request {
-            op,
-            req_id,
-            key,
-            value,
-        })
-    }
-}
-
-impl SessionCache {
-    /// A cache with [`CacheLimits::default`].
-    pub fn new() -> Self {
-        Self::with_limits(CacheLimits::default())
-    }
-
-    /// A cache with explicit limits.
-    pub fn with_limits(limits: CacheLimits) -> Self {
-        SessionCache {
-            limits,
-            inner: Mutex::new(Store {
-                map: HashMap::new(),
-                order: BTreeMap::new(),
-                next_seq: 0,
-                bytes: 0,
-                stats: CacheStats::default(),
-            }),
-        }
-    }
-
-    /// The limits.
-    pub fn limits(&self) -> CacheLimits {
-        self.limits
-    }
-
-    /// Counters since creation, and the current size.
-    pub fn stats(&self) -> CacheStats {
-        let store = self.store();
-        CacheStats {
-            entries: store.map.len() as u64,
-            bytes: store.bytes as u64,
-            ..store.stats
-        }
-    }
-
-    /// Handles one request: the reply to send back, or `None` for a malformed request (which
-    /// is counted). Never panics on any input.
-    pub fn handle(&self, request: &[u8]) -> Option<Vec<u8>> {
-        self.handle_at(request, Instant::now())
-    }
-
-    /// [`SessionCache::handle`] as if the time were `now` (for tests of expiry).
-    pub fn handle_at(&self, request: &[u8], now: Instant) -> Option<Vec<u8>> {
-        let mut store = self.store();
-        let Some(req) = Request::parse(request) else {
-            store.stats.malformed += 1;
-            let n = store.stats.malformed;
-            if n.is_power_of_two() {
-                warn!(
-                    len = request.len(),
-                    total = n,
-                    "malformed session store request"
-                );
-            }
-            return None;
-        };
-        store.expire(now, self.limits.ttl);
-        let value = match req.op {
-            Op::Put => store
-                .put(req.key, req.value, now, &self.limits)
-                .then(Vec::new),
-            Op::Get | Op::Take => store.lookup(req.key, req.op == Op::Take, now, self.limits.ttl),
-        };
-        let mut reply = Vec::with_capacity(REPLY_HEADER_LEN + value.as_ref().map_or(0, Vec::len));
-        reply.extend_from_slice(&req.req_id.to_le_bytes());
-        match value {
-            Some(v) => {
-                reply.push(STATUS_FOUND);
-                reply.extend_from_slice(&v);
-            }
-            None => reply.push(STATUS_NOT_FOUND),
-        }
-        Some(reply)
-    }
-
-    /// Serves one worker's session socket until the worker closes it (returns `Ok`, e.g. the
-    /// worker died) or a fatal socket error (`Err`). Blocking: run it on a dedicated thread,
-    /// one per worker. Works whether or not `sock` is in non-blocking mode.
-    ///
-    /// Replies are sent without blocking: if the worker's receive queue is full (it is not
-    /// reading its replies), the reply is dropped and counted, and the worker times out. To
-    /// stop the loop while the worker lives, `shutdown(2)` a duplicate of `sock`.
-    pub fn serve_worker(self: Arc<Self>, sock: OwnedFd) -> io::Result<()> {
-        let fd = sock.as_fd();
-        let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
-        loop {
-            let n = match recv(fd, &mut buf, 0) {
-                Ok(0) => {
-                    debug!("session socket closed by the worker");
-                    return Ok(());
-                }
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => match poll_readable(fd, None) {
-                    Ok(_) => continue,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(e),
-                },
-                Err(e) if is_disconnect(&e) => return Ok(()),
-                Err(e) => return Err(e),
-            };
-            // A truncated message (n > MAX_REQUEST_LEN, from MSG_TRUNC) is passed on as an
-            // oversized one so that `handle` counts it.
-            let request = if n <= MAX_REQUEST_LEN {
-                &buf[..n]
-            } else {
-                &buf[..]
-            };
-            let Some(reply) = self.handle(request) else {
-                continue;
-            };
-            match send_nonblocking(fd, &reply) {
-                Ok(()) => {}
-                Err(e) if is_disconnect(&e) => return Ok(()),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.store().stats.dropped_replies += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn store(&self) -> MutexGuard<'_, Store> {
-        // Nothing panics under this lock; should that change, the maps stay consistent between
-        // statements that could panic, so keep serving.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl Default for SessionCache {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl fmt::Debug for SessionCache {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SessionCache")
-            .field("limits", &self.limits)
-            .field("stats", &self.stats())
-            .finish()
-    }
-}
-
-impl Store {
-    fn cost(key: &[u8], value: &[u8]) -> usize {
-        key.len() + value.len() + ENTRY_OVERHEAD
-    }
-
-    fn remove(&mut self, key: &[u8]) -> Option<Entry> {
-        let entry = self.map.remove(key)?;
-        self.order.remove(&entry.seq);
-        self.bytes = self.bytes.saturating_sub(Self::cost(key, &entry.value));
-        Some(entry)
-    }
-
-    /// Removes the oldest entry.
-    fn pop_oldest(&mut self) -> bool {
-        let Some((_, key)) = self.order.pop_first() else {
-            return false;
-        };
-        if let Some(entry) = self.map.remove(&key) {
-            self.bytes = self.bytes.saturating_sub(Self::cost(&key, &entry.value));
-        }
-        true
-    }
-
-    /// Drops entries older than `ttl`, oldest first (insertion order is age order).
-    fn expire(&mut self, now: Instant, ttl: Duration) {
-        while let Some((_, key)) = self.order.first_key_value() {
-            let expired = self
-                .map
-                .get(key)
-                .is_none_or(|e| now.saturating_duration_since(e.stored_at) >= ttl);
-            if !expired {
-                break;
-            }
-            self.pop_oldest();
-            self.stats.expired += 1;
-        }
-    }
-
-    /// Stores `value` under `key`; `false` if it can never fit the limits.
-    fn put(&mut self, key: &[u8], value: &[u8], now: Instant, limits: &CacheLimits) -> bool {
-        let cost = Self::cost(key, value);
-        self.remove(key);
-        if limits.max_entries == 0 || cost > limits.max_bytes {
-            self.stats.refused += 1;
-            return false;
-        }
-        while self.map.len() >= limits.max_entries || self.bytes + cost > limits.max_bytes {
-            if !self.pop_oldest() {
-                break;
-            }
-            self.stats.evictions += 1;
-        }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.order.insert(seq, key.to_vec());
-        self.map.insert(
-            key.to_vec(),
-            Entry {
-                seq,
-                stored_at: now,
-                value: value.to_vec(),
-            },
-        );
-        self.bytes += cost;
-        self.stats.puts += 1;
-        true
-    }
-
-    fn lookup(&mut self, key: &[u8], take: bool, now: Instant, ttl: Duration) -> Option<Vec<u8>> {
-        // `expire` only looks at the oldest entries; an entry can still be stale here if the
-        // caller's clock went backwards between calls (tests), so check its own age too.
-        let fresh = self
-            .map
-            .get(key)
-            .map(|e| now.saturating_duration_since(e.stored_at) < ttl);
-        let value = match fresh {
-            Some(true) if take => self.remove(key).map(|e| e.value),
-            Some(true) => self.map.get(key).map(|e| e.value.clone()),
-            Some(false) => {
-                self.remove(key);
-                self.stats.expired += 1;
-                None
-            }
-            None => None,
-        };
-        if value.is_some() {
-            self.stats.hits += 1;
-        } else {
-            self.stats.misses += 1;
-        }
-        value
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Syscalls
-// ---------------------------------------------------------------------------------------------
-
-/// `recv(2)` with `MSG_TRUNC`: for `SOCK_SEQPACKET` (Linux ≥ 3.4) the result is the message's
-/// real length, which may exceed `buf.len()` (the rest was discarded). `Ok(0)`: end of file.
-fn recv(fd: BorrowedFd<'_>, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
-    // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the duration of the call, and
-    // `fd` is an open descriptor borrowed for that long.
-    let n = unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            flags | libc::MSG_TRUNC,
-        )
-    };
-    // A negative result (only -1) fails the conversion: the error is in errno.
-    usize::try_from(n).map_err(|_| io::Error::last_os_error())
-}
-
-/// Sends one message without blocking and without SIGPIPE. A partial send cannot happen on
-/// `SOCK_SEQPACKET`; it would be reported as an error.
-fn send_nonblocking(fd: BorrowedFd<'_>, msg: &[u8]) -> io::Result<()> {
-    loop {
-        // SAFETY: `msg` is valid for reads of `msg.len()` bytes for the duration of the call,
-        // and `fd` is an open descriptor borrowed for that long.
-        let n = unsafe {
-            libc::send(
-                fd.as_raw_fd(),
-                msg.as_ptr().cast(),
-                msg.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        match usize::try_from(n) {
-            Ok(n) if n == msg.len() => return Ok(()),
-            Ok(_) => return Err(io::Error::other("session message sent partially")),
-            Err(_) => {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
-/// Waits until `fd` is readable (or hung up, or in error: the next `recv` says which), for at
-/// most `timeout` (`None`: forever). `Ok(false)`: timed out.
-fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
-    let timeout_ms = match timeout {
-        None => -1,
-        // Round up, so a short remaining time polls at least once instead of spinning.
-        Some(t) => {
-            let ms = t.as_micros().div_ceil(1000);
-            libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX)
-        }
-    };
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: `pfd` is one valid, writable pollfd, matching the count of 1.
-    let rc = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-    match rc {
-        0 => Ok(false),
-        n if n > 0 => Ok(true),
-        _ => Err(io::Error::last_os_error()),
-    }
-}
-
 fn is_disconnect(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::ECONNREFUSED)
+        Some(
+            nix::libc::EPIPE
+                | nix::libc::ECONNRESET
+                | nix::libc::ENOTCONN
+                | nix::libc::ECONNREFUSED
+        )
     )
 }

@@ -4,20 +4,16 @@
 //! runs the demux with sinks to measure forwarding alone.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use ringmux_proto::{Message, WorkerReport};
 use ringmux_quic_lb::{Route, Router};
-use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
-use ringmux_ring::{decode_desc, monotonic_ns, Consumer};
+use ringmux_ring::monotonic_ns;
 
-use crate::control::{self, WorkerReport};
-
-/// Where the sink reads from.
-pub enum SinkIngress {
-    Ring(Consumer),
-    Unix(OwnedFd),
-}
+use crate::control;
+use crate::ingress::{recv_unix, Ingress, UnixRecv};
+use crate::sys;
 
 struct Tally {
     received: u64,
@@ -37,7 +33,7 @@ impl Tally {
 }
 
 /// Runs the sink until the control socket closes or says `SHUTDOWN`.
-pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd) -> io::Result<()> {
+pub fn run(ingress: Ingress, router: Router, instance: u8, control: OwnedFd) -> io::Result<()> {
     let mut t = Tally {
         received: 0,
         bad_cid: 0,
@@ -46,15 +42,11 @@ pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd)
     };
     socket2::SockRef::from(&control).set_nonblocking(true)?;
     let mut last_report = Instant::now();
-    let mut buf = vec![0u8; 65536 + DESC_BYTES as usize];
+    let mut buf = vec![0u8; 65536];
     let mut ingress = ingress;
-    if let SinkIngress::Unix(fd) = &ingress {
-        socket2::SockRef::from(fd).set_nonblocking(false)?;
-        socket2::SockRef::from(fd).set_read_timeout(Some(Duration::from_millis(100)))?;
-    }
     loop {
         match &mut ingress {
-            SinkIngress::Ring(c) => {
+            Ingress::Ring(c) => {
                 let now = monotonic_ns();
                 let d = c
                     .drain(64, |dg| {
@@ -67,30 +59,21 @@ pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd)
                         .map_err(|e| io::Error::other(e.to_string()))?;
                 }
             }
-            SinkIngress::Unix(fd) => {
-                // SAFETY: recv into a live buffer of the stated length.
-                let n =
-                    unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n > DESC_BYTES as isize {
-                    let n = n as usize;
-                    // SAFETY: the buffer holds at least a descriptor; SlotDesc is plain old data.
-                    let desc: SlotDesc =
-                        unsafe { buf.as_ptr().cast::<SlotDesc>().read_unaligned() };
-                    let payload = &buf[DESC_BYTES as usize..n];
-                    match decode_desc(&desc, u32::MAX) {
-                        Ok(m) if desc.len as usize == payload.len() => t.record(
-                            &router,
-                            instance,
-                            payload,
-                            m.rx_timestamp_ns,
-                            monotonic_ns(),
-                        ),
-                        _ => t.dropped += 1,
-                    }
-                } else if n == 0 {
-                    return Ok(()); // the demux closed it
+            Ingress::Unix(fd) => match recv_unix(fd.as_fd(), &mut buf) {
+                Ok(UnixRecv::Datagram { meta, len }) => t.record(
+                    &router,
+                    instance,
+                    &buf[..len],
+                    meta.rx_timestamp_ns,
+                    monotonic_ns(),
+                ),
+                Ok(UnixRecv::Dropped) => t.dropped += 1,
+                Ok(UnixRecv::Closed) => return Ok(()), // the demux closed it
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    sys::poll_readable(fd.as_fd(), Some(Duration::from_millis(100)))?;
                 }
-            }
+                Err(e) => return Err(e),
+            },
         }
         if last_report.elapsed() >= Duration::from_millis(250) {
             last_report = Instant::now();
@@ -105,11 +88,9 @@ pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd)
                 pid: u64::from(std::process::id()),
                 ..WorkerReport::default()
             };
-            let _ = control::send(control.as_fd(), r.encode().as_bytes());
-            let mut small = [0u8; 64];
-            match control::recv_with_fds(control.as_fd(), &mut small) {
-                Ok(None) => return Ok(()),
-                Ok(Some((n, _))) if &small[..n] == b"SHUTDOWN" => return Ok(()),
+            let _ = control::send_nowait(control.as_fd(), &Message::Stats(r));
+            match control::recv(control.as_fd()) {
+                Ok(None) | Ok(Some(Ok(Message::Shutdown))) => return Ok(()),
                 _ => {}
             }
         }
@@ -118,10 +99,5 @@ pub fn run(ingress: SinkIngress, router: Router, instance: u8, control: OwnedFd)
 
 /// CPU time of this process (user + system), ns.
 pub fn cpu_ns() -> u64 {
-    // SAFETY: a zeroed rusage is a valid out-parameter.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let t = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000;
-    t(ru.ru_utime) + t(ru.ru_stime)
+    u64::try_from(sys::cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }

@@ -20,7 +20,7 @@ use std::fmt;
 use std::future::Future;
 use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,21 +29,15 @@ use std::time::{Duration, Instant};
 
 use quinn::udp::{EcnCodepoint, RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use quinn::{AsyncUdpSocket, UdpPoller};
-use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
-use ringmux_ring::{decode_desc, Consumer, DatagramMeta};
+use ringmux_ring::DatagramMeta;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 /// How long `poll_writable` backs off after a send hit `EAGAIN`.
 const SEND_BACKOFF: Duration = Duration::from_micros(200);
 
-/// Where datagrams come from.
-pub enum Ingress {
-    /// The shared-memory ring.
-    Ring(Consumer),
-    /// One `SOCK_SEQPACKET` message per datagram: a 64-byte slot descriptor, then the payload.
-    Unix(OwnedFd),
-}
+pub use crate::ingress::Ingress;
+use crate::ingress::{recv_unix, UnixRecv};
 
 /// Datagram counters of one socket.
 #[derive(Debug, Default)]
@@ -225,20 +219,17 @@ impl RingSocket {
                 }
                 Poll::Pending => return Poll::Pending,
             };
-            let fd = self.rx_fd.get_ref().as_raw_fd();
+            let fd = self.rx_fd.get_ref().as_fd();
             let max = bufs.len().min(meta.len());
             let mut n = 0;
             let mut dropped = 0;
             let mut closed = false;
             while n < max {
                 match recv_unix(fd, &mut bufs[n]) {
-                    Ok(UnixRecv::Datagram(desc, len)) => match decode_desc(&desc, u32::MAX) {
-                        Ok(m) if m_len_ok(&desc, len) => {
-                            meta[n] = recv_meta(&m, len);
-                            n += 1;
-                        }
-                        _ => dropped += 1,
-                    },
+                    Ok(UnixRecv::Datagram { meta: m, len }) => {
+                        meta[n] = recv_meta(&m, len);
+                        n += 1;
+                    }
                     Ok(UnixRecv::Dropped) => dropped += 1,
                     Ok(UnixRecv::Closed) => {
                         closed = true;
@@ -268,50 +259,6 @@ impl RingSocket {
             }
         }
     }
-}
-
-fn m_len_ok(desc: &SlotDesc, len: usize) -> bool {
-    desc.len as usize == len
-}
-
-enum UnixRecv {
-    Datagram(SlotDesc, usize),
-    Dropped,
-    Closed,
-}
-
-/// One `recvmsg`: the descriptor into a local, the payload straight into quinn's buffer.
-fn recv_unix(fd: i32, buf: &mut [u8]) -> io::Result<UnixRecv> {
-    let mut desc = [0u8; DESC_BYTES as usize];
-    let mut iov = [
-        libc::iovec {
-            iov_base: desc.as_mut_ptr().cast(),
-            iov_len: desc.len(),
-        },
-        libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        },
-    ];
-    // SAFETY: a zeroed msghdr is valid; it points at two live iovecs.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = 2;
-    // SAFETY: msg describes live, writable buffers.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let n = n as usize;
-    if n == 0 {
-        return Ok(UnixRecv::Closed);
-    }
-    if msg.msg_flags & libc::MSG_TRUNC != 0 || n < desc.len() {
-        return Ok(UnixRecv::Dropped);
-    }
-    // SAFETY: SlotDesc is plain old data; every bit pattern is a valid value.
-    let d: SlotDesc = unsafe { desc.as_ptr().cast::<SlotDesc>().read_unaligned() };
-    Ok(UnixRecv::Datagram(d, n - desc.len()))
 }
 
 fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {

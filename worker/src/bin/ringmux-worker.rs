@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use ringmux_proto::{Handoff, IngressKind, Message, WorkerReport};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use ringmux_ring::Consumer;
-use ringmux_worker::control::{self, Handoff, IngressKind, WorkerReport};
+use ringmux_worker::control;
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::sessions::RemoteSessionStore;
-use ringmux_worker::sink::{self, SinkIngress};
+use ringmux_worker::sink;
 use ringmux_worker::socket::{Ingress, RingSocket};
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption};
 use tokio::io::unix::AsyncFd;
@@ -50,12 +51,7 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     // Die with the demux even if it is SIGKILLed: the control socket closing covers the rest.
-    // SAFETY: plain prctl.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-    // SAFETY: getppid cannot fail.
-    if unsafe { libc::getppid() } == 1 {
-        bail!("the demux exited before this worker started");
-    }
+    ringmux_worker::sys::die_with_parent()?;
     if args.control_fd < 3 {
         bail!("--control-fd {} is a standard stream; expected the inherited control socket (3 or more)", args.control_fd);
     }
@@ -105,14 +101,14 @@ fn run_sink(h: Handoff, fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()> {
             let page = fds.next().context("page")?;
             let bell = fds.next().context("doorbell")?;
             let spin = Duration::from_micros(u64::from(h.spin_us));
-            SinkIngress::Ring(
+            Ingress::Ring(
                 Consumer::attach(ring, page, bell, h.generation, spin)
                     .context("attaching to the ring")?,
             )
         }
-        IngressKind::Unix => SinkIngress::Unix(fds.next().context("unix ingress socket")?),
+        IngressKind::Unix => Ingress::Unix(fds.next().context("unix ingress socket")?),
     };
-    control::send(control.as_fd(), b"READY").context("reporting ready")?;
+    control::send(control.as_fd(), &Message::Ready).context("reporting ready")?;
     tracing::info!(ingress = ?h.ingress, "sink running");
     sink::run(ingress, router, h.instance, control).context("sink")
 }
@@ -184,7 +180,7 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
     // SAFETY: `control` is an open descriptor owned by the AsyncFd for its whole life.
     let control = unsafe { AsyncFd::register_with_interest(control, Interest::READABLE) }
         .map_err(std::io::Error::from)?;
-    control::send(control.get_ref().as_fd(), b"READY").context("reporting ready")?;
+    control::send(control.get_ref().as_fd(), &Message::Ready).context("reporting ready")?;
     tracing::info!(ingress = ?h.ingress, generation = h.generation, "serving");
 
     let site = Arc::new(Site {
@@ -201,9 +197,8 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
         tokio::select! {
             r = control.readable() => {
                 let mut guard = r?;
-                let mut buf = [0u8; 256];
-                match control::recv_with_fds(guard.get_inner().as_fd(), &mut buf) {
-                    Ok(Some((n, _))) if &buf[..n] == b"SHUTDOWN" => {
+                match control::recv(guard.get_inner().as_fd()) {
+                    Ok(Some(Ok(Message::Shutdown))) => {
                         tracing::info!("draining on request of the demux");
                         draining = true;
                         let _ = shutdown_tx.send(true);
@@ -234,7 +229,7 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
                     pid: u64::from(std::process::id()),
                     ..WorkerReport::default()
                 };
-                let _ = control::send(control.get_ref().as_fd(), r.encode().as_bytes());
+                let _ = control::send_nowait(control.get_ref().as_fd(), &Message::Stats(r));
             }
             () = &mut server_fut => break,
         }

@@ -14,15 +14,19 @@
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::io::IoSliceMut;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use ringmux_proto::{Handoff, Message, MAX_MESSAGE};
 use ringmux_ring::Consumer;
-use ringmux_worker::control::{self, Handoff};
+use ringmux_worker::control;
 
 fn main() {
-    let control_fd: i32 = std::env::var("RINGMUX_CONTROL_FD")
+    let control_fd: i32 = std::env::var(ringmux_proto::CONTROL_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
@@ -33,7 +37,7 @@ fn main() {
         .unwrap_or(1);
     let marker =
         std::env::var("RINGMUX_FAULT_MARKER").unwrap_or_else(|_| "/nonexistent/marker".into());
-    // SAFETY: the demux handed us this descriptor.
+    // SAFETY: the demux handed us this descriptor; it stays open while borrowed here.
     let control = unsafe { BorrowedFd::borrow_raw(control_fd) };
     let handoff = peek_handoff(control);
     let ours = handoff.as_ref().is_some_and(|h| h.instance == target);
@@ -54,13 +58,16 @@ fn main() {
         fds.next().unwrap(),
         fds.next().unwrap(),
     );
-    let page_map = map_rw(page.try_clone().unwrap());
-    let bell_fd = bell.as_raw_fd();
+    // Any worker may map its consumer page writable: that is what a hostile one does.
+    // SAFETY: a shared mapping of the page; the demux only ever reads it through validation.
+    let mut page_map = unsafe { memmap2::MmapOptions::new().len(4096).map_mut(&page) }
+        .expect("mmap of the consumer page");
+    let bell_fd = bell.try_clone().expect("doorbell descriptor");
     let mut c = Consumer::attach(ring, page, bell, h.generation, Duration::ZERO).expect("attach");
-    control::send(control.as_fd(), b"READY").expect("ready");
+    control::send(control.as_fd(), &Message::Ready).expect("ready");
     eprintln!("fault-worker: instance {} plays {fault}", h.instance);
-    let head = page_map.cast::<u64>();
-    let flag = page_map.wrapping_add(8).cast::<u32>();
+    let head = page_map.as_mut_ptr().cast::<u64>();
+    let flag = page_map.as_mut_ptr().wrapping_add(8).cast::<u32>();
     match fault.as_str() {
         // Writes below: `page_map` is a live 4096-byte shared mapping; volatile stores are how
         // a foreign process's writes look to the demux.
@@ -93,16 +100,11 @@ fn main() {
         }
         "jam-doorbell" => {
             let max: u64 = 0xffff_ffff_ffff_fffe;
-            // SAFETY: an 8-byte write from a live u64, then fcntl, on the doorbell we were given
-            // (the Consumer keeps it open).
-            unsafe {
-                assert_eq!(libc::write(bell_fd, (&max as *const u64).cast(), 8), 8);
-                let flags = libc::fcntl(bell_fd, libc::F_GETFL);
-                assert_eq!(
-                    libc::fcntl(bell_fd, libc::F_SETFL, flags & !libc::O_NONBLOCK),
-                    0
-                );
-            }
+            let n = nix::unistd::write(&bell_fd, &max.to_ne_bytes()).expect("doorbell write");
+            assert_eq!(n, 8);
+            let flags = OFlag::from_bits_truncate(fcntl(&bell_fd, FcntlArg::F_GETFL).unwrap());
+            fcntl(&bell_fd, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK))
+                .expect("clear O_NONBLOCK");
             // SAFETY: as above.
             unsafe { flag.write_volatile(0x5eed) };
         }
@@ -110,8 +112,9 @@ fn main() {
     }
     // Stay alive (keeping the control socket open) until the demux kills us or goes away.
     let mut buf = [0u8; 256];
-    let _ = socket2::SockRef::from(&control).set_nonblocking(false);
-    while let Ok(Some(_)) = control::recv_with_fds(control.as_fd(), &mut buf) {}
+    while nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty())
+        .is_ok_and(|n| n > 0)
+    {}
 }
 
 /// Drains until at least `n` datagrams were seen or `limit` passes.
@@ -126,62 +129,26 @@ fn drain_for(c: &mut Consumer, limit: Duration, n: usize) {
     }
 }
 
-/// Reads the hand-off without consuming it (MSG_PEEK), to decide whether to misbehave.
+/// Reads the hand-off without consuming it (MSG_PEEK), to decide whether to misbehave. The
+/// peeked descriptors are duplicates, closed here.
 fn peek_handoff(sock: BorrowedFd<'_>) -> Option<Handoff> {
-    let mut buf = vec![0u8; control::MAX_MESSAGE];
-    let mut cbuf = [0u64; 16];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    // SAFETY: a zeroed msghdr is valid; it points at live buffers.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    // SAFETY: msg describes live buffers. Peeked descriptors arrive close-on-exec and are
-    // closed below.
-    let n = unsafe {
-        libc::recvmsg(
-            sock.as_raw_fd(),
-            &mut msg,
-            libc::MSG_PEEK | libc::MSG_CMSG_CLOEXEC,
-        )
-    };
-    // SAFETY: walking the control buffer the kernel filled.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / 4;
-                let data = libc::CMSG_DATA(c).cast::<i32>();
-                for i in 0..count {
-                    libc::close(data.add(i).read_unaligned());
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut cmsg = nix::cmsg_space!([RawFd; 253]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let n = msg.bytes;
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            // SAFETY: the kernel installed these duplicates for us; closing them is ours.
+            fds.into_iter()
+                .for_each(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) }));
         }
     }
-    if n <= 0 {
-        return None;
-    }
-    Handoff::decode(std::str::from_utf8(&buf[..n as usize]).ok()?).ok()
-}
-
-/// Maps a consumer page read-write, as any worker may.
-fn map_rw(page: OwnedFd) -> *mut u8 {
-    // SAFETY: mapping 4096 bytes of a descriptor we own; checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            page.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED, "mmap of the consumer page");
-    p.cast()
+    Handoff::decode(&buf[..n]).ok()
 }

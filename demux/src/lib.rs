@@ -1,0 +1,25 @@
+//! The parts of `ringmux`, the demux and supervisor, as a library so that each can be tested on
+//! its own; `main.rs` composes them. See `ringmux --help`, README.md and DESIGN.md.
+//!
+//! * [`config`]: the command line and its checks.
+//! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
+//! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
+//! * [`sessions`]: the TLS session cache all workers share.
+//! * [`metrics`]: counters, the Prometheus endpoint, `ringmux stats`.
+//! * [`certs`]: the certificate handed to the workers.
+//! * [`sys`]: every system call of the demux, wrapped once.
+//! * [`alloc`]: the counting allocator behind `ringmux_dataplane_allocations_total`.
+//!
+//! The demux never links the worker library, quinn's connection layer or HTTP: what it shares
+//! with workers is the contract crate `ringmux-proto`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod alloc;
+pub mod certs;
+pub mod config;
+pub mod dataplane;
+pub mod metrics;
+pub mod sessions;
+pub mod supervisor;
+pub mod sys;

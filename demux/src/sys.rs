@@ -1,0 +1,281 @@
+//! Every system call of the demux outside quinn-udp and the ring crate, each wrapped once, on
+//! `nix` where it has a wrapper. The unsafe of the demux lives here (and in the counting
+//! allocator); the rest of the crate calls these safe functions.
+//!
+//! Kinds of error that escape: each function returns `io::Result`; `EINTR` is retried inside,
+//! `WouldBlock` escapes from the non-blocking ones (named so), everything else as the kernel
+//! said it.
+
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::socket::{self, sockopt, ControlMessage, MsgFlags};
+
+// ---------------------------------------------------------------------------------------------
+// Unix sockets: the control, session and unix-ingress sockets
+// ---------------------------------------------------------------------------------------------
+
+/// A connected `SOCK_SEQPACKET` pair, both ends close-on-exec.
+pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (a, b) = socket2::Socket::pair(
+        socket2::Domain::UNIX,
+        socket2::Type::SEQPACKET.cloexec(),
+        None,
+    )?;
+    Ok((a.into(), b.into()))
+}
+
+/// Sends one packet with `fds` attached (`SCM_RIGHTS`), without `SIGPIPE`.
+pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let iov = [IoSlice::new(data)];
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage<'_>] = if raw.is_empty() { &[] } else { &cmsg };
+    let n = retry(|| {
+        socket::sendmsg::<()>(sock.as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+    })?;
+    if n != data.len() {
+        return Err(io::Error::other("packet sent partially"));
+    }
+    Ok(())
+}
+
+/// Sends one packet without blocking and without `SIGPIPE` (`WouldBlock` escapes).
+pub fn send_packet(sock: BorrowedFd<'_>, data: &[u8]) -> io::Result<()> {
+    send_iov(sock, &[IoSlice::new(data)])
+}
+
+/// Sends one packet gathered from `parts`, without blocking and without `SIGPIPE`
+/// (`WouldBlock` escapes). Allocates nothing: it runs on the data plane in `unix` mode.
+pub fn send_iov(sock: BorrowedFd<'_>, parts: &[IoSlice<'_>]) -> io::Result<()> {
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+    retry(|| socket::sendmsg::<()>(sock.as_raw_fd(), parts, &[], flags, None)).map(drop)
+}
+
+/// Receives one packet without blocking, with `MSG_TRUNC`: the result is the packet's real
+/// length, which may exceed `buf.len()` (the rest was discarded). `Ok(0)`: end of file.
+/// Descriptors a peer attached are not accepted: with no room for them, the kernel closes them.
+pub fn recv_packet(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    let flags = MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_TRUNC;
+    retry(|| socket::recv(sock.as_raw_fd(), buf, flags))
+}
+
+/// Whether an error means the peer is gone.
+pub fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN | libc::ECONNREFUSED)
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+// ---------------------------------------------------------------------------------------------
+
+/// Waits until one of `fds` is readable (or hung up, or in error), for at most `timeout`
+/// (`None`: forever). Returns how many are. A timeout is rounded up to whole milliseconds.
+pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<usize> {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => PollTimeout::try_from(t.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX),
+    };
+    let mut p: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
+    let n = retry(|| nix::poll::poll(&mut p, timeout))?;
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// [`poll_readable`] for one descriptor, allocating nothing (the data plane's idle wait).
+pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let timeout =
+        PollTimeout::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX);
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    Ok(retry(|| nix::poll::poll(&mut p, timeout))? > 0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Socket options of the public socket
+// ---------------------------------------------------------------------------------------------
+
+/// Raises `SO_RCVBUF` (`send` false) or `SO_SNDBUF` past `net.core.*mem_max` with the `FORCE`
+/// variants; fails without `CAP_NET_ADMIN`, which callers treat as "fall back to the capped size".
+pub fn force_buffer(socket: BorrowedFd<'_>, send: bool, bytes: usize) -> io::Result<()> {
+    let v = bytes.min(i32::MAX as usize / 2);
+    if send {
+        socket::setsockopt(&socket, sockopt::SndBufForce, &v)?;
+    } else {
+        socket::setsockopt(&socket, sockopt::RcvBufForce, &v)?;
+    }
+    Ok(())
+}
+
+/// A per-datagram control message the public socket can be asked for.
+#[derive(Clone, Copy, Debug)]
+pub enum RecvCmsg {
+    /// `IP_PKTINFO`: the destination address of IPv4 datagrams.
+    Ipv4PacketInfo,
+    /// `IPV6_RECVPKTINFO`: the destination address of IPv6 datagrams.
+    Ipv6PacketInfo,
+    /// `IP_RECVTOS`: the TOS byte (ECN) of IPv4 datagrams.
+    Ipv4Tos,
+    /// `IPV6_RECVTCLASS`: the traffic class (ECN) of IPv6 datagrams.
+    Ipv6TrafficClass,
+}
+
+/// Turns one per-datagram control message off.
+pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
+    match what {
+        RecvCmsg::Ipv4PacketInfo => socket::setsockopt(&socket, sockopt::Ipv4PacketInfo, &false),
+        RecvCmsg::Ipv6PacketInfo => {
+            socket::setsockopt(&socket, sockopt::Ipv6RecvPacketInfo, &false)
+        }
+        RecvCmsg::Ipv4Tos => socket::setsockopt(&socket, sockopt::IpRecvTos, &false),
+        RecvCmsg::Ipv6TrafficClass => socket::setsockopt(&socket, sockopt::Ipv6RecvTClass, &false),
+    }?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and signals
+// ---------------------------------------------------------------------------------------------
+
+/// Makes `cmd` start with `control` as its descriptor 3 and an empty signal mask (the demux
+/// blocks its shutdown signals to read them from a signalfd; a worker must receive them).
+/// Every other descriptor of the demux is close-on-exec.
+pub fn pass_control_socket(cmd: &mut Command, control: BorrowedFd<'_>) {
+    let fd = control.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls run: fcntl, dup2 and
+    // sigprocmask on descriptors and a mask owned by the child. `fd` stays open until the
+    // spawn returns (the caller holds `control` across it).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
+            let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+            if high < 0 || libc::dup2(high, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+}
+
+/// A pidfd of process `pid` (Linux 5.3): readable once the process has exited. nix has no
+/// wrapper for `pidfd_open(2)`.
+pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(Errno::EINVAL))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from(Errno::EBADF))?;
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The shutdown signals (SIGTERM, SIGINT) as a non-blocking signalfd. Blocks them in this
+/// thread and in the threads it spawns later: call before spawning any thread.
+pub fn shutdown_signals() -> io::Result<SignalFd> {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // A shell starts background jobs with SIGINT ignored, and an ignored signal never
+        // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
+        // SAFETY: SIG_DFL installs no handler, so no handler can run unsafely.
+        unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) }?;
+    }
+    set.thread_block()?;
+    Ok(SignalFd::with_flags(
+        &set,
+        SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC,
+    )?)
+}
+
+/// The next pending signal of `fd`, if any.
+pub fn read_signal(fd: &SignalFd) -> Option<i32> {
+    fd.read_signal()
+        .ok()
+        .flatten()
+        .map(|info| info.ssi_signo as i32)
+}
+
+/// A signalfd as a plain descriptor, for polling.
+pub fn signal_fd(fd: &SignalFd) -> BorrowedFd<'_> {
+    fd.as_fd()
+}
+
+/// Runs `f` again while it fails with `EINTR`.
+fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(Errno::EINTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packets_and_descriptors_cross_a_pair() {
+        let (a, b) = seqpacket_pair().unwrap();
+        let (x, _y) = seqpacket_pair().unwrap();
+        send_with_fds(a.as_fd(), b"hello", &[x.as_fd()]).unwrap();
+        // The demux never accepts descriptors: they are closed by the kernel, the data comes.
+        let mut buf = [0u8; 16];
+        assert_eq!(recv_packet(b.as_fd(), &mut buf).unwrap(), 5);
+        assert_eq!(&buf[..5], b"hello");
+        send_iov(a.as_fd(), &[IoSlice::new(b"ab"), IoSlice::new(b"cd")]).unwrap();
+        assert_eq!(recv_packet(b.as_fd(), &mut buf).unwrap(), 4);
+        assert_eq!(&buf[..4], b"abcd");
+        assert_eq!(
+            recv_packet(b.as_fd(), &mut buf).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert!(!wait_readable(b.as_fd(), Duration::from_millis(1)).unwrap());
+        drop(a);
+        assert_eq!(
+            poll_readable(&[b.as_fd()], Some(Duration::from_secs(5))).unwrap(),
+            1
+        );
+        assert_eq!(recv_packet(b.as_fd(), &mut buf).unwrap(), 0);
+        let e = send_packet(b.as_fd(), b"x").unwrap_err();
+        assert!(is_disconnect(&e), "{e}");
+    }
+
+    #[test]
+    fn pidfd_becomes_readable_when_the_process_exits() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let fd = pidfd_open(child.id()).unwrap();
+        assert!(wait_readable(fd.as_fd(), Duration::from_secs(10)).unwrap());
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn received_packet_cmsgs_can_be_switched_off() {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for what in [RecvCmsg::Ipv4PacketInfo, RecvCmsg::Ipv4Tos] {
+            switch_off(s.as_fd(), what).unwrap();
+        }
+        let s6 = std::net::UdpSocket::bind("[::1]:0").unwrap();
+        for what in [RecvCmsg::Ipv6PacketInfo, RecvCmsg::Ipv6TrafficClass] {
+            switch_off(s6.as_fd(), what).unwrap();
+        }
+    }
+}

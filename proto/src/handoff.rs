@@ -1,0 +1,390 @@
+//! The hand-off: the first message on a worker's control socket, demux → worker, with the
+//! worker's descriptors attached (`SCM_RIGHTS`). It tells the worker everything it needs to
+//! serve as one instance: which instance it is, its ingress, the QUIC-LB parameters, the keys
+//! every instance shares, the certificate chain and the serving options.
+//!
+//! Wire form: UTF-8 text, one `key=value` line per field, `protocol=` first. Binary and free-form
+//! fields (keys, node ID, paths, PEM) are hex-encoded, so no value contains `=` or a newline.
+//! Every field is required; unknown keys are ignored (a newer demux may add optional ones only
+//! together with a version bump, see [`crate::PROTOCOL_VERSION`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::PROTOCOL_VERSION;
+
+/// How datagrams reach the worker, and so which descriptors follow the public socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IngressKind {
+    /// The shared-memory ring: three descriptors, ring memfd, consumer page, doorbell.
+    Shm,
+    /// One `SOCK_SEQPACKET` message per datagram (the baseline design): one descriptor.
+    Unix,
+}
+
+impl IngressKind {
+    /// The name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngressKind::Shm => "shm",
+            IngressKind::Unix => "unix",
+        }
+    }
+
+    /// How many ingress descriptors travel with a hand-off of this kind.
+    pub fn fd_count(self) -> usize {
+        match self {
+            IngressKind::Shm => 3,
+            IngressKind::Unix => 1,
+        }
+    }
+}
+
+/// Everything a worker needs to serve, sent once at start.
+///
+/// Descriptors, in this order: the public socket (send only); the ingress descriptors
+/// ([`IngressKind::fd_count`]); last, the worker's end of its session-store socket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handoff {
+    /// This worker's instance number, `0..instances`.
+    pub instance: u8,
+    pub instances: u8,
+    /// The ring's consumer generation this worker attaches to.
+    pub generation: u64,
+    pub ingress: IngressKind,
+    /// How long an idle worker polls its ring before sleeping on its doorbell, µs.
+    pub spin_us: u32,
+    /// The public address clients send to (the worker's `local_addr`).
+    pub public_addr: SocketAddr,
+    /// QUIC-LB: config rotation codepoint, node id, nonce length, encrypted or plaintext CIDs.
+    pub config_id: u8,
+    pub node_id: Vec<u8>,
+    pub nonce_len: u8,
+    pub encrypt_cids: bool,
+    /// The shared keys, in `ringmux_quic_lb::KeySet::to_bytes` form.
+    pub keys: Vec<u8>,
+    pub cid_lifetime: Option<Duration>,
+    pub root: Option<PathBuf>,
+    pub max_bytes: u64,
+    pub retry: bool,
+    pub idle_timeout: Duration,
+    pub cpu: Option<usize>,
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// Benchmark sink: drain and count (checking each datagram's connection ID), no quinn.
+    pub sink: bool,
+}
+
+/// A hand-off that cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HandoffError {
+    /// The demux speaks another version of the contract.
+    #[error(
+        "the demux speaks control protocol version {found}, this worker version {expected}: \
+         run the worker built together with this ringmux (or upgrade the worker's ringmux-worker crate)"
+    )]
+    VersionMismatch { found: u32, expected: u32 },
+    /// A field is missing or malformed.
+    #[error("hand-off field {field}: {problem}")]
+    Field {
+        field: &'static str,
+        problem: String,
+    },
+    /// The wrong number of descriptors came with it.
+    #[error("expected {expected} descriptors for {ingress:?} ingress, got {got}")]
+    Descriptors {
+        ingress: IngressKind,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// Every key of the wire form, in the order [`Handoff::encode`] writes them.
+pub const KEYS: [&str; 22] = [
+    "protocol",
+    "instance",
+    "instances",
+    "generation",
+    "ingress",
+    "spin_us",
+    "public_addr",
+    "config_id",
+    "node_id",
+    "nonce_len",
+    "encrypt_cids",
+    "keys",
+    "cid_lifetime_ms",
+    "root",
+    "max_bytes",
+    "retry",
+    "idle_timeout_ms",
+    "cpu",
+    "cert_pem",
+    "key_pem",
+    "sink",
+    "end",
+];
+
+impl Handoff {
+    /// How many descriptors travel with this hand-off: the public socket, the ingress
+    /// descriptors, the session-store socket.
+    pub fn fd_count(&self) -> usize {
+        1 + self.ingress.fd_count() + 1
+    }
+
+    /// Checks the number of descriptors that arrived with the hand-off.
+    pub fn check_fds(&self, got: usize) -> Result<(), HandoffError> {
+        if got == self.fd_count() {
+            return Ok(());
+        }
+        Err(HandoffError::Descriptors {
+            ingress: self.ingress,
+            expected: self.fd_count(),
+            got,
+        })
+    }
+
+    /// The wire form.
+    pub fn encode(&self) -> String {
+        let flag = |b: bool| if b { "1" } else { "0" };
+        let root = self
+            .root
+            .as_ref()
+            .map_or(&[][..], |p| p.as_os_str().as_encoded_bytes());
+        let values: [String; KEYS.len()] = [
+            PROTOCOL_VERSION.to_string(),
+            self.instance.to_string(),
+            self.instances.to_string(),
+            self.generation.to_string(),
+            self.ingress.as_str().to_string(),
+            self.spin_us.to_string(),
+            self.public_addr.to_string(),
+            self.config_id.to_string(),
+            hex::encode(&self.node_id),
+            self.nonce_len.to_string(),
+            flag(self.encrypt_cids).to_string(),
+            hex::encode(&self.keys),
+            self.cid_lifetime.map_or(0, millis).to_string(),
+            hex::encode(root),
+            self.max_bytes.to_string(),
+            flag(self.retry).to_string(),
+            millis(self.idle_timeout).to_string(),
+            self.cpu.map_or(String::new(), |c| c.to_string()),
+            hex::encode(self.cert_pem.as_bytes()),
+            hex::encode(self.key_pem.as_bytes()),
+            flag(self.sink).to_string(),
+            String::new(),
+        ];
+        let mut s = String::new();
+        for (k, v) in KEYS.iter().zip(values) {
+            s.push_str(k);
+            s.push('=');
+            s.push_str(&v);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Parses the wire form: the protocol version first, then every field, each checked.
+    pub fn decode(message: &[u8]) -> Result<Self, HandoffError> {
+        let text = std::str::from_utf8(message).map_err(|_| field("message", "not UTF-8"))?;
+        let get = |k: &'static str| -> Result<&str, HandoffError> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')))
+                .ok_or_else(|| field(k, "missing"))
+        };
+        let found: u32 = num("protocol", get("protocol")?)?;
+        if found != PROTOCOL_VERSION {
+            return Err(HandoffError::VersionMismatch {
+                found,
+                expected: PROTOCOL_VERSION,
+            });
+        }
+        // The last line: a message cut short anywhere is refused as a whole.
+        get("end")?;
+        let bytes = |k: &'static str| -> Result<Vec<u8>, HandoffError> {
+            hex::decode(get(k)?).map_err(|_| field(k, "bad hex"))
+        };
+        let string = |k: &'static str| -> Result<String, HandoffError> {
+            String::from_utf8(bytes(k)?).map_err(|_| field(k, "not UTF-8"))
+        };
+        let flag = |k: &'static str| -> Result<bool, HandoffError> {
+            match get(k)? {
+                "1" => Ok(true),
+                "0" => Ok(false),
+                other => Err(field(k, format!("expected 0 or 1, got {other:?}"))),
+            }
+        };
+        let root = bytes("root")?;
+        let lifetime: u64 = num("cid_lifetime_ms", get("cid_lifetime_ms")?)?;
+        let cpu = get("cpu")?;
+        let instance: u8 = num("instance", get("instance")?)?;
+        let instances: u8 = num("instances", get("instances")?)?;
+        if instance >= instances {
+            return Err(field(
+                "instance",
+                format!("{instance} is not below instances={instances}"),
+            ));
+        }
+        Ok(Handoff {
+            instance,
+            instances,
+            generation: num("generation", get("generation")?)?,
+            ingress: match get("ingress")? {
+                "shm" => IngressKind::Shm,
+                "unix" => IngressKind::Unix,
+                other => return Err(field("ingress", format!("unknown {other:?}"))),
+            },
+            spin_us: num("spin_us", get("spin_us")?)?,
+            public_addr: num("public_addr", get("public_addr")?)?,
+            config_id: num("config_id", get("config_id")?)?,
+            node_id: bytes("node_id")?,
+            nonce_len: num("nonce_len", get("nonce_len")?)?,
+            encrypt_cids: flag("encrypt_cids")?,
+            keys: bytes("keys")?,
+            cid_lifetime: (lifetime > 0).then(|| Duration::from_millis(lifetime)),
+            root: (!root.is_empty()).then(|| {
+                use std::os::unix::ffi::OsStringExt;
+                PathBuf::from(std::ffi::OsString::from_vec(root))
+            }),
+            max_bytes: num("max_bytes", get("max_bytes")?)?,
+            retry: flag("retry")?,
+            idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
+            cpu: if cpu.is_empty() {
+                None
+            } else {
+                Some(num("cpu", cpu)?)
+            },
+            cert_pem: string("cert_pem")?,
+            key_pem: string("key_pem")?,
+            sink: flag("sink")?,
+        })
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn field(field: &'static str, problem: impl Into<String>) -> HandoffError {
+    HandoffError::Field {
+        field,
+        problem: problem.into(),
+    }
+}
+
+fn num<T: std::str::FromStr>(k: &'static str, v: &str) -> Result<T, HandoffError> {
+    v.parse().map_err(|_| field(k, format!("bad value {v:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hand-off with every field set to something other than its default.
+    pub(crate) fn sample() -> Handoff {
+        Handoff {
+            instance: 3,
+            instances: 4,
+            generation: 7,
+            ingress: IngressKind::Shm,
+            spin_us: 50,
+            public_addr: "[::]:4433".parse().unwrap(),
+            config_id: 1,
+            node_id: vec![0xab],
+            nonce_len: 14,
+            encrypt_cids: true,
+            keys: vec![1, 2, 3, 255],
+            cid_lifetime: Some(Duration::from_secs(600)),
+            root: Some("/srv/www dir".into()),
+            max_bytes: 1 << 26,
+            retry: false,
+            idle_timeout: Duration::from_secs(30),
+            cpu: Some(1),
+            cert_pem: "-----BEGIN CERTIFICATE-----\nabc\n".into(),
+            key_pem: "key\n".into(),
+            sink: false,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let h = sample();
+        assert_eq!(Handoff::decode(h.encode().as_bytes()).unwrap(), h);
+        let h2 = Handoff {
+            root: None,
+            cpu: None,
+            cid_lifetime: None,
+            ingress: IngressKind::Unix,
+            sink: true,
+            ..h
+        };
+        assert_eq!(Handoff::decode(h2.encode().as_bytes()).unwrap(), h2);
+    }
+
+    #[test]
+    fn every_key_is_written_once_in_order() {
+        let text = sample().encode();
+        let keys: Vec<&str> = text.lines().map(|l| l.split_once('=').unwrap().0).collect();
+        assert_eq!(keys, KEYS);
+    }
+
+    #[test]
+    fn another_version_is_refused_before_anything_else() {
+        let text = sample()
+            .encode()
+            .replace("protocol=1\n", "protocol=2\n")
+            .replace("instance=3", "instance=oops");
+        assert_eq!(
+            Handoff::decode(text.as_bytes()),
+            Err(HandoffError::VersionMismatch {
+                found: 2,
+                expected: PROTOCOL_VERSION
+            })
+        );
+        let e = Handoff::decode(b"instance=1\n").unwrap_err();
+        assert!(e.to_string().contains("protocol"), "{e}");
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            ("instance=3", "instance=300", "instance"),
+            ("instance=3", "instance=4", "instance"),
+            ("ingress=shm", "ingress=carrier-pigeon", "ingress"),
+            ("retry=0", "retry=yes", "retry"),
+            ("keys=010203ff", "keys=0g", "keys"),
+            ("end=\n", "", "end"),
+        ];
+        for (from, to, name) in cases {
+            let text = sample().encode().replace(from, to);
+            let e = Handoff::decode(text.as_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, HandoffError::Field { field, .. } if *field == name),
+                "{from} -> {to}: {e}"
+            );
+        }
+        assert!(Handoff::decode(&[0xff, 0xfe]).is_err());
+    }
+
+    #[test]
+    fn descriptor_count_follows_the_ingress() {
+        let h = sample();
+        assert_eq!(h.fd_count(), 5);
+        assert!(h.check_fds(5).is_ok());
+        assert_eq!(
+            h.check_fds(4),
+            Err(HandoffError::Descriptors {
+                ingress: IngressKind::Shm,
+                expected: 5,
+                got: 4
+            })
+        );
+        let u = Handoff {
+            ingress: IngressKind::Unix,
+            ..h
+        };
+        assert_eq!(u.fd_count(), 3);
+    }
+}

@@ -1,0 +1,38 @@
+//! `ringmux-proto`: the contract between the ringmux demux and its workers, sans I/O.
+//!
+//! Both sides link this crate and nothing of each other: the demux never links the worker
+//! library (nor quinn's HTTP stack), and a worker program written against `ringmux-worker`
+//! speaks this contract through it. `control-protocol.md` at the repository root is the
+//! normative description; `tests/doc.rs` holds the document and this code together.
+//!
+//! * [`handoff`]: the first message on the control socket, demux → worker: configuration,
+//!   keys and certificate, with descriptors attached in a fixed order.
+//! * [`message`]: every later control message ([`Message`]), in both directions.
+//! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
+//!
+//! This crate owns bytes only. It never opens, reads or writes a descriptor, and never knows
+//! QUIC, TLS or HTTP: sockets, `SCM_RIGHTS` and polling live in each side's `sys` module.
+
+#![deny(unsafe_code)]
+
+pub mod handoff;
+pub mod message;
+pub mod session;
+
+pub use handoff::{Handoff, HandoffError, IngressKind};
+pub use message::{Message, MessageError, WorkerReport};
+
+/// Version of the contract this build speaks. The demux writes it first in every hand-off and
+/// a worker refuses any other (a demux and a worker from different builds may disagree on any
+/// field, descriptor or message). Raise it with every incompatible change.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest control message, either direction (the hand-off carries a PEM certificate chain).
+pub const MAX_MESSAGE: usize = 256 * 1024;
+
+/// Most descriptors one control message carries.
+pub const MAX_FDS: usize = 8;
+
+/// Name of the environment variable in which the demux tells a worker the number of its
+/// control socket (always 3 today). A process without it was not started by ringmux.
+pub const CONTROL_FD_ENV: &str = "RINGMUX_CONTROL_FD";

@@ -1,0 +1,124 @@
+//! control-protocol.md is normative: parse its tables and compare them with what the code
+//! writes and accepts. A field, message, key or limit added on one side only fails here.
+
+use ringmux_proto::handoff::{IngressKind, KEYS};
+use ringmux_proto::message::{STATS_KEYS, WORDS};
+use ringmux_proto::session::{
+    Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
+};
+use ringmux_proto::{MAX_FDS, MAX_MESSAGE, PROTOCOL_VERSION};
+
+fn doc() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../control-protocol.md");
+    std::fs::read_to_string(path).expect("read control-protocol.md")
+}
+
+/// The rows of the tables under the `## heading` section: cells with backticks removed, the
+/// header and separator rows skipped.
+fn rows(heading: &str) -> Vec<Vec<String>> {
+    let text = doc();
+    let mut inside = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            inside = h.trim() == heading;
+            continue;
+        }
+        if !inside || !line.starts_with('|') {
+            continue;
+        }
+        let cells: Vec<String> = line
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().replace('`', ""))
+            .collect();
+        let header = matches!(
+            cells[0].as_str(),
+            "key" | "message" | "op" | "limit" | "position"
+        );
+        if header || cells[0].starts_with("---") {
+            continue;
+        }
+        out.push(cells);
+    }
+    assert!(!out.is_empty(), "no table rows under '## {heading}'");
+    out
+}
+
+fn first_column(heading: &str) -> Vec<String> {
+    rows(heading).into_iter().map(|r| r[0].clone()).collect()
+}
+
+#[test]
+fn the_version_is_the_documented_one() {
+    let text = doc();
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Protocol version: "))
+        .expect("a 'Protocol version: ' line");
+    assert_eq!(line.trim_matches('*'), PROTOCOL_VERSION.to_string());
+}
+
+#[test]
+fn handoff_fields_match() {
+    assert_eq!(first_column("Hand-off fields"), KEYS);
+}
+
+#[test]
+fn descriptor_table_matches_the_counts() {
+    let rows = rows("Descriptors");
+    for (column, kind) in [(1, IngressKind::Shm), (2, IngressKind::Unix)] {
+        let listed = rows.iter().filter(|r| !r[column].is_empty()).count();
+        assert_eq!(listed, 1 + kind.fd_count() + 1, "{kind:?}");
+        let last = rows.iter().rfind(|r| !r[column].is_empty()).unwrap();
+        assert_eq!(last[column], "session socket", "{kind:?}");
+        assert!(rows[0][column].starts_with("public UDP socket"));
+    }
+}
+
+#[test]
+fn messages_match() {
+    assert_eq!(first_column("Control messages"), WORDS);
+    assert_eq!(first_column("STATS keys"), STATS_KEYS);
+}
+
+#[test]
+fn session_ops_and_limits_match() {
+    let rows = rows("Session store");
+    let ops: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.len() == 3)
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    let expected: Vec<(String, String)> = Op::ALL
+        .iter()
+        .map(|op| (op.name().to_string(), (*op as u8).to_string()))
+        .collect();
+    assert_eq!(ops, expected);
+    let limits: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r.len() == 2)
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    let code = [
+        ("MAX_KEY_LEN", MAX_KEY_LEN),
+        ("MAX_VALUE_LEN", MAX_VALUE_LEN),
+        ("REQUEST_HEADER_LEN", REQUEST_HEADER_LEN),
+        ("REPLY_HEADER_LEN", REPLY_HEADER_LEN),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    assert_eq!(limits, code);
+}
+
+#[test]
+fn message_limits_match() {
+    let limits: Vec<(String, String)> = rows("Limits")
+        .into_iter()
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    assert_eq!(
+        limits,
+        [("MAX_MESSAGE", MAX_MESSAGE), ("MAX_FDS", MAX_FDS)]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+    );
+}

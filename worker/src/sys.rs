@@ -1,0 +1,279 @@
+//! Every system call of the worker library outside quinn-udp and the ring crate, each wrapped
+//! once, on `nix` where it has a wrapper. The rest of the crate calls these safe functions.
+//!
+//! Kinds of error that escape: each function returns `io::Result`; `EINTR` is retried inside,
+//! `WouldBlock` escapes from the non-blocking ones (named so), everything else as the kernel
+//! said it.
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+
+/// The most descriptors Linux passes in one message (`SCM_MAX_FD`). The receive buffer has room
+/// for that many, so descriptors are never truncated away unseen: every one that arrives is
+/// owned, and closed on any error.
+const SCM_MAX_FD: usize = 253;
+
+/// Receives one message and the descriptors attached to it (they arrive close-on-exec).
+/// `Ok(None)`: orderly close. More than `max_fds` descriptors, or a truncated message, is an
+/// `InvalidData` error, and every descriptor that came with it is closed.
+pub fn recv_with_fds(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let (bytes, flags, fds) = retry(|| {
+        let msg = socket::recvmsg::<()>(
+            sock.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel installed these descriptors in this process for this
+                // message; nothing else refers to them, so each gets exactly one owner here.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        Ok((msg.bytes, msg.flags, fds))
+    })?;
+    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+        return Err(invalid("control message truncated"));
+    }
+    if fds.len() > max_fds {
+        return Err(invalid("more descriptors than the protocol allows"));
+    }
+    if bytes == 0 && fds.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((bytes, fds)))
+}
+
+/// Sends one packet on a `SOCK_SEQPACKET` socket, without `SIGPIPE`; `dontwait`: without
+/// blocking either (`WouldBlock` escapes).
+pub fn send_packet(sock: BorrowedFd<'_>, data: &[u8], dontwait: bool) -> io::Result<()> {
+    let mut flags = MsgFlags::MSG_NOSIGNAL;
+    if dontwait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    let n = retry(|| socket::send(sock.as_raw_fd(), data, flags))?;
+    if n != data.len() {
+        return Err(io::Error::other("packet sent partially"));
+    }
+    Ok(())
+}
+
+/// Receives one packet with `MSG_TRUNC`: the result is the packet's real length, which may
+/// exceed `buf.len()` (the rest was discarded). `Ok(0)`: end of file. `dontwait`: without
+/// blocking (`WouldBlock` escapes).
+pub fn recv_packet(sock: BorrowedFd<'_>, buf: &mut [u8], dontwait: bool) -> io::Result<usize> {
+    let mut flags = MsgFlags::MSG_TRUNC;
+    if dontwait {
+        flags |= MsgFlags::MSG_DONTWAIT;
+    }
+    retry(|| socket::recv(sock.as_raw_fd(), buf, flags))
+}
+
+/// What [`recv_frame`] read.
+pub enum Frame {
+    /// A packet of `len` bytes in all, split over the head and the body buffers.
+    Packet { len: usize },
+    /// The packet did not fit the buffers (it was cut).
+    Truncated,
+    /// End of file: the peer closed the socket.
+    Closed,
+}
+
+/// Receives one packet without blocking into two buffers: its first `head.len()` bytes, then
+/// the rest (the unix ingress framing: descriptor, payload). `WouldBlock` escapes.
+pub fn recv_frame(sock: BorrowedFd<'_>, head: &mut [u8], body: &mut [u8]) -> io::Result<Frame> {
+    let mut iov = [IoSliceMut::new(head), IoSliceMut::new(body)];
+    let (bytes, flags) = retry(|| {
+        socket::recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, MsgFlags::MSG_DONTWAIT)
+            .map(|m| (m.bytes, m.flags))
+    })?;
+    Ok(if bytes == 0 {
+        Frame::Closed
+    } else if flags.contains(MsgFlags::MSG_TRUNC) {
+        Frame::Truncated
+    } else {
+        Frame::Packet { len: bytes }
+    })
+}
+
+/// Waits until `fd` is readable (or hung up, or in error: the next read says which), for at
+/// most `timeout` (`None`: forever). `Ok(false)`: timed out. A timeout is rounded up to whole
+/// milliseconds, so a short remainder waits instead of spinning.
+pub fn poll_readable(fd: BorrowedFd<'_>, timeout: Option<Duration>) -> io::Result<bool> {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => {
+            let ms = t.as_micros().div_ceil(1000);
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+        }
+    };
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    Ok(retry(|| nix::poll::poll(&mut fds, timeout))? > 0)
+}
+
+/// CPU time this process has used, user and system.
+pub fn cpu_time() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    let Ok(u) = getrusage(UsageWho::RUSAGE_SELF) else {
+        return Duration::ZERO;
+    };
+    let d = |tv: nix::sys::time::TimeVal| {
+        Duration::new(
+            tv.tv_sec().max(0) as u64,
+            (tv.tv_usec().max(0) as u32) * 1000,
+        )
+    };
+    d(u.user_time()) + d(u.system_time())
+}
+
+/// Asks the kernel to SIGKILL this process when its parent (the demux) exits, and checks that
+/// the parent is still there (the death signal only fires for a parent alive at this call).
+pub fn die_with_parent() -> io::Result<()> {
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+    if nix::unistd::getppid().as_raw() == 1 {
+        return Err(io::Error::other(
+            "the demux exited before this worker started",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `fd` is an open Unix `SOCK_SEQPACKET` socket (the kind of the control socket).
+pub fn is_seqpacket_socket(fd: BorrowedFd<'_>) -> bool {
+    socket::getsockopt(&fd, socket::sockopt::SockType) == Ok(socket::SockType::SeqPacket)
+}
+
+/// Runs `f` again while it fails with `EINTR`.
+fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> io::Result<T> {
+    loop {
+        match f() {
+            Err(Errno::EINTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
+
+fn invalid(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    /// A connected `SOCK_SEQPACKET` pair, as the demux makes them.
+    pub(crate) fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
+        let (a, b) = socket2::Socket::pair(
+            socket2::Domain::UNIX,
+            socket2::Type::SEQPACKET.cloexec(),
+            None,
+        )
+        .unwrap();
+        (a.into(), b.into())
+    }
+
+    /// Sends `data` with `fds` attached, the way the demux sends a hand-off.
+    fn send_with_fds(sock: &OwnedFd, data: &[u8], fds: &[RawFd]) {
+        let iov = [std::io::IoSlice::new(data)];
+        let cmsg = [socket::ControlMessage::ScmRights(fds)];
+        socket::sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).unwrap();
+    }
+
+    #[test]
+    fn descriptors_travel_with_the_message() {
+        let (a, b) = seqpacket_pair();
+        let (x, _y) = seqpacket_pair();
+        send_with_fds(&a, b"hello", &[x.as_raw_fd(), x.as_raw_fd()]);
+        let mut buf = [0u8; 64];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf, 8).unwrap().unwrap();
+        assert_eq!(&buf[..n], b"hello");
+        assert_eq!(fds.len(), 2);
+        assert_ne!(fds[0].as_raw_fd(), x.as_raw_fd());
+        assert!(is_seqpacket_socket(fds[0].as_fd()));
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert!(!is_seqpacket_socket(udp.as_fd()));
+    }
+
+    #[test]
+    fn too_many_descriptors_are_refused_and_closed() {
+        let (a, b) = seqpacket_pair();
+        let (x, _y) = seqpacket_pair();
+        let raw = [x.as_raw_fd(); 9];
+        send_with_fds(&a, b"hand-off", &raw);
+        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        let mut buf = [0u8; 64];
+        let e = recv_with_fds(b.as_fd(), &mut buf, 8).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        let after = std::fs::read_dir("/proc/self/fd").unwrap().count();
+        assert_eq!(after, before, "every received descriptor is closed");
+    }
+
+    #[test]
+    fn a_message_longer_than_the_buffer_is_refused() {
+        let (a, b) = seqpacket_pair();
+        send_packet(a.as_fd(), &[7; 100], false).unwrap();
+        let mut buf = [0u8; 10];
+        assert!(recv_with_fds(b.as_fd(), &mut buf, 8).is_err());
+        send_packet(a.as_fd(), &[7; 100], false).unwrap();
+        assert_eq!(recv_packet(b.as_fd(), &mut buf, true).unwrap(), 100);
+        assert_eq!(
+            recv_packet(b.as_fd(), &mut buf, true).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        drop(a);
+        assert!(recv_with_fds(b.as_fd(), &mut buf, 8).unwrap().is_none());
+    }
+
+    #[test]
+    fn frames_split_over_head_and_body() {
+        let (a, b) = seqpacket_pair();
+        send_packet(a.as_fd(), b"0123456789", false).unwrap();
+        let (mut head, mut body) = ([0u8; 4], [0u8; 8]);
+        assert!(matches!(
+            recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
+            Frame::Packet { len: 10 }
+        ));
+        assert_eq!((&head, &body[..6]), (b"0123", &b"456789"[..]));
+        send_packet(a.as_fd(), &[1; 20], false).unwrap();
+        assert!(matches!(
+            recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
+            Frame::Truncated
+        ));
+        assert!(!poll_readable(b.as_fd(), Some(Duration::from_millis(1))).unwrap());
+        drop(a);
+        assert!(poll_readable(b.as_fd(), Some(Duration::from_secs(5))).unwrap());
+        assert!(matches!(
+            recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
+            Frame::Closed
+        ));
+    }
+
+    #[test]
+    fn cpu_time_moves() {
+        let t0 = cpu_time();
+        let mut x = 0u64;
+        let until = std::time::Instant::now() + Duration::from_millis(20);
+        while std::time::Instant::now() < until {
+            x = x.wrapping_mul(31).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_time() > t0);
+    }
+}
