@@ -1,7 +1,8 @@
 //! The receive loop: `recvmmsg` + GRO through quinn-udp, split every GRO train into datagrams,
-//! route each with the QUIC-LB [`Router`], hand it to its instance's ring (or unix socket), and
-//! publish each ring once per batch. No allocation, lock or syscall per datagram beyond the
-//! receive itself (`unix` mode adds its one `sendmsg`, which is the point of comparing it).
+//! route each with the QUIC-LB [`Router`], hand it to its instance through the forwarding mode
+//! ([`Forward`]: a ring, a unix socket, or nowhere), and publish once per batch. No allocation,
+//! lock or syscall per datagram beyond the receive itself (`unix` mode adds its one `sendmsg`,
+//! which is the point of comparing it).
 //!
 //! The loop owns the producers. The supervisor talks to it through [`Control`]: it marks
 //! instances up or down, asks for ring resets (a new consumer generation for a replacement
@@ -10,7 +11,7 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -18,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{Route, Router};
-use ringmux_ring::layout::SlotDesc;
-use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta, Producer, PushError};
+use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta};
 
+use crate::forward::{Forward, IngressHandles};
 use crate::metrics::{Counters, DropReason};
 use crate::sys::{self, RecvCmsg};
 
@@ -28,22 +29,6 @@ use crate::sys::{self, RecvCmsg};
 const RECV_BUF: usize = 65536;
 /// How often occupancy and doorbell gauges are refreshed and stalls checked.
 const GAUGE_PERIOD: Duration = Duration::from_millis(100);
-
-/// How datagrams leave the demux.
-pub enum Forwarder {
-    Shm(Vec<Producer>),
-    /// The demux's end of each instance's `SOCK_SEQPACKET` pair.
-    Unix(Vec<OwnedFd>),
-    /// Route and discard. Workers still get (idle) rings so that supervision is the same.
-    Drop(Vec<Producer>),
-}
-
-/// Descriptors for a (re)started worker's ingress.
-pub enum IngressHandles {
-    /// ring memfd, consumer page, doorbell, generation
-    Shm([OwnedFd; 3], u64),
-    Unix(OwnedFd),
-}
 
 /// Supervisor → data plane requests.
 pub enum Command {
@@ -167,10 +152,10 @@ impl PublicSocket {
     }
 }
 
-pub struct DataPlane {
+pub struct DataPlane<F> {
     public: PublicSocket,
     router: Router,
-    forwarder: Forwarder,
+    forward: F,
     counters: Arc<Counters>,
     batch: usize,
     stall: Duration,
@@ -190,11 +175,11 @@ struct Local {
     reported: bool,
 }
 
-impl DataPlane {
+impl<F: Forward> DataPlane<F> {
     pub fn new(
         public: PublicSocket,
         router: Router,
-        forwarder: Forwarder,
+        forward: F,
         counters: Arc<Counters>,
         batch: usize,
         stall: Duration,
@@ -202,7 +187,7 @@ impl DataPlane {
         DataPlane {
             public,
             router,
-            forwarder,
+            forward,
             counters,
             batch,
             stall,
@@ -310,16 +295,27 @@ impl DataPlane {
                             continue;
                         }
                     };
-                    if let Some(reason) = self.forward(inst, &desc, seg, &mut local) {
-                        dropped[reason as usize] += 1;
+                    let l = &mut local[inst];
+                    let pushed = if F::DELIVERS && !l.up {
+                        Err(DropReason::InstanceDown)
+                    } else {
+                        self.forward.push(inst, &desc, seg)
+                    };
+                    match pushed {
+                        Ok(()) => l.forwarded += 1,
+                        Err(reason) => {
+                            if reason == DropReason::RingViolation {
+                                // Stop pushing at once; the supervisor hears of it at the
+                                // next gauge refresh.
+                                l.violated = true;
+                                l.up = false;
+                            }
+                            dropped[reason as usize] += 1;
+                        }
                     }
                 }
             }
-            if let Forwarder::Shm(rings) = &mut self.forwarder {
-                for r in rings.iter_mut() {
-                    r.publish();
-                }
-            }
+            self.forward.publish();
             // Publish counters: single writer, plain stores.
             self.counters.received.store(received, Ordering::Relaxed);
             self.counters
@@ -340,70 +336,18 @@ impl DataPlane {
             }
         }
         // Final publish so nothing written stays invisible.
-        if let Forwarder::Shm(rings) = &mut self.forwarder {
-            for r in rings.iter_mut() {
-                r.publish();
-            }
-        }
-    }
-
-    /// Hands one datagram to instance `inst`; returns the drop reason if it was not forwarded.
-    #[inline]
-    fn forward(
-        &mut self,
-        inst: usize,
-        desc: &SlotDesc,
-        seg: &[u8],
-        local: &mut [Local],
-    ) -> Option<DropReason> {
-        let l = &mut local[inst];
-        match &mut self.forwarder {
-            Forwarder::Drop(_) => Some(DropReason::Discarded),
-            _ if !l.up => Some(DropReason::InstanceDown),
-            Forwarder::Shm(rings) => match rings[inst].try_push_desc(desc, seg) {
-                Ok(()) => {
-                    l.forwarded += 1;
-                    None
-                }
-                Err(PushError::Full) => Some(DropReason::RingFull),
-                Err(PushError::Oversize { .. }) => Some(DropReason::Oversize),
-                Err(PushError::Violation(e)) => {
-                    // Stop pushing at once; the supervisor hears of it at the next gauge refresh.
-                    tracing::error!(instance = inst, error = %e, "worker broke the ring protocol");
-                    l.violated = true;
-                    l.up = false;
-                    Some(DropReason::RingViolation)
-                }
-            },
-            Forwarder::Unix(socks) => match send_unix(socks[inst].as_fd(), desc, seg) {
-                Ok(()) => {
-                    l.forwarded += 1;
-                    None
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Some(DropReason::SocketFull),
-                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Some(DropReason::Oversize),
-                Err(_) => Some(DropReason::InstanceDown),
-            },
-        }
+        self.forward.publish();
     }
 
     fn execute(&mut self, cmd: Command, local: &mut [Local]) {
         match cmd {
             Command::Reset { instance, reply } => {
                 let i = instance as usize;
-                let result = match &mut self.forwarder {
-                    Forwarder::Shm(rings) | Forwarder::Drop(rings) => {
-                        rings[i].reset().and_then(|discarded| {
-                            let c = &self.counters.instances[i];
-                            c.discarded_on_reset.fetch_add(discarded, Ordering::Relaxed);
-                            shm_handles(&rings[i])
-                        })
-                    }
-                    Forwarder::Unix(socks) => unix_pair().map(|(ours, theirs)| {
-                        socks[i] = ours;
-                        IngressHandles::Unix(theirs)
-                    }),
-                };
+                let result = self.forward.reset(i).map(|(handles, discarded)| {
+                    let c = &self.counters.instances[i];
+                    c.discarded_on_reset.fetch_add(discarded, Ordering::Relaxed);
+                    handles
+                });
                 local[i].reported = false;
                 local[i].violated = false;
                 local[i].consumed_at = Instant::now();
@@ -415,21 +359,19 @@ impl DataPlane {
     /// Occupancy and doorbell gauges; stall and violation reports.
     fn refresh_gauges(&mut self, local: &mut [Local], control: &Control, last: &mut Instant) {
         *last = Instant::now();
-        let Forwarder::Shm(rings) = &mut self.forwarder else {
-            return;
-        };
-        for (i, r) in rings.iter_mut().enumerate() {
-            if let Err(e) = r.check_consumer() {
-                if !local[i].violated {
+        for (i, l) in local.iter_mut().enumerate() {
+            let Some(s) = self.forward.gauges(i) else {
+                continue;
+            };
+            if let Some(e) = &s.violation {
+                if !l.violated {
                     tracing::error!(instance = i, error = %e, "worker broke the ring protocol");
                 }
-                local[i].violated = true;
+                l.violated = true;
             }
-            let s = r.stats();
             let c = &self.counters.instances[i];
             c.occupancy.store(s.occupancy, Ordering::Relaxed);
             c.doorbells.store(s.doorbells, Ordering::Relaxed);
-            let l = &mut local[i];
             let consumed = s.published - s.occupancy;
             if consumed != l.consumed || s.occupancy == 0 {
                 l.consumed = consumed;
@@ -456,42 +398,6 @@ impl DataPlane {
             }
         }
     }
-}
-
-/// Duplicates a ring's consumer descriptors for hand-off.
-pub fn shm_handles(p: &Producer) -> io::Result<IngressHandles> {
-    let h = p.handles();
-    Ok(IngressHandles::Shm(
-        [
-            h.ring.try_clone_to_owned()?,
-            h.page.try_clone_to_owned()?,
-            h.doorbell.try_clone_to_owned()?,
-        ],
-        h.generation,
-    ))
-}
-
-/// A `SOCK_SEQPACKET` pair for unix forwarding: (demux end, non-blocking; worker end).
-pub fn unix_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (a, b) = socket2::Socket::pair(socket2::Domain::UNIX, socket2::Type::SEQPACKET, None)?;
-    a.set_nonblocking(true)?;
-    // Deep buffers so the baseline is not penalised by a small default.
-    let _ = a.set_send_buffer_size(8 << 20);
-    let _ = b.set_recv_buffer_size(8 << 20);
-    Ok((a.into(), b.into()))
-}
-
-/// The baseline: one `sendmsg` per datagram, a 64-byte descriptor then the payload.
-fn send_unix(fd: std::os::fd::BorrowedFd<'_>, template: &SlotDesc, seg: &[u8]) -> io::Result<()> {
-    let desc = SlotDesc {
-        len: seg.len() as u32,
-        segment_size: seg.len() as u32,
-        ..*template
-    };
-    sys::send_iov(
-        fd,
-        &[io::IoSlice::new(desc.as_bytes()), io::IoSlice::new(seg)],
-    )
 }
 
 /// The route of the last short-header DCID seen. Under load consecutive datagrams mostly belong

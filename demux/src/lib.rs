@@ -3,6 +3,7 @@
 //!
 //! * [`config`]: the command line and its checks.
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
+//! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`), one file each behind one trait.
 //! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
 //! * [`sessions`]: the TLS session cache all workers share.
 //! * [`metrics`]: counters, the Prometheus endpoint, `ringmux stats`.
@@ -19,6 +20,7 @@ pub mod alloc;
 pub mod certs;
 pub mod config;
 pub mod dataplane;
+pub mod forward;
 pub mod metrics;
 pub mod sessions;
 pub mod supervisor;

@@ -14,11 +14,11 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_proto::{Handoff, IngressKind};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
-use ringmux_ring::Producer;
 
 use ringmux_demux::certs::CertPem;
-use ringmux_demux::config::{self, Cli, Command, Config, ForwardMode};
-use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Forwarder, IngressHandles};
+use ringmux_demux::config::{self, Cli, Command, Config};
+use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink};
+use ringmux_demux::forward::{self, Forward, IngressHandles};
 use ringmux_demux::metrics::{self, Counters};
 use ringmux_demux::{alloc, supervisor, sys};
 
@@ -83,39 +83,12 @@ fn run(cfg: Config) -> Result<()> {
     let public_addr = public.socket().local_addr()?;
 
     let counters = Arc::new(Counters::new(cfg.instances));
-    let mut rings = Vec::new();
-    let mut handles = Vec::new();
-    let mut unix_ends = Vec::new();
-    for i in 0..cfg.instances {
-        match cfg.args.forward {
-            ForwardMode::Shm | ForwardMode::Drop => {
-                let mut p = Producer::create(&cfg.ring).context("creating a ring")?;
-                p.watch_doorbell(counters.ringing.clone(), u32::from(i) + 1);
-                handles.push(dataplane::shm_handles(&p)?);
-                rings.push(p);
-            }
-            ForwardMode::Unix => {
-                let (ours, theirs) =
-                    dataplane::unix_pair().context("creating a unix forwarding socket")?;
-                unix_ends.push(ours);
-                handles.push(IngressHandles::Unix(theirs));
-            }
-        }
-    }
-    let forwarder = match cfg.args.forward {
-        ForwardMode::Shm => Forwarder::Shm(rings),
-        ForwardMode::Drop => Forwarder::Drop(rings),
-        ForwardMode::Unix => Forwarder::Unix(unix_ends),
-    };
     let template = Handoff {
         instance: 0,
         instances: cfg.instances,
         generation: 1,
-        ingress: if cfg.args.forward == ForwardMode::Unix {
-            IngressKind::Unix
-        } else {
-            IngressKind::Shm
-        },
+        // Both set per worker from its ingress descriptors.
+        ingress: IngressKind::Shm,
         spin_us: cfg.ring.spin_us,
         public_addr,
         config_id: lb.config_id,
@@ -143,60 +116,105 @@ fn run(cfg: Config) -> Result<()> {
         }
         None => None,
     };
-    let stop = Arc::new(AtomicBool::new(false));
-    let (link, control) = DataPlaneLink::new(stop.clone());
-    let public_fd: OwnedFd = public.socket().try_clone()?.into();
-    let mut sup = supervisor::Supervisor::new(
-        cfg.clone(),
+    let setup = forward::Setup {
+        instances: cfg.instances,
+        ring: &cfg.ring,
+        ringing: counters.ringing.clone(),
+    };
+    let mode = cfg.args.forward;
+    let serve = Serve {
+        cfg: cfg.clone(),
         template,
-        public_fd,
-        counters.clone(),
-        link,
-        signals,
-    );
-    sup.start_all(handles)?;
-
-    let dp = DataPlane::new(
         public,
         router,
-        forwarder,
-        counters.clone(),
-        cfg.args.recv_batch,
-        Duration::from_secs(cfg.args.stall_secs),
-    );
-    let cpu = cfg.demux_cpu();
-    let data_plane = std::thread::Builder::new()
-        .name("data-plane".into())
-        .spawn(move || {
-            if let Some(cpu) = cpu {
-                pin(cpu);
-            }
-            dp.run(control)
-        })?;
-    tracing::info!(
-        listen = %public_addr,
-        instances = cfg.instances,
-        forward = ?cfg.args.forward,
-        "serving https://{}/",
-        display_addr(public_addr)
-    );
-    // One machine-readable line on stdout for scripts and tests: the bound addresses.
-    println!(
-        "ringmux ready listen={public_addr} metrics={} pid={}",
-        metrics_addr.map_or("off".to_string(), |a| a.to_string()),
-        std::process::id()
-    );
-    let result = sup.run();
-    stop.store(true, Ordering::Relaxed);
-    let _ = data_plane.join();
-    let received = counters.received.load(Ordering::Relaxed);
-    tracing::info!(
-        received,
-        forwarded = counters.forwarded_total(),
-        dropped = counters.dropped_total(),
-        "stopped"
-    );
-    result
+        counters,
+        signals,
+        metrics_addr,
+    };
+    forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
+}
+
+/// Everything the demux runs, once the forwarding mode exists.
+struct Serve {
+    cfg: Config,
+    template: Handoff,
+    public: dataplane::PublicSocket,
+    router: Router,
+    counters: Arc<Counters>,
+    signals: nix::sys::signalfd::SignalFd,
+    metrics_addr: Option<SocketAddr>,
+}
+
+impl forward::WithForward for Serve {
+    type Output = Result<()>;
+
+    /// Starts the workers, then the data plane, supervises until shutdown.
+    fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Result<()> {
+        let Serve {
+            cfg,
+            template,
+            public,
+            router,
+            counters,
+            signals,
+            metrics_addr,
+        } = self;
+        let public_addr = public.socket().local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (link, control) = DataPlaneLink::new(stop.clone());
+        let public_fd: OwnedFd = public.socket().try_clone()?.into();
+        let mut sup = supervisor::Supervisor::new(
+            cfg.clone(),
+            template,
+            public_fd,
+            counters.clone(),
+            link,
+            signals,
+        );
+        sup.start_all(handles)?;
+
+        let dp = DataPlane::new(
+            public,
+            router,
+            forward,
+            counters.clone(),
+            cfg.args.recv_batch,
+            Duration::from_secs(cfg.args.stall_secs),
+        );
+        let cpu = cfg.demux_cpu();
+        let data_plane = std::thread::Builder::new()
+            .name("data-plane".into())
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    pin(cpu);
+                }
+                dp.run(control)
+            })?;
+        tracing::info!(
+            listen = %public_addr,
+            instances = cfg.instances,
+            forward = ?cfg.args.forward,
+            "serving https://{}/",
+            display_addr(public_addr)
+        );
+        // One machine-readable line on stdout for scripts and tests: the bound addresses.
+        println!(
+            "ringmux ready listen={public_addr} metrics={} pid={}",
+            metrics_addr.map_or("off".to_string(), |a| a.to_string()),
+            std::process::id()
+        );
+        let result = sup.run();
+        stop.store(true, Ordering::Relaxed);
+        let _ = data_plane.join();
+        let received = counters.received.load(Ordering::Relaxed);
+        tracing::info!(
+            received,
+            forwarded = counters.forwarded_total(),
+            dropped = counters.dropped_total(),
+            "stopped"
+        );
+        result
+    }
 }
 
 /// Binds the public socket: dual-stack for `[::]`, large buffers (forced past the sysctl limits

@@ -16,7 +16,8 @@ use ringmux_proto::{Handoff, Message};
 use ringmux_ring::doorbell::Doorbell;
 
 use crate::config::Config;
-use crate::dataplane::{DataPlaneLink, Event, IngressHandles};
+use crate::dataplane::{DataPlaneLink, Event};
+use crate::forward::IngressHandles;
 use crate::metrics::Counters;
 use crate::sys;
 
@@ -225,6 +226,7 @@ impl Supervisor {
         let mut h = self.template.clone();
         h.instance = i;
         h.cpu = self.cfg.worker_cpu(i);
+        h.ingress = handles.kind();
         let mut fds: Vec<OwnedFd> = vec![self.public.try_clone()?];
         match handles {
             IngressHandles::Shm([r, p, b], generation) => {

@@ -1,0 +1,36 @@
+//! `drop`: route every datagram, then discard it. The floor the benchmarks compare against:
+//! receiving and routing without handing anything over. Workers still get (idle) rings so that
+//! supervision is the same as in `shm`.
+
+use std::io;
+
+use ringmux_ring::layout::SlotDesc;
+
+use super::shm::Shm;
+use super::{Forward, IngressHandles, Setup};
+use crate::metrics::DropReason;
+
+/// Idle rings, never pushed to.
+pub struct Drop {
+    idle: Shm,
+}
+
+impl Drop {
+    pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
+        let (idle, handles) = Shm::create(setup)?;
+        Ok((Drop { idle }, handles))
+    }
+}
+
+impl Forward for Drop {
+    const DELIVERS: bool = false;
+
+    #[inline]
+    fn push(&mut self, _inst: usize, _desc: &SlotDesc, _payload: &[u8]) -> Result<(), DropReason> {
+        Err(DropReason::Discarded)
+    }
+
+    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
+        self.idle.reset(inst)
+    }
+}

@@ -1,0 +1,122 @@
+//! Forwarding modes: how a routed datagram reaches its instance. Each mode is one file behind
+//! one interface, [`Forward`]; the data plane is generic over it, so a mode's `push` is
+//! inlined into the receive loop and costs nothing for being behind a trait.
+//!
+//! | mode | file | a datagram becomes | ingress handed to the worker |
+//! |---|---|---|---|
+//! | `shm` | [`shm`] | a ring slot, published once per batch | ring memfd, consumer page, doorbell |
+//! | `unix` | [`unix`] | one `sendmsg` on a `SOCK_SEQPACKET` socket (the baseline) | the socket's other end |
+//! | `drop` | [`drop`] | nothing: routed and discarded (the benchmarks' floor) | an idle ring |
+//!
+//! Adding a mode: a file here implementing [`Forward`], a variant of `config::ForwardMode`,
+//! and one line in [`start`].
+
+pub mod drop;
+pub mod shm;
+pub mod unix;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+use ringmux_proto::IngressKind;
+use ringmux_ring::layout::SlotDesc;
+use ringmux_ring::RingConfig;
+
+use crate::config::ForwardMode;
+use crate::metrics::DropReason;
+
+/// One forwarding mode, as the data plane drives it. Instances are numbered `0..n`.
+pub trait Forward: Send + 'static {
+    /// Whether datagrams reach workers at all (`drop` discards every one, so a worker that is
+    /// down changes nothing: its datagrams count as discarded, not as `instance_down`).
+    const DELIVERS: bool = true;
+
+    /// Hands one datagram (its slot descriptor and payload) to instance `inst`, or says why
+    /// not. [`DropReason::RingViolation`] means the worker broke the ring protocol: the data
+    /// plane stops forwarding to it until the next [`Forward::reset`].
+    fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason>;
+
+    /// Makes everything pushed since the last call visible to the workers. Called once per
+    /// receive batch, and before the data plane stops.
+    fn publish(&mut self) {}
+
+    /// Starts a new generation of instance `inst`'s ingress for a replacement worker: whatever
+    /// the old worker left unread is discarded (returned as a count) and the new worker's
+    /// descriptors come back.
+    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)>;
+
+    /// The gauges of instance `inst`'s ingress, when the mode has any (rings do).
+    fn gauges(&mut self, _inst: usize) -> Option<Gauges> {
+        None
+    }
+}
+
+/// What a ring shows of its consumer, read every gauge period.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gauges {
+    /// Slots published and not yet consumed.
+    pub occupancy: u64,
+    /// Doorbells rung since the ring was created.
+    pub doorbells: u64,
+    /// Slots published since the ring was created.
+    pub published: u64,
+    /// The consumer broke the ring protocol: what it did.
+    pub violation: Option<String>,
+}
+
+/// Descriptors for a (re)started worker's ingress, in hand-off order.
+pub enum IngressHandles {
+    /// Ring memfd, consumer page, doorbell; the consumer generation to attach.
+    Shm([OwnedFd; 3], u64),
+    /// The worker's end of its `SOCK_SEQPACKET` socket.
+    Unix(OwnedFd),
+}
+
+impl IngressHandles {
+    /// What the hand-off says of these descriptors.
+    pub fn kind(&self) -> IngressKind {
+        match self {
+            IngressHandles::Shm(..) => IngressKind::Shm,
+            IngressHandles::Unix(_) => IngressKind::Unix,
+        }
+    }
+}
+
+/// What every mode is built from.
+pub struct Setup<'a> {
+    pub instances: u8,
+    pub ring: &'a RingConfig,
+    /// Marker of the doorbell the data plane is writing (the supervisor's jam watchdog).
+    pub ringing: Arc<AtomicU32>,
+}
+
+/// Something that runs with any forwarding mode: `start` calls it with the mode the
+/// configuration names, so the data plane is compiled once per mode.
+pub trait WithForward {
+    type Output;
+    fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Self::Output;
+}
+
+/// Builds the forwarding mode `mode` with every instance's first ingress, and runs `with` on it.
+pub fn start<W: WithForward>(
+    mode: ForwardMode,
+    setup: Setup<'_>,
+    with: W,
+) -> io::Result<W::Output> {
+    Ok(match mode {
+        ForwardMode::Shm => {
+            let (f, h) = shm::Shm::create(&setup)?;
+            with.run(f, h)
+        }
+        ForwardMode::Unix => {
+            let (f, h) = unix::Unix::create(&setup)?;
+            with.run(f, h)
+        }
+        ForwardMode::Drop => {
+            let (f, h) = drop::Drop::create(&setup)?;
+            with.run(f, h)
+        }
+    })
+}

@@ -1,0 +1,65 @@
+//! `unix`: the design ringmux replaces, kept to measure against: one `sendmsg` per datagram on
+//! a `SOCK_SEQPACKET` socket per instance, the 64-byte slot descriptor then the payload (the
+//! framing of `control-protocol.md`, decoded by `ringmux_worker::ingress::recv_unix`).
+
+use std::io::{self, IoSlice};
+use std::os::fd::{AsFd, OwnedFd};
+
+use ringmux_ring::layout::SlotDesc;
+
+use super::{Forward, IngressHandles, Setup};
+use crate::metrics::DropReason;
+use crate::sys;
+
+/// The demux's end of every instance's socket.
+pub struct Unix {
+    sockets: Vec<OwnedFd>,
+}
+
+impl Unix {
+    /// One socket pair per instance.
+    pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
+        let mut sockets = Vec::new();
+        let mut handles = Vec::new();
+        for _ in 0..setup.instances {
+            let (ours, theirs) = pair()?;
+            sockets.push(ours);
+            handles.push(IngressHandles::Unix(theirs));
+        }
+        Ok((Unix { sockets }, handles))
+    }
+}
+
+impl Forward for Unix {
+    #[inline]
+    fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
+        let desc = SlotDesc {
+            len: payload.len() as u32,
+            segment_size: payload.len() as u32,
+            ..*desc
+        };
+        let parts = [IoSlice::new(desc.as_bytes()), IoSlice::new(payload)];
+        match sys::send_iov(self.sockets[inst].as_fd(), &parts) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(DropReason::SocketFull),
+            Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Err(DropReason::Oversize),
+            Err(_) => Err(DropReason::InstanceDown),
+        }
+    }
+
+    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
+        // A fresh pair: whatever the dead worker left queued goes with the old one.
+        let (ours, theirs) = pair()?;
+        self.sockets[inst] = ours;
+        Ok((IngressHandles::Unix(theirs), 0))
+    }
+}
+
+/// A `SOCK_SEQPACKET` pair for one instance: (demux end, worker end), with deep buffers so the
+/// baseline is not penalised by a small default.
+fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (ours, theirs) = sys::seqpacket_pair()?;
+    let _ = socket2::SockRef::from(&ours).set_send_buffer_size(8 << 20);
+    let _ = socket2::SockRef::from(&theirs).set_recv_buffer_size(8 << 20);
+    Ok((ours, theirs))
+}
