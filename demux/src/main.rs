@@ -36,7 +36,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Some(Command::Stats { metrics }) => {
-            metrics::fetch(&metrics).map(|text| print!("{}", metrics::stats_table(&text)))
+            metrics::fetch(metrics.as_str()).map(|m| print!("{}", metrics::stats::table(&m)))
         }
         None => cli.run.validate().and_then(run),
     };
@@ -110,7 +110,7 @@ fn run(cfg: Config) -> Result<()> {
 
     let metrics_addr = match cfg.metrics {
         Some(addr) => {
-            let bound = metrics::serve(addr, counters.clone())?;
+            let bound = metrics::exposition::serve(addr, counters.clone())?;
             tracing::info!(%bound, "metrics at http://{bound}/metrics");
             Some(bound)
         }

@@ -7,6 +7,7 @@
 
 mod harness;
 
+use ringmux_demux::metrics::names;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -139,7 +140,7 @@ async fn gtlsclient_100_requests_one_connection() {
         rm.wait_for(
             "the workers to report 100 requests",
             Duration::from_secs(5),
-            |m| m.sum("ringmux_worker_requests_total") >= 100.0,
+            |m| m.sum(names::WORKER_REQUESTS) >= 100.0,
         )
         .await;
     })
@@ -171,11 +172,11 @@ async fn gtlsclient_20_connections() {
             .wait_for(
                 "the workers to report 20 connections",
                 Duration::from_secs(5),
-                |m| m.sum("ringmux_worker_connections_accepted_total") >= N as f64,
+                |m| m.sum(names::WORKER_CONNECTIONS_ACCEPTED) >= N as f64,
             )
             .await;
         let busy = (0..3)
-            .filter(|&i| m.instance("ringmux_worker_connections_accepted_total", i) > 0.0)
+            .filter(|&i| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i) > 0.0)
             .count();
         assert!(
             busy >= 2,
@@ -361,8 +362,7 @@ async fn gtlsclient_0rtt_on_another_instance() {
         );
         let after = rm.metrics();
         assert!(
-            after.instance("ringmux_datagrams_forwarded_total", 2)
-                > before.instance("ringmux_datagrams_forwarded_total", 2),
+            after.instance(names::FORWARDED, 2) > before.instance(names::FORWARDED, 2),
             "the resumed connection did not reach instance 2"
         );
     })
@@ -493,7 +493,7 @@ async fn aioquic_20_connections() {
         rm.wait_for(
             "the workers to report 20 connections",
             Duration::from_secs(5),
-            |m| m.sum("ringmux_worker_connections_accepted_total") >= 20.0,
+            |m| m.sum(names::WORKER_CONNECTIONS_ACCEPTED) >= 20.0,
         )
         .await;
     })
@@ -592,7 +592,7 @@ async fn aioquic_0rtt_on_another_instance() {
         );
         let m = rm.metrics();
         assert!(
-            m.instance("ringmux_datagrams_forwarded_total", 2) > 0.0,
+            m.instance(names::FORWARDED, 2) > 0.0,
             "nothing reached instance 2"
         );
     })

@@ -3,6 +3,7 @@
 
 mod harness;
 
+use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -66,8 +67,8 @@ async fn many_connections(forward: Forward) {
             Duration::from_secs(10),
             |m| {
                 (0..INSTANCES).all(|i| {
-                    m.instance("ringmux_worker_requests_total", i) >= per_instance
-                        && m.instance("ringmux_worker_connections_accepted_total", i)
+                    m.instance(names::WORKER_REQUESTS, i) >= per_instance
+                        && m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i)
                             >= (CONNECTIONS / usize::from(INSTANCES)) as f64
                 })
             },
@@ -75,16 +76,16 @@ async fn many_connections(forward: Forward) {
         .await;
     for i in 0..INSTANCES {
         assert!(
-            m.instance("ringmux_datagrams_forwarded_total", i) > 0.0,
+            m.instance(names::FORWARDED, i) > 0.0,
             "nothing forwarded to instance {i}:\n{m}"
         );
     }
     assert!(
-        m.sum("ringmux_worker_requests_total") >= (CONNECTIONS * GETS) as f64,
+        m.sum(names::WORKER_REQUESTS) >= (CONNECTIONS * GETS) as f64,
         "requests served < requests made:\n{m}"
     );
     let m = rm.wait_balanced(Duration::from_secs(5)).await;
-    assert_eq!(m.sum("ringmux_datagrams_dropped_total"), 0.0, "drops:\n{m}");
+    assert_eq!(m.sum(names::DROPPED), 0.0, "drops:\n{m}");
 }
 
 /// A large download survives the client moving to a new UDP port mid-transfer (RFC 9000 §9):
@@ -141,7 +142,7 @@ async fn retry(forward: Forward) {
     rm.wait_for(
         "both instances to report a connection",
         Duration::from_secs(5),
-        |m| (0..2).all(|i| m.instance("ringmux_worker_connections_accepted_total", i) >= 1.0),
+        |m| (0..2).all(|i| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i) >= 1.0),
     )
     .await;
 }
@@ -177,14 +178,13 @@ async fn zero_rtt(forward: Forward, first: u8, second: u8) {
             "instance `second` to report the resumed connection",
             Duration::from_secs(5),
             |m| {
-                m.instance("ringmux_worker_connections_accepted_total", second)
-                    > before.instance("ringmux_worker_connections_accepted_total", second)
+                m.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
+                    > before.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
             },
         )
         .await;
     assert!(
-        after.instance("ringmux_datagrams_forwarded_total", second)
-            > before.instance("ringmux_datagrams_forwarded_total", second),
+        after.instance(names::FORWARDED, second) > before.instance(names::FORWARDED, second),
         "the resumed connection did not reach instance {second}"
     );
     assert!(
@@ -270,8 +270,8 @@ async fn dual_stack_listen_serves_ipv4_and_ipv6() {
             each_instance_serves(&rm, target.parse().unwrap()).await;
         }
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
-        assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
-        assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
+        assert!(m.instance(names::FORWARDED, 0) > 0.0);
+        assert!(m.instance(names::FORWARDED, 1) > 0.0);
     })
     .await;
 }
@@ -307,8 +307,8 @@ async fn specific_ipv6_listen_serves_every_instance() {
         assert_eq!(rm.listen.ip(), "::1".parse::<std::net::IpAddr>().unwrap());
         each_instance_serves(&rm, rm.listen).await;
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
-        assert!(m.instance("ringmux_datagrams_forwarded_total", 0) > 0.0);
-        assert!(m.instance("ringmux_datagrams_forwarded_total", 1) > 0.0);
+        assert!(m.instance(names::FORWARDED, 0) > 0.0);
+        assert!(m.instance(names::FORWARDED, 1) > 0.0);
     })
     .await;
 }

@@ -3,6 +3,7 @@
 
 mod harness;
 
+use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -97,9 +98,9 @@ async fn worker_killed(forward: Forward) {
             "instance 1 restarted, up, and reporting a new pid",
             Duration::from_secs(10),
             |m| {
-                let pid = m.instance("ringmux_worker_pid", VICTIM);
-                m.instance("ringmux_worker_restarts_total", VICTIM) >= 1.0
-                    && m.instance("ringmux_worker_up", VICTIM) == 1.0
+                let pid = m.instance(names::WORKER_PID, VICTIM);
+                m.instance(names::WORKER_RESTARTS, VICTIM) >= 1.0
+                    && m.instance(names::WORKER_UP, VICTIM) == 1.0
                     && pid > 0.0
                     && pid != f64::from(victim_pid)
             },
@@ -107,13 +108,13 @@ async fn worker_killed(forward: Forward) {
         .await;
     for i in [0u8, 2] {
         assert_eq!(
-            m.instance("ringmux_worker_restarts_total", i),
+            m.instance(names::WORKER_RESTARTS, i),
             0.0,
             "instance {i} restarted too"
         );
     }
     assert!(!alive(victim_pid), "killed worker {victim_pid} still alive");
-    let new_pid = m.instance("ringmux_worker_pid", VICTIM) as u32;
+    let new_pid = m.instance(names::WORKER_PID, VICTIM) as u32;
     assert!(
         alive(new_pid),
         "replacement worker {new_pid} is not running"
@@ -130,7 +131,7 @@ async fn worker_killed(forward: Forward) {
     rm.wait_for(
         "the replacement to report the new connection",
         Duration::from_secs(5),
-        |m| m.instance("ringmux_worker_connections_accepted_total", VICTIM) >= 1.0,
+        |m| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, VICTIM) >= 1.0,
     )
     .await;
 }
@@ -381,9 +382,9 @@ async fn bad_input_storm(forward: Forward) {
         );
     }
     for i in 0..2 {
-        assert_eq!(m.instance("ringmux_worker_up", i), 1.0, "instance {i} down");
+        assert_eq!(m.instance(names::WORKER_UP, i), 1.0, "instance {i} down");
         assert_eq!(
-            m.instance("ringmux_worker_restarts_total", i),
+            m.instance(names::WORKER_RESTARTS, i),
             0.0,
             "instance {i} restarted during the storm"
         );

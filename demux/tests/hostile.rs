@@ -7,6 +7,7 @@
 
 mod harness;
 
+use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -64,15 +65,13 @@ async fn play_fault(fault: &str, expect_violation: bool) {
     let dir = TempDir::new("ringmux-fault");
     let rm = start_faulty(fault, &["--stall-secs", "1"], &dir);
     let before = rm.metrics();
-    assert_eq!(before.instance("ringmux_worker_restarts_total", 1), 0.0);
+    assert_eq!(before.instance(names::WORKER_RESTARTS, 1), 0.0);
     // Feed instance 1 until the fault has been played and the worker replaced.
     let deadline = Instant::now() + Duration::from_secs(30);
     let m = loop {
         blast(&rm, 1, 20);
         let m = rm.metrics();
-        if m.instance("ringmux_worker_restarts_total", 1) >= 1.0
-            && m.instance("ringmux_worker_up", 1) == 1.0
-        {
+        if m.instance(names::WORKER_RESTARTS, 1) >= 1.0 && m.instance(names::WORKER_UP, 1) == 1.0 {
             break m;
         }
         assert!(
@@ -87,16 +86,16 @@ async fn play_fault(fault: &str, expect_violation: bool) {
     );
     if expect_violation {
         assert!(
-            m.instance("ringmux_ring_violations_total", 1) >= 1.0,
+            m.instance(names::RING_VIOLATIONS, 1) >= 1.0,
             "{fault} not detected:\n{m}"
         );
     }
     assert_eq!(
-        m.instance("ringmux_worker_restarts_total", 0),
+        m.instance(names::WORKER_RESTARTS, 0),
         0.0,
         "instance 0 noticed:\n{m}"
     );
-    assert_eq!(m.instance("ringmux_ring_violations_total", 0), 0.0);
+    assert_eq!(m.instance(names::RING_VIOLATIONS, 0), 0.0);
     instance0_serves(&rm).await;
     // The replacement (the real worker) serves on a reset ring.
     let client = rm.pinned_client(1);
@@ -107,7 +106,7 @@ async fn play_fault(fault: &str, expect_violation: bool) {
         .expect("GET on the replacement");
     check_bytes("replacement", &r, 1000);
     let m = rm.wait_balanced(Duration::from_secs(5)).await;
-    assert!(m.get("ringmux_datagrams_received_total") > 0.0);
+    assert!(m.get(names::RECEIVED) > 0.0);
 }
 
 #[tokio::test]
@@ -155,7 +154,7 @@ async fn full_ring_of_one_instance_does_not_slow_another() {
         rm.wait_for(
             "ring_full drops and a full ring (64 slots) on the stuck instance",
             Duration::from_secs(10),
-            |m| m.dropped("ring_full") > 0.0 && m.instance("ringmux_ring_occupancy", 1) == 64.0,
+            |m| m.dropped("ring_full") > 0.0 && m.instance(names::RING_OCCUPANCY, 1) == 64.0,
         )
         .await;
         for _ in 0..5 {
@@ -163,7 +162,7 @@ async fn full_ring_of_one_instance_does_not_slow_another() {
             instance0_serves(&rm).await;
         }
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
-        assert_eq!(m.instance("ringmux_worker_restarts_total", 0), 0.0);
+        assert_eq!(m.instance(names::WORKER_RESTARTS, 0), 0.0);
         assert!(m.dropped("ring_full") >= 2000.0 - 64.0, "{m}");
     })
     .await;
@@ -219,7 +218,7 @@ async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
             "the burst never overflowed a ring:\n{m}"
         );
         assert_eq!(
-            m.get("ringmux_dataplane_allocations_total"),
+            m.get(names::DATAPLANE_ALLOCATIONS),
             0.0,
             "the data plane allocated:\n{m}"
         );

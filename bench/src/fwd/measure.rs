@@ -26,14 +26,11 @@ use super::os::{self, SchedStat};
 use super::ringmux::{Metrics, Ringmux, Spec};
 use super::sender::{Blaster, SendShape, SendStats};
 
-const RECEIVED: &str = "ringmux_datagrams_received_total";
-const RECV_CALLS: &str = "ringmux_recv_calls_total";
-const FORWARDED: &str = "ringmux_datagrams_forwarded_total";
-const DROPPED: &str = "ringmux_datagrams_dropped_total";
-const DOORBELLS: &str = "ringmux_doorbells_total";
-const SINK_IN: &str = "ringmux_worker_datagrams_total";
-const SINK_BAD_CID: &str = "ringmux_worker_bad_cid_total";
-const ALLOCATIONS: &str = "ringmux_dataplane_allocations_total";
+use ringmux_demux::metrics::names::{
+    DATAPLANE_ALLOCATIONS as ALLOCATIONS, DOORBELLS, DROPPED, FORWARDED, RECEIVED, RECV_CALLS,
+    SINK_LATENCY_P50, SINK_LATENCY_P99, SINK_LATENCY_P999, WORKER_BAD_CID as SINK_BAD_CID,
+    WORKER_DATAGRAMS as SINK_IN,
+};
 
 /// Counters must be still this long before a run is read: above the sinks' 250 ms report
 /// period and the demux's 100 ms gauge refresh.
@@ -449,9 +446,9 @@ fn finish(
         datagrams_per_recv_call: per(w.received as f64, w.recv_calls),
         sender_ns_per_datagram: per(sent.cpu_ns as f64, sent.datagrams),
         allocations_per_million_datagrams: allocs,
-        latency_p50_us: lat("ringmux_sink_latency_p50_nanoseconds"),
-        latency_p99_us: lat("ringmux_sink_latency_p99_nanoseconds"),
-        latency_p999_us: lat("ringmux_sink_latency_p999_nanoseconds"),
+        latency_p50_us: lat(SINK_LATENCY_P50),
+        latency_p99_us: lat(SINK_LATENCY_P99),
+        latency_p999_us: lat(SINK_LATENCY_P999),
         received: w.received,
         forwarded: w.forwarded,
         sink_received,

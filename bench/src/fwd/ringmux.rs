@@ -2,15 +2,15 @@
 //! pids), parked and resumed with SIGSTOP/SIGCONT, scraped over its Prometheus endpoint, and
 //! stopped (SIGTERM, then SIGKILL if it lingers; also on drop, so a failing run leaves nothing).
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use ringmux_demux::metrics::names;
 
 use super::os;
 
@@ -135,7 +135,7 @@ impl Ringmux {
         loop {
             let m = self.scrape()?;
             let pids: Vec<u32> = (0..instances)
-                .map(|i| m.labelled("ringmux_worker_pid", "instance", &i.to_string()) as u32)
+                .map(|i| m.instance(names::WORKER_PID, i) as u32)
                 .collect();
             if pids.iter().all(|p| *p != 0) {
                 return Ok(pids);
@@ -184,7 +184,7 @@ impl Ringmux {
         loop {
             std::thread::sleep(Duration::from_millis(50));
             let m = self.scrape()?;
-            if m.fingerprint() != last.fingerprint() {
+            if fingerprint(&m) != fingerprint(&last) {
                 last = m;
                 since = Instant::now();
             } else if since.elapsed() >= quiet {
@@ -237,119 +237,23 @@ impl Drop for Ringmux {
     }
 }
 
-/// One Prometheus text scrape: series (`name{labels}`) → value.
-#[derive(Clone, Debug, Default)]
-pub struct Metrics {
-    pub series: BTreeMap<String, f64>,
-}
+/// One scrape of ringmux's metrics (the demux's own reader of its text format).
+pub use ringmux_demux::metrics::Scrape as Metrics;
 
-impl Metrics {
-    pub fn parse(text: &str) -> Metrics {
-        let series = text
-            .lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (k, v) = l.rsplit_once(' ')?;
-                Some((k.to_string(), v.parse().ok()?))
-            })
-            .collect();
-        Metrics { series }
-    }
-
-    /// Sum of every series of metric `name` (all label sets).
-    pub fn sum(&self, name: &str) -> f64 {
-        self.series
-            .iter()
-            .filter(|(k, _)| {
-                k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
-            })
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// The series of `name` with `label="value"`, 0 if absent.
-    pub fn labelled(&self, name: &str, label: &str, value: &str) -> f64 {
-        self.series
-            .get(&format!("{name}{{{label}=\"{value}\"}}"))
-            .copied()
-            .unwrap_or(0.0)
-    }
-
-    /// Every `label` value of `name` with its value.
-    pub fn by_label(&self, name: &str, label: &str) -> BTreeMap<String, f64> {
-        let prefix = format!("{name}{{{label}=\"");
-        self.series
-            .iter()
-            .filter_map(|(k, v)| {
-                let rest = k.strip_prefix(&prefix)?;
-                Some((rest.split('"').next()?.to_string(), *v))
-            })
-            .collect()
-    }
-
-    /// Largest value among the series of `name`.
-    pub fn max(&self, name: &str) -> f64 {
-        self.by_label(name, "instance")
-            .values()
-            .copied()
-            .fold(0.0, f64::max)
-    }
-
-    /// The counters that must stop moving before a run is read.
-    fn fingerprint(&self) -> [u64; 6] {
-        [
-            self.sum("ringmux_datagrams_received_total"),
-            self.sum("ringmux_datagrams_forwarded_total"),
-            self.sum("ringmux_datagrams_dropped_total"),
-            self.sum("ringmux_worker_datagrams_total"),
-            self.sum("ringmux_worker_datagrams_dropped_total"),
-            self.sum("ringmux_doorbells_total"),
-        ]
-        .map(|v| v as u64)
-    }
+/// The counters that must stop moving before a run is read.
+fn fingerprint(m: &Metrics) -> [u64; 6] {
+    [
+        m.sum(names::RECEIVED),
+        m.sum(names::FORWARDED),
+        m.sum(names::DROPPED),
+        m.sum(names::WORKER_DATAGRAMS),
+        m.sum(names::WORKER_DATAGRAMS_DROPPED),
+        m.sum(names::DOORBELLS),
+    ]
+    .map(|v| v as u64)
 }
 
 /// `GET /metrics` over plain HTTP/1.1.
 pub fn fetch_metrics(addr: SocketAddr) -> Result<Metrics> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .with_context(|| format!("connecting to metrics at {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    // One write: ringmux answers as soon as it has the request line and closes; a request
-    // written in pieces would meet a closed socket (EPIPE) or make the close a reset.
-    let req = format!("GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .with_context(|| format!("requesting metrics from {addr}"))?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)
-        .with_context(|| format!("reading metrics from {addr}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b)
-        .ok_or_else(|| anyhow!("malformed HTTP response from {addr}"))?;
-    Ok(Metrics::parse(body))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_prometheus_text() {
-        let m = Metrics::parse(
-            "# HELP x y\nringmux_datagrams_received_total 12\n\
-             ringmux_datagrams_dropped_total{reason=\"ring_full\"} 3\n\
-             ringmux_datagrams_dropped_total{reason=\"oversize\"} 4\n\
-             ringmux_worker_pid{instance=\"0\"} 77\n\
-             ringmux_worker_pid{instance=\"1\"} 78\n# EOF\n",
-        );
-        assert_eq!(m.sum("ringmux_datagrams_received_total"), 12.0);
-        assert_eq!(m.sum("ringmux_datagrams_dropped_total"), 7.0);
-        assert_eq!(m.labelled("ringmux_worker_pid", "instance", "1"), 78.0);
-        assert_eq!(
-            m.by_label("ringmux_datagrams_dropped_total", "reason")["ring_full"],
-            3.0
-        );
-        assert_eq!(m.max("ringmux_worker_pid"), 78.0);
-        assert_eq!(m.sum("ringmux_datagrams"), 0.0);
-    }
+    ringmux_demux::metrics::fetch(addr)
 }

@@ -9,10 +9,10 @@
 //! Each test binary uses a part of this module.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
+use ringmux_demux::metrics::names;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -173,21 +173,8 @@ impl Ringmux {
 
     /// One scrape of `/metrics`.
     pub fn metrics(&self) -> Metrics {
-        let mut s = TcpStream::connect_timeout(&self.metrics, Duration::from_secs(5))
-            .expect("connecting to the metrics endpoint");
-        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        // One write: a request split over several writes raced the endpoint's close (reset).
-        let request = format!(
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.metrics
-        );
-        s.write_all(request.as_bytes())
-            .expect("sending the metrics request");
-        let mut text = String::new();
-        s.read_to_string(&mut text).expect("reading metrics");
-        let (head, body) = text.split_once("\r\n\r\n").expect("HTTP response");
-        assert!(head.starts_with("HTTP/1.1 200"), "metrics answer: {head}");
-        Metrics::parse(body)
+        ringmux_demux::metrics::fetch(self.metrics)
+            .unwrap_or_else(|e| panic!("scraping {}: {e:#}", self.metrics))
     }
 
     /// Polls the metrics until `pred` holds; panics with the last scrape and `what` after
@@ -230,11 +217,11 @@ impl Ringmux {
             .wait_for(
                 "ringmux_worker_pid of every instance to be set (workers report once a second)",
                 Duration::from_secs(5),
-                |m| (0..n).all(|i| m.instance("ringmux_worker_pid", i) > 0.0),
+                |m| (0..n).all(|i| m.instance(names::WORKER_PID, i) > 0.0),
             )
             .await;
         let pids: Vec<u32> = (0..n)
-            .map(|i| m.instance("ringmux_worker_pid", i) as u32)
+            .map(|i| m.instance(names::WORKER_PID, i) as u32)
             .collect();
         let mut children = children_of(self.pid);
         children.sort_unstable();
@@ -353,72 +340,8 @@ pub fn worker_bin() -> PathBuf {
     worker
 }
 
-/// One scrape of the Prometheus text: `name{labels}` → value.
-pub struct Metrics(pub BTreeMap<String, f64>);
-
-impl Metrics {
-    pub fn parse(text: &str) -> Metrics {
-        Metrics(
-            text.lines()
-                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-                .filter_map(|l| {
-                    let (key, value) = l.rsplit_once(' ')?;
-                    Some((key.to_string(), value.parse().ok()?))
-                })
-                .collect(),
-        )
-    }
-
-    /// A sample without labels (0 if absent).
-    pub fn get(&self, name: &str) -> f64 {
-        self.0.get(name).copied().unwrap_or(0.0)
-    }
-
-    /// A per-instance sample (0 if absent).
-    pub fn instance(&self, name: &str, instance: u8) -> f64 {
-        self.get(&format!("{name}{{instance=\"{instance}\"}}"))
-    }
-
-    /// `ringmux_datagrams_dropped_total{reason}`.
-    pub fn dropped(&self, reason: &str) -> f64 {
-        self.get(&format!(
-            "ringmux_datagrams_dropped_total{{reason=\"{reason}\"}}"
-        ))
-    }
-
-    /// The sum of every sample of `name`, whatever its labels.
-    pub fn sum(&self, name: &str) -> f64 {
-        self.0
-            .iter()
-            .filter(|(k, _)| {
-                k.as_str() == name || k.strip_prefix(name).is_some_and(|r| r.starts_with('{'))
-            })
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    pub fn received(&self) -> f64 {
-        self.get("ringmux_datagrams_received_total")
-    }
-
-    /// `received == Σ forwarded + Σ dropped`.
-    pub fn balanced(&self) -> bool {
-        self.received()
-            == self.sum("ringmux_datagrams_forwarded_total")
-                + self.sum("ringmux_datagrams_dropped_total")
-    }
-}
-
-impl std::fmt::Display for Metrics {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (k, v) in &self.0 {
-            if !k.contains("sink_latency") {
-                writeln!(f, "  {k} {v}")?;
-            }
-        }
-        Ok(())
-    }
-}
+/// One scrape of the metrics, read by the demux's own reader.
+pub use ringmux_demux::metrics::Scrape as Metrics;
 
 /// Makes every new connection of `client` start with a random 20-byte DCID that `router`
 /// sends to the instance `target()` names at that moment.

@@ -1,0 +1,136 @@
+//! The counters: every datagram's fate ([`DropReason`]) and each instance's worker. The data
+//! plane is the only writer of the datagram counters (plain stores, once per receive batch); the
+//! supervisor writes the worker counters from `STATS` messages.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
+/// `ALL[r as usize] == r` for every reason) and the metric label of each.
+macro_rules! drop_reasons {
+    ($( $(#[$doc:meta])* $variant:ident => $label:literal, )+) => {
+        /// Why a datagram was not forwarded.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(usize)]
+        pub enum DropReason {
+            $( $(#[$doc])* $variant, )+
+        }
+
+        impl DropReason {
+            /// Every reason, in declaration order: `ALL[r as usize] == r`.
+            pub const ALL: [DropReason; [$($label),+].len()] = [$(DropReason::$variant),+];
+
+            /// The `reason` label of `ringmux_datagrams_dropped_total`.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(DropReason::$variant => $label,)+
+                }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    /// The owner's ring was full (worker not keeping up).
+    RingFull => "ring_full",
+    /// Larger than a slot's payload.
+    Oversize => "oversize",
+    /// Not a QUIC packet by the RFC 8999 invariants.
+    Malformed => "malformed",
+    /// The owning worker is dead or restarting.
+    InstanceDown => "instance_down",
+    /// The owning worker broke the ring protocol.
+    RingViolation => "ring_violation",
+    /// unix mode: the worker's socket buffer was full.
+    SocketFull => "socket_full",
+    /// drop mode: discarded by design.
+    Discarded => "discarded",
+}
+
+// The data plane indexes its drop counters with `reason as usize`: every index must be the
+// reason's place in `ALL`, checked at compile time.
+const _: () = {
+    let mut i = 0;
+    while i < DropReason::ALL.len() {
+        assert!(DropReason::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
+/// Per-instance counters.
+#[derive(Debug, Default)]
+pub struct InstanceCounters {
+    pub forwarded: AtomicU64,
+    pub doorbells: AtomicU64,
+    pub occupancy: AtomicU64,
+    pub discarded_on_reset: AtomicU64,
+    pub restarts: AtomicU64,
+    pub violations: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub connections_total: AtomicU64,
+    pub requests_total: AtomicU64,
+    pub worker_datagrams_in: AtomicU64,
+    pub worker_datagrams_dropped: AtomicU64,
+    pub worker_bad_cid: AtomicU64,
+    pub worker_cpu_ns: AtomicU64,
+    pub worker_pid: AtomicU64,
+    pub sink_lat_p50_ns: AtomicU64,
+    pub sink_lat_p99_ns: AtomicU64,
+    pub sink_lat_p999_ns: AtomicU64,
+    /// Set by the supervisor: the worker is up and its ring attached.
+    pub alive: AtomicBool,
+}
+
+impl InstanceCounters {
+    /// Stores what a worker's `STATS` message says.
+    pub fn record_report(&self, r: &ringmux_proto::WorkerReport) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.connections_active, r.connections_active);
+        set(&self.connections_total, r.connections_total);
+        set(&self.requests_total, r.requests_total);
+        set(&self.worker_datagrams_in, r.datagrams_in);
+        set(&self.worker_datagrams_dropped, r.datagrams_dropped);
+        set(&self.worker_bad_cid, r.bad_cid);
+        set(&self.worker_cpu_ns, r.cpu_ns);
+        set(&self.sink_lat_p50_ns, r.lat_p50_ns);
+        set(&self.sink_lat_p99_ns, r.lat_p99_ns);
+        set(&self.sink_lat_p999_ns, r.lat_p999_ns);
+    }
+}
+
+/// Everything the demux counts.
+#[derive(Debug)]
+pub struct Counters {
+    pub received: AtomicU64,
+    pub recv_calls: AtomicU64,
+    pub dropped: [AtomicU64; DropReason::ALL.len()],
+    pub instances: Vec<InstanceCounters>,
+    /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise
+    /// (`Producer::watch_doorbell`). The supervisor's watchdog reads it to find a jammed doorbell.
+    pub ringing: Arc<AtomicU32>,
+}
+
+impl Counters {
+    pub fn new(instances: u8) -> Self {
+        Counters {
+            received: AtomicU64::new(0),
+            recv_calls: AtomicU64::new(0),
+            dropped: Default::default(),
+            instances: (0..instances)
+                .map(|_| InstanceCounters::default())
+                .collect(),
+            ringing: Arc::default(),
+        }
+    }
+
+    pub fn dropped_total(&self) -> u64 {
+        self.dropped.iter().map(|d| d.load(Ordering::Relaxed)).sum()
+    }
+
+    pub fn forwarded_total(&self) -> u64 {
+        self.instances
+            .iter()
+            .map(|i| i.forwarded.load(Ordering::Relaxed))
+            .sum()
+    }
+}

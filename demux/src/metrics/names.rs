@@ -1,0 +1,74 @@
+//! Every metric name ringmux exposes, written once. The exposition registers these, `ringmux
+//! stats` reads them, and the tests and benchmarks scrape them by these constants. Counters
+//! carry the `_total` suffix of the text format (the registry adds it to the base name).
+
+/// Datagrams received on the public socket.
+pub const RECEIVED: &str = "ringmux_datagrams_received_total";
+/// Receive system calls (recvmmsg) that returned data.
+pub const RECV_CALLS: &str = "ringmux_recv_calls_total";
+/// Heap allocations on the data-plane thread after start-up.
+pub const DATAPLANE_ALLOCATIONS: &str = "ringmux_dataplane_allocations_total";
+/// Datagrams not forwarded, label `reason` (a [`super::DropReason`]).
+pub const DROPPED: &str = "ringmux_datagrams_dropped_total";
+/// Datagrams forwarded, label `instance` (as are all the names below).
+pub const FORWARDED: &str = "ringmux_datagrams_forwarded_total";
+/// Doorbells rung.
+pub const DOORBELLS: &str = "ringmux_doorbells_total";
+/// Worker processes restarted.
+pub const WORKER_RESTARTS: &str = "ringmux_worker_restarts_total";
+/// Ring protocol violations and stalls detected.
+pub const RING_VIOLATIONS: &str = "ringmux_ring_violations_total";
+/// Forwarded datagrams discarded unread when a ring was reset.
+pub const RING_DISCARDED: &str = "ringmux_ring_discarded_total";
+/// HTTP/3 requests (reported by the worker).
+pub const WORKER_REQUESTS: &str = "ringmux_worker_requests_total";
+/// QUIC connections accepted (reported by the worker).
+pub const WORKER_CONNECTIONS_ACCEPTED: &str = "ringmux_worker_connections_accepted_total";
+/// Datagrams the worker dropped at ingress.
+pub const WORKER_DATAGRAMS_DROPPED: &str = "ringmux_worker_datagrams_dropped_total";
+/// Datagrams the worker took from its ingress.
+pub const WORKER_DATAGRAMS: &str = "ringmux_worker_datagrams_total";
+/// Sink mode: datagrams whose connection ID is not the instance's.
+pub const WORKER_BAD_CID: &str = "ringmux_worker_bad_cid_total";
+/// CPU time of the worker process.
+pub const WORKER_CPU: &str = "ringmux_worker_cpu_nanoseconds_total";
+/// Gauge: process ID of the current worker.
+pub const WORKER_PID: &str = "ringmux_worker_pid";
+/// Gauge: sink-mode ring latency, 50th percentile.
+pub const SINK_LATENCY_P50: &str = "ringmux_sink_latency_p50_nanoseconds";
+/// Gauge: sink-mode ring latency, 99th percentile.
+pub const SINK_LATENCY_P99: &str = "ringmux_sink_latency_p99_nanoseconds";
+/// Gauge: sink-mode ring latency, 99.9th percentile.
+pub const SINK_LATENCY_P999: &str = "ringmux_sink_latency_p999_nanoseconds";
+/// Gauge: slots published and not yet released.
+pub const RING_OCCUPANCY: &str = "ringmux_ring_occupancy";
+/// Gauge: open QUIC connections (reported by the worker).
+pub const WORKER_CONNECTIONS: &str = "ringmux_worker_connections";
+/// Gauge: 1 while the worker is serving.
+pub const WORKER_UP: &str = "ringmux_worker_up";
+
+/// Every name above.
+pub const ALL: [&str; 22] = [
+    RECEIVED,
+    RECV_CALLS,
+    DATAPLANE_ALLOCATIONS,
+    DROPPED,
+    FORWARDED,
+    DOORBELLS,
+    WORKER_RESTARTS,
+    RING_VIOLATIONS,
+    RING_DISCARDED,
+    WORKER_REQUESTS,
+    WORKER_CONNECTIONS_ACCEPTED,
+    WORKER_DATAGRAMS_DROPPED,
+    WORKER_DATAGRAMS,
+    WORKER_BAD_CID,
+    WORKER_CPU,
+    WORKER_PID,
+    SINK_LATENCY_P50,
+    SINK_LATENCY_P99,
+    SINK_LATENCY_P999,
+    RING_OCCUPANCY,
+    WORKER_CONNECTIONS,
+    WORKER_UP,
+];
