@@ -72,6 +72,8 @@ readonly SETTINGS=(
   "SNDBUF|--sndbuf|value|8388608"
   "GRACE|--grace|value|10"
   "WORKER_BIN|--worker-bin|value|ringmux-worker next to ringmux"
+  "WORKER_CMD|--worker-cmd|value|the built-in worker (--worker-bin)"
+  "READY_TIMEOUT|--ready-timeout|value|30"
   "WORKER_MODE|--worker-mode|value|http"
   "NODE_ID|--node-id|value|00"
   "CONFIG_ID|--config-id|value|0"
@@ -516,6 +518,8 @@ print_settings() {
 # ringmux refuses to start without its worker binary; say so before, in a dry run too.
 check_worker_bin() {
   local bin=$1 worker
+  resolve WORKER_CMD
+  [[ -z $val ]] || return 0 # ringmux checks the program of --worker-cmd itself, naming it
   resolve WORKER_BIN
   if [[ -n $val ]]; then
     worker=$val

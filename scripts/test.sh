@@ -21,10 +21,10 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
-# Tests start the binaries of other packages too (ringmux-worker, h3-probe), which a test build
-# of their own package alone would not produce.
-echo "== cargo build --workspace --bins"
-cargo build --workspace --bins
+# Tests start the binaries of other packages too (ringmux-worker, h3-probe, the worker examples
+# run with --worker-cmd), which a test build of their own package alone would not produce.
+echo "== cargo build --workspace --bins --examples"
+cargo build --workspace --bins --examples
 
 echo "== cargo nextest run --workspace"
 cargo nextest run --workspace --no-fail-fast

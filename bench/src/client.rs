@@ -73,6 +73,14 @@ impl ClientError {
 pub fn client_config(
     roots: Option<&[CertificateDer<'static>]>,
 ) -> Result<quinn::ClientConfig, ClientError> {
+    client_config_alpn(roots, b"h3")
+}
+
+/// [`client_config`] for another application protocol than HTTP/3 (ALPN `alpn`).
+pub fn client_config_alpn(
+    roots: Option<&[CertificateDer<'static>]>,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, ClientError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
@@ -89,7 +97,7 @@ pub fn client_config(
             .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(&provider)))
             .with_no_client_auth(),
     };
-    tls.alpn_protocols = vec![b"h3".to_vec()];
+    tls.alpn_protocols = vec![alpn.to_vec()];
     tls.enable_early_data = true;
     // `tls.resumption` defaults to an in-memory cache of 256 sessions held by this config.
     Ok(quinn::ClientConfig::new(Arc::new(

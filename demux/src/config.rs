@@ -121,6 +121,14 @@ pub struct RunArgs {
     /// Path of the ringmux-worker binary. Default: next to this executable.
     #[arg(long, env = "RINGMUX_WORKER_BIN")]
     pub worker_bin: Option<PathBuf>,
+    /// The program every instance runs, with its arguments, split like a shell would:
+    /// 'PROGRAM [ARGS...]'. Any program built on the ringmux-worker library
+    /// (`Worker::attach`). Default: the built-in ringmux-worker (--worker-bin).
+    #[arg(long, env = "RINGMUX_WORKER_CMD")]
+    pub worker_cmd: Option<String>,
+    /// Seconds a starting worker has to report READY before it is killed and replaced.
+    #[arg(long, env = "RINGMUX_READY_TIMEOUT", default_value_t = 30)]
+    pub ready_timeout: u64,
     /// What workers run: http (the server) or sink (count-only, for benchmarks).
     #[arg(long, env = "RINGMUX_WORKER_MODE", value_enum, default_value = "http")]
     pub worker_mode: WorkerMode,
@@ -163,7 +171,8 @@ pub struct Config {
     pub node_id: Vec<u8>,
     pub nonce_len: u8,
     pub metrics: Option<SocketAddr>,
-    pub worker_bin: PathBuf,
+    /// The program every instance runs, then its arguments.
+    pub worker_cmd: Vec<String>,
     pub instances: u8,
 }
 
@@ -217,17 +226,36 @@ impl RunArgs {
                 format!("--metrics / RINGMUX_METRICS={a:?} is not valid: expected ADDR:PORT or off")
             })?),
         };
-        let worker_bin = match &self.worker_bin {
-            Some(p) => p.clone(),
-            None => std::env::current_exe()
-                .context("locating this executable")?
-                .with_file_name("ringmux-worker"),
+        let worker_cmd = match &self.worker_cmd {
+            Some(cmd) => {
+                let words = shlex::split(cmd).filter(|w| !w.is_empty()).with_context(|| {
+                    format!("--worker-cmd / RINGMUX_WORKER_CMD={cmd:?} is not valid: expected 'PROGRAM [ARGS...]' with balanced quotes")
+                })?;
+                let program = find_program(&words[0]).with_context(|| {
+                    format!("--worker-cmd / RINGMUX_WORKER_CMD: program {:?} not found (give a path, or a name on PATH)", words[0])
+                })?;
+                std::iter::once(program.display().to_string())
+                    .chain(words.into_iter().skip(1))
+                    .collect()
+            }
+            None => {
+                let worker_bin = match &self.worker_bin {
+                    Some(p) => p.clone(),
+                    None => std::env::current_exe()
+                        .context("locating this executable")?
+                        .with_file_name("ringmux-worker"),
+                };
+                if !worker_bin.is_file() {
+                    bail!(
+                        "worker binary {} not found: build it (`cargo build --release`) or pass --worker-bin / RINGMUX_WORKER_BIN",
+                        worker_bin.display()
+                    );
+                }
+                vec![worker_bin.display().to_string()]
+            }
         };
-        if !worker_bin.is_file() {
-            bail!(
-                "worker binary {} not found: build it (`cargo build --release`) or pass --worker-bin / RINGMUX_WORKER_BIN",
-                worker_bin.display()
-            );
+        if self.ready_timeout == 0 {
+            bail!("--ready-timeout / RINGMUX_READY_TIMEOUT=0 is not valid: expected at least 1 second");
         }
         if let Some(root) = &self.root {
             if !root.is_dir() {
@@ -243,14 +271,35 @@ impl RunArgs {
             node_id,
             nonce_len,
             metrics,
-            worker_bin,
+            worker_cmd,
             instances,
             args: self,
         })
     }
 }
 
+/// `name` if it is a path to a file, else the first file of that name on `PATH`.
+fn find_program(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        let p = PathBuf::from(name);
+        return p.is_file().then_some(p);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
 impl Config {
+    /// The program every instance runs (for logs and metrics).
+    pub fn worker_program(&self) -> &str {
+        &self.worker_cmd[0]
+    }
+
+    /// How long a starting worker has to report READY.
+    pub fn ready_timeout(&self) -> Duration {
+        Duration::from_secs(self.args.ready_timeout)
+    }
+
     pub fn grace(&self) -> Duration {
         Duration::from_secs(self.args.grace)
     }

@@ -83,6 +83,9 @@ fn run(cfg: Config) -> Result<()> {
     let public_addr = public.socket().local_addr()?;
 
     let counters = Arc::new(Counters::new(cfg.instances));
+    if let Ok(mut p) = counters.program.write() {
+        *p = cfg.worker_cmd.join(" ");
+    }
     let template = Handoff {
         instance: 0,
         instances: cfg.instances,

@@ -26,8 +26,6 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A worker that ran this long before dying is not in a crash loop.
 const HEALTHY_UPTIME: Duration = Duration::from_secs(10);
-/// How long a starting worker has to report ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the data plane may sit in one doorbell write before the watchdog calls it jammed.
 /// A write to a non-blocking eventfd takes microseconds; only a hostile worker (counter filled,
 /// `O_NONBLOCK` cleared on the shared file description) can make it block.
@@ -119,18 +117,11 @@ impl Supervisor {
             self.spawn(i as u8, h)
                 .with_context(|| format!("starting worker {i}"))?;
         }
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while self.workers.iter().any(|w| !w.ready) {
-            if Instant::now() > deadline {
-                let late: Vec<usize> = self
-                    .workers
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, w)| !w.ready)
-                    .map(|(i, _)| i)
-                    .collect();
-                bail!("workers {late:?} did not report ready within {READY_TIMEOUT:?}");
-            }
+        // Wait for every instance to report READY. One that dies or stays silent is logged,
+        // replaced and retried with back-off like any later death; only a program of which no
+        // instance at all becomes ready in time stops the demux (nothing could serve).
+        let deadline = Instant::now() + self.cfg.ready_timeout();
+        while self.workers.iter().any(|w| !w.ready) && Instant::now() < deadline {
             let fds: Vec<BorrowedFd<'_>> = self
                 .workers
                 .iter()
@@ -138,13 +129,25 @@ impl Supervisor {
                 .collect();
             let _ = sys::poll_readable(&fds, Some(Duration::from_millis(100)));
             for i in 0..self.workers.len() {
-                if self.read_control(i) == Liveness::Gone {
-                    let status = self.workers[i].child.as_mut().and_then(|c| c.wait().ok());
-                    bail!("worker {i} exited during start-up ({status:?}); see its log above");
-                }
+                self.check_worker(i, false)?;
             }
         }
-        tracing::info!(instances = self.workers.len(), "all workers ready");
+        let ready = self.workers.iter().filter(|w| w.ready).count();
+        if ready == 0 {
+            bail!(
+                "no instance of the worker program {} reported READY within {:?} \
+                 (--ready-timeout); a worker must call ringmux_worker::Worker::attach and create \
+                 its endpoint. See its log above",
+                self.cfg.worker_program(),
+                self.cfg.ready_timeout()
+            );
+        }
+        tracing::info!(
+            ready,
+            instances = self.workers.len(),
+            program = self.cfg.worker_program(),
+            "workers ready"
+        );
         Ok(())
     }
 
@@ -185,21 +188,7 @@ impl Supervisor {
             }
             self.watch_doorbells(shutdown_deadline.is_some());
             for i in 0..self.workers.len() {
-                let w = &mut self.workers[i];
-                if !w.ready && w.child.is_some() && w.started.elapsed() > READY_TIMEOUT {
-                    tracing::error!(
-                        instance = i,
-                        "worker did not report ready in time; killing it"
-                    );
-                    if let Some(c) = w.child.as_mut() {
-                        let _ = c.kill();
-                    }
-                }
-                let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
-                if gone && self.workers[i].child.is_some() {
-                    self.on_death(i, shutdown_deadline.is_some());
-                }
-                self.progress_restart(i)?;
+                self.check_worker(i, shutdown_deadline.is_some())?;
             }
             if let Some(deadline) = shutdown_deadline {
                 if self.workers.iter().all(|w| w.child.is_none()) {
@@ -220,6 +209,29 @@ impl Supervisor {
         }
     }
 
+    /// One supervision step for worker `i`: its messages, the READY deadline, its death, its
+    /// pending restart.
+    fn check_worker(&mut self, i: usize, shutting_down: bool) -> Result<()> {
+        let w = &mut self.workers[i];
+        if !w.ready && w.child.is_some() && w.started.elapsed() > self.cfg.ready_timeout() {
+            tracing::error!(
+                instance = i,
+                program = self.cfg.worker_program(),
+                timeout = ?self.cfg.ready_timeout(),
+                "worker did not report READY in time (a worker must call Worker::attach and \
+                 create its endpoint); killing it"
+            );
+            if let Some(c) = w.child.as_mut() {
+                let _ = c.kill();
+            }
+        }
+        let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
+        if gone && self.workers[i].child.is_some() {
+            self.on_death(i, shutting_down);
+        }
+        self.progress_restart(i)
+    }
+
     fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
         let (ours, theirs) = sys::seqpacket_pair()?;
         let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
@@ -236,13 +248,14 @@ impl Supervisor {
             IngressHandles::Unix(u) => fds.push(u),
         }
         fds.push(sess_theirs);
-        let mut cmd = Process::new(&self.cfg.worker_bin);
+        let mut cmd = Process::new(self.cfg.worker_program());
+        cmd.args(&self.cfg.worker_cmd[1..]);
         cmd.env(ringmux_proto::CONTROL_FD_ENV, "3")
             .stdin(Stdio::null());
         sys::pass_control_socket(&mut cmd, theirs.as_fd());
         let child = cmd
             .spawn()
-            .with_context(|| format!("spawning {}", self.cfg.worker_bin.display()))?;
+            .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
         drop(theirs);
         let pidfd = sys::pidfd_open(child.id()).ok();
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
@@ -363,6 +376,7 @@ impl Supervisor {
             }
         }
         let w = &mut self.workers[i];
+        let was_ready = w.ready;
         w.pidfd = None;
         w.control = None;
         w.ready = false;
@@ -377,10 +391,25 @@ impl Supervisor {
         } else {
             w.crashes += 1;
         }
+        let program = self.cfg.worker_program();
         if w.crashes >= 3 {
-            tracing::warn!(instance = i, ?status, crashes = w.crashes, backoff = ?w.backoff, "worker is crash-looping; restarts throttled");
+            tracing::warn!(instance = i, program, ?status, crashes = w.crashes, backoff = ?w.backoff, "worker is crash-looping; restarts throttled");
+        } else if !was_ready {
+            tracing::warn!(
+                instance = i,
+                program,
+                ?status,
+                ?uptime,
+                "worker exited before it reported READY; restarting"
+            );
         } else {
-            tracing::warn!(instance = i, ?status, ?uptime, "worker died; restarting");
+            tracing::warn!(
+                instance = i,
+                program,
+                ?status,
+                ?uptime,
+                "worker died; restarting"
+            );
         }
         w.restart_at = Some(
             Instant::now()

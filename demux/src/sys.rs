@@ -148,12 +148,14 @@ pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
 // Processes and signals
 // ---------------------------------------------------------------------------------------------
 
-/// Makes `cmd` start with `control` as its descriptor 3 and an empty signal mask (the demux
-/// blocks its shutdown signals to read them from a signalfd; a worker must receive them).
+/// Makes `cmd` start with `control` as its descriptor 3, an empty signal mask (the demux
+/// blocks its shutdown signals to read them from a signalfd; a worker must receive them) and
+/// SIGKILL as its parent-death signal, so whatever program it runs dies with the demux (the
+/// signal survives `execve`; it fires when the spawning thread, the supervisor's, exits).
 /// Every other descriptor of the demux is close-on-exec.
 pub fn pass_control_socket(cmd: &mut Command, control: BorrowedFd<'_>) {
     let fd = control.as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls run: fcntl, dup2 and
+    // SAFETY: between fork and exec only async-signal-safe calls run: fcntl, dup2, prctl and
     // sigprocmask on descriptors and a mask owned by the child. `fd` stays open until the
     // spawn returns (the caller holds `control` across it).
     unsafe {
@@ -161,6 +163,9 @@ pub fn pass_control_socket(cmd: &mut Command, control: BorrowedFd<'_>) {
             // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
             let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
             if high < 0 || libc::dup2(high, 3) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(io::Error::last_os_error());
             }
             let mut empty: libc::sigset_t = std::mem::zeroed();

@@ -46,10 +46,13 @@ class Response:
         self.length = 0
         self.fnv = FNV_OFFSET
         self.sink = sink  # open file for large bodies, else None (checksum instead)
+        self.head = b""  # the first 4 KiB of the body, for checks of small answers
         self.done = asyncio.get_running_loop().create_future()
 
     def data(self, chunk):
         self.length += len(chunk)
+        if len(self.head) < 4096:
+            self.head += chunk[: 4096 - len(self.head)]
         if self.sink is not None:
             self.sink.write(chunk)
             return
@@ -195,6 +198,15 @@ async def scenario(args, result):
         bodies.append((await p.get("/hello.txt")).summary())
         bodies.append((await p.get("/bytes/12345")).summary())
         await close(p)
+    elif args.scenario == "paths":
+        # GET each --path on one connection; the bodies' first bytes go to "texts".
+        p = await open_conn(host, port, config(), dcid)
+        result["texts"] = []
+        for path in args.path:
+            r = await p.get(path)
+            bodies.append(r.summary())
+            result["texts"].append(r.head.decode("utf-8", "replace"))
+        await close(p)
     elif args.scenario == "many":
         p = await open_conn(host, port, config(), dcid)
         rs = await asyncio.gather(*(p.get(f"/bytes/{(i * 1013) % 20011}") for i in range(100)))
@@ -274,6 +286,7 @@ async def main():
     ap.add_argument("--dir", default=".")
     ap.add_argument("--dcid")
     ap.add_argument("--dcid2")
+    ap.add_argument("--path", action="append", default=[])
     args = ap.parse_args()
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:

@@ -403,8 +403,33 @@ fn have_aioquic() -> bool {
 }
 
 /// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok` and
-/// for every body it reports.
+/// for every body it reports (status 200, and the `/bytes/N` pattern).
 async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
+    let json = aioquic_raw(rm, scenario, extra).await;
+    for body in json.get("bodies").map(Json::as_array).unwrap_or_default() {
+        let text = body.as_str().expect("body summary");
+        let f: Vec<&str> = text.split(' ').collect();
+        assert_eq!(f.len(), 4, "body summary {text:?}");
+        assert_eq!(f[1], "200", "aioquic {scenario}: {text}");
+        let len: u64 = f[2].parse().unwrap();
+        if let Some(n) = f[0].strip_prefix("/bytes/") {
+            let n: u64 = n.parse().unwrap();
+            assert_eq!(len, n, "aioquic {scenario}: length of {text}");
+            if scenario != "download" {
+                let sum = u64::from_str_radix(f[3], 16).unwrap();
+                assert_eq!(
+                    sum,
+                    expected_bytes(n).1,
+                    "aioquic {scenario}: content of {text} differs from fill_pattern"
+                );
+            }
+        }
+    }
+    json
+}
+
+/// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok`.
+async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_client.py");
     let mut args = vec![
         script.to_string_lossy().into_owned(),
@@ -429,25 +454,6 @@ async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
         json.get("error"),
         tail(&out.stderr, 40)
     );
-    for body in json.get("bodies").map(Json::as_array).unwrap_or_default() {
-        let text = body.as_str().expect("body summary");
-        let f: Vec<&str> = text.split(' ').collect();
-        assert_eq!(f.len(), 4, "body summary {text:?}");
-        assert_eq!(f[1], "200", "aioquic {scenario}: {text}");
-        let len: u64 = f[2].parse().unwrap();
-        if let Some(n) = f[0].strip_prefix("/bytes/") {
-            let n: u64 = n.parse().unwrap();
-            assert_eq!(len, n, "aioquic {scenario}: length of {text}");
-            if scenario != "download" {
-                let sum = u64::from_str_radix(f[3], 16).unwrap();
-                assert_eq!(
-                    sum,
-                    expected_bytes(n).1,
-                    "aioquic {scenario}: content of {text} differs from fill_pattern"
-                );
-            }
-        }
-    }
     json
 }
 
@@ -870,4 +876,67 @@ fn json_parser_reads_the_script_output() {
     assert_eq!(j.get("n").and_then(Json::as_u64), Some(3));
     assert_eq!(j.get("s").and_then(Json::as_str), Some("x\"yé"));
     assert!(Json::parse("{").is_none());
+}
+
+/// The h3-hello example (worker/examples/h3-hello.rs) run as the instances with --worker-cmd.
+fn start_h3_hello() -> Ringmux {
+    let demux = Path::new(env!("CARGO_BIN_EXE_ringmux"));
+    let example = demux.with_file_name("examples").join("h3-hello");
+    assert!(
+        example.is_file(),
+        "{} is missing: run `cargo build --workspace --bins --examples` first",
+        example.display()
+    );
+    let cmd = example.to_string_lossy().into_owned();
+    Ringmux::start(3, Forward::Shm, &["--worker-cmd", &cmd])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_against_the_h3_hello_example() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = start_h3_hello();
+        let dir = download_dir(&rm, "dl");
+        let log = gtls(&rm, &[format!("--download={}", dir.display())], &["/"]).await;
+        assert!(log.contains("Negotiated ALPN is h3"), "{}", tail(&log, 40));
+        assert_gtls_ok("GET / of h3-hello", &log, 1);
+        // gtlsclient saves the body of "/" under the name of the URI's last component: none.
+        let saved: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        let body = saved
+            .iter()
+            .find_map(|e| std::fs::read_to_string(e.path()).ok())
+            .unwrap_or_else(|| panic!("no body saved; log:\n{}", tail(&log, 40)));
+        assert!(body.contains("\"hello\":\"world\""), "{body}");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_against_the_h3_hello_example() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = start_h3_hello();
+        let args: Vec<String> = ["--path", "/", "--path", "/missing"]
+            .map(String::from)
+            .to_vec();
+        let out = aioquic_raw(&rm, "paths", &args).await;
+        let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+        assert_eq!(texts.len(), 2, "{out:?}");
+        let hello = texts[0].as_str().unwrap();
+        assert!(hello.contains("\"hello\":\"world\""), "{hello}");
+        let summaries = out.get("bodies").map(Json::as_array).unwrap_or_default();
+        assert!(
+            summaries[0].as_str().unwrap().starts_with("/ 200 "),
+            "{summaries:?}"
+        );
+        assert!(
+            summaries[1].as_str().unwrap().starts_with("/missing 404 "),
+            "{summaries:?}"
+        );
+    })
+    .await
 }

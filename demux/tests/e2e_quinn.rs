@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{bounded, check_bytes, pin, Forward, Ringmux, SERVER_NAME};
+use harness::{bounded, check_bytes, pin, zero_rtt_across, Forward, Ringmux, SERVER_NAME};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
@@ -147,51 +147,12 @@ async fn retry(forward: Forward) {
     .await;
 }
 
-/// 0-RTT: a first connection on instance `first` gets a session ticket; a second connection,
-/// pinned to instance `second`, sends its request as 0-RTT data, which must be accepted.
+/// 0-RTT: a ticket from instance `first`, resumed with early data on instance `second`.
 async fn zero_rtt(forward: Forward, first: u8, second: u8) {
     let rm = Ringmux::start(3, forward, &[]);
-    let target = Arc::new(AtomicUsize::new(usize::from(first)));
-    let mut client = rm.client();
-    let t = target.clone();
-    pin(&mut client, rm.router.clone(), move || {
-        t.load(Ordering::Relaxed) as u8
-    });
-    let conn = rm.connect(&client).await;
-    let resp = conn.get("/bytes/100").await.expect("first GET");
-    check_bytes("first connection", &resp, 100);
-    // The ticket (NewSessionTicket after the handshake) has arrived by the time a response has.
-    conn.close().await.expect("clean close");
-    let before = rm.metrics();
-
-    target.store(usize::from(second), Ordering::Relaxed);
-    let (conn, zrtt) = client
-        .connect_0rtt(rm.listen, SERVER_NAME)
-        .await
-        .expect("second connection");
-    assert!(zrtt.attempted(), "0-RTT not attempted: after the first connection the client holds no ticket that allows early data");
-    let resp = conn.get("/bytes/3000").await.expect("GET in 0-RTT");
+    let (first_resp, resp) = zero_rtt_across(&rm, first, second, "/bytes/100", "/bytes/3000").await;
+    check_bytes("first connection", &first_resp, 100);
     check_bytes("0-RTT request", &resp, 3000);
-    let accepted = zrtt.accepted().await;
-    let after = rm
-        .wait_for(
-            "instance `second` to report the resumed connection",
-            Duration::from_secs(5),
-            |m| {
-                m.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
-                    > before.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
-            },
-        )
-        .await;
-    assert!(
-        after.instance(names::FORWARDED, second) > before.instance(names::FORWARDED, second),
-        "the resumed connection did not reach instance {second}"
-    );
-    assert!(
-        accepted,
-        "0-RTT rejected: ticket from instance {first}, resumed on instance {second} ({forward:?})"
-    );
-    conn.close().await.expect("clean close");
 }
 
 /// `join_all` without pulling in futures-util as a dev-dependency: polls all to completion.

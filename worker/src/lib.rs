@@ -1,5 +1,49 @@
-//! ringmux worker library: the pieces a worker process composes around its quinn endpoint.
+//! `ringmux-worker`: run your own quinn (or h3) server as the instances behind one ringmux
+//! port.
 //!
+//! ringmux's demux receives every datagram on the public UDP port and hands each one to the
+//! instance that owns its connection, through a shared-memory ring. An instance is any program
+//! that ringmux starts (`ringmux --worker-cmd 'PROGRAM ARGS'`) and that calls
+//! [`Worker::attach`]: it gets a ready [`quinn::Endpoint`] fed by its ring, with the connection
+//! IDs, keys and session store every instance must share, and a signal for when to drain.
+//!
+//! ```no_run
+//! use ringmux_worker::Worker;
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let worker = Worker::attach()?; // fails with a clear message outside ringmux
+//!     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//!     rt.block_on(async {
+//!         let tls = worker.tls_config(&[b"echo"])?; // the operator's certificate, your ALPN
+//!         let endpoint = worker.endpoint(worker.server_config(tls)?)?;
+//!         let mut drain = worker.drain_signal();
+//!         loop {
+//!             let incoming = tokio::select! {
+//!                 i = endpoint.accept() => i,
+//!                 _ = drain.wait() => None,
+//!             };
+//!             let Some(incoming) = incoming else { break };
+//!             tokio::spawn(async move {
+//!                 let Ok(conn) = incoming.await else { return };
+//!                 while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+//!                     let _ = tokio::io::copy(&mut recv, &mut send).await;
+//!                     let _ = send.finish();
+//!                 }
+//!             });
+//!         }
+//!         endpoint.close(0u32.into(), b"draining");
+//!         endpoint.wait_idle().await;
+//!         Ok(())
+//!     })
+//! }
+//! ```
+//!
+//! `worker/examples/` has this echo server and a small h3 application; [`Worker`]'s docs say
+//! what the library shares between instances and what stays the application's.
+//!
+//! The modules below are what ringmux's own built-in worker is made of:
+//!
+//! * [`attach`]: [`Worker`], the attachment to the demux.
 //! * [`tls`]: certificate chain, shared session-ticket key, rustls server config.
 //! * [`quic`]: quinn endpoint/server configuration with the keys shared by all instances.
 //! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
@@ -12,6 +56,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod attach;
 pub mod control;
 pub mod http;
 pub mod ingress;
@@ -21,3 +66,5 @@ pub mod sink;
 pub mod socket;
 pub mod sys;
 pub mod tls;
+
+pub use attach::{AttachError, BuiltinOptions, Drain, Worker};

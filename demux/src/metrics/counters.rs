@@ -108,6 +108,8 @@ pub struct Counters {
     /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise
     /// (`Producer::watch_doorbell`). The supervisor's watchdog reads it to find a jammed doorbell.
     pub ringing: Arc<AtomicU32>,
+    /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
+    pub program: std::sync::RwLock<String>,
 }
 
 impl Counters {
@@ -120,6 +122,7 @@ impl Counters {
                 .map(|_| InstanceCounters::default())
                 .collect(),
             ringing: Arc::default(),
+            program: Default::default(),
         }
     }
 

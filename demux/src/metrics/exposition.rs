@@ -161,6 +161,18 @@ pub fn encode(c: &Counters) -> String {
         }
         reg.register(name, help, fam);
     }
+    let info = Family::<Labels, Gauge<i64>>::default();
+    let program = c.program.read().map(|p| p.clone()).unwrap_or_default();
+    for i in 0..c.instances.len() {
+        let mut labels = instance(i);
+        labels.push(("program".into(), program.clone()));
+        info.get_or_create(&labels).set(1);
+    }
+    reg.register(
+        names::WORKER_INFO,
+        "What each instance runs (--worker-cmd): always 1",
+        info,
+    );
     let mut out = String::new();
     let _ = encode_text(&mut out, &reg);
     out

@@ -46,9 +46,11 @@ pub const RING_OCCUPANCY: &str = "ringmux_ring_occupancy";
 pub const WORKER_CONNECTIONS: &str = "ringmux_worker_connections";
 /// Gauge: 1 while the worker is serving.
 pub const WORKER_UP: &str = "ringmux_worker_up";
+/// Gauge: 1, labels `instance` and `program` (what the instance runs, `--worker-cmd`).
+pub const WORKER_INFO: &str = "ringmux_worker_info";
 
 /// Every name above.
-pub const ALL: [&str; 22] = [
+pub const ALL: [&str; 23] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -71,4 +73,5 @@ pub const ALL: [&str; 22] = [
     RING_OCCUPANCY,
     WORKER_CONNECTIONS,
     WORKER_UP,
+    WORKER_INFO,
 ];

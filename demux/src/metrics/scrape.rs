@@ -69,6 +69,19 @@ impl Scrape {
             .collect()
     }
 
+    /// The values of `label` among the samples of `name`, wherever it stands among the labels.
+    pub fn label_values(&self, name: &str, label: &str) -> Vec<String> {
+        let needle = format!("{label}=\"");
+        self.series
+            .keys()
+            .filter_map(|k| {
+                let labels = k.strip_prefix(name)?.strip_prefix('{')?;
+                let from = labels.find(&needle)? + needle.len();
+                Some(labels[from..].split('"').next()?.to_string())
+            })
+            .collect()
+    }
+
     /// The sum of every sample of `name`, whatever its labels.
     pub fn sum(&self, name: &str) -> f64 {
         self.series

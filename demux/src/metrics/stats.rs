@@ -19,6 +19,11 @@ pub fn table(m: &Scrape) -> String {
         out,
         "received {received:.0}   forwarded {forwarded:.0}   dropped {dropped:.0}"
     );
+    let mut programs = m.label_values(names::WORKER_INFO, "program");
+    programs.dedup();
+    if !programs.is_empty() {
+        let _ = writeln!(out, "workers run {}", programs.join(", "));
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -72,8 +77,10 @@ mod tests {
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
         c.instances[1].alive.store(true, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
+        *c.program.write().unwrap() = "/opt/app/bin/server".into();
         let t = table(&Scrape::parse(&exposition::encode(&c)));
         assert!(t.contains("received 10   forwarded 7   dropped 3"), "{t}");
+        assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
         let row = |first: &str| {
             t.lines()
                 .find(|l| l.split_whitespace().next() == Some(first))

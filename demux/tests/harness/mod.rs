@@ -494,3 +494,56 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// 0-RTT across instances: a first connection, pinned to instance `first`, GETs `first_path`
+/// and so receives a session ticket; a second connection, pinned to instance `second`, sends
+/// `GET second_path` as 0-RTT data, which must reach `second` and be accepted. Returns both
+/// responses.
+pub async fn zero_rtt_across(
+    rm: &Ringmux,
+    first: u8,
+    second: u8,
+    first_path: &str,
+    second_path: &str,
+) -> (Response, Response) {
+    let target = Arc::new(std::sync::atomic::AtomicU8::new(first));
+    let mut client = rm.client();
+    let t = target.clone();
+    pin(&mut client, rm.router.clone(), move || {
+        t.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    let conn = rm.connect(&client).await;
+    let first_resp = conn.get_body(first_path).await.expect("first GET");
+    // The ticket (NewSessionTicket after the handshake) has arrived by the time a response has.
+    conn.close().await.expect("clean close");
+    let before = rm.metrics();
+
+    target.store(second, std::sync::atomic::Ordering::Relaxed);
+    let (conn, zrtt) = client
+        .connect_0rtt(rm.listen, SERVER_NAME)
+        .await
+        .expect("second connection");
+    assert!(zrtt.attempted(), "0-RTT not attempted: after the first connection the client holds no ticket that allows early data");
+    let resp = conn.get_body(second_path).await.expect("GET in 0-RTT");
+    let accepted = zrtt.accepted().await;
+    let after = rm
+        .wait_for(
+            "instance `second` to report the resumed connection",
+            Duration::from_secs(5),
+            |m| {
+                m.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
+                    > before.instance(names::WORKER_CONNECTIONS_ACCEPTED, second)
+            },
+        )
+        .await;
+    assert!(
+        after.instance(names::FORWARDED, second) > before.instance(names::FORWARDED, second),
+        "the resumed connection did not reach instance {second}"
+    );
+    assert!(
+        accepted,
+        "0-RTT rejected: ticket from instance {first}, resumed on instance {second}"
+    );
+    conn.close().await.expect("clean close");
+    (first_resp, resp)
+}

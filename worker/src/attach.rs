@@ -1,0 +1,543 @@
+//! [`Worker`]: what a process started by ringmux calls to become one instance.
+//!
+//! ```no_run
+//! # async fn app() -> Result<(), Box<dyn std::error::Error>> {
+//! let worker = ringmux_worker::Worker::attach()?; // the hand-off from the demux
+//! let tls = worker.tls_config(&[b"h3"])?; // or build your own rustls::ServerConfig
+//! let server = worker.server_config(tls)?; // a quinn::ServerConfig: adjust it freely
+//! let endpoint = worker.endpoint(server)?; // a quinn::Endpoint fed by this instance's ring
+//! let mut drain = worker.drain_signal();
+//! loop {
+//!     tokio::select! {
+//!         incoming = endpoint.accept() => match incoming {
+//!             Some(incoming) => { tokio::spawn(async move { let _conn = incoming.await; }); }
+//!             None => break,
+//!         },
+//!         _ = drain.wait() => break, // the demux asked us to drain
+//!     }
+//! }
+//! endpoint.close(0u32.into(), b"draining");
+//! endpoint.wait_idle().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # What the library shares, and what stays yours
+//!
+//! Instances must look like one server to a client, so a few things are not the
+//! application's to choose; the library sets them and refuses configurations that conflict:
+//!
+//! * **Connection IDs**: QUIC-LB CIDs that route to this instance (the endpoint's
+//!   `EndpointConfig` is the library's, with the shared stateless-reset key, so a sibling or a
+//!   replacement can reset this instance's connections after it dies).
+//! * **Address-validation tokens** (Retry, NEW_TOKEN): sealed with the shared token key, so a
+//!   token from one instance is valid on every instance ([`Worker::server_config`]).
+//! * **TLS session resumption and 0-RTT**: sessions are stored in the demux's cache, so a
+//!   resumed connection is accepted whichever instance it reaches. The library sets
+//!   `session_storage` of your rustls config and refuses one with a stateless `ticketer`
+//!   (rustls never accepts 0-RTT with stateless tickets).
+//! * **The socket**: datagrams arrive through the ring (or the unix ingress); replies leave
+//!   from the public socket. Never bind sockets of your own on the public address.
+//!
+//! Everything else is yours: the rustls config (ALPN, certificates, cipher suites), the quinn
+//! `ServerConfig` and `TransportConfig` (limits, timeouts, congestion control), what you serve.
+//!
+//! # What it does for you
+//!
+//! Reads the hand-off, pins the process to its CPU when the operator asked for it, dies with
+//! the demux, reports `READY` once the endpoint exists, reports counters about once a second,
+//! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`].
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quinn::crypto::rustls::QuicServerConfig;
+use ringmux_proto::{Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV};
+use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
+use ringmux_ring::Consumer;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::watch;
+
+use crate::control::{self, ControlError};
+use crate::ingress::Ingress;
+use crate::quic::{endpoint_config, server_config, ServerOptions};
+use crate::sessions::RemoteSessionStore;
+use crate::socket::{IngressStats, RingSocket};
+use crate::sys;
+use crate::tls::{CertChain, TlsError, TICKETS_PER_HANDSHAKE};
+
+/// Why a worker cannot attach or configure its endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The process was not started by ringmux.
+    #[error(
+        "{CONTROL_FD_ENV} is not set: this program is a ringmux worker and must be started by \
+         ringmux, e.g. `ringmux --worker-cmd '{program}'` (ringmux passes it its control socket)"
+    )]
+    NotStartedByRingmux { program: String },
+    /// The control descriptor named by the environment is not a control socket.
+    #[error("{CONTROL_FD_ENV}={value:?}: {problem}; it is set by ringmux for its workers, do not set it by hand")]
+    BadControlFd { value: String, problem: String },
+    /// The hand-off could not be read or used.
+    #[error("reading the hand-off from the demux: {0}")]
+    Control(#[from] ControlError),
+    /// The hand-off was read but does not make sense (keys, QUIC-LB parameters, certificate).
+    #[error("the hand-off's {what}: {problem}")]
+    Handoff { what: &'static str, problem: String },
+    /// The application's configuration conflicts with what instances must share.
+    #[error("configuration conflict: {0}")]
+    Conflict(String),
+    /// TLS configuration refused.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+}
+
+impl From<HandoffError> for AttachError {
+    fn from(e: HandoffError) -> Self {
+        AttachError::Control(ControlError::Handoff(e))
+    }
+}
+
+/// Options of ringmux's own built-in server (`--root`, `--max-bytes`, `--retry`,
+/// `--idle-timeout`, `--worker-mode sink`), as the operator set them. An application may read
+/// them or ignore them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuiltinOptions {
+    pub root: Option<PathBuf>,
+    pub max_bytes: u64,
+    /// Validate every client address with a Retry before accepting.
+    pub retry: bool,
+    /// The operator's QUIC idle timeout; [`Worker::server_config`] applies it.
+    pub idle_timeout: Duration,
+    /// Benchmark sink mode: drain and count, no QUIC ([`Worker::run_sink`]).
+    pub sink: bool,
+}
+
+/// Fires when the worker should drain; see [`Worker::drain_signal`].
+#[derive(Debug, Clone)]
+pub struct Drain(watch::Receiver<bool>);
+
+impl Drain {
+    /// Resolves once draining was requested (at once if it was already). Cancel-safe: use it
+    /// in `tokio::select!`.
+    pub async fn wait(&mut self) {
+        // An error means the worker (and its sender) is gone: drain too.
+        let _ = self.0.wait_for(|d| *d).await;
+    }
+
+    /// Whether draining was requested.
+    pub fn is_requested(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// The underlying watch channel (`true` once draining), for APIs that take one.
+    pub fn into_receiver(self) -> watch::Receiver<bool> {
+        self.0
+    }
+}
+
+/// Fills the application's part of a `STATS` report (connections, requests); see
+/// [`Worker::set_report`].
+pub type ReportFn = Box<dyn Fn(&mut WorkerReport) + Send + Sync>;
+
+/// One ringmux instance: the hand-off received, its descriptors held until the endpoint is
+/// made. See the module documentation.
+pub struct Worker {
+    instance: u8,
+    instances: u8,
+    lb: QuicLbConfig,
+    keys: KeySet,
+    cid_lifetime: Option<Duration>,
+    public_addr: SocketAddr,
+    certificate: CertChain,
+    builtin: BuiltinOptions,
+    parts: Mutex<Option<Parts>>,
+    sessions: Arc<RemoteSessionStore>,
+    drain_tx: watch::Sender<bool>,
+    report: Arc<Mutex<Option<ReportFn>>>,
+}
+
+/// What [`Worker::endpoint`] consumes.
+struct Parts {
+    control: OwnedFd,
+    public: OwnedFd,
+    ingress: Ingress,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("instance", &self.instance)
+            .field("instances", &self.instances)
+            .field("public_addr", &self.public_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Worker {
+    /// Receives the hand-off from the demux that started this process: its configuration,
+    /// the shared keys and certificate, and its descriptors. Pins the process to its CPU if
+    /// the operator asked for it, and arranges for it to die with the demux. Blocks until the
+    /// hand-off arrives (the demux sends it right after starting the process).
+    pub fn attach() -> Result<Worker, AttachError> {
+        let control = control_socket()?;
+        sys::die_with_parent().map_err(|source| AttachError::Io {
+            what: "arming the parent-death signal",
+            source,
+        })?;
+        let (h, fds) = control::recv_handoff(control.as_fd())?;
+        Worker::from_handoff(h, fds, control)
+    }
+
+    fn from_handoff(
+        h: Handoff,
+        fds: Vec<OwnedFd>,
+        control: OwnedFd,
+    ) -> Result<Worker, AttachError> {
+        let bad = |what, problem: String| AttachError::Handoff { what, problem };
+        let keys = KeySet::from_bytes(&h.keys).map_err(|e| bad("keys", e.to_string()))?;
+        let lb = QuicLbConfig {
+            config_id: h.config_id,
+            node_id: h.node_id.clone(),
+            instance_count: h.instances,
+            nonce_len: h.nonce_len,
+            key: h.encrypt_cids.then_some(keys.quic_lb),
+        };
+        // Checked once here, so that the endpoint's generator factory cannot fail later.
+        CidGenerator::new(&lb, h.instance, h.cid_lifetime)
+            .map_err(|e| bad("QUIC-LB parameters", e.to_string()))?;
+        let certificate = CertChain::from_pem(&h.cert_pem, &h.key_pem)?;
+        if let Some(cpu) = h.cpu {
+            pin_to(cpu);
+        }
+        // Descriptors in hand-off order: public socket, ingress…, session socket
+        // (`control-protocol.md`, "Descriptors"); their count was checked on receipt.
+        let mut fds = fds.into_iter();
+        let mut next = |what: &'static str| {
+            fds.next()
+                .ok_or_else(|| bad("descriptors", format!("{what} missing")))
+        };
+        let public = next("public socket")?;
+        let ingress = match h.ingress {
+            IngressKind::Shm => {
+                let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
+                let spin = Duration::from_micros(u64::from(h.spin_us));
+                Ingress::Ring(
+                    Consumer::attach(ring, page, bell, h.generation, spin)
+                        .map_err(|e| bad("ring", e.to_string()))?,
+                )
+            }
+            IngressKind::Unix => Ingress::Unix(next("unix ingress socket")?),
+        };
+        let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
+        let (drain_tx, _) = watch::channel(false);
+        Ok(Worker {
+            instance: h.instance,
+            instances: h.instances,
+            lb,
+            keys,
+            cid_lifetime: h.cid_lifetime,
+            public_addr: h.public_addr,
+            certificate,
+            builtin: BuiltinOptions {
+                root: h.root,
+                max_bytes: h.max_bytes,
+                retry: h.retry,
+                idle_timeout: h.idle_timeout,
+                sink: h.sink,
+            },
+            parts: Mutex::new(Some(Parts {
+                control,
+                public,
+                ingress,
+            })),
+            sessions,
+            drain_tx,
+            report: Arc::default(),
+        })
+    }
+
+    /// This instance's number, `0..instances()`.
+    pub fn instance(&self) -> u8 {
+        self.instance
+    }
+
+    /// How many instances share the public address.
+    pub fn instances(&self) -> u8 {
+        self.instances
+    }
+
+    /// The public address clients send to (also the endpoint's local address).
+    pub fn public_addr(&self) -> SocketAddr {
+        self.public_addr
+    }
+
+    /// The certificate chain and key the operator gave ringmux (`--cert`/`--key`, or the
+    /// self-signed one ringmux made at start).
+    pub fn certificate(&self) -> &CertChain {
+        &self.certificate
+    }
+
+    /// The options of ringmux's built-in server, as the operator set them.
+    pub fn builtin_options(&self) -> &BuiltinOptions {
+        &self.builtin
+    }
+
+    /// A rustls server configuration for QUIC with the operator's certificate and the given
+    /// ALPN protocols: TLS 1.3 only, the ring provider, 0-RTT allowed (`max_early_data_size`
+    /// 0xffffffff, the only non-zero value QUIC allows, RFC 9001 §4.6.1). Pass it, changed as
+    /// you like, to [`Worker::server_config`].
+    pub fn tls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, AttachError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(TlsError::from)?
+            .with_no_client_auth()
+            .with_single_cert(
+                self.certificate.certs.clone(),
+                self.certificate.key.clone_key(),
+            )
+            .map_err(TlsError::from)?;
+        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        tls.max_early_data_size = u32::MAX;
+        tls.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+        Ok(tls)
+    }
+
+    /// A quinn server configuration over `tls` with what instances must share: sessions stored
+    /// in the demux's cache (so resumption and 0-RTT work on every instance) and the shared
+    /// token key (Retry and NEW_TOKEN tokens valid on every instance). Transport limits are
+    /// ringmux's defaults with the operator's idle timeout; replace them with
+    /// `ServerConfig::transport_config` if you like.
+    ///
+    /// Refuses a `tls` with a stateless session `ticketer`: rustls then never accepts 0-RTT,
+    /// and instances could not share single-use sessions.
+    pub fn server_config(
+        &self,
+        mut tls: rustls::ServerConfig,
+    ) -> Result<quinn::ServerConfig, AttachError> {
+        if tls.ticketer.enabled() {
+            return Err(AttachError::Conflict(
+                "the rustls config has a session ticketer; ringmux shares TLS sessions through \
+                 the demux so that 0-RTT works on every instance: leave `ticketer` unset"
+                    .into(),
+            ));
+        }
+        tls.session_storage = self.sessions.clone();
+        let crypto = QuicServerConfig::try_from(tls).map_err(TlsError::from)?;
+        let opts = ServerOptions {
+            idle_timeout: self.builtin.idle_timeout,
+            retry: self.builtin.retry,
+            ..ServerOptions::default()
+        };
+        Ok(server_config(Arc::new(crypto), &self.keys.token, &opts))
+    }
+
+    /// The quinn endpoint of this instance: its `AsyncUdpSocket` is the ring (or unix
+    /// ingress) for receiving and the public socket for sending, its connection IDs route to
+    /// this instance, its stateless-reset key is the shared one. Reports `READY` to the demux
+    /// and starts the control task (counters once a second, drain requests).
+    ///
+    /// Call it once, inside a tokio runtime (a current-thread one is what ringmux's own worker
+    /// uses: one endpoint per process, instances for scale).
+    pub fn endpoint(&self, server: quinn::ServerConfig) -> Result<quinn::Endpoint, AttachError> {
+        let parts = self
+            .parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| AttachError::Conflict("Worker::endpoint was called twice".into()))?;
+        let io = |what| move |source| AttachError::Io { what, source };
+        let socket = RingSocket::new(parts.ingress, parts.public, self.public_addr)
+            .map_err(io("setting up the ingress socket"))?;
+        let ingress_stats = socket.stats();
+        let (lb, instance, lifetime) = (self.lb.clone(), self.instance, self.cid_lifetime);
+        let factory = move || -> Box<dyn quinn::ConnectionIdGenerator> {
+            match CidGenerator::new(&lb, instance, lifetime) {
+                Ok(g) => Box::new(g),
+                // Checked in `attach`; unreachable unless the same input changes its answer.
+                Err(e) => panic!("QUIC-LB generator refused parameters it accepted before: {e}"),
+            }
+        };
+        let endpoint = quinn::Endpoint::new_with_abstract_socket(
+            endpoint_config(&self.keys.stateless_reset, factory),
+            Some(server),
+            Arc::new(socket),
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(io("creating the quinn endpoint"))?;
+        // Non-blocking from here on: the reactor's readiness can be stale, and a blocking recv
+        // on a stale readiness would stall the whole runtime.
+        socket2::SockRef::from(&parts.control)
+            .set_nonblocking(true)
+            .map_err(io("control socket"))?;
+        // SAFETY: `parts.control` is an open descriptor owned by the AsyncFd for its whole life.
+        let control = unsafe { AsyncFd::register_with_interest(parts.control, Interest::READABLE) }
+            .map_err(|e| AttachError::Io {
+                what: "registering the control socket",
+                source: e.into(),
+            })?;
+        control::send(control.get_ref().as_fd(), &Message::Ready).map_err(io("reporting ready"))?;
+        tokio::spawn(control_task(
+            control,
+            self.drain_tx.clone(),
+            endpoint.clone(),
+            ingress_stats,
+            self.report.clone(),
+        ));
+        Ok(endpoint)
+    }
+
+    /// A [`Drain`] that fires when the demux asks this worker to drain (on a shutdown, or
+    /// when a newer generation replaces it) or the process gets SIGTERM: stop accepting,
+    /// finish what is in flight (an HTTP/3 server sends GOAWAY), then return from `main`.
+    /// Take as many as you need (one per connection task, say).
+    pub fn drain_signal(&self) -> Drain {
+        Drain(self.drain_tx.subscribe())
+    }
+
+    /// Resolves when draining was requested (see [`Worker::drain_signal`]).
+    pub async fn drain_requested(&self) {
+        self.drain_signal().wait().await
+    }
+
+    /// Sets what fills the application's counters (connections, requests) of each report to
+    /// the demux; ringmux shows them per instance in its metrics. Without it, connections
+    /// (open now, and accepted since start) come from the endpoint and requests stay 0.
+    pub fn set_report(&self, f: impl Fn(&mut WorkerReport) + Send + Sync + 'static) {
+        *self.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+    }
+
+    /// Runs the benchmark sink instead of QUIC (`--worker-mode sink`): drains the ingress,
+    /// checks that every datagram's connection ID is this instance's, and reports counts and
+    /// ring latency, until the demux says to stop.
+    pub fn run_sink(self) -> Result<(), AttachError> {
+        let parts = self
+            .parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| AttachError::Conflict("the endpoint exists already".into()))?;
+        let router =
+            Router::new(&self.lb, self.keys.routing_hash).map_err(|e| AttachError::Handoff {
+                what: "QUIC-LB parameters",
+                problem: e.to_string(),
+            })?;
+        let io = |what| move |source| AttachError::Io { what, source };
+        control::send(parts.control.as_fd(), &Message::Ready).map_err(io("reporting ready"))?;
+        crate::sink::run(parts.ingress, router, self.instance, parts.control).map_err(io("sink"))
+    }
+}
+
+/// Set by the first [`Worker::attach`] that takes the control socket.
+static ATTACHED: AtomicBool = AtomicBool::new(false);
+
+/// The control socket named by `RINGMUX_CONTROL_FD`, checked to be one.
+fn control_socket() -> Result<OwnedFd, AttachError> {
+    let program = std::env::args().next().unwrap_or_else(|| "PROGRAM".into());
+    let value =
+        std::env::var(CONTROL_FD_ENV).map_err(|_| AttachError::NotStartedByRingmux { program })?;
+    let bad = |problem: &str| AttachError::BadControlFd {
+        value: value.clone(),
+        problem: problem.into(),
+    };
+    let fd: RawFd = value.trim().parse().map_err(|_| bad("not a number"))?;
+    if fd < 3 {
+        return Err(bad("a standard stream, not the inherited control socket"));
+    }
+    if std::fs::metadata(format!("/proc/self/fd/{fd}")).is_err() {
+        return Err(bad("no such open descriptor"));
+    }
+    // SAFETY: the descriptor is open (checked above) and stays open while borrowed here.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    if !sys::is_seqpacket_socket(borrowed) {
+        return Err(bad("not a SOCK_SEQPACKET socket"));
+    }
+    // Only once: a second attach in the same process must not own the descriptor again.
+    if ATTACHED.swap(true, Ordering::AcqRel) {
+        return Err(bad(
+            "already taken by an earlier Worker::attach in this process",
+        ));
+    }
+    // SAFETY: ringmux passed this descriptor to this process for its exclusive use, and
+    // `ATTACHED` makes this the only place that ever takes ownership of it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pin_to(cpu: usize) {
+    let ok = core_affinity::get_core_ids()
+        .and_then(|ids| ids.into_iter().find(|c| c.id == cpu))
+        .is_some_and(core_affinity::set_for_current);
+    if !ok {
+        tracing::warn!(cpu, "could not pin to CPU");
+    }
+}
+
+/// Talks to the demux until it goes away: counters about once a second, drain requests (and
+/// SIGTERM) into `drain`. When the demux closes the control socket the worker exits at once:
+/// nothing would route datagrams to it any more.
+async fn control_task(
+    control: AsyncFd<OwnedFd>,
+    drain: watch::Sender<bool>,
+    endpoint: quinn::Endpoint,
+    ingress: Arc<IngressStats>,
+    report: Arc<Mutex<Option<ReportFn>>>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    loop {
+        tokio::select! {
+            ready = control.readable() => {
+                let Ok(mut guard) = ready else { return };
+                match control::recv(guard.get_inner().as_fd()) {
+                    Ok(Some(Ok(Message::Shutdown))) => {
+                        tracing::info!("draining on request of the demux");
+                        let _ = drain.send(true);
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => {
+                        tracing::warn!("control socket closed: the demux is gone; exiting");
+                        std::process::exit(0);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => guard.clear_ready(),
+                    Err(e) => {
+                        tracing::error!(error = %e, "control socket failed; exiting");
+                        std::process::exit(1);
+                    }
+                }
+            }
+            Some(()) = async { match sigterm.as_mut() { Some(s) => s.recv().await, None => None } } => {
+                tracing::info!("SIGTERM: draining");
+                let _ = drain.send(true);
+            }
+            _ = tick.tick() => {
+                let mut r = WorkerReport {
+                    connections_active: endpoint.open_connections() as u64,
+                    connections_total: endpoint.stats().accepted_handshakes,
+                    datagrams_in: ingress.received.load(Ordering::Relaxed),
+                    datagrams_dropped: ingress.dropped.load(Ordering::Relaxed),
+                    cpu_ns: u64::try_from(sys::cpu_time().as_nanos()).unwrap_or(u64::MAX),
+                    pid: u64::from(std::process::id()),
+                    ..WorkerReport::default()
+                };
+                if let Some(f) = report.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                    f(&mut r);
+                }
+                let _ = control::send_nowait(control.get_ref().as_fd(), &Message::Stats(r));
+            }
+        }
+    }
+}
