@@ -11,15 +11,8 @@ use aes::Aes128;
 use quinn_proto::ConnectionId;
 
 use crate::config::{ConfigError, Mode, MAX_CONFIG_ID};
+pub use crate::config::{MAX_CID_LEN, MAX_PLAINTEXT_LEN, MIN_NONCE_LEN, SINGLE_PASS_LEN};
 
-/// Longest QUIC v1 connection ID (RFC 9000 §17.2).
-pub const MAX_CID_LEN: usize = 20;
-/// Longest plaintext block: server ID + nonce "MUST sum to 19 octets or less" (draft-21 §5.2).
-pub const MAX_PLAINTEXT_LEN: usize = MAX_CID_LEN - 1;
-/// Shortest nonce the draft allows (draft-21 §5.2).
-pub const MIN_NONCE_LEN: usize = 4;
-/// Plaintext length at which the draft mandates single-pass encryption (draft-21 §5.4.1).
-pub const SINGLE_PASS_LEN: usize = 16;
 /// Config rotation codepoint meaning "unroutable, fall back to 4-tuple routing" (draft-21 §3.1).
 pub const UNROUTABLE_CONFIG_ID: u8 = 0b111;
 

@@ -5,7 +5,14 @@
 //! [`QuicLbConfig`] that passes [`QuicLbConfig::validate`] is all the codec, the generator and
 //! the router need.
 
-use crate::codec::{MAX_PLAINTEXT_LEN, MIN_NONCE_LEN, SINGLE_PASS_LEN};
+/// Longest QUIC v1 connection ID (RFC 9000 §17.2).
+pub const MAX_CID_LEN: usize = 20;
+/// Longest plaintext block: server ID + nonce "MUST sum to 19 octets or less" (draft-21 §5.2).
+pub const MAX_PLAINTEXT_LEN: usize = MAX_CID_LEN - 1;
+/// Shortest nonce the draft allows (draft-21 §5.2).
+pub const MIN_NONCE_LEN: usize = 4;
+/// Plaintext length at which the draft mandates single-pass encryption (draft-21 §5.4.1).
+pub const SINGLE_PASS_LEN: usize = 16;
 
 /// Highest usable config rotation codepoint: `0b111` means "unroutable" (draft-21 §3.1).
 pub const MAX_CONFIG_ID: u8 = 6;

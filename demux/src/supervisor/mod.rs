@@ -1,7 +1,10 @@
-//! Worker supervision: spawns `ringmux-worker` processes as direct children, hands each its
-//! descriptors and configuration over a control socket, notices a death at once (pidfd and the
-//! control socket closing), resets the dead instance's ring and starts a replacement with
-//! back-off, and runs the graceful shutdown on SIGTERM/SIGINT. Other instances never notice.
+//! Worker supervision: spawns worker processes as direct children, hands each its descriptors
+//! and configuration over a control socket, notices a death at once (pidfd and the control
+//! socket closing), resets the dead instance's ring and starts a replacement, and runs the
+//! graceful shutdown on SIGTERM/SIGINT. Other instances never notice.
+//!
+//! This module carries out; [`policy`] decides (READY deadlines, back-off, crash loops,
+//! draining), without processes or clocks, tested on a fake clock.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::{Child, Command as Process, Stdio};
@@ -21,31 +24,25 @@ use crate::forward::IngressHandles;
 use crate::metrics::Counters;
 use crate::sys;
 
-/// Back-off bounds for restarting a crashing worker.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
-/// A worker that ran this long before dying is not in a crash loop.
-const HEALTHY_UPTIME: Duration = Duration::from_secs(10);
+pub mod policy;
+
+use policy::{Action, Limits, Policy};
+
 /// How long the data plane may sit in one doorbell write before the watchdog calls it jammed.
 /// A write to a non-blocking eventfd takes microseconds; only a hostile worker (counter filled,
 /// `O_NONBLOCK` cleared on the shared file description) can make it block.
 const DOORBELL_JAM: Duration = Duration::from_millis(250);
 
+/// The processes and descriptors of one instance; what to do with them is [`Policy`]'s.
+#[derive(Default)]
 struct Worker {
     child: Option<Child>,
     pidfd: Option<OwnedFd>,
     control: Option<OwnedFd>,
-    ready: bool,
-    started: Instant,
-    backoff: Duration,
-    crashes: u32,
     /// A reset was requested; its descriptors arrive here.
     reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
-    /// Descriptors waiting for the restart time.
+    /// Descriptors of the next generation, waiting for the restart time.
     handles: Option<IngressHandles>,
-    restart_at: Option<Instant>,
-    /// Asked to drain (shutdown).
-    draining: bool,
 }
 
 pub struct Supervisor {
@@ -55,6 +52,7 @@ pub struct Supervisor {
     counters: Arc<Counters>,
     link: DataPlaneLink,
     signals: SignalFd,
+    policy: Policy,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
     /// The supervisor's own descriptor of each instance's doorbell (shm), to reclaim it.
@@ -72,29 +70,17 @@ impl Supervisor {
         link: DataPlaneLink,
         signals: SignalFd,
     ) -> Self {
-        let workers = (0..cfg.instances)
-            .map(|_| Worker {
-                child: None,
-                pidfd: None,
-                control: None,
-                ready: false,
-                started: Instant::now(),
-                backoff: BACKOFF_MIN,
-                crashes: 0,
-                reset_reply: None,
-                handles: None,
-                restart_at: None,
-                draining: false,
-            })
-            .collect();
+        let n = usize::from(cfg.instances);
+        let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
         Supervisor {
+            policy: Policy::new(limits, n, Instant::now()),
+            workers: (0..n).map(|_| Worker::default()).collect(),
             cfg,
             template,
             public,
             counters,
             link,
             signals,
-            workers,
             sessions: crate::sessions::Sessions::new(),
             doorbells: Vec::new(),
             doorbell_watch: ((0, 0), Instant::now()),
@@ -102,6 +88,9 @@ impl Supervisor {
     }
 
     /// Starts every worker with its initial descriptors and waits until all report ready.
+    /// One that dies or stays silent is logged, replaced and retried with back-off like any
+    /// later death; only a program of which no instance at all becomes ready in time stops the
+    /// demux (nothing could serve).
     pub fn start_all(&mut self, handles: Vec<IngressHandles>) -> Result<()> {
         self.doorbells = handles
             .iter()
@@ -116,23 +105,16 @@ impl Supervisor {
         for (i, h) in handles.into_iter().enumerate() {
             self.spawn(i as u8, h)
                 .with_context(|| format!("starting worker {i}"))?;
+            self.policy.on(Instant::now(), policy::Event::Started(i));
         }
-        // Wait for every instance to report READY. One that dies or stays silent is logged,
-        // replaced and retried with back-off like any later death; only a program of which no
-        // instance at all becomes ready in time stops the demux (nothing could serve).
         let deadline = Instant::now() + self.cfg.ready_timeout();
-        while self.workers.iter().any(|w| !w.ready) && Instant::now() < deadline {
-            let fds: Vec<BorrowedFd<'_>> = self
-                .workers
-                .iter()
-                .filter_map(|w| w.control.as_ref().map(|c| c.as_fd()))
-                .collect();
-            let _ = sys::poll_readable(&fds, Some(Duration::from_millis(100)));
-            for i in 0..self.workers.len() {
-                self.check_worker(i, false)?;
-            }
+        let all_ready = |s: &Self| (0..s.workers.len()).all(|i| s.policy.is_ready(i));
+        while !all_ready(self) && Instant::now() < deadline {
+            self.step(Duration::from_millis(100))?;
         }
-        let ready = self.workers.iter().filter(|w| w.ready).count();
+        let ready = (0..self.workers.len())
+            .filter(|&i| self.policy.is_ready(i))
+            .count();
         if ready == 0 {
             bail!(
                 "no instance of the worker program {} reported READY within {:?} \
@@ -153,49 +135,124 @@ impl Supervisor {
 
     /// Supervises until a shutdown signal, then drains. Returns when every worker is gone.
     pub fn run(&mut self) -> Result<()> {
-        let mut shutdown_deadline: Option<Instant> = None;
         loop {
-            let mut fds = vec![sys::signal_fd(&self.signals)];
-            for w in &self.workers {
-                fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
-                fds.extend(w.control.as_ref().map(|c| c.as_fd()));
+            if self.step(Duration::from_millis(50))? {
+                return Ok(());
             }
-            let _ = sys::poll_readable(&fds, Some(Duration::from_millis(50)));
-            drop(fds);
+        }
+    }
 
-            if let Some(sig) = sys::read_signal(&self.signals) {
-                if shutdown_deadline.is_none() {
-                    tracing::info!(signal = sig, grace = ?self.cfg.grace(), "shutting down: draining workers");
-                    shutdown_deadline = Some(Instant::now() + self.cfg.grace());
-                    for w in self.workers.iter_mut() {
-                        w.draining = true;
-                        w.restart_at = None;
-                        if let Some(c) = &w.control {
-                            let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
-                        }
+    /// One round: wait up to `timeout` for anything to happen, feed what happened to the
+    /// policy, carry out its actions. `Ok(true)` once the shutdown is complete.
+    fn step(&mut self, timeout: Duration) -> Result<bool> {
+        let mut fds = vec![sys::signal_fd(&self.signals)];
+        for w in &self.workers {
+            fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
+            fds.extend(w.control.as_ref().map(|c| c.as_fd()));
+        }
+        let _ = sys::poll_readable(&fds, Some(timeout));
+        drop(fds);
+
+        let mut actions = Vec::new();
+        if let Some(sig) = sys::read_signal(&self.signals) {
+            if self.policy.shutting_down() {
+                tracing::warn!(signal = sig, "second signal: stopping now");
+            } else {
+                tracing::info!(signal = sig, grace = ?self.cfg.grace(), "shutting down: draining workers");
+            }
+            actions.extend(
+                self.policy
+                    .on(Instant::now(), policy::Event::ShutdownSignal),
+            );
+        }
+        while let Some(Event::Misbehaved { instance, stalled }) = self.link.next_event() {
+            tracing::error!(instance, stalled, "killing misbehaving worker");
+            let i = usize::from(instance);
+            actions.extend(self.policy.on(Instant::now(), policy::Event::Misbehaved(i)));
+        }
+        actions.extend(self.watch_doorbells());
+        for i in 0..self.workers.len() {
+            let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
+            if gone && self.workers[i].child.is_some() {
+                self.reap(i);
+                actions.extend(self.policy.on(Instant::now(), policy::Event::Exited(i)));
+            }
+            self.collect_reset(i)?;
+        }
+        actions.extend(self.policy.tick(Instant::now()));
+        self.carry_out(actions)
+    }
+
+    /// Does what the policy decided. `Ok(true)`: the shutdown is complete.
+    fn carry_out(&mut self, actions: Vec<Action>) -> Result<bool> {
+        let mut queue = std::collections::VecDeque::from(actions);
+        while let Some(action) = queue.pop_front() {
+            match action {
+                Action::Kill(i, why) => {
+                    if why == policy::Why::NotReady {
+                        tracing::error!(
+                            instance = i,
+                            program = self.cfg.worker_program(),
+                            timeout = ?self.cfg.ready_timeout(),
+                            "worker did not report READY in time (a worker must call \
+                             Worker::attach and create its endpoint); killing it"
+                        );
                     }
-                } else {
-                    tracing::warn!(signal = sig, "second signal: stopping now");
-                    shutdown_deadline = Some(Instant::now());
+                    if let Some(c) = self.workers[i].child.as_mut() {
+                        let _ = c.kill();
+                    }
                 }
-            }
-            while let Some(Event::Misbehaved { instance, stalled }) = self.link.next_event() {
-                let w = &mut self.workers[instance as usize];
-                tracing::error!(instance, stalled, "killing misbehaving worker");
-                if let Some(c) = w.child.as_mut() {
-                    let _ = c.kill();
+                Action::RequestReset(i) => {
+                    self.workers[i].reset_reply = Some(self.link.request_reset(i as u8));
                 }
-            }
-            self.watch_doorbells(shutdown_deadline.is_some());
-            for i in 0..self.workers.len() {
-                self.check_worker(i, shutdown_deadline.is_some())?;
-            }
-            if let Some(deadline) = shutdown_deadline {
-                if self.workers.iter().all(|w| w.child.is_none()) {
+                Action::Start(i) => {
+                    let Some(h) = self.workers[i].handles.take() else {
+                        continue;
+                    };
+                    self.counters.instances[i]
+                        .restarts
+                        .fetch_add(1, Ordering::Relaxed);
+                    let event = match self.spawn(i as u8, h) {
+                        Ok(()) => policy::Event::Started(i),
+                        Err(e) => {
+                            tracing::error!(instance = i, error = %format!("{e:#}"), "restart failed; retrying");
+                            policy::Event::StartFailed(i)
+                        }
+                    };
+                    queue.extend(self.policy.on(Instant::now(), event));
+                }
+                Action::Drain(i) => {
+                    if let Some(c) = &self.workers[i].control {
+                        let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
+                    }
+                }
+                Action::Died(d) => {
+                    let program = self.cfg.worker_program();
+                    let (i, uptime, restart_in) = (d.instance, d.uptime, d.restart_in);
+                    if d.crashes >= 3 {
+                        tracing::warn!(
+                            instance = i,
+                            program,
+                            crashes = d.crashes,
+                            ?restart_in,
+                            "worker is crash-looping; restarts throttled"
+                        );
+                    } else if !d.was_ready {
+                        tracing::warn!(
+                            instance = i,
+                            program,
+                            ?uptime,
+                            "worker exited before it reported READY; restarting"
+                        );
+                    } else {
+                        tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
+                    }
+                }
+                Action::Finish => {
                     tracing::info!("all workers exited");
-                    return Ok(());
+                    return Ok(true);
                 }
-                if Instant::now() >= deadline {
+                Action::KillAllAndFinish => {
                     for (i, w) in self.workers.iter_mut().enumerate() {
                         if let Some(mut c) = w.child.take() {
                             tracing::warn!(instance = i, "grace period over: killing worker");
@@ -203,33 +260,11 @@ impl Supervisor {
                             let _ = c.wait();
                         }
                     }
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
-    }
-
-    /// One supervision step for worker `i`: its messages, the READY deadline, its death, its
-    /// pending restart.
-    fn check_worker(&mut self, i: usize, shutting_down: bool) -> Result<()> {
-        let w = &mut self.workers[i];
-        if !w.ready && w.child.is_some() && w.started.elapsed() > self.cfg.ready_timeout() {
-            tracing::error!(
-                instance = i,
-                program = self.cfg.worker_program(),
-                timeout = ?self.cfg.ready_timeout(),
-                "worker did not report READY in time (a worker must call Worker::attach and \
-                 create its endpoint); killing it"
-            );
-            if let Some(c) = w.child.as_mut() {
-                let _ = c.kill();
-            }
-        }
-        let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
-        if gone && self.workers[i].child.is_some() {
-            self.on_death(i, shutting_down);
-        }
-        self.progress_restart(i)
+        Ok(false)
     }
 
     fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
@@ -276,8 +311,6 @@ impl Supervisor {
         w.child = Some(child);
         w.pidfd = pidfd;
         w.control = Some(ours);
-        w.ready = false;
-        w.started = Instant::now();
         Ok(())
     }
 
@@ -297,9 +330,11 @@ impl Supervisor {
             let ic = &self.counters.instances[i];
             match buf.get(..n).map(Message::decode) {
                 Some(Ok(Message::Ready)) => {
-                    self.workers[i].ready = true;
-                    ic.alive.store(true, Ordering::Release);
-                    tracing::info!(instance = i, "worker ready");
+                    if !self.policy.is_ready(i) {
+                        ic.alive.store(true, Ordering::Release);
+                        tracing::info!(instance = i, "worker ready");
+                    }
+                    self.policy.on(Instant::now(), policy::Event::Ready(i));
                 }
                 Some(Ok(Message::Stats(r))) => ic.record_report(&r),
                 // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
@@ -312,7 +347,7 @@ impl Supervisor {
     /// (the `ringing` marker unchanged and no receive completed) for [`DOORBELL_JAM`] means the
     /// worker filled its eventfd and made it blocking. Killing the worker and reclaiming the
     /// eventfd (in `on_death`) releases the write; the ring is then reset as after any death.
-    fn watch_doorbells(&mut self, shutting_down: bool) {
+    fn watch_doorbells(&mut self) -> Vec<Action> {
         let now = Instant::now();
         let view = (
             self.counters.ringing.load(Ordering::Relaxed),
@@ -320,15 +355,15 @@ impl Supervisor {
         );
         if view.0 == 0 || view != self.doorbell_watch.0 {
             self.doorbell_watch = (view, now);
-            return;
+            return Vec::new();
         }
         if now.duration_since(self.doorbell_watch.1) < DOORBELL_JAM {
-            return;
+            return Vec::new();
         }
         self.doorbell_watch.1 = now;
         let i = (view.0 - 1) as usize;
         if i >= self.workers.len() {
-            return;
+            return Vec::new();
         }
         tracing::error!(
             instance = i,
@@ -338,13 +373,17 @@ impl Supervisor {
             .violations
             .fetch_add(1, Ordering::Relaxed);
         if let Some(c) = self.workers[i].child.as_mut() {
-            // Killed here even while shutting down: it will not drain.
+            // Killed here even while shutting down: it will not drain. Reaping it reclaims
+            // the doorbell, which releases the data plane.
             let _ = c.kill();
-            self.on_death(i, shutting_down);
-        } else if let Some(Some(bell)) = self.doorbells.get(i) {
+            self.reap(i);
+            return self.policy.on(now, policy::Event::Exited(i));
+        }
+        if let Some(Some(bell)) = self.doorbells.get(i) {
             // Already gone (and reclaimed then), yet still jammed: reclaim again.
             let _ = bell.reclaim();
         }
+        Vec::new()
     }
 
     fn exited(&mut self, i: usize) -> bool {
@@ -355,18 +394,28 @@ impl Supervisor {
         }
     }
 
-    fn on_death(&mut self, i: usize, shutting_down: bool) {
+    /// Collects the process of a dead worker and undoes what it may have done to its
+    /// doorbell.
+    fn reap(&mut self, i: usize) {
         let ic = &self.counters.instances[i];
         ic.alive.store(false, Ordering::Release);
         ic.worker_pid.store(0, Ordering::Relaxed);
+        let draining = self.policy.draining(i);
         let w = &mut self.workers[i];
-        let mut child = w.child.take().expect("caller checked");
+        let Some(mut child) = w.child.take() else {
+            return;
+        };
         // A draining worker closes its control socket as it exits: let it finish. Otherwise the
         // socket may close a moment before a crashing process is gone: make sure it is.
-        if !(shutting_down || w.draining) {
+        if !draining {
             let _ = child.kill();
         }
         let status = child.wait().ok();
+        if draining {
+            tracing::info!(instance = i, ?status, "worker exited");
+        } else {
+            tracing::warn!(instance = i, ?status, "worker process ended");
+        }
         // The worker is gone and cannot touch its eventfd any more: undo whatever it did to it
         // (a filled counter and a cleared O_NONBLOCK would block the data plane's next doorbell
         // write, or release one blocked now).
@@ -376,82 +425,27 @@ impl Supervisor {
             }
         }
         let w = &mut self.workers[i];
-        let was_ready = w.ready;
         w.pidfd = None;
         w.control = None;
-        w.ready = false;
-        if shutting_down || w.draining {
-            tracing::info!(instance = i, ?status, "worker exited");
-            return;
-        }
-        let uptime = w.started.elapsed();
-        if uptime >= HEALTHY_UPTIME {
-            w.backoff = BACKOFF_MIN;
-            w.crashes = 0;
-        } else {
-            w.crashes += 1;
-        }
-        let program = self.cfg.worker_program();
-        if w.crashes >= 3 {
-            tracing::warn!(instance = i, program, ?status, crashes = w.crashes, backoff = ?w.backoff, "worker is crash-looping; restarts throttled");
-        } else if !was_ready {
-            tracing::warn!(
-                instance = i,
-                program,
-                ?status,
-                ?uptime,
-                "worker exited before it reported READY; restarting"
-            );
-        } else {
-            tracing::warn!(
-                instance = i,
-                program,
-                ?status,
-                ?uptime,
-                "worker died; restarting"
-            );
-        }
-        w.restart_at = Some(
-            Instant::now()
-                + if w.crashes == 0 {
-                    Duration::ZERO
-                } else {
-                    w.backoff
-                },
-        );
-        w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
-        w.reset_reply = Some(self.link.request_reset(i as u8));
     }
 
-    fn progress_restart(&mut self, i: usize) -> Result<()> {
+    /// Takes the new generation's descriptors once the data plane has reset the ingress.
+    fn collect_reset(&mut self, i: usize) -> Result<()> {
         let w = &mut self.workers[i];
-        if let Some(rx) = &w.reset_reply {
-            match rx.try_recv() {
-                Ok(Ok(h)) => {
-                    w.handles = Some(h);
-                    w.reset_reply = None;
-                }
-                Ok(Err(e)) => bail!("resetting the ring of instance {i}: {e}"),
-                Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
+        let Some(rx) = &w.reset_reply else {
+            return Ok(());
+        };
+        match rx.try_recv() {
+            Ok(Ok(h)) => {
+                w.handles = Some(h);
+                w.reset_reply = None;
+                self.policy.on(Instant::now(), policy::Event::ResetDone(i));
+                Ok(())
             }
+            Ok(Err(e)) => bail!("resetting the ring of instance {i}: {e}"),
+            Err(TryRecvError::Empty) => Ok(()),
+            Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
         }
-        let due = w.restart_at.is_some_and(|t| Instant::now() >= t);
-        if due && w.handles.is_some() && !w.draining {
-            let h = w.handles.take().expect("checked");
-            w.restart_at = None;
-            self.counters.instances[i]
-                .restarts
-                .fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.spawn(i as u8, h) {
-                tracing::error!(instance = i, error = %format!("{e:#}"), "restart failed; retrying");
-                let w = &mut self.workers[i];
-                w.restart_at = Some(Instant::now() + w.backoff);
-                w.backoff = (w.backoff * 2).min(BACKOFF_MAX);
-                w.reset_reply = Some(self.link.request_reset(i as u8));
-            }
-        }
-        Ok(())
     }
 }
 
