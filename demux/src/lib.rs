@@ -1,5 +1,5 @@
 //! The parts of `ringmux`, the demux and supervisor, as a library so that each can be tested on
-//! its own; `main.rs` composes them. See `ringmux --help`, README.md and DESIGN.md.
+//! its own; `main.rs` composes them. See `ringmux --help` and README.md.
 //!
 //! * [`config`]: the command line and its checks.
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.

@@ -1,4 +1,4 @@
-//! `ringmux`: the demux and supervisor. See `ringmux --help`, README.md and DESIGN.md; the parts
+//! `ringmux`: the demux and supervisor. See `ringmux --help` and README.md; the parts
 //! live in the library (`lib.rs`).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -27,13 +27,7 @@ static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    ringmux_proto::logging::init();
     let result = match cli.command {
         Some(Command::Stats { metrics }) => {
             metrics::fetch(metrics.as_str()).map(|m| print!("{}", metrics::stats::table(&m)))

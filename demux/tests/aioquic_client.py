@@ -12,7 +12,8 @@ Scenarios: get, many (100 requests, one connection), conns (20 parallel connecti
 (new socket mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID:
 active migration), keyupdate, download (10 MiB to DIR), zerortt (ticket, then early data).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
-Notes on aioquic's behaviour: the team notes on interop (shared/notes/interop.md, section 2.2).
+aioquic ignores stateless resets, drops datagrams from any address but the server's, and
+switches both key directions at once on a key update.
 """
 
 import argparse
@@ -76,7 +77,8 @@ class Response:
 
 
 class H3Client(QuicConnectionProtocol):
-    """An HTTP/3 client protocol. It must not call the base quic_event_received (notes 2.2)."""
+    """An HTTP/3 client protocol. It must not call the base quic_event_received: that floods
+    "Cannot send data after FIN" at exit."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -16,6 +16,8 @@
 #![deny(unsafe_code)]
 
 pub mod handoff;
+#[cfg(feature = "logging")]
+pub mod logging;
 pub mod message;
 pub mod session;
 

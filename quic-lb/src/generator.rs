@@ -173,7 +173,7 @@ impl ConnectionIdGenerator for CidGenerator {
 
     /// Accepts only CIDs that decode to this node and instance, so quinn answers nothing else
     /// with a stateless reset (quinn consults this only for short headers of unknown
-    /// connections, notes/quinn-h3.md G11).
+    /// connections, `quinn-proto` 0.11 `Endpoint::stateless_reset`).
     fn validate(&self, cid: &ConnectionId) -> Result<(), InvalidCid> {
         if self.is_own(cid) {
             Ok(())

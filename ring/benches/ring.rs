@@ -1,5 +1,5 @@
-//! Pure ring benchmark across two processes pinned to two cores (mirrors
-//! `reference/limits/bench.c ring`): throughput of 1200-byte messages published in batches of 32,
+//! Pure ring benchmark across two processes pinned to two cores (the same measurement as the
+//! C reference forwarder's `bench ring` mode, so the two compare; bench/RESULTS.md): throughput of 1200-byte messages published in batches of 32,
 //! one-way latency (hdrhistogram) with the consumer spinning and with it sleeping on the eventfd,
 //! and doorbells per message at saturation with the default spin.
 //!

@@ -22,7 +22,8 @@ impl Default for RingConfig {
     /// than the 1500-byte Ethernet MTU; room for about 4 ms of a 1 M datagram/s burst.
     ///
     /// Spin 50 µs: on these virtualised machines a doorbell costs the waker ~11 µs and the sleeper
-    /// ~9 µs of CPU and ~28 µs of latency (`reference/limits`), the price of receiving 25–30
+    /// ~9 µs of CPU and ~28 µs of latency (measured with the C reference forwarder beside
+    /// `ring/benches/ring.rs`, bench/RESULTS.md), the price of receiving 25–30
     /// datagrams. A consumer that keeps polling for 50 µs after its ring runs dry rides out the
     /// gaps between receive batches at any load above ~20 k datagrams/s, so doorbells vanish under
     /// load (the reference measured 0.0002 per datagram with ~50 µs), while an idle worker still

@@ -335,7 +335,7 @@ impl ProducerCore {
         unsafe { self.slots.write(self.tail, &desc, payload) };
         self.tail += 1;
         // A GRO batch can carry more datagrams than the ring holds: publish every quarter ring
-        // so the consumer can start before the batch ends (DESIGN.md, "The ring").
+        // so the consumer can start before the batch ends (shm-layout.md, "slot-publish").
         if self.tail - self.published >= self.capacity / 4 {
             return Ok(self.publish());
         }

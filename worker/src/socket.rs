@@ -3,8 +3,8 @@
 //! process's own descriptor of the public UDP socket. Put any quinn application behind ringmux
 //! by building its endpoint with `Endpoint::new_with_abstract_socket(.., Arc::new(ring_socket), ..)`.
 //!
-//! Receive: datagrams are copied from ring slots into quinn's buffers (quinn copies once more,
-//! notes G12). When the ring runs dry the socket keeps polling it cooperatively (returning
+//! Receive: datagrams are copied from ring slots into quinn's buffers (quinn copies once more
+//! into a `BytesMut`: the `AsyncUdpSocket` API lends it no buffer of ours). When the ring runs dry the socket keeps polling it cooperatively (returning
 //! `Pending` after waking itself, so timers and sends still run) for the configured spin time,
 //! then announces a sleep and waits on the doorbell eventfd through tokio's reactor.
 //!
@@ -12,9 +12,11 @@
 //! belong to the demux and are never changed here (the send state is probed on a scratch
 //! socket, see `send_state`). The descriptor is never registered with the reactor: every worker
 //! shares the socket's file description, and a registration for writability would wake every
-//! worker after any worker's send (notes G2). `poll_writable` is always ready unless the last
-//! send hit `EAGAIN`, after which it waits a short timer. Only `WouldBlock` ever reaches quinn (G3). Errors from `poll_recv` would kill the whole
-//! endpoint (G4), so malformed ingress is dropped and counted, never returned.
+//! worker after any worker's send (the kernel's write-space callback wakes every waiter on the
+//! shared socket). `poll_writable` is always ready unless the last
+//! send hit `EAGAIN`, after which it waits a short timer. Only `WouldBlock` ever reaches quinn: any other send
+//! error ends that connection's driver (quinn 0.11 `connection.rs`). Errors from `poll_recv`
+//! would kill the whole endpoint, so malformed ingress is dropped and counted, never returned.
 
 use std::fmt;
 use std::future::Future;
@@ -274,7 +276,8 @@ fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {
 /// quinn-udp's send state for the public socket, probed on a scratch socket of the same family.
 ///
 /// `UdpSocketState::new` sets socket options, and the public socket's options belong to the
-/// demux: this descriptor shares its file description (notes G1), so options set here would
+/// demux: this descriptor shares its file description (a passed descriptor shares options and
+/// `O_NONBLOCK` with the original), so options set here would
 /// change how the demux receives (it turns the per-datagram destination address off when it is
 /// bound to a specific address, for example). The state itself only records what the kernel
 /// supports (GSO segments, fragmentation control), which a scratch socket tells as well; the

@@ -184,7 +184,8 @@ pub fn server_crypto_with(
     chain: &CertChain,
     resumption: Resumption,
 ) -> Result<Arc<QuicServerConfig>, TlsError> {
-    // Always name the provider: a process-default provider may be ambiguous (notes G8).
+    // Always name the provider: with more than one provider compiled in (rustls' default
+    // features add aws-lc-rs), the process default is ambiguous.
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut tls = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?

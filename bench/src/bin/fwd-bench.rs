@@ -1,6 +1,6 @@
 //! `fwd-bench`: ringmux's forwarding cost, ring (`shm`) vs Unix socket (`unix`) vs
 //! receive-only (`drop`), in alternating rounds, each against a fresh `ringmux --worker-mode
-//! sink`; optionally beside the C reference forwarder of `reference/limits/`. Prints a Markdown
+//! sink`; optionally beside the C reference forwarder (`--reference DIR`). Prints a Markdown
 //! table, within-round ratios and the targets; writes JSON and an SVG chart.
 //!
 //! `fwd-bench blast` only sends and `fwd-bench keygen` writes a key file (for
@@ -25,7 +25,7 @@ use serde::Serialize;
 
 /// ringmux forwarding benchmark: shm vs unix vs drop in alternating rounds.
 ///
-/// Saturated (default) mirrors reference/limits/bench.c's drain mode: the demux is parked with
+/// Saturated (default) mirrors the C reference forwarder's drain mode: the demux is parked with
 /// SIGSTOP, its socket pre-filled with --drain datagrams, resumed, and only the drains are
 /// measured (data-plane thread CPU from /proc/PID/task/TID/schedstat), --cycles times. Live
 /// sends for --warmup + --seconds and measures the --seconds.
@@ -125,7 +125,7 @@ struct RunArgs {
     /// Write a chart of the per-round figures.
     #[arg(long)]
     svg: Option<PathBuf>,
-    /// Directory holding the C reference bench.c (the shared reference forwarder, e.g. ../shared/reference/limits): build
+    /// Directory holding the C reference bench.c (a C reference forwarder kept outside this repository): build
     /// a copy and run it beside each mode in the same alternation.
     #[arg(long)]
     reference: Option<PathBuf>,

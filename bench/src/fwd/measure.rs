@@ -1,6 +1,6 @@
 //! One (round, mode) measurement of a fresh ringmux with sink workers.
 //!
-//! **Saturated** mirrors `reference/limits/bench.c`'s `drain=` mode: the demux is parked
+//! **Saturated** mirrors the C reference forwarder's `drain=` mode (`--reference`): the demux is parked
 //! (SIGSTOP), its socket is pre-filled with `drain` datagrams, it is resumed (SIGCONT) and
 //! parked again once the queue is empty and its counter has caught up; `cycles` times. Only the
 //! drains are measured, with the `data-plane` thread's `schedstat` (ns, exact) read while the

@@ -9,7 +9,7 @@
 //!   calls (affinity, SCHED_FIFO, signals). Every syscall of the harness lives here or in
 //!   [`sender`].
 //! * [`measure`]: one (round, mode) measurement, saturated (pre-fill then drain, as
-//!   `reference/limits/bench.c` does) or live (a timed blast).
+//!   the C reference forwarder does) or live (a timed blast).
 //! * [`reference`](mod@reference): building and running the C reference forwarder in the same alternation.
 //! * [`report`]: per-mode summaries (median, min–max), ratios, the Markdown table, JSON and SVG.
 //!

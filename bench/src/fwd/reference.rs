@@ -1,4 +1,4 @@
-//! The C reference forwarder (`reference/limits/bench.c`), built from a copy in a temporary
+//! The C reference forwarder (`bench.c` in the directory given to `fwd-bench --reference`), built from a copy in a temporary
 //! directory (the shared tree is read-only) and run in the same alternation as ringmux, so
 //! each round compares ringmux with the machine's limit under the same load.
 

@@ -27,14 +27,7 @@ const DRAIN_WAIT: Duration = Duration::from_secs(60);
 
 fn main() {
     Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    ringmux_proto::logging::init();
     if let Err(e) = run() {
         tracing::error!("worker failed: {e:#}");
         std::process::exit(1);
