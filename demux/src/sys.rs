@@ -7,7 +7,7 @@
 //! said it.
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
@@ -155,40 +155,40 @@ pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
 /// Every other descriptor of the demux is close-on-exec.
 pub fn pass_control_socket(cmd: &mut Command, control: BorrowedFd<'_>) {
     let fd = control.as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls run: fcntl, dup2, prctl and
-    // sigprocmask on descriptors and a mask owned by the child. `fd` stays open until the
-    // spawn returns (the caller holds `control` across it).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
-            let high = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-            if high < 0 || libc::dup2(high, 3) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            Ok(())
-        });
-    }
+    // Runs in the child between fork and exec: only async-signal-safe calls (fcntl, dup2,
+    // prctl, sigemptyset, sigprocmask) on descriptors and a mask owned by the child. `fd` stays
+    // open until the spawn returns (the caller holds `control` across it).
+    let setup = move || -> io::Result<()> {
+        // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
+        // SAFETY: fcntl on a descriptor open in the child; no memory is passed.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+        // SAFETY: dup2 of an open descriptor onto 3; no memory is passed.
+        if high < 0 || unsafe { libc::dup2(high, 3) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+        nix::sys::signal::sigprocmask(
+            nix::sys::signal::SigmaskHow::SIG_SETMASK,
+            Some(&SigSet::empty()),
+            None,
+        )?;
+        Ok(())
+    };
+    // SAFETY: `setup` makes only async-signal-safe calls and allocates nothing, as a pre-exec
+    // hook must (it runs in the forked child of a multi-threaded process).
+    unsafe { cmd.pre_exec(setup) };
 }
 
-/// A pidfd of process `pid` (Linux 5.3): readable once the process has exited. nix has no
-/// wrapper for `pidfd_open(2)`.
+/// A pidfd of process `pid` (Linux 5.3): readable once the process has exited.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    let pid = libc::pid_t::try_from(pid).map_err(|_| io::Error::from(Errno::EINVAL))?;
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
-    // is passed.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    let fd = RawFd::try_from(fd).map_err(|_| io::Error::from(Errno::EBADF))?;
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+        .ok_or_else(|| io::Error::from(Errno::EINVAL))?;
+    Ok(rustix::process::pidfd_open(
+        pid,
+        rustix::process::PidfdFlags::empty(),
+    )?)
 }
 
 /// The shutdown signals (SIGTERM, SIGINT) as a non-blocking signalfd. Blocks them in this

@@ -185,8 +185,7 @@ async fn h3_hello_killed_instance_resets_and_is_replaced() {
         let bystander = rm.connect(&bystander_client).await;
 
         let victim_pid = pids[usize::from(VICTIM)];
-        // SAFETY: plain kill(2) of a worker pid the demux reported.
-        assert_eq!(unsafe { libc::kill(victim_pid as i32, libc::SIGKILL) }, 0);
+        harness::kill(victim_pid).expect("kill -9 of the worker");
         let killed_at = Instant::now();
         victim
             .get("/")

@@ -57,8 +57,8 @@ async fn worker_killed(forward: Forward) {
         );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    // SAFETY: plain kill(2) of a worker pid the demux reported and /proc confirmed.
-    assert_eq!(unsafe { libc::kill(victim_pid as i32, libc::SIGKILL) }, 0);
+    // A worker pid the demux reported and /proc confirmed.
+    harness::kill(victim_pid).expect("kill -9 of the worker");
     let killed_at = Instant::now();
     let unfinished = survivors.iter().filter(|(_, t)| !t.is_finished()).count();
     assert!(

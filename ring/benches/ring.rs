@@ -101,18 +101,19 @@ fn run(mode: &str, seconds: f64) {
         .env("RINGMUX_BENCH_GEN", h.generation.to_string())
         .env("RINGMUX_BENCH_SPIN", spin_us.to_string())
         .stdout(Stdio::piped());
-    // SAFETY: only fcntl/dup2 between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            for (i, fd) in fds.iter().enumerate() {
-                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10);
-                if high < 0 || libc::dup2(high, 3 + i as i32) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+    let setup = move || {
+        for (i, fd) in fds.iter().enumerate() {
+            // SAFETY: fcntl on a descriptor open in the child; no memory is passed.
+            let high = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
+            // SAFETY: dup2 of an open descriptor; no memory is passed.
+            if high < 0 || unsafe { libc::dup2(high, 3 + i as i32) } < 0 {
+                return Err(std::io::Error::last_os_error());
             }
-            Ok(())
-        });
-    }
+        }
+        Ok(())
+    };
+    // SAFETY: `setup` makes only async-signal-safe calls (fcntl, dup2) between fork and exec.
+    unsafe { cmd.pre_exec(setup) };
     let mut child = cmd.spawn().expect("spawn consumer");
     pin_and_prioritise(0);
     let payload = [0x5au8; MSG];
@@ -184,14 +185,12 @@ fn consumer(mode: &str) {
         .unwrap()
         .parse()
         .unwrap();
-    // SAFETY: the parent placed the ring's descriptors at 3, 4, 5.
-    let (r, pg, b) = unsafe {
-        (
-            OwnedFd::from_raw_fd(3),
-            OwnedFd::from_raw_fd(4),
-            OwnedFd::from_raw_fd(5),
-        )
+    let take = |fd| {
+        // SAFETY: the parent placed the ring's descriptors at 3, 4, 5 for this process, and
+        // each is taken once.
+        unsafe { OwnedFd::from_raw_fd(fd) }
     };
+    let (r, pg, b) = (take(3), take(4), take(5));
     let mut c =
         Consumer::attach(r, pg, b, generation, Duration::from_micros(spin)).expect("attach");
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();

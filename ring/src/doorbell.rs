@@ -86,24 +86,17 @@ impl Doorbell {
     /// Blocks until the counter is non-zero or `timeout` passes (None: forever), then clears it.
     /// Returns whether it was rung.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
-        let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let timeout = timeout.map_or(PollTimeout::NONE, |t| {
+            PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
+        });
         loop {
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
-            }
-            if r == 0 {
-                return Ok(false);
+            let mut pfd = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut pfd, timeout) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
             }
             return Ok(self.clear()? > 0);
         }

@@ -159,16 +159,14 @@ impl Slots {
     unsafe fn write(&self, idx: u64, desc: &SlotDesc, payload: &[u8]) {
         debug_assert!(payload.len() + DESC_BYTES as usize <= self.size);
         let write = |slot: *mut u8| {
-            // SAFETY: `slot` has `size` bytes (Slots::new), the descriptor and payload fit (checked
-            // by try_push against payload_capacity), and the caller owns the slot.
-            unsafe {
-                slot.cast::<SlotDesc>().write_unaligned(*desc);
-                core::ptr::copy_nonoverlapping(
-                    payload.as_ptr(),
-                    slot.add(DESC_BYTES as usize),
-                    payload.len(),
-                );
-            }
+            // SAFETY: `slot` has `size` bytes (Slots::new), the descriptor fits, and the caller
+            // owns the slot.
+            unsafe { slot.cast::<SlotDesc>().write_unaligned(*desc) };
+            // SAFETY: the payload area starts `DESC_BYTES` into the slot, inside its `size` bytes.
+            let area = unsafe { slot.add(DESC_BYTES as usize) };
+            // SAFETY: the payload fits the area (checked by try_push against payload_capacity),
+            // the caller owns the slot, and a local payload never overlaps the shared mapping.
+            unsafe { core::ptr::copy_nonoverlapping(payload.as_ptr(), area, payload.len()) };
         };
         #[cfg(not(loom))]
         // SAFETY: `idx & mask` < count, so the offset stays inside the mapping (Slots::new).
@@ -192,13 +190,11 @@ impl Slots {
         let read = |slot: *const u8| {
             // SAFETY: `slot` has `size` bytes; SlotDesc is plain old data, every bit pattern valid.
             let desc = unsafe { slot.cast::<SlotDesc>().read_unaligned() };
+            // SAFETY: the payload area starts `DESC_BYTES` into the slot, inside its `size` bytes.
+            let start = unsafe { slot.add(DESC_BYTES as usize) };
             // SAFETY: the payload area is the rest of the slot, published and not yet released.
-            let area = unsafe {
-                core::slice::from_raw_parts(
-                    slot.add(DESC_BYTES as usize),
-                    self.size - DESC_BYTES as usize,
-                )
-            };
+            let area =
+                unsafe { core::slice::from_raw_parts(start, self.size - DESC_BYTES as usize) };
             f(desc, area)
         };
         #[cfg(not(loom))]

@@ -2,6 +2,7 @@
 //! panic, no UB); it cannot resize either memfd, cannot map or write the producer region, and a
 //! store into its read-only mapping faults (checked in a child process). Attach refuses what does
 //! not check out.
+#![allow(clippy::multiple_unsafe_ops_per_block)] // raw calls of a process playing hostile, each block commented
 
 mod common;
 

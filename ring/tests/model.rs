@@ -47,13 +47,11 @@ fn payload(seq: u64, len: usize) -> Vec<u8> {
 }
 
 fn doorbell_pending(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    // SAFETY: the consumer that owns `fd` outlives this call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let mut p = [PollFd::new(fd, PollFlags::POLLIN)];
+    poll(&mut p, PollTimeout::ZERO) == Ok(1)
 }
 
 proptest! {

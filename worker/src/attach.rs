@@ -50,7 +50,7 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -460,20 +460,21 @@ fn control_socket() -> Result<OwnedFd, AttachError> {
     if std::fs::metadata(format!("/proc/self/fd/{fd}")).is_err() {
         return Err(bad("no such open descriptor"));
     }
-    // SAFETY: the descriptor is open (checked above) and stays open while borrowed here.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    if !sys::is_seqpacket_socket(borrowed) {
-        return Err(bad("not a SOCK_SEQPACKET socket"));
-    }
     // Only once: a second attach in the same process must not own the descriptor again.
     if ATTACHED.swap(true, Ordering::AcqRel) {
         return Err(bad(
             "already taken by an earlier Worker::attach in this process",
         ));
     }
-    // SAFETY: ringmux passed this descriptor to this process for its exclusive use, and
-    // `ATTACHED` makes this the only place that ever takes ownership of it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: the descriptor is open (checked above); ringmux passed it to this process for its
+    // exclusive use, and `ATTACHED` makes this the only place that ever takes ownership of it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if !sys::is_seqpacket_socket(fd.as_fd()) {
+        // Not ours after all: give it back unclosed.
+        let _ = fd.into_raw_fd();
+        return Err(bad("not a SOCK_SEQPACKET socket"));
+    }
+    Ok(fd)
 }
 
 fn pin_to(cpu: usize) {

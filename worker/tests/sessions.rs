@@ -6,7 +6,7 @@
 //! datagram), never a sleep.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle as ThreadHandle;
 use std::time::{Duration, Instant};
@@ -435,39 +435,27 @@ fn reply(req_id: u64, value: Option<&[u8]>) -> Vec<u8> {
 }
 
 fn raw_send(fd: &OwnedFd, msg: &[u8]) {
-    // SAFETY: `msg` is valid for reads of `msg.len()` bytes; `fd` is open for the call.
-    let n = unsafe {
-        libc::send(
-            fd.as_raw_fd(),
-            msg.as_ptr().cast(),
-            msg.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    assert_eq!(
-        n,
-        msg.len() as isize,
-        "send: {}",
-        std::io::Error::last_os_error()
-    );
+    use nix::sys::socket::{send, MsgFlags};
+    let n = send(fd.as_raw_fd(), msg, MsgFlags::MSG_NOSIGNAL).expect("send");
+    assert_eq!(n, msg.len());
 }
 
 /// One message, waiting at most `timeout`.
 fn raw_recv(fd: &OwnedFd, timeout: Duration) -> Option<Vec<u8>> {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, count 1.
-    let rc = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
-    if rc <= 0 {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut pfd = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    if poll(&mut pfd, timeout).ok()? == 0 {
         return None;
     }
     let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
-    // SAFETY: `buf` is valid for writes of `buf.len()` bytes; `fd` is open for the call.
-    let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    buf.truncate(usize::try_from(n).ok()?);
+    let n = nix::sys::socket::recv(
+        fd.as_raw_fd(),
+        &mut buf,
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .ok()?;
+    buf.truncate(n);
     Some(buf)
 }
 

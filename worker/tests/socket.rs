@@ -1,4 +1,6 @@
 //! `RingSocket` and the public socket it shares with the demux.
+// This test reads and sets the raw option values the demux relies on, by level and name.
+#![allow(clippy::disallowed_methods)]
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::{AsRawFd, OwnedFd};

@@ -287,8 +287,7 @@ fn run(a: RunArgs) -> Result<()> {
             Regime::Live => cpu_list.get(1).or(cpu_list.first()).copied(),
         }
     });
-    // SAFETY: geteuid has no arguments and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = nix::unistd::geteuid().is_root();
     let fifo = a.fifo == OnOff::On && root;
     if a.fifo == OnOff::On && !root {
         eprintln!("fwd-bench: not root: SCHED_FIFO and --rcvbuf forcing are unavailable");

@@ -157,20 +157,9 @@ pub fn pin_current(cpu: usize) -> io::Result<()> {
 
 /// Pins thread `tid` (0: the caller) to `cpu`.
 pub fn set_affinity(tid: u32, cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is the empty set; CPU_SET stays within it for cpu < 1024,
-    // which the check guarantees.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= 1024 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "cpu >= 1024"));
-    }
-    // SAFETY: see above.
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: valid set and size; tid 0 means the calling thread.
-    let r =
-        unsafe { libc::sched_setaffinity(tid as libc::pid_t, size_of::<libc::cpu_set_t>(), &set) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid as i32), &set)?;
     Ok(())
 }
 
@@ -198,22 +187,17 @@ pub fn set_fifo_process(pid: u32, priority: i32) -> io::Result<()> {
 
 /// Sends `sig` to process `pid` (one the harness started).
 pub fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
-    // SAFETY: kill has no memory arguments.
-    if unsafe { libc::kill(pid as libc::pid_t, sig) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let sig = nix::sys::signal::Signal::try_from(sig)?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)?;
     Ok(())
 }
 
 /// CPU time of the calling thread, ns (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer; the clock always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |ts| {
+        ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+    })
 }
 
 #[cfg(test)]
@@ -239,8 +223,7 @@ mod tests {
         let pid = std::process::id();
         assert!(!threads(pid).unwrap().is_empty());
         assert!(process_cpu_ns(pid).unwrap() > 0);
-        // SAFETY: gettid has no arguments.
-        let tid = unsafe { libc::gettid() } as u32;
+        let tid = nix::unistd::gettid().as_raw() as u32;
         assert_eq!(thread_state(pid, tid).unwrap(), 'R');
     }
 }

@@ -86,11 +86,19 @@ impl Blaster {
             s.connect(target)
                 .with_context(|| format!("connecting a sender socket to {target}"))?;
             if shape == SendShape::Gso {
-                set_int(&s, libc::SOL_UDP, libc::UDP_SEGMENT, size as libc::c_int)
-                    .context("UDP_SEGMENT (GSO) on the sender socket")?;
+                nix::sys::socket::setsockopt(
+                    &s,
+                    nix::sys::socket::sockopt::UdpGsoSegment,
+                    &(size as i32),
+                )
+                .context("UDP_SEGMENT (GSO) on the sender socket")?;
             }
             // Best effort: a large send buffer avoids blocking on skb memory.
-            let _ = set_int(&s, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8 << 20);
+            let _ = nix::sys::socket::setsockopt(
+                &s,
+                nix::sys::socket::sockopt::SndBufForce,
+                &(8 << 20),
+            );
             socks.push(s);
         }
         let mut buf = vec![0xab; per_call * size];
@@ -175,30 +183,12 @@ impl Blaster {
     }
 }
 
-fn set_int(s: &UdpSocket, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
-    // SAFETY: setsockopt reads one c_int from a live stack variable.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            level,
-            opt,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 fn send(fd: i32, buf: &[u8]) -> io::Result<usize> {
-    // SAFETY: buf is live and readable for its length.
-    let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+    Ok(nix::sys::socket::send(
+        fd,
+        buf,
+        nix::sys::socket::MsgFlags::empty(),
+    )?)
 }
 
 /// `sendmmsg` of the first `k` `size`-byte datagrams of `buf`.

@@ -236,9 +236,10 @@ impl Ringmux {
 
     /// Sends `sig` to the demux.
     pub fn signal(&self, sig: libc::c_int) {
-        // SAFETY: plain kill(2) on our own child, which has not been reaped yet.
-        let rc = unsafe { libc::kill(self.pid as libc::pid_t, sig) };
-        assert_eq!(rc, 0, "kill({}, {sig})", self.pid);
+        // Our own child, not reaped yet: the pid is still its.
+        let sig = nix::sys::signal::Signal::try_from(sig).expect("a signal number");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid as i32), sig)
+            .unwrap_or_else(|e| panic!("kill({}, {sig}): {e}", self.pid));
     }
 
     /// Waits (bounded) for the demux to exit and reaps it.
@@ -315,8 +316,7 @@ impl Drop for Ringmux {
         // processes that still are ringmux workers.
         for pid in workers {
             if is_worker(pid) {
-                // SAFETY: plain kill(2) of a process checked to be a ringmux worker.
-                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+                let _ = kill(pid);
             }
         }
         if std::thread::panicking() {
@@ -546,4 +546,12 @@ pub async fn zero_rtt_across(
     );
     conn.close().await.expect("clean close");
     (first_resp, resp)
+}
+
+/// SIGKILL to `pid`.
+pub fn kill(pid: u32) -> nix::Result<()> {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
 }

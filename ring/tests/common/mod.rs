@@ -1,6 +1,7 @@
 //! Helpers shared by the ring's integration tests: a ring whose consumer lives in this process,
 //! and re-running this test binary as a child process that inherits ring descriptors.
 #![allow(dead_code)]
+#![allow(clippy::multiple_unsafe_ops_per_block)] // raw calls of a process playing hostile, each block commented
 
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
