@@ -1,0 +1,104 @@
+//! The two system calls of static-file serving, each wrapped once with its SAFETY argument:
+//! `openat2(2)` (path resolution confined to the document root) and `preadv2(2)` (reads into
+//! uninitialised memory that can refuse to wait for the disk). The rest of `files` is safe code
+//! over these two functions.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use bytes::BytesMut;
+
+/// Opens `path`, relative to the directory `dir`, read-only, with one `openat2(2)` call that
+/// both resolves the path and refuses to leave `dir`:
+///
+/// * `RESOLVE_BENEATH`: `..` above `dir`, absolute paths and any symlink (absolute, or relative
+///   and climbing out) whose target is not beneath `dir` fail with `EXDEV`. The kernel checks
+///   this during the one walk that also opens the file, so swapping a symlink between the check
+///   and the open is impossible: there is no separate check.
+/// * `RESOLVE_NO_MAGICLINKS`: `/proc/*/fd`-style links fail with `ELOOP`.
+/// * `cached_only` adds `RESOLVE_CACHED`: fail with `EAGAIN` rather than read a directory from
+///   the disk, so the caller can retry on a blocking thread.
+/// * `O_NONBLOCK`: opening a FIFO under the root does not block; `O_NOCTTY`: a terminal device
+///   never becomes our controlling terminal. Neither changes reads of regular files.
+///
+/// Errors that escape: `ENOENT`, `ENOTDIR`, `EXDEV`, `ELOOP`, `EACCES`, `ENAMETOOLONG`,
+/// `EAGAIN` (only with `cached_only`), `ENOSYS` (kernel older than 5.6; `E2BIG`/`EINVAL` on
+/// kernels that know openat2 but not one of the flags), `EMFILE`/`ENFILE`. `EINTR` is retried.
+pub fn open_beneath(dir: BorrowedFd<'_>, path: &CStr, cached_only: bool) -> io::Result<File> {
+    // SAFETY: `open_how` is three `u64`s (libc marks it `non_exhaustive` because the kernel may
+    // grow it; fields added later must be zero). All-zero is a valid value of every field.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    if cached_only {
+        how.resolve |= libc::RESOLVE_CACHED;
+    }
+    loop {
+        // SAFETY: `dir` is an open descriptor borrowed for the call; `path` is NUL-terminated
+        // and outlives the call; `how` is an initialised `open_how` and we pass its exact size,
+        // so the kernel reads only that struct. The result is a new descriptor or -1.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                dir.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const libc::open_how,
+                std::mem::size_of::<libc::open_how>(),
+            )
+        };
+        if fd >= 0 {
+            let fd = i32::try_from(fd).map_err(|_| io::Error::other("openat2: bad descriptor"))?;
+            // SAFETY: openat2 just returned this descriptor; nothing else owns it.
+            return Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Reads up to `max` bytes of `file` at `offset`, appended to `buf` without zeroing it first
+/// (the bytes go straight into `buf`'s spare capacity). Returns how many were read; 0 at the
+/// end of the file.
+///
+/// With `nowait` (`RWF_NOWAIT`, Linux 4.14) the read fails with `WouldBlock` (`EAGAIN`) instead
+/// of waiting for the disk when the data is not in the page cache, and may return fewer bytes
+/// than are left when only part is cached. A file system that does not support it fails with
+/// `EOPNOTSUPP` (`Unsupported`). `EINTR` is retried.
+pub fn read_at(
+    file: &File,
+    buf: &mut BytesMut,
+    offset: u64,
+    max: usize,
+    nowait: bool,
+) -> io::Result<usize> {
+    let offset = libc::off_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset past i64::MAX"))?;
+    buf.reserve(max);
+    let spare = buf.spare_capacity_mut();
+    let len = max.min(spare.len());
+    let iov = libc::iovec {
+        iov_base: spare.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
+    loop {
+        // SAFETY: `iov` names `len` bytes of `buf`'s spare capacity, which `buf` owns and nothing
+        // else touches during the call (we hold `&mut buf`); the kernel writes at most `len`
+        // bytes there. `file` is open for the call.
+        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, flags) };
+        if n >= 0 {
+            let n = n as usize; // non-negative and at most `len`
+                                // SAFETY: the kernel initialised the first `n <= len` bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            return Ok(n);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
