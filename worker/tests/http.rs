@@ -7,12 +7,14 @@
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 use http::{Method, StatusCode};
 use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
+use ringmux_worker::files::{Content, DocRoot, FileOptions, Lookup};
 use ringmux_worker::http::{fill_pattern, serve_with, ServerStats, Site, HELLO_BODY};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption, SharedTicketer};
@@ -207,10 +209,7 @@ async fn path_escapes_are_refused() {
         let root = TempDir::new("escape");
         std::fs::write(root.path().join("ok.txt"), b"ok").unwrap();
         let chain = CertChain::self_signed().unwrap();
-        let site = Site {
-            root: Some(root.path().to_path_buf()),
-            ..Site::default()
-        };
+        let site = root_site(root.path(), FileOptions::default());
         let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
@@ -250,17 +249,26 @@ async fn static_files_from_root() {
             root.path().join("leak.txt"),
         )
         .unwrap();
+        // Relative and staying beneath the root: served.
+        std::os::unix::fs::symlink("index.html", root.path().join("alias.html")).unwrap();
+        std::os::unix::fs::symlink("../sub/data.json", root.path().join("sub/up.json")).unwrap();
+        // Absolute, even to a file inside the root: refused (RESOLVE_BENEATH).
         std::os::unix::fs::symlink(
             root.path().join("index.html"),
-            root.path().join("alias.html"),
+            root.path().join("absolute.html"),
         )
         .unwrap();
+        // Relative but climbing out of the root: refused.
+        let climb = Path::new("..")
+            .join(outside.path().file_name().unwrap())
+            .join("secret.txt");
+        std::os::unix::fs::symlink(climb, root.path().join("climb.txt")).unwrap();
+        // Through /proc: a magic link, refused (RESOLVE_NO_MAGICLINKS).
+        std::os::unix::fs::symlink("/proc/self/root/etc/hostname", root.path().join("magic"))
+            .unwrap();
 
         let chain = CertChain::self_signed().unwrap();
-        let site = Site {
-            root: Some(root.path().to_path_buf()),
-            ..Site::default()
-        };
+        let site = root_site(root.path(), FileOptions::default());
         let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
@@ -285,18 +293,25 @@ async fn static_files_from_root() {
         assert_eq!(r.body.as_deref(), Some(&b"overridden\n"[..]));
 
         // Symlinks: inside the root is served, leaving it is not.
+        let r = conn.get_body("/alias.html").await.unwrap();
+        assert_eq!(r.body.as_deref(), Some(&b"<h1>hi</h1>"[..]));
+        let r = conn.get_body("/sub/up.json").await.unwrap();
+        assert_eq!(r.body.as_deref(), Some(&b"{\"a\":1}"[..]));
+        for path in ["/leak.txt", "/climb.txt", "/absolute.html", "/magic"] {
+            let r = conn.get_body(path).await.unwrap();
+            assert_eq!(r.status, StatusCode::NOT_FOUND, "{path}: {:?}", r.body);
+        }
+        // A directory: its index.html with the slash, a redirect to the slash without it.
+        let r = conn.get_body("/").await.unwrap();
+        assert_eq!(r.body.as_deref(), Some(&b"<h1>hi</h1>"[..]));
+        let r = conn.get("/sub").await.unwrap();
+        assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY);
+        assert_eq!(header(&r, "location"), "/sub/");
+        // No index.html in sub/: no listing.
         assert_eq!(
-            conn.get("/alias.html").await.unwrap().status,
-            StatusCode::OK
-        );
-        let r = conn.get_body("/leak.txt").await.unwrap();
-        assert_eq!(r.status, StatusCode::NOT_FOUND, "{:?}", r.body);
-        // Directories are not files.
-        assert_eq!(
-            conn.get("/sub").await.unwrap().status,
+            conn.get("/sub/").await.unwrap().status,
             StatusCode::NOT_FOUND
         );
-        assert_eq!(conn.get("/").await.unwrap().status, StatusCode::NOT_FOUND);
 
         conn.close().await.unwrap();
         server.shutdown().await;
@@ -536,6 +551,531 @@ async fn graceful_shutdown_finishes_in_flight_download() {
         );
     })
     .await
+}
+
+/// One HTTP/3 connection that sends request header fields of the test's choosing (the bench
+/// client sends none).
+struct RawConn {
+    send: h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>,
+    driver: JoinHandle<()>,
+}
+
+/// A response read by [`RawConn`].
+struct RawResponse {
+    status: StatusCode,
+    headers: http::HeaderMap,
+    body: Vec<u8>,
+}
+
+impl RawResponse {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+impl RawConn {
+    async fn open(client: &H3Client, server: &Server) -> RawConn {
+        let quic = client
+            .endpoint()
+            .connect(server.addr, "localhost")
+            .expect("connect")
+            .await
+            .expect("handshake");
+        let (mut driver, send) = h3::client::new(h3_quinn::Connection::new(quic))
+            .await
+            .expect("HTTP/3 setup");
+        let driver = tokio::spawn(async move {
+            let _ = std::future::poll_fn(|cx| driver.poll_close(cx)).await;
+        });
+        RawConn { send, driver }
+    }
+
+    async fn request(&self, method: Method, path: &str, fields: &[(&str, &str)]) -> RawResponse {
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(format!("https://localhost{path}"));
+        for (k, v) in fields {
+            req = req.header(*k, *v);
+        }
+        let mut send = self.send.clone();
+        let mut stream = send
+            .send_request(req.body(()).unwrap())
+            .await
+            .expect("send request");
+        let _ = stream.finish().await;
+        let head = stream.recv_response().await.expect("response head");
+        let mut body = Vec::new();
+        while let Some(mut chunk) = stream.recv_data().await.expect("response body") {
+            while chunk.has_remaining() {
+                let part = chunk.chunk();
+                body.extend_from_slice(part);
+                let n = part.len();
+                chunk.advance(n);
+            }
+        }
+        RawResponse {
+            status: head.status(),
+            headers: head.headers().clone(),
+            body,
+        }
+    }
+
+    async fn get(&self, path: &str, fields: &[(&str, &str)]) -> RawResponse {
+        self.request(Method::GET, path, fields).await
+    }
+}
+
+impl Drop for RawConn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// Bytes of a test file that differ at every offset of a 64 KiB chunk.
+fn file_bytes(len: usize) -> Vec<u8> {
+    (0..len as u32).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[tokio::test]
+async fn validators_and_conditional_requests() {
+    bounded(async {
+        let root = TempDir::new("conditional");
+        std::fs::write(root.path().join("a.txt"), b"0123456789").unwrap();
+        let chain = CertChain::self_signed().unwrap();
+        let opts = FileOptions {
+            cache_control: Some(http::HeaderValue::from_static("public, max-age=60")),
+            ..FileOptions::default()
+        };
+        let server = Server::start(
+            &chain,
+            shared_tickets(),
+            root_site(root.path(), opts),
+            ServerOptions::default(),
+        );
+        let client = client_for(&chain, &server);
+        let c = RawConn::open(&client, &server).await;
+
+        let r = c.get("/a.txt", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body, b"0123456789");
+        assert_eq!(r.header("content-type"), "text/plain; charset=utf-8");
+        assert_eq!(r.header("content-length"), "10");
+        assert_eq!(r.header("accept-ranges"), "bytes");
+        assert_eq!(r.header("cache-control"), "public, max-age=60");
+        let etag = r.header("etag").to_owned();
+        let modified = r.header("last-modified").to_owned();
+        assert!(
+            etag.starts_with('"') && etag.ends_with('"') && etag.len() > 2,
+            "{etag}"
+        );
+        assert!(modified.ends_with(" GMT"), "{modified}");
+
+        let head = c.request(Method::HEAD, "/a.txt", &[]).await;
+        assert_eq!(head.status, StatusCode::OK);
+        assert!(head.body.is_empty());
+        assert_eq!(head.header("content-length"), "10");
+        assert_eq!(head.header("etag"), etag);
+
+        for fields in [
+            vec![("if-none-match", etag.as_str())],
+            vec![("if-none-match", "\"nope\", W/\"x\"")],
+            vec![("if-modified-since", modified.as_str())],
+            vec![
+                ("if-none-match", "\"nope\""),
+                ("if-modified-since", modified.as_str()),
+            ],
+            vec![("if-match", "\"nope\"")],
+            vec![("if-unmodified-since", "Thu, 01 Jan 1970 00:00:00 GMT")],
+            vec![("if-match", etag.as_str())],
+        ] {
+            let r = c.get("/a.txt", &fields).await;
+            let want = match fields[0] {
+                ("if-none-match", v) if v == etag => StatusCode::NOT_MODIFIED,
+                ("if-modified-since", _) => StatusCode::NOT_MODIFIED,
+                ("if-match", v) if v != etag => StatusCode::PRECONDITION_FAILED,
+                ("if-unmodified-since", _) => StatusCode::PRECONDITION_FAILED,
+                _ => StatusCode::OK,
+            };
+            assert_eq!(r.status, want, "{fields:?}");
+            if want == StatusCode::NOT_MODIFIED {
+                // RFC 9110 §15.4.5: no content; validators and Cache-Control as a 200 would.
+                assert!(r.body.is_empty(), "{fields:?}");
+                assert!(r.headers.get("content-length").is_none(), "{fields:?}");
+                assert_eq!(r.header("etag"), etag);
+                assert_eq!(r.header("cache-control"), "public, max-age=60");
+            }
+        }
+        let r = c
+            .request(Method::HEAD, "/a.txt", &[("if-none-match", &etag)])
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_MODIFIED);
+
+        let s = server.stats.snapshot();
+        assert_eq!(s.responses_3xx, 3, "{s:?}");
+        server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn byte_ranges() {
+    bounded(async {
+        let root = TempDir::new("ranges");
+        std::fs::write(root.path().join("small.txt"), b"0123456789").unwrap();
+        std::fs::write(root.path().join("empty.txt"), b"").unwrap();
+        // Larger than any cached file: streamed from the descriptor.
+        let big = file_bytes(600_000);
+        std::fs::write(root.path().join("big.bin"), &big).unwrap();
+        let chain = CertChain::self_signed().unwrap();
+        let server = Server::start(
+            &chain,
+            shared_tickets(),
+            root_site(root.path(), FileOptions::default()),
+            ServerOptions::default(),
+        );
+        let client = client_for(&chain, &server);
+        let c = RawConn::open(&client, &server).await;
+
+        for (range, body, content_range) in [
+            ("bytes=0-4", &b"01234"[..], "bytes 0-4/10"),
+            ("bytes=7-", b"789", "bytes 7-9/10"),
+            ("bytes=-2", b"89", "bytes 8-9/10"),
+            ("bytes=-20", b"0123456789", "bytes 0-9/10"),
+            ("bytes=9-100", b"9", "bytes 9-9/10"),
+        ] {
+            let r = c.get("/small.txt", &[("range", range)]).await;
+            assert_eq!(r.status, StatusCode::PARTIAL_CONTENT, "{range}");
+            assert_eq!(r.body, body, "{range}");
+            assert_eq!(r.header("content-range"), content_range, "{range}");
+            assert_eq!(
+                r.header("content-length"),
+                body.len().to_string(),
+                "{range}"
+            );
+        }
+        for range in ["bytes=10-", "bytes=-0"] {
+            let r = c.get("/small.txt", &[("range", range)]).await;
+            assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE, "{range}");
+            assert_eq!(r.header("content-range"), "bytes */10", "{range}");
+        }
+        let r = c.get("/empty.txt", &[("range", "bytes=0-")]).await;
+        assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(r.header("content-range"), "bytes */0");
+        // Ignored: invalid, several ranges, another unit, HEAD.
+        for range in ["bytes=5-1", "bytes=0-1,3-4", "lines=1-2"] {
+            let r = c.get("/small.txt", &[("range", range)]).await;
+            assert_eq!(r.status, StatusCode::OK, "{range}");
+            assert_eq!(r.body, b"0123456789", "{range}");
+        }
+        let r = c
+            .request(Method::HEAD, "/small.txt", &[("range", "bytes=0-1")])
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+
+        // If-Range (RFC 9110 §13.1.5): the range only while the validator still matches.
+        let etag = c.get("/small.txt", &[]).await.header("etag").to_owned();
+        let r = c
+            .get("/small.txt", &[("range", "bytes=1-2"), ("if-range", &etag)])
+            .await;
+        assert_eq!(
+            (r.status, r.body.as_slice()),
+            (StatusCode::PARTIAL_CONTENT, &b"12"[..])
+        );
+        let r = c
+            .get(
+                "/small.txt",
+                &[("range", "bytes=1-2"), ("if-range", "\"old\"")],
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.body.len(), 10);
+
+        // Ranges of a streamed file, across 64 KiB chunk boundaries.
+        for (start, end) in [
+            (0u64, 0u64),
+            (65_530, 200_000),
+            (599_990, 599_999),
+            (131_072, 131_072),
+        ] {
+            let range = format!("bytes={start}-{end}");
+            let r = c.get("/big.bin", &[("range", &range)]).await;
+            assert_eq!(r.status, StatusCode::PARTIAL_CONTENT, "{range}");
+            assert_eq!(
+                r.header("content-range"),
+                format!("bytes {start}-{end}/600000"),
+                "{range}"
+            );
+            assert!(
+                r.body == big[start as usize..=end as usize],
+                "{range}: {} bytes, content differs",
+                r.body.len()
+            );
+        }
+        let r = c.get("/big.bin", &[("range", "bytes=600000-")]).await;
+        assert_eq!(r.status, StatusCode::RANGE_NOT_SATISFIABLE);
+        server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test]
+async fn cached_files_are_revalidated() {
+    bounded(async {
+        let root = TempDir::new("cache");
+        let path = root.path().join("page.html");
+        std::fs::write(&path, b"version one").unwrap();
+        std::fs::write(root.path().join("gone.txt"), b"soon gone").unwrap();
+        let chain = CertChain::self_signed().unwrap();
+
+        // Never revalidated within the test: an edit is not seen, which proves the cache
+        // answers (and that it is bounded by the interval, below).
+        let pinned = DocRoot::open(
+            root.path(),
+            FileOptions {
+                revalidate: Duration::from_secs(3600),
+                settle: Duration::ZERO,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        // Revalidated at every request.
+        let checked = DocRoot::open(
+            root.path(),
+            FileOptions {
+                revalidate: Duration::ZERO,
+                settle: Duration::ZERO,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+        let start = |root: &DocRoot| {
+            let site = Site {
+                root: Some(root.clone()),
+                ..Site::default()
+            };
+            Server::start(&chain, shared_tickets(), site, ServerOptions::default())
+        };
+        let (a, b) = (start(&pinned), start(&checked));
+        let client = client_for(&chain, &a);
+        let (ca, cb) = (connect(&client, &a).await, connect(&client, &b).await);
+        let body = |r: Response| r.body.unwrap_or_default();
+
+        for conn in [&ca, &cb] {
+            assert_eq!(
+                body(conn.get_body("/page.html").await.unwrap()),
+                &b"version one"[..]
+            );
+            assert_eq!(
+                body(conn.get_body("/page.html").await.unwrap()),
+                &b"version one"[..]
+            );
+        }
+        assert_eq!(pinned.stats().cache_fills.load(Relaxed), 1);
+        assert_eq!(pinned.stats().cache_hits.load(Relaxed), 1);
+        assert_eq!(checked.stats().cache_hits.load(Relaxed), 0);
+        assert_eq!(checked.stats().revalidated.load(Relaxed), 1);
+
+        // An edit in place (same inode, new size and times).
+        std::fs::write(&path, b"version two, longer").unwrap();
+        assert_eq!(
+            body(ca.get_body("/page.html").await.unwrap()),
+            &b"version one"[..]
+        );
+        assert_eq!(
+            body(cb.get_body("/page.html").await.unwrap()),
+            &b"version two, longer"[..]
+        );
+        // A replacement by rename, with the same size and mtime as the file it replaces: the
+        // inode tells them apart.
+        let old_mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let tmp = root.path().join(".page.tmp");
+        std::fs::write(&tmp, b"VERSION TWO, LONGER").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .unwrap()
+            .set_modified(old_mtime)
+            .unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        assert_eq!(
+            body(cb.get_body("/page.html").await.unwrap()),
+            &b"VERSION TWO, LONGER"[..]
+        );
+        // Deleted: gone at once from the revalidating root.
+        assert_eq!(cb.get("/gone.txt").await.unwrap().status, StatusCode::OK);
+        std::fs::remove_file(root.path().join("gone.txt")).unwrap();
+        assert_eq!(
+            cb.get("/gone.txt").await.unwrap().status,
+            StatusCode::NOT_FOUND
+        );
+
+        ca.close().await.unwrap();
+        cb.close().await.unwrap();
+        a.shutdown().await;
+        b.shutdown().await;
+    })
+    .await
+}
+
+/// A file whose pages were dropped from the page cache is served whole. Whether its reads go
+/// to the blocking pool depends on the kernel: this one (6.18, ext4) starts readahead for an
+/// `RWF_NOWAIT` read and returns the data instead of `EAGAIN`, so the test does not insist.
+#[tokio::test]
+async fn files_evicted_from_the_page_cache_are_served_whole() {
+    bounded(async {
+        let root = TempDir::new("cold");
+        let big = file_bytes(3 << 20);
+        let path = root.path().join("cold.bin");
+        std::fs::write(&path, &big).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: plain posix_fadvise on a descriptor we own: drop its clean pages.
+        let rc = unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                0,
+                0,
+                libc::POSIX_FADV_DONTNEED,
+            )
+        };
+        assert_eq!(rc, 0);
+        let docroot = DocRoot::open(root.path(), FileOptions::default()).unwrap();
+        let chain = CertChain::self_signed().unwrap();
+        let site = Site {
+            root: Some(docroot.clone()),
+            ..Site::default()
+        };
+        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let client = client_for(&chain, &server);
+        let conn = connect(&client, &server).await;
+        let r = conn.get("/cold.bin").await.unwrap();
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(
+            (r.body_len, r.body_checksum),
+            (big.len() as u64, checksum(&big))
+        );
+        conn.close().await.unwrap();
+        server.shutdown().await;
+    })
+    .await
+}
+
+/// A symlink swapped between a file inside the root and one outside, and a directory symlink
+/// swapped likewise, while lookups run: outside content is never returned.
+#[tokio::test]
+async fn symlink_swaps_never_serve_outside_content() {
+    bounded(async {
+        let root = TempDir::new("race-root");
+        let outside = TempDir::new("race-outside");
+        std::fs::write(root.path().join("inside.txt"), b"inside").unwrap();
+        std::fs::create_dir(root.path().join("real")).unwrap();
+        std::fs::write(root.path().join("real/f.txt"), b"inside").unwrap();
+        std::fs::write(outside.path().join("f.txt"), b"SECRET").unwrap();
+        let out_name = outside.path().file_name().unwrap().to_owned();
+        // (link, target inside, target outside): relative and absolute escapes.
+        let links: Vec<(PathBuf, PathBuf, PathBuf)> = vec![
+            (
+                root.path().join("file"),
+                PathBuf::from("inside.txt"),
+                Path::new("..").join(&out_name).join("f.txt"),
+            ),
+            (
+                root.path().join("dir"),
+                PathBuf::from("real"),
+                outside.path().to_path_buf(),
+            ),
+        ];
+        for (link, inside, _) in &links {
+            std::os::unix::fs::symlink(inside, link).unwrap();
+        }
+        // The cache off and every lookup resolved anew, so each one races the swapper.
+        let docroot = DocRoot::open(
+            root.path(),
+            FileOptions {
+                cache_bytes: 0,
+                revalidate: Duration::ZERO,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap();
+
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swaps = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let swapper = std::thread::spawn({
+            let (stop, swaps) = (stop.clone(), swaps.clone());
+            let links = links.clone();
+            move || {
+                // Bounded in count; the test stops it much earlier.
+                for n in 0..50_000_000u64 {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    for (link, inside, out) in &links {
+                        let target = if n % 2 == 0 { out } else { inside };
+                        let tmp = link.with_extension("swap");
+                        let _ = std::fs::remove_file(&tmp);
+                        std::os::unix::fs::symlink(target, &tmp).unwrap();
+                        // rename(2) replaces the link atomically: it always exists.
+                        std::fs::rename(&tmp, link).unwrap();
+                    }
+                    swaps.store(n + 1, Relaxed);
+                }
+            }
+        });
+        // Start racing once the swapper runs (bounded: it swaps within microseconds).
+        for _ in 0..1_000_000 {
+            if swaps.load(Relaxed) > 0 {
+                break;
+            }
+            std::thread::yield_now();
+        }
+
+        let (mut served, mut refused) = (0u32, 0u32);
+        // At least 20 000 lookups, and on until both answers were seen (at most 400 000).
+        for i in 0..400_000u32 {
+            if i >= 20_000 && served > 0 && refused > 0 {
+                break;
+            }
+            let rel = if i % 2 == 0 { "file" } else { "dir/f.txt" };
+            match docroot.lookup(rel).await.unwrap() {
+                Lookup::File(f) => {
+                    let body = match &f.content {
+                        Content::Memory(b) => b.to_vec(),
+                        Content::Disk(file) => {
+                            docroot.read_chunk(file, 0, 64).await.unwrap().to_vec()
+                        }
+                    };
+                    assert_eq!(
+                        body, b"inside",
+                        "lookup {i} of {rel} served outside content"
+                    );
+                    served += 1;
+                }
+                Lookup::NotFound => refused += 1,
+                other => panic!("lookup {i} of {rel}: {other:?}"),
+            }
+        }
+        stop.store(true, Relaxed);
+        swapper.join().unwrap();
+        let swaps = swaps.load(Relaxed);
+        // Both kinds of answer happened, or the swapper never raced the lookups.
+        assert!(
+            served > 0 && refused > 0,
+            "served {served}, refused {refused}, swaps {swaps}"
+        );
+    })
+    .await
+}
+
+/// A site serving `root` with `opts`.
+fn root_site(root: &Path, opts: FileOptions) -> Site {
+    Site {
+        root: Some(DocRoot::open(root, opts).expect("opening the document root")),
+        ..Site::default()
+    }
 }
 
 /// A directory under the system temp dir, removed on drop (also when a test panics).

@@ -12,6 +12,7 @@ use clap::Parser;
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use ringmux_ring::Consumer;
 use ringmux_worker::control::{self, Handoff, IngressKind, WorkerReport};
+use ringmux_worker::files::{DocRoot, FileOptions};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::sessions::RemoteSessionStore;
@@ -187,8 +188,12 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
     control::send(control.get_ref().as_fd(), b"READY").context("reporting ready")?;
     tracing::info!(ingress = ?h.ingress, generation = h.generation, "serving");
 
+    let root = match &h.root {
+        Some(path) => Some(DocRoot::open(path, FileOptions::default())?),
+        None => None,
+    };
     let site = Arc::new(Site {
-        root: h.root.clone(),
+        root,
         max_bytes: h.max_bytes,
     });
     let server_fut = serve_with(endpoint.clone(), site, stats.clone(), shutdown_rx, &opts);
