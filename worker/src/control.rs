@@ -53,6 +53,10 @@ pub struct Handoff {
     pub cid_lifetime: Option<Duration>,
     pub root: Option<PathBuf>,
     pub max_bytes: u64,
+    /// Budget of the worker's cache of small files from `root`; 0: none.
+    pub file_cache_bytes: u64,
+    /// `Cache-Control` for files from `root`.
+    pub cache_control: Option<String>,
     pub retry: bool,
     pub idle_timeout: Duration,
     pub cpu: Option<usize>,
@@ -134,6 +138,11 @@ impl Handoff {
             ),
         );
         kv("max_bytes", &self.max_bytes.to_string());
+        kv("file_cache_bytes", &self.file_cache_bytes.to_string());
+        kv(
+            "cache_control",
+            &hex::encode(self.cache_control.as_deref().unwrap_or("")),
+        );
         kv("retry", if self.retry { "1" } else { "0" });
         kv(
             "idle_timeout_ms",
@@ -178,6 +187,7 @@ impl Handoff {
         let root = bytes("root")?;
         let lifetime: u64 = num("cid_lifetime_ms", get("cid_lifetime_ms")?)?;
         let cpu = get("cpu")?;
+        let cache_control = string("cache_control")?;
         Ok(Handoff {
             instance: num("instance", get("instance")?)?,
             instances: num("instances", get("instances")?)?,
@@ -205,6 +215,8 @@ impl Handoff {
                 PathBuf::from(std::ffi::OsString::from_vec(root))
             }),
             max_bytes: num("max_bytes", get("max_bytes")?)?,
+            file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
+            cache_control: (!cache_control.is_empty()).then_some(cache_control),
             retry: flag("retry")?,
             idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
             cpu: if cpu.is_empty() {
@@ -430,6 +442,8 @@ mod tests {
             cid_lifetime: Some(Duration::from_secs(600)),
             root: Some("/srv/www dir".into()),
             max_bytes: 1 << 26,
+            file_cache_bytes: 64 << 20,
+            cache_control: Some("public, max-age=60".into()),
             retry: false,
             idle_timeout: Duration::from_secs(30),
             cpu: Some(1),
@@ -447,6 +461,7 @@ mod tests {
             root: None,
             cpu: None,
             cid_lifetime: None,
+            cache_control: None,
             ingress: IngressKind::Unix,
             ..h
         };

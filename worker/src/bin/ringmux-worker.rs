@@ -189,7 +189,21 @@ async fn serve(h: Handoff, mut fds: Vec<OwnedFd>, control: OwnedFd) -> Result<()
     tracing::info!(ingress = ?h.ingress, generation = h.generation, "serving");
 
     let root = match &h.root {
-        Some(path) => Some(DocRoot::open(path, FileOptions::default())?),
+        Some(path) => {
+            let cache_control =
+                match &h.cache_control {
+                    Some(v) => Some(http::HeaderValue::from_str(v).with_context(|| {
+                        format!("--cache-control / RINGMUX_CACHE_CONTROL={v:?}")
+                    })?),
+                    None => None,
+                };
+            let opts = FileOptions {
+                cache_bytes: h.file_cache_bytes,
+                cache_control,
+                ..FileOptions::default()
+            };
+            Some(DocRoot::open(path, opts)?)
+        }
         None => None,
     };
     let site = Arc::new(Site {
