@@ -349,13 +349,7 @@ impl DocRoot {
             Ok(n) => Ok((buf, n)),
             Err(e) if needs_blocking(&e) => {
                 self.inner.stats.offloaded.fetch_add(1, Ordering::Relaxed);
-                let file = file.clone();
-                tokio::task::spawn_blocking(move || {
-                    let n = sys::read_at(&file, &mut buf, offset, max, false)?;
-                    Ok((buf, n))
-                })
-                .await
-                .map_err(io::Error::other)?
+                read_blocking(file.clone(), buf, offset, max).await
             }
             Err(e) => Err(e),
         }
@@ -372,12 +366,7 @@ impl DocRoot {
         match sys::open_beneath(self.inner.dir.as_fd(), &path, true) {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                 self.inner.stats.offloaded.fetch_add(1, Ordering::Relaxed);
-                let inner = self.inner.clone();
-                tokio::task::spawn_blocking(move || {
-                    sys::open_beneath(inner.dir.as_fd(), &path, false)
-                })
-                .await
-                .map_err(io::Error::other)?
+                open_blocking(self.inner.clone(), path).await
             }
             other => other,
         }
@@ -396,6 +385,29 @@ impl DocRoot {
         // consistent map (every mutation is a single map or queue operation).
         self.inner.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The read of [`DocRoot::read_into`] on the blocking pool, allowed to wait for the disk.
+async fn read_blocking(
+    file: Arc<File>,
+    mut buf: BytesMut,
+    offset: u64,
+    max: usize,
+) -> io::Result<(BytesMut, usize)> {
+    tokio::task::spawn_blocking(move || {
+        let n = sys::read_at(&file, &mut buf, offset, max, false)?;
+        Ok((buf, n))
+    })
+    .await
+    .map_err(io::Error::other)?
+}
+
+/// The open of [`DocRoot::open_file`] on the blocking pool, allowed to read directories from
+/// the disk (no `RESOLVE_CACHED`).
+async fn open_blocking(inner: Arc<Inner>, path: CString) -> io::Result<File> {
+    tokio::task::spawn_blocking(move || sys::open_beneath(inner.dir.as_fd(), &path, false))
+        .await
+        .map_err(io::Error::other)?
 }
 
 /// `EAGAIN` from `RWF_NOWAIT` (data not in the page cache) or a file system without it.
@@ -1034,6 +1046,46 @@ mod tests {
         assert!(matches!(c.get("a", later, long), Cached::Stale(_)));
         c.remove("a");
         assert_eq!(c.used, 2 * cost);
+    }
+
+    /// The blocking-pool halves of opens and reads, which run when the kernel cannot answer
+    /// from its caches (a cold page cache does not reliably make `RWF_NOWAIT` fail, so they are
+    /// driven directly here).
+    #[tokio::test]
+    async fn blocking_fallbacks_open_beneath_and_read_whole() {
+        let dir = std::env::temp_dir().join(format!("ringmux-files-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(dir.join("sub/f.bin"), &data).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.join("abs")).unwrap();
+        let root = DocRoot::open(&dir, FileOptions::default()).unwrap();
+
+        let file = open_blocking(root.inner.clone(), c"sub/f.bin".to_owned())
+            .await
+            .unwrap();
+        let file = Arc::new(file);
+        let (buf, n) = read_blocking(file.clone(), BytesMut::new(), 1000, 150_000)
+            .await
+            .unwrap();
+        assert!(n > 0 && n <= 150_000, "{n}");
+        assert_eq!(&buf[..], &data[1000..1000 + n]);
+        let (_, n) = read_blocking(file, BytesMut::new(), 200_000, 10)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "read at the end of the file");
+        for escape in [c"abs", c"../x", c"sub/../../x"] {
+            let e = open_blocking(root.inner.clone(), escape.to_owned())
+                .await
+                .unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EXDEV), "{escape:?}: {e}");
+        }
+        assert!(needs_blocking(&io::Error::from_raw_os_error(libc::EAGAIN)));
+        assert!(needs_blocking(&io::Error::from_raw_os_error(
+            libc::EOPNOTSUPP
+        )));
+        assert!(!needs_blocking(&io::Error::from_raw_os_error(libc::EIO)));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
