@@ -963,11 +963,20 @@ async fn files_evicted_from_the_page_cache_are_served_whole() {
     .await
 }
 
-/// A symlink swapped between a file inside the root and one outside, and a directory symlink
-/// swapped likewise, while lookups run: outside content is never returned.
-#[tokio::test]
-async fn symlink_swaps_never_serve_outside_content() {
-    bounded(async {
+/// A document root whose two symlinks a thread swaps, as fast as it can, between a target
+/// inside the root and one outside: `file` (relative, climbing out with `..`) and `dir` (a
+/// directory symlink, absolute outside). Inside targets hold "inside", outside ones "SECRET".
+/// Dropping it stops the thread.
+struct SymlinkSwapper {
+    root: TempDir,
+    _outside: TempDir,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    swaps: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SymlinkSwapper {
+    fn start() -> SymlinkSwapper {
         let root = TempDir::new("race-root");
         let outside = TempDir::new("race-outside");
         std::fs::write(root.path().join("inside.txt"), b"inside").unwrap();
@@ -975,7 +984,7 @@ async fn symlink_swaps_never_serve_outside_content() {
         std::fs::write(root.path().join("real/f.txt"), b"inside").unwrap();
         std::fs::write(outside.path().join("f.txt"), b"SECRET").unwrap();
         let out_name = outside.path().file_name().unwrap().to_owned();
-        // (link, target inside, target outside): relative and absolute escapes.
+        // (link, target inside, target outside)
         let links: Vec<(PathBuf, PathBuf, PathBuf)> = vec![
             (
                 root.path().join("file"),
@@ -991,22 +1000,10 @@ async fn symlink_swaps_never_serve_outside_content() {
         for (link, inside, _) in &links {
             std::os::unix::fs::symlink(inside, link).unwrap();
         }
-        // The cache off and every lookup resolved anew, so each one races the swapper.
-        let docroot = DocRoot::open(
-            root.path(),
-            FileOptions {
-                cache_bytes: 0,
-                revalidate: Duration::ZERO,
-                ..FileOptions::default()
-            },
-        )
-        .unwrap();
-
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let swaps = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let swapper = std::thread::spawn({
+        let thread = std::thread::spawn({
             let (stop, swaps) = (stop.clone(), swaps.clone());
-            let links = links.clone();
             move || {
                 // Bounded in count; the test stops it much earlier.
                 for n in 0..50_000_000u64 {
@@ -1025,14 +1022,55 @@ async fn symlink_swaps_never_serve_outside_content() {
                 }
             }
         });
-        // Start racing once the swapper runs (bounded: it swaps within microseconds).
+        // Start racing once the thread swaps (bounded: it swaps within microseconds).
         for _ in 0..1_000_000 {
             if swaps.load(Relaxed) > 0 {
                 break;
             }
             std::thread::yield_now();
         }
+        SymlinkSwapper {
+            root,
+            _outside: outside,
+            stop,
+            swaps,
+            thread: Some(thread),
+        }
+    }
 
+    /// Cache off and every lookup resolved anew, so each one races the swaps.
+    fn docroot(&self) -> DocRoot {
+        DocRoot::open(
+            self.root.path(),
+            FileOptions {
+                cache_bytes: 0,
+                revalidate: Duration::ZERO,
+                ..FileOptions::default()
+            },
+        )
+        .unwrap()
+    }
+
+    fn swaps(&self) -> u64 {
+        self.swaps.load(Relaxed)
+    }
+}
+
+impl Drop for SymlinkSwapper {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Lookups racing the swaps: outside content is never returned.
+#[tokio::test]
+async fn symlink_swaps_never_serve_outside_content() {
+    bounded(async {
+        let race = SymlinkSwapper::start();
+        let docroot = race.docroot();
         let (mut served, mut refused) = (0u32, 0u32);
         // At least 20 000 lookups, and on until both answers were seen (at most 400 000).
         for i in 0..400_000u32 {
@@ -1058,14 +1096,62 @@ async fn symlink_swaps_never_serve_outside_content() {
                 other => panic!("lookup {i} of {rel}: {other:?}"),
             }
         }
-        stop.store(true, Relaxed);
-        swapper.join().unwrap();
-        let swaps = swaps.load(Relaxed);
         // Both kinds of answer happened, or the swapper never raced the lookups.
         assert!(
             served > 0 && refused > 0,
-            "served {served}, refused {refused}, swaps {swaps}"
+            "served {served}, refused {refused}, swaps {}",
+            race.swaps()
         );
+    })
+    .await
+}
+
+/// HTTP/3 requests racing the swaps, 32 at a time: every answer is the inside content or 404.
+#[tokio::test]
+async fn symlink_swaps_during_requests_never_serve_outside_content() {
+    bounded(async {
+        let race = SymlinkSwapper::start();
+        let chain = CertChain::self_signed().unwrap();
+        let site = Site {
+            root: Some(race.docroot()),
+            ..Site::default()
+        };
+        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let client = client_for(&chain, &server);
+        let conn = connect(&client, &server).await;
+        let (mut served, mut refused) = (0u32, 0u32);
+        // At least 2 000 requests, and on until both answers were seen (at most 40 000).
+        for batch in 0..1250u32 {
+            if batch >= 63 && served > 0 && refused > 0 {
+                break;
+            }
+            let requests = (0..32u32).map(|i| {
+                let conn = &conn;
+                let path = if i % 2 == 0 { "/file" } else { "/dir/f.txt" };
+                async move { (path, conn.get_body(path).await.unwrap()) }
+            });
+            for (path, r) in futures_util::future::join_all(requests).await {
+                match r.status {
+                    StatusCode::OK => {
+                        assert_eq!(
+                            r.body.as_deref(),
+                            Some(&b"inside"[..]),
+                            "{path} served outside content"
+                        );
+                        served += 1;
+                    }
+                    StatusCode::NOT_FOUND => refused += 1,
+                    other => panic!("{path}: {other}"),
+                }
+            }
+        }
+        assert!(
+            served > 0 && refused > 0,
+            "served {served}, refused {refused}, swaps {}",
+            race.swaps()
+        );
+        conn.close().await.unwrap();
+        server.shutdown().await;
     })
     .await
 }
