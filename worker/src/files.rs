@@ -163,6 +163,9 @@ pub struct FileMeta {
     /// `Last-Modified` in Unix seconds (never later than when the file was looked up).
     pub modified_secs: u64,
     pub content_type: &'static str,
+    /// The header fields of a 200 response, built once per file version: Content-Type,
+    /// Content-Length, ETag, Last-Modified, Accept-Ranges and the configured Cache-Control.
+    pub headers: HeaderMap,
 }
 
 /// What identifies one version of a file: any change of these drops the cached copy.
@@ -281,7 +284,8 @@ impl DocRoot {
             }
             self.cache().remove(rel);
         }
-        let meta = Arc::new(file_meta(rel, &md, SystemTime::now()));
+        let cache_control = inner.opts.cache_control.as_ref();
+        let meta = Arc::new(file_meta(rel, &md, SystemTime::now(), cache_control));
         let file = Arc::new(file);
         let cacheable = id.len <= MAX_CACHED_FILE.min(inner.opts.cache_bytes / 4);
         if !cacheable {
@@ -429,24 +433,66 @@ fn changed_before(md: &std::fs::Metadata, now: SystemTime, settle: Duration) -> 
     md.mtime() < limit && md.ctime() < limit
 }
 
-fn file_meta(rel: &str, md: &std::fs::Metadata, now: SystemTime) -> FileMeta {
+fn file_meta(
+    rel: &str,
+    md: &std::fs::Metadata,
+    now: SystemTime,
+    cache_control: Option<&HeaderValue>,
+) -> FileMeta {
     let len = md.len();
     // RFC 9110 §8.8.2.1: a Last-Modified later than the response's time is replaced by it.
     let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let modified_secs = u64::try_from(md.mtime()).unwrap_or(0).min(now_secs);
     let modified = UNIX_EPOCH + Duration::from_secs(modified_secs);
-    // Like nginx's: mtime and size in hex, so every box and worker serving the same deployed
-    // file (same mtime) agrees; nanoseconds included where the file system keeps them.
-    let etag = format!("\"{:x}.{:x}-{len:x}\"", md.mtime(), md.mtime_nsec());
+    let etag = HeaderValue::from_str(&etag(md.mtime(), md.mtime_nsec(), len))
+        .unwrap_or(HeaderValue::from_static("\"0\""));
+    // An HTTP date is ASCII: always a valid header value.
+    let last_modified = HeaderValue::from_str(&httpdate::fmt_http_date(modified))
+        .unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"));
+    let content_type = content_type(rel);
+    let mut headers = HeaderMap::with_capacity(8);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    headers.insert(header::ETAG, etag.clone());
+    headers.insert(header::LAST_MODIFIED, last_modified.clone());
+    headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(cc) = cache_control {
+        headers.insert(header::CACHE_CONTROL, cc.clone());
+    }
     FileMeta {
         len,
-        // Only hex digits, dots, dashes and quotes; an HTTP date is ASCII: both always valid.
-        etag: HeaderValue::from_str(&etag).unwrap_or(HeaderValue::from_static("\"0\"")),
-        last_modified: HeaderValue::from_str(&httpdate::fmt_http_date(modified))
-            .unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT")),
+        etag,
+        last_modified,
         modified_secs,
-        content_type: content_type(rel),
+        content_type,
+        headers,
     }
+}
+
+/// A strong entity tag for the file version with this mtime and size: 64 bits of FNV-1a over
+/// them, base64url, quoted (13 bytes). The same deployed file (same mtime and size) gets the
+/// same tag on every worker and every box; the nanoseconds make a same-second, same-size edit
+/// a new tag. Short on purpose: QPACK sends it Huffman-coded on every response.
+fn etag(mtime_secs: i64, mtime_nsec: i64, len: u64) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = [
+        mtime_secs.to_le_bytes(),
+        mtime_nsec.to_le_bytes(),
+        len.to_le_bytes(),
+    ];
+    for b in bytes.iter().flatten() {
+        h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+    }
+    const B64URL: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut tag = String::with_capacity(13);
+    tag.push('"');
+    // 64 bits and two zero bits make 11 groups of 6, most significant first.
+    let v = u128::from(h) << 2;
+    for i in 0..11 {
+        tag.push(B64URL[((v >> (60 - 6 * i)) & 63) as usize] as char);
+    }
+    tag.push('"');
+    tag
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -794,7 +840,9 @@ fn date_header(headers: &HeaderMap, name: header::HeaderName) -> Option<u64> {
     Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs())
 }
 
-/// `Content-Type` from the file name's extension; `application/octet-stream` otherwise.
+/// `Content-Type` from the file name's extension; `application/octet-stream` otherwise. Where
+/// the QPACK static table (RFC 9204 Appendix A) has the type, the value is spelled exactly as
+/// there, so it is sent as a one-byte index rather than a Huffman-coded literal.
 pub fn content_type(path: &str) -> &'static str {
     let name = path.rsplit('/').next().unwrap_or(path);
     let Some((_, ext)) = name.rsplit_once('.') else {
@@ -803,10 +851,11 @@ pub fn content_type(path: &str) -> &'static str {
     let ext = ext.to_ascii_lowercase();
     match ext.as_str() {
         "html" | "htm" => "text/html; charset=utf-8",
-        "txt" | "text" => "text/plain; charset=utf-8",
+        // RFC 9204 Appendix A, index 54: one byte on the wire instead of a literal.
+        "txt" | "text" => "text/plain;charset=utf-8",
         "md" => "text/markdown; charset=utf-8",
         "csv" => "text/csv; charset=utf-8",
-        "css" => "text/css; charset=utf-8",
+        "css" => "text/css", // index 51; CSS is read as UTF-8 by default
         "js" | "mjs" => "text/javascript; charset=utf-8",
         "json" | "map" => "application/json",
         "webmanifest" => "application/manifest+json",
@@ -850,6 +899,7 @@ mod tests {
             last_modified: HeaderValue::from_static(MODIFIED),
             modified_secs: 100_000_000,
             content_type: "text/plain",
+            headers: HeaderMap::new(),
         }
     }
 
@@ -994,9 +1044,27 @@ mod tests {
     }
 
     #[test]
+    fn etags_are_short_stable_and_change_with_the_version() {
+        let a = etag(1_700_000_000, 5, 10);
+        assert_eq!(a.len(), 13);
+        assert!(a.starts_with('"') && a.ends_with('"'));
+        assert!(a[1..12]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert_eq!(a, etag(1_700_000_000, 5, 10));
+        assert_ne!(a, etag(1_700_000_000, 6, 10));
+        assert_ne!(a, etag(1_700_000_001, 5, 10));
+        assert_ne!(a, etag(1_700_000_000, 5, 11));
+        // Pinned: every version of ringmux must compute the same tag for the same file, or a
+        // restart would turn every client's cached copy into a full download.
+        assert_eq!(etag(0, 0, 0), "\"gdI_1wA8IwU\"");
+    }
+
+    #[test]
     fn content_types_by_extension() {
         assert_eq!(content_type("index.html"), "text/html; charset=utf-8");
-        assert_eq!(content_type("a/b/STYLE.CSS"), "text/css; charset=utf-8");
+        assert_eq!(content_type("a/b/STYLE.CSS"), "text/css");
+        assert_eq!(content_type("notes.txt"), "text/plain;charset=utf-8");
         assert_eq!(content_type("app.mjs"), "text/javascript; charset=utf-8");
         assert_eq!(content_type("f.woff2"), "font/woff2");
         assert_eq!(content_type("x.tar.gz"), "application/gzip");

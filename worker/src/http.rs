@@ -661,30 +661,44 @@ async fn file_reply(
 /// 200, 206, 304, 412 or 416 for a file, per [`evaluate`].
 fn serve_file(root: &DocRoot, method: &Method, headers: &HeaderMap, file: StaticFile) -> Reply {
     let meta = &file.meta;
-    let mut h = HeaderMap::with_capacity(8);
-    h.insert(header::ETAG, meta.etag.clone());
-    h.insert(header::LAST_MODIFIED, meta.last_modified.clone());
-    if let Some(cc) = &root.options().cache_control {
-        h.insert(header::CACHE_CONTROL, cc.clone());
-    }
-    let (start, len) = match evaluate(method, headers, meta) {
+    // Everything but a whole file gets the validators and Cache-Control only.
+    let validators = || {
+        let mut h = HeaderMap::with_capacity(6);
+        for name in [header::ETAG, header::LAST_MODIFIED, header::CACHE_CONTROL] {
+            if let Some(v) = meta.headers.get(&name) {
+                h.insert(name, v.clone());
+            }
+        }
+        h
+    };
+    let (start, len, mut h) = match evaluate(method, headers, meta) {
+        Decision::Full => {
+            // The common case: the 200's fields were built once, with the file's metadata.
+            let body = body_of(root, file.content, 0, meta.len);
+            return Reply {
+                status: StatusCode::OK,
+                headers: meta.headers.clone(),
+                body,
+            };
+        }
         Decision::NotModified => {
             // RFC 9110 §15.4.5: no content, and no Content-Length unless it is the 200's.
             return Reply {
                 status: StatusCode::NOT_MODIFIED,
-                headers: h,
+                headers: validators(),
                 body: Body::Empty,
             };
         }
         Decision::PreconditionFailed => {
             return Reply::with_headers(
                 StatusCode::PRECONDITION_FAILED,
-                h,
+                validators(),
                 "text/plain",
                 Body::Static(b"precondition failed\n"),
             );
         }
         Decision::RangeNotSatisfiable => {
+            let mut h = validators();
             h.insert(
                 header::CONTENT_RANGE,
                 HeaderValue::from_str(&format!("bytes */{}", meta.len))
@@ -697,27 +711,21 @@ fn serve_file(root: &DocRoot, method: &Method, headers: &HeaderMap, file: Static
                 Body::Static(b"range not satisfiable\n"),
             );
         }
-        Decision::Full => {
-            h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-            (0, meta.len)
-        }
-        Decision::Partial { start, len } => {
-            // §14.4: first-last/complete-length, last inclusive.
-            let range = format!("bytes {start}-{}/{}", start + len - 1, meta.len);
-            if let Ok(v) = HeaderValue::from_str(&range) {
-                h.insert(header::CONTENT_RANGE, v);
-            }
-            (start, len)
-        }
+        Decision::Partial { start, len } => (start, len, validators()),
     };
-    let status = if start == 0 && len == meta.len && !h.contains_key(header::CONTENT_RANGE) {
-        StatusCode::OK
-    } else {
-        StatusCode::PARTIAL_CONTENT
-    };
-    let body = match file.content {
+    // §14.4: first-last/complete-length, last inclusive.
+    let range = format!("bytes {start}-{}/{}", start + len - 1, meta.len);
+    if let Ok(v) = HeaderValue::from_str(&range) {
+        h.insert(header::CONTENT_RANGE, v);
+    }
+    let body = body_of(root, file.content, start, len);
+    Reply::with_headers(StatusCode::PARTIAL_CONTENT, h, meta.content_type, body)
+}
+
+/// `len` bytes of a file's content from `start` (within the file: [`evaluate`] clamps ranges).
+fn body_of(root: &DocRoot, content: Content, start: u64, len: u64) -> Body {
+    match content {
         Content::Memory(b) => {
-            // Both bounds are within the file: `evaluate` clamps ranges to its length.
             let (s, e) = (start as usize, (start + len) as usize);
             Body::Memory(if e <= b.len() { b.slice(s..e) } else { b })
         }
@@ -727,8 +735,7 @@ fn serve_file(root: &DocRoot, method: &Method, headers: &HeaderMap, file: Static
             offset: start,
             len,
         },
-    };
-    Reply::with_headers(status, h, meta.content_type, body)
+    }
 }
 
 /// Reads the request body to its end, returning its length.
