@@ -29,13 +29,14 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method};
 
 /// How long a cached file is served without looking at the disk again. An edit to a cached
-/// file is visible at most this long after it (per worker process).
+/// file is visible at most this long after it (per worker process), plus the few milliseconds
+/// of [`sys::coarse_now`]'s tick.
 pub const REVALIDATE_AFTER: Duration = Duration::from_secs(1);
 
 /// Default size of each worker's cache of small files.
@@ -381,7 +382,7 @@ impl DocRoot {
             return Cached::Miss;
         }
         self.cache()
-            .get(rel, Instant::now(), self.inner.opts.revalidate)
+            .get(rel, sys::coarse_now(), self.inner.opts.revalidate)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
@@ -523,7 +524,8 @@ enum Cached {
 
 struct Slot {
     entry: Arc<Entry>,
-    checked: Instant,
+    /// [`sys::coarse_now`] when the entry was last read or checked against the disk.
+    checked: Duration,
     /// CLOCK's reference bit: set by a hit, cleared when the hand passes.
     referenced: bool,
     /// Distinguishes this slot from an earlier one of the same key still queued in `clock`.
@@ -553,9 +555,9 @@ impl Cache {
         }
     }
 
-    fn get(&mut self, key: &str, now: Instant, revalidate: Duration) -> Cached {
+    fn get(&mut self, key: &str, now: Duration, revalidate: Duration) -> Cached {
         match self.map.get_mut(key) {
-            Some(slot) if now.saturating_duration_since(slot.checked) < revalidate => {
+            Some(slot) if now.saturating_sub(slot.checked) < revalidate => {
                 slot.referenced = true;
                 Cached::Fresh(slot.entry.clone())
             }
@@ -568,7 +570,7 @@ impl Cache {
     fn touch(&mut self, key: &str, entry: &Arc<Entry>) {
         if let Some(slot) = self.map.get_mut(key) {
             if Arc::ptr_eq(&slot.entry, entry) {
-                slot.checked = Instant::now();
+                slot.checked = sys::coarse_now();
                 slot.referenced = true;
             }
         }
@@ -593,7 +595,7 @@ impl Cache {
             key.to_owned(),
             Slot {
                 entry,
-                checked: Instant::now(),
+                checked: sys::coarse_now(),
                 referenced: false,
                 generation,
                 cost,
@@ -1092,7 +1094,7 @@ mod tests {
         let cost = 1000 + 1 + ENTRY_OVERHEAD;
         let mut c = Cache::new(3 * cost);
         let long = Duration::from_secs(3600);
-        let now = Instant::now();
+        let now = sys::coarse_now();
         for k in ["a", "b", "c"] {
             c.insert(k, entry(1000));
         }
