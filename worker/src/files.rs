@@ -4,7 +4,7 @@
 //!
 //! This module owns:
 //! * [`DocRoot`]: the root directory, opened once (`O_PATH | O_DIRECTORY`); every file is opened
-//!   relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` ([`sys`]), so one
+//!   relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` (`files/sys.rs`), so one
 //!   system call resolves the path and refuses escapes (`..`, symlinks out of the root, magic
 //!   links), with no window between a check and the open.
 //! * The cache of small files, revalidated by inode, size, mtime and ctime at most
@@ -36,7 +36,7 @@ use http::{header, HeaderMap, HeaderValue, Method};
 
 /// How long a cached file is served without looking at the disk again. An edit to a cached
 /// file is visible at most this long after it (per worker process), plus the few milliseconds
-/// of [`sys::coarse_now`]'s tick.
+/// of the coarse clock's tick (`CLOCK_MONOTONIC_COARSE`).
 pub const REVALIDATE_AFTER: Duration = Duration::from_secs(1);
 
 /// Default size of each worker's cache of small files.
