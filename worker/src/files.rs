@@ -179,6 +179,18 @@ struct Identity {
     ctime_ns: i128,
 }
 
+impl Identity {
+    fn of(md: &std::fs::Metadata) -> Identity {
+        Identity {
+            dev: md.dev(),
+            ino: md.ino(),
+            len: md.len(),
+            mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+            ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
+        }
+    }
+}
+
 impl DocRoot {
     /// Opens `path` as the document root (`O_PATH | O_DIRECTORY`) and checks that the kernel
     /// has `openat2` with the flags every lookup uses.
@@ -270,13 +282,7 @@ impl DocRoot {
         if !md.is_file() {
             return Ok(Lookup::NotFound);
         }
-        let id = Identity {
-            dev: md.dev(),
-            ino: md.ino(),
-            len: md.len(),
-            mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
-            ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
-        };
+        let id = Identity::of(&md);
         if let Some(entry) = stale {
             if entry.id == id {
                 self.cache().touch(rel, &entry);
@@ -296,8 +302,10 @@ impl DocRoot {
             }));
         }
         let body = self.read_whole(&file, id.len).await?;
-        let settled = changed_before(&md, SystemTime::now(), inner.opts.settle);
-        if settled {
+        // A write during the read may have torn what we read: serve it (as any file server
+        // would) but do not cache it. The identity from before the read would match it.
+        let unchanged = Identity::of(&file.metadata()?) == id;
+        if unchanged && changed_before(&md, SystemTime::now(), inner.opts.settle) {
             let entry = Arc::new(Entry {
                 id,
                 meta: meta.clone(),
