@@ -1167,6 +1167,24 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_root_is_refused_with_its_path_named() {
+        let missing = Path::new("/nonexistent/ringmux-root");
+        let e = DocRoot::open(missing, FileOptions::default()).unwrap_err();
+        assert!(matches!(e, RootError::Open { .. }), "{e:?}");
+        assert!(e.to_string().contains("/nonexistent/ringmux-root"), "{e}");
+        // A file is not a directory (O_DIRECTORY): ENOTDIR, named.
+        let file = std::env::temp_dir().join(format!("ringmux-root-file-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        let e = DocRoot::open(&file, FileOptions::default()).unwrap_err();
+        let _ = std::fs::remove_file(&file);
+        assert!(e.to_string().contains(&*file.to_string_lossy()), "{e}");
+        assert!(
+            matches!(&e, RootError::Open { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn cache_queue_does_not_grow_with_replacements() {
         let mut c = Cache::new(1 << 30);
         for _ in 0..10_000 {
