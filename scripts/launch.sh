@@ -61,6 +61,8 @@ readonly SETTINGS=(
   "CERT|--cert|value|self-signed for localhost, 127.0.0.1, ::1"
   "KEY|--key|value|(with the self-signed certificate)"
   "ROOT|--root|value|built-ins only (/hello.txt, /bytes/N)"
+  "FILE_CACHE_MB|--file-cache-mb|value|64"
+  "CACHE_CONTROL|--cache-control|value|none"
   "KEY_FILE|--key-file|value|fresh keys at every start"
   "CPUS|--cpus|value|no pinning"
   "RING_SLOTS|--ring-slots|value|4096"

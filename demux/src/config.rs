@@ -84,6 +84,14 @@ pub struct RunArgs {
     /// Document root for static files. Default: built-ins only (/hello.txt, /bytes/N).
     #[arg(long, env = "RINGMUX_ROOT")]
     pub root: Option<PathBuf>,
+    /// Each worker's cache of small static files from --root, in MiB (0–65536; 0: no cache).
+    /// A cached file is checked against the disk at most 1 s after its last check.
+    #[arg(long, env = "RINGMUX_FILE_CACHE_MB", default_value_t = 64)]
+    pub file_cache_mb: u64,
+    /// Cache-Control sent with every file from --root (200, 206, 304), e.g. "public, max-age=3600".
+    /// Default: none.
+    #[arg(long, env = "RINGMUX_CACHE_CONTROL")]
+    pub cache_control: Option<String>,
     /// Shared key file (QUIC-LB, routing hash, stateless reset, token and ticket keys), mode 0600.
     /// Default: fresh keys at every start. Use one file for every box behind one load balancer.
     #[arg(long, env = "RINGMUX_KEY_FILE")]
@@ -262,6 +270,21 @@ impl RunArgs {
                 bail!(
                     "--root / RINGMUX_ROOT={} is not a directory",
                     root.display()
+                );
+            }
+        }
+        if self.file_cache_mb > 65536 {
+            bail!(
+                "--file-cache-mb / RINGMUX_FILE_CACHE_MB={} is not valid: expected 0 (no cache) to 65536",
+                self.file_cache_mb
+            );
+        }
+        if let Some(cc) = &self.cache_control {
+            // RFC 9110 §5.5: a field value is visible ASCII, spaces and tabs.
+            if cc.trim().is_empty() || !cc.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+            {
+                bail!(
+                    "--cache-control / RINGMUX_CACHE_CONTROL={cc:?} is not valid: expected a header value of printable ASCII, e.g. \"public, max-age=3600\""
                 );
             }
         }

@@ -97,6 +97,8 @@ fn run(cfg: Config) -> Result<()> {
             .then(|| Duration::from_secs(cfg.args.cid_lifetime)),
         root: cfg.args.root.clone(),
         max_bytes: cfg.args.max_bytes,
+        file_cache_bytes: cfg.args.file_cache_mb << 20,
+        cache_control: cfg.args.cache_control.clone(),
         retry: cfg.args.retry,
         idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
         cpu: None,

@@ -67,6 +67,10 @@ pub struct Handoff {
     pub cid_lifetime: Option<Duration>,
     pub root: Option<PathBuf>,
     pub max_bytes: u64,
+    /// Bytes of small files each worker may keep in memory (`--file-cache-mb`).
+    pub file_cache_bytes: u64,
+    /// The `cache-control` value of file responses (`--cache-control`), if any.
+    pub cache_control: Option<String>,
     pub retry: bool,
     pub idle_timeout: Duration,
     pub cpu: Option<usize>,
@@ -101,7 +105,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 22] = [
+pub const KEYS: [&str; 24] = [
     "protocol",
     "instance",
     "instances",
@@ -117,6 +121,8 @@ pub const KEYS: [&str; 22] = [
     "cid_lifetime_ms",
     "root",
     "max_bytes",
+    "file_cache_bytes",
+    "cache_control",
     "retry",
     "idle_timeout_ms",
     "cpu",
@@ -168,6 +174,8 @@ impl Handoff {
             self.cid_lifetime.map_or(0, millis).to_string(),
             hex::encode(root),
             self.max_bytes.to_string(),
+            self.file_cache_bytes.to_string(),
+            hex::encode(self.cache_control.as_deref().unwrap_or("").as_bytes()),
             flag(self.retry).to_string(),
             millis(self.idle_timeout).to_string(),
             self.cpu.map_or(String::new(), |c| c.to_string()),
@@ -249,6 +257,8 @@ impl Handoff {
                 PathBuf::from(std::ffi::OsString::from_vec(root))
             }),
             max_bytes: num("max_bytes", get("max_bytes")?)?,
+            file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
+            cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
             retry: flag("retry")?,
             idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
             cpu: if cpu.is_empty() {
@@ -299,6 +309,8 @@ mod tests {
             cid_lifetime: Some(Duration::from_secs(600)),
             root: Some("/srv/www dir".into()),
             max_bytes: 1 << 26,
+            file_cache_bytes: 64 << 20,
+            cache_control: Some("public, max-age=60".into()),
             retry: false,
             idle_timeout: Duration::from_secs(30),
             cpu: Some(1),
@@ -316,6 +328,7 @@ mod tests {
             root: None,
             cpu: None,
             cid_lifetime: None,
+            cache_control: None,
             ingress: IngressKind::Unix,
             sink: true,
             ..h

@@ -110,13 +110,17 @@ impl From<HandoffError> for AttachError {
     }
 }
 
-/// Options of ringmux's own built-in server (`--root`, `--max-bytes`, `--retry`,
-/// `--idle-timeout`, `--worker-mode sink`), as the operator set them. An application may read
+/// Options of ringmux's own built-in server (`--root`, `--max-bytes`, `--file-cache-mb`,
+/// `--cache-control`, `--retry`, `--idle-timeout`, `--worker-mode sink`), as the operator set them. An application may read
 /// them or ignore them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuiltinOptions {
     pub root: Option<PathBuf>,
     pub max_bytes: u64,
+    /// Bytes of small files the built-in server may cache (`--file-cache-mb`).
+    pub file_cache_bytes: u64,
+    /// The `cache-control` value of file responses (`--cache-control`).
+    pub cache_control: Option<String>,
     /// Validate every client address with a Retry before accepting.
     pub retry: bool,
     /// The operator's QUIC idle timeout; [`Worker::server_config`] applies it.
@@ -254,6 +258,8 @@ impl Worker {
             builtin: BuiltinOptions {
                 root: h.root,
                 max_bytes: h.max_bytes,
+                file_cache_bytes: h.file_cache_bytes,
+                cache_control: h.cache_control,
                 retry: h.retry,
                 idle_timeout: h.idle_timeout,
                 sink: h.sink,

@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | `shm` | [`shm`] | a ring slot, published once per batch | ring memfd, consumer page, doorbell |
 //! | `unix` | [`unix`] | one `sendmsg` on a `SOCK_SEQPACKET` socket (the baseline) | the socket's other end |
-//! | `drop` | [`drop`] | nothing: routed and discarded (the benchmarks' floor) | an idle ring |
+//! | `drop` | [`drop`](mod@drop) | nothing: routed and discarded (the benchmarks' floor) | an idle ring |
 //!
 //! Adding a mode: a file here implementing [`Forward`], a variant of `config::ForwardMode`,
 //! and one line in [`start`].

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use ringmux_worker::files::{DocRoot, FileOptions};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
@@ -62,9 +63,28 @@ async fn serve(worker: Worker) -> Result<()> {
         r.requests_total = reported.requests_total.load(Ordering::Relaxed);
     });
     tracing::info!("serving");
+    let builtin = worker.builtin_options();
+    let root = match &builtin.root {
+        Some(path) => {
+            let cache_control =
+                match &builtin.cache_control {
+                    Some(v) => Some(http::HeaderValue::from_str(v).with_context(|| {
+                        format!("--cache-control / RINGMUX_CACHE_CONTROL={v:?}")
+                    })?),
+                    None => None,
+                };
+            let opts = FileOptions {
+                cache_bytes: builtin.file_cache_bytes,
+                cache_control,
+                ..FileOptions::default()
+            };
+            Some(DocRoot::open(path, opts)?)
+        }
+        None => None,
+    };
     let site = Arc::new(Site {
-        root: worker.builtin_options().root.clone(),
-        max_bytes: worker.builtin_options().max_bytes,
+        root,
+        max_bytes: builtin.max_bytes,
     });
     serve_with(
         endpoint.clone(),
