@@ -124,6 +124,37 @@ async fn worker_stops_draining() {
     fault_is_contained("stop-draining", true).await;
 }
 
+/// A worker floods its control socket from two threads while its ring stalls: the supervisor
+/// reads a bounded number of messages per worker per round, so it still acts on the stall.
+#[tokio::test]
+async fn control_flood_with_a_stalled_ring() {
+    fault_is_contained("control-flood", true).await;
+}
+
+/// A draining worker that closes its control socket but keeps running (and ignores SIGTERM)
+/// cannot hold the demux past its grace period: it is killed at the deadline and ringmux exits.
+#[tokio::test]
+async fn a_lingering_drain_ends_at_the_grace_deadline() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-linger");
+        let mut rm = start_faulty("linger", &["--grace", "2"], &dir);
+        let pids = rm.worker_pids().await;
+        rm.signal(libc::SIGTERM);
+        let status = rm.wait_exit(Duration::from_secs(30)).await;
+        assert!(status.success(), "ringmux exited with {status}");
+        assert!(
+            dir.path().join("played").exists(),
+            "the fault was never played"
+        );
+        let left = harness::wait_gone(&pids, Duration::from_secs(10)).await;
+        assert!(
+            left.is_empty(),
+            "workers still alive after the demux exited: {left:?}"
+        );
+    })
+    .await
+}
+
 /// The worker fills its eventfd and makes the file description it shares with the demux
 /// blocking: the demux's next doorbell write blocks. The supervisor sees the data plane stuck in
 /// that write, kills the worker, restores the eventfd and the data plane carries on.

@@ -28,6 +28,9 @@ pub mod policy;
 
 use policy::{Action, Limits, Policy};
 
+/// Most control messages read from one worker per supervision round (a worker sends one STATS a
+/// second; more is a flood).
+const CONTROL_READS_PER_ROUND: usize = 16;
 /// How long the data plane may sit in one doorbell write before the watchdog calls it jammed.
 /// A write to a non-blocking eventfd takes microseconds; only a hostile worker (counter filled,
 /// `O_NONBLOCK` cleared on the shared file description) can make it block.
@@ -172,7 +175,15 @@ impl Supervisor {
         }
         actions.extend(self.watch_doorbells());
         for i in 0..self.workers.len() {
-            let gone = self.read_control(i) == Liveness::Gone || self.exited(i);
+            let closed = self.read_control(i) == Liveness::Gone;
+            if closed {
+                // Stop polling it; the process itself may still be running.
+                self.workers[i].control = None;
+            }
+            // A draining worker that closed its control socket is gone only once its process
+            // is: until then the grace deadline still applies to it. Any other worker that
+            // closes it is dead or broken either way, and `reap` makes sure.
+            let gone = self.exited(i) || (closed && !self.policy.draining(i));
             if gone && self.workers[i].child.is_some() {
                 self.reap(i);
                 actions.extend(self.policy.on(Instant::now(), policy::Event::Exited(i)));
@@ -315,9 +326,12 @@ impl Supervisor {
     }
 
     /// Reads pending control messages of worker `i`.
+    ///
+    /// At most [`CONTROL_READS_PER_ROUND`] messages: a worker that floods its socket gets no more
+    /// of the supervisor's time than that, and every other duty still comes round.
     fn read_control(&mut self, i: usize) -> Liveness {
         let mut buf = [0u8; 1024];
-        loop {
+        for _ in 0..CONTROL_READS_PER_ROUND {
             let Some(control) = self.workers[i].control.as_ref() else {
                 return Liveness::Alive;
             };
@@ -341,6 +355,7 @@ impl Supervisor {
                 Some(Ok(Message::Shutdown) | Err(_)) | None => {}
             }
         }
+        Liveness::Alive
     }
 
     /// The watchdog for jammed doorbells: the data plane stuck in one instance's doorbell write

@@ -10,7 +10,10 @@
 //!   `die-mid-batch` (reads part of a batch, then aborts), `flip-wakeup` (drains, but flips
 //!   `need_wakeup` wildly), `jam-doorbell` (fills its eventfd's counter to the maximum, clears
 //!   `O_NONBLOCK` on the file description it shares with the demux and announces a sleep, so
-//!   that the demux's next doorbell write would block);
+//!   that the demux's next doorbell write would block), `control-flood` (stops draining and
+//!   floods the control socket with one-byte messages from two threads, so that a supervisor
+//!   that reads until the socket is empty never gets to its watchdog), `linger` (on SHUTDOWN,
+//!   closes its control socket and keeps running, ignoring SIGTERM: a drain that never ends);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
@@ -107,6 +110,33 @@ fn main() {
                 .expect("clear O_NONBLOCK");
             // SAFETY: as above.
             unsafe { flag.write_volatile(0x5eed) };
+        }
+        "control-flood" => {
+            for _ in 0..2 {
+                let sock = control.try_clone().expect("control descriptor");
+                std::thread::spawn(move || loop {
+                    let flags = MsgFlags::MSG_NOSIGNAL;
+                    if nix::sys::socket::send(sock.as_raw_fd(), b"x", flags).is_err() {
+                        std::thread::yield_now();
+                    }
+                });
+            }
+        }
+        "linger" => {
+            let mut buf = [0u8; 64];
+            // Wait for SHUTDOWN (anything the demux sends), then vanish from its view.
+            let _ = nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty());
+            // SAFETY: SIG_IGN installs no handler.
+            let _ = unsafe {
+                nix::sys::signal::signal(
+                    nix::sys::signal::Signal::SIGTERM,
+                    nix::sys::signal::SigHandler::SigIgn,
+                )
+            };
+            drop(control);
+            // Bounded: long past any grace period a test uses.
+            std::thread::sleep(Duration::from_secs(120));
+            return;
         }
         other => panic!("unknown RINGMUX_FAULT {other:?}"),
     }
