@@ -338,3 +338,108 @@ impl Config {
         (!rest.is_empty()).then(|| rest[i as usize % rest.len()])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses and validates a command line (the worker program is /bin/true, which exists).
+    fn check(args: &[&str]) -> Result<Config> {
+        let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .run
+            .validate()
+    }
+
+    fn refused(args: &[&str]) -> String {
+        format!("{:#}", check(args).expect_err("accepted a bad value"))
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = check(&[]).unwrap();
+        assert_eq!(c.instances, 2);
+        assert_eq!(c.worker_cmd, ["/bin/true"]);
+        assert_eq!(
+            c.nonce_len, 14,
+            "node ID 00: server ID 2 bytes, nonce fills 16"
+        );
+        assert_eq!(c.ready_timeout(), Duration::from_secs(30));
+        assert_eq!(c.metrics, Some("127.0.0.1:9433".parse().unwrap()));
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_flag_variable_and_value() {
+        for (args, wants) in [
+            (
+                &["--instances", "0"][..],
+                &["--instances", "RINGMUX_INSTANCES", "0"][..],
+            ),
+            (&["--instances", "256"], &["--instances", "256", "1 to 255"]),
+            (
+                &["--recv-batch", "33"],
+                &["--recv-batch", "RINGMUX_RECV_BATCH", "33"],
+            ),
+            (
+                &["--node-id", "zz"],
+                &["--node-id", "RINGMUX_NODE_ID", "zz"],
+            ),
+            (&["--grace", "0"], &["--grace", "RINGMUX_GRACE"]),
+            (
+                &["--ready-timeout", "0"],
+                &["--ready-timeout", "RINGMUX_READY_TIMEOUT"],
+            ),
+            (
+                &["--metrics", "nope"],
+                &["--metrics", "RINGMUX_METRICS", "nope"],
+            ),
+            (
+                &["--ring-slots", "1000"],
+                &["--ring-slots", "RINGMUX_RING_SLOTS", "1000"],
+            ),
+            (
+                &["--worker-cmd", "'unbalanced"],
+                &["--worker-cmd", "RINGMUX_WORKER_CMD"],
+            ),
+            (
+                &["--worker-cmd", ""],
+                &["--worker-cmd", "RINGMUX_WORKER_CMD"],
+            ),
+            (
+                &["--worker-cmd", "no-such-program-here --flag"],
+                &["--worker-cmd", "no-such-program-here", "PATH"],
+            ),
+            (
+                &["--root", "/nonexistent/root"],
+                &["--root", "RINGMUX_ROOT"],
+            ),
+        ] {
+            let e = refused(args);
+            for w in wants {
+                assert!(e.contains(w), "{args:?}: {e:?} does not name {w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn worker_cmd_is_split_like_a_shell_and_found_on_path() {
+        let c = check(&["--worker-cmd", "true --name 'two words' x\\ y"]).unwrap();
+        assert!(c.worker_cmd[0].ends_with("/true"), "{:?}", c.worker_cmd);
+        assert_eq!(c.worker_cmd[1..], ["--name", "two words", "x y"]);
+        assert_eq!(c.worker_program(), c.worker_cmd[0]);
+    }
+
+    #[test]
+    fn cpus_go_to_the_demux_first_then_cycle_over_instances() {
+        let c = check(&["--instances", "3", "--cpus", "0,2,3"]).unwrap();
+        assert_eq!(c.demux_cpu(), Some(0));
+        assert_eq!(
+            (0..3).map(|i| c.worker_cpu(i)).collect::<Vec<_>>(),
+            [Some(2), Some(3), Some(2)]
+        );
+        let c = check(&[]).unwrap();
+        assert_eq!((c.demux_cpu(), c.worker_cpu(0)), (None, None));
+    }
+}

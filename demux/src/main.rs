@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ringmux_proto::{Handoff, IngressKind};
+use ringmux_proto::{Handoff, IngressKind, ServeOptions};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
 use ringmux_demux::certs::CertPem;
@@ -95,16 +95,19 @@ fn run(cfg: Config) -> Result<()> {
         keys: keys.to_bytes(),
         cid_lifetime: (cfg.args.cid_lifetime > 0)
             .then(|| Duration::from_secs(cfg.args.cid_lifetime)),
-        root: cfg.args.root.clone(),
-        max_bytes: cfg.args.max_bytes,
-        file_cache_bytes: cfg.args.file_cache_mb << 20,
-        cache_control: cfg.args.cache_control.clone(),
-        retry: cfg.args.retry,
-        idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
+
         cpu: None,
         cert_pem: cert.chain,
         key_pem: cert.key,
-        sink: cfg.args.worker_mode == config::WorkerMode::Sink,
+        serve: ServeOptions {
+            root: cfg.args.root.clone(),
+            max_bytes: cfg.args.max_bytes,
+            file_cache_bytes: cfg.args.file_cache_mb << 20,
+            cache_control: cfg.args.cache_control.clone(),
+            retry: cfg.args.retry,
+            idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
+            sink: cfg.args.worker_mode == config::WorkerMode::Sink,
+        },
     };
 
     let metrics_addr = match cfg.metrics {

@@ -65,18 +65,31 @@ pub struct Handoff {
     /// The shared keys, in `ringmux_quic_lb::KeySet::to_bytes` form.
     pub keys: Vec<u8>,
     pub cid_lifetime: Option<Duration>,
-    pub root: Option<PathBuf>,
-    pub max_bytes: u64,
-    /// Bytes of small files each worker may keep in memory (`--file-cache-mb`).
-    pub file_cache_bytes: u64,
-    /// The `cache-control` value of file responses (`--cache-control`), if any.
-    pub cache_control: Option<String>,
-    pub retry: bool,
-    pub idle_timeout: Duration,
     pub cpu: Option<usize>,
     pub cert_pem: String,
     pub key_pem: String,
-    /// Benchmark sink: drain and count (checking each datagram's connection ID), no quinn.
+    /// How ringmux's own worker serves; an application may read or ignore it.
+    pub serve: ServeOptions,
+}
+
+/// The options of ringmux's built-in server, as the operator set them (`--root`,
+/// `--max-bytes`, `--file-cache-mb`, `--cache-control`, `--retry`, `--idle-timeout`,
+/// `--worker-mode sink`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Document root; `None`: built-in responses only.
+    pub root: Option<PathBuf>,
+    /// Largest body `/bytes/N` serves.
+    pub max_bytes: u64,
+    /// Bytes of small files each worker may keep in memory.
+    pub file_cache_bytes: u64,
+    /// The `cache-control` value of file responses, if any.
+    pub cache_control: Option<String>,
+    /// Validate every client address with a Retry before accepting.
+    pub retry: bool,
+    /// QUIC idle timeout.
+    pub idle_timeout: Duration,
+    /// Benchmark sink: drain and count (checking each datagram's connection ID), no QUIC.
     pub sink: bool,
 }
 
@@ -155,6 +168,7 @@ impl Handoff {
     pub fn encode(&self) -> String {
         let flag = |b: bool| if b { "1" } else { "0" };
         let root = self
+            .serve
             .root
             .as_ref()
             .map_or(&[][..], |p| p.as_os_str().as_encoded_bytes());
@@ -173,15 +187,15 @@ impl Handoff {
             hex::encode(&self.keys),
             self.cid_lifetime.map_or(0, millis).to_string(),
             hex::encode(root),
-            self.max_bytes.to_string(),
-            self.file_cache_bytes.to_string(),
-            hex::encode(self.cache_control.as_deref().unwrap_or("").as_bytes()),
-            flag(self.retry).to_string(),
-            millis(self.idle_timeout).to_string(),
+            self.serve.max_bytes.to_string(),
+            self.serve.file_cache_bytes.to_string(),
+            hex::encode(self.serve.cache_control.as_deref().unwrap_or("").as_bytes()),
+            flag(self.serve.retry).to_string(),
+            millis(self.serve.idle_timeout).to_string(),
             self.cpu.map_or(String::new(), |c| c.to_string()),
             hex::encode(self.cert_pem.as_bytes()),
             hex::encode(self.key_pem.as_bytes()),
-            flag(self.sink).to_string(),
+            flag(self.serve.sink).to_string(),
             String::new(),
         ];
         let mut s = String::new();
@@ -252,15 +266,6 @@ impl Handoff {
             encrypt_cids: flag("encrypt_cids")?,
             keys: bytes("keys")?,
             cid_lifetime: (lifetime > 0).then(|| Duration::from_millis(lifetime)),
-            root: (!root.is_empty()).then(|| {
-                use std::os::unix::ffi::OsStringExt;
-                PathBuf::from(std::ffi::OsString::from_vec(root))
-            }),
-            max_bytes: num("max_bytes", get("max_bytes")?)?,
-            file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
-            cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
-            retry: flag("retry")?,
-            idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
             cpu: if cpu.is_empty() {
                 None
             } else {
@@ -268,7 +273,21 @@ impl Handoff {
             },
             cert_pem: string("cert_pem")?,
             key_pem: string("key_pem")?,
-            sink: flag("sink")?,
+            serve: ServeOptions {
+                root: (!root.is_empty()).then(|| {
+                    use std::os::unix::ffi::OsStringExt;
+                    PathBuf::from(std::ffi::OsString::from_vec(root))
+                }),
+                max_bytes: num("max_bytes", get("max_bytes")?)?,
+                file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
+                cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
+                retry: flag("retry")?,
+                idle_timeout: Duration::from_millis(num(
+                    "idle_timeout_ms",
+                    get("idle_timeout_ms")?,
+                )?),
+                sink: flag("sink")?,
+            },
         })
     }
 }
@@ -307,16 +326,18 @@ mod tests {
             encrypt_cids: true,
             keys: vec![1, 2, 3, 255],
             cid_lifetime: Some(Duration::from_secs(600)),
-            root: Some("/srv/www dir".into()),
-            max_bytes: 1 << 26,
-            file_cache_bytes: 64 << 20,
-            cache_control: Some("public, max-age=60".into()),
-            retry: false,
-            idle_timeout: Duration::from_secs(30),
             cpu: Some(1),
             cert_pem: "-----BEGIN CERTIFICATE-----\nabc\n".into(),
             key_pem: "key\n".into(),
-            sink: false,
+            serve: ServeOptions {
+                root: Some("/srv/www dir".into()),
+                max_bytes: 1 << 26,
+                file_cache_bytes: 64 << 20,
+                cache_control: Some("public, max-age=60".into()),
+                retry: false,
+                idle_timeout: Duration::from_secs(30),
+                sink: false,
+            },
         }
     }
 
@@ -325,12 +346,15 @@ mod tests {
         let h = sample();
         assert_eq!(Handoff::decode(h.encode().as_bytes()).unwrap(), h);
         let h2 = Handoff {
-            root: None,
             cpu: None,
             cid_lifetime: None,
-            cache_control: None,
             ingress: IngressKind::Unix,
-            sink: true,
+            serve: ServeOptions {
+                root: None,
+                cache_control: None,
+                sink: true,
+                ..h.serve.clone()
+            },
             ..h
         };
         assert_eq!(Handoff::decode(h2.encode().as_bytes()).unwrap(), h2);

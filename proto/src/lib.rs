@@ -21,7 +21,7 @@ pub mod logging;
 pub mod message;
 pub mod session;
 
-pub use handoff::{Handoff, HandoffError, IngressKind};
+pub use handoff::{Handoff, HandoffError, IngressKind, ServeOptions};
 pub use message::{Message, MessageError, WorkerReport};
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and

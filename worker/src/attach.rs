@@ -51,7 +51,6 @@ use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -111,23 +110,10 @@ impl From<HandoffError> for AttachError {
 }
 
 /// Options of ringmux's own built-in server (`--root`, `--max-bytes`, `--file-cache-mb`,
-/// `--cache-control`, `--retry`, `--idle-timeout`, `--worker-mode sink`), as the operator set them. An application may read
-/// them or ignore them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuiltinOptions {
-    pub root: Option<PathBuf>,
-    pub max_bytes: u64,
-    /// Bytes of small files the built-in server may cache (`--file-cache-mb`).
-    pub file_cache_bytes: u64,
-    /// The `cache-control` value of file responses (`--cache-control`).
-    pub cache_control: Option<String>,
-    /// Validate every client address with a Retry before accepting.
-    pub retry: bool,
-    /// The operator's QUIC idle timeout; [`Worker::server_config`] applies it.
-    pub idle_timeout: Duration,
-    /// Benchmark sink mode: drain and count, no QUIC ([`Worker::run_sink`]).
-    pub sink: bool,
-}
+/// `--cache-control`, `--retry`, `--idle-timeout`, `--worker-mode sink`), as the operator set
+/// them. An application may read them or ignore them; [`Worker::server_config`] applies the
+/// idle timeout and Retry setting.
+pub use ringmux_proto::ServeOptions as BuiltinOptions;
 
 /// Fires when the worker should drain; see [`Worker::drain_signal`].
 #[derive(Debug, Clone)]
@@ -255,15 +241,7 @@ impl Worker {
             cid_lifetime: h.cid_lifetime,
             public_addr: h.public_addr,
             certificate,
-            builtin: BuiltinOptions {
-                root: h.root,
-                max_bytes: h.max_bytes,
-                file_cache_bytes: h.file_cache_bytes,
-                cache_control: h.cache_control,
-                retry: h.retry,
-                idle_timeout: h.idle_timeout,
-                sink: h.sink,
-            },
+            builtin: h.serve,
             parts: Mutex::new(Some(Parts {
                 control,
                 public,
