@@ -12,7 +12,7 @@
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,12 +46,50 @@ pub enum Event {
     Misbehaved { instance: u8, stalled: bool },
 }
 
+/// What the supervisor and the data plane tell each other about each instance without a
+/// message: whether it is up (set by the supervisor when the worker is ready, cleared by either
+/// when it dies or misbehaves) and which doorbell the data plane is writing (for the
+/// supervisor's jam watchdog, `Producer::watch_doorbell`). The metrics read them too.
+#[derive(Debug)]
+pub struct Liveness {
+    up: Box<[AtomicBool]>,
+    /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise.
+    pub ringing: Arc<AtomicU32>,
+}
+
+impl Liveness {
+    /// `instances` instances, all down.
+    pub fn new(instances: u8) -> Arc<Self> {
+        Arc::new(Liveness {
+            up: (0..instances).map(|_| AtomicBool::new(false)).collect(),
+            ringing: Arc::default(),
+        })
+    }
+
+    /// Marks instance `i` up or down. Release: a worker marked up has attached to its ring.
+    pub fn set_up(&self, i: usize, up: bool) {
+        self.up[i].store(up, Ordering::Release);
+    }
+
+    /// Whether instance `i` is up. Relaxed: the data plane reads it once per batch and only
+    /// decides whether to push; pushing to a ring whose worker is not attached yet is harmless.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.up[i].load(Ordering::Relaxed)
+    }
+
+    /// The doorbell marker (see [`Liveness::ringing`]).
+    pub fn ringing(&self) -> u32 {
+        self.ringing.load(Ordering::Relaxed)
+    }
+}
+
 /// The channel pair and flags shared with the supervisor.
 pub struct Control {
     pub commands: Receiver<Command>,
     pub pending: Arc<AtomicBool>,
     pub events: Sender<Event>,
     pub stop: Arc<AtomicBool>,
+    pub liveness: Arc<Liveness>,
 }
 
 /// The supervisor's end of the channels to the data plane.
@@ -59,11 +97,12 @@ pub struct DataPlaneLink {
     commands: Sender<Command>,
     pending: Arc<AtomicBool>,
     events: Receiver<Event>,
+    liveness: Arc<Liveness>,
 }
 
 impl DataPlaneLink {
     /// Creates both ends: the supervisor's link and the data plane's [`Control`].
-    pub fn new(stop: Arc<AtomicBool>) -> (DataPlaneLink, Control) {
+    pub fn new(stop: Arc<AtomicBool>, liveness: Arc<Liveness>) -> (DataPlaneLink, Control) {
         let (commands, command_rx) = std::sync::mpsc::channel();
         let (event_tx, events) = std::sync::mpsc::channel();
         let pending = Arc::new(AtomicBool::new(false));
@@ -72,12 +111,14 @@ impl DataPlaneLink {
             pending: pending.clone(),
             events: event_tx,
             stop,
+            liveness: liveness.clone(),
         };
         (
             DataPlaneLink {
                 commands,
                 pending,
                 events,
+                liveness,
             },
             control,
         )
@@ -90,6 +131,11 @@ impl DataPlaneLink {
         let _ = self.commands.send(Command::Reset { instance, reply });
         self.pending.store(true, Ordering::Release);
         rx
+    }
+
+    /// The flags shared with the data plane.
+    pub fn liveness(&self) -> &Liveness {
+        &self.liveness
     }
 
     /// The next misbehaviour report, if any.
@@ -234,7 +280,7 @@ impl<F: Forward> DataPlane<F> {
                 }
             }
             for (i, l) in local.iter_mut().enumerate() {
-                l.up = !l.violated && self.counters.instances[i].alive.load(Ordering::Relaxed);
+                l.up = !l.violated && control.liveness.is_up(i);
             }
             let n = match self.public.state.recv(
                 UdpSockRef::from(&self.public.socket),
@@ -389,7 +435,7 @@ impl<F: Forward> DataPlane<F> {
                 }
                 l.reported = true;
                 c.violations.fetch_add(1, Ordering::Relaxed);
-                c.alive.store(false, Ordering::Relaxed);
+                control.liveness.set_up(i, false);
                 l.up = false;
                 let _ = control.events.send(Event::Misbehaved {
                     instance: i as u8,

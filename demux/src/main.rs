@@ -17,7 +17,7 @@ use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
 use ringmux_demux::certs::CertPem;
 use ringmux_demux::config::{self, Cli, Command, Config};
-use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink};
+use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
 use ringmux_demux::forward::{self, Forward, IngressHandles};
 use ringmux_demux::metrics::{self, Counters};
 use ringmux_demux::{alloc, supervisor, sys};
@@ -77,6 +77,7 @@ fn run(cfg: Config) -> Result<()> {
     let public_addr = public.socket().local_addr()?;
 
     let counters = Arc::new(Counters::new(cfg.instances));
+    let liveness = Liveness::new(cfg.instances);
     if let Ok(mut p) = counters.program.write() {
         *p = cfg.worker_cmd.join(" ");
     }
@@ -112,7 +113,7 @@ fn run(cfg: Config) -> Result<()> {
 
     let metrics_addr = match cfg.metrics {
         Some(addr) => {
-            let bound = metrics::exposition::serve(addr, counters.clone())?;
+            let bound = metrics::exposition::serve(addr, counters.clone(), liveness.clone())?;
             tracing::info!(%bound, "metrics at http://{bound}/metrics");
             Some(bound)
         }
@@ -121,7 +122,7 @@ fn run(cfg: Config) -> Result<()> {
     let setup = forward::Setup {
         instances: cfg.instances,
         ring: &cfg.ring,
-        ringing: counters.ringing.clone(),
+        ringing: liveness.ringing.clone(),
     };
     let mode = cfg.args.forward;
     let serve = Serve {
@@ -130,6 +131,7 @@ fn run(cfg: Config) -> Result<()> {
         public,
         router,
         counters,
+        liveness,
         signals,
         metrics_addr,
     };
@@ -143,6 +145,7 @@ struct Serve {
     public: dataplane::PublicSocket,
     router: Router,
     counters: Arc<Counters>,
+    liveness: Arc<Liveness>,
     signals: nix::sys::signalfd::SignalFd,
     metrics_addr: Option<SocketAddr>,
 }
@@ -158,12 +161,13 @@ impl forward::WithForward for Serve {
             public,
             router,
             counters,
+            liveness,
             signals,
             metrics_addr,
         } = self;
         let public_addr = public.socket().local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (link, control) = DataPlaneLink::new(stop.clone());
+        let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
         let public_fd: OwnedFd = public.socket().try_clone()?.into();
         let mut sup = supervisor::Supervisor::new(
             cfg.clone(),

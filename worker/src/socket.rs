@@ -24,35 +24,21 @@ use std::io::{self, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use quinn::udp::{EcnCodepoint, RecvMeta, Transmit, UdpSockRef, UdpSocketState};
+use quinn::udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use quinn::{AsyncUdpSocket, UdpPoller};
-use ringmux_ring::DatagramMeta;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 /// How long `poll_writable` backs off after a send hit `EAGAIN`.
 const SEND_BACKOFF: Duration = Duration::from_micros(200);
 
-pub use crate::ingress::Ingress;
-use crate::ingress::{recv_unix, UnixRecv};
-
-/// Datagram counters of one socket.
-#[derive(Debug, Default)]
-pub struct IngressStats {
-    /// Datagrams handed to quinn.
-    pub received: AtomicU64,
-    /// Datagrams dropped: larger than quinn's buffer, or a descriptor that failed validation.
-    pub dropped: AtomicU64,
-    /// Times the socket went to sleep on its doorbell.
-    pub sleeps: AtomicU64,
-    /// Sends that hit `EAGAIN`.
-    pub send_would_block: AtomicU64,
-}
+use crate::ingress::shm::Idle;
+pub use crate::ingress::{Ingress, IngressStats};
 
 /// A quinn socket over a ringmux ingress; see the module docs.
 pub struct RingSocket {
@@ -68,25 +54,14 @@ pub struct RingSocket {
 
 struct RxState {
     ingress: Ingress,
-    /// When the ring was first seen empty in this idle period.
-    spin_started: Option<Instant>,
-    /// A sleep is announced (`need_wakeup` set).
-    sleeping: bool,
-    /// Set after a producer protocol violation: the ingress is dead, wait for the supervisor.
-    broken: bool,
+    idle: Idle,
 }
 
 impl RingSocket {
     /// Wraps an ingress and this process's descriptor of the public socket. Must run inside a
     /// tokio runtime (it registers the doorbell or unix socket with the reactor).
     pub fn new(ingress: Ingress, public: OwnedFd, public_addr: SocketAddr) -> io::Result<Self> {
-        let rx_raw = match &ingress {
-            Ingress::Ring(c) => c.doorbell_fd().try_clone_to_owned()?,
-            Ingress::Unix(fd) => {
-                set_nonblocking(fd)?;
-                fd.try_clone()?
-            }
-        };
+        let rx_raw = ingress.wake_fd()?;
         // SAFETY: `rx_raw` is an owned, open descriptor that the AsyncFd keeps for its lifetime.
         let rx_fd = unsafe { AsyncFd::register_with_interest(rx_raw, Interest::READABLE) }
             .map_err(io::Error::from)?;
@@ -97,9 +72,7 @@ impl RingSocket {
         Ok(RingSocket {
             rx: Mutex::new(RxState {
                 ingress,
-                spin_started: None,
-                sleeping: false,
-                broken: false,
+                idle: Idle::default(),
             }),
             rx_fd,
             tx,
@@ -113,163 +86,6 @@ impl RingSocket {
     /// The counters, shared.
     pub fn stats(&self) -> Arc<IngressStats> {
         self.stats.clone()
-    }
-
-    fn poll_ring(
-        &self,
-        st: &mut RxState,
-        cx: &mut Context<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            let Ingress::Ring(consumer) = &mut st.ingress else {
-                unreachable!("poll_ring on a ring")
-            };
-            let spin = consumer.spin();
-            let mut n = 0;
-            let mut dropped = 0u64;
-            let max = bufs.len().min(meta.len());
-            let drained = consumer.drain(max, |d| {
-                let buf = &mut bufs[n];
-                if d.payload.len() > buf.len() {
-                    dropped += 1;
-                    return;
-                }
-                buf[..d.payload.len()].copy_from_slice(d.payload);
-                meta[n] = recv_meta(&d.meta, d.payload.len());
-                n += 1;
-            });
-            let drained = match drained {
-                Ok(d) => d,
-                Err(e) => {
-                    // The demux is the trusted side; a violation means its memory is corrupt.
-                    // Stop reading (an error here would kill every connection) and let the
-                    // supervisor notice through the control socket.
-                    tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
-                    st.broken = true;
-                    return Poll::Pending;
-                }
-            };
-            dropped += drained.invalid as u64;
-            if dropped > 0 {
-                self.stats.dropped.fetch_add(dropped, Ordering::Relaxed);
-            }
-            if drained.slots > 0 {
-                st.spin_started = None;
-                if st.sleeping {
-                    st.sleeping = false;
-                    consumer.end_sleep();
-                }
-                if n > 0 {
-                    self.stats.received.fetch_add(n as u64, Ordering::Relaxed);
-                    return Poll::Ready(Ok(n));
-                }
-                continue; // everything drained was dropped: look again
-            }
-            if st.sleeping {
-                match self.rx_fd.poll_read_ready(cx) {
-                    Poll::Ready(Ok(mut guard)) => {
-                        guard.clear_ready();
-                        st.sleeping = false;
-                        consumer.end_sleep();
-                        st.spin_started = Some(Instant::now());
-                        continue;
-                    }
-                    Poll::Ready(Err(e)) => {
-                        tracing::error!(error = %e, "doorbell registration failed");
-                        st.broken = true;
-                        return Poll::Pending;
-                    }
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
-            let now = Instant::now();
-            let started = *st.spin_started.get_or_insert(now);
-            if now.duration_since(started) < spin {
-                // Cooperative spin: let the runtime run timers and sends, then poll again.
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            match consumer.prepare_sleep() {
-                Ok(true) => {
-                    st.sleeping = true;
-                    self.stats.sleeps.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
-                    st.broken = true;
-                    return Poll::Pending;
-                }
-            }
-        }
-    }
-
-    fn poll_unix(
-        &self,
-        cx: &mut Context<'_>,
-        bufs: &mut [IoSliceMut<'_>],
-        meta: &mut [RecvMeta],
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            let mut guard = match self.rx_fd.poll_read_ready(cx) {
-                Poll::Ready(Ok(g)) => g,
-                Poll::Ready(Err(e)) => {
-                    tracing::error!(error = %e, "unix ingress registration failed");
-                    return Poll::Pending;
-                }
-                Poll::Pending => return Poll::Pending,
-            };
-            let fd = self.rx_fd.get_ref().as_fd();
-            let max = bufs.len().min(meta.len());
-            let mut n = 0;
-            let mut dropped = 0;
-            let mut closed = false;
-            while n < max {
-                match recv_unix(fd, &mut bufs[n]) {
-                    Ok(UnixRecv::Datagram { meta: m, len }) => {
-                        meta[n] = recv_meta(&m, len);
-                        n += 1;
-                    }
-                    Ok(UnixRecv::Dropped) => dropped += 1,
-                    Ok(UnixRecv::Closed) => {
-                        closed = true;
-                        break;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        guard.clear_ready();
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "unix ingress receive failed");
-                        guard.clear_ready();
-                        break;
-                    }
-                }
-            }
-            if dropped > 0 {
-                self.stats.dropped.fetch_add(dropped, Ordering::Relaxed);
-            }
-            if n > 0 {
-                self.stats.received.fetch_add(n as u64, Ordering::Relaxed);
-                return Poll::Ready(Ok(n));
-            }
-            if closed {
-                // The demux is gone; the control socket tells the worker to exit.
-                return Poll::Pending;
-            }
-        }
-    }
-}
-
-fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {
-    RecvMeta {
-        addr: m.remote,
-        len,
-        stride: len,
-        ecn: EcnCodepoint::from_bits(m.ecn),
-        dst_ip: m.local_ip,
     }
 }
 
@@ -294,10 +110,6 @@ fn send_state(public: &std::net::UdpSocket) -> io::Result<UdpSocketState> {
         scratch.set_only_v6(socket2::SockRef::from(public).only_v6()?)?;
     }
     UdpSocketState::new(UdpSockRef::from(&scratch))
-}
-
-fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    socket2::SockRef::from(fd).set_nonblocking(true)
 }
 
 impl fmt::Debug for RingSocket {
@@ -336,16 +148,11 @@ impl AsyncUdpSocket for RingSocket {
         meta: &mut [RecvMeta],
     ) -> Poll<io::Result<usize>> {
         let mut st = self.rx.lock().unwrap_or_else(|p| p.into_inner());
-        if st.broken {
+        let RxState { ingress, idle } = &mut *st;
+        if idle.broken {
             return Poll::Pending;
         }
-        match st.ingress {
-            Ingress::Ring(_) => self.poll_ring(&mut st, cx, bufs, meta),
-            Ingress::Unix(_) => {
-                drop(st);
-                self.poll_unix(cx, bufs, meta)
-            }
-        }
+        ingress.poll_recv(idle, &self.rx_fd, &self.stats, cx, bufs, meta)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {

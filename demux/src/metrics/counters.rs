@@ -2,8 +2,7 @@
 //! plane is the only writer of the datagram counters (plain stores, once per receive batch); the
 //! supervisor writes the worker counters from `STATS` messages.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
 /// `ALL[r as usize] == r` for every reason) and the metric label of each.
@@ -77,8 +76,6 @@ pub struct InstanceCounters {
     pub sink_lat_p50_ns: AtomicU64,
     pub sink_lat_p99_ns: AtomicU64,
     pub sink_lat_p999_ns: AtomicU64,
-    /// Set by the supervisor: the worker is up and its ring attached.
-    pub alive: AtomicBool,
 }
 
 impl InstanceCounters {
@@ -105,9 +102,6 @@ pub struct Counters {
     pub recv_calls: AtomicU64,
     pub dropped: [AtomicU64; DropReason::ALL.len()],
     pub instances: Vec<InstanceCounters>,
-    /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise
-    /// (`Producer::watch_doorbell`). The supervisor's watchdog reads it to find a jammed doorbell.
-    pub ringing: Arc<AtomicU32>,
     /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
     pub program: std::sync::RwLock<String>,
 }
@@ -121,7 +115,6 @@ impl Counters {
             instances: (0..instances)
                 .map(|_| InstanceCounters::default())
                 .collect(),
-            ringing: Arc::default(),
             program: Default::default(),
         }
     }

@@ -14,11 +14,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::{names, Counters, DropReason, InstanceCounters};
+use crate::dataplane::Liveness;
 
 type Labels = Vec<(String, String)>;
 
 /// The text exposition of `c`.
-pub fn encode(c: &Counters) -> String {
+pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut reg = Registry::default();
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let counter = |reg: &mut Registry, name: &str, help: &str, v: u64| {
@@ -120,7 +121,7 @@ pub fn encode(c: &Counters) -> String {
         reg.register(base(name), help, fam);
     }
 
-    let gauges: [(&str, &str, Get); 7] = [
+    let gauges: [(&str, &str, Get); 6] = [
         (names::WORKER_PID, "Process id of the current worker", |i| {
             i.worker_pid.load(Ordering::Relaxed)
         }),
@@ -149,9 +150,6 @@ pub fn encode(c: &Counters) -> String {
             "Open QUIC connections (reported by the worker)",
             |i| i.connections_active.load(Ordering::Relaxed),
         ),
-        (names::WORKER_UP, "1 while the worker is serving", |i| {
-            u64::from(i.alive.load(Ordering::Relaxed))
-        }),
     ];
     for (name, help, get) in gauges {
         let fam = Family::<Labels, Gauge<i64>>::default();
@@ -161,6 +159,11 @@ pub fn encode(c: &Counters) -> String {
         }
         reg.register(name, help, fam);
     }
+    let up = Family::<Labels, Gauge<i64>>::default();
+    for i in 0..c.instances.len() {
+        up.get_or_create(&instance(i)).set(i64::from(live.is_up(i)));
+    }
+    reg.register(names::WORKER_UP, "1 while the worker is serving", up);
     let info = Family::<Labels, Gauge<i64>>::default();
     let program = c.program.read().map(|p| p.clone()).unwrap_or_default();
     for i in 0..c.instances.len() {
@@ -188,7 +191,7 @@ fn instance(i: usize) -> Labels {
 }
 
 /// Serves `GET /metrics` on `addr` from a background thread.
-pub fn serve(addr: SocketAddr, counters: Arc<Counters>) -> Result<SocketAddr> {
+pub fn serve(addr: SocketAddr, counters: Arc<Counters>, live: Arc<Liveness>) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| {
         format!("binding the metrics address {addr} (--metrics / RINGMUX_METRICS)")
     })?;
@@ -197,13 +200,13 @@ pub fn serve(addr: SocketAddr, counters: Arc<Counters>) -> Result<SocketAddr> {
         .name("metrics".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let _ = answer(stream, &counters);
+                let _ = answer(stream, &counters, &live);
             }
         })?;
     Ok(local)
 }
 
-fn answer(mut s: TcpStream, counters: &Counters) -> std::io::Result<()> {
+fn answer(mut s: TcpStream, counters: &Counters, live: &Liveness) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
     let mut reader = BufReader::new(&mut s);
@@ -215,7 +218,7 @@ fn answer(mut s: TcpStream, counters: &Counters) -> std::io::Result<()> {
         header.clear();
     }
     let (status, body) = if line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?") {
-        ("200 OK", encode(counters))
+        ("200 OK", encode(counters, live))
     } else {
         ("404 Not Found", "try /metrics\n".to_string())
     };
@@ -238,7 +241,9 @@ mod tests {
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
-        let text = encode(&c);
+        let live = Liveness::new(2);
+        live.set_up(1, true);
+        let text = encode(&c, &live);
         let m = Scrape::parse(&text);
         for name in names::ALL {
             assert!(
@@ -251,6 +256,13 @@ mod tests {
         assert_eq!(m.received(), 10.0);
         assert_eq!(m.instance(names::FORWARDED, 1), 7.0);
         assert_eq!(m.dropped("malformed"), 3.0);
+        assert_eq!(
+            (
+                m.instance(names::WORKER_UP, 0),
+                m.instance(names::WORKER_UP, 1)
+            ),
+            (0.0, 1.0)
+        );
         assert_eq!(
             m.by_label(names::DROPPED, "reason").len(),
             DropReason::ALL.len()

@@ -75,10 +75,11 @@ mod tests {
         let c = Counters::new(2);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
-        c.instances[1].alive.store(true, Ordering::Relaxed);
+        let live = crate::dataplane::Liveness::new(2);
+        live.set_up(1, true);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
         *c.program.write().unwrap() = "/opt/app/bin/server".into();
-        let t = table(&Scrape::parse(&exposition::encode(&c)));
+        let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         assert!(t.contains("received 10   forwarded 7   dropped 3"), "{t}");
         assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
         let row = |first: &str| {

@@ -345,7 +345,7 @@ impl Supervisor {
             match buf.get(..n).map(Message::decode) {
                 Some(Ok(Message::Ready)) => {
                     if !self.policy.is_ready(i) {
-                        ic.alive.store(true, Ordering::Release);
+                        self.link.liveness().set_up(i, true);
                         tracing::info!(instance = i, "worker ready");
                     }
                     self.policy.on(Instant::now(), policy::Event::Ready(i));
@@ -365,7 +365,7 @@ impl Supervisor {
     fn watch_doorbells(&mut self) -> Vec<Action> {
         let now = Instant::now();
         let view = (
-            self.counters.ringing.load(Ordering::Relaxed),
+            self.link.liveness().ringing(),
             self.counters.recv_calls.load(Ordering::Relaxed),
         );
         if view.0 == 0 || view != self.doorbell_watch.0 {
@@ -413,7 +413,7 @@ impl Supervisor {
     /// doorbell.
     fn reap(&mut self, i: usize) {
         let ic = &self.counters.instances[i];
-        ic.alive.store(false, Ordering::Release);
+        self.link.liveness().set_up(i, false);
         ic.worker_pid.store(0, Ordering::Relaxed);
         let draining = self.policy.draining(i);
         let w = &mut self.workers[i];

@@ -1,28 +1,19 @@
-//! Where a worker's datagrams come from, and the one decoder of the unix ingress framing.
-//!
-//! * [`Ingress::Ring`]: the shared-memory ring (`shm-layout.md`), drained with
-//!   `ringmux_ring::Consumer`.
-//! * [`Ingress::Unix`]: the baseline: one `SOCK_SEQPACKET` message per datagram, the 64-byte
-//!   slot descriptor of `shm-layout.md` then the payload (`control-protocol.md`,
-//!   "Descriptors"), read with [`recv_unix`].
-//!
-//! [`crate::socket::RingSocket`] (quinn) and [`crate::sink`] (benchmarks) read from these.
+//! The baseline ingress: one `SOCK_SEQPACKET` message per datagram, the 64-byte slot
+//! descriptor of `shm-layout.md` then the payload (`control-protocol.md`, "Descriptors"). The one
+//! decoder of that framing ([`recv_unix`]), and the quinn socket's receive side over it.
 
-use std::io;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::io::{self, IoSliceMut};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
+use quinn::udp::RecvMeta;
 use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
-use ringmux_ring::{decode_desc, Consumer, DatagramMeta};
+use ringmux_ring::{decode_desc, DatagramMeta};
+use tokio::io::unix::AsyncFd;
 
+use super::{recv_meta, IngressStats};
 use crate::sys::{self, Frame};
-
-/// Where datagrams come from.
-pub enum Ingress {
-    /// The shared-memory ring.
-    Ring(Consumer),
-    /// One `SOCK_SEQPACKET` message per datagram: a 64-byte slot descriptor, then the payload.
-    Unix(OwnedFd),
-}
 
 /// What one [`recv_unix`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,6 +44,65 @@ pub fn recv_unix(fd: BorrowedFd<'_>, payload: &mut [u8]) -> io::Result<UnixRecv>
     match decode_desc(&d, u32::MAX) {
         Ok(meta) if d.len as usize == len => Ok(UnixRecv::Datagram { meta, len }),
         _ => Ok(UnixRecv::Dropped),
+    }
+}
+
+/// Fills `bufs` from the unix ingress socket (`sock`, registered with tokio's reactor), one
+/// message per datagram.
+pub(crate) fn poll_recv(
+    sock: &AsyncFd<OwnedFd>,
+    stats: &IngressStats,
+    cx: &mut Context<'_>,
+    bufs: &mut [IoSliceMut<'_>],
+    meta: &mut [RecvMeta],
+) -> Poll<io::Result<usize>> {
+    loop {
+        let mut guard = match sock.poll_read_ready(cx) {
+            Poll::Ready(Ok(g)) => g,
+            Poll::Ready(Err(e)) => {
+                tracing::error!(error = %e, "unix ingress registration failed");
+                return Poll::Pending;
+            }
+            Poll::Pending => return Poll::Pending,
+        };
+        let fd = sock.get_ref().as_fd();
+        let max = bufs.len().min(meta.len());
+        let mut n = 0;
+        let mut dropped = 0;
+        let mut closed = false;
+        while n < max {
+            match recv_unix(fd, &mut bufs[n]) {
+                Ok(UnixRecv::Datagram { meta: m, len }) => {
+                    meta[n] = recv_meta(&m, len);
+                    n += 1;
+                }
+                Ok(UnixRecv::Dropped) => dropped += 1,
+                Ok(UnixRecv::Closed) => {
+                    closed = true;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    guard.clear_ready();
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "unix ingress receive failed");
+                    guard.clear_ready();
+                    break;
+                }
+            }
+        }
+        if dropped > 0 {
+            stats.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if n > 0 {
+            stats.received.fetch_add(n as u64, Ordering::Relaxed);
+            return Poll::Ready(Ok(n));
+        }
+        if closed {
+            // The demux is gone; the control socket tells the worker to exit.
+            return Poll::Pending;
+        }
     }
 }
 

@@ -1,0 +1,118 @@
+//! The shared-memory ring as a quinn socket's receive side: drain into quinn's buffers, spin
+//! while idle, then sleep on the doorbell (`shm-layout.md`, "Doorbell").
+
+use std::io::{self, IoSliceMut};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use quinn::udp::RecvMeta;
+use ringmux_ring::Consumer;
+use tokio::io::unix::AsyncFd;
+
+use super::{recv_meta, IngressStats};
+
+/// The ring's idle bookkeeping between polls.
+#[derive(Debug, Default)]
+pub(crate) struct Idle {
+    /// When the ring was first seen empty in this idle period.
+    spin_started: Option<Instant>,
+    /// A sleep is announced (`need_wakeup` set).
+    sleeping: bool,
+    /// Set after a producer protocol violation: the ingress is dead, wait for the supervisor.
+    pub(crate) broken: bool,
+}
+
+/// Fills `bufs` from the ring. When it runs dry it keeps polling cooperatively (returning
+/// `Pending` after waking itself, so timers and sends still run) for the consumer's spin time,
+/// then announces a sleep and waits on the doorbell through tokio's reactor (`bell`).
+pub(crate) fn poll_recv(
+    consumer: &mut Consumer,
+    st: &mut Idle,
+    bell: &AsyncFd<OwnedFd>,
+    stats: &IngressStats,
+    cx: &mut Context<'_>,
+    bufs: &mut [IoSliceMut<'_>],
+    meta: &mut [RecvMeta],
+) -> Poll<io::Result<usize>> {
+    loop {
+        let spin = consumer.spin();
+        let mut n = 0;
+        let mut dropped = 0u64;
+        let max = bufs.len().min(meta.len());
+        let drained = consumer.drain(max, |d| {
+            let buf = &mut bufs[n];
+            if d.payload.len() > buf.len() {
+                dropped += 1;
+                return;
+            }
+            buf[..d.payload.len()].copy_from_slice(d.payload);
+            meta[n] = recv_meta(&d.meta, d.payload.len());
+            n += 1;
+        });
+        let drained = match drained {
+            Ok(d) => d,
+            Err(e) => {
+                // The demux is the trusted side; a violation means its memory is corrupt.
+                // Stop reading (an error here would kill every connection) and let the
+                // supervisor notice through the control socket.
+                tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
+                st.broken = true;
+                return Poll::Pending;
+            }
+        };
+        dropped += drained.invalid as u64;
+        if dropped > 0 {
+            stats.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if drained.slots > 0 {
+            st.spin_started = None;
+            if st.sleeping {
+                st.sleeping = false;
+                consumer.end_sleep();
+            }
+            if n > 0 {
+                stats.received.fetch_add(n as u64, Ordering::Relaxed);
+                return Poll::Ready(Ok(n));
+            }
+            continue; // everything drained was dropped: look again
+        }
+        if st.sleeping {
+            match bell.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut guard)) => {
+                    guard.clear_ready();
+                    st.sleeping = false;
+                    consumer.end_sleep();
+                    st.spin_started = Some(Instant::now());
+                    continue;
+                }
+                Poll::Ready(Err(e)) => {
+                    tracing::error!(error = %e, "doorbell registration failed");
+                    st.broken = true;
+                    return Poll::Pending;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let now = Instant::now();
+        let started = *st.spin_started.get_or_insert(now);
+        if now.duration_since(started) < spin {
+            // Cooperative spin: let the runtime run timers and sends, then poll again.
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        match consumer.prepare_sleep() {
+            Ok(true) => {
+                st.sleeping = true;
+                stats.sleeps.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "ring protocol violation by the producer; ingress stopped");
+                st.broken = true;
+                return Poll::Pending;
+            }
+        }
+    }
+}
