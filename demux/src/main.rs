@@ -262,11 +262,8 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
 }
 
 fn pin(cpu: usize) {
-    let ok = core_affinity::get_core_ids()
-        .and_then(|ids| ids.into_iter().find(|c| c.id == cpu))
-        .is_some_and(core_affinity::set_for_current);
-    if !ok {
-        tracing::warn!(cpu, "could not pin the data plane to CPU");
+    if let Err(e) = sys::pin_to_cpu(cpu) {
+        tracing::warn!(cpu, error = %e, "could not pin the data plane to CPU");
     }
 }
 

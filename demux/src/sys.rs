@@ -148,17 +148,30 @@ pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
 // Processes and signals
 // ---------------------------------------------------------------------------------------------
 
-/// Makes `cmd` start with `control` as its descriptor 3, an empty signal mask (the demux
+/// Pins the calling thread to CPU `cpu`.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+    Ok(())
+}
+
+/// Makes `cmd` start pinned to `cpu` (when given), with `control` as its descriptor 3, an empty signal mask (the demux
 /// blocks its shutdown signals to read them from a signalfd; a worker must receive them) and
 /// SIGKILL as its parent-death signal, so whatever program it runs dies with the demux (the
 /// signal survives `execve`; it fires when the spawning thread, the supervisor's, exits).
 /// Every other descriptor of the demux is close-on-exec.
-pub fn pass_control_socket(cmd: &mut Command, control: BorrowedFd<'_>) {
+pub fn prepare_worker(cmd: &mut Command, control: BorrowedFd<'_>, cpu: Option<usize>) {
     let fd = control.as_raw_fd();
-    // Runs in the child between fork and exec: only async-signal-safe calls (fcntl, dup2,
-    // prctl, sigemptyset, sigprocmask) on descriptors and a mask owned by the child. `fd` stays
+    // Runs in the child between fork and exec: only async-signal-safe calls
+    // (sched_setaffinity, fcntl, dup2, prctl, sigemptyset, sigprocmask) on descriptors and a mask owned by the child. `fd` stays
     // open until the spawn returns (the caller holds `control` across it).
     let setup = move || -> io::Result<()> {
+        // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
+        // plain bit array: no allocation here).
+        if let Some(cpu) = cpu {
+            pin_to_cpu(cpu)?;
+        }
         // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
         // SAFETY: fcntl on a descriptor open in the child; no memory is passed.
         let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };

@@ -286,3 +286,25 @@ async fn a_program_that_never_attaches_is_named() {
     })
     .await
 }
+
+/// `--cpus`: the demux pins each worker before its program starts, so any program runs on its
+/// CPU without a line of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_start_pinned_to_their_cpus() {
+    bounded(LIMIT, async {
+        let rm = start_example("h3-hello", 2, Forward::Shm, &["--cpus", "0,1,0"]);
+        let pids = rm.worker_pids().await;
+        for (i, pid) in pids.iter().enumerate() {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let allowed = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string();
+            let want = if i == 0 { "1" } else { "0" };
+            assert_eq!(allowed, want, "instance {i} (pid {pid})");
+        }
+    })
+    .await
+}

@@ -65,6 +65,7 @@ pub struct Handoff {
     /// The shared keys, in `ringmux_quic_lb::KeySet::to_bytes` form.
     pub keys: Vec<u8>,
     pub cid_lifetime: Option<Duration>,
+    /// The CPU the demux pinned this worker to before it started, if any.
     pub cpu: Option<usize>,
     pub cert_pem: String,
     pub key_pem: String,

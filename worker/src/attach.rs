@@ -43,7 +43,7 @@
 //!
 //! # What it does for you
 //!
-//! Reads the hand-off, pins the process to its CPU when the operator asked for it, dies with
+//! Reads the hand-off (the demux has already pinned the process to its CPU), dies with
 //! the demux, reports `READY` once the endpoint exists, reports counters about once a second,
 //! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`].
 
@@ -178,8 +178,9 @@ impl fmt::Debug for Worker {
 
 impl Worker {
     /// Receives the hand-off from the demux that started this process: its configuration,
-    /// the shared keys and certificate, and its descriptors. Pins the process to its CPU if
-    /// the operator asked for it, and arranges for it to die with the demux. Blocks until the
+    /// the shared keys and certificate, and its descriptors, and arranges for it to die with
+    /// the demux. (The demux has already pinned the process to its CPU, if the operator asked
+    /// for that, before the program started.) Blocks until the
     /// hand-off arrives (the demux sends it right after starting the process).
     pub fn attach() -> Result<Worker, AttachError> {
         let control = control_socket()?;
@@ -209,9 +210,6 @@ impl Worker {
         CidGenerator::new(&lb, h.instance, h.cid_lifetime)
             .map_err(|e| bad("QUIC-LB parameters", e.to_string()))?;
         let certificate = CertChain::from_pem(&h.cert_pem, &h.key_pem)?;
-        if let Some(cpu) = h.cpu {
-            pin_to(cpu);
-        }
         // Descriptors in hand-off order: public socket, ingress…, session socket
         // (`control-protocol.md`, "Descriptors"); their count was checked on receipt.
         let mut fds = fds.into_iter();
@@ -459,15 +457,6 @@ fn control_socket() -> Result<OwnedFd, AttachError> {
         return Err(bad("not a SOCK_SEQPACKET socket"));
     }
     Ok(fd)
-}
-
-fn pin_to(cpu: usize) {
-    let ok = core_affinity::get_core_ids()
-        .and_then(|ids| ids.into_iter().find(|c| c.id == cpu))
-        .is_some_and(core_affinity::set_for_current);
-    if !ok {
-        tracing::warn!(cpu, "could not pin to CPU");
-    }
 }
 
 /// Talks to the demux until it goes away: counters about once a second, drain requests (and

@@ -298,7 +298,7 @@ impl Supervisor {
         cmd.args(&self.cfg.worker_cmd[1..]);
         cmd.env(ringmux_proto::CONTROL_FD_ENV, "3")
             .stdin(Stdio::null());
-        sys::pass_control_socket(&mut cmd, theirs.as_fd());
+        sys::prepare_worker(&mut cmd, theirs.as_fd(), h.cpu);
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
