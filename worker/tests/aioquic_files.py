@@ -8,7 +8,8 @@ connection. In header values, $ETAG and $LAST_MODIFIED stand for the etag and la
 of the first response. For each request one line goes to stdout, tab-separated name=value
 fields: status, body_len, body_fnv (FNV-1a 64, hex), then every response header field
 (name=value). A last line "done" says the script finished. Errors go to stderr and the exit
-status is 1. How aioquic behaves: the team notes on interop (shared/notes/interop.md, 2.2).
+status is 1. aioquic drops datagrams from any address but the server's and ignores stateless
+resets.
 """
 
 import asyncio
@@ -46,7 +47,8 @@ class Response:
 
 
 class Client(QuicConnectionProtocol):
-    """It must not call the base quic_event_received (notes 2.2)."""
+    """It must not call the base quic_event_received: that floods "Cannot send data after FIN"
+    at exit."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
