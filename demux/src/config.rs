@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use ringmux_proto::UpstreamUrl;
 use ringmux_ring::RingConfig;
 
 /// Spreads one public QUIC/HTTP-3 UDP port over several worker processes.
@@ -92,6 +93,15 @@ pub struct RunArgs {
     /// Default: none.
     #[arg(long, env = "RINGMUX_CACHE_CONTROL")]
     pub cache_control: Option<String>,
+    /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of
+    /// serving files; the built-in worker streams bodies both ways and adds `forwarded` and
+    /// `x-forwarded-*` with the client's address. Not with --root.
+    #[arg(long, env = "RINGMUX_UPSTREAM", conflicts_with = "root")]
+    pub upstream: Option<String>,
+    /// Seconds the proxy waits for the upstream's response head (else 504), and between two
+    /// frames of its response body (else the stream is reset); also the connect timeout (1–3600).
+    #[arg(long, env = "RINGMUX_UPSTREAM_TIMEOUT", default_value_t = 60)]
+    pub upstream_timeout: u64,
     /// Shared key file (QUIC-LB, routing hash, stateless reset, token and ticket keys), mode 0600.
     /// Default: fresh keys at every start. Use one file for every box behind one load balancer.
     #[arg(long, env = "RINGMUX_KEY_FILE")]
@@ -182,6 +192,8 @@ pub struct Config {
     /// The program every instance runs, then its arguments.
     pub worker_cmd: Vec<String>,
     pub instances: u8,
+    /// `--upstream`, checked.
+    pub upstream: Option<UpstreamUrl>,
 }
 
 impl RunArgs {
@@ -279,6 +291,19 @@ impl RunArgs {
                 self.file_cache_mb
             );
         }
+        let upstream = match &self.upstream {
+            Some(up) => match up.parse::<UpstreamUrl>() {
+                Ok(u) => Some(u),
+                Err(e) => bail!("--upstream / RINGMUX_UPSTREAM={e}"),
+            },
+            None => None,
+        };
+        if !(1..=3600).contains(&self.upstream_timeout) {
+            bail!(
+                "--upstream-timeout / RINGMUX_UPSTREAM_TIMEOUT={} is not valid: expected 1 to 3600 seconds",
+                self.upstream_timeout
+            );
+        }
         if let Some(cc) = &self.cache_control {
             // RFC 9110 §5.5: a field value is visible ASCII, spaces and tabs.
             if cc.trim().is_empty() || !cc.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
@@ -296,6 +321,7 @@ impl RunArgs {
             metrics,
             worker_cmd,
             instances,
+            upstream,
             args: self,
         })
     }

@@ -105,6 +105,8 @@ fn run(cfg: Config) -> Result<()> {
             max_bytes: cfg.args.max_bytes,
             file_cache_bytes: cfg.args.file_cache_mb << 20,
             cache_control: cfg.args.cache_control.clone(),
+            upstream: cfg.upstream.clone(),
+            upstream_timeout: Duration::from_secs(cfg.args.upstream_timeout),
             retry: cfg.args.retry,
             idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
             sink: cfg.args.worker_mode == config::WorkerMode::Sink,

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::PROTOCOL_VERSION;
+use crate::{UpstreamUrl, PROTOCOL_VERSION};
 
 /// How datagrams reach the worker, and so which descriptors follow the public socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,8 +74,8 @@ pub struct Handoff {
 }
 
 /// The options of ringmux's built-in server, as the operator set them (`--root`,
-/// `--max-bytes`, `--file-cache-mb`, `--cache-control`, `--retry`, `--idle-timeout`,
-/// `--worker-mode sink`).
+/// `--max-bytes`, `--file-cache-mb`, `--cache-control`, `--upstream`, `--upstream-timeout`,
+/// `--retry`, `--idle-timeout`, `--worker-mode sink`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServeOptions {
     /// Document root; `None`: built-in responses only.
@@ -86,6 +86,11 @@ pub struct ServeOptions {
     pub file_cache_bytes: u64,
     /// The `cache-control` value of file responses, if any.
     pub cache_control: Option<String>,
+    /// Proxy every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of serving.
+    pub upstream: Option<UpstreamUrl>,
+    /// How long the proxy waits for the upstream's response head, and between two of its body
+    /// frames.
+    pub upstream_timeout: Duration,
     /// Validate every client address with a Retry before accepting.
     pub retry: bool,
     /// QUIC idle timeout.
@@ -119,7 +124,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 26] = [
     "protocol",
     "instance",
     "instances",
@@ -137,6 +142,8 @@ pub const KEYS: [&str; 24] = [
     "max_bytes",
     "file_cache_bytes",
     "cache_control",
+    "upstream",
+    "upstream_timeout_ms",
     "retry",
     "idle_timeout_ms",
     "cpu",
@@ -191,6 +198,13 @@ impl Handoff {
             self.serve.max_bytes.to_string(),
             self.serve.file_cache_bytes.to_string(),
             hex::encode(self.serve.cache_control.as_deref().unwrap_or("").as_bytes()),
+            hex::encode(
+                self.serve
+                    .upstream
+                    .as_ref()
+                    .map_or(String::new(), |u| u.to_string()),
+            ),
+            millis(self.serve.upstream_timeout).to_string(),
             flag(self.serve.retry).to_string(),
             millis(self.serve.idle_timeout).to_string(),
             self.cpu.map_or(String::new(), |c| c.to_string()),
@@ -282,6 +296,14 @@ impl Handoff {
                 max_bytes: num("max_bytes", get("max_bytes")?)?,
                 file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
                 cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
+                upstream: match string("upstream")? {
+                    v if v.is_empty() => None,
+                    v => Some(v.parse().map_err(|e| field("upstream", e))?),
+                },
+                upstream_timeout: Duration::from_millis(num(
+                    "upstream_timeout_ms",
+                    get("upstream_timeout_ms")?,
+                )?),
                 retry: flag("retry")?,
                 idle_timeout: Duration::from_millis(num(
                     "idle_timeout_ms",
@@ -335,6 +357,8 @@ mod tests {
                 max_bytes: 1 << 26,
                 file_cache_bytes: 64 << 20,
                 cache_control: Some("public, max-age=60".into()),
+                upstream: Some("http://127.0.0.1:8080".parse().unwrap()),
+                upstream_timeout: Duration::from_secs(5),
                 retry: false,
                 idle_timeout: Duration::from_secs(30),
                 sink: false,
@@ -353,6 +377,7 @@ mod tests {
             serve: ServeOptions {
                 root: None,
                 cache_control: None,
+                upstream: None,
                 sink: true,
                 ..h.serve.clone()
             },
@@ -372,12 +397,15 @@ mod tests {
     fn another_version_is_refused_before_anything_else() {
         let text = sample()
             .encode()
-            .replace("protocol=1\n", "protocol=2\n")
+            .replace(
+                &format!("protocol={PROTOCOL_VERSION}\n"),
+                &format!("protocol={}\n", PROTOCOL_VERSION + 1),
+            )
             .replace("instance=3", "instance=oops");
         assert_eq!(
             Handoff::decode(text.as_bytes()),
             Err(HandoffError::VersionMismatch {
-                found: 2,
+                found: PROTOCOL_VERSION + 1,
                 expected: PROTOCOL_VERSION
             })
         );

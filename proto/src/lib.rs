@@ -20,14 +20,16 @@ pub mod handoff;
 pub mod logging;
 pub mod message;
 pub mod session;
+pub mod upstream;
 
 pub use handoff::{Handoff, HandoffError, IngressKind, ServeOptions};
 pub use message::{Message, MessageError, WorkerReport};
+pub use upstream::UpstreamUrl;
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;

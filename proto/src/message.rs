@@ -74,13 +74,18 @@ pub struct WorkerReport {
     pub lat_p50_ns: u64,
     pub lat_p99_ns: u64,
     pub lat_p999_ns: u64,
+    /// Reverse proxy: upstream failures per kind (connect, reset, timeout, protocol).
+    pub upstream_errors_connect: u64,
+    pub upstream_errors_reset: u64,
+    pub upstream_errors_timeout: u64,
+    pub upstream_errors_protocol: u64,
     /// CPU time this worker used (user + system), ns.
     pub cpu_ns: u64,
     pub pid: u64,
 }
 
 /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
-pub const STATS_KEYS: [&str; 11] = [
+pub const STATS_KEYS: [&str; 15] = [
     "connections_active",
     "connections_total",
     "requests_total",
@@ -90,6 +95,10 @@ pub const STATS_KEYS: [&str; 11] = [
     "lat_p50_ns",
     "lat_p99_ns",
     "lat_p999_ns",
+    "upstream_errors_connect",
+    "upstream_errors_reset",
+    "upstream_errors_timeout",
+    "upstream_errors_protocol",
     "cpu_ns",
     "pid",
 ];
@@ -107,6 +116,10 @@ impl WorkerReport {
             self.lat_p50_ns,
             self.lat_p99_ns,
             self.lat_p999_ns,
+            self.upstream_errors_connect,
+            self.upstream_errors_reset,
+            self.upstream_errors_timeout,
+            self.upstream_errors_protocol,
             self.cpu_ns,
             self.pid,
         ]
@@ -123,6 +136,10 @@ impl WorkerReport {
             "lat_p50_ns" => &mut self.lat_p50_ns,
             "lat_p99_ns" => &mut self.lat_p99_ns,
             "lat_p999_ns" => &mut self.lat_p999_ns,
+            "upstream_errors_connect" => &mut self.upstream_errors_connect,
+            "upstream_errors_reset" => &mut self.upstream_errors_reset,
+            "upstream_errors_timeout" => &mut self.upstream_errors_timeout,
+            "upstream_errors_protocol" => &mut self.upstream_errors_protocol,
             "cpu_ns" => &mut self.cpu_ns,
             "pid" => &mut self.pid,
             _ => return None,
@@ -178,7 +195,7 @@ mod tests {
         for m in [Message::Ready, Message::Shutdown, Message::Stats(report())] {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
-        assert_eq!(report().fields(), [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        assert_eq!(report().fields(), std::array::from_fn(|i| i as u64 + 1));
     }
 
     #[test]

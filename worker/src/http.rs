@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
+use crate::proxy::{Outcome, Upstream};
 use crate::quic::ServerOptions;
 
 /// Request stream type of the h3 server over quinn.
@@ -57,6 +58,9 @@ pub const HELLO_BODY: &[u8] = b"hello from ringmux\n";
 pub struct Site {
     pub root: Option<DocRoot>,
     pub max_bytes: u64,
+    /// Proxy every request to this upstream instead ([`crate::proxy`]); `root` and the
+    /// built-ins are then not used.
+    pub upstream: Option<Arc<Upstream>>,
 }
 
 impl Default for Site {
@@ -64,6 +68,7 @@ impl Default for Site {
         Site {
             root: None,
             max_bytes: DEFAULT_MAX_BYTES,
+            upstream: None,
         }
     }
 }
@@ -307,6 +312,7 @@ impl Conn {
                     Ok(Some(resolver)) => {
                         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
                         let req = Req {
+                            conn: conn.clone(),
                             site: self.site.clone(),
                             stats: self.stats.clone(),
                             handshake: handshake.clone(),
@@ -401,6 +407,7 @@ fn handshake_done(f: impl std::future::Future<Output = ()> + Send + 'static) -> 
 
 /// One request's task state.
 struct Req {
+    conn: quinn::Connection,
     site: Arc<Site>,
     stats: Arc<ServerStats>,
     handshake: HandshakeDone,
@@ -482,6 +489,9 @@ impl Reply {
 
 impl Req {
     async fn handle(self, request: Request<()>, mut stream: Stream) {
+        if let Some(upstream) = &self.site.upstream {
+            return self.proxy(upstream, request, stream).await;
+        }
         let method = request.method().clone();
         let path = request.uri().path().to_string();
         let result = self.respond(&request, &mut stream).await;
@@ -499,6 +509,33 @@ impl Req {
                 stream.stop_stream(Code::H3_INTERNAL_ERROR);
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
                 debug!(%method, %path, error = %e, "request failed");
+            }
+        }
+    }
+
+    /// Passes the request to the upstream. Like [`Req::respond`], a request that may be replayed
+    /// 0-RTT data waits for the handshake unless it is a GET or HEAD with early requests on;
+    /// one forwarded before the handshake completed says so with `early-data: 1`.
+    async fn proxy(&self, upstream: &Upstream, request: Request<()>, stream: Stream) {
+        let method = request.method().clone();
+        let path = request.uri().path().to_string();
+        let safe = method == Method::GET || method == Method::HEAD;
+        let mut early = self.handshake.clone().now_or_never().is_none();
+        if early && !(safe && self.early_requests) {
+            self.handshake.clone().await;
+            early = false;
+        }
+        let remote = self.conn.remote_address();
+        match upstream
+            .proxy(request, stream, remote, early, &self.stats.bytes_sent)
+            .await
+        {
+            Outcome::Answered(status) => {
+                self.stats.count_response(status);
+                debug!(%method, %path, status = status.as_u16(), "proxied");
+            }
+            Outcome::Failed => {
+                self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
             }
         }
     }

@@ -47,6 +47,7 @@
 //! * [`tls`]: certificate chain, shared session-ticket key, rustls server config.
 //! * [`quic`]: quinn endpoint/server configuration with the keys shared by all instances.
 //! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
+//! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`).
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`socket`]: [`socket::RingSocket`], a quinn `AsyncUdpSocket` over a ringmux ingress.
 //! * [`ingress`]: where datagrams come from (ring or unix socket), and the unix framing decoder.
@@ -62,6 +63,7 @@ pub mod control;
 pub mod files;
 pub mod http;
 pub mod ingress;
+pub mod proxy;
 pub mod quic;
 pub mod sessions;
 pub mod sink;

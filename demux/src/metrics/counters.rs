@@ -76,7 +76,13 @@ pub struct InstanceCounters {
     pub sink_lat_p50_ns: AtomicU64,
     pub sink_lat_p99_ns: AtomicU64,
     pub sink_lat_p999_ns: AtomicU64,
+    /// Reverse proxy: upstream failures per kind, in [`UPSTREAM_ERROR_KINDS`] order.
+    pub upstream_errors: [AtomicU64; UPSTREAM_ERROR_KINDS.len()],
 }
+
+/// The `kind` labels of `ringmux_worker_upstream_errors_total`, in the order of the
+/// `upstream_errors_*` keys of a worker's `STATS`.
+pub const UPSTREAM_ERROR_KINDS: [&str; 4] = ["connect", "reset", "timeout", "protocol"];
 
 impl InstanceCounters {
     /// Stores what a worker's `STATS` message says.
@@ -92,6 +98,15 @@ impl InstanceCounters {
         set(&self.sink_lat_p50_ns, r.lat_p50_ns);
         set(&self.sink_lat_p99_ns, r.lat_p99_ns);
         set(&self.sink_lat_p999_ns, r.lat_p999_ns);
+        let upstream = [
+            r.upstream_errors_connect,
+            r.upstream_errors_reset,
+            r.upstream_errors_timeout,
+            r.upstream_errors_protocol,
+        ];
+        for (c, v) in self.upstream_errors.iter().zip(upstream) {
+            set(c, v);
+        }
     }
 }
 

@@ -13,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::counters::UPSTREAM_ERROR_KINDS;
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
 
@@ -159,6 +160,19 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         }
         reg.register(name, help, fam);
     }
+    let upstream = Family::<Labels, Counter<u64>>::default();
+    for (i, ic) in c.instances.iter().enumerate() {
+        for (kind, v) in UPSTREAM_ERROR_KINDS.iter().zip(&ic.upstream_errors) {
+            let mut labels = instance(i);
+            labels.push(("kind".into(), (*kind).into()));
+            upstream.get_or_create(&labels).inc_by(ld(v));
+        }
+    }
+    reg.register(
+        base(names::WORKER_UPSTREAM_ERRORS),
+        "Reverse proxy (--upstream): upstream failures by kind (reported by the worker)",
+        upstream,
+    );
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..c.instances.len() {
         up.get_or_create(&instance(i)).set(i64::from(live.is_up(i)));

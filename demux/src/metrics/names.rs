@@ -49,8 +49,12 @@ pub const WORKER_UP: &str = "ringmux_worker_up";
 /// Gauge: 1, labels `instance` and `program` (what the instance runs, `--worker-cmd`).
 pub const WORKER_INFO: &str = "ringmux_worker_info";
 
+/// Counter: reverse-proxy upstream failures, labels `instance` and `kind` (`connect`, `reset`,
+/// `timeout`, `protocol`).
+pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
+
 /// Every name above.
-pub const ALL: [&str; 23] = [
+pub const ALL: [&str; 24] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -74,4 +78,5 @@ pub const ALL: [&str; 23] = [
     WORKER_CONNECTIONS,
     WORKER_UP,
     WORKER_INFO,
+    WORKER_UPSTREAM_ERRORS,
 ];

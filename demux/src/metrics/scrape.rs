@@ -47,6 +47,21 @@ impl Scrape {
             .unwrap_or(0.0)
     }
 
+    /// The sum of the samples of `name` that carry `label="value"` among their labels (e.g. one
+    /// `kind` over every instance), 0 if there are none.
+    pub fn sum_where(&self, name: &str, label: &str, value: &str) -> f64 {
+        let prefix = format!("{name}{{");
+        let needle = format!("{label}=\"{value}\"");
+        self.series
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix(&prefix)
+                    .is_some_and(|rest| rest.split(',').any(|l| l.trim_end_matches('}') == needle))
+            })
+            .map(|(_, v)| v)
+            .sum()
+    }
+
     /// The per-instance sample of `name`, 0 if absent.
     pub fn instance(&self, name: &str, instance: u8) -> f64 {
         self.labelled(name, "instance", &instance.to_string())
@@ -181,5 +196,20 @@ mod tests {
         assert_eq!(m.max(names::WORKER_PID), 78.0);
         assert_eq!(m.sum("ringmux_datagrams"), 0.0);
         assert!(m.balanced());
+    }
+
+    #[test]
+    fn sums_one_label_value_over_the_other_labels() {
+        let m = Scrape::parse(
+            "ringmux_worker_upstream_errors_total{instance=\"0\",kind=\"reset\"} 2\n\
+             ringmux_worker_upstream_errors_total{instance=\"1\",kind=\"reset\"} 3\n\
+             ringmux_worker_upstream_errors_total{instance=\"1\",kind=\"timeout\"} 5\n\
+             ringmux_worker_upstream_errors_total{kind=\"timeouts\",instance=\"1\"} 7\n",
+        );
+        let name = names::WORKER_UPSTREAM_ERRORS;
+        assert_eq!(m.sum_where(name, "kind", "reset"), 5.0);
+        assert_eq!(m.sum_where(name, "kind", "timeout"), 5.0);
+        assert_eq!(m.sum_where(name, "instance", "1"), 15.0);
+        assert_eq!(m.sum_where(name, "kind", "connect"), 0.0);
     }
 }

@@ -1,7 +1,7 @@
 //! `ringmux-worker`: ringmux's built-in instance. Started by the `ringmux` demux (never by
 //! hand), it attaches with [`Worker::attach`] and serves HTTP/3 from one quinn endpoint on a
 //! current-thread tokio runtime: static files from `--root`, the built-in `/hello.txt` and
-//! `/bytes/N`. It drains gracefully when the demux asks (or on SIGTERM) and exits at once if the
+//! `/bytes/N`, or, with `--upstream`, every request proxied to an HTTP/1.1 service. It drains gracefully when the demux asks (or on SIGTERM) and exits at once if the
 //! demux goes away. With `--worker-mode sink` it drains its ring and counts, for benchmarks.
 
 use std::sync::atomic::Ordering;
@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_worker::files::{DocRoot, FileOptions};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
+use ringmux_worker::proxy::Upstream;
 use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
@@ -57,13 +58,29 @@ async fn serve(worker: Worker) -> Result<()> {
     let tls = worker.tls_config(&[ALPN_H3])?;
     let endpoint = worker.endpoint(worker.server_config(tls)?)?;
     let stats = Arc::new(ServerStats::default());
+    let builtin = worker.builtin_options();
+    let upstream = builtin
+        .upstream
+        .as_ref()
+        .map(|url| Arc::new(Upstream::new(url, builtin.upstream_timeout)));
     let reported = stats.clone();
+    let reported_upstream = upstream.clone();
     worker.set_report(move |r| {
         r.connections_total = reported.connections_accepted.load(Ordering::Relaxed);
         r.requests_total = reported.requests_total.load(Ordering::Relaxed);
+        if let Some(up) = &reported_upstream {
+            [
+                r.upstream_errors_connect,
+                r.upstream_errors_reset,
+                r.upstream_errors_timeout,
+                r.upstream_errors_protocol,
+            ] = up.errors();
+        }
     });
-    tracing::info!("serving");
-    let builtin = worker.builtin_options();
+    match &builtin.upstream {
+        Some(url) => tracing::info!(upstream = %url, "serving: proxying every request"),
+        None => tracing::info!("serving"),
+    }
     let root = match &builtin.root {
         Some(path) => {
             let cache_control =
@@ -85,6 +102,7 @@ async fn serve(worker: Worker) -> Result<()> {
     let site = Arc::new(Site {
         root,
         max_bytes: builtin.max_bytes,
+        upstream,
     });
     serve_with(
         endpoint.clone(),

@@ -1,0 +1,88 @@
+//! `--upstream`: the HTTP/1.1 service ringmux's built-in worker proxies to, as the hand-off
+//! carries it. Checked by the demux at start-up (so a bad value is an error naming the flag)
+//! and again by the worker when it reads the hand-off.
+
+use http::uri::{Authority, Scheme};
+use http::Uri;
+
+/// `--upstream`: where the worker proxies to, and what is checked about it before starting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    /// `HOST:PORT` (or `HOST`, port 80).
+    pub authority: Authority,
+}
+
+impl std::fmt::Display for UpstreamUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}", self.authority)
+    }
+}
+
+impl std::str::FromStr for UpstreamUrl {
+    type Err = String;
+
+    /// `http://HOST[:PORT]`, optionally with a trailing `/`. Refuses `https`, paths, queries and
+    /// user information, saying why.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let uri: Uri = s
+            .parse()
+            .map_err(|e| format!("{s:?} is not a URL ({e}): expected http://HOST:PORT"))?;
+        match uri.scheme() {
+            Some(sch) if *sch == Scheme::HTTP => {}
+            Some(sch) if *sch == Scheme::HTTPS => {
+                return Err(format!(
+                    "{s:?}: https upstreams are not supported; the upstream must speak plain HTTP/1.1 (http://HOST:PORT)"
+                ))
+            }
+            _ => return Err(format!("{s:?}: expected http://HOST:PORT")),
+        }
+        let Some(authority) = uri.authority().cloned() else {
+            return Err(format!("{s:?}: expected http://HOST:PORT"));
+        };
+        if authority.as_str().contains('@') {
+            return Err(format!("{s:?}: user information is not supported"));
+        }
+        if authority.host().is_empty() {
+            return Err(format!("{s:?}: the host is empty"));
+        }
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(format!(
+                "{s:?}: a path or query is not supported; requests keep their own path (http://HOST:PORT)"
+            ));
+        }
+        Ok(UpstreamUrl { authority })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_urls_are_checked() {
+        let ok: UpstreamUrl = "http://127.0.0.1:8080".parse().unwrap();
+        assert_eq!(ok.authority.as_str(), "127.0.0.1:8080");
+        let ok: UpstreamUrl = "http://[::1]:80/".parse().unwrap();
+        assert_eq!(ok.authority.port_u16(), Some(80));
+        for (bad, says) in [
+            ("https://example.com", "https upstreams are not supported"),
+            ("127.0.0.1:8080", "expected http://HOST:PORT"),
+            ("http://u:p@host:1", "user information"),
+            ("http://host:1/api", "a path or query is not supported"),
+            ("http://host:1/?x=1", "a path or query is not supported"),
+            ("ftp://host", "expected http://HOST:PORT"),
+            ("http://", "not a URL"),
+        ] {
+            let e = bad.parse::<UpstreamUrl>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+            assert!(e.contains(bad), "{bad}: the message names the value: {e}");
+        }
+    }
+
+    #[test]
+    fn display_round_trips() {
+        let u: UpstreamUrl = "http://localhost:8080/".parse().unwrap();
+        assert_eq!(u.to_string(), "http://localhost:8080");
+        assert_eq!(u.to_string().parse::<UpstreamUrl>().unwrap(), u);
+    }
+}
