@@ -357,6 +357,28 @@ impl H3Conn {
         Ok(InFlight { head, stream })
     }
 
+    /// Sends the head of `request` (its URI holds the path; scheme and authority are this
+    /// connection's) and returns the raw stream: the caller sends the body, trailers or a
+    /// reset, and reads the response.
+    pub async fn open(
+        &self,
+        request: http::Request<()>,
+    ) -> Result<h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>, ClientError> {
+        let (mut parts, ()) = request.into_parts();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        parts.uri = format!("https://{}{}", self.authority, path)
+            .parse()
+            .map_err(http::Error::from)?;
+        let mut send = self.send.clone();
+        Ok(send
+            .send_request(http::Request::from_parts(parts, ()))
+            .await?)
+    }
+
     /// Closes the connection with H3_NO_ERROR and waits until it is closed. Returns an error
     /// if the connection had already failed.
     pub async fn close(self) -> Result<(), ClientError> {

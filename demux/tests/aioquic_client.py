@@ -8,7 +8,7 @@ Each entry of "bodies" is "PATH STATUS LENGTH FNV1A64HEX"; the Rust test checks 
 ringmux_worker::http::fill_pattern, so this script holds no copy of the pattern. Large bodies
 ("download") are written to DIR instead. Exit status is 0 whenever the JSON was printed.
 
-Scenarios: get, many (100 requests, one connection), conns (20 parallel connections), migrate
+Scenarios: get, paths (GET each --path), upload (POST --upload-bytes to each --path), many (100 requests, one connection), conns (20 parallel connections), migrate
 (new socket mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID:
 active migration), keyupdate, download (10 MiB to DIR), zerortt (ticket, then early data).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
@@ -110,19 +110,22 @@ class H3Client(QuicConnectionProtocol):
     async def get(self, path, sink=None):
         return await self.start(path, sink).done
 
-    def start(self, path, sink=None):
-        """Sends the request; the returned Response's `done` resolves when the body is in."""
+    def start(self, path, sink=None, method=b"GET", body=None):
+        """Sends the request (and `body`, if any); the returned Response's `done` resolves when
+        the response body is in."""
         sid = self._quic.get_next_available_stream_id()
         self.h3.send_headers(
             sid,
             [
-                (b":method", b"GET"),
+                (b":method", method),
                 (b":scheme", b"https"),
                 (b":authority", self.authority),
                 (b":path", path.encode()),
             ],
-            end_stream=True,
+            end_stream=body is None,
         )
+        if body is not None:
+            self.h3.send_data(sid, body, end_stream=True)
         r = Response(path, sink)
         self.pending[sid] = r
         self.transmit()
@@ -209,6 +212,16 @@ async def scenario(args, result):
             bodies.append(r.summary())
             result["texts"].append(r.head.decode("utf-8", "replace"))
         await close(p)
+    elif args.scenario == "upload":
+        # POST --upload-bytes bytes (byte i = i * 7 % 253) to each --path; answers in "texts".
+        p = await open_conn(host, port, config(), dcid)
+        body = bytes(i * 7 % 253 for i in range(args.upload_bytes))
+        result["texts"] = []
+        for path in args.path:
+            r = await p.start(path, method=b"POST", body=body).done
+            bodies.append(r.summary())
+            result["texts"].append(r.head.decode("utf-8", "replace"))
+        await close(p)
     elif args.scenario == "many":
         p = await open_conn(host, port, config(), dcid)
         rs = await asyncio.gather(*(p.get(f"/bytes/{(i * 1013) % 20011}") for i in range(100)))
@@ -289,6 +302,7 @@ async def main():
     ap.add_argument("--dcid")
     ap.add_argument("--dcid2")
     ap.add_argument("--path", action="append", default=[])
+    ap.add_argument("--upload-bytes", type=int, default=0)
     args = ap.parse_args()
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:

@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{bounded, expected_bytes, Forward, Ringmux};
+use harness::{
+    bounded, expected_bytes, hex, sha256_hex, upload_byte, Forward, PyUpstream, Ringmux,
+};
 use ringmux_bench::client::Fnv64;
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -656,10 +658,6 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Polls all futures to completion, returning their outputs in order.
 async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
     let mut futs: Vec<_> = futs.map(|f| Some(Box::pin(f))).collect();
@@ -939,6 +937,131 @@ async fn aioquic_against_the_h3_hello_example() {
             summaries[1].as_str().unwrap().starts_with("/missing 404 "),
             "{summaries:?}"
         );
+    })
+    .await
+}
+
+/// `ringmux --upstream` in front of each upstream: hyper's and Python's `http.server`.
+fn proxies() -> Vec<(&'static str, Ringmux, Box<dyn std::any::Any>)> {
+    let hyper = ringmux_bench::upstream::Upstream::start("127.0.0.1:0".parse().unwrap(), 1)
+        .expect("starting the hyper upstream");
+    let py = PyUpstream::start();
+    let hyper_url = format!("http://{}", hyper.addr());
+    vec![
+        (
+            "hyper",
+            Ringmux::start(2, Forward::Shm, &["--upstream", &hyper_url]),
+            Box::new(hyper),
+        ),
+        (
+            "python",
+            Ringmux::start(2, Forward::Shm, &["--upstream", &py.url()]),
+            Box::new(py),
+        ),
+    ]
+}
+
+/// gtlsclient through the reverse proxy: GET, a 3 MB download checked against the pattern, the
+/// forwarded headers, and a 2 MiB POST checked by SHA-256 at the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_through_the_proxy() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        for (name, rm, _upstream) in proxies() {
+            let dir = download_dir(&rm, "dl");
+            let dl = format!("--download={}", dir.display());
+            let log = gtls(
+                &rm,
+                std::slice::from_ref(&dl),
+                &["/hello", "/headers", "/bytes/3000000"],
+            )
+            .await;
+            assert_gtls_ok(&format!("{name}: GETs through the proxy"), &log, 3);
+            let hello = std::fs::read_to_string(dir.join("hello")).expect("saved /hello");
+            assert!(hello.starts_with("hello from upstream"), "{name}: {hello}");
+            let headers = std::fs::read_to_string(dir.join("headers")).expect("saved /headers");
+            assert!(
+                headers.contains("x-forwarded-for: 127.0.0.1\n")
+                    && headers.contains("forwarded: for=\"127.0.0.1:"),
+                "{name}: {headers}"
+            );
+            assert_download(&dir, 3_000_000);
+
+            let body: Vec<u8> = (0..2u64 << 20).map(upload_byte).collect();
+            let file = rm.dir().join("upload.bin");
+            std::fs::write(&file, &body).unwrap();
+            let log = gtls(
+                &rm,
+                &[
+                    dl,
+                    "-m".into(),
+                    "POST".into(),
+                    format!("--data={}", file.display()),
+                ],
+                &["/sha256"],
+            )
+            .await;
+            assert_gtls_ok(&format!("{name}: POST through the proxy"), &log, 1);
+            let answer = std::fs::read_to_string(dir.join("sha256")).expect("saved /sha256");
+            assert_eq!(
+                answer,
+                format!("POST {} {}\n", body.len(), sha256_hex(&body)),
+                "{name}"
+            );
+        }
+    })
+    .await
+}
+
+/// aioquic through the reverse proxy: GET, a 1 MB download checked against the pattern, the
+/// forwarded headers, and a 1 MB POST checked by SHA-256 at the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_through_the_proxy() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        for (name, rm, _upstream) in proxies() {
+            let args: Vec<String> = [
+                "--path",
+                "/hello",
+                "--path",
+                "/headers",
+                "--path",
+                "/bytes/1000000",
+            ]
+            .map(String::from)
+            .to_vec();
+            let out = aioquic(&rm, "paths", &args).await;
+            let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+            assert_eq!(texts.len(), 3, "{name}: {out:?}");
+            let hello = texts[0].as_str().unwrap();
+            assert!(hello.starts_with("hello from upstream"), "{name}: {hello}");
+            let headers = texts[1].as_str().unwrap();
+            assert!(
+                headers.contains("x-forwarded-for: 127.0.0.1\n")
+                    && headers.contains("x-forwarded-proto: https\n"),
+                "{name}: {headers}"
+            );
+
+            let n = 1_000_000u64;
+            let args: Vec<String> = vec![
+                "--path".into(),
+                "/sha256".into(),
+                "--upload-bytes".into(),
+                n.to_string(),
+            ];
+            let out = aioquic(&rm, "upload", &args).await;
+            let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+            let body: Vec<u8> = (0..n).map(upload_byte).collect();
+            assert_eq!(
+                texts.first().and_then(|t| t.as_str()),
+                Some(format!("POST {n} {}\n", sha256_hex(&body)).as_str()),
+                "{name}: {out:?}"
+            );
+        }
     })
     .await
 }

@@ -555,3 +555,82 @@ pub fn kill(pid: u32) -> nix::Result<()> {
         nix::sys::signal::Signal::SIGKILL,
     )
 }
+
+/// Python's `http.server` as an HTTP/1.1 upstream (`test-tools/python/http1_upstream.py`),
+/// listening on loopback; killed when dropped.
+pub struct PyUpstream {
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+impl PyUpstream {
+    /// Starts it and waits (bounded) for its "listening PORT" line.
+    pub fn start() -> PyUpstream {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../test-tools/python/http1_upstream.py");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg("0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting python3 {}: {e}", script.display()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("http1_upstream.py did not say where it listens within 30 s");
+        let port: u16 = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("http1_upstream.py said {line:?}"));
+        PyUpstream {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child,
+        }
+    }
+
+    /// `http://ADDR` for `--upstream`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for PyUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Peak resident memory of a process (`VmHWM`), in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Lower-case hexadecimal of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of `data`, in hexadecimal (what the test upstreams answer to `/sha256`).
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
+}
+
+/// Byte `offset` of the bodies the proxy tests upload (`aioquic_client.py upload` makes the
+/// same): another period than the download pattern, so the two cannot be confused.
+pub fn upload_byte(offset: u64) -> u8 {
+    (offset * 7 % 253) as u8
+}
