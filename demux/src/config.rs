@@ -441,12 +441,44 @@ mod tests {
                 &["--root", "/nonexistent/root"],
                 &["--root", "RINGMUX_ROOT"],
             ),
+            (
+                &["--upstream", "https://127.0.0.1:8443"],
+                &[
+                    "--upstream",
+                    "RINGMUX_UPSTREAM",
+                    "https://127.0.0.1:8443",
+                    "https",
+                ],
+            ),
+            (
+                &["--upstream", "http://127.0.0.1:8080/api"],
+                &["--upstream", "RINGMUX_UPSTREAM", "/api", "path"],
+            ),
+            (
+                &["--upstream-timeout", "0"],
+                &[
+                    "--upstream-timeout",
+                    "RINGMUX_UPSTREAM_TIMEOUT",
+                    "1 to 3600",
+                ],
+            ),
         ] {
             let e = refused(args);
             for w in wants {
                 assert!(e.contains(w), "{args:?}: {e:?} does not name {w:?}");
             }
         }
+    }
+
+    #[test]
+    fn upstream_is_checked_and_excludes_root() {
+        let c = check(&["--upstream", "http://localhost:8080"]).unwrap();
+        assert_eq!(
+            c.upstream.map(|u| u.to_string()).as_deref(),
+            Some("http://localhost:8080")
+        );
+        let e = refused(&["--upstream", "http://localhost:8080", "--root", "/"]);
+        assert!(e.contains("--root") && e.contains("--upstream"), "{e}");
     }
 
     #[test]

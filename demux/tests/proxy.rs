@@ -268,6 +268,7 @@ async fn streams_100_mib_each_way() {
 
         for (pid, before) in pids.iter().zip(before) {
             let after = peak_rss(*pid);
+            eprintln!("worker {pid}: peak RSS {before} -> {after} bytes");
             assert!(
                 after < before + (32 << 20),
                 "worker {pid}: peak RSS grew from {before} to {after} bytes moving 100 MiB each way"
