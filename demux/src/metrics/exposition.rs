@@ -1,10 +1,10 @@
 //! The Prometheus endpoint: the counters in the text format at `http://ADDR/metrics`.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use prometheus_client::encoding::text::encode as encode_text;
@@ -204,50 +204,217 @@ fn instance(i: usize) -> Labels {
     vec![("instance".into(), i.to_string())]
 }
 
-/// Serves `GET /metrics` on `addr` from a background thread.
+/// Longest request head the endpoint reads; a scrape's is about a hundred bytes.
+const MAX_HEAD: usize = 8 * 1024;
+
+/// How long a client has to send its whole request head, and to take the reply.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Clients served at once; one more is answered 503 and closed without being read.
+const MAX_CLIENTS: usize = 4;
+
+/// Serves `GET /metrics` on `addr`: an accepting thread, and one short-lived thread per client
+/// up to [`MAX_CLIENTS`]. A client gets [`CLIENT_DEADLINE`] in total for its request head of at
+/// most [`MAX_HEAD`] bytes, so neither a slow nor an endless client can hold the endpoint or
+/// grow the demux's memory.
 pub fn serve(addr: SocketAddr, counters: Arc<Counters>, live: Arc<Liveness>) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| {
         format!("binding the metrics address {addr} (--metrics / RINGMUX_METRICS)")
     })?;
     let local = listener.local_addr()?;
+    let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("metrics".into())
         .spawn(move || {
             for stream in listener.incoming().flatten() {
-                let _ = answer(stream, &counters, &live);
+                if active.fetch_add(1, Ordering::AcqRel) >= MAX_CLIENTS {
+                    active.fetch_sub(1, Ordering::AcqRel);
+                    busy(stream);
+                    continue;
+                }
+                let (counters, live, slot) = (counters.clone(), live.clone(), active.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("metrics-client".into())
+                    .spawn(move || {
+                        let _ = answer(stream, &counters, &live);
+                        slot.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    // The closure (and the stream) is gone with the error; free its place.
+                    active.fetch_sub(1, Ordering::AcqRel);
+                }
             }
         })?;
     Ok(local)
 }
 
-fn answer(mut s: TcpStream, counters: &Counters, live: &Liveness) -> std::io::Result<()> {
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut line = String::new();
-    let mut reader = BufReader::new(&mut s);
-    reader.read_line(&mut line)?;
-    // Read the rest of the request head: closing with unread input would reset the connection
-    // before the client has read the answer.
-    let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
-        header.clear();
+/// Turns a client away without reading it or waiting on it.
+fn busy(s: TcpStream) {
+    let _ = s.set_nonblocking(true);
+    let _ = (&s).write_all(
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+}
+
+/// Why a request head could not be read.
+enum HeadError {
+    TooLarge,
+    Late,
+    Io,
+}
+
+/// Reads a request head (through its empty line), at most [`MAX_HEAD`] bytes, by `deadline`.
+fn read_head(s: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>, HeadError> {
+    let mut head = Vec::with_capacity(512);
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+            .ok_or(HeadError::Late)?;
+        s.set_read_timeout(Some(left)).map_err(|_| HeadError::Io)?;
+        let n = match s.read(&mut buf) {
+            Ok(0) => return Err(HeadError::Io),
+            Ok(n) => n,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return Err(HeadError::Late)
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => return Err(HeadError::Io),
+        };
+        // Only the new bytes and the three before them can complete the end of the head.
+        let from = head.len().saturating_sub(3);
+        head.extend_from_slice(&buf[..n]);
+        let tail = &head[from..];
+        if tail.windows(4).any(|w| w == b"\r\n\r\n") || tail.windows(2).any(|w| w == b"\n\n") {
+            return Ok(head);
+        }
+        if head.len() > MAX_HEAD {
+            return Err(HeadError::TooLarge);
+        }
     }
-    let (status, body) = if line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?") {
-        ("200 OK", encode(counters, live))
-    } else {
-        ("404 Not Found", "try /metrics\n".to_string())
+}
+
+fn answer(mut s: TcpStream, counters: &Counters, live: &Liveness) -> std::io::Result<()> {
+    let deadline = Instant::now() + CLIENT_DEADLINE;
+    s.set_write_timeout(Some(CLIENT_DEADLINE))?;
+    let (status, body) = match read_head(&mut s, deadline) {
+        Ok(head) => {
+            let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+            if line.starts_with(b"GET /metrics ") || line.starts_with(b"GET /metrics?") {
+                ("200 OK", encode(counters, live))
+            } else {
+                ("404 Not Found", "try /metrics\n".to_string())
+            }
+        }
+        Err(HeadError::TooLarge) => (
+            "431 Request Header Fields Too Large",
+            "request head too large\n".into(),
+        ),
+        Err(HeadError::Late) => ("408 Request Timeout", "request head too slow\n".into()),
+        Err(HeadError::Io) => return Ok(()),
     };
     let response = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     // One write: a formatted write! would issue a syscall per piece.
-    s.write_all(response.as_bytes())
+    s.write_all(response.as_bytes())?;
+    // Unread input would make close() reset the connection before the client has read the
+    // answer (a head that was too large or too slow): stop sending, then drain briefly.
+    let _ = s.shutdown(std::net::Shutdown::Write);
+    let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut sink = [0u8; 4096];
+    let mut drained = 0usize;
+    while drained < 64 * 1024 {
+        match s.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::metrics::Scrape;
+
+    fn endpoint() -> SocketAddr {
+        serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Counters::new(1)),
+            Liveness::new(1),
+        )
+        .expect("metrics endpoint")
+    }
+
+    /// The status line of the reply on `s` (empty if the connection closed without one).
+    fn status_line(s: &mut TcpStream) -> String {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut reply = Vec::new();
+        let _ = s.take(256).read_to_end(&mut reply);
+        let text = String::from_utf8_lossy(&reply);
+        text.lines().next().unwrap_or("").to_string()
+    }
+
+    #[test]
+    fn an_endless_request_head_is_cut_off() {
+        let addr = endpoint();
+        let mut s = TcpStream::connect(addr).unwrap();
+        // 64 KiB without a newline; the endpoint stops reading after MAX_HEAD.
+        let junk = vec![b'a'; 64 * 1024];
+        let _ = s.write_all(&junk);
+        assert_eq!(
+            status_line(&mut s),
+            "HTTP/1.1 431 Request Header Fields Too Large"
+        );
+        assert!(crate::metrics::fetch(addr).is_ok(), "still serving");
+    }
+
+    #[test]
+    fn a_trickling_client_neither_blocks_others_nor_stays() {
+        let addr = endpoint();
+        let mut slow = TcpStream::connect(addr).unwrap();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let trickle = {
+            let mut s = slow.try_clone().unwrap();
+            let done = done.clone();
+            // One byte every 50 ms, never a whole line: each read succeeds, so only a deadline
+            // for the whole head ends it. Bounded: at most 20 s, and stops when told.
+            std::thread::spawn(move || {
+                for _ in 0..400 {
+                    if done.load(Ordering::Relaxed) || s.write_all(b"G").is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let scrape = crate::metrics::fetch(addr);
+        assert!(
+            scrape.is_ok(),
+            "a scrape beside a trickling client: {scrape:?}"
+        );
+        assert_eq!(status_line(&mut slow), "HTTP/1.1 408 Request Timeout");
+        done.store(true, Ordering::Relaxed);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn clients_past_the_limit_are_turned_away_at_once() {
+        let addr = endpoint();
+        let idle: Vec<TcpStream> = (0..MAX_CLIENTS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // The idle ones hold every place until their deadline; the next is answered 503.
+        let mut extra = TcpStream::connect(addr).unwrap();
+        assert_eq!(status_line(&mut extra), "HTTP/1.1 503 Service Unavailable");
+        for mut s in idle {
+            assert_eq!(status_line(&mut s), "HTTP/1.1 408 Request Timeout");
+        }
+        assert!(crate::metrics::fetch(addr).is_ok(), "places are given back");
+    }
 
     #[test]
     fn every_name_is_exposed_with_its_values() {
