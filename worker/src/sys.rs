@@ -6,12 +6,15 @@
 //! said it.
 
 use std::io::{self, IoSliceMut};
+use std::ops::Deref;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 /// The most descriptors Linux passes in one message (`SCM_MAX_FD`). The receive buffer has room
 /// for that many, so descriptors are never truncated away unseen: every one that arrives is
@@ -157,6 +160,34 @@ pub fn die_with_parent() -> io::Result<()> {
 /// Whether `fd` is an open Unix `SOCK_SEQPACKET` socket (the kind of the control socket).
 pub fn is_seqpacket_socket(fd: BorrowedFd<'_>) -> bool {
     socket::getsockopt(&fd, socket::sockopt::SockType) == Ok(socket::SockType::SeqPacket)
+}
+
+/// A descriptor registered with tokio's reactor for readability (the doorbell, the unix
+/// ingress socket, the control socket), owned until dropped. It lends the [`AsyncFd`] out only
+/// by shared reference: nothing can take the descriptor out, close it or swap it while it is
+/// registered.
+#[derive(Debug)]
+pub struct AsyncReadable(AsyncFd<OwnedFd>);
+
+impl AsyncReadable {
+    /// Registers `fd`. Must run inside a tokio runtime.
+    pub fn new(fd: OwnedFd) -> io::Result<Self> {
+        // SAFETY: what `register_with_interest` asks of the descriptor holds for an `OwnedFd`
+        // kept inside this type: it is open (an `OwnedFd` always is), `as_raw_fd` reads a field
+        // that never changes, and it stays open and the same until the `AsyncFd` is dropped,
+        // because this type owns the `AsyncFd` and hands out only `&AsyncFd` (no `get_mut`, no
+        // `into_inner`).
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
+        Ok(AsyncReadable(fd))
+    }
+}
+
+impl Deref for AsyncReadable {
+    type Target = AsyncFd<OwnedFd>;
+
+    fn deref(&self) -> &AsyncFd<OwnedFd> {
+        &self.0
+    }
 }
 
 /// Runs `f` again while it fails with `EINTR`.
