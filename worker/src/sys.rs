@@ -1,18 +1,20 @@
-//! Every system call of the worker library outside quinn-udp and the ring crate, each wrapped
-//! once, on `nix` where it has a wrapper. The rest of the crate calls these safe functions.
+//! Every system call of the worker library outside quinn-udp, the ring crate and `files`, each
+//! wrapped once, on `nix` where it has a wrapper (on `rustix` where only it owns what the
+//! kernel hands back). The rest of the crate calls these safe functions.
 //!
 //! Kinds of error that escape: each function returns `io::Result`; `EINTR` is retried inside,
 //! `WouldBlock` escapes from the non-blocking ones (named so), everything else as the kernel
 //! said it.
 
 use std::io::{self, IoSliceMut};
+use std::mem::MaybeUninit;
 use std::ops::Deref;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{self, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -29,38 +31,37 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     max_fds: usize,
 ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+    // rustix rather than nix: its control messages hand the descriptors over as `OwnedFd`s (and
+    // close any left unread), where nix's are bare numbers to take ownership of.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(SCM_MAX_FD))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
-    let (bytes, flags, fds) = retry(|| {
-        let msg = socket::recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // SAFETY: the kernel installed these descriptors in this process for this
-                // message; nothing else refers to them, so each gets exactly one owner here.
-                fds.extend(
-                    raw.into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
+    let msg = loop {
+        match recvmsg(sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
         }
-        Ok((msg.bytes, msg.flags, fds))
-    })?;
-    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+    };
+    let mut fds = Vec::new();
+    for c in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = c {
+            fds.extend(received);
+        }
+    }
+    if msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
         return Err(invalid("control message truncated"));
     }
     if fds.len() > max_fds {
         return Err(invalid("more descriptors than the protocol allows"));
     }
-    if bytes == 0 && fds.is_empty() {
+    if msg.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    Ok(Some((bytes, fds)))
+    Ok(Some((msg.bytes, fds)))
 }
 
 /// Sends one packet on a `SOCK_SEQPACKET` socket, without `SIGPIPE`; `dontwait`: without
@@ -207,7 +208,7 @@ fn invalid(what: &'static str) -> io::Error {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, RawFd};
 
     /// A connected `SOCK_SEQPACKET` pair, as the demux makes them.
     pub(crate) fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
