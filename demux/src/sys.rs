@@ -156,27 +156,38 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes `cmd` start pinned to `cpu` (when given), with `control` as its descriptor 3, an empty signal mask (the demux
-/// blocks its shutdown signals to read them from a signalfd; a worker must receive them) and
-/// SIGKILL as its parent-death signal, so whatever program it runs dies with the demux (the
-/// signal survives `execve`; it fires when the spawning thread, the supervisor's, exits).
-/// Every other descriptor of the demux is close-on-exec.
-pub fn prepare_worker(cmd: &mut Command, control: BorrowedFd<'_>, cpu: Option<usize>) {
-    let fd = control.as_raw_fd();
-    // Runs in the child between fork and exec: only async-signal-safe calls
-    // (sched_setaffinity, fcntl, dup2, prctl, sigemptyset, sigprocmask) on descriptors and a mask owned by the child. `fd` stays
-    // open until the spawn returns (the caller holds `control` across it).
+/// Makes `cmd` start pinned to `cpu` (when given), with `control` as its descriptor 3, an
+/// empty signal mask (the demux blocks its shutdown signals to read them from a signalfd; a
+/// worker must receive them) and SIGKILL as its parent-death signal, so whatever program it runs
+/// dies with the demux (the signal survives `execve`; it fires when the spawning thread, the
+/// supervisor's, exits). Every other descriptor of the demux is close-on-exec.
+///
+/// Fails only if `control` cannot be duplicated (`EMFILE`); `cmd` keeps the duplicate until it
+/// is dropped.
+pub fn prepare_worker(
+    cmd: &mut Command,
+    control: BorrowedFd<'_>,
+    cpu: Option<usize>,
+) -> io::Result<()> {
+    // A close-on-exec copy numbered 10 or higher, owned by the hook: never 3 itself (dup2 of 3
+    // onto 3 would leave close-on-exec set), and open for as long as `cmd` can spawn. rustix,
+    // because nix's F_DUPFD_CLOEXEC hands back an unowned number.
+    let high = rustix::io::fcntl_dupfd_cloexec(control, 10)?;
+    // Runs in the child between fork and exec: only async-signal-safe calls (sched_setaffinity,
+    // dup2, prctl, sigprocmask) on descriptors and a mask owned by the child.
     let setup = move || -> io::Result<()> {
         // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
         // plain bit array: no allocation here).
         if let Some(cpu) = cpu {
             pin_to_cpu(cpu)?;
         }
-        // Through a high number first: dup2 onto 3 must not close `fd` if it is 3 already.
-        // SAFETY: fcntl on a descriptor open in the child; no memory is passed.
-        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-        // SAFETY: dup2 of an open descriptor onto 3; no memory is passed.
-        if high < 0 || unsafe { libc::dup2(high, 3) } < 0 {
+        // No safe wrapper can target descriptor 3: nix's and rustix's dup2 want 3 as an
+        // `OwnedFd`, which nothing in the child is, and nix's `dup2_raw` turns a failure into
+        // an `OwnedFd` of -1. Whatever 3 was in the child (a close-on-exec copy of one of the
+        // demux's descriptors) is replaced, as exec would have closed it anyway.
+        // SAFETY: dup2 passes no memory; `high` is open (the hook owns it) and 3 is a valid
+        // descriptor number.
+        if unsafe { libc::dup2(high.as_raw_fd(), 3) } < 0 {
             return Err(io::Error::last_os_error());
         }
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
@@ -190,6 +201,7 @@ pub fn prepare_worker(cmd: &mut Command, control: BorrowedFd<'_>, cpu: Option<us
     // SAFETY: `setup` makes only async-signal-safe calls and allocates nothing, as a pre-exec
     // hook must (it runs in the forked child of a multi-threaded process).
     unsafe { cmd.pre_exec(setup) };
+    Ok(())
 }
 
 /// A pidfd of process `pid` (Linux 5.3): readable once the process has exited.

@@ -3,8 +3,12 @@
 //! any number of them.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 /// An eventfd shared by one producer and one consumer.
 #[derive(Debug)]
@@ -15,14 +19,8 @@ pub struct Doorbell {
 impl Doorbell {
     /// A new eventfd with a zero counter.
     pub fn new() -> io::Result<Self> {
-        // SAFETY: plain syscall; the result is checked before use.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh descriptor we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(Doorbell { fd })
+        let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(Doorbell { fd: fd.into() })
     }
 
     /// Wraps a descriptor received from the producer. It is checked to be an eventfd by the first
@@ -33,17 +31,14 @@ impl Doorbell {
 
     /// Adds one to the counter, waking a sleeper. `EAGAIN` (counter saturated: nobody has read it
     /// for 2^64 rings) means a wake-up is already pending, so it is not an error.
+    ///
+    /// One `write(2)` of 8 bytes and nothing else: it runs on the producer's data path.
+    #[inline]
     pub fn ring(&self) -> io::Result<()> {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a valid u64 to our descriptor.
-        let n = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock {
-                return Err(e);
-            }
+        match nix::unistd::write(&self.fd, &1u64.to_ne_bytes()) {
+            Ok(_) | Err(Errno::EAGAIN) => Ok(()),
+            Err(e) => Err(e.into()),
         }
-        Ok(())
     }
 
     /// Takes the eventfd back after its consumer is gone: sets `O_NONBLOCK` again (a consumer
@@ -52,35 +47,24 @@ impl Doorbell {
     /// rings the counter held. Call it only when no other process holds the eventfd any more:
     /// otherwise it can undo both at once again.
     pub fn reclaim(&self) -> io::Result<u64> {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: fcntl on our own descriptor.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if flags & libc::O_NONBLOCK == 0 {
-            // SAFETY: as above.
-            if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
+        let flags = OFlag::from_bits_retain(fcntl(&self.fd, FcntlArg::F_GETFL)?);
+        if !flags.contains(OFlag::O_NONBLOCK) {
+            fcntl(&self.fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
         }
         self.clear()
     }
 
     /// Reads and clears the counter; returns how many rings it held (0 if none).
+    ///
+    /// One `read(2)` of 8 bytes and nothing else: it runs on the consumer's wake-up path.
+    #[inline]
     pub fn clear(&self) -> io::Result<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a valid u64 from our descriptor.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(0)
-            } else {
-                Err(e)
-            };
+        let mut v = [0u8; 8];
+        match nix::unistd::read(&self.fd, &mut v) {
+            Ok(_) => Ok(u64::from_ne_bytes(v)),
+            Err(Errno::EAGAIN) => Ok(0),
+            Err(e) => Err(e.into()),
         }
-        Ok(v)
     }
 
     /// Blocks until the counter is non-zero or `timeout` passes (None: forever), then clears it.

@@ -12,6 +12,8 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use crate::layout::{LAYOUT_VERSION, MAGIC, SLOTS_OFFSET};
+use nix::fcntl::SealFlag;
+
 use crate::shm::{add_seals, memfd, BASE_SEALS, REGION_SEALS};
 use crate::Consumer;
 
@@ -72,7 +74,7 @@ pub fn consume_arbitrary(data: &[u8]) -> usize {
     handed
 }
 
-fn sealed(bytes: &[u8], seals: i32) -> std::io::Result<OwnedFd> {
+fn sealed(bytes: &[u8], seals: SealFlag) -> std::io::Result<OwnedFd> {
     let mut f = memfd(c"ringmux-fuzz", 0)?;
     f.write_all(bytes)?;
     add_seals(&f, seals)?;

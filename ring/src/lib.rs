@@ -39,12 +39,11 @@ pub mod model;
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of [`DatagramMeta::rx_timestamp_ns`], so that a
 /// consumer in another process can compute ring latency (the vDSO answers it without a syscall).
+/// `CLOCK_MONOTONIC` always exists, so the error branch (0) is never taken.
+#[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_MONOTONIC).map_or(0, |ts| {
+        ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+    })
 }

@@ -5,13 +5,15 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::sys::memfd::{memfd_create, MFdFlags};
 
 use crate::config::RingConfig;
 use crate::doorbell::Doorbell;
@@ -27,10 +29,12 @@ use crate::sync::Ordering;
 
 /// Seals every ring memfd carries: nobody can resize it (no SIGBUS under another process), and
 /// nobody can add or remove seals.
-pub(crate) const BASE_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+pub(crate) const BASE_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
+    .union(SealFlag::F_SEAL_GROW)
+    .union(SealFlag::F_SEAL_SEAL);
 /// The producer region also refuses new writable mappings and `write()`: only the demux's own
 /// mapping, made before the seal, can write it.
-pub(crate) const REGION_SEALS: i32 = BASE_SEALS | libc::F_SEAL_FUTURE_WRITE;
+pub(crate) const REGION_SEALS: SealFlag = BASE_SEALS.union(SealFlag::F_SEAL_FUTURE_WRITE);
 
 /// Why a consumer refused the descriptors it was handed.
 #[derive(Debug, thiserror::Error)]
@@ -523,14 +527,8 @@ fn validate_header(
 }
 
 pub(crate) fn memfd(name: &std::ffi::CStr, len: u64) -> io::Result<File> {
-    // SAFETY: valid NUL-terminated name; the result is checked.
-    let fd =
-        unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptor we own.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let file = File::from(fd);
     file.set_len(len)?;
     Ok(file)
 }
@@ -549,23 +547,17 @@ fn consumer_page(head: u64) -> io::Result<(MmapRaw, File)> {
     Ok((map, file))
 }
 
-pub(crate) fn add_seals(file: &File, seals: i32) -> io::Result<()> {
-    // SAFETY: fcntl on a descriptor we own.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+pub(crate) fn add_seals(file: &File, seals: SealFlag) -> io::Result<()> {
+    fcntl(file, FcntlArg::F_ADD_SEALS(seals))?;
     Ok(())
 }
 
-fn check_seals(file: &File, which: &'static str, needed: i32) -> Result<(), AttachError> {
-    // SAFETY: fcntl on a descriptor we own.
-    let found = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GET_SEALS) };
-    if found < 0 {
-        return Err(AttachError::Io {
-            what: "F_GET_SEALS (is it a memfd?)",
-            source: io::Error::last_os_error(),
-        });
-    }
+fn check_seals(file: &File, which: &'static str, needed: SealFlag) -> Result<(), AttachError> {
+    let found = fcntl(file, FcntlArg::F_GET_SEALS).map_err(|e| AttachError::Io {
+        what: "F_GET_SEALS (is it a memfd?)",
+        source: e.into(),
+    })?;
+    let needed = needed.bits();
     if found & needed != needed {
         return Err(AttachError::Unsealed {
             which,

@@ -59,8 +59,6 @@ use quinn::crypto::rustls::QuicServerConfig;
 use ringmux_proto::{Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use ringmux_ring::Consumer;
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
 use tokio::sync::watch;
 
 use crate::control::{self, ControlError};
@@ -365,12 +363,8 @@ impl Worker {
         socket2::SockRef::from(&parts.control)
             .set_nonblocking(true)
             .map_err(io("control socket"))?;
-        // SAFETY: `parts.control` is an open descriptor owned by the AsyncFd for its whole life.
-        let control = unsafe { AsyncFd::register_with_interest(parts.control, Interest::READABLE) }
-            .map_err(|e| AttachError::Io {
-                what: "registering the control socket",
-                source: e.into(),
-            })?;
+        let control =
+            sys::AsyncReadable::new(parts.control).map_err(io("registering the control socket"))?;
         control::send(control.get_ref().as_fd(), &Message::Ready).map_err(io("reporting ready"))?;
         tokio::spawn(control_task(
             control,
@@ -463,7 +457,7 @@ fn control_socket() -> Result<OwnedFd, AttachError> {
 /// SIGTERM) into `drain`. When the demux closes the control socket the worker exits at once:
 /// nothing would route datagrams to it any more.
 async fn control_task(
-    control: AsyncFd<OwnedFd>,
+    control: sys::AsyncReadable,
     drain: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     ingress: Arc<IngressStats>,

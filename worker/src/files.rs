@@ -320,7 +320,7 @@ impl DocRoot {
         }))
     }
 
-    /// Reads up to `max` bytes of `file` at `offset` into a fresh buffer (not zeroed). Returns
+    /// Reads up to `max` bytes of `file` at `offset` into a fresh buffer. Returns
     /// an empty buffer at the end of the file. Inline when the data is in the page cache,
     /// otherwise on the blocking pool.
     pub async fn read_chunk(&self, file: &Arc<File>, offset: u64, max: usize) -> io::Result<Bytes> {

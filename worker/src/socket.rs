@@ -31,20 +31,19 @@ use std::time::Duration;
 
 use quinn::udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use quinn::{AsyncUdpSocket, UdpPoller};
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
 
 /// How long `poll_writable` backs off after a send hit `EAGAIN`.
 const SEND_BACKOFF: Duration = Duration::from_micros(200);
 
 use crate::ingress::shm::Idle;
 pub use crate::ingress::{Ingress, IngressStats};
+use crate::sys::AsyncReadable;
 
 /// A quinn socket over a ringmux ingress; see the module docs.
 pub struct RingSocket {
     rx: Mutex<RxState>,
     /// Readiness of the doorbell (ring) or of the unix socket, through tokio's reactor.
-    rx_fd: AsyncFd<OwnedFd>,
+    rx_fd: AsyncReadable,
     tx: std::net::UdpSocket,
     tx_state: UdpSocketState,
     public_addr: SocketAddr,
@@ -61,10 +60,7 @@ impl RingSocket {
     /// Wraps an ingress and this process's descriptor of the public socket. Must run inside a
     /// tokio runtime (it registers the doorbell or unix socket with the reactor).
     pub fn new(ingress: Ingress, public: OwnedFd, public_addr: SocketAddr) -> io::Result<Self> {
-        let rx_raw = ingress.wake_fd()?;
-        // SAFETY: `rx_raw` is an owned, open descriptor that the AsyncFd keeps for its lifetime.
-        let rx_fd = unsafe { AsyncFd::register_with_interest(rx_raw, Interest::READABLE) }
-            .map_err(io::Error::from)?;
+        let rx_fd = AsyncReadable::new(ingress.wake_fd()?)?;
         let tx = std::net::UdpSocket::from(public);
         // Sends must not block; the demux set this already on the file description we share.
         tx.set_nonblocking(true)?;

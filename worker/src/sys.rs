@@ -1,17 +1,22 @@
-//! Every system call of the worker library outside quinn-udp and the ring crate, each wrapped
-//! once, on `nix` where it has a wrapper. The rest of the crate calls these safe functions.
+//! Every system call of the worker library outside quinn-udp, the ring crate and `files`, each
+//! wrapped once, on `nix` where it has a wrapper (on `rustix` where only it owns what the
+//! kernel hands back). The rest of the crate calls these safe functions.
 //!
 //! Kinds of error that escape: each function returns `io::Result`; `EINTR` is retried inside,
 //! `WouldBlock` escapes from the non-blocking ones (named so), everything else as the kernel
 //! said it.
 
 use std::io::{self, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::ops::Deref;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{self, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{self, MsgFlags};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 
 /// The most descriptors Linux passes in one message (`SCM_MAX_FD`). The receive buffer has room
 /// for that many, so descriptors are never truncated away unseen: every one that arrives is
@@ -26,38 +31,37 @@ pub fn recv_with_fds(
     buf: &mut [u8],
     max_fds: usize,
 ) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    let mut cmsg = nix::cmsg_space!([RawFd; SCM_MAX_FD]);
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+    // rustix rather than nix: its control messages hand the descriptors over as `OwnedFd`s (and
+    // close any left unread), where nix's are bare numbers to take ownership of.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(SCM_MAX_FD))];
+    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
-    let (bytes, flags, fds) = retry(|| {
-        let msg = socket::recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        let mut fds = Vec::new();
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // SAFETY: the kernel installed these descriptors in this process for this
-                // message; nothing else refers to them, so each gets exactly one owner here.
-                fds.extend(
-                    raw.into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
+    let msg = loop {
+        match recvmsg(sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => break r?,
         }
-        Ok((msg.bytes, msg.flags, fds))
-    })?;
-    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
+    };
+    let mut fds = Vec::new();
+    for c in cmsg.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = c {
+            fds.extend(received);
+        }
+    }
+    if msg
+        .flags
+        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
+    {
         return Err(invalid("control message truncated"));
     }
     if fds.len() > max_fds {
         return Err(invalid("more descriptors than the protocol allows"));
     }
-    if bytes == 0 && fds.is_empty() {
+    if msg.bytes == 0 && fds.is_empty() {
         return Ok(None);
     }
-    Ok(Some((bytes, fds)))
+    Ok(Some((msg.bytes, fds)))
 }
 
 /// Sends one packet on a `SOCK_SEQPACKET` socket, without `SIGPIPE`; `dontwait`: without
@@ -159,6 +163,34 @@ pub fn is_seqpacket_socket(fd: BorrowedFd<'_>) -> bool {
     socket::getsockopt(&fd, socket::sockopt::SockType) == Ok(socket::SockType::SeqPacket)
 }
 
+/// A descriptor registered with tokio's reactor for readability (the doorbell, the unix
+/// ingress socket, the control socket), owned until dropped. It lends the [`AsyncFd`] out only
+/// by shared reference: nothing can take the descriptor out, close it or swap it while it is
+/// registered.
+#[derive(Debug)]
+pub struct AsyncReadable(AsyncFd<OwnedFd>);
+
+impl AsyncReadable {
+    /// Registers `fd`. Must run inside a tokio runtime.
+    pub fn new(fd: OwnedFd) -> io::Result<Self> {
+        // SAFETY: what `register_with_interest` asks of the descriptor holds for an `OwnedFd`
+        // kept inside this type: it is open (an `OwnedFd` always is), `as_raw_fd` reads a field
+        // that never changes, and it stays open and the same until the `AsyncFd` is dropped,
+        // because this type owns the `AsyncFd` and hands out only `&AsyncFd` (no `get_mut`, no
+        // `into_inner`).
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }?;
+        Ok(AsyncReadable(fd))
+    }
+}
+
+impl Deref for AsyncReadable {
+    type Target = AsyncFd<OwnedFd>;
+
+    fn deref(&self) -> &AsyncFd<OwnedFd> {
+        &self.0
+    }
+}
+
 /// Runs `f` again while it fails with `EINTR`.
 fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> io::Result<T> {
     loop {
@@ -176,7 +208,7 @@ fn invalid(what: &'static str) -> io::Error {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, RawFd};
 
     /// A connected `SOCK_SEQPACKET` pair, as the demux makes them.
     pub(crate) fn seqpacket_pair() -> (OwnedFd, OwnedFd) {

@@ -422,9 +422,10 @@ fn run_processes(args: &Args) -> anyhow::Result<bool> {
             .with_context(|| format!("cannot start copy {i} of {}", exe.display()))?;
         children.push((child, shard));
     }
-    // SAFETY: changes this process's SIGINT disposition only; the copies were started (and
-    // exec'd, which `spawn` waits for) with the default one.
-    unsafe { libc::signal(libc::SIGINT, libc::SIG_IGN) };
+    // Ctrl-C must stop the copies, not this process: it still has one thread (no runtime yet),
+    // so blocking SIGINT here keeps it pending until exit. The copies were started (and exec'd,
+    // which `spawn` waits for) before, with SIGINT unblocked.
+    ringmux_bench::fwd::os::hold_sigint().context("cannot block SIGINT")?;
     let mut total = ProbeStats::new();
     let (mut measured_s, mut reported) = (0.0, 0u32);
     for (i, (mut child, shard)) in children.into_iter().enumerate() {

@@ -1,10 +1,15 @@
 //! What the harness reads from and asks of the kernel: per-thread CPU time (`schedstat`, in
 //! nanoseconds, unlike the 10 ms ticks of `/proc/PID/stat`), thread states and names, the
-//! public socket's queue and drop counters (`/proc/net/udp`), CPU affinity, SCHED_FIFO and
-//! signals. It never writes to `/proc` and never touches a process it did not start.
+//! public socket's queue and drop counters (`/proc/net/udp`), CPU affinity, SCHED_FIFO,
+//! signals, and the load generator's sends. It never writes to `/proc` and never touches a
+//! process it did not start. Every system call of the bench crate is wrapped here.
 
-use std::io;
+use std::cell::RefCell;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
+
+use nix::sys::socket::{self, ControlMessage, MsgFlags, MultiHeaders};
 
 /// CPU accounting of one thread from `/proc/PID/task/TID/schedstat` (kernel `sched_info`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -192,6 +197,55 @@ pub fn signal(pid: u32, sig: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// Blocks SIGINT in the calling thread, for good: a Ctrl-C stays pending and never acts. Call it
+/// while the process has only this thread, and it is as if SIGINT were ignored (children
+/// spawned earlier are not affected; those spawned later start with an empty mask anyway).
+pub fn hold_sigint() -> io::Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGINT);
+    set.thread_block()?;
+    Ok(())
+}
+
+/// One `send(2)` of `buf` on connected socket `fd` (a GSO train when `UDP_SEGMENT` is set).
+pub fn send(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    Ok(socket::send(fd.as_raw_fd(), buf, MsgFlags::empty())?)
+}
+
+/// Most datagrams one [`sendmmsg`] call sends.
+pub const SENDMMSG_MAX: usize = 64;
+
+thread_local! {
+    /// The message headers of [`sendmmsg`], allocated once per sending thread.
+    static MMSG_HEADERS: RefCell<MultiHeaders<()>> =
+        RefCell::new(MultiHeaders::preallocate(SENDMMSG_MAX, None));
+}
+
+/// One `sendmmsg(2)` of the first `k` (at most [`SENDMMSG_MAX`]) `size`-byte datagrams of
+/// `buf` on connected socket `fd`, one datagram per message; returns how many the kernel took.
+/// Allocates nothing after a thread's first call.
+pub fn sendmmsg(fd: BorrowedFd<'_>, buf: &[u8], size: usize, k: usize) -> io::Result<usize> {
+    let k = k.min(SENDMMSG_MAX).min(buf.len() / size.max(1));
+    let mut iovs = [[IoSlice::new(&[])]; SENDMMSG_MAX];
+    for (v, d) in iovs.iter_mut().zip(buf.chunks_exact(size.max(1))).take(k) {
+        *v = [IoSlice::new(d)];
+    }
+    let addrs = [None::<()>; SENDMMSG_MAX];
+    let cmsgs: [ControlMessage<'_>; 0] = [];
+    MMSG_HEADERS.with_borrow_mut(|headers| {
+        let sent = socket::sendmmsg(
+            fd.as_raw_fd(),
+            headers,
+            &iovs[..k],
+            addrs,
+            cmsgs,
+            MsgFlags::empty(),
+        )?;
+        Ok(sent.count())
+    })
+}
+
 /// CPU time of the calling thread, ns (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_ns() -> u64 {
     use nix::time::{clock_gettime, ClockId};
@@ -216,6 +270,25 @@ mod tests {
             })
         );
         assert_eq!(parse_udp_table(t, 0xa0b2), None);
+    }
+
+    #[test]
+    fn sendmmsg_sends_one_datagram_per_message_and_reuses_its_headers() {
+        use std::os::fd::AsFd;
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.connect(rx.local_addr().unwrap()).unwrap();
+        let buf: Vec<u8> = (0..5u8).flat_map(|i| [i; 100]).collect();
+        for k in [99, 3] {
+            let sent = sendmmsg(tx.as_fd(), &buf, 100, k).unwrap();
+            assert_eq!(sent, k.min(5));
+            for i in 0..sent {
+                let mut b = [0u8; 200];
+                let n = rx.recv(&mut b).unwrap();
+                assert_eq!(&b[..n], &[i as u8; 100][..]);
+            }
+        }
     }
 
     #[test]

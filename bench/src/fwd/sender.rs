@@ -4,9 +4,8 @@
 //! loopback delivers as one GRO super-datagram to a socket with `UDP_GRO` set (quinn-udp sets it
 //! on ringmux's public socket). The same two shapes as bench.c's `snd=mmsg` and `snd=gso`.
 
-use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -18,6 +17,7 @@ use super::os;
 
 /// `sendmmsg` batch in `--gro off` mode (bench.c's `sb`).
 const MMSG_BATCH: usize = 32;
+const _: () = assert!(MMSG_BATCH <= os::SENDMMSG_MAX);
 /// The kernel's limit on segments per GSO send (`UDP_MAX_SEGMENTS`).
 const MAX_GSO_SEGMENTS: usize = 64;
 /// Largest UDP payload over IPv4.
@@ -170,10 +170,10 @@ impl Blaster {
             fill(d, cid, self.seq, &mut self.rng);
             self.seq += 1;
         }
-        let fd = self.socks[i].as_raw_fd();
+        let fd = self.socks[i].as_fd();
         let r = match self.shape {
-            SendShape::Gso => send(fd, &self.buf[..k * self.size]).map(|_| k),
-            SendShape::Mmsg => sendmmsg(fd, &self.buf, self.size, k),
+            SendShape::Gso => os::send(fd, &self.buf[..k * self.size]).map(|_| k),
+            SendShape::Mmsg => os::sendmmsg(fd, &self.buf, self.size, k),
         };
         st.calls += 1;
         match r {
@@ -181,36 +181,4 @@ impl Blaster {
             Err(_) => st.errors += 1,
         }
     }
-}
-
-fn send(fd: i32, buf: &[u8]) -> io::Result<usize> {
-    Ok(nix::sys::socket::send(
-        fd,
-        buf,
-        nix::sys::socket::MsgFlags::empty(),
-    )?)
-}
-
-/// `sendmmsg` of the first `k` `size`-byte datagrams of `buf`.
-fn sendmmsg(fd: i32, buf: &[u8], size: usize, k: usize) -> io::Result<usize> {
-    let k = k.min(MMSG_BATCH).min(buf.len() / size);
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; MMSG_BATCH];
-    // SAFETY: an all-zero mmsghdr is valid (no name, no control, no iovecs yet).
-    let mut msgs: [libc::mmsghdr; MMSG_BATCH] = unsafe { std::mem::zeroed() };
-    for (i, (v, m)) in iov.iter_mut().zip(msgs.iter_mut()).enumerate().take(k) {
-        v.iov_base = buf[i * size..].as_ptr().cast_mut().cast();
-        v.iov_len = size;
-        m.msg_hdr.msg_iov = v;
-        m.msg_hdr.msg_iovlen = 1;
-    }
-    // SAFETY: k initialised headers, each pointing at one iovec into `buf`, which outlives the
-    // call; the kernel only reads the payload.
-    let n = unsafe { libc::sendmmsg(fd, msgs.as_mut_ptr(), k as libc::c_uint, 0) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
 }

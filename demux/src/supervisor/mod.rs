@@ -298,10 +298,13 @@ impl Supervisor {
         cmd.args(&self.cfg.worker_cmd[1..]);
         cmd.env(ringmux_proto::CONTROL_FD_ENV, "3")
             .stdin(Stdio::null());
-        sys::prepare_worker(&mut cmd, theirs.as_fd(), h.cpu);
+        sys::prepare_worker(&mut cmd, theirs.as_fd(), h.cpu)
+            .context("duplicating the worker's control socket")?;
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
+        // The worker holds the only copies of its end now (`cmd` held one for the hook).
+        drop(cmd);
         drop(theirs);
         let pidfd = sys::pidfd_open(child.id()).ok();
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();

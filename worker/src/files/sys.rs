@@ -1,13 +1,12 @@
-//! The system calls of static-file serving, each wrapped once with its SAFETY argument:
-//! `openat2(2)` (path resolution confined to the document root), `preadv2(2)` (reads into
-//! uninitialised memory that can refuse to wait for the disk) and the coarse monotonic clock
-//! the cache checks on every hit. The rest of `files` is safe code over these functions.
+//! The system calls of static-file serving, each wrapped once: `openat2(2)` (path resolution
+//! confined to the document root), `preadv2(2)` (reads that can refuse to wait for the disk) and
+//! the coarse monotonic clock the cache checks on every hit. All three go through `nix` or
+//! `rustix`; the rest of `files` is safe code over these functions.
 
 use std::ffi::CStr;
 use std::fs::File;
-use std::io;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::io::{self, IoSliceMut};
+use std::os::fd::BorrowedFd;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -48,9 +47,9 @@ pub fn open_beneath(dir: BorrowedFd<'_>, path: &CStr, cached_only: bool) -> io::
     }
 }
 
-/// Reads up to `max` bytes of `file` at `offset`, appended to `buf` without zeroing it first
-/// (the bytes go straight into `buf`'s spare capacity). Returns how many were read; 0 at the
-/// end of the file.
+/// Reads up to `max` bytes of `file` at `offset`, appended to `buf` (the bytes go straight into
+/// `buf`'s spare capacity, zeroed first: the safe read takes initialised memory). Returns how
+/// many were read; 0 at the end of the file. On an error `buf` is as it was.
 ///
 /// With `nowait` (`RWF_NOWAIT`, Linux 4.14) the read fails with `WouldBlock` (`EAGAIN`) instead
 /// of waiting for the disk when the data is not in the page cache, and may return fewer bytes
@@ -63,32 +62,36 @@ pub fn read_at(
     max: usize,
     nowait: bool,
 ) -> io::Result<usize> {
-    let offset = libc::off_t::try_from(offset)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file offset past i64::MAX"))?;
-    buf.reserve(max);
-    let spare = buf.spare_capacity_mut();
-    let len = max.min(spare.len());
-    let iov = libc::iovec {
-        iov_base: spare.as_mut_ptr().cast(),
-        iov_len: len,
-    };
-    let flags = if nowait { libc::RWF_NOWAIT } else { 0 };
-    loop {
-        // SAFETY: `iov` names `len` bytes of `buf`'s spare capacity, which `buf` owns and nothing
-        // else touches during the call (we hold `&mut buf`); the kernel writes at most `len`
-        // bytes there. `file` is open for the call.
-        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, flags) };
-        if n >= 0 {
-            let n = n as usize; // non-negative and at most `len`
-                                // SAFETY: the kernel initialised the first `n <= len` bytes of the spare capacity.
-            unsafe { buf.set_len(buf.len() + n) };
-            return Ok(n);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+    use rustix::io::{preadv2, Errno, ReadWriteFlags};
+    if i64::try_from(offset).is_err() {
+        // preadv2 takes a signed offset (rustix's u64::MAX even means "the current position").
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "file offset past i64::MAX",
+        ));
     }
+    let flags = if nowait {
+        ReadWriteFlags::NOWAIT
+    } else {
+        ReadWriteFlags::empty()
+    };
+    let start = buf.len();
+    buf.resize(start + max, 0);
+    let result = loop {
+        match preadv2(
+            file,
+            &mut [IoSliceMut::new(&mut buf[start..])],
+            offset,
+            flags,
+        ) {
+            Err(Errno::INTR) => continue,
+            r => break r,
+        }
+    };
+    // The kernel wrote at most `max` bytes; keep only those.
+    let n = result.as_ref().map_or(0, |n| *n);
+    buf.truncate(start + n);
+    result.map_err(io::Error::from)
 }
 
 /// Monotonic time at the kernel's last timer tick (`CLOCK_MONOTONIC_COARSE`: a few
@@ -96,16 +99,14 @@ pub fn read_at(
 /// asks for the time on every hit, and a second-long revalidation interval needs no finer
 /// clock; `Instant::now()` showed up at 1 % of a worker's samples.
 pub fn coarse_now() -> Duration {
-    let mut ts = MaybeUninit::<libc::timespec>::uninit();
-    // SAFETY: `ts` is valid for writes of one `timespec`, which is all clock_gettime writes.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, ts.as_mut_ptr()) };
-    if rc != 0 {
-        // Only with a kernel that lacks the clock (before 2.6.32), so every call takes this
-        // path and the two time bases never mix.
-        static BASE: OnceLock<Instant> = OnceLock::new();
-        return BASE.get_or_init(Instant::now).elapsed();
+    use nix::time::{clock_gettime, ClockId};
+    match clock_gettime(ClockId::CLOCK_MONOTONIC_COARSE) {
+        Ok(ts) => Duration::new(ts.tv_sec() as u64, ts.tv_nsec() as u32),
+        Err(_) => {
+            // Only with a kernel that lacks the clock (before 2.6.32), so every call takes this
+            // path and the two time bases never mix.
+            static BASE: OnceLock<Instant> = OnceLock::new();
+            BASE.get_or_init(Instant::now).elapsed()
+        }
     }
-    // SAFETY: clock_gettime returned 0, so it initialised `ts`.
-    let ts = unsafe { ts.assume_init() };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
