@@ -222,13 +222,15 @@ pub fn shutdown_signals() -> io::Result<SignalFd> {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
+    // Block first: between the two steps a signal then waits for the signalfd instead of
+    // killing the process with the default action.
+    set.thread_block()?;
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         // A shell starts background jobs with SIGINT ignored, and an ignored signal never
         // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
         // SAFETY: SIG_DFL installs no handler, so no handler can run unsafely.
         unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) }?;
     }
-    set.thread_block()?;
     Ok(SignalFd::with_flags(
         &set,
         SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC,
