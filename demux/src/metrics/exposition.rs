@@ -214,9 +214,8 @@ const CLIENT_DEADLINE: Duration = Duration::from_secs(2);
 const MAX_CLIENTS: usize = 4;
 
 /// Serves `GET /metrics` on `addr`: an accepting thread, and one short-lived thread per client
-/// up to [`MAX_CLIENTS`]. A client gets [`CLIENT_DEADLINE`] in total for its request head of at
-/// most [`MAX_HEAD`] bytes, so neither a slow nor an endless client can hold the endpoint or
-/// grow the demux's memory.
+/// up to 4. A client gets 2 s in total for its request head of at most 8 KiB, so neither a slow
+/// nor an endless client can hold the endpoint or grow the demux's memory.
 pub fn serve(addr: SocketAddr, counters: Arc<Counters>, live: Arc<Liveness>) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).with_context(|| {
         format!("binding the metrics address {addr} (--metrics / RINGMUX_METRICS)")
