@@ -214,7 +214,7 @@ fn consumer(mode: &str) {
                 if lat && started_measuring {
                     let _ = hist.record(seen.saturating_sub(dg.meta.rx_timestamp_ns).max(1));
                 }
-                buf[..dg.payload.len()].copy_from_slice(dg.payload);
+                dg.copy_to(&mut buf);
                 count += 1;
             })
             .expect("violation");

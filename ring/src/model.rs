@@ -109,7 +109,14 @@ impl ModelProducer {
 impl ModelConsumer {
     /// Drains up to `max` one-byte datagrams into `out`.
     pub fn drain(&mut self, max: usize, out: &mut Vec<u8>) -> Result<usize, ProducerViolation> {
-        Ok(self.core.drain(max, |d| out.push(d.payload[0]))?.slots)
+        Ok(self
+            .core
+            .drain(max, |d| {
+                let mut b = [0u8; 1];
+                d.copy_to(&mut b);
+                out.push(b[0])
+            })?
+            .slots)
     }
     pub fn prepare_sleep(&mut self) -> Result<bool, ProducerViolation> {
         self.core.prepare_sleep()

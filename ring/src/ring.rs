@@ -48,11 +48,59 @@ pub struct DatagramMeta {
     pub rx_timestamp_ns: u64,
 }
 
-/// A datagram borrowed from a slot, valid until the drain call returns.
-#[derive(Debug)]
+/// A datagram in a slot, valid until the drain call returns.
+///
+/// Its bytes stay in memory that another process maps, so they are never lent out as a
+/// `&[u8]`: a reference promises bytes that cannot change while it lives, a promise the process
+/// on the other side is not bound by. They are copied out with [`Datagram::copy_to`], the one
+/// read of them, after which the copy is the consumer's own.
 pub struct Datagram<'a> {
     pub meta: DatagramMeta,
-    pub payload: &'a [u8],
+    payload: *const u8,
+    len: usize,
+    _slot: core::marker::PhantomData<&'a ()>,
+}
+
+impl Datagram<'_> {
+    /// Payload length in bytes (validated against the slot's capacity).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the payload into `dst` (its first `min(len, dst.len())` bytes) and returns how
+    /// many bytes were copied.
+    #[inline]
+    pub fn copy_to(&self, dst: &mut [u8]) -> usize {
+        let n = self.len.min(dst.len());
+        // SAFETY: `payload..payload + len` lies in the slot's payload area (len was validated
+        // against its capacity), which stays mapped and published until the drain call that
+        // made this value returns; `dst` is the caller's own memory, so the two cannot overlap.
+        unsafe { core::ptr::copy_nonoverlapping(self.payload, dst.as_mut_ptr(), n) };
+        n
+    }
+
+    /// A copy of the payload.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.copy_to(&mut v);
+        v
+    }
+}
+
+impl core::fmt::Debug for Datagram<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Datagram")
+            .field("meta", &self.meta)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why [`crate::Producer::try_push`] refused a datagram. The caller counts it and moves on.
@@ -60,6 +108,9 @@ pub struct Datagram<'a> {
 pub enum PushError {
     #[error("ring full")]
     Full,
+    /// A slot holds one datagram or more: `0 < segment_size <= len` (`shm-layout.md`).
+    #[error("an empty datagram holds no QUIC packet and is not carried")]
+    Empty,
     #[error("datagram of {len} bytes exceeds the slot payload capacity of {capacity} bytes")]
     Oversize { len: usize, capacity: usize },
     #[error(transparent)]
@@ -182,20 +233,18 @@ impl Slots {
         });
     }
 
-    /// Copies out slot `idx`'s descriptor and lends its whole payload area to `f`.
+    /// Copies out slot `idx`'s descriptor and hands `f` the start of its payload area (the rest
+    /// of the slot, `size - DESC_BYTES` bytes), as a pointer: see [`Datagram`].
     ///
     /// # Safety
     /// Slot `idx` is published (`idx < tail` observed with Acquire) and not yet released.
-    unsafe fn read<R>(&self, idx: u64, f: impl FnOnce(SlotDesc, &[u8]) -> R) -> R {
+    unsafe fn read<R>(&self, idx: u64, f: impl FnOnce(SlotDesc, *const u8) -> R) -> R {
         let read = |slot: *const u8| {
             // SAFETY: `slot` has `size` bytes; SlotDesc is plain old data, every bit pattern valid.
             let desc = unsafe { slot.cast::<SlotDesc>().read_unaligned() };
             // SAFETY: the payload area starts `DESC_BYTES` into the slot, inside its `size` bytes.
             let start = unsafe { slot.add(DESC_BYTES as usize) };
-            // SAFETY: the payload area is the rest of the slot, published and not yet released.
-            let area =
-                unsafe { core::slice::from_raw_parts(start, self.size - DESC_BYTES as usize) };
-            f(desc, area)
+            f(desc, start)
         };
         #[cfg(not(loom))]
         // SAFETY: as in `write`.
@@ -304,7 +353,11 @@ impl ProducerCore {
         template: &SlotDesc,
         payload: &[u8],
     ) -> Result<bool, PushError> {
-        if payload.len() > self.payload_capacity {
+        // One comparison for both bounds: an empty payload wraps to usize::MAX.
+        if payload.len().wrapping_sub(1) >= self.payload_capacity {
+            if payload.is_empty() {
+                return Err(PushError::Empty);
+            }
             return Err(PushError::Oversize {
                 len: payload.len(),
                 capacity: self.payload_capacity,
@@ -526,9 +579,12 @@ impl ConsumerCore {
                 self.slots
                     .read(self.head + i, |desc, area| match decode_desc(&desc, cap) {
                         Ok(meta) => {
+                            // decode_desc checked len <= cap, the payload area's size.
                             f(Datagram {
                                 meta,
-                                payload: &area[..desc.len as usize],
+                                payload: area,
+                                len: desc.len as usize,
+                                _slot: core::marker::PhantomData,
                             });
                             true
                         }
@@ -633,7 +689,7 @@ pub fn decode_desc(d: &SlotDesc, payload_capacity: u32) -> Result<DatagramMeta, 
             capacity: payload_capacity,
         });
     }
-    if d.segment_size > d.len || (d.segment_size == 0 && d.len != 0) {
+    if d.segment_size == 0 || d.segment_size > d.len {
         return Err(InvalidSlot::SegmentSize {
             segment_size: d.segment_size,
             len: d.len,
@@ -763,6 +819,16 @@ mod tests {
         assert!(decode_desc(
             &SlotDesc {
                 segment_size: 101,
+                ..good
+            },
+            1984
+        )
+        .is_err());
+        // `0 < segment_size <= len`, also for an empty datagram.
+        assert!(decode_desc(
+            &SlotDesc {
+                len: 0,
+                segment_size: 0,
                 ..good
             },
             1984

@@ -344,6 +344,20 @@ impl Consumer {
                 "ring memfd is {size} bytes, smaller than its header"
             )));
         }
+        // The header alone first: a memfd of any size is mapped whole (and populated) only once
+        // its header says that size is this ring's. The geometry is copied out of it here and
+        // used from the copy; the mapping below is never asked again.
+        let head = MmapOptions::new()
+            .len(SLOTS_OFFSET as usize)
+            .map_raw_read_only(&ring)
+            .map_err(|source| AttachError::Io {
+                what: "mmap ring header read-only",
+                source,
+            })?;
+        // SAFETY: the mapping holds exactly the header and the seals keep the memfd from
+        // shrinking under it.
+        let geometry = validate_header(unsafe { header_ptr(&head).as_ref() }, size, generation)?;
+        drop(head);
         // Populated for the same reason as the producer's mapping: no faults on the first lap.
         let region = MmapOptions::new()
             .populate()
@@ -354,10 +368,6 @@ impl Consumer {
                 source,
             })?;
         let header = header_ptr(&region);
-        // SAFETY: the mapping holds at least the header (checked above) and the seals keep it
-        // from shrinking.
-        let h = unsafe { header.as_ref() };
-        let geometry = validate_header(h, size, generation)?;
 
         let page_size = page
             .metadata()

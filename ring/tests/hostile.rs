@@ -204,7 +204,7 @@ fn garbage_head_and_flag_never_panic_the_producer() {
     p.try_push(&meta(), b"after").unwrap();
     p.publish();
     let mut got = Vec::new();
-    c.drain(8, |d| got.push(d.payload.to_vec())).unwrap();
+    c.drain(8, |d| got.push(d.to_vec())).unwrap();
     assert_eq!(got, vec![b"after".to_vec()]);
 }
 
@@ -348,4 +348,54 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
     .err()
     .unwrap();
     assert!(matches!(e, AttachError::Io { .. }), "{e}");
+}
+
+/// A memfd whose header is garbage is refused after mapping the header alone: the rest of it
+/// (here 256 MiB, sparse) is never mapped, let alone populated.
+#[test]
+fn attach_checks_the_header_before_mapping_the_region() {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    use std::os::unix::fs::MetadataExt;
+    let fd = memfd_create(
+        c"hostile-ring",
+        MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING,
+    )
+    .unwrap();
+    let mut f = File::from(fd);
+    f.set_len(256 << 20).unwrap();
+    f.write_all(&[0xa5; 4096]).unwrap();
+    fcntl(
+        &f,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_FUTURE_WRITE
+                | SealFlag::F_SEAL_SEAL,
+        ),
+    )
+    .unwrap();
+    let ring = common::dup(std::os::fd::AsFd::as_fd(&f));
+    let cfg = RingConfig {
+        slots: 8,
+        slot_bytes: 2048,
+        spin_us: 0,
+    };
+    let p = Producer::create(&cfg).unwrap();
+    let h = p.handles();
+    let e = Consumer::attach(
+        ring,
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        1,
+        Duration::ZERO,
+    )
+    .err()
+    .unwrap();
+    assert!(matches!(e, AttachError::BadMagic { .. }), "{e}");
+    let resident = f.metadata().unwrap().blocks() * 512;
+    assert!(
+        resident < 1 << 20,
+        "{resident} bytes of the hostile memfd were populated before its header was checked"
+    );
 }

@@ -81,7 +81,9 @@ proptest! {
             match op {
                 Op::Push(len) => {
                     let r = p.try_push(&meta(seq), &payload(seq, len));
-                    if len > cap {
+                    if len == 0 {
+                        prop_assert_eq!(r, Err(PushError::Empty));
+                    } else if len > cap {
                         prop_assert_eq!(r, Err(PushError::Oversize { len, capacity: cap }));
                     } else if pending.len() + visible.len() >= slots as usize {
                         prop_assert_eq!(r, Err(PushError::Full));
@@ -103,7 +105,7 @@ proptest! {
                 }
                 Op::Drain(max) => {
                     let mut got = Vec::new();
-                    let d = c.drain(max, |dg| got.push((dg.meta.rx_timestamp_ns, dg.payload.to_vec(), dg.meta.ecn))).unwrap();
+                    let d = c.drain(max, |dg| got.push((dg.meta.rx_timestamp_ns, dg.to_vec(), dg.meta.ecn))).unwrap();
                     let n = max.min(visible.len());
                     prop_assert_eq!(d.slots, n);
                     prop_assert_eq!(d.invalid, 0);

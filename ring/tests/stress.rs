@@ -133,6 +133,7 @@ fn stress_consumer() {
     }
     let mut c = common::child_attach(Duration::from_micros(50));
     let mut expect = vec![0u8; 1500];
+    let mut got = vec![0u8; 1500];
     let (mut next, mut received, mut gaps, mut bad) = (0u64, 0u64, 0u64, 0u64);
     let mut done = false;
     let mut idle_waits = 0;
@@ -153,7 +154,8 @@ fn stress_consumer() {
                 received += 1;
                 let len = len_for(seq);
                 fill(seq, &mut expect[..len]);
-                if dg.payload != &expect[..len] {
+                let n = dg.copy_to(&mut got);
+                if n != len || got[..n] != expect[..len] {
                     bad += 1;
                 }
             })

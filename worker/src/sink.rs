@@ -50,7 +50,8 @@ pub fn run(ingress: Ingress, router: Router, instance: u8, control: OwnedFd) -> 
                 let now = monotonic_ns();
                 let d = c
                     .drain(64, |dg| {
-                        t.record(&router, instance, dg.payload, dg.meta.rx_timestamp_ns, now)
+                        let n = dg.copy_to(&mut buf);
+                        t.record(&router, instance, &buf[..n], dg.meta.rx_timestamp_ns, now)
                     })
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 t.dropped += d.invalid as u64;

@@ -37,6 +37,8 @@ impl Forward for Shm {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(DropReason::RingFull),
             Err(PushError::Oversize { .. }) => Err(DropReason::Oversize),
+            // The router refuses an empty datagram first; counted the same if one got here.
+            Err(PushError::Empty) => Err(DropReason::Malformed),
             Err(PushError::Violation(e)) => {
                 tracing::error!(instance = inst, error = %e, "worker broke the ring protocol");
                 Err(DropReason::RingViolation)

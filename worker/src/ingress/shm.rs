@@ -43,12 +43,12 @@ pub(crate) fn poll_recv(
         let max = bufs.len().min(meta.len());
         let drained = consumer.drain(max, |d| {
             let buf = &mut bufs[n];
-            if d.payload.len() > buf.len() {
+            if d.len() > buf.len() {
                 dropped += 1;
                 return;
             }
-            buf[..d.payload.len()].copy_from_slice(d.payload);
-            meta[n] = recv_meta(&d.meta, d.payload.len());
+            let len = d.copy_to(buf);
+            meta[n] = recv_meta(&d.meta, len);
             n += 1;
         });
         let drained = match drained {
