@@ -38,7 +38,7 @@ pub enum Command {
 /// How the demux hands datagrams to workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ForwardMode {
-    /// Shared-memory rings with eventfd doorbells (the design).
+    /// Shared-memory rings with pipe doorbells (the design).
     Shm,
     /// One `sendmsg` per datagram on a unix SOCK_SEQPACKET socket (the baseline it replaces).
     Unix,

@@ -12,7 +12,7 @@
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,13 +48,10 @@ pub enum Event {
 
 /// What the supervisor and the data plane tell each other about each instance without a
 /// message: whether it is up (set by the supervisor when the worker is ready, cleared by either
-/// when it dies or misbehaves) and which doorbell the data plane is writing (for the
-/// supervisor's jam watchdog, `Producer::watch_doorbell`). The metrics read them too.
+/// when it dies or misbehaves). The metrics read it too.
 #[derive(Debug)]
 pub struct Liveness {
     up: Box<[AtomicBool]>,
-    /// 1 + the instance whose doorbell the data plane is writing, 0 otherwise.
-    pub ringing: Arc<AtomicU32>,
 }
 
 impl Liveness {
@@ -62,7 +59,6 @@ impl Liveness {
     pub fn new(instances: u8) -> Arc<Self> {
         Arc::new(Liveness {
             up: (0..instances).map(|_| AtomicBool::new(false)).collect(),
-            ringing: Arc::default(),
         })
     }
 
@@ -75,11 +71,6 @@ impl Liveness {
     /// decides whether to push; pushing to a ring whose worker is not attached yet is harmless.
     pub fn is_up(&self, i: usize) -> bool {
         self.up[i].load(Ordering::Relaxed)
-    }
-
-    /// The doorbell marker (see [`Liveness::ringing`]).
-    pub fn ringing(&self) -> u32 {
-        self.ringing.load(Ordering::Relaxed)
     }
 }
 

@@ -124,7 +124,6 @@ fn run(cfg: Config) -> Result<()> {
     let setup = forward::Setup {
         instances: cfg.instances,
         ring: &cfg.ring,
-        ringing: liveness.ringing.clone(),
     };
     let mode = cfg.args.forward;
     let serve = Serve {

@@ -155,9 +155,10 @@ async fn a_lingering_drain_ends_at_the_grace_deadline() {
     .await
 }
 
-/// The worker fills its eventfd and makes the file description it shares with the demux
-/// blocking: the demux's next doorbell write blocks. The supervisor sees the data plane stuck in
-/// that write, kills the worker, restores the eventfd and the data plane carries on.
+/// The worker tries to fill its doorbell and makes its end blocking, then stops draining: the
+/// attack that blocked the demux's writes to a shared eventfd. The doorbell is a pipe, whose
+/// write end is the demux's alone: the data plane never blocks, instance 0 serves throughout,
+/// and the worker is replaced as a stalled one (a violation).
 #[tokio::test]
 async fn worker_jams_its_doorbell() {
     fault_is_contained("jam-doorbell", true).await;

@@ -1,74 +1,86 @@
-//! The doorbell: an eventfd (`EFD_NONBLOCK | EFD_CLOEXEC`) the producer writes when the consumer
-//! announced a sleep (`ring.rs`, `SYNC: doorbell`). The counter coalesces rings: one read clears
-//! any number of them.
+//! The doorbell: a pipe the producer writes one byte into when the consumer announced a sleep
+//! (`ring.rs`, `SYNC: doorbell`); the consumer sleeps until its end is readable.
+//!
+//! Why a pipe and not an eventfd: an eventfd is one file description shared by both sides, so a
+//! consumer could fill its counter and clear `O_NONBLOCK` on it, and the producer's next write
+//! would block. A pipe's two ends are two file descriptions. The producer keeps the write end,
+//! non-blocking on a description the consumer never receives; the consumer gets only the read
+//! end, and whatever it does to that (clear `O_NONBLOCK`, never read, close it) cannot make a
+//! write block: a full pipe answers `EAGAIN`, which means a wake-up is already pending.
+//! Each consumer generation gets a fresh pipe ([`crate::Producer::reset`]), so an old consumer
+//! (or anything it forked) keeps no way to the new one's doorbell.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::fcntl::OFlag;
 
-/// An eventfd shared by one producer and one consumer.
+/// The producer's doorbell: the pipe's write end, and its read end until it is handed out.
 #[derive(Debug)]
 pub struct Doorbell {
-    fd: OwnedFd,
+    tx: OwnedFd,
+    rx: OwnedFd,
 }
 
 impl Doorbell {
-    /// A new eventfd with a zero counter.
+    /// A new, empty pipe, both ends `O_NONBLOCK | O_CLOEXEC`.
     pub fn new() -> io::Result<Self> {
-        let fd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        Ok(Doorbell { fd: fd.into() })
+        let (rx, tx) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        Ok(Doorbell { tx, rx })
     }
 
-    /// Wraps a descriptor received from the producer. It is checked to be an eventfd by the first
-    /// read; a wrong descriptor makes [`Doorbell::wait`] fail, never block forever.
-    pub fn from_fd(fd: OwnedFd) -> Self {
-        Doorbell { fd }
-    }
-
-    /// Adds one to the counter, waking a sleeper. `EAGAIN` (counter saturated: nobody has read it
-    /// for 2^64 rings) means a wake-up is already pending, so it is not an error.
+    /// Wakes the consumer. `EAGAIN` (the pipe is full: the consumer has not read 64 KiB of
+    /// rings) means a wake-up is already pending, so it is not an error.
     ///
-    /// One `write(2)` of 8 bytes and nothing else: it runs on the producer's data path.
+    /// One `write(2)` of one byte and nothing else: it runs on the producer's data path.
     #[inline]
     pub fn ring(&self) -> io::Result<()> {
-        match nix::unistd::write(&self.fd, &1u64.to_ne_bytes()) {
+        match nix::unistd::write(&self.tx, &[1]) {
             Ok(_) | Err(Errno::EAGAIN) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Takes the eventfd back after its consumer is gone: sets `O_NONBLOCK` again (a consumer
-    /// shares the file description and may have cleared it) and clears the counter (it may
-    /// have filled it, which makes a write block once `O_NONBLOCK` is off). Returns how many
-    /// rings the counter held. Call it only when no other process holds the eventfd any more:
-    /// otherwise it can undo both at once again.
-    pub fn reclaim(&self) -> io::Result<u64> {
-        let flags = OFlag::from_bits_retain(fcntl(&self.fd, FcntlArg::F_GETFL)?);
-        if !flags.contains(OFlag::O_NONBLOCK) {
-            fcntl(&self.fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-        }
-        self.clear()
+    /// The read end, to hand to the consumer (it is duplicated into the consumer's process).
+    pub fn consumer_end(&self) -> BorrowedFd<'_> {
+        self.rx.as_fd()
+    }
+}
+
+/// The consumer's doorbell: the pipe's read end.
+#[derive(Debug)]
+pub struct DoorbellReader {
+    fd: OwnedFd,
+}
+
+/// Bytes [`DoorbellReader::clear`] reads at most: any number of pending rings is one wake-up, so
+/// a bounded read is enough; a pipe left non-empty only makes the next sleep end at once.
+const CLEAR_BYTES: usize = 256;
+
+impl DoorbellReader {
+    /// Wraps a descriptor received from the producer. A wrong descriptor makes
+    /// [`DoorbellReader::wait`] fail, never block forever.
+    pub fn from_fd(fd: OwnedFd) -> Self {
+        DoorbellReader { fd }
     }
 
-    /// Reads and clears the counter; returns how many rings it held (0 if none).
+    /// Reads pending rings (at most 256); returns how many it read (0 if none).
     ///
-    /// One `read(2)` of 8 bytes and nothing else: it runs on the consumer's wake-up path.
+    /// One `read(2)` and nothing else: it runs on the consumer's wake-up path.
     #[inline]
     pub fn clear(&self) -> io::Result<u64> {
-        let mut v = [0u8; 8];
+        let mut v = [0u8; CLEAR_BYTES];
         match nix::unistd::read(&self.fd, &mut v) {
-            Ok(_) => Ok(u64::from_ne_bytes(v)),
+            Ok(n) => Ok(n as u64),
             Err(Errno::EAGAIN) => Ok(0),
             Err(e) => Err(e.into()),
         }
     }
 
-    /// Blocks until the counter is non-zero or `timeout` passes (None: forever), then clears it.
-    /// Returns whether it was rung.
+    /// Blocks until rung or until `timeout` passes (None: forever), then clears. Returns whether
+    /// it was rung. A closed write end (the producer is gone) ends the wait too, unrung.
     pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let timeout = timeout.map_or(PollTimeout::NONE, |t| {
@@ -77,7 +89,7 @@ impl Doorbell {
         loop {
             let mut pfd = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
             match poll(&mut pfd, timeout) {
-                Err(nix::errno::Errno::EINTR) => continue,
+                Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
                 Ok(0) => return Ok(false),
                 Ok(_) => {}
@@ -87,13 +99,13 @@ impl Doorbell {
     }
 }
 
-impl From<Doorbell> for OwnedFd {
-    fn from(d: Doorbell) -> OwnedFd {
+impl From<DoorbellReader> for OwnedFd {
+    fn from(d: DoorbellReader) -> OwnedFd {
         d.fd
     }
 }
 
-impl AsFd for Doorbell {
+impl AsFd for DoorbellReader {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }

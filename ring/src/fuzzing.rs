@@ -54,7 +54,9 @@ pub fn consume_arbitrary(data: &[u8]) -> usize {
     let Ok(bell) = crate::Doorbell::new() else {
         return 0;
     };
-    let bell: OwnedFd = bell.into();
+    let Ok(bell) = bell.consumer_end().try_clone_to_owned() else {
+        return 0;
+    };
     let Ok(mut c) = Consumer::attach(ring, page, bell, generation, Duration::ZERO) else {
         return 0;
     };

@@ -50,7 +50,7 @@ pub struct HeaderLine {
 pub struct TailLine {
     /// Free-running count of slots published; slot index is `tail & (slot_count - 1)`.
     pub tail: AtomicU64,
-    /// Doorbells rung (eventfd writes), for observability.
+    /// Doorbells rung (doorbell pipe writes), for observability.
     pub doorbells: AtomicU64,
     /// Datagrams refused because the ring was full.
     pub dropped_full: AtomicU64,

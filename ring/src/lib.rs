@@ -1,5 +1,5 @@
 //! `ringmux-ring`: a lock-free single-producer/single-consumer datagram ring in memfd-backed
-//! shared memory, with an eventfd doorbell that rings only when the consumer sleeps.
+//! shared memory, with a pipe doorbell that rings only when the consumer sleeps.
 //!
 //! The demux creates a ring per worker ([`Producer::create`]) and hands the worker three
 //! descriptors ([`Producer::handles`]); the worker attaches ([`Consumer::attach`]), which checks
@@ -7,7 +7,7 @@
 //! protocol. This crate knows nothing of QUIC or sockets.
 //!
 //! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
-//! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (eventfd), `config.rs`
+//! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (pipe), `config.rs`
 //! (geometry and `RINGMUX_*` tuning).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -25,7 +25,7 @@ mod shm;
 mod sync;
 
 pub use config::{ConfigError, RingConfig};
-pub use doorbell::Doorbell;
+pub use doorbell::{Doorbell, DoorbellReader};
 pub use ring::{
     decode_desc, encode_desc, ConsumerViolation, Datagram, DatagramMeta, Drained, InvalidSlot,
     ProducerViolation, PushError,

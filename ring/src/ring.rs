@@ -15,7 +15,7 @@
 //!   overwritten before it is released.
 //! - `SYNC: doorbell` — a store-load (Dekker) handshake. Consumer: store a non-zero sleep ticket in
 //!   `need_wakeup`, `fence(SeqCst)`, load `tail`; sleep only if still empty. Producer: store `tail`,
-//!   `fence(SeqCst)`, load `need_wakeup`; ring the eventfd if the ticket is non-zero and not yet
+//!   `fence(SeqCst)`, load `need_wakeup`; ring the doorbell if the ticket is non-zero and not yet
 //!   rung. The two fences guarantee that at least one side sees the other's store: either the
 //!   consumer sees the new tail and does not sleep, or the producer sees the ticket and rings.
 //!   Tickets make it at most one doorbell per sleep; none while the consumer is awake.

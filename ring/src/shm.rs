@@ -7,8 +7,6 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -16,7 +14,7 @@ use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 
 use crate::config::RingConfig;
-use crate::doorbell::Doorbell;
+use crate::doorbell::{Doorbell, DoorbellReader};
 use crate::layout::{
     ConsumerLine, ProducerHeader, SlotDesc, CONSUMER_PAGE_BYTES, FEATURES, LAYOUT_VERSION, MAGIC,
     SLOTS_OFFSET,
@@ -109,8 +107,6 @@ pub struct Producer {
     doorbell: Doorbell,
     config: RingConfig,
     generation: u64,
-    /// Set to `.1` while a doorbell write is in progress, for a watchdog ([`Producer::watch_doorbell`]).
-    watch: Option<(Arc<AtomicU32>, u32)>,
 }
 
 impl Producer {
@@ -172,7 +168,6 @@ impl Producer {
             doorbell,
             config: *config,
             generation: 1,
-            watch: None,
         })
     }
 
@@ -208,33 +203,18 @@ impl Producer {
         rang
     }
 
-    /// Stores `value` into `marker` for the duration of every doorbell write (Relaxed; 0 after).
-    ///
-    /// The write can block: the consumer shares the eventfd's file description, so it can fill
-    /// the counter and clear `O_NONBLOCK`. A watchdog in another thread that sees the marker
-    /// stay set while the producer makes no progress kills the consumer and calls
-    /// [`Doorbell::reclaim`] on its own descriptor of the eventfd, which releases the write.
-    pub fn watch_doorbell(&mut self, marker: Arc<AtomicU32>, value: u32) {
-        self.watch = Some((marker, value));
-    }
-
     #[cold]
     fn ring(&self) {
-        if let Some((m, v)) = &self.watch {
-            m.store(*v, std::sync::atomic::Ordering::Relaxed);
-        }
-        // The only errors an eventfd write can return are EAGAIN (handled inside: a wake-up is
-        // already pending) and EBADF/EINVAL, impossible for the descriptor this struct owns.
+        // A pipe write on the producer's own non-blocking description: EAGAIN (full) is handled
+        // inside, and EBADF/EPIPE cannot come from the pipe this struct owns both ends of.
         let _ = self.doorbell.ring();
-        if let Some((m, _)) = &self.watch {
-            m.store(0, std::sync::atomic::Ordering::Relaxed);
-        }
     }
 
     /// Starts a new consumer generation after the old consumer died or misbehaved: a fresh
-    /// consumer page (the old process's mapping no longer matters), `generation + 1`, and the
-    /// doorbell reclaimed ([`Doorbell::reclaim`]). Returns how many published datagrams the old
-    /// consumer left unread (now discarded). Call it once the old consumer is gone.
+    /// consumer page (the old process's mapping no longer matters), a fresh doorbell pipe (the
+    /// old consumer, or anything it forked, keeps only the old one's read end), and
+    /// `generation + 1`. Returns how many published datagrams the old consumer left unread (now
+    /// discarded). Call it once the old consumer is gone.
     pub fn reset(&mut self) -> io::Result<u64> {
         self.core.publish();
         let tail = self.header().tail.tail.load(Ordering::Relaxed);
@@ -243,9 +223,7 @@ impl Producer {
         let discarded = unsafe { self.core.reset(page_ptr(&page)) };
         self.page = page;
         self.page_file = page_file;
-        // Drain any ring the old consumer never read, so the new one starts clean, and undo
-        // what a hostile one may have done to the eventfd (a blocking read here would stall).
-        let _ = self.doorbell.reclaim();
+        self.doorbell = Doorbell::new()?;
         self.generation += 1;
         self.header()
             .header
@@ -259,7 +237,7 @@ impl Producer {
         ConsumerHandles {
             ring: self.region_file.as_fd(),
             page: self.page_file.as_fd(),
-            doorbell: self.doorbell.as_fd(),
+            doorbell: self.doorbell.consumer_end(),
             generation: self.generation,
         }
     }
@@ -311,7 +289,7 @@ pub struct Consumer {
     core: ConsumerCore,
     _region: MmapRaw,
     _page: MmapRaw,
-    doorbell: Doorbell,
+    doorbell: DoorbellReader,
     generation: u64,
     spin: Duration,
     payload_capacity: usize,
@@ -402,7 +380,7 @@ impl Consumer {
             core,
             _region: region,
             _page: page_map,
-            doorbell: Doorbell::from_fd(doorbell),
+            doorbell: DoorbellReader::from_fd(doorbell),
             generation,
             spin,
             payload_capacity: (slot_size - crate::layout::DESC_BYTES) as usize,
@@ -465,7 +443,7 @@ impl Consumer {
         self.core.end_sleep();
     }
 
-    /// The eventfd to register with an event loop (readable = rung).
+    /// The doorbell's read end, to register with an event loop (readable = rung).
     pub fn doorbell_fd(&self) -> BorrowedFd<'_> {
         self.doorbell.as_fd()
     }

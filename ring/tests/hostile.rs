@@ -107,67 +107,60 @@ fn flipping_need_wakeup_costs_at_most_one_doorbell_per_publish() {
     );
 }
 
-/// A consumer shares the doorbell's file description: it can fill the counter and clear
-/// `O_NONBLOCK`, and the producer's next doorbell write blocks. The producer marks the write
-/// for a watchdog, and `Doorbell::reclaim` on another descriptor releases it and restores the
-/// eventfd.
+/// The consumer's end of the doorbell is a file description of its own: it cannot write the
+/// pipe, and clearing `O_NONBLOCK` on its end never makes the producer's writes block, even with
+/// the pipe full. After a reset, the old end sees none of the new generation's rings.
 #[test]
-fn a_jammed_doorbell_write_is_marked_and_released_by_reclaim() {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
+fn a_consumer_cannot_jam_the_doorbell() {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
     let (mut p, _c) = common::pair(1024, 0);
-    let marker = Arc::new(AtomicU32::new(0));
-    p.watch_doorbell(marker.clone(), 7);
     let theirs = common::dup(p.handles().doorbell);
-    let ours = ringmux_ring::doorbell::Doorbell::from_fd(common::dup(p.handles().doorbell));
-    let fd = std::os::fd::AsRawFd::as_raw_fd(&theirs);
-    let max: u64 = 0xffff_ffff_ffff_fffe;
-    // SAFETY: an 8-byte write from a live u64 and fcntl, on our own descriptor.
-    unsafe {
-        assert_eq!(libc::write(fd, (&max as *const u64).cast(), 8), 8);
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        assert_eq!(libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK), 0);
-    }
+    assert!(
+        nix::unistd::write(&theirs, &[1u8; 8]).is_err(),
+        "the read end is not writable"
+    );
+    let flags = OFlag::from_bits_retain(fcntl(&theirs, FcntlArg::F_GETFL).unwrap());
+    fcntl(&theirs, FcntlArg::F_SETFL(flags - OFlag::O_NONBLOCK)).unwrap();
     let m = hostile_page(&p);
-    poke_u32(&m, 8, 99);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let producer = std::thread::spawn(move || {
-        p.try_push(&meta(), b"wake").unwrap();
-        let rang = p.publish();
+        // Announce a sleep (a fresh ticket) before every publish: each one rings, far past
+        // the pipe's 64 KiB.
+        let mut rang = 0u32;
+        for i in 1..=100_000u32 {
+            poke_u32(&m, 8, i);
+            p.try_push(&meta(), b"wake").unwrap();
+            rang += u32::from(p.publish());
+            // Keep the ring from filling: play a consumer that takes everything.
+            poke_u64(&m, 0, p.stats().published);
+        }
         done_tx.send(rang).unwrap();
+        p
     });
-    // The producer enters the doorbell write and stays there.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while marker.load(Ordering::Relaxed) != 7 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the doorbell write was never marked"
-        );
-        std::thread::yield_now();
-    }
-    assert_eq!(
-        ours.reclaim().unwrap(),
-        max,
-        "reclaim clears the filled counter"
-    );
+    // A hang detector only: 100 000 non-blocking writes take milliseconds.
     let rang = done_rx
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the blocked doorbell write was not released");
-    producer.join().unwrap();
-    assert!(rang);
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a doorbell write blocked");
+    assert_eq!(rang, 100_000, "every announced sleep was rung");
+    let mut p = producer.join().unwrap();
+
+    // A fresh pipe per generation: the old end hears nothing of the new one.
+    fcntl(&theirs, FcntlArg::F_SETFL(flags)).unwrap();
+    while nix::unistd::read(&theirs, &mut [0u8; 4096]).is_ok_and(|n| n > 0) {}
+    p.reset().unwrap();
+    let new = common::dup(p.handles().doorbell);
+    let m = hostile_page(&p);
+    poke_u32(&m, 8, 1_000_001);
+    p.try_push(&meta(), b"wake").unwrap();
+    assert!(p.publish(), "rang the new generation");
+    // The producer dropped the old pipe: its read end is at end of file, with no ring in it.
     assert_eq!(
-        marker.load(Ordering::Relaxed),
-        0,
-        "marker cleared after the write"
+        nix::unistd::read(&theirs, &mut [0u8; 8]),
+        Ok(0),
+        "the old end hears nothing"
     );
-    // SAFETY: fcntl on our own descriptor.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-    assert_ne!(flags & libc::O_NONBLOCK, 0, "O_NONBLOCK restored");
-    // 1 if the write was blocked and completed after reclaim's read; 0 if it came between
-    // reclaim's fcntl and its read, found the counter still full and returned at once (a
-    // wake-up was pending then). Either way nothing blocks any more.
-    assert!(ours.clear().unwrap() <= 1);
+    assert_eq!(nix::unistd::read(&new, &mut [0u8; 8]), Ok(1));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! Receive: datagrams are copied from ring slots into quinn's buffers (quinn copies once more
 //! into a `BytesMut`: the `AsyncUdpSocket` API lends it no buffer of ours). When the ring runs dry the socket keeps polling it cooperatively (returning
 //! `Pending` after waking itself, so timers and sends still run) for the configured spin time,
-//! then announces a sleep and waits on the doorbell eventfd through tokio's reactor.
+//! then announces a sleep and waits on the doorbell pipe through tokio's reactor.
 //!
 //! Send: `quinn::udp::UdpSocketState::send` with GSO on the public socket. The socket's options
 //! belong to the demux and are never changed here (the send state is probed on a scratch

@@ -17,8 +17,6 @@ pub mod unix;
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU32;
-use std::sync::Arc;
 
 use ringmux_proto::IngressKind;
 use ringmux_ring::layout::SlotDesc;
@@ -88,8 +86,6 @@ impl IngressHandles {
 pub struct Setup<'a> {
     pub instances: u8,
     pub ring: &'a RingConfig,
-    /// Marker of the doorbell the data plane is writing (the supervisor's jam watchdog).
-    pub ringing: Arc<AtomicU32>,
 }
 
 /// Something that runs with any forwarding mode: `start` calls it with the mode the

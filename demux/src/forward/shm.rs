@@ -16,13 +16,12 @@ pub struct Shm {
 }
 
 impl Shm {
-    /// One ring per instance, each doorbell watched through `setup.ringing`.
+    /// One ring per instance.
     pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
         let mut rings = Vec::new();
         let mut handles = Vec::new();
-        for i in 0..setup.instances {
-            let mut p = Producer::create(setup.ring).map_err(io::Error::other)?;
-            p.watch_doorbell(setup.ringing.clone(), u32::from(i) + 1);
+        for _ in 0..setup.instances {
+            let p = Producer::create(setup.ring).map_err(io::Error::other)?;
             handles.push(handles_of(&p)?);
             rings.push(p);
         }

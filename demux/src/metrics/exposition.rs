@@ -67,7 +67,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         ),
         (
             names::DOORBELLS,
-            "Doorbells rung (eventfd writes) per instance",
+            "Doorbells rung (doorbell pipe writes) per instance",
             |i| i.doorbells.load(Ordering::Relaxed),
         ),
         (names::WORKER_RESTARTS, "Worker processes restarted", |i| {

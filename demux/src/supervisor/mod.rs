@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
 use ringmux_proto::{Handoff, Message};
-use ringmux_ring::doorbell::Doorbell;
 
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
@@ -31,10 +30,6 @@ use policy::{Action, Limits, Policy};
 /// Most control messages read from one worker per supervision round (a worker sends one STATS a
 /// second; more is a flood).
 const CONTROL_READS_PER_ROUND: usize = 16;
-/// How long the data plane may sit in one doorbell write before the watchdog calls it jammed.
-/// A write to a non-blocking eventfd takes microseconds; only a hostile worker (counter filled,
-/// `O_NONBLOCK` cleared on the shared file description) can make it block.
-const DOORBELL_JAM: Duration = Duration::from_millis(250);
 
 /// The processes and descriptors of one instance; what to do with them is [`Policy`]'s.
 #[derive(Default)]
@@ -58,10 +53,6 @@ pub struct Supervisor {
     policy: Policy,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
-    /// The supervisor's own descriptor of each instance's doorbell (shm), to reclaim it.
-    doorbells: Vec<Option<Doorbell>>,
-    /// The watchdog's last view of the data plane: (`ringing`, `recv_calls`), and since when.
-    doorbell_watch: ((u32, u64), Instant),
 }
 
 impl Supervisor {
@@ -85,8 +76,6 @@ impl Supervisor {
             link,
             signals,
             sessions: crate::sessions::Sessions::new(),
-            doorbells: Vec::new(),
-            doorbell_watch: ((0, 0), Instant::now()),
         }
     }
 
@@ -95,16 +84,6 @@ impl Supervisor {
     /// later death; only a program of which no instance at all becomes ready in time stops the
     /// demux (nothing could serve).
     pub fn start_all(&mut self, handles: Vec<IngressHandles>) -> Result<()> {
-        self.doorbells = handles
-            .iter()
-            .map(|h| match h {
-                IngressHandles::Shm([_, _, bell], _) => {
-                    bell.try_clone().map(|fd| Some(Doorbell::from_fd(fd)))
-                }
-                IngressHandles::Unix(_) => Ok(None),
-            })
-            .collect::<std::io::Result<_>>()
-            .context("keeping a descriptor of each doorbell")?;
         for (i, h) in handles.into_iter().enumerate() {
             self.spawn(i as u8, h)
                 .with_context(|| format!("starting worker {i}"))?;
@@ -173,7 +152,6 @@ impl Supervisor {
             let i = usize::from(instance);
             actions.extend(self.policy.on(Instant::now(), policy::Event::Misbehaved(i)));
         }
-        actions.extend(self.watch_doorbells());
         for i in 0..self.workers.len() {
             let closed = self.read_control(i) == Liveness::Gone;
             if closed {
@@ -361,49 +339,6 @@ impl Supervisor {
         Liveness::Alive
     }
 
-    /// The watchdog for jammed doorbells: the data plane stuck in one instance's doorbell write
-    /// (the `ringing` marker unchanged and no receive completed) for [`DOORBELL_JAM`] means the
-    /// worker filled its eventfd and made it blocking. Killing the worker and reclaiming the
-    /// eventfd (in `on_death`) releases the write; the ring is then reset as after any death.
-    fn watch_doorbells(&mut self) -> Vec<Action> {
-        let now = Instant::now();
-        let view = (
-            self.link.liveness().ringing(),
-            self.counters.recv_calls.load(Ordering::Relaxed),
-        );
-        if view.0 == 0 || view != self.doorbell_watch.0 {
-            self.doorbell_watch = (view, now);
-            return Vec::new();
-        }
-        if now.duration_since(self.doorbell_watch.1) < DOORBELL_JAM {
-            return Vec::new();
-        }
-        self.doorbell_watch.1 = now;
-        let i = (view.0 - 1) as usize;
-        if i >= self.workers.len() {
-            return Vec::new();
-        }
-        tracing::error!(
-            instance = i,
-            "the data plane is blocked writing this worker's doorbell (eventfd filled and made blocking); killing the worker"
-        );
-        self.counters.instances[i]
-            .violations
-            .fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = self.workers[i].child.as_mut() {
-            // Killed here even while shutting down: it will not drain. Reaping it reclaims
-            // the doorbell, which releases the data plane.
-            let _ = c.kill();
-            self.reap(i);
-            return self.policy.on(now, policy::Event::Exited(i));
-        }
-        if let Some(Some(bell)) = self.doorbells.get(i) {
-            // Already gone (and reclaimed then), yet still jammed: reclaim again.
-            let _ = bell.reclaim();
-        }
-        Vec::new()
-    }
-
     fn exited(&mut self, i: usize) -> bool {
         match self.workers[i].child.as_mut().map(|c| c.try_wait()) {
             Some(Ok(Some(_))) => true,
@@ -412,8 +347,7 @@ impl Supervisor {
         }
     }
 
-    /// Collects the process of a dead worker and undoes what it may have done to its
-    /// doorbell.
+    /// Collects the process of a dead worker.
     fn reap(&mut self, i: usize) {
         let ic = &self.counters.instances[i];
         self.link.liveness().set_up(i, false);
@@ -433,14 +367,6 @@ impl Supervisor {
             tracing::info!(instance = i, ?status, "worker exited");
         } else {
             tracing::warn!(instance = i, ?status, "worker process ended");
-        }
-        // The worker is gone and cannot touch its eventfd any more: undo whatever it did to it
-        // (a filled counter and a cleared O_NONBLOCK would block the data plane's next doorbell
-        // write, or release one blocked now).
-        if let Some(Some(bell)) = self.doorbells.get(i) {
-            if let Err(e) = bell.reclaim() {
-                tracing::warn!(instance = i, error = %e, "reclaiming the doorbell failed");
-            }
         }
         let w = &mut self.workers[i];
         w.pidfd = None;
