@@ -159,6 +159,16 @@ async fn methods_headers_and_trailers() {
             .expect("POST without a body");
         assert_eq!(text(&empty), format!("POST 0 {}\n", sha256_hex(b"")));
 
+        // A body shorter than its own content-length is the client's fault: 400, and no
+        // upstream error counted.
+        let mut s = open(&conn, Method::POST, "/sha256", &[("content-length", "100")]).await;
+        s.send_data(Bytes::from_static(b"only ten b"))
+            .await
+            .expect("data");
+        s.finish().await.expect("finish");
+        let r = read_all(&mut s).await.expect("short body");
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text);
+
         for code in [201u16, 404, 503] {
             let r = conn.get(&format!("/status/{code}")).await.expect("status");
             assert_eq!(r.status.as_u16(), code);
@@ -238,6 +248,12 @@ async fn methods_headers_and_trailers() {
             got.lines().any(|l| l.starts_with(&want)),
             "no {want:?} after the migration from port {port} in\n{got}"
         );
+        let m = rm
+            .wait_for("the workers' reports", Duration::from_secs(20), |m| {
+                m.sum(names::WORKER_REQUESTS) >= 10.0
+            })
+            .await;
+        assert_eq!(m.sum(names::WORKER_UPSTREAM_ERRORS), 0.0, "{m}");
         conn.close().await.expect("close");
     })
     .await;

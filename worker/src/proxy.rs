@@ -223,6 +223,12 @@ impl Upstream {
                     tx.stop_stream(Code::H3_REQUEST_CANCELLED);
                     return Outcome::Failed;
                 }
+                if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
+                    // Our side of the exchange: a request body shorter or longer than the
+                    // client's own content-length, say. Not the upstream's failure.
+                    debug!(error = %e, "request refused by the HTTP/1.1 client");
+                    return reply(&mut tx, StatusCode::BAD_REQUEST, b"bad request body\n").await;
+                }
                 let kind = classify(&e);
                 return self.fail(&mut tx, kind, &e).await;
             }
