@@ -73,22 +73,19 @@ class Handler(BaseHTTPRequestHandler):
                     while self.rfile.readline() not in (b"\r\n", b"\n", b""):
                         pass
                     return
-                left = size
-                while left:
-                    data = self.rfile.read(min(left, CHUNK))
-                    if not data:
-                        raise ConnectionError("body broke off")
-                    left -= len(data)
-                    yield data
+                yield from self.exactly(size)
                 self.rfile.readline()
         else:
-            left = int(self.headers.get("content-length", "0"))
-            while left:
-                data = self.rfile.read(min(left, CHUNK))
-                if not data:
-                    raise ConnectionError("body broke off")
-                left -= len(data)
-                yield data
+            yield from self.exactly(int(self.headers.get("content-length", "0")))
+
+    def exactly(self, left):
+        """The next `left` body bytes, in pieces of at most CHUNK."""
+        while left:
+            data = self.rfile.read(min(left, CHUNK))
+            if not data:
+                raise ConnectionError("body broke off")
+            left -= len(data)
+            yield data
 
     def do_POST(self):
         if self.path != "/sha256":
