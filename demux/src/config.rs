@@ -144,6 +144,18 @@ pub struct RunArgs {
     /// (`Worker::attach`). Default: the built-in ringmux-worker (--worker-bin).
     #[arg(long, env = "RINGMUX_WORKER_CMD")]
     pub worker_cmd: Option<String>,
+    /// Confine every worker before its program starts: a system-call filter refuses signals
+    /// to any other process, ptrace and reading other processes' memory, new processes, and
+    /// receiving on, changing or duplicating the public socket (README "Workers are
+    /// untrusted"). `off` is for debugging a worker only: any worker can then stop, trace or
+    /// read the demux and its siblings, and read every instance's datagrams.
+    #[arg(long, env = "RINGMUX_SANDBOX", value_enum, default_value_t = Toggle::On)]
+    pub sandbox: Toggle,
+    /// Run the workers as this user (a name or a numeric UID), with its primary group and no
+    /// supplementary groups, so that they cannot signal, trace or read the demux whatever the
+    /// filter allows. Needs ringmux to run as root. Default: ringmux's own user.
+    #[arg(long, env = "RINGMUX_WORKER_USER")]
+    pub worker_user: Option<String>,
     /// Seconds a starting worker has to report READY before it is killed and replaced.
     #[arg(long, env = "RINGMUX_READY_TIMEOUT", default_value_t = 30)]
     pub ready_timeout: u64,
@@ -194,6 +206,16 @@ pub struct Config {
     pub instances: u8,
     /// `--upstream`, checked.
     pub upstream: Option<UpstreamUrl>,
+    /// `--worker-user`, looked up.
+    pub worker_user: Option<WorkerUser>,
+}
+
+/// The user workers run as (`--worker-user`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 impl RunArgs {
@@ -313,6 +335,10 @@ impl RunArgs {
                 );
             }
         }
+        let worker_user = match &self.worker_user {
+            Some(u) => Some(WorkerUser::look_up(u)?),
+            None => None,
+        };
         let instances = self.instances as u8;
         Ok(Config {
             ring,
@@ -322,7 +348,43 @@ impl RunArgs {
             worker_cmd,
             instances,
             upstream,
+            worker_user,
             args: self,
+        })
+    }
+}
+
+impl WorkerUser {
+    /// `spec`, a user name or a numeric UID, from the user database; the demux must be root to
+    /// switch to it.
+    fn look_up(spec: &str) -> Result<WorkerUser> {
+        use nix::unistd::{Uid, User};
+        let flag = "--worker-user / RINGMUX_WORKER_USER";
+        let found = match spec.trim().parse::<u32>() {
+            Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+            Err(_) => User::from_name(spec.trim()),
+        };
+        let user = match found {
+            Ok(Some(u)) => u,
+            Ok(None) => {
+                bail!("{flag}={spec:?} is not valid: no such user (see /etc/passwd; e.g. nobody)")
+            }
+            Err(e) => bail!("{flag}={spec:?}: looking the user up failed: {e}"),
+        };
+        if user.uid.is_root() {
+            bail!("{flag}={spec:?} is root: name an unprivileged user, e.g. nobody");
+        }
+        if !nix::unistd::geteuid().is_root() {
+            bail!(
+                "{flag}={spec:?} needs ringmux to run as root (it is UID {}); without it the \
+                 workers run as ringmux's own user",
+                nix::unistd::geteuid()
+            );
+        }
+        Ok(WorkerUser {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
         })
     }
 }

@@ -46,6 +46,22 @@ fn main() -> ExitCode {
 fn run(cfg: Config) -> Result<()> {
     // Before any thread exists, so that every thread inherits the mask.
     let signals = sys::shutdown_signals().context("setting up signal handling")?;
+    // No process of the same user (a worker above all) may trace this one or read its memory,
+    // and every orphaned descendant of a worker becomes this process's child, to be killed.
+    sys::harden_demux().context("making the demux non-dumpable and a child subreaper")?;
+    if cfg.args.sandbox == config::Toggle::Off {
+        tracing::warn!(
+            "--sandbox off: workers run UNCONFINED. Any worker can stop, trace or read the \
+             demux and its siblings, start processes and read every instance's datagrams. \
+             For debugging a worker only"
+        );
+    } else if cfg.worker_user.is_none() && nix::unistd::geteuid().is_root() {
+        tracing::warn!(
+            "workers run as root: the system-call filter confines them, but root can still read \
+             this process's memory through /proc and every root-owned file. Give \
+             --worker-user (RINGMUX_WORKER_USER), e.g. nobody"
+        );
+    }
     let keys = match &cfg.args.key_file {
         Some(p) => {
             KeySet::load(p).map_err(|e| anyhow::anyhow!("--key-file / RINGMUX_KEY_FILE: {e}"))?
@@ -177,7 +193,7 @@ impl forward::WithForward for Serve {
             counters.clone(),
             link,
             signals,
-        );
+        )?;
         sup.start_all(handles)?;
 
         let dp = DataPlane::new(

@@ -93,9 +93,9 @@ impl Default for CacheLimits {
 pub struct CacheStats {
     /// PUTs stored.
     pub puts: u64,
-    /// GETs and TAKEs that found their key.
+    /// TAKEs that found their key.
     pub hits: u64,
-    /// GETs and TAKEs that did not (never stored, already taken, evicted or expired).
+    /// TAKEs that did not (never stored, already taken, evicted or expired).
     pub misses: u64,
     /// Entries evicted to stay within [`CacheLimits`].
     pub evictions: u64,
@@ -199,7 +199,7 @@ impl SessionCache {
             Op::Put => store
                 .put(req.key, req.value, now, &self.limits)
                 .then(Vec::new),
-            Op::Get | Op::Take => store.lookup(req.key, req.op == Op::Take, now, self.limits.ttl),
+            Op::Take => store.take(req.key, now, self.limits.ttl),
         };
         Some(encode_reply(req.req_id, value.as_deref()))
     }
@@ -343,7 +343,7 @@ impl Store {
         true
     }
 
-    fn lookup(&mut self, key: &[u8], take: bool, now: Instant, ttl: Duration) -> Option<Vec<u8>> {
+    fn take(&mut self, key: &[u8], now: Instant, ttl: Duration) -> Option<Vec<u8>> {
         // `expire` only looks at the oldest entries; an entry can still be stale here if the
         // caller's clock went backwards between calls (tests), so check its own age too.
         let fresh = self
@@ -351,8 +351,7 @@ impl Store {
             .get(key)
             .map(|e| now.saturating_duration_since(e.stored_at) < ttl);
         let value = match fresh {
-            Some(true) if take => self.remove(key).map(|e| e.value),
-            Some(true) => self.map.get(key).map(|e| e.value.clone()),
+            Some(true) => self.remove(key).map(|e| e.value),
             Some(false) => {
                 self.remove(key);
                 self.stats.expired += 1;

@@ -18,6 +18,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::socket::{self, sockopt, ControlMessage, MsgFlags};
 
+use crate::supervisor::sandbox::WorkerFilter;
+
 // ---------------------------------------------------------------------------------------------
 // Unix sockets: the control, session and unix-ingress sockets
 // ---------------------------------------------------------------------------------------------
@@ -156,51 +158,177 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Makes `cmd` start pinned to `cpu` (when given), with `control` as its descriptor 3, an
-/// empty signal mask (the demux blocks its shutdown signals to read them from a signalfd; a
-/// worker must receive them) and SIGKILL as its parent-death signal, so whatever program it runs
-/// dies with the demux (the signal survives `execve`; it fires when the spawning thread, the
-/// supervisor's, exits). Every other descriptor of the demux is close-on-exec.
+/// What the demux arranges in a worker's process between fork and exec.
+pub struct WorkerSetup<'a> {
+    /// The worker's end of its control socket: descriptor 3.
+    pub control: BorrowedFd<'a>,
+    /// The public socket: descriptor 4.
+    pub public: BorrowedFd<'a>,
+    /// The CPU to pin the process to.
+    pub cpu: Option<usize>,
+    /// The system-call filter to install last; `None` with `--sandbox off`.
+    pub filter: Option<WorkerFilter>,
+}
+
+/// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3
+/// and the public socket as descriptor 4, an empty signal mask (the demux blocks its shutdown
+/// signals to read them from a signalfd; a worker must receive them), SIGKILL as its
+/// parent-death signal, so whatever program it runs dies with the demux (the signal survives
+/// `execve`; it fires when the spawning thread, the supervisor's, exits), and, last, confined by
+/// the filter. Every other descriptor of the demux is close-on-exec. A user set on `cmd`
+/// (`Command::uid`/`gid`) is switched to before all of this, so the death signal, which a
+/// change of credentials clears, is armed after it.
 ///
-/// Fails only if `control` cannot be duplicated (`EMFILE`); `cmd` keeps the duplicate until it
-/// is dropped.
-pub fn prepare_worker(
-    cmd: &mut Command,
-    control: BorrowedFd<'_>,
-    cpu: Option<usize>,
-) -> io::Result<()> {
-    // A close-on-exec copy numbered 10 or higher, owned by the hook: never 3 itself (dup2 of 3
-    // onto 3 would leave close-on-exec set), and open for as long as `cmd` can spawn. rustix,
-    // because nix's F_DUPFD_CLOEXEC hands back an unowned number.
-    let high = rustix::io::fcntl_dupfd_cloexec(control, 10)?;
+/// Fails only if a descriptor cannot be duplicated (`EMFILE`); `cmd` keeps the duplicates until
+/// it is dropped. In the child, a failure of any step fails the spawn with that step's error.
+pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<()> {
+    // Close-on-exec copies numbered 10 or higher, owned by the hook: never 3 or 4 themselves
+    // (dup2 of a descriptor onto itself would leave close-on-exec set), and open for as long as
+    // `cmd` can spawn. rustix, because nix's F_DUPFD_CLOEXEC hands back an unowned number.
+    let control = rustix::io::fcntl_dupfd_cloexec(setup.control, 10)?;
+    let public = rustix::io::fcntl_dupfd_cloexec(setup.public, 10)?;
+    let cpu = setup.cpu;
+    let mut filter = setup.filter;
+    let parent = nix::unistd::getpid();
     // Runs in the child between fork and exec: only async-signal-safe calls (sched_setaffinity,
-    // dup2, prctl, sigprocmask) on descriptors and a mask owned by the child.
+    // dup2, prctl, sigprocmask, getpid, seccomp) on descriptors, a mask and a filter owned by
+    // the child, and no allocation.
     let setup = move || -> io::Result<()> {
         // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
         // plain bit array: no allocation here).
         if let Some(cpu) = cpu {
             pin_to_cpu(cpu)?;
         }
-        // No safe wrapper can target descriptor 3: nix's and rustix's dup2 want 3 as an
-        // `OwnedFd`, which nothing in the child is, and nix's `dup2_raw` turns a failure into
-        // an `OwnedFd` of -1. Whatever 3 was in the child (a close-on-exec copy of one of the
-        // demux's descriptors) is replaced, as exec would have closed it anyway.
-        // SAFETY: dup2 passes no memory; `high` is open (the hook owns it) and 3 is a valid
-        // descriptor number.
-        if unsafe { libc::dup2(high.as_raw_fd(), 3) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        dup_onto(control.as_fd(), ringmux_proto::CONTROL_FD)?;
+        dup_onto(public.as_fd(), ringmux_proto::PUBLIC_FD)?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+        // The demux may have died between fork and the line above: then no signal comes.
+        if nix::unistd::getppid() != parent {
+            return Err(io::Error::from(Errno::ESRCH));
+        }
         nix::sys::signal::sigprocmask(
             nix::sys::signal::SigmaskHow::SIG_SETMASK,
             Some(&SigSet::empty()),
             None,
         )?;
+        if let Some(filter) = filter.as_mut() {
+            let pid = nix::unistd::getpid().as_raw() as u32;
+            filter.bind_to(pid);
+            for program in filter.programs() {
+                match seccompiler::apply_filter(program) {
+                    Ok(()) => {}
+                    // Both carry the OS error, which needs no allocation to pass on.
+                    Err(seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e)) => {
+                        return Err(e)
+                    }
+                    Err(_) => return Err(io::Error::from(Errno::EINVAL)),
+                }
+            }
+        }
         Ok(())
     };
     // SAFETY: `setup` makes only async-signal-safe calls and allocates nothing, as a pre-exec
     // hook must (it runs in the forked child of a multi-threaded process).
     unsafe { cmd.pre_exec(setup) };
+    Ok(())
+}
+
+/// Makes descriptor number `target` a copy of `fd` (in a forked child: whatever `target` was,
+/// a close-on-exec copy of one of the demux's descriptors, is replaced, as exec would have
+/// closed it anyway).
+fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> io::Result<()> {
+    // No safe wrapper can target a bare number: nix's and rustix's dup2 want it as an
+    // `OwnedFd`, which nothing in the child is, and nix's `dup2_raw` turns a failure into an
+    // `OwnedFd` of -1.
+    // SAFETY: dup2 passes no memory; `fd` is open (borrowed) and `target` is a valid number.
+    if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes the demux non-dumpable (`PR_SET_DUMPABLE` 0: no process of the same user may
+/// `ptrace` it or open its `/proc/PID/mem`, and it leaves no core dump) and a child subreaper
+/// (`PR_SET_CHILD_SUBREAPER`: a descendant whose parent dies becomes the demux's child instead
+/// of init's, so the demux can find and kill it).
+pub fn harden_demux() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false)?;
+    nix::sys::prctl::set_child_subreaper(true)?;
+    Ok(())
+}
+
+/// The PIDs of the calling process's children, living or not yet reaped: from each thread's
+/// `/proc/self/task/TID/children` (a child is listed under the thread that is its parent), or,
+/// on a kernel without those files (`CONFIG_PROC_CHILDREN`), from every `/proc/PID/stat`.
+pub fn children() -> io::Result<Vec<u32>> {
+    let mut found = Vec::new();
+    let mut listed = false;
+    for task in std::fs::read_dir("/proc/self/task")? {
+        match std::fs::read_to_string(task?.path().join("children")) {
+            Ok(text) => {
+                listed = true;
+                found.extend(
+                    text.split_ascii_whitespace()
+                        .filter_map(|p| p.parse::<u32>().ok()),
+                );
+            }
+            // The thread ended since the listing, or the kernel has no such file.
+            Err(_) => continue,
+        }
+    }
+    if !listed {
+        return children_from_stat();
+    }
+    found.sort_unstable();
+    found.dedup();
+    Ok(found)
+}
+
+/// [`children`] the slow way: the processes whose `/proc/PID/stat` names this one as parent.
+fn children_from_stat() -> io::Result<Vec<u32>> {
+    let me = std::process::id();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Some(pid) = entry?
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // Gone since the listing, or not readable: not a child we could kill anyway.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if parent_in_stat(&stat) == Some(me) {
+            found.push(pid);
+        }
+    }
+    Ok(found)
+}
+
+/// The parent PID in a `/proc/PID/stat` line: `pid (comm) state ppid …`, where `comm` may
+/// hold spaces and parentheses, so the fields are counted from the last `)`.
+fn parent_in_stat(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+/// SIGKILL to child `pid`, then reaps it if it is already gone (otherwise a later call does:
+/// a child's PID cannot be reused before it is reaped, so killing it again is safe).
+pub fn kill_and_reap(pid: u32) {
+    let Ok(raw) = i32::try_from(pid) else {
+        return;
+    };
+    let pid = nix::unistd::Pid::from_raw(raw);
+    let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+    let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+}
+
+/// `shutdown(SHUT_RDWR)` on a socket: every holder of it (and of its peer) sees it closed,
+/// whichever descriptors of it still exist.
+pub fn shut_down(sock: BorrowedFd<'_>) -> io::Result<()> {
+    socket::shutdown(sock.as_raw_fd(), socket::Shutdown::Both)?;
     Ok(())
 }
 
@@ -289,6 +417,20 @@ mod tests {
         assert_eq!(recv_packet(b.as_fd(), &mut buf).unwrap(), 0);
         let e = send_packet(b.as_fd(), b"x").unwrap_err();
         assert!(is_disconnect(&e), "{e}");
+    }
+
+    #[test]
+    fn parent_pid_is_read_past_any_command_name() {
+        assert_eq!(parent_in_stat("42 (ringmux) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_in_stat("42 (a) b (c) R 9 1"), Some(9));
+        assert_eq!(parent_in_stat("42 (x"), None);
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(children().unwrap().contains(&child.id()));
+        assert!(children_from_stat().unwrap().contains(&child.id()));
+        kill_and_reap(child.id());
+        // Reaped by kill_and_reap or not yet dead: wait settles it either way.
+        let _ = child.wait();
+        assert!(!children().unwrap().contains(&child.id()));
     }
 
     #[test]

@@ -276,3 +276,315 @@ async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
     })
     .await;
 }
+
+/// The outcomes the fault worker recorded (`MARKER.report`), once it has written them.
+async fn report(dir: &TempDir) -> std::collections::HashMap<String, String> {
+    let path = dir.path().join("played.report");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            return text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fault worker wrote no report"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Asserts that each of `attempts` came out as `expected` in `report`.
+fn assert_outcomes(
+    report: &std::collections::HashMap<String, String>,
+    attempts: &[&str],
+    expected: &str,
+) {
+    for a in attempts {
+        assert_eq!(
+            report.get(*a).map(String::as_str),
+            Some(expected),
+            "{a}; whole report: {report:?}"
+        );
+    }
+}
+
+/// Plays an attack on the confinement on instance 1 (which then becomes the real worker, in
+/// the same process, still confined) and checks that the demux and both instances serve and
+/// nothing was restarted. Returns the report.
+async fn play_attack(attack: &str, extra: &[&str]) -> std::collections::HashMap<String, String> {
+    let dir = TempDir::new("ringmux-attack");
+    let rm = start_faulty(attack, extra, &dir);
+    let found = report(&dir).await;
+    instance0_serves(&rm).await;
+    let client = rm.pinned_client(1);
+    let conn = rm.connect(&client).await;
+    check_bytes(
+        "the attacker, now the real worker",
+        &conn.get("/bytes/3000").await.expect("GET on instance 1"),
+        3000,
+    );
+    let m = rm.wait_balanced(Duration::from_secs(5)).await;
+    for i in 0..2 {
+        assert_eq!(
+            m.instance(names::WORKER_RESTARTS, i),
+            0.0,
+            "instance {i}:\n{m}"
+        );
+    }
+    found
+}
+
+/// A confined worker cannot stop, signal, renice, re-pin, read or trace the demux; signals to
+/// its process group or to every process are refused too.
+#[tokio::test]
+async fn a_confined_worker_cannot_reach_the_demux() {
+    bounded(Duration::from_secs(60), async {
+        let r = play_attack("signal-parent", &[]).await;
+        assert_outcomes(
+            &r,
+            &[
+                "kill-parent-stop",
+                "kill-process-group",
+                "kill-every-process",
+                "tkill-parent",
+                "pin-parent",
+                "renice-parent",
+                "read-parent-memory",
+                "ptrace-parent",
+            ],
+            "EPERM",
+        );
+    })
+    .await;
+}
+
+/// The same attack with `--sandbox off` gets through (the demux is stopped, and continued at
+/// once by the attacker): what the test above shows is the filter's doing.
+#[tokio::test]
+async fn an_unconfined_worker_can_stop_the_demux() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-off");
+        let rm = start_faulty("signal-parent", &["--sandbox", "off"], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(
+            &r,
+            &["kill-parent-stop", "kill-process-group", "tkill-parent"],
+            "ok",
+        );
+        instance0_serves(&rm).await;
+    })
+    .await;
+}
+
+/// A confined worker cannot signal its sibling, by PID or by pidfd: instance 0 keeps its process.
+#[tokio::test]
+async fn a_confined_worker_cannot_signal_a_sibling() {
+    bounded(Duration::from_secs(60), async {
+        let r = play_attack("signal-sibling", &[]).await;
+        assert_eq!(
+            r.get("siblings-found").map(String::as_str),
+            Some("1"),
+            "{r:?}"
+        );
+        assert_outcomes(&r, &["kill-sibling", "pidfd-signal-sibling"], "EPERM");
+    })
+    .await;
+}
+
+/// A confined worker starts threads but no process: fork and spawn are refused, clone3 answers
+/// ENOSYS (so the C library falls back to clone, whose flags the filter reads).
+#[tokio::test]
+async fn a_confined_worker_cannot_start_processes() {
+    bounded(Duration::from_secs(60), async {
+        let r = play_attack("fork", &[]).await;
+        assert_outcomes(&r, &["fork", "spawn"], "EPERM");
+        assert_outcomes(&r, &["clone3"], "ENOSYS");
+        assert_outcomes(&r, &["thread"], "ok");
+    })
+    .await;
+}
+
+/// A confined worker cannot receive on, duplicate, reconfigure or pass on the public socket,
+/// nor get at the wire another way; afterwards every datagram sent to either instance is
+/// forwarded, none lost.
+#[tokio::test]
+async fn a_confined_worker_cannot_receive_on_the_public_socket() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-recv");
+        let rm = start_faulty("recv-public", &[], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(
+            &r,
+            &[
+                "recv-public",
+                "read-public",
+                "recvmsg-public",
+                "recvmmsg-public",
+                "dup-public",
+                "dup2-public",
+                "fcntl-dupfd-public",
+                "pass-public-to-itself",
+                "io-uring",
+                "linux-aio",
+                "packet-socket",
+                "raw-socket",
+                "setsockopt-public",
+                "shutdown-public",
+                "connect-public",
+                "close-control",
+            ],
+            "EPERM",
+        );
+        instance0_serves(&rm).await;
+        let before = rm.wait_balanced(Duration::from_secs(5)).await;
+        blast(&rm, 0, 300);
+        blast(&rm, 1, 300);
+        let m = rm
+            .wait_for(
+                "600 more datagrams forwarded",
+                Duration::from_secs(10),
+                |m| m.balanced() && m.get(names::RECEIVED) >= before.get(names::RECEIVED) + 600.0,
+            )
+            .await;
+        let dropped = m.sum(names::DROPPED) - before.sum(names::DROPPED);
+        assert_eq!(dropped, 0.0, "datagrams dropped after the attack:\n{m}");
+        for i in 0..2 {
+            assert_eq!(
+                m.instance(names::WORKER_RESTARTS, i),
+                0.0,
+                "instance {i}:\n{m}"
+            );
+        }
+    })
+    .await;
+}
+
+/// Without the filter the same worker does receive on the public socket (it finds the queue
+/// empty or takes a datagram): the refusals above are the filter's.
+#[tokio::test]
+async fn an_unconfined_worker_can_receive_on_the_public_socket() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-recv-off");
+        let _rm = start_faulty("recv-public", &["--sandbox", "off"], &dir);
+        let r = report(&dir).await;
+        let got = r.get("recv-public").map(String::as_str);
+        assert!(matches!(got, Some("ok" | "EAGAIN")), "{r:?}");
+    })
+    .await;
+}
+
+/// With `--worker-user`, workers run as that user (and so cannot even open the demux's memory);
+/// the confinement still applies. Needs root; skipped otherwise.
+#[tokio::test]
+async fn workers_run_as_the_worker_user() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: --worker-user needs the test to run as root");
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .expect("a user named nobody");
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-user");
+        // The fault worker, running as nobody, writes its marker and report here.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let rm = start_faulty("signal-parent", &["--worker-user", "nobody"], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["open-parent-mem"], "EACCES");
+        assert_outcomes(&r, &["kill-parent-stop", "ptrace-parent"], "EPERM");
+        instance0_serves(&rm).await;
+        for pid in rm.worker_pids().await {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1))
+                .expect("effective uid");
+            assert_eq!(uid, nobody.uid.to_string(), "worker {pid}");
+        }
+    })
+    .await;
+}
+
+/// A worker forks a child that detaches (`setsid`) and keeps its ring, doorbell and sockets,
+/// then dies (unconfined: the filter would refuse the fork). The demux, a child subreaper, kills
+/// the survivor; the replacement gets a ring of its own (a new memfd), serves, and is not taken
+/// for a stalled worker; instance 0 never notices.
+#[tokio::test]
+async fn a_dead_workers_descendants_are_killed_and_its_ring_replaced() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-fork-and-jam");
+        let rm = start_faulty(
+            "fork-and-jam",
+            &["--sandbox", "off", "--stall-secs", "1"],
+            &dir,
+        );
+        let r = report(&dir).await;
+        let orphan: u32 = r["orphan-pid"].parse().unwrap();
+        let old_ring: u64 = r["ring-inode"].parse().unwrap();
+        assert!(old_ring > 0, "{r:?}");
+        let left = harness::wait_gone(&[orphan], Duration::from_secs(10)).await;
+        assert!(
+            left.is_empty(),
+            "the forked survivor {orphan} is still alive"
+        );
+        let m = rm
+            .wait_for("instance 1 replaced and up", Duration::from_secs(20), |m| {
+                m.instance(names::WORKER_RESTARTS, 1) >= 1.0
+                    && m.instance(names::WORKER_UP, 1) == 1.0
+            })
+            .await;
+        let replacement = m.instance(names::WORKER_PID, 1) as u32;
+        // The worker maps its ring and closes the descriptor: the mapping names the memfd.
+        let maps = std::fs::read_to_string(format!("/proc/{replacement}/maps")).unwrap();
+        let rings: Vec<u64> = maps
+            .lines()
+            .filter(|l| l.contains("memfd:ringmux-ring"))
+            .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+            .collect();
+        assert!(
+            !rings.is_empty(),
+            "the replacement maps no ring memfd:\n{maps}"
+        );
+        assert!(
+            !rings.contains(&old_ring),
+            "the replacement got the dead worker's ring memfd {old_ring}"
+        );
+        // Served for longer than the stall period (1 s): the replacement is draining and not
+        // killed as stalled.
+        let client = rm.pinned_client(1);
+        let conn = rm.connect(&client).await;
+        let until = Instant::now() + Duration::from_millis(2500);
+        let mut requests = 0;
+        while Instant::now() < until {
+            blast(&rm, 1, 20);
+            check_bytes(
+                "replacement",
+                &conn
+                    .get("/bytes/2000")
+                    .await
+                    .expect("GET on the replacement"),
+                2000,
+            );
+            requests += 1;
+        }
+        instance0_serves(&rm).await;
+        let m = rm.wait_balanced(Duration::from_secs(5)).await;
+        assert_eq!(
+            m.instance(names::WORKER_RESTARTS, 1),
+            1.0,
+            "after {requests} requests:\n{m}"
+        );
+        assert_eq!(m.instance(names::WORKER_RESTARTS, 0), 0.0, "{m}");
+    })
+    .await;
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::{UpstreamUrl, PROTOCOL_VERSION};
 
-/// How datagrams reach the worker, and so which descriptors follow the public socket.
+/// How datagrams reach the worker, and so which descriptors come with the hand-off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IngressKind {
     /// The shared-memory ring: three descriptors, ring memfd, consumer page, doorbell.
@@ -43,8 +43,9 @@ impl IngressKind {
 
 /// Everything a worker needs to serve, sent once at start.
 ///
-/// Descriptors, in this order: the public socket (send only); the ingress descriptors
-/// ([`IngressKind::fd_count`]); last, the worker's end of its session-store socket.
+/// Descriptors, in this order: the ingress descriptors ([`IngressKind::fd_count`]); last, the
+/// worker's end of its session-store socket. The public socket is not among them: the worker
+/// finds it at descriptor [`crate::PUBLIC_FD`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Handoff {
     /// This worker's instance number, `0..instances`.
@@ -154,10 +155,10 @@ pub const KEYS: [&str; 26] = [
 ];
 
 impl Handoff {
-    /// How many descriptors travel with this hand-off: the public socket, the ingress
-    /// descriptors, the session-store socket.
+    /// How many descriptors travel with this hand-off: the ingress descriptors, the
+    /// session-store socket.
     pub fn fd_count(&self) -> usize {
-        1 + self.ingress.fd_count() + 1
+        self.ingress.fd_count() + 1
     }
 
     /// Checks the number of descriptors that arrived with the hand-off.
@@ -437,20 +438,20 @@ mod tests {
     #[test]
     fn descriptor_count_follows_the_ingress() {
         let h = sample();
-        assert_eq!(h.fd_count(), 5);
-        assert!(h.check_fds(5).is_ok());
+        assert_eq!(h.fd_count(), 4);
+        assert!(h.check_fds(4).is_ok());
         assert_eq!(
-            h.check_fds(4),
+            h.check_fds(5),
             Err(HandoffError::Descriptors {
                 ingress: IngressKind::Shm,
-                expected: 5,
-                got: 4
+                expected: 4,
+                got: 5
             })
         );
         let u = Handoff {
             ingress: IngressKind::Unix,
             ..h
         };
-        assert_eq!(u.fd_count(), 3);
+        assert_eq!(u.fd_count(), 2);
     }
 }

@@ -29,7 +29,7 @@ pub use upstream::UpstreamUrl;
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;
@@ -40,3 +40,16 @@ pub const MAX_FDS: usize = 8;
 /// Name of the environment variable in which the demux tells a worker the number of its
 /// control socket (always 3 today). A process without it was not started by ringmux.
 pub const CONTROL_FD_ENV: &str = "RINGMUX_CONTROL_FD";
+
+/// Name of the environment variable in which the demux tells a worker the number of its
+/// descriptor of the public socket.
+pub const PUBLIC_FD_ENV: &str = "RINGMUX_PUBLIC_FD";
+
+/// The descriptor number at which every worker finds the public socket ([`PUBLIC_FD_ENV`]).
+/// Fixed, and placed by the demux before the worker program starts rather than passed with the
+/// hand-off, so that the demux's system-call filter can name it: a worker may send on it, never
+/// receive on it, duplicate it or change it.
+pub const PUBLIC_FD: i32 = 4;
+
+/// The descriptor number of the control socket ([`CONTROL_FD_ENV`]).
+pub const CONTROL_FD: i32 = 3;

@@ -6,12 +6,15 @@
 //!
 //! * request, worker → demux: `op u8 ‖ req_id u64 ‖ key_len u16 ‖ key ‖ value`, `op` one of
 //!   [`Op`]. `key_len` is 1..=[`MAX_KEY_LEN`]; `value` is 0..=[`MAX_VALUE_LEN`] bytes for PUT
-//!   and empty for GET and TAKE.
+//!   and empty for TAKE.
 //! * reply, demux → worker, to every well-formed request: `req_id u64 ‖ status u8 ‖ value`.
-//!   GET/TAKE: [`STATUS_FOUND`] (`value` follows) or [`STATUS_NOT_FOUND`] (nothing follows).
+//!   TAKE: [`STATUS_FOUND`] (`value` follows) or [`STATUS_NOT_FOUND`] (nothing follows).
 //!   PUT: [`STATUS_FOUND`] (stored) or [`STATUS_NOT_FOUND`] (refused), never a value.
 //!
-//! A malformed request gets no reply (the worker times out), and the demux counts it.
+//! A malformed request gets no reply (the worker times out), and the demux counts it. There is
+//! no lookup that leaves a session in place: TLS 1.3 resumption only ever takes one (single
+//! use), and a lookup would let any worker read, again and again, every session whose ticket
+//! it has seen. Code 2, a GET in protocol version 2, is an unknown operation now.
 
 /// Longest key the store accepts. rustls uses 32-byte random ticket IDs; the key of a lookup is
 /// the ticket a client presented, so it is attacker-controlled and checked before it is sent.
@@ -28,9 +31,9 @@ pub const MAX_REQUEST_LEN: usize = REQUEST_HEADER_LEN + MAX_KEY_LEN + MAX_VALUE_
 /// Largest valid reply.
 pub const MAX_REPLY_LEN: usize = REPLY_HEADER_LEN + MAX_VALUE_LEN;
 
-/// Reply status: not found (GET, TAKE) or refused (PUT).
+/// Reply status: not found (TAKE) or refused (PUT).
 pub const STATUS_NOT_FOUND: u8 = 0;
-/// Reply status: found (GET, TAKE; the value follows) or stored (PUT).
+/// Reply status: found (TAKE; the value follows) or stored (PUT).
 pub const STATUS_FOUND: u8 = 1;
 
 /// Request operations.
@@ -39,15 +42,13 @@ pub const STATUS_FOUND: u8 = 1;
 pub enum Op {
     /// Store `value` under `key`, replacing any previous value. Acknowledged or refused.
     Put = 1,
-    /// Look `key` up, leaving it in place.
-    Get = 2,
     /// Look `key` up and remove it (single use).
     Take = 3,
 }
 
 impl Op {
     /// Every operation, for tables and tests.
-    pub const ALL: [Op; 3] = [Op::Put, Op::Get, Op::Take];
+    pub const ALL: [Op; 2] = [Op::Put, Op::Take];
 
     /// The operation with wire code `b`.
     pub fn from_u8(b: u8) -> Option<Op> {
@@ -58,7 +59,6 @@ impl Op {
     pub fn name(self) -> &'static str {
         match self {
             Op::Put => "PUT",
-            Op::Get => "GET",
             Op::Take => "TAKE",
         }
     }
@@ -89,7 +89,7 @@ pub struct Request<'a> {
 
 impl Request<'_> {
     /// Parses and validates a request; `None` for anything malformed (too short or long,
-    /// unknown op, key length out of range, a value with GET or TAKE). Never panics.
+    /// unknown op, key length out of range, a value with TAKE). Never panics.
     pub fn parse(msg: &[u8]) -> Option<Request<'_>> {
         if msg.len() < REQUEST_HEADER_LEN || msg.len() > MAX_REQUEST_LEN {
             return None;
@@ -105,7 +105,7 @@ impl Request<'_> {
         let value = &rest[key_len..];
         let value_ok = match op {
             Op::Put => value.len() <= MAX_VALUE_LEN,
-            Op::Get | Op::Take => value.is_empty(),
+            Op::Take => value.is_empty(),
         };
         value_ok.then_some(Request {
             op,
@@ -180,9 +180,12 @@ mod tests {
         assert!(Request::parse(&ok).is_some());
         let mut bad_op = ok.clone();
         bad_op[0] = 9;
-        let long_key = encode_request(Op::Get, 1, &[0; MAX_KEY_LEN + 1], b"");
+        let long_key = encode_request(Op::Take, 1, &[0; MAX_KEY_LEN + 1], b"");
         let big_value = encode_request(Op::Put, 1, b"k", &vec![0; MAX_VALUE_LEN + 1]);
-        let get_with_value = encode_request(Op::Get, 1, b"k", b"v");
+        let take_with_value = encode_request(Op::Take, 1, b"k", b"v");
+        // A GET of protocol version 2 (code 2): no such operation any more.
+        let mut get = encode_request(Op::Take, 1, b"k", b"");
+        get[0] = 2;
         let empty_key = encode_request(Op::Take, 1, b"", b"");
         let mut cut = encode_request(Op::Take, 1, b"key", b"");
         cut.pop();
@@ -190,7 +193,8 @@ mod tests {
             &bad_op[..],
             &long_key,
             &big_value,
-            &get_with_value,
+            &take_with_value,
+            &get,
             &empty_key,
             &cut,
             &ok[..5],

@@ -326,11 +326,6 @@ impl ProducerCore {
         self.payload_capacity
     }
 
-    /// Slots written but not yet published.
-    pub(crate) fn pending(&self) -> u64 {
-        self.tail - self.published
-    }
-
     pub(crate) fn doorbells(&self) -> u64 {
         self.doorbells
     }
@@ -450,22 +445,6 @@ impl ProducerCore {
             Ok(()) => self.published - self.cached_head,
             Err(_) => self.published - self.cached_head,
         }
-    }
-
-    /// Switches to a fresh consumer line for a new consumer generation, discarding what the old
-    /// consumer left. Returns how many published datagrams were discarded.
-    ///
-    /// # Safety
-    /// `cons` stays valid while the core lives, and its head was initialised to `self.tail`
-    /// after [`ProducerCore::publish`] (so `pending() == 0`).
-    pub(crate) unsafe fn reset(&mut self, cons: NonNull<ConsumerLine>) -> u64 {
-        let discarded = self.unconsumed() + self.pending();
-        self.publish();
-        self.cons = cons;
-        self.cached_head = self.tail;
-        self.published = self.tail;
-        self.last_rung = 0;
-        discarded
     }
 }
 

@@ -107,12 +107,26 @@ pub struct Producer {
     doorbell: Doorbell,
     config: RingConfig,
     generation: u64,
+    /// Counts of the rings this one replaced, so the statistics run on across resets.
+    before: Carried,
+}
+
+/// What earlier generations' rings counted.
+#[derive(Clone, Copy, Debug, Default)]
+struct Carried {
+    published: u64,
+    doorbells: u64,
 }
 
 impl Producer {
     /// Creates a ring: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`, size, map, initialise
     /// (layout version stored last), seal; plus the consumer page and the doorbell.
     pub fn create(config: &RingConfig) -> io::Result<Self> {
+        Self::build(config, 1)
+    }
+
+    /// [`Producer::create`] for consumer generation `generation`.
+    fn build(config: &RingConfig, generation: u64) -> io::Result<Self> {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -137,7 +151,7 @@ impl Producer {
             .store(config.slot_bytes, Ordering::Relaxed);
         h.header.slots_offset.store(SLOTS_OFFSET, Ordering::Relaxed);
         h.header.region_bytes.store(region_bytes, Ordering::Relaxed);
-        h.header.generation.store(1, Ordering::Relaxed);
+        h.header.generation.store(generation, Ordering::Relaxed);
         // Version last: an attacher that sees it sees everything above (Release/Acquire).
         h.header
             .layout_version
@@ -167,7 +181,8 @@ impl Producer {
             page_file,
             doorbell,
             config: *config,
-            generation: 1,
+            generation,
+            before: Carried::default(),
         })
     }
 
@@ -210,25 +225,24 @@ impl Producer {
         let _ = self.doorbell.ring();
     }
 
-    /// Starts a new consumer generation after the old consumer died or misbehaved: a fresh
-    /// consumer page (the old process's mapping no longer matters), a fresh doorbell pipe (the
-    /// old consumer, or anything it forked, keeps only the old one's read end), and
-    /// `generation + 1`. Returns how many published datagrams the old consumer left unread (now
-    /// discarded). Call it once the old consumer is gone.
+    /// Starts a new consumer generation after the old consumer died or misbehaved: a whole new
+    /// ring (region memfd, consumer page, doorbell pipe) with `generation + 1`, so the old
+    /// consumer, or anything it forked, holds descriptors of a ring nobody writes any more and
+    /// can neither read the new generation's datagrams nor hear its doorbell. Returns how many
+    /// published datagrams the old consumer left unread (now discarded). Call it once the old
+    /// consumer is gone.
+    ///
+    /// Costs what [`Producer::create`] does: one memfd of the region's size, mapped and
+    /// populated, and the old ring's unmapping.
     pub fn reset(&mut self) -> io::Result<u64> {
+        let mut next = Self::build(&self.config, self.generation + 1)?;
         self.core.publish();
-        let tail = self.header().tail.tail.load(Ordering::Relaxed);
-        let (page, page_file) = consumer_page(tail)?;
-        // SAFETY: the new page stays mapped in `self.page` below; its head equals the tail.
-        let discarded = unsafe { self.core.reset(page_ptr(&page)) };
-        self.page = page;
-        self.page_file = page_file;
-        self.doorbell = Doorbell::new()?;
-        self.generation += 1;
-        self.header()
-            .header
-            .generation
-            .store(self.generation, Ordering::Release);
+        let discarded = self.core.unconsumed();
+        next.before = Carried {
+            published: self.before.published + self.header().tail.tail.load(Ordering::Relaxed),
+            doorbells: self.before.doorbells + self.core.doorbells(),
+        };
+        *self = next;
         Ok(discarded)
     }
 
@@ -268,10 +282,10 @@ impl Producer {
         let c = unsafe { line.as_ref() };
         RingStats {
             generation: self.generation,
-            published: self.header().tail.tail.load(Ordering::Relaxed),
+            published: self.before.published + self.header().tail.tail.load(Ordering::Relaxed),
             occupancy,
             capacity: u64::from(self.config.slots),
-            doorbells: self.core.doorbells(),
+            doorbells: self.before.doorbells + self.core.doorbells(),
             consumer_sleeps: c.sleeps.load(Ordering::Relaxed),
             consumer_invalid: c.invalid.load(Ordering::Relaxed),
         }

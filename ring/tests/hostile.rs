@@ -163,6 +163,54 @@ fn a_consumer_cannot_jam_the_doorbell() {
     assert_eq!(nix::unistd::read(&new, &mut [0u8; 8]), Ok(1));
 }
 
+/// A consumer that lives on after its ring was reset (a worker's forked child, say) holds a ring
+/// nobody writes any more: every generation is a new memfd, so it reads none of the
+/// replacement's datagrams, even through the descriptors it kept.
+#[test]
+fn a_replaced_consumer_reads_nothing_of_the_next_generation() {
+    use std::os::unix::fs::MetadataExt;
+    let inode =
+        |fd: std::os::fd::BorrowedFd<'_>| File::from(common::dup(fd)).metadata().unwrap().ino();
+    let (mut p, mut old) = common::pair(64, 0);
+    let old_ring = inode(p.handles().ring);
+    let old_page = inode(p.handles().page);
+    p.try_push(&meta(), b"first generation").unwrap();
+    p.publish();
+    assert_eq!(old.drain(16, |_| {}).unwrap().slots, 1);
+    assert_eq!(p.reset().unwrap(), 0);
+    let h = p.handles();
+    assert_eq!(h.generation, 2);
+    assert_ne!(inode(h.ring), old_ring, "the same region memfd after reset");
+    assert_ne!(
+        inode(h.page),
+        old_page,
+        "the same consumer page after reset"
+    );
+    let mut new = Consumer::attach(
+        common::dup(h.ring),
+        common::dup(h.page),
+        common::dup(h.doorbell),
+        h.generation,
+        Duration::ZERO,
+    )
+    .unwrap();
+    for _ in 0..10 {
+        p.try_push(&meta(), b"second generation").unwrap();
+    }
+    p.publish();
+    assert_eq!(
+        old.available().unwrap(),
+        0,
+        "the old consumer sees new datagrams"
+    );
+    let mut copied = Vec::new();
+    let got = new.drain(16, |d| copied.push(d.to_vec())).unwrap().slots;
+    assert_eq!(got, 10);
+    assert!(copied.iter().all(|d| d == b"second generation"));
+    // The counters run on across generations.
+    assert_eq!(p.stats().published, 11);
+}
+
 #[test]
 fn garbage_head_and_flag_never_panic_the_producer() {
     let (mut p, _c) = common::pair(16, 0);

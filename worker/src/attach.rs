@@ -50,13 +50,15 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
-use ringmux_proto::{Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV};
+use ringmux_proto::{
+    Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV,
+};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use ringmux_ring::Consumer;
 use tokio::sync::watch;
@@ -66,7 +68,7 @@ use crate::ingress::Ingress;
 use crate::quic::{endpoint_config, server_config, ServerOptions};
 use crate::sessions::RemoteSessionStore;
 use crate::socket::{IngressStats, RingSocket};
-use crate::sys;
+use crate::sys::{self, SockType};
 use crate::tls::{CertChain, TlsError, TICKETS_PER_HANDSHAKE};
 
 /// Why a worker cannot attach or configure its endpoint.
@@ -74,13 +76,19 @@ use crate::tls::{CertChain, TlsError, TICKETS_PER_HANDSHAKE};
 pub enum AttachError {
     /// The process was not started by ringmux.
     #[error(
-        "{CONTROL_FD_ENV} is not set: this program is a ringmux worker and must be started by \
-         ringmux, e.g. `ringmux --worker-cmd '{program}'` (ringmux passes it its control socket)"
+        "{var} is not set: this program is a ringmux worker and must be started by ringmux, \
+         e.g. `ringmux --worker-cmd '{program}'` (ringmux passes it its control and public sockets)"
     )]
-    NotStartedByRingmux { program: String },
-    /// The control descriptor named by the environment is not a control socket.
-    #[error("{CONTROL_FD_ENV}={value:?}: {problem}; it is set by ringmux for its workers, do not set it by hand")]
-    BadControlFd { value: String, problem: String },
+    NotStartedByRingmux { var: &'static str, program: String },
+    /// A descriptor named by the environment is not what ringmux passes there.
+    #[error(
+        "{var}={value:?}: {problem}; it is set by ringmux for its workers, do not set it by hand"
+    )]
+    BadInheritedFd {
+        var: &'static str,
+        value: String,
+        problem: String,
+    },
     /// The hand-off could not be read or used.
     #[error("reading the hand-off from the demux: {0}")]
     Control(#[from] ControlError),
@@ -181,19 +189,20 @@ impl Worker {
     /// for that, before the program started.) Blocks until the
     /// hand-off arrives (the demux sends it right after starting the process).
     pub fn attach() -> Result<Worker, AttachError> {
-        let control = control_socket()?;
+        let (control, public) = inherited_sockets()?;
         sys::die_with_parent().map_err(|source| AttachError::Io {
             what: "arming the parent-death signal",
             source,
         })?;
         let (h, fds) = control::recv_handoff(control.as_fd())?;
-        Worker::from_handoff(h, fds, control)
+        Worker::from_handoff(h, fds, control, public)
     }
 
     fn from_handoff(
         h: Handoff,
         fds: Vec<OwnedFd>,
         control: OwnedFd,
+        public: OwnedFd,
     ) -> Result<Worker, AttachError> {
         let bad = |what, problem: String| AttachError::Handoff { what, problem };
         let keys = KeySet::from_bytes(&h.keys).map_err(|e| bad("keys", e.to_string()))?;
@@ -208,14 +217,14 @@ impl Worker {
         CidGenerator::new(&lb, h.instance, h.cid_lifetime)
             .map_err(|e| bad("QUIC-LB parameters", e.to_string()))?;
         let certificate = CertChain::from_pem(&h.cert_pem, &h.key_pem)?;
-        // Descriptors in hand-off order: public socket, ingress…, session socket
-        // (`control-protocol.md`, "Descriptors"); their count was checked on receipt.
+        // Descriptors in hand-off order: ingress…, session socket (`control-protocol.md`,
+        // "Descriptors"); their count was checked on receipt. The public socket came at
+        // descriptor 4.
         let mut fds = fds.into_iter();
         let mut next = |what: &'static str| {
             fds.next()
                 .ok_or_else(|| bad("descriptors", format!("{what} missing")))
         };
-        let public = next("public socket")?;
         let ingress = match h.ingress {
             IngressKind::Shm => {
                 let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
@@ -417,38 +426,79 @@ impl Worker {
     }
 }
 
-/// Set by the first [`Worker::attach`] that takes the control socket.
+/// Set by the first [`Worker::attach`] that takes the inherited descriptors.
 static ATTACHED: AtomicBool = AtomicBool::new(false);
 
-/// The control socket named by `RINGMUX_CONTROL_FD`, checked to be one.
-fn control_socket() -> Result<OwnedFd, AttachError> {
+/// The control socket and the public socket, at the descriptors `RINGMUX_CONTROL_FD` and
+/// `RINGMUX_PUBLIC_FD` name, each checked to be what it should.
+fn inherited_sockets() -> Result<(OwnedFd, OwnedFd), AttachError> {
     let program = std::env::args().next().unwrap_or_else(|| "PROGRAM".into());
-    let value =
-        std::env::var(CONTROL_FD_ENV).map_err(|_| AttachError::NotStartedByRingmux { program })?;
-    let bad = |problem: &str| AttachError::BadControlFd {
+    let control = inherited_number(CONTROL_FD_ENV, &program)?;
+    let public = inherited_number(PUBLIC_FD_ENV, &program)?;
+    let bad = |var: &'static str, fd: RawFd, problem: &str| AttachError::BadInheritedFd {
+        var,
+        value: fd.to_string(),
+        problem: problem.into(),
+    };
+    if control == public {
+        return Err(bad(
+            PUBLIC_FD_ENV,
+            public,
+            "the same descriptor as the control socket",
+        ));
+    }
+    // Only once: a second attach in the same process must not own the descriptors again.
+    if ATTACHED.swap(true, Ordering::AcqRel) {
+        return Err(bad(
+            CONTROL_FD_ENV,
+            control,
+            "already taken by an earlier Worker::attach in this process",
+        ));
+    }
+    // SAFETY: both descriptors are open (checked by `inherited_number`) and distinct; ringmux
+    // passed them to this process for its exclusive use, and `ATTACHED` makes this the only
+    // place that ever takes ownership of them.
+    let control = unsafe { OwnedFd::from_raw_fd(control) };
+    // SAFETY: as above.
+    let public = unsafe { OwnedFd::from_raw_fd(public) };
+    let wrong = if sys::socket_type(control.as_fd()) != Some(SockType::SeqPacket) {
+        Some(bad(
+            CONTROL_FD_ENV,
+            control.as_raw_fd(),
+            "not a SOCK_SEQPACKET socket",
+        ))
+    } else if sys::socket_type(public.as_fd()) != Some(SockType::Datagram) {
+        Some(bad(PUBLIC_FD_ENV, public.as_raw_fd(), "not a UDP socket"))
+    } else {
+        None
+    };
+    if let Some(e) = wrong {
+        // Not ours after all: give them back unclosed.
+        let _ = control.into_raw_fd();
+        let _ = public.into_raw_fd();
+        return Err(e);
+    }
+    Ok((control, public))
+}
+
+/// The descriptor number in environment variable `var`, checked to be open and not a standard
+/// stream.
+fn inherited_number(var: &'static str, program: &str) -> Result<RawFd, AttachError> {
+    let value = std::env::var(var).map_err(|_| AttachError::NotStartedByRingmux {
+        var,
+        program: program.to_string(),
+    })?;
+    let bad = |problem: &str| AttachError::BadInheritedFd {
+        var,
         value: value.clone(),
         problem: problem.into(),
     };
     let fd: RawFd = value.trim().parse().map_err(|_| bad("not a number"))?;
     if fd < 3 {
-        return Err(bad("a standard stream, not the inherited control socket"));
+        return Err(bad("a standard stream, not a descriptor ringmux passed"));
     }
     if std::fs::metadata(format!("/proc/self/fd/{fd}")).is_err() {
         return Err(bad("no such open descriptor"));
-    }
-    // Only once: a second attach in the same process must not own the descriptor again.
-    if ATTACHED.swap(true, Ordering::AcqRel) {
-        return Err(bad(
-            "already taken by an earlier Worker::attach in this process",
-        ));
-    }
-    // SAFETY: the descriptor is open (checked above); ringmux passed it to this process for its
-    // exclusive use, and `ATTACHED` makes this the only place that ever takes ownership of it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    if !sys::is_seqpacket_socket(fd.as_fd()) {
-        // Not ours after all: give it back unclosed.
-        let _ = fd.into_raw_fd();
-        return Err(bad("not a SOCK_SEQPACKET socket"));
     }
     Ok(fd)
 }

@@ -109,9 +109,9 @@ pub struct RemoteStats {
     /// PUTs that returned `false`, so rustls issued no ticket: oversized, refused by the demux,
     /// timed out or failed (the last two also count in `timeouts` and `errors`).
     pub put_failures: u64,
-    /// GET and TAKE requests answered "found".
+    /// TAKE requests answered "found".
     pub hits: u64,
-    /// GET and TAKE requests answered "not found" (or refused locally: key too long).
+    /// TAKE requests answered "not found" (or refused locally: key too long).
     pub misses: u64,
     /// Requests with no matching reply within the timeout.
     pub timeouts: u64,
@@ -152,7 +152,7 @@ struct Channel {
 
 /// Outcome of one request/reply exchange.
 enum Exchange {
-    /// Status 1: found (GET, TAKE) or stored (PUT, empty value).
+    /// Status 1: found (TAKE) or stored (PUT, empty value).
     Yes(Vec<u8>),
     /// Status 0: not found or refused.
     No,
@@ -360,8 +360,10 @@ impl StoresServerSessions for RemoteSessionStore {
         stored
     }
 
-    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.lookup(Op::Get, key)
+    /// rustls asks `get` only for TLS 1.2 resumption, which QUIC never uses (RFC 9001 §4.2
+    /// requires TLS 1.3); the demux's store has no such operation.
+    fn get(&self, _key: &[u8]) -> Option<Vec<u8>> {
+        None
     }
 
     fn take(&self, key: &[u8]) -> Option<Vec<u8>> {

@@ -99,17 +99,26 @@ pub enum Frame {
     Closed,
 }
 
-/// Receives one packet without blocking into two buffers: its first `head.len()` bytes, then
-/// the rest (the unix ingress framing: descriptor, payload). `WouldBlock` escapes.
+/// Receives one packet of a `SOCK_SEQPACKET` socket into two buffers: its first `head.len()`
+/// bytes, then the rest (the unix ingress framing: descriptor, payload). `WouldBlock` escapes
+/// when the socket is non-blocking (the ingress socket is).
+///
+/// `readv`, not `recvmsg`: a confined worker may call `recvmsg` on its control socket only
+/// (the demux's system-call filter, `control-protocol.md` "Confinement"), which is what keeps
+/// it from receiving descriptors. A packet longer than both buffers spills into a third,
+/// one-byte buffer: that is how a cut packet is told from one that fits exactly.
 pub fn recv_frame(sock: BorrowedFd<'_>, head: &mut [u8], body: &mut [u8]) -> io::Result<Frame> {
-    let mut iov = [IoSliceMut::new(head), IoSliceMut::new(body)];
-    let (bytes, flags) = retry(|| {
-        socket::recvmsg::<()>(sock.as_raw_fd(), &mut iov, None, MsgFlags::MSG_DONTWAIT)
-            .map(|m| (m.bytes, m.flags))
-    })?;
+    let fits = head.len() + body.len();
+    let mut spill = [0u8; 1];
+    let mut iov = [
+        IoSliceMut::new(head),
+        IoSliceMut::new(body),
+        IoSliceMut::new(&mut spill),
+    ];
+    let bytes = retry(|| nix::sys::uio::readv(sock, &mut iov))?;
     Ok(if bytes == 0 {
         Frame::Closed
-    } else if flags.contains(MsgFlags::MSG_TRUNC) {
+    } else if bytes > fits {
         Frame::Truncated
     } else {
         Frame::Packet { len: bytes }
@@ -158,9 +167,11 @@ pub fn die_with_parent() -> io::Result<()> {
     Ok(())
 }
 
-/// Whether `fd` is an open Unix `SOCK_SEQPACKET` socket (the kind of the control socket).
-pub fn is_seqpacket_socket(fd: BorrowedFd<'_>) -> bool {
-    socket::getsockopt(&fd, socket::sockopt::SockType) == Ok(socket::SockType::SeqPacket)
+pub use nix::sys::socket::SockType;
+
+/// The type of socket `fd` is (`SO_TYPE`); `None` if it is no socket.
+pub fn socket_type(fd: BorrowedFd<'_>) -> Option<SockType> {
+    socket::getsockopt(&fd, socket::sockopt::SockType).ok()
 }
 
 /// A descriptor registered with tokio's reactor for readability (the doorbell, the unix
@@ -238,9 +249,9 @@ pub(crate) mod tests {
         assert_eq!(&buf[..n], b"hello");
         assert_eq!(fds.len(), 2);
         assert_ne!(fds[0].as_raw_fd(), x.as_raw_fd());
-        assert!(is_seqpacket_socket(fds[0].as_fd()));
+        assert_eq!(socket_type(fds[0].as_fd()), Some(SockType::SeqPacket));
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert!(!is_seqpacket_socket(udp.as_fd()));
+        assert_eq!(socket_type(udp.as_fd()), Some(SockType::Datagram));
     }
 
     #[test]
@@ -284,6 +295,17 @@ pub(crate) mod tests {
         ));
         assert_eq!((&head, &body[..6]), (b"0123", &b"456789"[..]));
         send_packet(a.as_fd(), &[1; 20], false).unwrap();
+        assert!(matches!(
+            recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
+            Frame::Truncated
+        ));
+        // Exactly as long as both buffers: whole, not cut.
+        send_packet(a.as_fd(), &[2; 12], false).unwrap();
+        assert!(matches!(
+            recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
+            Frame::Packet { len: 12 }
+        ));
+        send_packet(a.as_fd(), &[3; 13], false).unwrap();
         assert!(matches!(
             recv_frame(b.as_fd(), &mut head, &mut body).unwrap(),
             Frame::Truncated

@@ -40,36 +40,32 @@ fn put(cache: &SessionCache, key: &[u8], value: &[u8]) {
     assert_eq!(decode_reply(&reply), Some((77, Some(&[][..]))), "stored");
 }
 
-/// Sends GET or TAKE with `req_id`, checks the reply echoes it, returns the value if found.
+/// Sends TAKE with `req_id`, checks the reply echoes it, returns the value if found.
 fn lookup(cache: &SessionCache, op: Op, req_id: u64, key: &[u8]) -> Option<Vec<u8>> {
     let reply = cache
         .handle(&encode_request(op, req_id, key, &[]))
-        .expect("GET and TAKE are answered");
+        .expect("TAKE is answered");
     let (id, value) = decode_reply(&reply).expect("well-formed reply");
     assert_eq!(id, req_id);
     value.map(<[u8]>::to_vec)
 }
 
 #[test]
-fn put_get_take_semantics() {
+fn put_take_semantics() {
     let cache = SessionCache::new();
     put(&cache, b"k1", b"v1");
-    assert_eq!(
-        lookup(&cache, Op::Get, 7, b"k1").as_deref(),
-        Some(&b"v1"[..])
-    );
-    // GET leaves the entry in place.
-    assert_eq!(
-        lookup(&cache, Op::Get, 8, b"k1").as_deref(),
-        Some(&b"v1"[..])
-    );
+    // A GET (code 2 in protocol version 2) is no operation any more: unanswered, counted, and
+    // the session stays where it was, for the one TAKE that resumes it.
+    let mut get = encode_request(Op::Take, 7, b"k1", &[]);
+    get[0] = 2;
+    assert_eq!(cache.handle(&get), None, "a GET was answered");
+    assert_eq!(cache.stats().malformed, 1);
     // TAKE removes it: single use.
     assert_eq!(
         lookup(&cache, Op::Take, u64::MAX, b"k1").as_deref(),
         Some(&b"v1"[..])
     );
     assert_eq!(lookup(&cache, Op::Take, 9, b"k1"), None);
-    assert_eq!(lookup(&cache, Op::Get, 10, b"k1"), None);
 
     // PUT replaces.
     put(&cache, b"k2", b"old");
@@ -97,7 +93,7 @@ fn put_get_take_semantics() {
     let s = cache.stats();
     assert_eq!(
         (s.puts, s.hits, s.misses, s.malformed, s.evictions),
-        (5, 6, 2, 0, 0),
+        (5, 4, 1, 1, 0),
         "{s:?}"
     );
     assert_eq!((s.entries, s.bytes), (0, 0), "{s:?}");
@@ -114,18 +110,22 @@ fn eviction_oldest_first_at_capacity() {
     }
     let s = cache.stats();
     assert_eq!((s.entries, s.evictions, s.puts), (4, 2, 6), "{s:?}");
-    assert_eq!(lookup(&cache, Op::Get, 1, &[0]), None);
-    assert_eq!(lookup(&cache, Op::Get, 1, &[1]), None);
-    for i in 2..6u8 {
-        assert_eq!(lookup(&cache, Op::Get, 1, &[i]), Some(vec![i; 10]));
-    }
-    // Replacing a key moves it to the back: 2 is now the newest, 3 the oldest.
+    // Replacing a key moves it to the back: 2 is now the newest, 3 the oldest, and 6 evicts 3.
     put(&cache, &[2], b"again");
     put(&cache, &[6], b"six");
-    assert_eq!(lookup(&cache, Op::Get, 1, &[3]), None);
+    for gone in [0u8, 1, 3] {
+        assert_eq!(lookup(&cache, Op::Take, 1, &[gone]), None, "{gone}");
+    }
+    for i in [4u8, 5] {
+        assert_eq!(lookup(&cache, Op::Take, 1, &[i]), Some(vec![i; 10]));
+    }
     assert_eq!(
-        lookup(&cache, Op::Get, 1, &[2]).as_deref(),
+        lookup(&cache, Op::Take, 1, &[2]).as_deref(),
         Some(&b"again"[..])
+    );
+    assert_eq!(
+        lookup(&cache, Op::Take, 1, &[6]).as_deref(),
+        Some(&b"six"[..])
     );
 
     // The byte budget evicts too: room for two maximal entries only.
@@ -165,11 +165,16 @@ fn entries_expire_after_ttl() {
     let at = |secs| t0 + Duration::from_secs(secs);
     let req = |op, key: &[u8], value: &[u8]| encode_request(op, 1, key, value);
     let found = |reply: Option<Vec<u8>>| decode_reply(&reply.unwrap()).unwrap().1.is_some();
-    assert!(found(cache.handle_at(&req(Op::Put, b"old", b"1"), at(0))));
+    assert!(found(cache.handle_at(&req(Op::Put, b"old1", b"1"), at(0))));
+    assert!(found(cache.handle_at(&req(Op::Put, b"old2", b"1"), at(0))));
     assert!(found(cache.handle_at(&req(Op::Put, b"new", b"2"), at(300))));
-    assert!(found(cache.handle_at(&req(Op::Get, b"old", b""), at(599))));
-    // At 600 s "old" has expired (dropped from the front), "new" has not.
-    assert!(!found(cache.handle_at(&req(Op::Get, b"old", b""), at(600))));
+    assert!(found(
+        cache.handle_at(&req(Op::Take, b"old1", b""), at(599))
+    ));
+    // At 600 s "old2" has expired (dropped from the front), "new" has not.
+    assert!(!found(
+        cache.handle_at(&req(Op::Take, b"old2", b""), at(600))
+    ));
     assert!(found(cache.handle_at(&req(Op::Take, b"new", b""), at(899))));
     let s = cache.stats();
     assert_eq!((s.expired, s.entries), (1, 0), "{s:?}");
@@ -186,13 +191,12 @@ fn malformed_and_oversized_requests_are_refused_and_counted() {
         encode_request(Op::Put, 1, &[7; MAX_KEY_LEN + 1], b"v"), // key too long
         encode_request(Op::Put, 1, b"", b"v"), // empty key
         encode_request(Op::Put, 1, b"k2", &vec![0; MAX_VALUE_LEN + 1]), // value too long
-        encode_request(Op::Get, 1, b"k", b"junk"), // GET carries no value
-        encode_request(Op::Take, 1, b"k", b"junk"),
+        encode_request(Op::Take, 1, b"k", b"junk"), // TAKE carries no value
         vec![0; MAX_REQUEST_LEN + 1],
     ];
-    // Unknown ops.
-    for op in [0u8, 4, 0xff] {
-        let mut r = encode_request(Op::Get, 1, b"k", b"");
+    // Unknown ops, GET (2, protocol version 2) among them.
+    for op in [0u8, 2, 4, 0xff] {
+        let mut r = encode_request(Op::Take, 1, b"k", b"");
         r[0] = op;
         bad.push(r);
     }
@@ -310,7 +314,8 @@ fn remote_store_round_trip_and_serve_worker_ends_with_the_worker() {
 
     assert!(store.can_cache());
     assert!(store.put(b"ticket".to_vec(), b"session".to_vec()));
-    assert_eq!(store.get(b"ticket").as_deref(), Some(&b"session"[..]));
+    // rustls' TLS 1.2 lookup: never asked of the demux, which has no such operation.
+    assert_eq!(store.get(b"ticket"), None);
     assert_eq!(store.take(b"ticket").as_deref(), Some(&b"session"[..]));
     assert_eq!(store.take(b"ticket"), None);
     // Refused locally, never sent.
@@ -328,13 +333,13 @@ fn remote_store_round_trip_and_serve_worker_ends_with_the_worker() {
             r.timeouts,
             r.errors
         ),
-        (1, 2, 2, 2, 0, 0),
+        (1, 2, 1, 2, 0, 0),
         "{r:?}"
     );
     let s = cache.stats();
     assert_eq!(
         (s.puts, s.hits, s.misses, s.malformed),
-        (1, 2, 1, 0),
+        (1, 1, 1, 0),
         "{s:?}"
     );
 
@@ -407,7 +412,7 @@ fn replies_are_matched_by_request_id() {
     raw_send(&demux_end, &reply(12345, Some(b"leftover")));
     let answerer = std::thread::spawn(move || {
         let req = raw_recv(&demux_end, Duration::from_secs(10)).expect("request");
-        assert_eq!(req[0], Op::Get as u8);
+        assert_eq!(req[0], Op::Take as u8);
         let id = u64::from_le_bytes(req[1..9].try_into().unwrap());
         assert_eq!(&req[11..], b"ticket");
         // A reply for another request, then garbage, then the answer.
@@ -416,7 +421,7 @@ fn replies_are_matched_by_request_id() {
         raw_send(&demux_end, &reply(id, Some(b"fresh")));
         demux_end
     });
-    assert_eq!(store.get(b"ticket").as_deref(), Some(&b"fresh"[..]));
+    assert_eq!(store.take(b"ticket").as_deref(), Some(&b"fresh"[..]));
     let r = store.stats();
     assert_eq!((r.hits, r.stale_replies, r.timeouts), (1, 3, 0), "{r:?}");
     let _demux_end = answerer.join().unwrap();

@@ -7,6 +7,7 @@
 //! draining), without processes or clocks, tested on a fake clock.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command as Process, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -24,8 +25,14 @@ use crate::metrics::Counters;
 use crate::sys;
 
 pub mod policy;
+pub mod sandbox;
 
 use policy::{Action, Limits, Policy};
+use sandbox::WorkerFilter;
+
+/// How often the supervisor looks for processes re-parented to the demux (descendants of a
+/// worker whose parent died) when no worker died since the last look.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(1);
 
 /// Most control messages read from one worker per supervision round (a worker sends one STATS a
 /// second; more is a flood).
@@ -37,6 +44,9 @@ struct Worker {
     child: Option<Child>,
     pidfd: Option<OwnedFd>,
     control: Option<OwnedFd>,
+    /// A duplicate of the demux's end of the session socket, to shut it down when the worker
+    /// dies: its session thread then ends, whoever still holds the worker's end.
+    sessions: Option<OwnedFd>,
     /// A reset was requested; its descriptors arrive here.
     reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
     /// Descriptors of the next generation, waiting for the restart time.
@@ -53,6 +63,10 @@ pub struct Supervisor {
     policy: Policy,
     workers: Vec<Worker>,
     sessions: crate::sessions::Sessions,
+    /// The workers' confinement; `None` with `--sandbox off`.
+    filter: Option<WorkerFilter>,
+    /// When to look for orphans next (sooner after a worker died).
+    next_sweep: Instant,
 }
 
 impl Supervisor {
@@ -63,10 +77,16 @@ impl Supervisor {
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
-    ) -> Self {
+    ) -> Result<Self> {
         let n = usize::from(cfg.instances);
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
-        Supervisor {
+        let filter = match cfg.args.sandbox {
+            crate::config::Toggle::On => Some(WorkerFilter::compile()?),
+            crate::config::Toggle::Off => None,
+        };
+        Ok(Supervisor {
+            filter,
+            next_sweep: Instant::now() + ORPHAN_SWEEP,
             policy: Policy::new(limits, n, Instant::now()),
             workers: (0..n).map(|_| Worker::default()).collect(),
             cfg,
@@ -76,13 +96,13 @@ impl Supervisor {
             link,
             signals,
             sessions: crate::sessions::Sessions::new(),
-        }
+        })
     }
 
-    /// Starts every worker with its initial descriptors and waits until all report ready.
-    /// One that dies or stays silent is logged, replaced and retried with back-off like any
-    /// later death; only a program of which no instance at all becomes ready in time stops the
-    /// demux (nothing could serve).
+    /// Starts every worker with its initial descriptors and waits until each has reported ready
+    /// or died. One that dies or stays silent is logged, replaced and retried with back-off like
+    /// any later death (once the data plane runs); only a program of which no instance at all
+    /// becomes ready stops the demux (nothing could serve).
     pub fn start_all(&mut self, handles: Vec<IngressHandles>) -> Result<()> {
         for (i, h) in handles.into_iter().enumerate() {
             self.spawn(i as u8, h)
@@ -90,8 +110,13 @@ impl Supervisor {
             self.policy.on(Instant::now(), policy::Event::Started(i));
         }
         let deadline = Instant::now() + self.cfg.ready_timeout();
-        let all_ready = |s: &Self| (0..s.workers.len()).all(|i| s.policy.is_ready(i));
-        while !all_ready(self) && Instant::now() < deadline {
+        // Settled: every instance is ready, or its first worker already died. A dead one is
+        // replaced once the data plane runs (which resets its ring), so waiting for it here
+        // would only hold every other instance back until the deadline.
+        let settled = |s: &Self| {
+            (0..s.workers.len()).all(|i| s.policy.is_ready(i) || s.workers[i].child.is_none())
+        };
+        while !settled(self) && Instant::now() < deadline {
             self.step(Duration::from_millis(100))?;
         }
         let ready = (0..self.workers.len())
@@ -168,6 +193,9 @@ impl Supervisor {
             }
             self.collect_reset(i)?;
         }
+        if Instant::now() >= self.next_sweep {
+            self.kill_orphans();
+        }
         actions.extend(self.policy.tick(Instant::now()));
         self.carry_out(actions)
     }
@@ -239,6 +267,7 @@ impl Supervisor {
                 }
                 Action::Finish => {
                     tracing::info!("all workers exited");
+                    self.kill_orphans();
                     return Ok(true);
                 }
                 Action::KillAllAndFinish => {
@@ -249,6 +278,7 @@ impl Supervisor {
                             let _ = c.wait();
                         }
                     }
+                    self.kill_orphans();
                     return Ok(true);
                 }
             }
@@ -263,7 +293,7 @@ impl Supervisor {
         h.instance = i;
         h.cpu = self.cfg.worker_cpu(i);
         h.ingress = handles.kind();
-        let mut fds: Vec<OwnedFd> = vec![self.public.try_clone()?];
+        let mut fds: Vec<OwnedFd> = Vec::new();
         match handles {
             IngressHandles::Shm([r, p, b], generation) => {
                 h.generation = generation;
@@ -274,10 +304,27 @@ impl Supervisor {
         fds.push(sess_theirs);
         let mut cmd = Process::new(self.cfg.worker_program());
         cmd.args(&self.cfg.worker_cmd[1..]);
-        cmd.env(ringmux_proto::CONTROL_FD_ENV, "3")
-            .stdin(Stdio::null());
-        sys::prepare_worker(&mut cmd, theirs.as_fd(), h.cpu)
-            .context("duplicating the worker's control socket")?;
+        cmd.env(
+            ringmux_proto::CONTROL_FD_ENV,
+            ringmux_proto::CONTROL_FD.to_string(),
+        )
+        .env(
+            ringmux_proto::PUBLIC_FD_ENV,
+            ringmux_proto::PUBLIC_FD.to_string(),
+        )
+        .stdin(Stdio::null());
+        if let Some(user) = &self.cfg.worker_user {
+            // std switches user (and drops supplementary groups) before the pre-exec hook.
+            cmd.uid(user.uid).gid(user.gid);
+        }
+        let setup = sys::WorkerSetup {
+            control: theirs.as_fd(),
+            public: self.public.as_fd(),
+            cpu: h.cpu,
+            filter: self.filter.clone(),
+        };
+        sys::prepare_worker(&mut cmd, setup)
+            .context("duplicating the worker's control and public sockets")?;
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
@@ -289,6 +336,7 @@ impl Supervisor {
         sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
             .context("sending the hand-off")?;
         drop(fds);
+        let sessions = sess_ours.try_clone()?;
         self.sessions.serve(i, sess_ours);
         self.counters.instances[i as usize]
             .worker_pid
@@ -303,6 +351,7 @@ impl Supervisor {
         w.child = Some(child);
         w.pidfd = pidfd;
         w.control = Some(ours);
+        w.sessions = Some(sessions);
         Ok(())
     }
 
@@ -370,7 +419,44 @@ impl Supervisor {
         }
         let w = &mut self.workers[i];
         w.pidfd = None;
+        // Whatever the worker left behind (a forked child, say) may hold the other ends: close
+        // ours, so its control messages go nowhere, and shut the session socket down, so its
+        // session thread ends and it can no longer reach the session cache.
         w.control = None;
+        if let Some(s) = w.sessions.take() {
+            let _ = sys::shut_down(s.as_fd());
+        }
+        // Its descendants are re-parented to the demux now (or as their parents die): look for
+        // them at once, and again each round while any turn up.
+        self.kill_orphans();
+    }
+
+    /// Kills every child of the demux that is not a current worker: descendants of workers,
+    /// re-parented to the demux (a child subreaper) when their parent died, however they
+    /// detached themselves (`setsid`, a new process group). They would otherwise keep what a
+    /// dead worker held: its ring, its doorbell, the public socket.
+    fn kill_orphans(&mut self) {
+        let workers: Vec<u32> = self
+            .workers
+            .iter()
+            .filter_map(|w| w.child.as_ref().map(Child::id))
+            .collect();
+        let mut found = 0;
+        for pid in sys::children().unwrap_or_default() {
+            if workers.contains(&pid) {
+                continue;
+            }
+            found += 1;
+            tracing::warn!(pid, "killing a process left behind by a dead worker");
+            sys::kill_and_reap(pid);
+        }
+        self.next_sweep = Instant::now()
+            + if found > 0 {
+                // Their own children are re-parented as they die: next round.
+                Duration::ZERO
+            } else {
+                ORPHAN_SWEEP
+            };
     }
 
     /// Takes the new generation's descriptors once the data plane has reset the ingress.

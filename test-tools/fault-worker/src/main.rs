@@ -13,7 +13,12 @@
 //!   doorbell write), `control-flood` (stops draining and
 //!   floods the control socket with one-byte messages from two threads, so that a supervisor
 //!   that reads until the socket is empty never gets to its watchdog), `linger` (on SHUTDOWN,
-//!   closes its control socket and keeps running, ignoring SIGTERM: a drain that never ends);
+//!   closes its control socket and keeps running, ignoring SIGTERM: a drain that never ends),
+//!   `fork-and-jam` (forks a child that detaches with `setsid` and keeps the ring, doorbell
+//!   and sockets, clearing `O_NONBLOCK` and writing the doorbell; then dies), and the attacks on
+//!   the confinement, each recorded in `MARKER.report` before the real worker is exec'd in
+//!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`
+//!   (`attacks.rs`);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
@@ -27,6 +32,8 @@ use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use ringmux_proto::{Handoff, Message, MAX_MESSAGE};
 use ringmux_ring::Consumer;
 use ringmux_worker::control;
+
+mod attacks;
 
 fn main() {
     let control_fd: i32 = std::env::var(ringmux_proto::CONTROL_FD_ENV)
@@ -51,11 +58,20 @@ fn main() {
         panic!("exec of the real worker failed: {e}");
     }
     let _ = std::fs::write(&marker, fault.as_bytes());
+    let real = || std::env::var("RINGMUX_REAL_WORKER").expect("RINGMUX_REAL_WORKER");
+    if let Some(outcomes) = attacks::play(&fault) {
+        for (attempt, outcome) in &outcomes {
+            eprintln!("fault-worker: instance {target}: {attempt}: {outcome}");
+        }
+        write_report(&marker, &outcomes);
+        // The hand-off is still unread: the real worker takes it, under the same filter.
+        let e = std::process::Command::new(real()).exec();
+        panic!("exec of the real worker failed: {e}");
+    }
     // SAFETY: as above; from here on this process owns the control socket.
     let control = unsafe { OwnedFd::from_raw_fd(control_fd) };
     let (h, fds) = control::recv_handoff(control.as_fd()).expect("hand-off");
     let mut fds = fds.into_iter();
-    let _public = fds.next();
     let (ring, page, bell) = (
         fds.next().unwrap(),
         fds.next().unwrap(),
@@ -66,6 +82,12 @@ fn main() {
     let mut page_map = unsafe { memmap2::MmapOptions::new().len(4096).map_mut(&page) }
         .expect("mmap of the consumer page");
     let bell_fd = bell.try_clone().expect("doorbell descriptor");
+    // Taken now: attaching maps the ring and closes this descriptor.
+    let ring_inode = {
+        use std::os::unix::fs::MetadataExt;
+        let f = std::fs::File::from(ring.try_clone().expect("ring descriptor"));
+        f.metadata().map(|m| m.ino()).unwrap_or(0)
+    };
     let mut c = Consumer::attach(ring, page, bell, h.generation, Duration::ZERO).expect("attach");
     control::send(control.as_fd(), &Message::Ready).expect("ready");
     eprintln!("fault-worker: instance {} plays {fault}", h.instance);
@@ -124,6 +146,39 @@ fn main() {
                 });
             }
         }
+        "fork-and-jam" => {
+            // SAFETY: the child runs single-threaded code of its own (this process has no other
+            // threads yet) and never returns into the parent's state.
+            match unsafe { nix::unistd::fork() }.expect("fork") {
+                nix::unistd::ForkResult::Child => {
+                    let _ = nix::unistd::setsid();
+                    // What a survivor does: keep its ring and doorbell, clear O_NONBLOCK on
+                    // the doorbell, try to write it, drain whatever arrives. Bounded: the demux
+                    // kills it long before.
+                    let end = Instant::now() + Duration::from_secs(60);
+                    while Instant::now() < end {
+                        let flags = fcntl(&bell_fd, FcntlArg::F_GETFL).unwrap_or(0);
+                        let flags = OFlag::from_bits_truncate(flags) - OFlag::O_NONBLOCK;
+                        let _ = fcntl(&bell_fd, FcntlArg::F_SETFL(flags));
+                        let _ = nix::unistd::write(&bell_fd, &[1u8; 8]);
+                        let _ = c.drain(64, |_| {});
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    std::process::exit(0);
+                }
+                nix::unistd::ForkResult::Parent { child } => {
+                    write_report(
+                        &marker,
+                        &[
+                            ("orphan-pid", child.to_string()),
+                            ("ring-inode", ring_inode.to_string()),
+                        ],
+                    );
+                    // The worker dies; its child lives on, detached, holding everything.
+                    std::process::exit(1);
+                }
+            }
+        }
         "linger" => {
             let mut buf = [0u8; 64];
             // Wait for SHUTDOWN (anything the demux sends), then vanish from its view.
@@ -147,6 +202,14 @@ fn main() {
     while nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty())
         .is_ok_and(|n| n > 0)
     {}
+}
+
+/// Writes `name=value` lines to `MARKER.report`, whole or not at all (a rename).
+fn write_report(marker: &str, lines: &[(&str, String)]) {
+    let text: String = lines.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let tmp = format!("{marker}.report.tmp");
+    std::fs::write(&tmp, text).expect("writing the report");
+    std::fs::rename(&tmp, format!("{marker}.report")).expect("publishing the report");
 }
 
 /// Drains until at least `n` datagrams were seen or `limit` passes.

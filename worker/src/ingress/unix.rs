@@ -121,6 +121,8 @@ mod tests {
     #[test]
     fn datagrams_decode_and_bad_frames_are_dropped() {
         let (a, b) = crate::sys::tests::seqpacket_pair();
+        // As the ingress socket is (`Ingress::wake_fd`).
+        socket2::SockRef::from(&b).set_nonblocking(true).unwrap();
         let meta = DatagramMeta {
             remote: "192.0.2.7:4433".parse().unwrap(),
             local_ip: Some("127.0.0.1".parse().unwrap()),

@@ -1,0 +1,337 @@
+//! What a worker process may not do: the system-call filter (seccomp) the demux installs in each
+//! worker's process between fork and exec, so that it binds whatever program `--worker-cmd`
+//! names. It survives `execve` and is inherited by every thread; nothing the worker does can
+//! remove it (`PR_SET_NO_NEW_PRIVS` is set with it, so no set-user-ID program regains rights).
+//!
+//! The filter allows by default and refuses, with `EPERM`, what would let one worker reach the
+//! demux, a sibling or another instance's clients:
+//!
+//! | what | refused |
+//! |---|---|
+//! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP` (I/O signals sent to another process) |
+//! | other processes | `ptrace`, `process_vm_readv`/`writev`, `pidfd_getfd`, `kcmp`, `perf_event_open`, `bpf`; `setpriority`, `ioprio_set`, `sched_setaffinity`/`setscheduler`/`setparam`/`setattr`, `prlimit64` on anyone but itself |
+//! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
+//! | the public socket (descriptor 4) | receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`) |
+//! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (descriptor 3, which only the demux writes), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; and to keep descriptor 3 that socket, `close`, `close_range` over it, `dup2`/`dup3` onto it, `fcntl(3, F_SETFD)` (close-on-exec); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
+//!
+//! A worker keeps everything else: threads, files, TCP and UDP sockets of its own, `execve`
+//! (the filter goes with it). The system calls are named for this build's architecture
+//! (x86_64 or aarch64); on x86_64 the x32 numbering (`__X32_SYSCALL_BIT`), which would
+//! otherwise reach the same kernel functions under other numbers, answers `ENOSYS`, and any
+//! other architecture's calls (32-bit `int 0x80`) kill the process.
+//!
+//! The filter is compiled once, in the demux, with a placeholder for the worker's PID, which
+//! only the child knows; [`WorkerFilter::bind_to`] writes it in after fork without allocating.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// The descriptor at which every worker holds the public socket.
+pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
+
+/// Stands for the worker's own PID in a compiled filter until [`WorkerFilter::bind_to`]
+/// replaces it. Above the kernel's largest PID (`PID_MAX_LIMIT`, 2^22), so it matches no
+/// process, and no other constant of the filter has this value (a test checks).
+const SELF_PID: u32 = 0x7e57_0001;
+const _: () = assert!(SELF_PID > 1 << 22, "the placeholder must exceed PID_MAX_LIMIT");
+
+/// A compiled worker filter: install every program, in order, in the child.
+#[derive(Clone, Debug)]
+pub struct WorkerFilter {
+    /// The refusals (`EPERM`), then the `ENOSYS` answers for `clone3` and the x32 numbering.
+    programs: [BpfProgram; 2],
+}
+
+/// The filter could not be built for this machine.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "confining workers needs x86_64 or aarch64; this is {0}. Run with --sandbox off \
+         (RINGMUX_SANDBOX=off) to start unconfined workers"
+    )]
+    Architecture(&'static str),
+    #[error("compiling the worker's system-call filter: {0}")]
+    Compile(#[from] seccompiler::BackendError),
+}
+
+impl WorkerFilter {
+    /// Compiles the filter for the architecture this demux runs on.
+    pub fn compile() -> Result<Self, SandboxError> {
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => TargetArch::x86_64,
+            "aarch64" => TargetArch::aarch64,
+            other => return Err(SandboxError::Architecture(other)),
+        };
+        let refusals = SeccompFilter::new(
+            refusals()?,
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EPERM as u32),
+            arch,
+        )?;
+        Ok(WorkerFilter {
+            programs: [refusals.try_into()?, enosys_program()],
+        })
+    }
+
+    /// Writes the worker's own PID into the filter. Runs in the forked child (no allocation,
+    /// no lock): call it once, with the child's PID, before installing.
+    pub fn bind_to(&mut self, pid: u32) {
+        for insn in self.programs.iter_mut().flatten() {
+            if insn.k == SELF_PID {
+                insn.k = pid;
+            }
+        }
+    }
+
+    /// The programs to install, in order.
+    pub fn programs(&self) -> impl Iterator<Item = &[sock_filter]> {
+        self.programs.iter().map(Vec::as_slice)
+    }
+}
+
+/// Argument `arg` (32 bits) compared with `value`.
+fn arg32(arg: u8, op: SeccompCmpOp, value: u64) -> SeccompCondition {
+    // Only fails for an argument index above 5; every call below names 0 to 2.
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).expect("argument 0 to 5")
+}
+
+/// A rule of conditions that must all hold.
+fn all(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, seccompiler::BackendError> {
+    SeccompRule::new(conditions)
+}
+
+/// Refused whatever the arguments: a rule with no condition.
+fn always() -> Vec<SeccompRule> {
+    Vec::new()
+}
+
+/// Syscall number → rules (any rule matching refuses; no rule at all refuses always).
+fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    use SeccompCmpOp::{Eq, MaskedEq, Ne};
+    let mut r: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let not_self = |arg| arg32(arg, Ne, u64::from(SELF_PID));
+    let not_zero = |arg| arg32(arg, Ne, 0);
+    let on_public = |arg| arg32(arg, Eq, PUBLIC_FD);
+
+    // Signals: to the worker itself only. `kill(0)` (its process group, which is the demux's)
+    // and `kill(-1)` are "not self" too.
+    r.insert(libc::SYS_kill, vec![all(vec![not_self(0)])?]);
+    r.insert(libc::SYS_tgkill, vec![all(vec![not_self(0)])?]);
+    r.insert(libc::SYS_rt_sigqueueinfo, vec![all(vec![not_self(0)])?]);
+    r.insert(libc::SYS_rt_tgsigqueueinfo, vec![all(vec![not_self(0)])?]);
+    for nr in [
+        libc::SYS_tkill,
+        libc::SYS_pidfd_send_signal,
+        libc::SYS_pidfd_getfd,
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_kcmp,
+        libc::SYS_perf_event_open,
+        libc::SYS_bpf,
+        libc::SYS_unshare,
+        libc::SYS_setns,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_io_setup,
+        libc::SYS_io_submit,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_fork,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_vfork,
+    ] {
+        r.insert(nr, always());
+    }
+    // Scheduling and limits of other processes (a PID of 0 means the caller).
+    for nr in [
+        libc::SYS_sched_setaffinity,
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_setparam,
+        libc::SYS_sched_setattr,
+        libc::SYS_prlimit64,
+    ] {
+        r.insert(nr, vec![all(vec![not_zero(0), not_self(0)])?]);
+    }
+    // setpriority(which, who) and ioprio_set(which, who): a process (which = 0, resp. 1), and
+    // that process the caller.
+    r.insert(
+        libc::SYS_setpriority,
+        vec![
+            all(vec![arg32(0, Ne, libc::PRIO_PROCESS as u64)])?,
+            all(vec![not_zero(1), not_self(1)])?,
+        ],
+    );
+    const IOPRIO_WHO_PROCESS: u64 = 1;
+    r.insert(
+        libc::SYS_ioprio_set,
+        vec![
+            all(vec![arg32(0, Ne, IOPRIO_WHO_PROCESS)])?,
+            all(vec![not_zero(1), not_self(1)])?,
+        ],
+    );
+    // New processes: a clone that is not a thread of this process.
+    r.insert(
+        libc::SYS_clone,
+        vec![all(vec![arg32(0, MaskedEq(libc::CLONE_THREAD as u64), 0)])?],
+    );
+    // Sockets that would read the wire.
+    const SOCK_TYPE_MASK: u64 = 0xf;
+    r.insert(
+        libc::SYS_socket,
+        vec![
+            all(vec![arg32(0, Eq, libc::AF_PACKET as u64)])?,
+            all(vec![arg32(
+                1,
+                MaskedEq(SOCK_TYPE_MASK),
+                libc::SOCK_RAW as u64,
+            )])?,
+        ],
+    );
+    // The public socket: receive, change, duplicate.
+    for nr in [
+        libc::SYS_read,
+        libc::SYS_readv,
+        libc::SYS_pread64,
+        libc::SYS_preadv,
+        libc::SYS_preadv2,
+        libc::SYS_recvfrom,
+        libc::SYS_splice,
+        libc::SYS_setsockopt,
+        libc::SYS_connect,
+        libc::SYS_bind,
+        libc::SYS_listen,
+        libc::SYS_accept,
+        libc::SYS_accept4,
+        libc::SYS_shutdown,
+        libc::SYS_dup,
+    ] {
+        r.insert(nr, vec![all(vec![on_public(0)])?]);
+    }
+    // Descriptors arrive only with `recvmsg`/`recvmmsg` (SCM_RIGHTS): allowed on the control
+    // socket alone, whose peer is the demux. So a copy of descriptor 4 sent over a socket pair
+    // of the worker's own never arrives. Descriptor 3 stays that socket: it cannot be closed,
+    // replaced or marked close-on-exec (after which a new socket could take its number).
+    let control = ringmux_proto::CONTROL_FD as u64;
+    for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
+        r.insert(nr, vec![all(vec![arg32(0, Ne, control)])?]);
+    }
+    r.insert(libc::SYS_close, vec![all(vec![arg32(0, Eq, control)])?]);
+    r.insert(
+        libc::SYS_close_range,
+        vec![all(vec![
+            arg32(0, SeccompCmpOp::Le, control),
+            arg32(1, SeccompCmpOp::Ge, control),
+        ])?],
+    );
+    #[cfg(target_arch = "x86_64")]
+    let dup2 = [libc::SYS_dup2, libc::SYS_dup3];
+    #[cfg(not(target_arch = "x86_64"))]
+    let dup2 = [libc::SYS_dup3];
+    for nr in dup2 {
+        r.insert(
+            nr,
+            vec![all(vec![on_public(0)])?, all(vec![arg32(1, Eq, control)])?],
+        );
+    }
+    // sendfile(out, in): from the public socket.
+    r.insert(libc::SYS_sendfile, vec![all(vec![on_public(1)])?]);
+    // fcntl: duplicating descriptor 4; I/O signals to another process (for any descriptor).
+    // include/uapi/asm-generic/fcntl.h and sockios.h; the same on x86_64 and aarch64.
+    const F_SETSIG: u64 = 10;
+    const F_SETOWN_EX: u64 = 15;
+    const FIOSETOWN: u64 = 0x8901;
+    const SIOCSPGRP: u64 = 0x8902;
+    r.insert(
+        libc::SYS_fcntl,
+        vec![
+            all(vec![on_public(0), arg32(1, Eq, libc::F_DUPFD as u64)])?,
+            all(vec![
+                on_public(0),
+                arg32(1, Eq, libc::F_DUPFD_CLOEXEC as u64),
+            ])?,
+            all(vec![
+                arg32(0, Eq, control),
+                arg32(1, Eq, libc::F_SETFD as u64),
+            ])?,
+            all(vec![arg32(1, Eq, libc::F_SETOWN as u64)])?,
+            all(vec![arg32(1, Eq, F_SETOWN_EX)])?,
+            all(vec![arg32(1, Eq, F_SETSIG)])?,
+        ],
+    );
+    r.insert(
+        libc::SYS_ioctl,
+        vec![
+            all(vec![arg32(1, Eq, FIOSETOWN)])?,
+            all(vec![arg32(1, Eq, SIOCSPGRP)])?,
+        ],
+    );
+    Ok(r)
+}
+
+/// `clone3` → `ENOSYS` (glibc then uses `clone`, whose flags the refusals can read); on x86_64
+/// every x32 system call → `ENOSYS`. The architecture itself is checked by the refusals'
+/// program, installed first, which kills on a mismatch.
+fn enosys_program() -> BpfProgram {
+    use libc::{BPF_ABS, BPF_JEQ, BPF_JGE, BPF_JMP, BPF_K, BPF_LD, BPF_RET, BPF_W};
+    let stmt = |code: u32, k: u32| sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let jump = |code: u32, k: u32, jt: u8, jf: u8| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let enosys = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+    // `struct seccomp_data`: `nr` at offset 0.
+    let mut p = vec![stmt(BPF_LD | BPF_W | BPF_ABS, 0)];
+    if cfg!(target_arch = "x86_64") {
+        const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+        p.push(jump(BPF_JMP | BPF_JGE | BPF_K, X32_SYSCALL_BIT, 2, 0));
+    }
+    p.push(jump(
+        BPF_JMP | BPF_JEQ | BPF_K,
+        libc::SYS_clone3 as u32,
+        1,
+        0,
+    ));
+    p.push(stmt(BPF_RET | BPF_K, libc::SECCOMP_RET_ALLOW));
+    p.push(stmt(BPF_RET | BPF_K, enosys));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placeholder_is_no_other_constant_and_is_replaced() {
+        let compiled = WorkerFilter::compile().unwrap();
+        // Instructions that carry the placeholder: one per "not self" condition.
+        let count = |f: &WorkerFilter, k| f.programs().flatten().filter(|i| i.k == k).count();
+        let placeholders = count(&compiled, SELF_PID);
+        // kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo, 5 scheduling calls,
+        // setpriority, ioprio_set.
+        assert_eq!(placeholders, 11);
+        let mut bound = compiled.clone();
+        bound.bind_to(4242);
+        assert_eq!(count(&bound, SELF_PID), 0);
+        assert!(count(&bound, 4242) >= placeholders);
+        // Nothing else changed.
+        let same = compiled
+            .programs()
+            .flatten()
+            .zip(bound.programs().flatten())
+            .filter(|(a, b)| a != b)
+            .count();
+        assert_eq!(same, placeholders);
+    }
+}

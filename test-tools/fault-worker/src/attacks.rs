@@ -1,0 +1,349 @@
+//! The attacks a confined worker must fail at: on the demux (`signal-parent`), on a sibling
+//! (`signal-sibling`), by starting processes (`fork`), and on the public socket
+//! (`recv-public`). Each attempt is made for real and its outcome recorded: `ok` if the kernel
+//! let it through, else the errno's name (`EPERM` is the filter's answer). Attempts that would
+//! do lasting harm if they got through are undone where they can be (a stopped demux is
+//! continued, a forked child exits at once), and the ones that cannot be undone (a ptrace
+//! seize, a shut-down socket) are made only once the filter has shown itself (an earlier
+//! attempt refused).
+
+// An attacker makes the raw calls on purpose: several have no safe wrapper (tkill, clone3,
+// io_uring_setup, io_setup), and each must reach the kernel exactly as a hostile program
+// would write it.
+#![allow(clippy::disallowed_methods)]
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// What one attack found, in order: `(attempt, outcome)`.
+pub type Outcomes = Vec<(&'static str, String)>;
+
+/// The public socket and the control socket, at their fixed descriptors.
+const PUBLIC: i32 = ringmux_proto::PUBLIC_FD;
+const CONTROL: i32 = ringmux_proto::CONTROL_FD;
+
+/// Plays attack `name`; `None` if it is not one of these.
+pub fn play(name: &str) -> Option<Outcomes> {
+    let mut out = Outcomes::new();
+    match name {
+        "signal-parent" => signal_parent(&mut out),
+        "signal-sibling" => signal_sibling(&mut out),
+        "fork" => fork(&mut out),
+        "recv-public" => recv_public(&mut out),
+        _ => return None,
+    }
+    Some(out)
+}
+
+fn outcome(r: nix::Result<impl Sized>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => format!("{e:?}"),
+    }
+}
+
+/// The outcome of a raw system call's return value.
+fn raw(r: libc::c_long) -> String {
+    if r >= 0 {
+        "ok".into()
+    } else {
+        format!("{:?}", Errno::last())
+    }
+}
+
+fn refused(out: &Outcomes, attempt: &str) -> bool {
+    out.iter().any(|(a, o)| *a == attempt && o == "EPERM")
+}
+
+fn signal_parent(out: &mut Outcomes) {
+    let parent = nix::unistd::getppid();
+    let stop = kill(parent, Signal::SIGSTOP);
+    if stop.is_ok() {
+        // Unconfined: undo it at once.
+        let _ = kill(parent, Signal::SIGCONT);
+    }
+    out.push(("kill-parent-stop", outcome(stop)));
+    // Signal 0 checks permission only, so these harm nothing if they get through.
+    out.push(("kill-process-group", outcome(kill(Pid::from_raw(0), None))));
+    out.push(("kill-every-process", outcome(kill(Pid::from_raw(-1), None))));
+    // SAFETY: tkill passes no memory; signal 0 only checks.
+    let r = unsafe { libc::syscall(libc::SYS_tkill, parent.as_raw(), 0) };
+    out.push(("tkill-parent", raw(r)));
+    let mut set = nix::sched::CpuSet::new();
+    let _ = set.set(0);
+    let pin = nix::sched::sched_getaffinity(parent)
+        .and_then(|same| nix::sched::sched_setaffinity(parent, &same));
+    out.push(("pin-parent", outcome(pin)));
+    let who = parent.as_raw() as libc::id_t;
+    // SAFETY: getpriority passes no memory.
+    let prio = unsafe { libc::getpriority(libc::PRIO_PROCESS, who) };
+    // SAFETY: setpriority passes no memory; the same priority changes nothing.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, who, prio) };
+    out.push(("renice-parent", raw(r.into())));
+    let mut buf = [0u8; 8];
+    let local = [io::IoSliceMut::new(&mut buf)];
+    let remote = [nix::sys::uio::RemoteIoVec {
+        base: 0x1000,
+        len: 8,
+    }];
+    let mut local = local;
+    out.push((
+        "read-parent-memory",
+        outcome(nix::sys::uio::process_vm_readv(parent, &mut local, &remote)),
+    ));
+    let mem = std::fs::File::open(format!("/proc/{parent}/mem"));
+    out.push((
+        "open-parent-mem",
+        match mem {
+            Ok(_) => "ok".into(),
+            Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+        },
+    ));
+    // A seized tracee is only released by its tracer's exit: tried once the filter has shown
+    // itself.
+    if refused(out, "kill-parent-stop") {
+        let seize = nix::sys::ptrace::seize(parent, nix::sys::ptrace::Options::empty());
+        out.push(("ptrace-parent", outcome(seize)));
+    }
+}
+
+/// The other workers: processes with the same parent.
+fn siblings() -> Vec<Pid> {
+    let me = std::process::id();
+    let parent = nix::unistd::getppid().as_raw() as u32;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = &s[s.rfind(')')? + 1..];
+                    rest.split_ascii_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .map(|pid| Pid::from_raw(pid as i32))
+        .collect()
+}
+
+fn signal_sibling(out: &mut Outcomes) {
+    let found = siblings();
+    out.push(("siblings-found", found.len().to_string()));
+    for sib in found {
+        out.push(("kill-sibling", outcome(kill(sib, Signal::SIGKILL))));
+        // SAFETY: pidfd_open passes no memory.
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, sib.as_raw(), 0) };
+        if pidfd >= 0 {
+            // SAFETY: pidfd_send_signal with a null siginfo; the pidfd is ours, closed below.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd,
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            out.push(("pidfd-signal-sibling", raw(r)));
+            // SAFETY: pidfd_open returned this descriptor to us.
+            drop(unsafe { OwnedFd::from_raw_fd(pidfd as i32) });
+        } else {
+            out.push(("pidfd-signal-sibling", raw(pidfd)));
+        }
+    }
+}
+
+fn fork(out: &mut Outcomes) {
+    // SAFETY: the child calls only _exit, which is async-signal-safe.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            // SAFETY: _exit ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(0) }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let _ = nix::sys::wait::waitpid(child, None);
+            out.push(("fork", "ok".into()));
+        }
+        Err(e) => out.push(("fork", format!("{e:?}"))),
+    }
+    let spawn = std::process::Command::new("/bin/true").status();
+    out.push((
+        "spawn",
+        match spawn {
+            Ok(_) => "ok".into(),
+            Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+        },
+    ));
+    // SAFETY: clone3 with no arguments struct: either refused, or EINVAL for its size.
+    let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
+    out.push(("clone3", raw(r)));
+    let thread = std::thread::Builder::new().spawn(|| 7).map(|t| t.join());
+    out.push((
+        "thread",
+        match thread {
+            Ok(Ok(7)) => "ok".into(),
+            Ok(_) => "panicked".into(),
+            Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+        },
+    ));
+}
+
+fn recv_public(out: &mut Outcomes) {
+    let mut buf = [0u8; 2048];
+    // Non-blocking first: if the filter were missing, this would take one datagram at most.
+    // SAFETY: a buffer of ours and its length.
+    let r = unsafe {
+        libc::recv(
+            PUBLIC,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    out.push(("recv-public", raw(r as libc::c_long)));
+    if !refused(out, "recv-public") {
+        // Unconfined: the blocking calls below could wait for ever, and the rest would harm
+        // the demux's socket. The outcome above is what a test looks at.
+        return;
+    }
+    // SAFETY: as above, for each call: our buffer and its length, or no memory at all.
+    let r = unsafe { libc::read(PUBLIC, buf.as_mut_ptr().cast(), buf.len()) };
+    out.push(("read-public", raw(r as libc::c_long)));
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let r = nix::sys::socket::recvmsg::<()>(
+        PUBLIC,
+        &mut iov,
+        None,
+        nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+    );
+    out.push(("recvmsg-public", outcome(r.map(|m| m.bytes))));
+    // SAFETY: recvmmsg with no message vector: refused, or 0 messages.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_recvmmsg,
+            PUBLIC,
+            std::ptr::null::<libc::mmsghdr>(),
+            0,
+            libc::MSG_DONTWAIT,
+            std::ptr::null::<libc::timespec>(),
+        )
+    };
+    out.push(("recvmmsg-public", raw(r)));
+    // SAFETY: dup family: no memory.
+    let r = unsafe { libc::dup(PUBLIC) };
+    out.push(("dup-public", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::dup2(PUBLIC, 100) };
+    out.push(("dup2-public", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(PUBLIC, libc::F_DUPFD_CLOEXEC, 10) };
+    out.push(("fcntl-dupfd-public", raw(r.into())));
+    out.push(("pass-public-to-itself", pass_to_itself()));
+    // SAFETY: io_uring_setup with a zeroed parameter block of ours.
+    let r = unsafe {
+        let mut params = [0u8; 120];
+        libc::syscall(libc::SYS_io_uring_setup, 8, params.as_mut_ptr())
+    };
+    out.push(("io-uring", raw(r)));
+    // SAFETY: io_setup with a context word of ours.
+    let r = unsafe {
+        let mut ctx: libc::c_ulong = 0;
+        libc::syscall(libc::SYS_io_setup, 8, &mut ctx as *mut libc::c_ulong)
+    };
+    out.push(("linux-aio", raw(r)));
+    // SAFETY: socket creation passes no memory; a created socket is closed at once.
+    let r = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    out.push(("packet-socket", raw(r.into())));
+    close_if_made(r);
+    // SAFETY: as above.
+    let r = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_UDP) };
+    out.push(("raw-socket", raw(r.into())));
+    close_if_made(r);
+    // Harmful if they got through; the filter has shown itself above.
+    let opt: libc::c_int = 4096;
+    // SAFETY: an int option of ours and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            PUBLIC,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&opt as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    out.push(("setsockopt-public", raw(r.into())));
+    // SAFETY: shutdown passes no memory.
+    let r = unsafe { libc::shutdown(PUBLIC, libc::SHUT_RD) };
+    out.push(("shutdown-public", raw(r.into())));
+    let to = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 9);
+    out.push((
+        "connect-public",
+        outcome(nix::sys::socket::connect(PUBLIC, &to)),
+    ));
+    // SAFETY: close passes no memory.
+    let r = unsafe { libc::close(CONTROL) };
+    out.push(("close-control", raw(r.into())));
+}
+
+fn close_if_made(fd: libc::c_int) {
+    if fd >= 0 {
+        // SAFETY: the socket call above just returned this descriptor to us.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+}
+
+/// Sends descriptor 4 to itself over a socket pair: sending works, receiving a descriptor is
+/// what the filter refuses. Returns the outcome of the receive.
+fn pass_to_itself() -> String {
+    use nix::sys::socket::{
+        recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+    };
+    let Ok((a, b)) = socketpair(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    ) else {
+        return format!("socketpair {:?}", Errno::last());
+    };
+    let fds = [PUBLIC];
+    let iov = [io::IoSlice::new(b"x")];
+    if let Err(e) = sendmsg::<()>(
+        a.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    ) {
+        return format!("sendmsg {e:?}");
+    }
+    let mut buf = [0u8; 8];
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([i32; 1]);
+    match recvmsg::<()>(
+        b.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    ) {
+        Ok(msg) => {
+            for c in msg.cmsgs().into_iter().flatten() {
+                if let nix::sys::socket::ControlMessageOwned::ScmRights(got) = c {
+                    for fd in got {
+                        // SAFETY: the kernel installed this descriptor for us.
+                        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                    }
+                }
+            }
+            "ok".into()
+        }
+        Err(e) => format!("{e:?}"),
+    }
+}
