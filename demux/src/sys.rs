@@ -419,6 +419,15 @@ mod tests {
         assert!(is_disconnect(&e), "{e}");
     }
 
+    /// nextest runs each test in a process of its own, so this changes nothing else.
+    #[test]
+    fn the_demux_is_made_non_dumpable_and_a_subreaper() {
+        assert!(nix::sys::prctl::get_dumpable().unwrap());
+        harden_demux().unwrap();
+        assert!(!nix::sys::prctl::get_dumpable().unwrap());
+        assert!(nix::sys::prctl::get_child_subreaper().unwrap());
+    }
+
     #[test]
     fn parent_pid_is_read_past_any_command_name() {
         assert_eq!(parent_in_stat("42 (ringmux) S 7 42 42 0"), Some(7));

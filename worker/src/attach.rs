@@ -185,13 +185,18 @@ impl fmt::Debug for Worker {
 impl Worker {
     /// Receives the hand-off from the demux that started this process: its configuration,
     /// the shared keys and certificate, and its descriptors, and arranges for it to die with
-    /// the demux. (The demux has already pinned the process to its CPU, if the operator asked
+    /// the demux. Makes the process non-dumpable, so that no sibling worker can trace it or read
+    /// its memory. (The demux has already pinned the process to its CPU, if the operator asked
     /// for that, before the program started.) Blocks until the
     /// hand-off arrives (the demux sends it right after starting the process).
     pub fn attach() -> Result<Worker, AttachError> {
         let (control, public) = inherited_sockets()?;
         sys::die_with_parent().map_err(|source| AttachError::Io {
             what: "arming the parent-death signal",
+            source,
+        })?;
+        sys::make_non_dumpable().map_err(|source| AttachError::Io {
+            what: "making the worker non-dumpable",
             source,
         })?;
         let (h, fds) = control::recv_handoff(control.as_fd())?;

@@ -62,8 +62,12 @@ impl RingSocket {
     pub fn new(ingress: Ingress, public: OwnedFd, public_addr: SocketAddr) -> io::Result<Self> {
         let rx_fd = AsyncReadable::new(ingress.wake_fd()?)?;
         let tx = std::net::UdpSocket::from(public);
-        // Sends must not block; the demux set this already on the file description we share.
-        tx.set_nonblocking(true)?;
+        // Sends must not block. The demux set O_NONBLOCK on the file description we share,
+        // before any worker started, and a confined worker may not change that flag (the
+        // demux's receive loop relies on it): set it only where nobody did, outside ringmux.
+        if !crate::sys::is_nonblocking(tx.as_fd())? {
+            tx.set_nonblocking(true)?;
+        }
         let tx_state = send_state(&tx)?;
         Ok(RingSocket {
             rx: Mutex::new(RxState {

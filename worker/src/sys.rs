@@ -157,6 +157,15 @@ pub fn cpu_time() -> Duration {
 
 /// Asks the kernel to SIGKILL this process when its parent (the demux) exits, and checks that
 /// the parent is still there (the death signal only fires for a parent alive at this call).
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): no other process of its user, a
+/// sibling worker above all, may `ptrace` it or open its `/proc/PID/mem`, where its TLS keys and
+/// its clients' data are. (The kernel makes every program dumpable again at `execve`, so the
+/// demux cannot do this for it.) It leaves no core dump either.
+pub fn make_non_dumpable() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false)?;
+    Ok(())
+}
+
 pub fn die_with_parent() -> io::Result<()> {
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
     if nix::unistd::getppid().as_raw() == 1 {
@@ -168,6 +177,12 @@ pub fn die_with_parent() -> io::Result<()> {
 }
 
 pub use nix::sys::socket::SockType;
+
+/// Whether `O_NONBLOCK` is set on `fd`'s file description.
+pub fn is_nonblocking(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?;
+    Ok(nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK))
+}
 
 /// The type of socket `fd` is (`SO_TYPE`); `None` if it is no socket.
 pub fn socket_type(fd: BorrowedFd<'_>) -> Option<SockType> {

@@ -11,7 +11,7 @@
 //! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP` (I/O signals sent to another process) |
 //! | other processes | `ptrace`, `process_vm_readv`/`writev`, `pidfd_getfd`, `kcmp`, `perf_event_open`, `bpf`; `setpriority`, `ioprio_set`, `sched_setaffinity`/`setscheduler`/`setparam`/`setattr`, `prlimit64` on anyone but itself |
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
-//! | the public socket (descriptor 4) | receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`) |
+//! | the public socket (descriptor 4) | receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`, `fcntl` `F_SETFL` and `ioctl` `FIONBIO`/`FIOASYNC`: its file status flags are the demux's too), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`) |
 //! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (descriptor 3, which only the demux writes), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; and to keep descriptor 3 that socket, `close`, `close_range` over it, `dup2`/`dup3` onto it, `fcntl(3, F_SETFD)` (close-on-exec); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
 //!
 //! A worker keeps everything else: threads, files, TCP and UDP sockets of its own, `execve`
@@ -37,7 +37,10 @@ pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
 /// replaces it. Above the kernel's largest PID (`PID_MAX_LIMIT`, 2^22), so it matches no
 /// process, and no other constant of the filter has this value (a test checks).
 const SELF_PID: u32 = 0x7e57_0001;
-const _: () = assert!(SELF_PID > 1 << 22, "the placeholder must exceed PID_MAX_LIMIT");
+const _: () = assert!(
+    SELF_PID > 1 << 22,
+    "the placeholder must exceed PID_MAX_LIMIT"
+);
 
 /// A compiled worker filter: install every program, in order, in the child.
 #[derive(Clone, Debug)]
@@ -240,7 +243,8 @@ fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendErr
     }
     // sendfile(out, in): from the public socket.
     r.insert(libc::SYS_sendfile, vec![all(vec![on_public(1)])?]);
-    // fcntl: duplicating descriptor 4; I/O signals to another process (for any descriptor).
+    // fcntl: duplicating or re-flagging descriptor 4; close-on-exec on 3; I/O signals to another
+    // process (for any descriptor).
     // include/uapi/asm-generic/fcntl.h and sockios.h; the same on x86_64 and aarch64.
     const F_SETSIG: u64 = 10;
     const F_SETOWN_EX: u64 = 15;
@@ -258,16 +262,23 @@ fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendErr
                 arg32(0, Eq, control),
                 arg32(1, Eq, libc::F_SETFD as u64),
             ])?,
+            // The file status flags of the public socket's description are the demux's too:
+            // clearing O_NONBLOCK would make its receive loop block.
+            all(vec![on_public(0), arg32(1, Eq, libc::F_SETFL as u64)])?,
             all(vec![arg32(1, Eq, libc::F_SETOWN as u64)])?,
             all(vec![arg32(1, Eq, F_SETOWN_EX)])?,
             all(vec![arg32(1, Eq, F_SETSIG)])?,
         ],
     );
+    const FIONBIO: u64 = 0x5421;
+    const FIOASYNC: u64 = 0x5452;
     r.insert(
         libc::SYS_ioctl,
         vec![
             all(vec![arg32(1, Eq, FIOSETOWN)])?,
             all(vec![arg32(1, Eq, SIOCSPGRP)])?,
+            all(vec![on_public(0), arg32(1, Eq, FIONBIO)])?,
+            all(vec![on_public(0), arg32(1, Eq, FIOASYNC)])?,
         ],
     );
     Ok(r)

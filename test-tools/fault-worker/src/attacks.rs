@@ -46,6 +46,14 @@ fn outcome(r: nix::Result<impl Sized>) -> String {
     }
 }
 
+/// The outcome of a std call.
+fn io_outcome<T>(r: io::Result<T>) -> String {
+    match r {
+        Ok(_) => "ok".into(),
+        Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
+    }
+}
+
 /// The outcome of a raw system call's return value.
 fn raw(r: libc::c_long) -> String {
     if r >= 0 {
@@ -96,13 +104,7 @@ fn signal_parent(out: &mut Outcomes) {
         outcome(nix::sys::uio::process_vm_readv(parent, &mut local, &remote)),
     ));
     let mem = std::fs::File::open(format!("/proc/{parent}/mem"));
-    out.push((
-        "open-parent-mem",
-        match mem {
-            Ok(_) => "ok".into(),
-            Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
-        },
-    ));
+    out.push(("open-parent-mem", io_outcome(mem)));
     // A seized tracee is only released by its tracer's exit: tried once the filter has shown
     // itself.
     if refused(out, "kill-parent-stop") {
@@ -133,10 +135,35 @@ fn siblings() -> Vec<Pid> {
         .collect()
 }
 
+/// Whether `pid` has made itself non-dumpable: the kernel then gives the files in its
+/// `/proc/PID` to root, whoever the process runs as.
+fn non_dumpable(pid: Pid) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(format!("/proc/{pid}/mem")).map(|m| m.uid());
+    let real = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            line.split_whitespace().next()?.parse::<u32>().ok()
+        });
+    matches!((owner, real), (Ok(0), Some(uid)) if uid != 0)
+}
+
 fn signal_sibling(out: &mut Outcomes) {
+    // The sibling starts beside this process: give it up to 5 s to have attached (and so to
+    // have protected itself), then attack whatever it is by then.
+    // (As root the kernel lets us open its memory anyway: nothing to wait for.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let root = nix::unistd::geteuid().is_root();
+    while !root && std::time::Instant::now() < deadline && !siblings().into_iter().any(non_dumpable)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     let found = siblings();
     out.push(("siblings-found", found.len().to_string()));
     for sib in found {
+        let mem = std::fs::File::open(format!("/proc/{sib}/mem"));
+        out.push(("open-sibling-mem", io_outcome(mem)));
         out.push(("kill-sibling", outcome(kill(sib, Signal::SIGKILL))));
         // SAFETY: pidfd_open passes no memory.
         let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, sib.as_raw(), 0) };
@@ -174,13 +201,7 @@ fn fork(out: &mut Outcomes) {
         Err(e) => out.push(("fork", format!("{e:?}"))),
     }
     let spawn = std::process::Command::new("/bin/true").status();
-    out.push((
-        "spawn",
-        match spawn {
-            Ok(_) => "ok".into(),
-            Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
-        },
-    ));
+    out.push(("spawn", io_outcome(spawn)));
     // SAFETY: clone3 with no arguments struct: either refused, or EINVAL for its size.
     let r = unsafe { libc::syscall(libc::SYS_clone3, std::ptr::null::<u8>(), 0usize) };
     out.push(("clone3", raw(r)));
@@ -279,6 +300,9 @@ fn recv_public(out: &mut Outcomes) {
         )
     };
     out.push(("setsockopt-public", raw(r.into())));
+    // SAFETY: fcntl F_SETFL passes no memory.
+    let r = unsafe { libc::fcntl(PUBLIC, libc::F_SETFL, 0) };
+    out.push(("clear-nonblock-public", raw(r.into())));
     // SAFETY: shutdown passes no memory.
     let r = unsafe { libc::shutdown(PUBLIC, libc::SHUT_RD) };
     out.push(("shutdown-public", raw(r.into())));
