@@ -3,7 +3,8 @@
 //! one-way latency (hdrhistogram) with the consumer spinning and with it sleeping on the eventfd,
 //! and doorbells per message at saturation with the default spin.
 //!
-//! `cargo bench -p ringmux-ring --bench ring [-- --seconds 2 --mode all|tput|lat-spin|lat-sleep]`
+//! `cargo bench -p ringmux-ring --bench ring [-- --seconds 2 --mode all|tput|lat-spin|lat-sleep|reset]`
+//! (`reset`, not part of `all`: the time `Producer::reset` takes, a new ring per generation)
 //! Prints one `RES …` line per run, comparable with the C reference's.
 
 use std::io::{BufRead, BufReader};
@@ -75,8 +76,38 @@ fn main() {
         vec![mode.as_str()]
     };
     for m in modes {
-        run(m, seconds);
+        if m == "reset" {
+            reset(seconds);
+        } else {
+            run(m, seconds);
+        }
     }
+}
+
+/// What a new consumer generation costs the producer's thread (the demux's data plane, which
+/// carries out resets): `Producer::reset` of a default-sized ring, which creates, maps and
+/// populates a whole new ring and unmaps the old one.
+fn reset(seconds: f64) {
+    let cfg = RingConfig::default();
+    let mut p = Producer::create(&cfg).expect("create ring");
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+    let end = Instant::now() + Duration::from_secs_f64(seconds);
+    while Instant::now() < end {
+        let _ = p.try_push(&meta(0), &[0u8; MSG]);
+        p.publish();
+        let t = Instant::now();
+        p.reset().expect("reset");
+        hist.record(t.elapsed().as_micros() as u64).unwrap();
+    }
+    println!(
+        "RES kind=ring impl=ringmux mode=reset slots={} slot_bytes={} resets={} p50_us={} p99_us={} max_us={}",
+        cfg.slots,
+        cfg.slot_bytes,
+        hist.len(),
+        hist.value_at_quantile(0.5),
+        hist.value_at_quantile(0.99),
+        hist.max()
+    );
 }
 
 fn run(mode: &str, seconds: f64) {

@@ -122,11 +122,7 @@ impl Producer {
     /// Creates a ring: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`, size, map, initialise
     /// (layout version stored last), seal; plus the consumer page and the doorbell.
     pub fn create(config: &RingConfig) -> io::Result<Self> {
-        Self::build(config, 1)
-    }
-
-    /// [`Producer::create`] for consumer generation `generation`.
-    fn build(config: &RingConfig, generation: u64) -> io::Result<Self> {
+        let generation = 1;
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
@@ -232,18 +228,46 @@ impl Producer {
     /// published datagrams the old consumer left unread (now discarded). Call it once the old
     /// consumer is gone.
     ///
-    /// Costs what [`Producer::create`] does: one memfd of the region's size, mapped and
-    /// populated, and the old ring's unmapping.
+    /// Costs what [`Producer::create`] does (one memfd of the region's size, mapped and
+    /// populated: milliseconds for the default ring) plus the old ring's unmapping; a caller
+    /// on a latency-sensitive thread makes the ring ahead of time elsewhere and uses
+    /// [`Producer::reset_with`].
     pub fn reset(&mut self) -> io::Result<u64> {
-        let mut next = Self::build(&self.config, self.generation + 1)?;
+        let spare = Self::create(&self.config)?;
+        let (discarded, old) = self.reset_with(spare)?;
+        drop(old);
+        Ok(discarded)
+    }
+
+    /// [`Producer::reset`] onto `spare`, a ring made with [`Producer::create`] and the same
+    /// configuration, never written or handed out: cheap, so that the costly parts (making a
+    /// ring, unmapping one) can run on another thread. Returns the discarded count and the old
+    /// ring, to be dropped wherever that is cheap. Refuses a spare of another geometry.
+    pub fn reset_with(&mut self, mut spare: Producer) -> io::Result<(u64, Producer)> {
+        if spare.config.slots != self.config.slots
+            || spare.config.slot_bytes != self.config.slot_bytes
+            || spare.header().tail.tail.load(Ordering::Relaxed) != 0
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a spare ring must be fresh and of the same geometry",
+            ));
+        }
+        spare.config = self.config;
         self.core.publish();
         let discarded = self.core.unconsumed();
-        next.before = Carried {
+        spare.generation = self.generation + 1;
+        spare
+            .header()
+            .header
+            .generation
+            .store(spare.generation, Ordering::Release);
+        spare.before = Carried {
             published: self.before.published + self.header().tail.tail.load(Ordering::Relaxed),
             doorbells: self.before.doorbells + self.core.doorbells(),
         };
-        *self = next;
-        Ok(discarded)
+        let old = std::mem::replace(self, spare);
+        Ok((discarded, old))
     }
 
     /// The descriptors to hand to the consumer of the current generation.

@@ -211,6 +211,24 @@ fn a_replaced_consumer_reads_nothing_of_the_next_generation() {
     assert_eq!(p.stats().published, 11);
 }
 
+/// A spare ring made elsewhere must be fresh and of the same geometry.
+#[test]
+fn reset_with_takes_only_a_fresh_ring_of_the_same_geometry() {
+    let (mut p, _c) = common::pair(64, 0);
+    let cfg = *p.config();
+    let other = Producer::create(&RingConfig { slots: 128, ..cfg }).unwrap();
+    assert!(p.reset_with(other).is_err());
+    let mut used = Producer::create(&cfg).unwrap();
+    used.try_push(&meta(), b"x").unwrap();
+    used.publish();
+    assert!(p.reset_with(used).is_err());
+    assert_eq!(p.generation(), 1, "a refused spare changed nothing");
+    p.try_push(&meta(), b"unread").unwrap();
+    let (discarded, old) = p.reset_with(Producer::create(&cfg).unwrap()).unwrap();
+    assert_eq!((discarded, old.generation(), p.generation()), (1, 1, 2));
+    assert_eq!(p.handles().generation, 2);
+}
+
 #[test]
 fn garbage_head_and_flag_never_panic_the_producer() {
     let (mut p, _c) = common::pair(16, 0);

@@ -1,11 +1,17 @@
 //! `shm`: one shared-memory ring per instance (`ringmux_ring`, `shm-layout.md`). A datagram is
 //! copied into a slot; slots are published once per receive batch; the doorbell is rung only
 //! when the worker announced a sleep.
+//!
+//! Every new consumer generation is a whole new ring. Making one (a memfd of the region's size,
+//! mapped and populated) and unmapping the old one take milliseconds, during which the data
+//! plane would forward nothing for any instance; a helper thread, [`Spares`], does both, with
+//! one ring made ahead of time.
 
 use std::io;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 
 use ringmux_ring::layout::SlotDesc;
-use ringmux_ring::{Producer, PushError};
+use ringmux_ring::{Producer, PushError, RingConfig};
 
 use super::{Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
@@ -13,10 +19,11 @@ use crate::metrics::DropReason;
 /// The producers of every instance's ring.
 pub struct Shm {
     rings: Vec<Producer>,
+    spares: Spares,
 }
 
 impl Shm {
-    /// One ring per instance.
+    /// One ring per instance, and the helper that makes the next.
     pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
         let mut rings = Vec::new();
         let mut handles = Vec::new();
@@ -25,7 +32,70 @@ impl Shm {
             handles.push(handles_of(&p)?);
             rings.push(p);
         }
-        Ok((Shm { rings }, handles))
+        let spares = Spares::start(*setup.ring)?;
+        Ok((Shm { rings, spares }, handles))
+    }
+}
+
+/// A thread that makes rings before they are needed and unmaps the ones replaced, off the data
+/// plane. Bounded channels: sending allocates nothing, and a full one falls back to doing the
+/// work in place.
+struct Spares {
+    /// Rings made ahead of time (at most one waiting).
+    ready: Receiver<io::Result<Producer>>,
+    /// Work for the thread.
+    orders: SyncSender<Order>,
+}
+
+enum Order {
+    /// Make one more ring.
+    Make,
+    /// Unmap and close a replaced ring.
+    Retire(Producer),
+}
+
+impl Spares {
+    fn start(config: RingConfig) -> io::Result<Spares> {
+        let (ready_tx, ready) = sync_channel(1);
+        let (orders, orders_rx) = sync_channel::<Order>(4);
+        std::thread::Builder::new()
+            .name("ring-spares".into())
+            .spawn(move || {
+                // Ends when the data plane drops its `Shm` (and so the sender).
+                for order in orders_rx {
+                    match order {
+                        Order::Make => {
+                            if ready_tx.send(Producer::create(&config)).is_err() {
+                                return;
+                            }
+                        }
+                        Order::Retire(ring) => drop(ring),
+                    }
+                }
+            })?;
+        let _ = orders.try_send(Order::Make);
+        Ok(Spares { ready, orders })
+    }
+
+    /// The ring made ahead of time, or one made now if none is ready; orders the next.
+    fn take(&self, config: &RingConfig) -> io::Result<Producer> {
+        let ring = match self.ready.try_recv() {
+            Ok(made) => made,
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => Producer::create(config),
+        };
+        let _ = self.orders.try_send(Order::Make);
+        ring
+    }
+
+    /// Hands a replaced ring to the thread to unmap, or unmaps it here if the thread is busy.
+    fn retire(&self, ring: Producer) {
+        match self.orders.try_send(Order::Retire(ring)) {
+            Ok(()) => {}
+            Err(
+                TrySendError::Full(Order::Retire(r)) | TrySendError::Disconnected(Order::Retire(r)),
+            ) => drop(r),
+            Err(_) => {}
+        }
     }
 }
 
@@ -52,9 +122,10 @@ impl Forward for Shm {
     }
 
     fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
-        let ring = &mut self.rings[inst];
-        let discarded = ring.reset()?;
-        Ok((handles_of(ring)?, discarded))
+        let spare = self.spares.take(self.rings[inst].config())?;
+        let (discarded, old) = self.rings[inst].reset_with(spare)?;
+        self.spares.retire(old);
+        Ok((handles_of(&self.rings[inst])?, discarded))
     }
 
     fn gauges(&mut self, inst: usize) -> Option<Gauges> {
