@@ -86,28 +86,41 @@ fn main() {
 
 /// What a new consumer generation costs the producer's thread (the demux's data plane, which
 /// carries out resets): `Producer::reset` of a default-sized ring, which creates, maps and
-/// populates a whole new ring and unmaps the old one.
+/// populates a whole new ring and unmaps the old one; and `Producer::reset_with` a ring made
+/// beforehand, the old one dropped afterwards, both off the clock (what the demux does, with a
+/// helper thread for the two).
 fn reset(seconds: f64) {
     let cfg = RingConfig::default();
     let mut p = Producer::create(&cfg).expect("create ring");
-    let mut hist = hdrhistogram::Histogram::<u64>::new(3).unwrap();
-    let end = Instant::now() + Duration::from_secs_f64(seconds);
-    while Instant::now() < end {
-        let _ = p.try_push(&meta(0), &[0u8; MSG]);
-        p.publish();
-        let t = Instant::now();
-        p.reset().expect("reset");
-        hist.record(t.elapsed().as_micros() as u64).unwrap();
+    for with_spare in [false, true] {
+        let mut hist = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        let end = Instant::now() + Duration::from_secs_f64(seconds);
+        while Instant::now() < end {
+            let _ = p.try_push(&meta(0), &[0u8; MSG]);
+            p.publish();
+            if with_spare {
+                let spare = Producer::create(&cfg).expect("create ring");
+                let t = Instant::now();
+                let (_, old) = p.reset_with(spare).expect("reset_with");
+                hist.record(t.elapsed().as_nanos() as u64).unwrap();
+                drop(old);
+            } else {
+                let t = Instant::now();
+                p.reset().expect("reset");
+                hist.record(t.elapsed().as_nanos() as u64).unwrap();
+            }
+        }
+        println!(
+            "RES kind=ring impl=ringmux mode={} slots={} slot_bytes={} resets={} p50_us={:.1} p99_us={:.1} max_us={:.1}",
+            if with_spare { "reset-with-spare" } else { "reset" },
+            cfg.slots,
+            cfg.slot_bytes,
+            hist.len(),
+            hist.value_at_quantile(0.5) as f64 / 1000.0,
+            hist.value_at_quantile(0.99) as f64 / 1000.0,
+            hist.max() as f64 / 1000.0
+        );
     }
-    println!(
-        "RES kind=ring impl=ringmux mode=reset slots={} slot_bytes={} resets={} p50_us={} p99_us={} max_us={}",
-        cfg.slots,
-        cfg.slot_bytes,
-        hist.len(),
-        hist.value_at_quantile(0.5),
-        hist.value_at_quantile(0.99),
-        hist.max()
-    );
 }
 
 fn run(mode: &str, seconds: f64) {
