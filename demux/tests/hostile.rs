@@ -37,6 +37,16 @@ fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
     Ringmux::start_with(2, Forward::Shm, extra, fault_worker(), &env)
 }
 
+/// `bin` in `dir` (a hard link, or a copy across file systems), executable by anyone.
+fn world_executable_copy(bin: &std::path::Path, dir: &TempDir) -> PathBuf {
+    let to = dir.path().join(bin.file_name().expect("a file name"));
+    if std::fs::hard_link(bin, &to).is_err() {
+        std::fs::copy(bin, &to).expect("copying a worker binary");
+    }
+    std::fs::set_permissions(&to, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    to
+}
+
 /// Short-header datagrams whose DCID routes to `instance`.
 fn blast(rm: &Ringmux, instance: u8, count: usize) {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -493,13 +503,25 @@ async fn workers_run_as_the_worker_user() {
         .expect("a user named nobody");
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-attack-user");
-        // The fault worker, running as nobody, writes its marker and report here.
+        // The workers, running as nobody, write the marker and report here, and run from here:
+        // the build's own folder may sit below one that nobody cannot enter.
         std::fs::set_permissions(
             dir.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o777),
         )
         .unwrap();
-        let rm = start_faulty("signal-sibling", &["--worker-user", "nobody"], &dir);
+        let fault = world_executable_copy(&fault_worker(), &dir);
+        let real = world_executable_copy(&harness::worker_bin(), &dir);
+        let env = [
+            ("RINGMUX_FAULT", "signal-sibling".to_string()),
+            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+            (
+                "RINGMUX_FAULT_MARKER",
+                dir.path().join("played").to_string_lossy().into_owned(),
+            ),
+            ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
+        ];
+        let rm = Ringmux::start_with(2, Forward::Shm, &["--worker-user", "nobody"], fault, &env);
         let r = report(&dir).await;
         assert_outcomes(&r, &["open-sibling-mem"], "EACCES");
         assert_outcomes(&r, &["kill-sibling", "pidfd-signal-sibling"], "EPERM");

@@ -186,14 +186,7 @@ fn a_replaced_consumer_reads_nothing_of_the_next_generation() {
         old_page,
         "the same consumer page after reset"
     );
-    let mut new = Consumer::attach(
-        common::dup(h.ring),
-        common::dup(h.page),
-        common::dup(h.doorbell),
-        h.generation,
-        Duration::ZERO,
-    )
-    .unwrap();
+    let mut new = common::attach(&p, Duration::ZERO);
     for _ in 0..10 {
         p.try_push(&meta(), b"second generation").unwrap();
     }
@@ -251,15 +244,7 @@ fn garbage_head_and_flag_never_panic_the_producer() {
     assert!(violations > 0);
     // After a reset the producer works again with a fresh consumer page.
     p.reset().unwrap();
-    let h = p.handles();
-    let mut c = Consumer::attach(
-        common::dup(h.ring),
-        common::dup(h.page),
-        common::dup(h.doorbell),
-        h.generation,
-        Duration::ZERO,
-    )
-    .unwrap();
+    let mut c = common::attach(&p, Duration::ZERO);
     p.try_push(&meta(), b"after").unwrap();
     p.publish();
     let mut got = Vec::new();

@@ -27,16 +27,21 @@ pub fn pair(slots: u32, spin_us: u32) -> (Producer, Consumer) {
         spin_us,
     };
     let p = Producer::create(&cfg).expect("create ring");
+    let c = attach(&p, cfg.spin());
+    (p, c)
+}
+
+/// A consumer of `p`'s current generation, attached in this process.
+pub fn attach(p: &Producer, spin: Duration) -> Consumer {
     let h = p.handles();
-    let c = Consumer::attach(
+    Consumer::attach(
         dup(h.ring),
         dup(h.page),
         dup(h.doorbell),
         h.generation,
-        cfg.spin(),
+        spin,
     )
-    .expect("attach");
-    (p, c)
+    .expect("attach")
 }
 
 /// Re-runs this test binary, selecting the single test `role` (which acts only when
