@@ -4,7 +4,7 @@
 //!
 //! Every new consumer generation is a whole new ring. Making one (a memfd of the region's size,
 //! mapped and populated) and unmapping the old one take milliseconds, during which the data
-//! plane would forward nothing for any instance; a helper thread, [`Spares`], does both, with
+//! plane would forward nothing for any instance; a helper thread (`Spares`) does both, with
 //! one ring made ahead of time.
 
 use std::io;
