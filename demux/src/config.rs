@@ -187,6 +187,12 @@ pub struct RunArgs {
     /// QUIC idle timeout in seconds.
     #[arg(long, env = "RINGMUX_IDLE_TIMEOUT", default_value_t = 30)]
     pub idle_timeout: u64,
+    /// Ring occupancy, in percent of its slots, from which the demux admits no new connections
+    /// to that instance (their Initial and 0-RTT packets are dropped, counted
+    /// `initial_shed`), so the room left goes to the connections already running. 100: only a
+    /// full ring refuses anything. `shm` forwarding only.
+    #[arg(long, env = "RINGMUX_INITIAL_SHED_AT", default_value_t = 50)]
+    pub initial_shed_at: u32,
     /// Seconds a worker may leave a non-empty ring untouched before it is declared stuck,
     /// killed and replaced.
     #[arg(long, env = "RINGMUX_STALL_SECS", default_value_t = 5)]
@@ -259,6 +265,12 @@ impl RunArgs {
             None if sid <= 12 => (16 - sid) as u8,
             None => 4,
         };
+        if !(1..=100).contains(&self.initial_shed_at) {
+            bail!(
+                "--initial-shed-at / RINGMUX_INITIAL_SHED_AT={} is not valid: expected 1 to 100 (percent of a ring's slots; 100: never shed)",
+                self.initial_shed_at
+            );
+        }
         if self.grace == 0 {
             bail!("--grace / RINGMUX_GRACE=0 is not valid: expected at least 1 second");
         }
@@ -406,6 +418,16 @@ impl Config {
         &self.worker_cmd[0]
     }
 
+    /// The ring occupancy (slots) from which new connections are shed; `u64::MAX` at 100 %.
+    pub fn shed_at_slots(&self) -> u64 {
+        match self.args.initial_shed_at {
+            100 => u64::MAX,
+            pct => (u64::from(self.ring.slots) * u64::from(pct))
+                .div_ceil(100)
+                .max(1),
+        }
+    }
+
     /// How long a starting worker has to report READY.
     pub fn ready_timeout(&self) -> Duration {
         Duration::from_secs(self.args.ready_timeout)
@@ -456,6 +478,12 @@ mod tests {
         );
         assert_eq!(c.ready_timeout(), Duration::from_secs(30));
         assert_eq!(c.metrics, Some("127.0.0.1:9433".parse().unwrap()));
+        // Half of the default 4096 slots; at 100 % never.
+        assert_eq!(c.shed_at_slots(), 2048);
+        let never = check(&["--initial-shed-at", "100"]).unwrap();
+        assert_eq!(never.shed_at_slots(), u64::MAX);
+        let tiny = check(&["--initial-shed-at", "1", "--ring-slots", "64"]).unwrap();
+        assert_eq!(tiny.shed_at_slots(), 1);
     }
 
     #[test]
@@ -515,6 +543,22 @@ mod tests {
             (
                 &["--upstream", "http://127.0.0.1:8080/api"],
                 &["--upstream", "RINGMUX_UPSTREAM", "/api", "path"],
+            ),
+            (
+                &["--initial-shed-at", "0"],
+                &["--initial-shed-at", "RINGMUX_INITIAL_SHED_AT", "1 to 100"],
+            ),
+            (
+                &["--initial-shed-at", "101"],
+                &["--initial-shed-at", "RINGMUX_INITIAL_SHED_AT", "101"],
+            ),
+            (
+                &["--worker-user", "no-such-user-here"],
+                &["--worker-user", "RINGMUX_WORKER_USER", "no such user"],
+            ),
+            (
+                &["--worker-user", "root"],
+                &["--worker-user", "RINGMUX_WORKER_USER", "root"],
             ),
             (
                 &["--upstream-timeout", "0"],

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
-use ringmux_quic_lb::{Route, RouteCache, Router};
+use ringmux_quic_lb::{starts_connection, Route, RouteCache, Router};
 use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta};
 
 use crate::forward::{Forward, IngressHandles};
@@ -210,6 +210,8 @@ struct Local {
     violated: bool,
     /// The supervisor was told about this generation's misbehaviour.
     reported: bool,
+    /// The ingress was past `--initial-shed-at` when this batch began: new connections wait.
+    crowded: bool,
 }
 
 impl<F: Forward> DataPlane<F> {
@@ -249,7 +251,8 @@ impl<F: Forward> DataPlane<F> {
                 consumed: 0,
                 consumed_at: now,
                 violated: false,
-                reported: false
+                reported: false,
+                crowded: false,
             };
             n_inst
         ];
@@ -298,6 +301,11 @@ impl<F: Forward> DataPlane<F> {
             // Routes are remembered within one batch only: a reset or restart between batches
             // can never see a stale entry (routing is pure anyway).
             let mut cache = RouteCache::new(&self.router);
+            // Once per batch, not per datagram: a batch can overshoot the threshold by its own
+            // size, and the rest of the ring still takes what established connections send.
+            for (i, l) in local.iter_mut().enumerate() {
+                l.crowded = self.forward.crowded(i);
+            }
             for (meta, iov) in metas.iter().zip(iovs.iter()).take(n) {
                 let data = &iov[..meta.len.min(iov.len())];
                 let stride = if meta.stride == 0 {
@@ -325,7 +333,8 @@ impl<F: Forward> DataPlane<F> {
                 // Each GRO segment is routed on its own: one train can carry several DCIDs.
                 for seg in data.chunks(stride) {
                     received += 1;
-                    let inst = match cache.route(&self.router, seg) {
+                    let route = cache.route(&self.router, seg);
+                    let inst = match route {
                         Route::Owned(i) | Route::Hashed(i) => i as usize,
                         Route::Malformed(_) => {
                             dropped[DropReason::Malformed as usize] += 1;
@@ -333,6 +342,13 @@ impl<F: Forward> DataPlane<F> {
                         }
                     };
                     let l = &mut local[inst];
+                    // A crowded ingress admits no new connection: a packet that opens one, to a
+                    // DCID that is no instance's CID yet (the client's own). Established traffic
+                    // pays one flag test (beside `up`, in the same line).
+                    if l.crowded && matches!(route, Route::Hashed(_)) && starts_connection(seg) {
+                        dropped[DropReason::InitialShed as usize] += 1;
+                        continue;
+                    }
                     let pushed = if F::DELIVERS && !l.up {
                         Err(DropReason::InstanceDown)
                     } else {

@@ -140,6 +140,7 @@ fn run(cfg: Config) -> Result<()> {
     let setup = forward::Setup {
         instances: cfg.instances,
         ring: &cfg.ring,
+        shed_at: cfg.shed_at_slots(),
     };
     let mode = cfg.args.forward;
     let serve = Serve {

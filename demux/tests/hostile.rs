@@ -612,3 +612,91 @@ async fn a_dead_workers_descendants_are_killed_and_its_ring_replaced() {
     })
     .await;
 }
+
+/// A QUIC v1 Initial with a random 8-byte DCID, padded to 1200 bytes: well-formed for the
+/// router (token and Length fields), undecryptable for a worker, which drops it.
+fn initial_packet() -> Vec<u8> {
+    let mut p = vec![0xc3, 0, 0, 0, 1, 8];
+    p.extend_from_slice(&harness::random_u64().to_be_bytes());
+    p.extend_from_slice(&[0, 0]); // SCID length 0, token length 0
+    let payload = 1200 - p.len() - 2;
+    p.extend_from_slice(&[0x40 | (payload >> 8) as u8, payload as u8]);
+    p.resize(1200, 0x5a);
+    p
+}
+
+fn send_initials(rm: &Ringmux, count: usize) {
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    for _ in 0..count {
+        let _ = sock.send_to(&initial_packet(), rm.listen);
+    }
+}
+
+/// Room for established connections: instance 1's worker stops draining, and once its ring
+/// (64 slots) is half full (`--initial-shed-at 50`) the demux admits no new connection's
+/// packets to it (counted `initial_shed`), while packets of established connections still go
+/// in until the ring is full, and new connections hashed to instance 0 are untouched.
+#[tokio::test]
+async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_ones() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-shed");
+        let rm = start_faulty(
+            "stop-draining",
+            &[
+                "--stall-secs",
+                "600",
+                "--ring-slots",
+                "64",
+                "--initial-shed-at",
+                "50",
+            ],
+            &dir,
+        );
+        let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
+        // Below the threshold (at most 20 of 20 can reach instance 1): nothing is shed.
+        send_initials(&rm, 20);
+        let m = rm
+            .wait_for("20 Initials received", Duration::from_secs(10), |m| {
+                m.balanced() && m.get(names::RECEIVED) >= 20.0
+            })
+            .await;
+        assert_eq!(m.dropped("initial_shed"), 0.0, "{m}");
+        // Fill instance 1's ring to 40 of 64 with packets of an established connection.
+        let k = fwd(&m, 1);
+        blast(&rm, 1, 40 - k as usize);
+        let before = rm
+            .wait_for(
+                "instance 1 holding 40 datagrams",
+                Duration::from_secs(10),
+                |m| m.balanced() && fwd(m, 1) == 40.0,
+            )
+            .await;
+        // Past the threshold: new connections to instance 1 are shed, those to 0 are not.
+        send_initials(&rm, 200);
+        let m = rm
+            .wait_for("200 more received", Duration::from_secs(10), |m| {
+                m.balanced() && m.get(names::RECEIVED) >= before.get(names::RECEIVED) + 200.0
+            })
+            .await;
+        let shed = m.dropped("initial_shed");
+        assert!(shed > 0.0, "no Initial shed:\n{m}");
+        assert_eq!(
+            fwd(&m, 1),
+            40.0,
+            "a new connection's packet entered the crowded ring"
+        );
+        assert_eq!(shed + fwd(&m, 0) - fwd(&before, 0), 200.0, "{m}");
+        // Established traffic still goes in, up to the ring's end.
+        blast(&rm, 1, 20);
+        let after = rm
+            .wait_for(
+                "20 more forwarded to instance 1",
+                Duration::from_secs(10),
+                |m| m.balanced() && fwd(m, 1) == 60.0,
+            )
+            .await;
+        assert_eq!(after.dropped("ring_full"), 0.0, "{after}");
+        assert_eq!(after.dropped("initial_shed"), shed, "{after}");
+    })
+    .await;
+}

@@ -30,7 +30,7 @@ pub use codec::{
 pub use config::{ConfigError, Mode, QuicLbConfig, MAX_CONFIG_ID, MAX_NODE_ID_LEN};
 pub use generator::CidGenerator;
 pub use keys::{KeyError, KeyFileError, KeySet, BINARY_LEN as KEYSET_BINARY_LEN};
-pub use router::{destination_cid, MalformedReason, Route, RouteCache, Router};
+pub use router::{destination_cid, starts_connection, MalformedReason, Route, RouteCache, Router};
 
 /// Re-exported so users name the same trait and types this crate implements.
 pub use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};

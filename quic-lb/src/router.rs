@@ -184,6 +184,29 @@ const QUIC_V1: u32 = 1;
 /// Header form bit: 1 = long header (RFC 8999 §5.1).
 const LONG_HEADER: u8 = 0x80;
 
+/// The QUIC v2 version number (RFC 9369 §3.1).
+const QUIC_V2: u32 = 0x6b33_43cf;
+
+/// Whether a datagram's first packet is one a client opens a connection with: an Initial or a
+/// 0-RTT packet of QUIC v1 (RFC 9000 §17.2) or v2 (RFC 9369 §3.2, where the type bits differ).
+/// Short headers, Handshake and Retry packets, other versions and garbage are not. Reads the
+/// first five bytes only; the router has already checked the rest.
+#[inline]
+pub fn starts_connection(datagram: &[u8]) -> bool {
+    let Some(&[first, a, b, c, d]) = datagram.get(..5) else {
+        return false;
+    };
+    if first & LONG_HEADER == 0 {
+        return false;
+    }
+    let kind = (first >> 4) & 0x3;
+    match u32::from_be_bytes([a, b, c, d]) {
+        QUIC_V1 => kind <= 1,
+        QUIC_V2 => kind == 1 || kind == 2,
+        _ => false,
+    }
+}
+
 /// Cuts the Destination Connection ID out of a datagram's first packet.
 ///
 /// - Short header (first bit 0): `datagram[1..1 + short_header_cid_len]`; a short header carries
@@ -354,6 +377,29 @@ mod tests {
         d.extend_from_slice(&[0x40 | (payload >> 8) as u8, payload as u8]);
         d.extend(std::iter::repeat_n(0x5a, payload));
         d
+    }
+
+    #[test]
+    fn initial_and_zero_rtt_packets_start_connections() {
+        let mut p = initial(&[7; 8], 20);
+        assert!(starts_connection(&p));
+        p[0] = 0xd3; // v1 0-RTT
+        assert!(starts_connection(&p));
+        p[0] = 0xe3; // v1 Handshake
+        assert!(!starts_connection(&p));
+        p[0] = 0xf3; // v1 Retry
+        assert!(!starts_connection(&p));
+        p[1..5].copy_from_slice(&QUIC_V2.to_be_bytes());
+        for (first, starts) in [(0xc3, false), (0xd3, true), (0xe3, true), (0xf3, false)] {
+            p[0] = first; // v2: Retry, Initial, 0-RTT, Handshake
+            assert_eq!(starts_connection(&p), starts, "v2 first byte {first:#x}");
+        }
+        p[1..5].copy_from_slice(&0u32.to_be_bytes()); // version negotiation
+        p[0] = 0xc3;
+        assert!(!starts_connection(&p));
+        assert!(!starts_connection(&short(&[1; 17])));
+        assert!(!starts_connection(&[0xc3, 0, 0]));
+        assert!(!starts_connection(&[]));
     }
 
     #[test]

@@ -439,6 +439,18 @@ impl ProducerCore {
         Ok(self.published - self.cached_head)
     }
 
+    /// Whether at least `n` slots are written and not yet released by the consumer. Reads the
+    /// consumer's head only when the cached view says so: a stale head can only overstate.
+    #[inline]
+    pub(crate) fn holds_at_least(&mut self, n: u64) -> bool {
+        if self.tail - self.cached_head < n {
+            return false;
+        }
+        // A bad head leaves the cached one: the push or the gauge read reports it.
+        let _ = self.refresh_head();
+        self.tail - self.cached_head >= n
+    }
+
     /// The datagrams published but not yet consumed (after validating head), for accounting.
     pub(crate) fn unconsumed(&mut self) -> u64 {
         match self.refresh_head() {

@@ -204,6 +204,13 @@ impl Producer {
         Ok(())
     }
 
+    /// Whether at least `n` slots are written and not yet consumed: a ring filling up. Cheap
+    /// while it is not (no shared memory is read unless the local view says so).
+    #[inline]
+    pub fn holds_at_least(&mut self, n: u64) -> bool {
+        self.core.holds_at_least(n)
+    }
+
     /// Publishes every written slot (call once per receive batch). Returns whether it rang.
     #[inline]
     pub fn publish(&mut self) -> bool {

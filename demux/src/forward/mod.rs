@@ -36,6 +36,13 @@ pub trait Forward: Send + 'static {
     /// plane stops forwarding to it until the next [`Forward::reset`].
     fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason>;
 
+    /// Whether instance `inst`'s ingress is too full to admit new connections (the occupancy
+    /// threshold of [`Setup::shed_at`]). Modes without an occupancy never are.
+    #[inline]
+    fn crowded(&mut self, _inst: usize) -> bool {
+        false
+    }
+
     /// Makes everything pushed since the last call visible to the workers. Called once per
     /// receive batch, and before the data plane stops.
     fn publish(&mut self) {}
@@ -86,6 +93,9 @@ impl IngressHandles {
 pub struct Setup<'a> {
     pub instances: u8,
     pub ring: &'a RingConfig,
+    /// Occupancy (slots) from which a ring admits no new connections (`--initial-shed-at`);
+    /// `u64::MAX`: never.
+    pub shed_at: u64,
 }
 
 /// Something that runs with any forwarding mode: `start` calls it with the mode the

@@ -20,6 +20,7 @@ use crate::metrics::DropReason;
 pub struct Shm {
     rings: Vec<Producer>,
     spares: Spares,
+    shed_at: u64,
 }
 
 impl Shm {
@@ -33,7 +34,15 @@ impl Shm {
             rings.push(p);
         }
         let spares = Spares::start(*setup.ring)?;
-        Ok((Shm { rings, spares }, handles))
+        let shed_at = setup.shed_at;
+        Ok((
+            Shm {
+                rings,
+                spares,
+                shed_at,
+            },
+            handles,
+        ))
     }
 }
 
@@ -113,6 +122,11 @@ impl Forward for Shm {
                 Err(DropReason::RingViolation)
             }
         }
+    }
+
+    #[inline]
+    fn crowded(&mut self, inst: usize) -> bool {
+        self.rings[inst].holds_at_least(self.shed_at)
     }
 
     fn publish(&mut self) {

@@ -44,6 +44,9 @@ drop_reasons! {
     SocketFull => "socket_full",
     /// drop mode: discarded by design.
     Discarded => "discarded",
+    /// A new connection's packet (Initial, or 0-RTT of a connection no instance owns yet) for
+    /// a ring past `--initial-shed-at`: room kept for the connections already running.
+    InitialShed => "initial_shed",
 }
 
 // The data plane indexes its drop counters with `reason as usize`: every index must be the
