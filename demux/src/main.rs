@@ -57,9 +57,9 @@ fn run(cfg: Config) -> Result<()> {
         );
     } else if cfg.worker_user.is_none() && nix::unistd::geteuid().is_root() {
         tracing::warn!(
-            "workers run as root: the system-call filter confines them, but root can still read \
-             this process's memory through /proc and every root-owned file. Give \
-             --worker-user (RINGMUX_WORKER_USER), e.g. nobody"
+            "workers run as root: confined by the system-call filter and without capabilities, \
+             but they own every root-owned file. Give --worker-user (RINGMUX_WORKER_USER), \
+             e.g. nobody"
         );
     }
     let keys = match &cfg.args.key_file {

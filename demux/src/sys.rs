@@ -168,6 +168,9 @@ pub struct WorkerSetup<'a> {
     pub cpu: Option<usize>,
     /// The system-call filter to install last; `None` with `--sandbox off`.
     pub filter: Option<WorkerFilter>,
+    /// Drop every capability (the bounding set too, so that no `execve` gives any back): for a
+    /// confined worker that would otherwise run as root with all of root's capabilities.
+    pub drop_capabilities: bool,
 }
 
 /// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3
@@ -188,6 +191,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     let control = rustix::io::fcntl_dupfd_cloexec(setup.control, 10)?;
     let public = rustix::io::fcntl_dupfd_cloexec(setup.public, 10)?;
     let cpu = setup.cpu;
+    let drop_capabilities = setup.drop_capabilities;
     let mut filter = setup.filter;
     let parent = nix::unistd::getpid();
     // Runs in the child between fork and exec: only async-signal-safe calls (sched_setaffinity,
@@ -211,6 +215,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
             Some(&SigSet::empty()),
             None,
         )?;
+        if drop_capabilities {
+            drop_all_capabilities()?;
+        }
         if let Some(filter) = filter.as_mut() {
             let pid = nix::unistd::getpid().as_raw() as u32;
             filter.bind_to(pid);
@@ -230,6 +237,37 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     // SAFETY: `setup` makes only async-signal-safe calls and allocates nothing, as a pre-exec
     // hook must (it runs in the forked child of a multi-threaded process).
     unsafe { cmd.pre_exec(setup) };
+    Ok(())
+}
+
+/// Drops every capability of the calling thread: the bounding set (bit by bit, up to the
+/// kernel's last one), the ambient and inheritable sets, then the permitted and effective ones.
+/// A process running as root keeps its user ID but can no longer trace other processes
+/// (`CAP_SYS_PTRACE`: the non-dumpable demux's `/proc/PID/mem` stays closed), override file
+/// permissions, open raw sockets or regain any of it by `execve`. Async-signal-safe (bare
+/// `prctl` and `capset`), for the pre-exec hook.
+fn drop_all_capabilities() -> io::Result<()> {
+    use rustix::thread::{CapabilitySet, CapabilitySets};
+    for cap in 0..64 {
+        match rustix::thread::remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(
+            1u64 << cap,
+        )) {
+            Ok(()) => {}
+            // Past the kernel's last capability.
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    rustix::thread::clear_ambient_capability_set()?;
+    let none = CapabilitySet::empty();
+    rustix::thread::set_capabilities(
+        None,
+        CapabilitySets {
+            effective: none,
+            permitted: none,
+            inheritable: none,
+        },
+    )?;
     Ok(())
 }
 

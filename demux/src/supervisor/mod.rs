@@ -322,6 +322,11 @@ impl Supervisor {
             public: self.public.as_fd(),
             cpu: h.cpu,
             filter: self.filter.clone(),
+            // A worker that runs as root (no --worker-user) keeps root's user ID but none of
+            // its capabilities. With --worker-user the switch of user has dropped them already.
+            drop_capabilities: self.filter.is_some()
+                && self.cfg.worker_user.is_none()
+                && nix::unistd::geteuid().is_root(),
         };
         sys::prepare_worker(&mut cmd, setup)
             .context("duplicating the worker's control and public sockets")?;
