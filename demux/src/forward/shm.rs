@@ -8,7 +8,7 @@
 //! one ring made ahead of time.
 
 use std::io;
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 
 use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{Producer, PushError, RingConfig};
@@ -96,15 +96,10 @@ impl Spares {
         ring
     }
 
-    /// Hands a replaced ring to the thread to unmap, or unmaps it here if the thread is busy.
+    /// Hands a replaced ring to the thread to unmap, or unmaps it here if the thread is busy
+    /// (the refused order, ring inside, is dropped on the spot).
     fn retire(&self, ring: Producer) {
-        match self.orders.try_send(Order::Retire(ring)) {
-            Ok(()) => {}
-            Err(
-                TrySendError::Full(Order::Retire(r)) | TrySendError::Disconnected(Order::Retire(r)),
-            ) => drop(r),
-            Err(_) => {}
-        }
+        let _ = self.orders.try_send(Order::Retire(ring));
     }
 }
 

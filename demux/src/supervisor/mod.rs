@@ -289,6 +289,8 @@ impl Supervisor {
     fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
         let (ours, theirs) = sys::seqpacket_pair()?;
         let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
+        // Before the process exists: nothing may fail between its start and its supervision.
+        let sessions = sess_ours.try_clone()?;
         let mut h = self.template.clone();
         h.instance = i;
         h.cpu = self.cfg.worker_cpu(i);
@@ -341,7 +343,6 @@ impl Supervisor {
         sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
             .context("sending the hand-off")?;
         drop(fds);
-        let sessions = sess_ours.try_clone()?;
         self.sessions.serve(i, sess_ours);
         self.counters.instances[i as usize]
             .worker_pid
