@@ -44,6 +44,20 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// The server never processed the request because it is going away: the client had its
+    /// GOAWAY before sending, or the server rejected the stream (H3_REQUEST_REJECTED, sent for
+    /// requests above the GOAWAY's limit). RFC 9114 §5.2: such a request may be retried on a
+    /// new connection, which is what a client does when a server drains.
+    pub fn refused_by_goaway(&self) -> bool {
+        match self {
+            ClientError::Stream(StreamError::RemoteClosing { .. }) => true,
+            ClientError::Stream(StreamError::RemoteTerminate { code, .. }) => {
+                *code == Code::H3_REQUEST_REJECTED
+            }
+            _ => false,
+        }
+    }
+
     /// Short label for error statistics (`h3-probe` JSON `errors` keys).
     pub fn kind(&self) -> &'static str {
         match self {
@@ -301,6 +315,18 @@ impl H3Conn {
     }
 
     /// The QUIC connection (stats, RTT, close reason, ...).
+    /// Whether the server closed the connection with H3_NO_ERROR: it drained (GOAWAY) and
+    /// closed once every request it had accepted was answered and delivered, so a request
+    /// still waiting on this connection was never processed and may be retried on a new one
+    /// (RFC 9114 §5.2).
+    pub fn closed_gracefully(&self) -> bool {
+        matches!(
+            self.quic().close_reason(),
+            Some(quinn::ConnectionError::ApplicationClosed(c))
+                if c.error_code == quinn::VarInt::from_u32(0x100)
+        )
+    }
+
     pub fn quic(&self) -> &quinn::Connection {
         &self.quic
     }

@@ -18,6 +18,9 @@ pub struct ProbeStats {
     latency_us: Histogram<u64>,
     requests: u64,
     errors: BTreeMap<String, u64>,
+    /// Requests the server turned away unprocessed while draining (GOAWAY): moved to a new
+    /// connection, not errors.
+    pub goaways: u64,
 }
 
 impl Default for ProbeStats {
@@ -34,6 +37,7 @@ impl ProbeStats {
                 .expect("valid histogram bounds"),
             requests: 0,
             errors: BTreeMap::new(),
+            goaways: 0,
         }
     }
 
@@ -65,6 +69,7 @@ impl ProbeStats {
         // percentiles would miss `other`, and the counts below would still be right.
         let _ = self.latency_us.add(&other.latency_us);
         self.requests += other.requests;
+        self.goaways += other.goaways;
         for (kind, n) in &other.errors {
             *self.errors.entry(kind.clone()).or_default() += n;
         }
@@ -84,6 +89,7 @@ impl ProbeStats {
         };
         ProbeReport {
             requests: self.requests,
+            goaways: self.goaways,
             requests_per_s: if secs > 0.0 {
                 self.requests as f64 / secs
             } else {
@@ -109,6 +115,8 @@ impl ProbeStats {
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct ProbeShard {
     pub requests: u64,
+    #[serde(default)]
+    pub goaways: u64,
     pub errors: BTreeMap<String, u64>,
     /// Recorded latency values in µs (each bucket's highest equivalent value) and their counts.
     pub latency_us: Vec<(u64, u64)>,
@@ -120,6 +128,7 @@ impl ProbeShard {
     pub fn new(stats: &ProbeStats, measured: Duration) -> Self {
         ProbeShard {
             requests: stats.requests,
+            goaways: stats.goaways,
             errors: stats.errors.clone(),
             latency_us: stats
                 .latency_us
@@ -137,6 +146,7 @@ impl ProbeShard {
             let _ = s.latency_us.record_n(v.clamp(1, MAX_LATENCY_US), n);
         }
         s.requests = self.requests;
+        s.goaways = self.goaways;
         s.errors = self.errors.clone();
         s
     }
@@ -148,6 +158,9 @@ pub struct ProbeReport {
     /// Successful requests in the measurement window (after warm-up).
     pub requests: u64,
     pub requests_per_s: f64,
+    /// Requests a draining server turned away unprocessed (GOAWAY), retried on a new
+    /// connection; not failures.
+    pub goaways: u64,
     /// Failures by kind, plus `total`.
     pub errors: BTreeMap<String, u64>,
     pub latency_us: Latency,
@@ -197,6 +210,7 @@ mod tests {
         b.record_error("timeout");
         b.record_error("timeout");
         b.record_error("status_404");
+        b.goaways = 2;
         a.merge(&b);
         let r = a.report(Duration::from_secs(2));
         assert_eq!(r.requests, 1000);
@@ -211,8 +225,15 @@ mod tests {
         assert_eq!(r.latency_us.max, 1000);
         let json = serde_json::to_value(&r).unwrap();
         let keys: Vec<_> = json.as_object().unwrap().keys().cloned().collect();
-        assert_eq!(keys.len(), 4);
-        for k in ["requests", "requests_per_s", "errors", "latency_us"] {
+        assert_eq!(keys.len(), 5);
+        assert_eq!(r.goaways, 2, "goaways are counted apart from errors");
+        for k in [
+            "requests",
+            "requests_per_s",
+            "goaways",
+            "errors",
+            "latency_us",
+        ] {
             assert!(json.get(k).is_some(), "{k}");
         }
         for k in ["p50", "p99", "p999", "max"] {

@@ -33,7 +33,24 @@ pub enum Command {
         #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
         metrics: String,
     },
+    /// Start a new generation of every worker from the program on disk now, then drain the old
+    /// one; no connection is lost. Same as SIGHUP to the running ringmux. Re-read on reload: the
+    /// worker program (--worker-cmd / --worker-bin, whatever is on disk now) and the
+    /// certificate and key files (--cert, --key). Every other setting needs a restart. Exits 0
+    /// once the new generation serves; non-zero with the reason when it failed (the old
+    /// generation then serves on) or was refused.
+    Reload {
+        /// Control socket of the running ringmux.
+        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+        control_socket: PathBuf,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
 }
+
+/// Where the control socket (`ringmux reload`) is by default.
+pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
 
 /// How the demux hands datagrams to workers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -67,12 +84,16 @@ pub struct RunArgs {
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
     #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
     pub listen: SocketAddr,
-    /// Number of worker processes (1–255).
+    /// Number of worker processes (1–64).
     #[arg(long, env = "RINGMUX_INSTANCES", default_value_t = 2)]
     pub instances: u32,
     /// Forwarding mode: shm (rings), unix (SOCK_SEQPACKET baseline) or drop (benchmark floor).
     #[arg(long, env = "RINGMUX_FORWARD", value_enum, default_value = "shm")]
     pub forward: ForwardMode,
+    /// Unix socket `ringmux reload` talks to (mode 0600, its folder is made if missing); `off`
+    /// disables it (SIGHUP still reloads).
+    #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+    pub control_socket: String,
     /// Prometheus metrics address (`http://ADDR/metrics`); `off` disables.
     #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
     pub metrics: String,
@@ -133,7 +154,8 @@ pub struct RunArgs {
     /// SO_SNDBUF of the public socket in bytes.
     #[arg(long, env = "RINGMUX_SNDBUF", default_value_t = 8 << 20)]
     pub sndbuf: usize,
-    /// Seconds workers get to drain on SIGTERM/SIGINT before they are killed.
+    /// Seconds workers get to drain before they are killed: on SIGTERM/SIGINT, and after a
+    /// reload replaced them.
     #[arg(long, env = "RINGMUX_GRACE", default_value_t = 10)]
     pub grace: u64,
     /// Path of the ringmux-worker binary. Default: next to this executable.
@@ -239,9 +261,10 @@ impl RunArgs {
             };
             anyhow::anyhow!("{flag} / {e}")
         })?;
-        if !(1..=255).contains(&self.instances) {
+        if !(1..=u32::from(ringmux_quic_lb::MAX_INSTANCES)).contains(&self.instances) {
             bail!(
-                "--instances / RINGMUX_INSTANCES={} is not valid: expected 1 to 255",
+                "--instances / RINGMUX_INSTANCES={} is not valid: expected 1 to 64 (a \
+                 connection ID holds 6 bits of instance beside 2 of worker generation)",
                 self.instances
             );
         }
@@ -493,7 +516,7 @@ mod tests {
                 &["--instances", "0"][..],
                 &["--instances", "RINGMUX_INSTANCES", "0"][..],
             ),
-            (&["--instances", "256"], &["--instances", "256", "1 to 255"]),
+            (&["--instances", "65"], &["--instances", "65", "1 to 64"]),
             (
                 &["--recv-batch", "33"],
                 &["--recv-batch", "RINGMUX_RECV_BATCH", "33"],

@@ -30,23 +30,28 @@ const RECV_BUF: usize = 65536;
 /// How often occupancy and doorbell gauges are refreshed and stalls checked.
 const GAUGE_PERIOD: Duration = Duration::from_millis(100);
 
-/// Supervisor → data plane requests.
+/// Supervisor → data plane requests. Lanes are numbered as [`Router::lane`] numbers them.
 pub enum Command {
-    /// Start a new generation for `instance` and send its ingress descriptors back.
+    /// Start a new ingress generation for lane `lane` and send its descriptors back.
     Reset {
-        instance: u8,
+        lane: u8,
         reply: Sender<io::Result<IngressHandles>>,
     },
+    /// From the next batch on, hash new connections to the lanes of generation slot `slot`.
+    Activate { slot: u8, reply: Sender<()> },
+    /// Lane `lane`'s worker generation is gone: close its ingress.
+    Close { lane: u8 },
 }
 
 /// Data plane → supervisor events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// The worker broke the ring protocol or stopped draining: kill and replace it.
-    Misbehaved { instance: u8, stalled: bool },
+    /// The worker of lane `lane` broke the ring protocol or stopped draining: kill (and
+    /// replace) it.
+    Misbehaved { lane: u8, stalled: bool },
 }
 
-/// What the supervisor and the data plane tell each other about each instance without a
+/// What the supervisor and the data plane tell each other about each lane without a
 /// message: whether it is up (set by the supervisor when the worker is ready, cleared by either
 /// when it dies or misbehaves). The metrics read it too.
 #[derive(Debug)]
@@ -55,10 +60,10 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// `instances` instances, all down.
-    pub fn new(instances: u8) -> Arc<Self> {
+    /// `lanes` lanes, all down.
+    pub fn new(lanes: usize) -> Arc<Self> {
         Arc::new(Liveness {
-            up: (0..instances).map(|_| AtomicBool::new(false)).collect(),
+            up: (0..lanes).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -115,13 +120,31 @@ impl DataPlaneLink {
         )
     }
 
-    /// Asks for a new consumer generation of `instance`'s ring; its hand-off descriptors arrive
-    /// on the returned receiver once the data plane has reset it (within one batch or poll).
-    pub fn request_reset(&self, instance: u8) -> Receiver<io::Result<IngressHandles>> {
+    /// Asks for a new ingress generation of lane `lane` (its first, for a new worker
+    /// generation); its hand-off descriptors arrive on the returned receiver once the data
+    /// plane has made it (within one batch or poll).
+    pub fn request_reset(&self, lane: u8) -> Receiver<io::Result<IngressHandles>> {
         let (reply, rx) = std::sync::mpsc::channel();
-        let _ = self.commands.send(Command::Reset { instance, reply });
-        self.pending.store(true, Ordering::Release);
+        self.send(Command::Reset { lane, reply });
         rx
+    }
+
+    /// Hashes new connections to the lanes of `slot` from the next batch on; the returned
+    /// receiver hears when the data plane has switched.
+    pub fn activate(&self, slot: u8) -> Receiver<()> {
+        let (reply, rx) = std::sync::mpsc::channel();
+        self.send(Command::Activate { slot, reply });
+        rx
+    }
+
+    /// Closes lane `lane`'s ingress (its generation is gone).
+    pub fn close(&self, lane: u8) {
+        self.send(Command::Close { lane });
+    }
+
+    fn send(&self, cmd: Command) {
+        let _ = self.commands.send(cmd);
+        self.pending.store(true, Ordering::Release);
     }
 
     /// The flags shared with the data plane.
@@ -198,7 +221,7 @@ pub struct DataPlane<F> {
     stall: Duration,
 }
 
-/// Per-instance bookkeeping the loop keeps to itself.
+/// Per-lane bookkeeping the loop keeps to itself.
 #[derive(Clone, Copy)]
 struct Local {
     forwarded: u64,
@@ -235,7 +258,9 @@ impl<F: Forward> DataPlane<F> {
 
     /// Runs until `control.stop` is set.
     pub fn run(mut self, control: Control) {
-        let n_inst = self.router.instance_count() as usize;
+        let n_lanes = self.router.lanes();
+        // The first lane of the generation slot new connections go to.
+        let mut active = 0usize;
         let mut storage = vec![0u8; RECV_BUF * self.batch];
         let mut iovs: Vec<IoSliceMut<'_>> =
             storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
@@ -254,7 +279,7 @@ impl<F: Forward> DataPlane<F> {
                 reported: false,
                 crowded: false,
             };
-            n_inst
+            n_lanes
         ];
         let mut received = 0u64;
         let mut recv_calls = 0u64;
@@ -270,7 +295,7 @@ impl<F: Forward> DataPlane<F> {
                 && control.pending.swap(false, Ordering::Acquire)
             {
                 while let Ok(cmd) = control.commands.try_recv() {
-                    self.execute(cmd, &mut local);
+                    self.execute(cmd, &mut local, &mut active);
                 }
             }
             for (i, l) in local.iter_mut().enumerate() {
@@ -335,7 +360,8 @@ impl<F: Forward> DataPlane<F> {
                     received += 1;
                     let route = cache.route(&self.router, seg);
                     let inst = match route {
-                        Route::Owned(i) | Route::Hashed(i) => i as usize,
+                        Route::Owned(lane) => lane as usize,
+                        Route::Hashed(i) => active + i as usize,
                         Route::Malformed(_) => {
                             dropped[DropReason::Malformed as usize] += 1;
                             continue;
@@ -392,10 +418,23 @@ impl<F: Forward> DataPlane<F> {
         self.forward.publish();
     }
 
-    fn execute(&mut self, cmd: Command, local: &mut [Local]) {
+    fn execute(&mut self, cmd: Command, local: &mut [Local], active: &mut usize) {
         match cmd {
-            Command::Reset { instance, reply } => {
-                let i = instance as usize;
+            Command::Activate { slot, reply } => {
+                *active = usize::from(self.router.lane(0, slot));
+                let _ = reply.send(());
+            }
+            Command::Close { lane } => {
+                let i = lane as usize;
+                let left = self.forward.close(i);
+                let c = &self.counters.instances[i];
+                c.discarded_on_reset.fetch_add(left, Ordering::Relaxed);
+                c.occupancy.store(0, Ordering::Relaxed);
+                local[i].reported = false;
+                local[i].violated = false;
+            }
+            Command::Reset { lane, reply } => {
+                let i = lane as usize;
                 let result = self.forward.reset(i).map(|(handles, discarded)| {
                     let c = &self.counters.instances[i];
                     c.discarded_on_reset.fetch_add(discarded, Ordering::Relaxed);
@@ -418,7 +457,7 @@ impl<F: Forward> DataPlane<F> {
             };
             if let Some(e) = &s.violation {
                 if !l.violated {
-                    tracing::error!(instance = i, error = %e, "worker broke the ring protocol");
+                    tracing::error!(lane = i, error = %e, "worker broke the ring protocol");
                 }
                 l.violated = true;
             }
@@ -435,7 +474,7 @@ impl<F: Forward> DataPlane<F> {
             if (stalled || l.violated) && !l.reported {
                 if stalled {
                     tracing::error!(
-                        instance = i,
+                        lane = i,
                         occupancy = s.occupancy,
                         "worker stopped draining its ring"
                     );
@@ -445,7 +484,7 @@ impl<F: Forward> DataPlane<F> {
                 control.liveness.set_up(i, false);
                 l.up = false;
                 let _ = control.events.send(Event::Misbehaved {
-                    instance: i as u8,
+                    lane: i as u8,
                     stalled,
                 });
             }

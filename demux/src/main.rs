@@ -32,6 +32,10 @@ fn main() -> ExitCode {
         Some(Command::Stats { metrics }) => {
             metrics::fetch(metrics.as_str()).map(|m| print!("{}", metrics::stats::table(&m)))
         }
+        Some(Command::Reload {
+            control_socket,
+            timeout,
+        }) => supervisor::control::reload(&control_socket, Duration::from_secs(timeout)),
         None => cli.run.validate().and_then(run),
     };
     match result {
@@ -92,8 +96,9 @@ fn run(cfg: Config) -> Result<()> {
             .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
 
-    let counters = Arc::new(Counters::new(cfg.instances));
-    let liveness = Liveness::new(cfg.instances);
+    let lanes = router.lanes();
+    let counters = Arc::new(Counters::new(cfg.instances, lanes));
+    let liveness = Liveness::new(lanes);
     if let Ok(mut p) = counters.program.write() {
         *p = cfg.worker_cmd.join(" ");
     }
@@ -101,6 +106,7 @@ fn run(cfg: Config) -> Result<()> {
         instance: 0,
         instances: cfg.instances,
         generation: 1,
+        worker_generation: 1,
         // Both set per worker from its ingress descriptors.
         ingress: IngressKind::Shm,
         spin_us: cfg.ring.spin_us,
@@ -139,6 +145,7 @@ fn run(cfg: Config) -> Result<()> {
     };
     let setup = forward::Setup {
         instances: cfg.instances,
+        lanes,
         ring: &cfg.ring,
         shed_at: cfg.shed_at_slots(),
     };

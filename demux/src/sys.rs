@@ -382,16 +382,19 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The shutdown signals (SIGTERM, SIGINT) as a non-blocking signalfd. Blocks them in this
+/// The shutdown signals (SIGTERM, SIGINT) and the reload signal (SIGHUP) as a non-blocking
+/// signalfd. Blocks them in this
 /// thread and in the threads it spawns later: call before spawning any thread.
 pub fn shutdown_signals() -> io::Result<SignalFd> {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
+    // Reload.
+    set.add(Signal::SIGHUP);
     // Block first: between the two steps a signal then waits for the signalfd instead of
     // killing the process with the default action.
     set.thread_block()?;
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // A shell starts background jobs with SIGINT ignored, and an ignored signal never
         // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
         // SAFETY: SIG_DFL installs no handler, so no handler can run unsafely.

@@ -10,7 +10,7 @@ ringmux_worker::http::fill_pattern, so this script holds no copy of the pattern.
 
 Scenarios: get, paths (GET each --path), upload (POST --upload-bytes to each --path), many (100 requests, one connection), conns (20 parallel connections), migrate
 (new socket mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID:
-active migration), keyupdate, download (10 MiB to DIR), zerortt (ticket, then early data).
+active migration), keyupdate, download (--bytes, default 10 MiB, to DIR), zerortt (ticket, then early data).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
 aioquic ignores stateless resets, drops datagrams from any address but the server's, and
 switches both key directions at once on a key update.
@@ -262,7 +262,7 @@ async def scenario(args, result):
         result["key_updated_events"] = len(events(logger, "security:key_updated"))
     elif args.scenario == "download":
         p = await open_conn(host, port, config(), dcid)
-        n = 10 << 20
+        n = args.bytes
         r = await p.get(f"/bytes/{n}", sink=open(os.path.join(args.dir, str(n)), "wb"))
         bodies.append(r.summary())
         await close(p)
@@ -303,6 +303,7 @@ async def main():
     ap.add_argument("--dcid2")
     ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--upload-bytes", type=int, default=0)
+    ap.add_argument("--bytes", type=int, default=10 << 20, help="download: body size")
     args = ap.parse_args()
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:

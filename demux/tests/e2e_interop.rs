@@ -1065,3 +1065,205 @@ async fn aioquic_through_the_proxy() {
     })
     .await
 }
+
+// ---------------------------------------------------------------------------------------------
+// Reloads: new worker generations while clients keep transferring
+
+/// The kernel's drop count of the UDP socket bound to `port` (the `drops` column of
+/// `/proc/net/udp`): datagrams that overflowed its receive buffer. The system-wide
+/// `RcvbufErrors` of `/proc/net/snmp` also counts the clients' own sockets, which a 50 MiB
+/// download into a small default buffer overflows now and then.
+fn socket_drops(port: u16) -> u64 {
+    let table = std::fs::read_to_string("/proc/net/udp").expect("reading /proc/net/udp");
+    let port = format!(":{port:04X}");
+    let row = table
+        .lines()
+        .find(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .is_some_and(|a| a.ends_with(&port))
+        })
+        .unwrap_or_else(|| panic!("no socket on {port} in /proc/net/udp:\n{table}"));
+    row.split_whitespace().last().unwrap().parse().unwrap()
+}
+
+/// Workers of the draining generations still up.
+fn draining(m: &harness::Metrics) -> f64 {
+    m.sum_where(names::GENERATION_WORKERS, "state", "draining")
+}
+
+/// h3-probe (16 connections × 8 streams) and a 50 MiB download each with gtlsclient and aioquic
+/// run across three reloads in a row. Every reload succeeds; no request fails (requests a
+/// draining worker turns away with GOAWAY move to a new connection, as clients do); both
+/// downloads are complete and exact; the demux drops nothing and the kernel overflows nothing
+/// during the reloads; every replaced worker exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_under_load_lose_nothing() {
+    if !have_gtlsclient() || !have_aioquic() {
+        return;
+    }
+    bounded(Duration::from_secs(150), async {
+        const N: u64 = 50 << 20;
+        let rm = Ringmux::start(2, Forward::Shm, &["--grace", "60"]);
+        let probe = Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
+        let json = rm.dir().join("probe.json");
+        let url = format!("https://127.0.0.1:{}/bytes/1000", rm.listen.port());
+        let probe_args: Vec<String> = [
+            "--url",
+            &url,
+            "--insecure",
+            "--expect-len",
+            "1000",
+            "-c",
+            "16",
+            "-s",
+            "8",
+            "--seconds",
+            "8",
+            "--json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([json.to_string_lossy().into_owned()])
+        .collect();
+        let dir = download_dir(&rm, "dl");
+        let gtls_args = [format!("--download={}", dir.display())];
+        let gtls_path = format!("/bytes/{N}");
+        let aio_args = ["--bytes".to_string(), N.to_string()];
+        let probe_run = run(probe.to_str().unwrap(), &probe_args, rm.dir());
+        let gtls_paths = [gtls_path.as_str()];
+        let gtls_run = gtls(&rm, &gtls_args, &gtls_paths);
+        let aio_run = aioquic(&rm, "download", &aio_args);
+        let reloads = async {
+            // Every client is connected: 16 + 2 connections on the first generation.
+            rm.wait_for("18 connections", Duration::from_secs(20), |m| {
+                m.sum(names::WORKER_CONNECTIONS) >= 18.0
+            })
+            .await;
+            let port = rm.listen.port();
+            let before = (rm.metrics().sum(names::DROPPED), socket_drops(port));
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                answers.push(rm.reload(Duration::from_secs(30)).await);
+            }
+            let m = rm.metrics();
+            let after = (m.sum(names::DROPPED), socket_drops(port));
+            (answers, before, after, draining(&m))
+        };
+        let (probe_out, gtls_log, aio, (answers, before, after, draining_then)) =
+            tokio::join!(probe_run, gtls_run, aio_run, reloads);
+
+        for (i, (ok, text)) in answers.iter().enumerate() {
+            assert!(ok, "reload {}: {text}", i + 1);
+            assert!(text.contains(&format!("ok generation={}", i + 2)), "{text}");
+        }
+        assert!(
+            draining_then >= 1.0,
+            "the downloads kept a replaced generation draining across the reloads"
+        );
+        assert_eq!(
+            before, after,
+            "(demux drops, kernel drops on the public socket) during the reloads"
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).expect("the --json report")).unwrap();
+        assert_eq!(
+            report["errors"]["total"].as_u64(),
+            Some(0),
+            "{report}\n{}",
+            probe_out.stdout
+        );
+        assert!(report["requests"].as_u64().unwrap() > 1000, "{report}");
+        assert!(
+            report["goaways"].as_u64().unwrap() > 0,
+            "no draining seen: {report}"
+        );
+        assert_gtls_ok("50 MiB download across reloads", &gtls_log, 1);
+        assert_download(&dir, N);
+        assert_eq!(bodies(&aio), 1);
+        assert_download(rm.dir(), N);
+
+        // Every replaced worker exits once its last connection is done, with status 0.
+        let m = rm
+            .wait_for(
+                "no draining generation left",
+                Duration::from_secs(30),
+                |m| draining(m) == 0.0,
+            )
+            .await;
+        assert_eq!(m.get(names::GENERATION_ACTIVE), 4.0);
+        assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 3.0);
+        let log = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
+        let exits: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("worker exited"))
+            .collect();
+        assert_eq!(exits.len(), 6, "3 generations × 2 workers: {exits:#?}");
+        assert!(
+            exits.iter().all(|l| l.contains("unix_wait_status(0)")),
+            "{exits:#?}"
+        );
+        assert!(!log.contains("killing"), "nothing killed:\n{log}");
+        rm.wait_balanced(Duration::from_secs(10)).await;
+    })
+    .await
+}
+
+/// Writes an executable shell script `name` into `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// A reload whose new worker program exits at once is abandoned: `ringmux reload` fails and
+/// says why, the first generation serves on (a client still gets its page), and a reload with
+/// the program mended succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_reload_leaves_the_old_generation_serving() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let bin = harness::TempDir::new("ringmux-reload-bin");
+        let worker = harness::worker_bin();
+        let good = format!("exec {} \"$@\"", worker.display());
+        let prog = script(bin.path(), "worker.sh", &good);
+        let cmd = prog.to_string_lossy().into_owned();
+        let rm = Ringmux::start(2, Forward::Shm, &["--worker-cmd", &cmd]);
+        assert_gtls_ok("before", &gtls(&rm, &[], &["/hello.txt"]).await, 1);
+
+        script(bin.path(), "worker.sh", "echo 'broken build' >&2; exit 3");
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(!ok, "{text}");
+        assert!(
+            text.contains("generation 2 abandoned")
+                && text.contains("exited before it reported READY")
+                && text.contains("generation 1 serves on"),
+            "{text}"
+        );
+        let m = rm.metrics();
+        assert_eq!(m.get(names::GENERATION_ACTIVE), 1.0);
+        assert_eq!(m.labelled(names::RELOADS, "result", "failed"), 1.0);
+        assert_gtls_ok(
+            "after the failed reload",
+            &gtls(&rm, &[], &["/hello.txt"]).await,
+            1,
+        );
+
+        script(bin.path(), "worker.sh", &good);
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok && text.contains("ok generation=2"), "{text}");
+        assert_gtls_ok(
+            "after the good reload",
+            &gtls(&rm, &[], &["/hello.txt"]).await,
+            1,
+        );
+        let m = rm.metrics();
+        assert_eq!(m.get(names::GENERATION_ACTIVE), 2.0);
+        assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 1.0);
+    })
+    .await
+}

@@ -53,6 +53,11 @@ pub struct Handoff {
     pub instances: u8,
     /// The ring's consumer generation this worker attaches to.
     pub generation: u64,
+    /// The worker generation this worker belongs to: 1 for the workers started with the demux,
+    /// one more for each `ringmux reload`. Its connection IDs carry
+    /// [`Handoff::generation_slot`], so the demux routes them to this worker and not to another
+    /// generation's worker of the same instance.
+    pub worker_generation: u64,
     pub ingress: IngressKind,
     /// How long an idle worker polls its ring before sleeping on its doorbell, µs.
     pub spin_us: u32,
@@ -125,11 +130,12 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 26] = [
+pub const KEYS: [&str; 27] = [
     "protocol",
     "instance",
     "instances",
     "generation",
+    "worker_generation",
     "ingress",
     "spin_us",
     "public_addr",
@@ -155,6 +161,13 @@ pub const KEYS: [&str; 26] = [
 ];
 
 impl Handoff {
+    /// The generation slot of [`Handoff::worker_generation`]: `(worker_generation - 1) mod 4`,
+    /// the top two bits of the server-ID byte of this worker's connection IDs
+    /// (`ringmux_quic_lb::server_id_byte`).
+    pub fn generation_slot(&self) -> u8 {
+        generation_slot(self.worker_generation)
+    }
+
     /// How many descriptors travel with this hand-off: the ingress descriptors, the
     /// session-store socket.
     pub fn fd_count(&self) -> usize {
@@ -186,6 +199,7 @@ impl Handoff {
             self.instance.to_string(),
             self.instances.to_string(),
             self.generation.to_string(),
+            self.worker_generation.to_string(),
             self.ingress.as_str().to_string(),
             self.spin_us.to_string(),
             self.public_addr.to_string(),
@@ -269,6 +283,10 @@ impl Handoff {
             instance,
             instances,
             generation: num("generation", get("generation")?)?,
+            worker_generation: match num("worker_generation", get("worker_generation")?)? {
+                0 => return Err(field("worker_generation", "0: generations start at 1")),
+                g => g,
+            },
             ingress: match get("ingress")? {
                 "shm" => IngressKind::Shm,
                 "unix" => IngressKind::Unix,
@@ -320,6 +338,16 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The generation slot of worker generation `generation` (which starts at 1): its CIDs carry
+/// it, so four generations in a row own distinct CIDs.
+pub fn generation_slot(generation: u64) -> u8 {
+    (generation.wrapping_sub(1) % u64::from(GENERATION_SLOTS)) as u8
+}
+
+/// Worker generations whose connection IDs the demux tells apart (the server-ID byte's top
+/// two bits): up to this many generations of one instance can hold connections at once.
+pub const GENERATION_SLOTS: u8 = 4;
+
 fn field(field: &'static str, problem: impl Into<String>) -> HandoffError {
     HandoffError::Field {
         field,
@@ -341,6 +369,7 @@ mod tests {
             instance: 3,
             instances: 4,
             generation: 7,
+            worker_generation: 6,
             ingress: IngressKind::Shm,
             spin_us: 50,
             public_addr: "[::]:4433".parse().unwrap(),

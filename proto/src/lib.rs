@@ -22,14 +22,16 @@ pub mod message;
 pub mod session;
 pub mod upstream;
 
-pub use handoff::{Handoff, HandoffError, IngressKind, ServeOptions};
+pub use handoff::{
+    generation_slot, Handoff, HandoffError, IngressKind, ServeOptions, GENERATION_SLOTS,
+};
 pub use message::{Message, MessageError, WorkerReport};
 pub use upstream::UpstreamUrl;
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;

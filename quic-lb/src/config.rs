@@ -19,6 +19,22 @@ pub const MAX_CONFIG_ID: u8 = 6;
 /// Longest node ID: server ID (node ID + 1 instance byte) + the shortest nonce must fit in 19 octets.
 pub const MAX_NODE_ID_LEN: usize = MAX_PLAINTEXT_LEN - MIN_NONCE_LEN - 1;
 
+/// Worker generations a server-ID byte tells apart: its top two bits carry the generation's
+/// slot, so up to four generations of one instance (one serving, up to three draining) own
+/// connections at once and the demux routes each to its own worker without any table.
+pub const GENERATION_SLOTS: u8 = 4;
+/// Most instances per node: the server-ID byte's low six bits carry the instance number.
+pub const MAX_INSTANCES: u8 = 64;
+
+/// The byte after the node ID in every CID's server ID: `slot << 6 | instance`.
+///
+/// `instance` must be below [`MAX_INSTANCES`] and `slot` below [`GENERATION_SLOTS`]; higher bits
+/// are masked off.
+#[inline]
+pub const fn server_id_byte(instance: u8, slot: u8) -> u8 {
+    (slot % GENERATION_SLOTS) << 6 | (instance % MAX_INSTANCES)
+}
+
 /// How this box encodes connection IDs (draft-ietf-quic-load-balancers-21).
 ///
 /// The plaintext block of every CID is `node_id ‖ instance ‖ nonce`. An external QUIC-LB load
@@ -32,7 +48,8 @@ pub struct QuicLbConfig {
     pub config_id: u8,
     /// This box's server ID as the external load balancer knows it: 1 or more opaque bytes.
     pub node_id: Vec<u8>,
-    /// Number of worker instances on this box: `1..=255`; instance numbers are `0..instance_count`.
+    /// Number of worker instances on this box: `1..=64` ([`MAX_INSTANCES`]); instance numbers are
+    /// `0..instance_count`.
     pub instance_count: u8,
     /// Nonce octets per CID: at least 4, and server ID + nonce at most 19.
     pub nonce_len: u8,
@@ -74,7 +91,10 @@ pub enum ConfigError {
         max: usize,
     },
     /// `instance_count` is 0.
-    #[error("instance_count = {value}: must be 1..=255")]
+    #[error(
+        "instance_count = {value}: must be 1..=64 (the server-ID byte after the node ID holds 6 \
+         bits of instance and 2 of worker generation)"
+    )]
     InstanceCount {
         /// The rejected value.
         value: u8,
@@ -117,7 +137,7 @@ pub enum ConfigError {
 
 impl QuicLbConfig {
     /// Checks every field against the draft's limits (draft-21 §5.2) and ringmux's own
-    /// (instance byte in the server ID, `1..=255` instances).
+    /// (instance byte in the server ID, `1..=64` instances).
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.config_id > MAX_CONFIG_ID {
             return Err(ConfigError::ConfigId {
@@ -131,7 +151,7 @@ impl QuicLbConfig {
                 max: MAX_NODE_ID_LEN,
             });
         }
-        if self.instance_count == 0 {
+        if self.instance_count == 0 || self.instance_count > MAX_INSTANCES {
             return Err(ConfigError::InstanceCount {
                 value: self.instance_count,
             });
@@ -242,7 +262,7 @@ mod tests {
         c.instance_count = 0;
         let e = c.validate().unwrap_err().to_string();
         assert!(
-            e.contains("instance_count = 0") && e.contains("1..=255"),
+            e.contains("instance_count = 0") && e.contains("1..=64"),
             "{e}"
         );
 
@@ -270,8 +290,11 @@ mod tests {
         c.config_id = 6;
         c.node_id = vec![9; 14];
         c.nonce_len = 4;
-        c.instance_count = 255;
+        c.instance_count = MAX_INSTANCES;
         c.validate().unwrap();
+        c.instance_count = MAX_INSTANCES + 1;
+        assert!(c.validate().unwrap_err().to_string().contains("1..=64"));
+        c.instance_count = MAX_INSTANCES;
         assert_eq!(c.cid_len(), 20);
         c.key = None;
         assert_eq!(c.mode(), Mode::Plaintext);

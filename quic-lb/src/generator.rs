@@ -17,7 +17,8 @@ use crate::config::{ConfigError, Mode, QuicLbConfig};
 /// Issues the CIDs of one instance on one node (plug into quinn with
 /// `EndpointConfig::cid_generator(move || Box::new(CidGenerator::new(&cfg, i, life).unwrap()))`).
 ///
-/// Every CID is `first octet ‖ E(node_id ‖ instance ‖ nonce)`. The instance byte inside the
+/// Every CID is `first octet ‖ E(node_id ‖ slot << 6 | instance ‖ nonce)`, where `slot` is the
+/// worker generation's slot ([`crate::server_id_byte`]). The instance byte inside the
 /// plaintext keeps the ciphertexts of instances that share a key distinct even if their nonce
 /// counters overlap (draft-21 §"Server Process Demultiplexing"). Not `Clone`: two copies would
 /// issue the same nonces.
@@ -32,7 +33,7 @@ use crate::config::{ConfigError, Mode, QuicLbConfig};
 /// [`CidGenerator::nonces_remaining`] and rotate the configuration well before that.
 pub struct CidGenerator {
     codec: CidCodec,
-    /// node_id ‖ instance.
+    /// node_id ‖ server_id_byte(instance, slot).
     server_id: [u8; MAX_PLAINTEXT_LEN],
     node_id_len: usize,
     instance: u8,
@@ -61,6 +62,18 @@ impl CidGenerator {
         instance: u8,
         lifetime: Option<Duration>,
     ) -> Result<Self, ConfigError> {
+        Self::in_slot(config, instance, 0, lifetime)
+    }
+
+    /// A generator for `instance` of the worker generation in `slot` (below
+    /// [`crate::GENERATION_SLOTS`]; taken modulo it): the demux routes its CIDs to that
+    /// generation's worker, beside the other generations' workers of the same instance.
+    pub fn in_slot(
+        config: &QuicLbConfig,
+        instance: u8,
+        slot: u8,
+        lifetime: Option<Duration>,
+    ) -> Result<Self, ConfigError> {
         config.validate()?;
         if instance >= config.instance_count {
             return Err(ConfigError::Instance {
@@ -77,7 +90,7 @@ impl CidGenerator {
         let node_id_len = config.node_id.len();
         let mut server_id = [0u8; MAX_PLAINTEXT_LEN];
         server_id[..node_id_len].copy_from_slice(&config.node_id);
-        server_id[node_id_len] = instance;
+        server_id[node_id_len] = crate::server_id_byte(instance, slot);
 
         let mut seed = [0u8; 16 + MAX_PLAINTEXT_LEN];
         getrandom::fill(&mut seed).map_err(ConfigError::Randomness)?;

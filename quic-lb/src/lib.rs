@@ -27,7 +27,10 @@ pub use codec::{
     CidCodec, EncodeError, Plaintext, ServerId, MAX_CID_LEN, MAX_PLAINTEXT_LEN, MIN_NONCE_LEN,
     SINGLE_PASS_LEN, UNROUTABLE_CONFIG_ID,
 };
-pub use config::{ConfigError, Mode, QuicLbConfig, MAX_CONFIG_ID, MAX_NODE_ID_LEN};
+pub use config::{
+    server_id_byte, ConfigError, Mode, QuicLbConfig, GENERATION_SLOTS, MAX_CONFIG_ID,
+    MAX_INSTANCES, MAX_NODE_ID_LEN,
+};
 pub use generator::CidGenerator;
 pub use keys::{KeyError, KeyFileError, KeySet, BINARY_LEN as KEYSET_BINARY_LEN};
 pub use router::{destination_cid, starts_connection, MalformedReason, Route, RouteCache, Router};

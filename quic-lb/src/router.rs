@@ -13,17 +13,19 @@
 use siphasher::sip::SipHasher13;
 
 use crate::codec::{CidCodec, MAX_CID_LEN, MAX_PLAINTEXT_LEN};
-use crate::config::{ConfigError, QuicLbConfig};
+use crate::config::{ConfigError, QuicLbConfig, GENERATION_SLOTS, MAX_INSTANCES};
 
 /// Where a datagram goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
-    /// The DCID decodes to this node and a configured instance: that instance owns the
-    /// connection.
+    /// The DCID decodes to this node and a configured instance: this *lane* (the instance's
+    /// worker in one generation slot, `slot * instance_count + instance`, see [`Router::lane`])
+    /// owns the connection.
     Owned(u8),
     /// The DCID is not ours to decode (client-chosen Initial/0-RTT DCID, another node's or
     /// another config's CID, unknown version, garbage): a keyed hash of the DCID picks the
-    /// instance, which answers with a handshake, version negotiation or a stateless reset.
+    /// instance (not a lane: which generation gets new connections is the demux's choice), which
+    /// answers with a handshake, version negotiation or a stateless reset.
     Hashed(u8),
     /// Too short to carry the header it claims, or a DCID longer than QUIC allows.
     Malformed(MalformedReason),
@@ -54,16 +56,6 @@ pub struct Router {
     hasher: SipHasher13,
 }
 
-impl Route {
-    /// The instance the datagram goes to, unless it is malformed.
-    pub fn instance(&self) -> Option<u8> {
-        match *self {
-            Route::Owned(i) | Route::Hashed(i) => Some(i),
-            Route::Malformed(_) => None,
-        }
-    }
-}
-
 impl MalformedReason {
     /// A snake_case label for metrics.
     pub fn as_str(&self) -> &'static str {
@@ -87,6 +79,17 @@ impl MalformedReason {
 impl std::fmt::Display for MalformedReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Route {
+    /// Where the datagram goes, unless it is malformed: the lane of an `Owned` route, the
+    /// instance of a `Hashed` one (the same number for the lanes of generation slot 0).
+    pub fn instance(&self) -> Option<u8> {
+        match *self {
+            Route::Owned(i) | Route::Hashed(i) => Some(i),
+            Route::Malformed(_) => None,
+        }
     }
 }
 
@@ -123,8 +126,8 @@ impl Router {
         }
     }
 
-    /// The decision for a DCID already cut out of a header: `Owned` if it decodes to this node
-    /// and an instance below `instance_count`, otherwise `Hashed`.
+    /// The decision for a DCID already cut out of a header: `Owned` (a lane) if it decodes to
+    /// this node and an instance below `instance_count`, otherwise `Hashed` (an instance).
     #[inline]
     pub fn route_dcid(&self, dcid: &[u8]) -> Route {
         match self.owner(dcid) {
@@ -133,15 +136,31 @@ impl Router {
         }
     }
 
-    /// The instance that issued `dcid`, if it was issued on this node under this configuration
-    /// by a configured instance.
+    /// The lane that issued `dcid` ([`Router::lane`] of its instance and generation slot), if
+    /// it was issued on this node under this configuration by a configured instance.
     #[inline]
     pub fn owner(&self, dcid: &[u8]) -> Option<u8> {
         let sid = self.codec.decode_server_id(dcid)?;
-        let (node, instance) = sid.split_at(self.node_id_len);
-        let instance = *instance.first()?;
+        let (node, byte) = sid.split_at(self.node_id_len);
+        let byte = *byte.first()?;
+        let (instance, slot) = (byte & (MAX_INSTANCES - 1), byte >> 6);
         (node == &self.node_id[..self.node_id_len] && instance < self.instance_count)
-            .then_some(instance)
+            .then(|| self.lane(instance, slot))
+    }
+
+    /// The lane of `instance` in generation slot `slot`: `slot * instance_count + instance`, so
+    /// the lanes of slot 0 are numbered like the instances and every lane is below
+    /// [`Router::lanes`]. `instance` must be below `instance_count` and `slot` below
+    /// [`GENERATION_SLOTS`].
+    #[inline]
+    pub fn lane(&self, instance: u8, slot: u8) -> u8 {
+        // At most 3 * 64 + 63 = 255: no overflow.
+        slot * self.instance_count + instance
+    }
+
+    /// Number of lanes: [`GENERATION_SLOTS`] × `instance_count` (at most 256).
+    pub fn lanes(&self) -> usize {
+        usize::from(GENERATION_SLOTS) * usize::from(self.instance_count)
     }
 
     /// `SipHash-1-3(routing key, dcid) mod instance_count`: the fallback for DCIDs nobody here
@@ -549,6 +568,39 @@ mod tests {
             let mut cut = &bytes[..bytes.len() - 1];
             if !cut.is_empty() {
                 assert_eq!(read_varint(&mut cut), None);
+            }
+        }
+    }
+
+    /// Every generation slot of every instance has its own lane, in both CID modes; a CID of
+    /// an instance beyond the count is no lane's, whatever its slot bits.
+    #[test]
+    fn each_generation_slot_routes_to_its_own_lane() {
+        for key in [Some([7; 16]), None] {
+            let mut cfg = QuicLbConfig::default_with_key([7; 16]);
+            cfg.key = key;
+            cfg.instance_count = 3;
+            let router = Router::new(&cfg, [9; 16]).unwrap();
+            assert_eq!(router.lanes(), 12);
+            let mut seen = std::collections::HashSet::new();
+            for slot in 0..GENERATION_SLOTS {
+                for i in 0..3 {
+                    let mut g = CidGenerator::in_slot(&cfg, i, slot, None).unwrap();
+                    let cid = g.generate_cid();
+                    let lane = router.owner(&cid).expect("owned");
+                    assert_eq!(lane, slot * 3 + i);
+                    assert_eq!(lane, router.lane(i, slot));
+                    assert!(seen.insert(lane));
+                }
+            }
+            // Instance 3 does not exist: hashed, in every slot.
+            let mut wide = cfg.clone();
+            wide.instance_count = 4;
+            for slot in 0..GENERATION_SLOTS {
+                let cid = CidGenerator::in_slot(&wide, 3, slot, None)
+                    .unwrap()
+                    .generate_cid();
+                assert_eq!(router.owner(&cid), None, "slot {slot}");
             }
         }
     }

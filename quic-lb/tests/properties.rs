@@ -58,7 +58,7 @@ fn every_legal_layout_round_trips() {
                 let config = QuicLbConfig {
                     config_id: (node_len % 7) as u8,
                     node_id: node_id.clone(),
-                    instance_count: 200,
+                    instance_count: 64,
                     nonce_len: nonce_len as u8,
                     key,
                 };
@@ -69,7 +69,7 @@ fn every_legal_layout_round_trips() {
                 let external =
                     CidCodec::new(config.config_id, node_len, nonce_len + 1, key).unwrap();
                 assert_eq!(external.mode(), config.mode());
-                for instance in [0u8, 1, 99, 199] {
+                for instance in [0u8, 1, 33, 63] {
                     let mut generator = CidGenerator::new(&config, instance, None).unwrap();
                     for _ in 0..4 {
                         let cid = generator.generate_cid();
@@ -100,7 +100,7 @@ fn legal_config() -> impl Strategy<Value = (QuicLbConfig, u8)> {
                 proptest::collection::vec(any::<u8>(), node_len),
                 MIN_NONCE_LEN..=MAX_PLAINTEXT_LEN - node_len - 1,
                 proptest::option::of(any::<[u8; 16]>()),
-                1u8..=255,
+                1u8..=64,
             )
         })
         .prop_flat_map(|(config_id, node_id, nonce_len, key, count)| {
@@ -151,14 +151,16 @@ proptest! {
 
     /// Any bytes get a total decision with an instance in range.
     #[test]
-    fn route_is_total(data in proptest::collection::vec(any::<u8>(), 0..64), count in 1u8..=255) {
+    fn route_is_total(data in proptest::collection::vec(any::<u8>(), 0..64), count in 1u8..=64) {
         let mut config = QuicLbConfig::default_with_key([1; 16]);
         config.instance_count = count;
         let router = Router::new(&config, [2; 16]).unwrap();
         let route = router.route(&data);
         prop_assert_eq!(route, router.route(&data));
-        if let Some(i) = route.instance() {
-            prop_assert!(i < count);
+        match route {
+            Route::Owned(lane) => prop_assert!(usize::from(lane) < router.lanes()),
+            Route::Hashed(i) => prop_assert!(i < count),
+            Route::Malformed(_) => {}
         }
     }
 }
@@ -208,7 +210,7 @@ fn distinct_nonces_give_distinct_cids() {
 #[test]
 fn hash_route_is_stable_and_even() {
     let key = *b"routing-hash-key";
-    for (count, critical) in [(4u8, 16.27), (7, 22.46), (16, 37.70), (255, 330.5)] {
+    for (count, critical) in [(4u8, 16.27), (7, 22.46), (16, 37.70), (64, 103.44)] {
         let mut config = QuicLbConfig::default_with_key([1; 16]);
         config.instance_count = count;
         let a = Router::new(&config, key).unwrap();

@@ -152,6 +152,8 @@ pub type ReportFn = Box<dyn Fn(&mut WorkerReport) + Send + Sync>;
 /// made. See the module documentation.
 pub struct Worker {
     instance: u8,
+    /// The worker generation (1 at start, one more per reload); its slot is in every CID.
+    worker_generation: u64,
     instances: u8,
     lb: QuicLbConfig,
     keys: KeySet,
@@ -176,6 +178,7 @@ impl fmt::Debug for Worker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Worker")
             .field("instance", &self.instance)
+            .field("generation", &self.worker_generation)
             .field("instances", &self.instances)
             .field("public_addr", &self.public_addr)
             .finish_non_exhaustive()
@@ -219,7 +222,7 @@ impl Worker {
             key: h.encrypt_cids.then_some(keys.quic_lb),
         };
         // Checked once here, so that the endpoint's generator factory cannot fail later.
-        CidGenerator::new(&lb, h.instance, h.cid_lifetime)
+        CidGenerator::in_slot(&lb, h.instance, h.generation_slot(), h.cid_lifetime)
             .map_err(|e| bad("QUIC-LB parameters", e.to_string()))?;
         let certificate = CertChain::from_pem(&h.cert_pem, &h.key_pem)?;
         // Descriptors in hand-off order: ingress…, session socket (`control-protocol.md`,
@@ -246,6 +249,7 @@ impl Worker {
         Ok(Worker {
             instance: h.instance,
             instances: h.instances,
+            worker_generation: h.worker_generation,
             lb,
             keys,
             cid_lifetime: h.cid_lifetime,
@@ -266,6 +270,13 @@ impl Worker {
     /// This instance's number, `0..instances()`.
     pub fn instance(&self) -> u8 {
         self.instance
+    }
+
+    /// The worker generation this process belongs to: 1 for the workers started with ringmux,
+    /// one more for each `ringmux reload`. The demux routes this generation's connections to
+    /// this process, and new ones to the newest generation.
+    pub fn generation(&self) -> u64 {
+        self.worker_generation
     }
 
     /// How many instances share the public address.
@@ -358,8 +369,9 @@ impl Worker {
             .map_err(io("setting up the ingress socket"))?;
         let ingress_stats = socket.stats();
         let (lb, instance, lifetime) = (self.lb.clone(), self.instance, self.cid_lifetime);
+        let slot = ringmux_proto::generation_slot(self.worker_generation);
         let factory = move || -> Box<dyn quinn::ConnectionIdGenerator> {
-            match CidGenerator::new(&lb, instance, lifetime) {
+            match CidGenerator::in_slot(&lb, instance, slot, lifetime) {
                 Ok(g) => Box::new(g),
                 // Checked in `attach`; unreachable unless the same input changes its answer.
                 Err(e) => panic!("QUIC-LB generator refused parameters it accepted before: {e}"),
@@ -427,7 +439,11 @@ impl Worker {
             })?;
         let io = |what| move |source| AttachError::Io { what, source };
         control::send(parts.control.as_fd(), &Message::Ready).map_err(io("reporting ready"))?;
-        crate::sink::run(parts.ingress, router, self.instance, parts.control).map_err(io("sink"))
+        let lane = router.lane(
+            self.instance,
+            ringmux_proto::generation_slot(self.worker_generation),
+        );
+        crate::sink::run(parts.ingress, router, lane, parts.control).map_err(io("sink"))
     }
 }
 

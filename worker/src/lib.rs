@@ -72,3 +72,6 @@ pub mod sys;
 pub mod tls;
 
 pub use attach::{AttachError, BuiltinOptions, Drain, Worker};
+
+// The contract and the CID codec must agree on how many generations a CID tells apart.
+const _: () = assert!(ringmux_proto::GENERATION_SLOTS == ringmux_quic_lb::GENERATION_SLOTS);

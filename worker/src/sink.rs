@@ -23,9 +23,9 @@ struct Tally {
 }
 
 impl Tally {
-    fn record(&mut self, router: &Router, instance: u8, payload: &[u8], rx_ns: u64, now_ns: u64) {
+    fn record(&mut self, router: &Router, lane: u8, payload: &[u8], rx_ns: u64, now_ns: u64) {
         self.received += 1;
-        if router.route(payload) != Route::Owned(instance) {
+        if router.route(payload) != Route::Owned(lane) {
             self.bad_cid += 1;
         }
         let _ = self.hist.record(now_ns.saturating_sub(rx_ns).max(1));
@@ -37,7 +37,8 @@ impl Tally {
 const ROUTE_PREFIX: usize = 64;
 
 /// Runs the sink until the control socket closes or says `SHUTDOWN`.
-pub fn run(ingress: Ingress, router: Router, instance: u8, control: OwnedFd) -> io::Result<()> {
+/// `lane` is this worker's ([`Router::lane`] of its instance and generation slot).
+pub fn run(ingress: Ingress, router: Router, lane: u8, control: OwnedFd) -> io::Result<()> {
     let mut t = Tally {
         received: 0,
         bad_cid: 0,
@@ -62,7 +63,7 @@ pub fn run(ingress: Ingress, router: Router, instance: u8, control: OwnedFd) -> 
                         if n > 0 && buf[0] & 0x80 != 0 {
                             n = dg.copy_to(&mut buf);
                         }
-                        t.record(&router, instance, &buf[..n], dg.meta.rx_timestamp_ns, now)
+                        t.record(&router, lane, &buf[..n], dg.meta.rx_timestamp_ns, now)
                     })
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 t.dropped += d.invalid as u64;
@@ -74,7 +75,7 @@ pub fn run(ingress: Ingress, router: Router, instance: u8, control: OwnedFd) -> 
             Ingress::Unix(fd) => match recv_unix(fd.as_fd(), &mut buf) {
                 Ok(UnixRecv::Datagram { meta, len }) => t.record(
                     &router,
-                    instance,
+                    lane,
                     &buf[..len],
                     meta.rx_timestamp_ns,
                     monotonic_ns(),

@@ -49,7 +49,7 @@ struct Args {
     #[arg(long, default_value_t = 0.0)]
     warmup: f64,
 
-    /// Write the report as JSON to this file (fields: requests, requests_per_s, errors
+    /// Write the report as JSON to this file (fields: requests, requests_per_s, goaways, errors
     /// {kind: count, total}, latency_us {p50, p99, p999, max}).
     #[arg(long)]
     json: Option<PathBuf>,
@@ -329,6 +329,12 @@ async fn stream_loop(
                     count(&plan, &stop_tx);
                 }
             }
+            Ok(Err(e)) if e.refused_by_goaway() || conn.closed_gracefully() => {
+                // The server drains (a reload, say) and never saw this request: not an error.
+                // Move to a new connection once every stream of this one is done.
+                stats.goaways += 1;
+                return stats;
+            }
             Ok(Err(e)) => {
                 if counted {
                     count_error(&plan, &mut stats, &e, &stop_tx);
@@ -506,6 +512,12 @@ fn print_report(args: &Args, r: &ProbeReport, measured: Duration) {
     );
     println!("requests      {}", r.requests);
     println!("requests/s    {:.1}", r.requests_per_s);
+    if r.goaways > 0 {
+        println!(
+            "goaway        {} requests moved to a new connection",
+            r.goaways
+        );
+    }
     println!(
         "latency (us)  p50 {}  p99 {}  p99.9 {}  max {}",
         r.latency_us.p50, r.latency_us.p99, r.latency_us.p999, r.latency_us.max

@@ -33,4 +33,8 @@ impl Forward for Drop {
     fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
         self.idle.reset(inst)
     }
+
+    fn close(&mut self, inst: usize) -> u64 {
+        self.idle.close(inst)
+    }
 }

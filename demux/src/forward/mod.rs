@@ -25,7 +25,11 @@ use ringmux_ring::RingConfig;
 use crate::config::ForwardMode;
 use crate::metrics::DropReason;
 
-/// One forwarding mode, as the data plane drives it. Instances are numbered `0..n`.
+/// One forwarding mode, as the data plane drives it. It forwards to *lanes*: one per instance
+/// and worker generation slot, numbered `slot * instances + instance`
+/// (`ringmux_quic_lb::Router::lane`), so `0..instances` are the first generation's. A lane has
+/// an ingress from its first [`Forward::reset`] (the first generation's from the start) until
+/// [`Forward::close`]; pushing to one without is [`DropReason::InstanceDown`].
 pub trait Forward: Send + 'static {
     /// Whether datagrams reach workers at all (`drop` discards every one, so a worker that is
     /// down changes nothing: its datagrams count as discarded, not as `instance_down`).
@@ -51,6 +55,10 @@ pub trait Forward: Send + 'static {
     /// the old worker left unread is discarded (returned as a count) and the new worker's
     /// descriptors come back.
     fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)>;
+
+    /// Closes lane `inst`'s ingress when its generation is gone (its memory returns), and says
+    /// how many datagrams were left unread in it.
+    fn close(&mut self, inst: usize) -> u64;
 
     /// The gauges of instance `inst`'s ingress, when the mode has any (rings do).
     fn gauges(&mut self, _inst: usize) -> Option<Gauges> {
@@ -92,6 +100,8 @@ impl IngressHandles {
 /// What every mode is built from.
 pub struct Setup<'a> {
     pub instances: u8,
+    /// Lanes in all (instances × generation slots).
+    pub lanes: usize,
     pub ring: &'a RingConfig,
     /// Occupancy (slots) from which a ring admits no new connections (`--initial-shed-at`);
     /// `u64::MAX`: never.
@@ -105,7 +115,8 @@ pub trait WithForward {
     fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Self::Output;
 }
 
-/// Builds the forwarding mode `mode` with every instance's first ingress, and runs `with` on it.
+/// Builds the forwarding mode `mode` with the first generation's ingresses (one per instance),
+/// and runs `with` on it.
 pub fn start<W: WithForward>(
     mode: ForwardMode,
     setup: Setup<'_>,

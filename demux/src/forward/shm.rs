@@ -16,28 +16,30 @@ use ringmux_ring::{Producer, PushError, RingConfig};
 use super::{Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
 
-/// The producers of every instance's ring.
+/// The producers of every lane's ring; a lane without a worker generation has none.
 pub struct Shm {
-    rings: Vec<Producer>,
+    rings: Vec<Option<Producer>>,
+    config: RingConfig,
     spares: Spares,
     shed_at: u64,
 }
 
 impl Shm {
-    /// One ring per instance, and the helper that makes the next.
+    /// One ring per lane of the first generation, and the helper that makes the next.
     pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
-        let mut rings = Vec::new();
+        let mut rings: Vec<Option<Producer>> = (0..setup.lanes).map(|_| None).collect();
         let mut handles = Vec::new();
-        for _ in 0..setup.instances {
+        for ring in rings.iter_mut().take(usize::from(setup.instances)) {
             let p = Producer::create(setup.ring).map_err(io::Error::other)?;
             handles.push(handles_of(&p)?);
-            rings.push(p);
+            *ring = Some(p);
         }
         let spares = Spares::start(*setup.ring)?;
         let shed_at = setup.shed_at;
         Ok((
             Shm {
                 rings,
+                config: *setup.ring,
                 spares,
                 shed_at,
             },
@@ -106,7 +108,10 @@ impl Spares {
 impl Forward for Shm {
     #[inline]
     fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
-        match self.rings[inst].try_push_desc(desc, payload) {
+        let Some(ring) = &mut self.rings[inst] else {
+            return Err(DropReason::InstanceDown);
+        };
+        match ring.try_push_desc(desc, payload) {
             Ok(()) => Ok(()),
             Err(PushError::Full) => Err(DropReason::RingFull),
             Err(PushError::Oversize { .. }) => Err(DropReason::Oversize),
@@ -121,24 +126,44 @@ impl Forward for Shm {
 
     #[inline]
     fn crowded(&mut self, inst: usize) -> bool {
-        self.rings[inst].holds_at_least(self.shed_at)
+        let shed_at = self.shed_at;
+        self.rings[inst]
+            .as_mut()
+            .is_some_and(|r| r.holds_at_least(shed_at))
     }
 
     fn publish(&mut self) {
-        for r in &mut self.rings {
+        for r in self.rings.iter_mut().flatten() {
             r.publish();
         }
     }
 
     fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
-        let spare = self.spares.take(self.rings[inst].config())?;
-        let (discarded, old) = self.rings[inst].reset_with(spare)?;
-        self.spares.retire(old);
-        Ok((handles_of(&self.rings[inst])?, discarded))
+        let spare = self.spares.take(&self.config)?;
+        let (ring, discarded) = match self.rings[inst].take() {
+            Some(mut ring) => {
+                let (discarded, old) = ring.reset_with(spare)?;
+                self.spares.retire(old);
+                (ring, discarded)
+            }
+            None => (spare, 0),
+        };
+        let handles = handles_of(&ring);
+        self.rings[inst] = Some(ring);
+        Ok((handles?, discarded))
+    }
+
+    fn close(&mut self, inst: usize) -> u64 {
+        let Some(mut ring) = self.rings[inst].take() else {
+            return 0;
+        };
+        let left = ring.stats().occupancy;
+        self.spares.retire(ring);
+        left
     }
 
     fn gauges(&mut self, inst: usize) -> Option<Gauges> {
-        let ring = &mut self.rings[inst];
+        let ring = self.rings[inst].as_mut()?;
         let violation = ring.check_consumer().err().map(|e| e.to_string());
         let s = ring.stats();
         Some(Gauges {

@@ -11,19 +11,19 @@ use super::{Forward, IngressHandles, Setup};
 use crate::metrics::DropReason;
 use crate::sys;
 
-/// The demux's end of every instance's socket.
+/// The demux's end of every lane's socket; a lane without a worker generation has none.
 pub struct Unix {
-    sockets: Vec<OwnedFd>,
+    sockets: Vec<Option<OwnedFd>>,
 }
 
 impl Unix {
-    /// One socket pair per instance.
+    /// One socket pair per lane of the first generation.
     pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
-        let mut sockets = Vec::new();
+        let mut sockets: Vec<Option<OwnedFd>> = (0..setup.lanes).map(|_| None).collect();
         let mut handles = Vec::new();
-        for _ in 0..setup.instances {
+        for socket in sockets.iter_mut().take(usize::from(setup.instances)) {
             let (ours, theirs) = pair()?;
-            sockets.push(ours);
+            *socket = Some(ours);
             handles.push(IngressHandles::Unix(theirs));
         }
         Ok((Unix { sockets }, handles))
@@ -38,8 +38,11 @@ impl Forward for Unix {
             segment_size: payload.len() as u32,
             ..*desc
         };
+        let Some(socket) = &self.sockets[inst] else {
+            return Err(DropReason::InstanceDown);
+        };
         let parts = [IoSlice::new(desc.as_bytes()), IoSlice::new(payload)];
-        match sys::send_iov(self.sockets[inst].as_fd(), &parts) {
+        match sys::send_iov(socket.as_fd(), &parts) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(DropReason::SocketFull),
             Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => Err(DropReason::Oversize),
@@ -50,8 +53,13 @@ impl Forward for Unix {
     fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
         // A fresh pair: whatever the dead worker left queued goes with the old one.
         let (ours, theirs) = pair()?;
-        self.sockets[inst] = ours;
+        self.sockets[inst] = Some(ours);
         Ok((IngressHandles::Unix(theirs), 0))
+    }
+
+    fn close(&mut self, inst: usize) -> u64 {
+        self.sockets[inst] = None;
+        0
     }
 }
 

@@ -59,9 +59,48 @@ const _: () = {
     }
 };
 
-/// Per-instance counters.
+/// What a lane's worker is doing, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum LaneState {
+    /// No worker generation holds the lane.
+    Idle = 0,
+    /// Its worker was started and has not reported READY (or is being replaced).
+    Starting = 1,
+    /// It serves; new connections reach it when its generation is the active one.
+    Serving = 2,
+    /// It was asked to drain: it keeps its connections and takes no new ones.
+    Draining = 3,
+}
+
+impl LaneState {
+    /// The `state` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaneState::Idle => "idle",
+            LaneState::Starting => "starting",
+            LaneState::Serving => "serving",
+            LaneState::Draining => "draining",
+        }
+    }
+
+    fn from_code(v: u64) -> LaneState {
+        match v {
+            1 => LaneState::Starting,
+            2 => LaneState::Serving,
+            3 => LaneState::Draining,
+            _ => LaneState::Idle,
+        }
+    }
+}
+
+/// Per-lane counters: one instance's worker in one generation slot (lane `slot * instances +
+/// instance`). The metrics sum them per instance and per worker generation.
 #[derive(Debug, Default)]
 pub struct InstanceCounters {
+    /// The worker generation holding the lane (0: none), and its [`LaneState`].
+    pub generation: AtomicU64,
+    pub state: AtomicU64,
     pub forwarded: AtomicU64,
     pub doorbells: AtomicU64,
     pub occupancy: AtomicU64,
@@ -88,6 +127,17 @@ pub struct InstanceCounters {
 pub const UPSTREAM_ERROR_KINDS: [&str; 4] = ["connect", "reset", "timeout", "protocol"];
 
 impl InstanceCounters {
+    /// Records which generation holds the lane and what its worker does.
+    pub fn set_lane(&self, generation: u64, state: LaneState) {
+        self.generation.store(generation, Ordering::Relaxed);
+        self.state.store(state as u64, Ordering::Relaxed);
+    }
+
+    /// The lane's [`LaneState`].
+    pub fn lane_state(&self) -> LaneState {
+        LaneState::from_code(self.state.load(Ordering::Relaxed))
+    }
+
     /// Stores what a worker's `STATS` message says.
     pub fn record_report(&self, r: &ringmux_proto::WorkerReport) {
         let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
@@ -119,22 +169,41 @@ pub struct Counters {
     pub received: AtomicU64,
     pub recv_calls: AtomicU64,
     pub dropped: [AtomicU64; DropReason::ALL.len()],
+    /// One entry per lane; lane `l` belongs to instance `l % instance_count`.
     pub instances: Vec<InstanceCounters>,
+    pub instance_count: usize,
+    /// The worker generation new connections go to.
+    pub active_generation: AtomicU64,
+    /// Reloads that finished (a new generation serves) and that failed (the old one serves on).
+    pub reloads: AtomicU64,
+    pub reloads_failed: AtomicU64,
     /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
     pub program: std::sync::RwLock<String>,
 }
 
 impl Counters {
-    pub fn new(instances: u8) -> Self {
+    /// Counters for `instances` instances in `lanes` lanes (a multiple of `instances`).
+    pub fn new(instances: u8, lanes: usize) -> Self {
         Counters {
             received: AtomicU64::new(0),
             recv_calls: AtomicU64::new(0),
             dropped: Default::default(),
-            instances: (0..instances)
-                .map(|_| InstanceCounters::default())
-                .collect(),
+            instances: (0..lanes).map(|_| InstanceCounters::default()).collect(),
+            instance_count: usize::from(instances).max(1),
+            active_generation: AtomicU64::new(1),
+            reloads: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
             program: Default::default(),
         }
+    }
+
+    /// The lanes of instance `i` (one per generation slot).
+    pub fn lanes_of(&self, i: usize) -> impl Iterator<Item = (usize, &InstanceCounters)> {
+        self.instances
+            .iter()
+            .enumerate()
+            .skip(i)
+            .step_by(self.instance_count)
     }
 
     pub fn dropped_total(&self) -> u64 {

@@ -13,6 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::counters::LaneState;
 use super::counters::UPSTREAM_ERROR_KINDS;
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
@@ -114,18 +115,27 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
             |i| i.worker_cpu_ns.load(Ordering::Relaxed),
         ),
     ];
+    // Counters add up over an instance's lanes (every generation of its workers).
+    let n = c.instance_count;
     for (name, help, get) in per_instance {
         let fam = Family::<Labels, Counter<u64>>::default();
-        for (i, ic) in c.instances.iter().enumerate() {
-            fam.get_or_create(&instance(i)).inc_by(get(ic));
+        for i in 0..n {
+            let sum = c.lanes_of(i).map(|(_, l)| get(l)).sum();
+            fam.get_or_create(&instance(i)).inc_by(sum);
         }
         reg.register(base(name), help, fam);
     }
+    // The lane of each instance that new connections reach.
+    let active_gen = ld(&c.active_generation);
+    let active_lane = |i: usize| usize::from(ringmux_proto::generation_slot(active_gen)) * n + i;
 
-    let gauges: [(&str, &str, Get); 6] = [
-        (names::WORKER_PID, "Process id of the current worker", |i| {
-            i.worker_pid.load(Ordering::Relaxed)
-        }),
+    // Of the newest generation's worker.
+    let gauges: [(&str, &str, Get); 4] = [
+        (
+            names::WORKER_PID,
+            "Process id of the newest generation's worker",
+            |i| i.worker_pid.load(Ordering::Relaxed),
+        ),
         (
             names::SINK_LATENCY_P50,
             "Sink mode: ring latency p50 (receive to dequeue)",
@@ -141,6 +151,18 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
             "Sink mode: ring latency p99.9",
             |i| i.sink_lat_p999_ns.load(Ordering::Relaxed),
         ),
+    ];
+    for (name, help, get) in gauges {
+        let fam = Family::<Labels, Gauge<i64>>::default();
+        for i in 0..n {
+            let v = c.instances.get(active_lane(i)).map_or(0, get);
+            fam.get_or_create(&instance(i))
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
+        }
+        reg.register(name, help, fam);
+    }
+    // Over every generation.
+    let sums: [(&str, &str, Get); 2] = [
         (
             names::RING_OCCUPANCY,
             "Slots published and not yet released",
@@ -152,20 +174,22 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
             |i| i.connections_active.load(Ordering::Relaxed),
         ),
     ];
-    for (name, help, get) in gauges {
+    for (name, help, get) in sums {
         let fam = Family::<Labels, Gauge<i64>>::default();
-        for (i, ic) in c.instances.iter().enumerate() {
+        for i in 0..n {
+            let v: u64 = c.lanes_of(i).map(|(_, l)| get(l)).sum();
             fam.get_or_create(&instance(i))
-                .set(i64::try_from(get(ic)).unwrap_or(i64::MAX));
+                .set(i64::try_from(v).unwrap_or(i64::MAX));
         }
         reg.register(name, help, fam);
     }
     let upstream = Family::<Labels, Counter<u64>>::default();
-    for (i, ic) in c.instances.iter().enumerate() {
-        for (kind, v) in UPSTREAM_ERROR_KINDS.iter().zip(&ic.upstream_errors) {
+    for i in 0..n {
+        for (k, kind) in UPSTREAM_ERROR_KINDS.iter().enumerate() {
             let mut labels = instance(i);
             labels.push(("kind".into(), (*kind).into()));
-            upstream.get_or_create(&labels).inc_by(ld(v));
+            let v = c.lanes_of(i).map(|(_, l)| ld(&l.upstream_errors[k])).sum();
+            upstream.get_or_create(&labels).inc_by(v);
         }
     }
     reg.register(
@@ -174,13 +198,19 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         upstream,
     );
     let up = Family::<Labels, Gauge<i64>>::default();
-    for i in 0..c.instances.len() {
-        up.get_or_create(&instance(i)).set(i64::from(live.is_up(i)));
+    for i in 0..n {
+        up.get_or_create(&instance(i))
+            .set(i64::from(live.is_up(active_lane(i))));
     }
-    reg.register(names::WORKER_UP, "1 while the worker is serving", up);
+    reg.register(
+        names::WORKER_UP,
+        "1 while the newest generation's worker serves",
+        up,
+    );
+    generations(&mut reg, c, live);
     let info = Family::<Labels, Gauge<i64>>::default();
     let program = c.program.read().map(|p| p.clone()).unwrap_or_default();
-    for i in 0..c.instances.len() {
+    for i in 0..n {
         let mut labels = instance(i);
         labels.push(("program".into(), program.clone()));
         info.get_or_create(&labels).set(1);
@@ -193,6 +223,58 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut out = String::new();
     let _ = encode_text(&mut out, &reg);
     out
+}
+
+/// The worker generations: which one takes new connections, and per generation and state its
+/// workers up and their connections. A generation appears while any of its workers runs.
+fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
+    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let active = Gauge::<i64>::default();
+    active.set(i64::try_from(ld(&c.active_generation)).unwrap_or(i64::MAX));
+    reg.register(
+        names::GENERATION_ACTIVE,
+        "The worker generation new connections go to (1 at start, one more per reload)",
+        active,
+    );
+    let workers = Family::<Labels, Gauge<i64>>::default();
+    let connections = Family::<Labels, Gauge<i64>>::default();
+    for (lane, l) in c.instances.iter().enumerate() {
+        let state = l.lane_state();
+        if state == LaneState::Idle {
+            continue;
+        }
+        let labels = vec![
+            ("generation".into(), ld(&l.generation).to_string()),
+            ("state".into(), state.as_str().into()),
+        ];
+        workers
+            .get_or_create(&labels)
+            .inc_by(i64::from(live.is_up(lane)));
+        connections
+            .get_or_create(&labels)
+            .inc_by(i64::try_from(ld(&l.connections_active)).unwrap_or(0));
+    }
+    reg.register(
+        names::GENERATION_WORKERS,
+        "Workers up per worker generation and state (starting, serving, draining)",
+        workers,
+    );
+    reg.register(
+        names::GENERATION_CONNECTIONS,
+        "Open QUIC connections per worker generation and state (reported by the workers)",
+        connections,
+    );
+    let reloads = Family::<Labels, Counter<u64>>::default();
+    for (result, v) in [("ok", &c.reloads), ("failed", &c.reloads_failed)] {
+        reloads
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc_by(ld(v));
+    }
+    reg.register(
+        base(names::RELOADS),
+        "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
+        reloads,
+    );
 }
 
 /// The name a counter is registered under: the registry adds `_total` itself.
@@ -342,8 +424,8 @@ mod tests {
     fn endpoint() -> SocketAddr {
         serve(
             "127.0.0.1:0".parse().unwrap(),
-            Arc::new(Counters::new(1)),
-            Liveness::new(1),
+            Arc::new(Counters::new(1, 4)),
+            Liveness::new(4),
         )
         .expect("metrics endpoint")
     }
@@ -425,11 +507,12 @@ mod tests {
 
     #[test]
     fn every_name_is_exposed_with_its_values() {
-        let c = Counters::new(2);
+        let c = Counters::new(2, 8);
+        c.instances[1].set_lane(1, LaneState::Serving);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
-        let live = Liveness::new(2);
+        let live = Liveness::new(8);
         live.set_up(1, true);
         let text = encode(&c, &live);
         let m = Scrape::parse(&text);

@@ -9,5 +9,5 @@ pub mod names;
 pub mod scrape;
 pub mod stats;
 
-pub use counters::{Counters, DropReason, InstanceCounters};
+pub use counters::{Counters, DropReason, InstanceCounters, LaneState};
 pub use scrape::{fetch, Scrape};

@@ -49,12 +49,21 @@ pub const WORKER_UP: &str = "ringmux_worker_up";
 /// Gauge: 1, labels `instance` and `program` (what the instance runs, `--worker-cmd`).
 pub const WORKER_INFO: &str = "ringmux_worker_info";
 
+/// Gauge: the worker generation new connections go to.
+pub const GENERATION_ACTIVE: &str = "ringmux_worker_generation_active";
+/// Gauge: workers up, labels `generation` and `state` (`starting`, `serving`, `draining`).
+pub const GENERATION_WORKERS: &str = "ringmux_generation_workers_up";
+/// Gauge: open connections (reported by the workers), labels `generation` and `state`.
+pub const GENERATION_CONNECTIONS: &str = "ringmux_generation_connections";
+/// Counter: reloads, label `result` (`ok`, `failed`).
+pub const RELOADS: &str = "ringmux_reloads_total";
+
 /// Counter: reverse-proxy upstream failures, labels `instance` and `kind` (`connect`, `reset`,
 /// `timeout`, `protocol`).
 pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
 
 /// Every name above.
-pub const ALL: [&str; 24] = [
+pub const ALL: [&str; 28] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -79,4 +88,8 @@ pub const ALL: [&str; 24] = [
     WORKER_UP,
     WORKER_INFO,
     WORKER_UPSTREAM_ERRORS,
+    GENERATION_ACTIVE,
+    GENERATION_WORKERS,
+    GENERATION_CONNECTIONS,
+    RELOADS,
 ];

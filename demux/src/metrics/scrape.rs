@@ -84,6 +84,25 @@ impl Scrape {
             .collect()
     }
 
+    /// Every sample of `name` that has labels, with its labels as (name, value) pairs.
+    pub fn samples(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+        let prefix = format!("{name}{{");
+        self.series
+            .iter()
+            .filter_map(|(k, v)| {
+                let labels = k.strip_prefix(&prefix)?.strip_suffix('}')?;
+                let pairs = labels
+                    .split(',')
+                    .filter_map(|l| {
+                        let (key, value) = l.split_once('=')?;
+                        Some((key.to_string(), value.trim_matches('"').to_string()))
+                    })
+                    .collect();
+                Some((pairs, *v))
+            })
+            .collect()
+    }
+
     /// The values of `label` among the samples of `name`, wherever it stands among the labels.
     pub fn label_values(&self, name: &str, label: &str) -> Vec<String> {
         let needle = format!("{label}=\"");

@@ -56,6 +56,7 @@ pub fn table(m: &Scrape) -> String {
             get(names::WORKER_REQUESTS),
         );
     }
+    generations(m, &mut out);
     let _ = writeln!(out);
     let _ = writeln!(out, "{:>16} {:>14}", "drop reason", "datagrams");
     for r in DropReason::ALL {
@@ -64,23 +65,76 @@ pub fn table(m: &Scrape) -> String {
     out
 }
 
+/// The worker generations: each one's state, workers up and connections.
+fn generations(m: &Scrape, out: &mut String) {
+    // (generation, state) -> (workers up, connections)
+    let mut rows: std::collections::BTreeMap<(u64, String), (f64, f64)> = Default::default();
+    let key = |labels: &[(String, String)]| {
+        let get = |k: &str| {
+            labels
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        (get("generation").parse::<u64>().unwrap_or(0), get("state"))
+    };
+    for (labels, v) in m.samples(names::GENERATION_WORKERS) {
+        rows.entry(key(&labels)).or_default().0 += v;
+    }
+    for (labels, v) in m.samples(names::GENERATION_CONNECTIONS) {
+        rows.entry(key(&labels)).or_default().1 += v;
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "new connections go to generation {:.0}   reloads {:.0} ok, {:.0} failed",
+        m.get(names::GENERATION_ACTIVE),
+        m.labelled(names::RELOADS, "result", "ok"),
+        m.labelled(names::RELOADS, "result", "failed"),
+    );
+    let _ = writeln!(
+        out,
+        "{:>10} {:>9} {:>10} {:>11}",
+        "generation", "state", "workers up", "connections"
+    );
+    for ((generation, state), (up, conns)) in rows.iter().rev() {
+        let _ = writeln!(out, "{generation:>10} {state:>9} {up:>10.0} {conns:>11.0}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::counters::LaneState;
     use crate::metrics::{exposition, Counters};
     use std::sync::atomic::Ordering;
 
     #[test]
     fn table_shows_totals_instances_and_reasons() {
-        let c = Counters::new(2);
+        let c = Counters::new(2, 8);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
-        let live = crate::dataplane::Liveness::new(2);
+        let live = crate::dataplane::Liveness::new(8);
         live.set_up(1, true);
+        // Generation 1 drains in lanes 0 and 1 (one worker up, 5 connections); generation 2
+        // serves in lanes 2 and 3 (slot 1), instance 0's worker also forwarded 4 datagrams.
+        c.instances[0].set_lane(1, LaneState::Draining);
+        c.instances[1].set_lane(1, LaneState::Draining);
+        c.instances[1]
+            .connections_active
+            .store(5, Ordering::Relaxed);
+        c.instances[2].set_lane(2, LaneState::Serving);
+        c.instances[3].set_lane(2, LaneState::Serving);
+        c.instances[2].forwarded.store(4, Ordering::Relaxed);
+        live.set_up(2, true);
+        live.set_up(3, true);
+        c.active_generation.store(2, Ordering::Relaxed);
+        c.reloads.store(1, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
         *c.program.write().unwrap() = "/opt/app/bin/server".into();
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
-        assert!(t.contains("received 10   forwarded 7   dropped 3"), "{t}");
+        assert!(t.contains("received 10   forwarded 11   dropped 3"), "{t}");
         assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
         let row = |first: &str| {
             t.lines()
@@ -89,8 +143,22 @@ mod tests {
                 .split_whitespace()
                 .collect::<Vec<_>>()
         };
+        // Instances: the newest generation's worker is up; forwarded adds up every lane.
         assert_eq!(row("1")[..3], ["1", "yes", "7"]);
-        assert_eq!(row("0")[..3], ["0", "no", "0"]);
+        assert_eq!(row("0")[..3], ["0", "yes", "4"]);
+        assert!(
+            t.contains("new connections go to generation 2   reloads 1 ok, 0 failed"),
+            "{t}"
+        );
+        assert_eq!(row("2")[..4], ["2", "serving", "2", "0"]);
+        let drain = t
+            .lines()
+            .find(|l| l.contains("draining"))
+            .unwrap_or_else(|| panic!("no draining row in\n{t}"));
+        assert_eq!(
+            drain.split_whitespace().collect::<Vec<_>>(),
+            ["1", "draining", "1", "5"]
+        );
         assert_eq!(row("malformed"), ["malformed", "3"]);
     }
 }

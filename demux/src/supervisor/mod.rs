@@ -1,7 +1,11 @@
 //! Worker supervision: spawns worker processes as direct children, hands each its descriptors
 //! and configuration over a control socket, notices a death at once (pidfd and the control
-//! socket closing), resets the dead instance's ring and starts a replacement, and runs the
+//! socket closing), resets the dead instance's ring and starts a replacement, brings up a new
+//! worker generation on `ringmux reload` (or SIGHUP) while the old one drains, and runs the
 //! graceful shutdown on SIGTERM/SIGINT. Other instances never notice.
+//!
+//! Workers live in lanes (one per instance and generation slot, numbered as
+//! `ringmux_quic_lb::Router::lane` numbers them); [`policy`] explains.
 //!
 //! This module carries out; [`policy`] decides (READY deadlines, back-off, crash loops,
 //! draining), without processes or clocks, tested on a fake clock.
@@ -24,10 +28,12 @@ use crate::forward::IngressHandles;
 use crate::metrics::Counters;
 use crate::sys;
 
+pub mod control;
 pub mod policy;
 pub mod sandbox;
 
-use policy::{Action, Limits, Policy};
+use control::ControlServer;
+use policy::{Action, Failure, Limits, Policy, Refusal};
 use sandbox::WorkerFilter;
 
 /// How often the supervisor looks for processes re-parented to the demux (descendants of a
@@ -67,6 +73,17 @@ pub struct Supervisor {
     filter: Option<WorkerFilter>,
     /// When to look for orphans next (sooner after a worker died).
     next_sweep: Instant,
+    /// Instances (lanes are `GENERATION_SLOTS` times as many).
+    n: usize,
+    /// `ringmux reload`'s socket, unless `--control-socket off`.
+    control: Option<ControlServer>,
+    /// Control clients waiting for the outcome of the reload under way.
+    waiters: Vec<u64>,
+    /// Why starting each lane's worker failed last, for the reload's answer.
+    start_errors: Vec<Option<String>>,
+    /// What the policy decided while the supervisor was reading (READY, reset replies), to
+    /// carry out with the round's other actions.
+    deferred: Vec<Action>,
 }
 
 impl Supervisor {
@@ -79,7 +96,27 @@ impl Supervisor {
         signals: SignalFd,
     ) -> Result<Self> {
         let n = usize::from(cfg.instances);
+        let lanes = n * usize::from(ringmux_proto::GENERATION_SLOTS);
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
+        let control = match cfg.args.control_socket.as_str() {
+            "off" => None,
+            path => match ControlServer::bind(std::path::Path::new(path)) {
+                Ok(c) => Some(c),
+                // Without root the default folder cannot be made: say so, and serve on.
+                Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {
+                    tracing::warn!(
+                        error = %format!("{e:#}"),
+                        "no control socket: `ringmux reload` cannot reach this ringmux (SIGHUP \
+                         still reloads); give --control-socket / RINGMUX_CONTROL_SOCKET a path \
+                         you may write, or off"
+                    );
+                    None
+                }
+                Err(e) => {
+                    return Err(e.context("--control-socket / RINGMUX_CONTROL_SOCKET"));
+                }
+            },
+        };
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile()?),
             crate::config::Toggle::Off => None,
@@ -88,7 +125,12 @@ impl Supervisor {
             filter,
             next_sweep: Instant::now() + ORPHAN_SWEEP,
             policy: Policy::new(limits, n, Instant::now()),
-            workers: (0..n).map(|_| Worker::default()).collect(),
+            workers: (0..lanes).map(|_| Worker::default()).collect(),
+            n,
+            control,
+            waiters: Vec::new(),
+            start_errors: vec![None; lanes],
+            deferred: Vec::new(),
             cfg,
             template,
             public,
@@ -113,15 +155,12 @@ impl Supervisor {
         // Settled: every instance is ready, or its first worker already died. A dead one is
         // replaced once the data plane runs (which resets its ring), so waiting for it here
         // would only hold every other instance back until the deadline.
-        let settled = |s: &Self| {
-            (0..s.workers.len()).all(|i| s.policy.is_ready(i) || s.workers[i].child.is_none())
-        };
+        let settled =
+            |s: &Self| (0..s.n).all(|i| s.policy.is_ready(i) || s.workers[i].child.is_none());
         while !settled(self) && Instant::now() < deadline {
             self.step(Duration::from_millis(100))?;
         }
-        let ready = (0..self.workers.len())
-            .filter(|&i| self.policy.is_ready(i))
-            .count();
+        let ready = (0..self.n).filter(|&i| self.policy.is_ready(i)).count();
         if ready == 0 {
             bail!(
                 "no instance of the worker program {} reported READY within {:?} \
@@ -133,7 +172,7 @@ impl Supervisor {
         }
         tracing::info!(
             ready,
-            instances = self.workers.len(),
+            instances = self.n,
             program = self.cfg.worker_program(),
             "workers ready"
         );
@@ -157,11 +196,32 @@ impl Supervisor {
             fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
             fds.extend(w.control.as_ref().map(|c| c.as_fd()));
         }
+        if let Some(c) = &self.control {
+            fds.extend(c.fds());
+        }
         let _ = sys::poll_readable(&fds, Some(timeout));
         drop(fds);
 
         let mut actions = Vec::new();
-        if let Some(sig) = sys::read_signal(&self.signals) {
+        let requests = match self.control.as_mut() {
+            Some(c) => {
+                let workers: Vec<u32> = self
+                    .workers
+                    .iter()
+                    .filter_map(|w| w.child.as_ref().map(Child::id))
+                    .collect();
+                c.poll(Instant::now(), |pid| workers.contains(&pid))
+            }
+            None => Vec::new(),
+        };
+        for (client, control::Request::Reload) in requests {
+            actions.extend(self.reload(Some(client)));
+        }
+        let signal = sys::read_signal(&self.signals);
+        if signal == Some(libc::SIGHUP) {
+            tracing::info!("SIGHUP: reloading");
+            actions.extend(self.reload(None));
+        } else if let Some(sig) = signal {
             if self.policy.shutting_down() {
                 tracing::warn!(signal = sig, "second signal: stopping now");
             } else {
@@ -172,9 +232,14 @@ impl Supervisor {
                     .on(Instant::now(), policy::Event::ShutdownSignal),
             );
         }
-        while let Some(Event::Misbehaved { instance, stalled }) = self.link.next_event() {
-            tracing::error!(instance, stalled, "killing misbehaving worker");
-            let i = usize::from(instance);
+        while let Some(Event::Misbehaved { lane, stalled }) = self.link.next_event() {
+            let i = usize::from(lane);
+            tracing::error!(
+                instance = i % self.n,
+                lane,
+                stalled,
+                "killing misbehaving worker"
+            );
             actions.extend(self.policy.on(Instant::now(), policy::Event::Misbehaved(i)));
         }
         for i in 0..self.workers.len() {
@@ -196,8 +261,78 @@ impl Supervisor {
         if Instant::now() >= self.next_sweep {
             self.kill_orphans();
         }
+        actions.append(&mut self.deferred);
         actions.extend(self.policy.tick(Instant::now()));
-        self.carry_out(actions)
+        let done = self.carry_out(actions);
+        for (l, c) in self.counters.instances.iter().enumerate() {
+            let (generation, state) = self.policy.lane(l);
+            c.set_lane(generation, state);
+        }
+        done
+    }
+
+    /// A reload asked for by control client `client` (or by SIGHUP): re-reads the certificate,
+    /// then lets the policy start the next generation. Refusals are answered at once.
+    fn reload(&mut self, client: Option<u64>) -> Vec<Action> {
+        let answer = |s: &mut Self, line: &str| {
+            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
+                c.answer(id, line);
+            }
+        };
+        if let (Some(cert), Some(key)) = (&self.cfg.args.cert, &self.cfg.args.key) {
+            match crate::certs::CertPem::load(cert, key) {
+                Ok(pem) => {
+                    self.template.cert_pem = pem.chain;
+                    self.template.key_pem = pem.key;
+                }
+                Err(e) => {
+                    let why = format!("{e:#}");
+                    tracing::error!(error = %why, "reload refused: the certificate did not load");
+                    self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                    answer(
+                        self,
+                        &format!(
+                            "error: {why}; generation {} serves on",
+                            self.policy.active()
+                        ),
+                    );
+                    return Vec::new();
+                }
+            }
+        }
+        let actions = self.policy.on(Instant::now(), policy::Event::Reload);
+        if let Some(Action::ReloadRefused(r)) = actions.first() {
+            let why = match r {
+                Refusal::Starting { generation } => format!(
+                    "a reload is under way (generation {generation} is starting); run it again \
+                     once that one is done"
+                ),
+                Refusal::ShuttingDown => "ringmux is shutting down".to_string(),
+            };
+            tracing::warn!(reason = %why, "reload refused");
+            answer(self, &format!("error: {why}"));
+            return Vec::new();
+        }
+        if let Some(id) = client {
+            self.waiters.push(id);
+        }
+        actions
+    }
+
+    /// Tells every client waiting on the reload `line`; the last line closes them.
+    fn tell_waiters(&mut self, line: &str, last: bool) {
+        let Some(c) = self.control.as_mut() else {
+            return;
+        };
+        if last {
+            for id in self.waiters.drain(..) {
+                c.answer(id, line);
+            }
+        } else {
+            for &id in &self.waiters {
+                c.tell(id, line);
+            }
+        }
     }
 
     /// Does what the policy decided. `Ok(true)`: the shutdown is complete.
@@ -215,10 +350,102 @@ impl Supervisor {
                              Worker::attach and create its endpoint); killing it"
                         );
                     }
+                    match why {
+                        policy::Why::GraceOver => tracing::warn!(
+                            instance = i % self.n,
+                            grace = ?self.cfg.grace(),
+                            "replaced worker still draining at the end of --grace: killing it"
+                        ),
+                        policy::Why::Abandoned => tracing::info!(
+                            instance = i % self.n,
+                            "stopping a worker of the abandoned generation"
+                        ),
+                        _ => {}
+                    }
                     if let Some(c) = self.workers[i].child.as_mut() {
                         let _ = c.kill();
                     }
                 }
+                Action::Close(l) => {
+                    self.workers[l].handles = None;
+                    self.link.close(l as u8);
+                }
+                Action::Activate { generation } => {
+                    let slot = ringmux_proto::generation_slot(generation);
+                    // The data plane looks at commands at least every gauge period.
+                    let switched = self
+                        .link
+                        .activate(slot)
+                        .recv_timeout(Duration::from_secs(2));
+                    if switched.is_err() {
+                        bail!("the data plane did not switch to generation {generation}");
+                    }
+                    self.counters
+                        .active_generation
+                        .store(generation, Ordering::Relaxed);
+                    tracing::info!(generation, "new connections go to the new generation");
+                }
+                Action::Reloaded { generation } => {
+                    self.counters.reloads.fetch_add(1, Ordering::Relaxed);
+                    let old = generation - 1;
+                    tracing::info!(generation, draining = old, "reload done");
+                    self.tell_waiters(
+                        &format!("ok generation={generation} (generation {old} drains)"),
+                        true,
+                    );
+                }
+                Action::ReloadFailed {
+                    generation,
+                    instance,
+                    why,
+                } => {
+                    self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                    let lane = self.policy.lanes_of(generation).start + instance;
+                    let program = self.cfg.worker_program();
+                    let why = match why {
+                        Failure::Exited => format!(
+                            "instance {instance}'s new worker ({program}) exited before it \
+                             reported READY (see its log)"
+                        ),
+                        Failure::NotReady => format!(
+                            "instance {instance}'s new worker ({program}) did not report READY \
+                             within {:?} (--ready-timeout)",
+                            self.cfg.ready_timeout()
+                        ),
+                        Failure::StartFailed => format!(
+                            "instance {instance}'s new worker could not be started: {}",
+                            self.start_errors[lane].clone().unwrap_or_default()
+                        ),
+                        Failure::Shutdown => "a shutdown came first".to_string(),
+                    };
+                    let active = self.policy.active();
+                    tracing::error!(generation, reason = %why, serving = active, "reload failed");
+                    self.tell_waiters(
+                        &format!(
+                            "error: generation {generation} abandoned: {why}; generation \
+                             {active} serves on"
+                        ),
+                        true,
+                    );
+                }
+                Action::ReloadWaits {
+                    generation,
+                    draining,
+                } => {
+                    tracing::info!(
+                        generation,
+                        draining,
+                        "reload waits for a generation to drain"
+                    );
+                    self.tell_waiters(
+                        &format!(
+                            "waiting: generation {generation} needs the connection-ID slot of \
+                             generation {draining}, which is still draining (at most --grace)"
+                        ),
+                        false,
+                    );
+                }
+                Action::ReloadRefused(_) => {}
                 Action::RequestReset(i) => {
                     self.workers[i].reset_reply = Some(self.link.request_reset(i as u8));
                 }
@@ -226,19 +453,34 @@ impl Supervisor {
                     let Some(h) = self.workers[i].handles.take() else {
                         continue;
                     };
-                    self.counters.instances[i]
-                        .restarts
-                        .fetch_add(1, Ordering::Relaxed);
+                    let (generation, _) = self.policy.lane(i);
+                    if generation == self.policy.active() {
+                        self.counters.instances[i]
+                            .restarts
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     let event = match self.spawn(i as u8, h) {
-                        Ok(()) => policy::Event::Started(i),
+                        Ok(()) => {
+                            self.start_errors[i] = None;
+                            policy::Event::Started(i)
+                        }
                         Err(e) => {
-                            tracing::error!(instance = i, error = %format!("{e:#}"), "restart failed; retrying");
+                            let why = format!("{e:#}");
+                            tracing::error!(instance = i % self.n, generation, error = %why, "starting a worker failed");
+                            self.start_errors[i] = Some(why);
                             policy::Event::StartFailed(i)
                         }
                     };
                     queue.extend(self.policy.on(Instant::now(), event));
                 }
                 Action::Drain(i) => {
+                    if !self.policy.shutting_down() {
+                        tracing::info!(
+                            instance = i % self.n,
+                            generation = self.policy.lane(i).0,
+                            "asking a replaced worker to drain"
+                        );
+                    }
                     if let Some(c) = &self.workers[i].control {
                         let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
                     }
@@ -267,6 +509,7 @@ impl Supervisor {
                 }
                 Action::Finish => {
                     tracing::info!("all workers exited");
+                    self.tell_waiters("error: ringmux is shutting down", true);
                     self.kill_orphans();
                     return Ok(true);
                 }
@@ -286,13 +529,15 @@ impl Supervisor {
         Ok(false)
     }
 
-    fn spawn(&mut self, i: u8, handles: IngressHandles) -> Result<()> {
+    fn spawn(&mut self, lane: u8, handles: IngressHandles) -> Result<()> {
         let (ours, theirs) = sys::seqpacket_pair()?;
         let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
         // Before the process exists: nothing may fail between its start and its supervision.
         let sessions = sess_ours.try_clone()?;
+        let i = (usize::from(lane) % self.n) as u8;
         let mut h = self.template.clone();
         h.instance = i;
+        h.worker_generation = self.policy.lane(usize::from(lane)).0;
         h.cpu = self.cfg.worker_cpu(i);
         h.ingress = handles.kind();
         let mut fds: Vec<OwnedFd> = Vec::new();
@@ -344,14 +589,15 @@ impl Supervisor {
             .context("sending the hand-off")?;
         drop(fds);
         self.sessions.serve(i, sess_ours);
-        self.counters.instances[i as usize]
+        self.counters.instances[usize::from(lane)]
             .worker_pid
             .store(u64::from(child.id()), Ordering::Relaxed);
-        let w = &mut self.workers[i as usize];
+        let w = &mut self.workers[usize::from(lane)];
         tracing::info!(
             instance = i,
             pid = child.id(),
-            generation = h.generation,
+            generation = h.worker_generation,
+            ring_generation = h.generation,
             "worker started"
         );
         w.child = Some(child);
@@ -382,9 +628,11 @@ impl Supervisor {
                 Some(Ok(Message::Ready)) => {
                     if !self.policy.is_ready(i) {
                         self.link.liveness().set_up(i, true);
-                        tracing::info!(instance = i, "worker ready");
+                        let generation = self.policy.lane(i).0;
+                        tracing::info!(instance = i % self.n, generation, "worker ready");
                     }
-                    self.policy.on(Instant::now(), policy::Event::Ready(i));
+                    let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
+                    self.deferred.extend(actions);
                 }
                 Some(Ok(Message::Stats(r))) => ic.record_report(&r),
                 // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
@@ -475,7 +723,8 @@ impl Supervisor {
             Ok(Ok(h)) => {
                 w.handles = Some(h);
                 w.reset_reply = None;
-                self.policy.on(Instant::now(), policy::Event::ResetDone(i));
+                let actions = self.policy.on(Instant::now(), policy::Event::ResetDone(i));
+                self.deferred.extend(actions);
                 Ok(())
             }
             Ok(Err(e)) => bail!("resetting the ring of instance {i}: {e}"),

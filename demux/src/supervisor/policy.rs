@@ -1,18 +1,31 @@
 //! The supervisor's decisions, apart from their effects (as `quinn-proto` is apart from
 //! sockets): when a starting worker has waited too long for READY, how long a dead one waits
 //! before its replacement (back-off, crash loops), when a replacement may start (its new ring
-//! generation exists), and how a shutdown drains. It never forks, polls, signals or reads a
-//! clock: the caller feeds [`Event`]s with the time, and carries out the [`Action`]s returned.
-//! `supervisor.rs` is that caller; the tests below drive it on a fake clock.
+//! generation exists), how a reload brings up a new worker generation and retires the old one,
+//! and how a shutdown drains. It never forks, polls, signals or reads a clock: the caller feeds
+//! [`Event`]s with the time, and carries out the [`Action`]s returned. `supervisor.rs` is that
+//! caller; the tests below drive it on a fake clock.
+//!
+//! Workers live in *lanes*: lane `slot * instances + instance` is the worker of `instance` in
+//! worker-generation slot `slot` (`(generation - 1) mod 4`, which its connection IDs carry).
+//! The active generation's lanes are restarted when they die; a new generation (a reload)
+//! becomes active once every one of its workers is READY, and the one before it then drains.
 
 use std::time::{Duration, Instant};
+
+use ringmux_proto::{generation_slot, GENERATION_SLOTS};
+
+/// How long after a new generation became active the old one is asked to drain: datagrams the
+/// data plane handed to the old workers just before the switch (the first packets of a
+/// connection among them) are taken and answered first.
+pub const DRAIN_DELAY: Duration = Duration::from_millis(100);
 
 /// The supervisor's timings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// How long a starting worker may take to report READY.
     pub ready_timeout: Duration,
-    /// How long workers may drain after a shutdown signal.
+    /// How long workers may drain (after a shutdown signal, or once replaced by a reload).
     pub grace: Duration,
     /// First restart delay of a crash loop; doubled each crash up to `backoff_max`.
     pub backoff_min: Duration,
@@ -35,38 +48,56 @@ impl Limits {
     }
 }
 
-/// What happened.
+/// What happened. Numbers are lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// A worker process was started for the instance.
+    /// A worker process was started in the lane.
     Started(usize),
     /// It reported READY.
     Ready(usize),
     /// Its process is gone (it exited, was killed, or its control socket closed).
     Exited(usize),
-    /// Starting a replacement failed (no process exists).
+    /// Starting a worker failed (no process exists).
     StartFailed(usize),
     /// The data plane reports it broke the ring protocol or stopped draining.
     Misbehaved(usize),
-    /// The instance's new ingress generation is ready for a replacement.
+    /// The lane's new ingress is ready for a worker.
     ResetDone(usize),
     /// SIGTERM or SIGINT.
     ShutdownSignal,
+    /// `ringmux reload` or SIGHUP: start a new generation of every instance.
+    Reload,
 }
 
-/// What to do.
+/// What to do. Numbers are lanes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Kill the instance's process (its death comes back as [`Event::Exited`]).
+    /// Kill the lane's process (its death comes back as [`Event::Exited`]).
     Kill(usize, Why),
-    /// Ask the data plane for a new ingress generation for the instance.
+    /// Ask the data plane for a new ingress for the lane.
     RequestReset(usize),
-    /// Start a replacement now.
+    /// Start a worker in the lane now.
     Start(usize),
-    /// Ask the instance to drain (control message SHUTDOWN).
+    /// Ask the lane's worker to drain (control message SHUTDOWN).
     Drain(usize),
-    /// The instance died outside a shutdown: log it.
+    /// No generation holds the lane any more: close its ingress.
+    Close(usize),
+    /// The lane's worker died outside a shutdown and is replaced: log it.
     Died(Death),
+    /// Hash new connections to `generation`'s lanes from now on.
+    Activate { generation: u64 },
+    /// The reload is done: `generation` serves, the one before drains.
+    Reloaded { generation: u64 },
+    /// The reload of `generation` failed; the generation before serves on.
+    ReloadFailed {
+        generation: u64,
+        instance: usize,
+        why: Failure,
+    },
+    /// A reload was asked for while one cannot start now.
+    ReloadRefused(Refusal),
+    /// The reload of `generation` waits for `draining`, which holds its slot, to exit.
+    ReloadWaits { generation: u64, draining: u64 },
     /// Shutdown complete: every worker is gone.
     Finish,
     /// Shutdown cut short (grace over, or a second signal): kill every remaining worker and
@@ -81,6 +112,32 @@ pub enum Why {
     NotReady,
     /// The data plane reported it (ring protocol violation, or a stalled ring).
     Misbehaved,
+    /// It was still draining when the grace period ended.
+    GraceOver,
+    /// Its generation failed to start: every worker of it goes.
+    Abandoned,
+}
+
+/// Why a new generation was abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// A worker exited (or was killed as misbehaving) before every one was READY.
+    Exited,
+    /// A worker could not be started at all.
+    StartFailed,
+    /// A worker did not report READY within the timeout.
+    NotReady,
+    /// A shutdown came first.
+    Shutdown,
+}
+
+/// Why a reload was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The previous reload is still starting `generation`.
+    Starting { generation: u64 },
+    /// A shutdown is under way.
+    ShuttingDown,
 }
 
 /// How a worker died, for the log.
@@ -99,23 +156,34 @@ pub struct Death {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// Started at the instance's `started`, not READY yet.
+    /// No generation holds the lane.
+    Idle,
+    /// Started at the lane's `started`, not READY yet.
     Starting,
     Ready,
-    /// Dead; a replacement starts at `restart_at` once the ingress is reset.
+    /// Dead (or not started yet); a worker starts at `restart_at` once the ingress is reset.
     Down {
         restart_at: Instant,
         reset_done: bool,
     },
-    /// Asked to drain; not replaced when it exits.
-    Draining,
+    /// Replaced (by a reload) or shutting down since `since`; `told` once asked to drain. Not
+    /// restarted when it exits; killed when the grace period is over.
+    Draining {
+        since: Instant,
+        told: bool,
+        killed: bool,
+    },
+    /// Its generation failed to start: killed, waiting for its death.
+    Abandoned,
     /// Exited during the shutdown.
     Gone,
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Instance {
+struct Lane {
     phase: Phase,
+    /// The worker generation holding the lane (0: none).
+    generation: u64,
     started: Instant,
     backoff: Duration,
     crashes: u32,
@@ -123,35 +191,54 @@ struct Instance {
     timed_out: bool,
 }
 
-/// The decisions for every instance.
+/// The decisions for every lane.
 #[derive(Debug)]
 pub struct Policy {
     limits: Limits,
-    instances: Vec<Instance>,
+    instances: usize,
+    lanes: Vec<Lane>,
+    /// The generation new connections go to.
+    active: u64,
+    /// A reload under way: the generation starting, and whether it still waits for its slot.
+    candidate: Option<(u64, bool)>,
     /// Set by the first shutdown signal: when the grace period ends.
     shutdown_deadline: Option<Instant>,
 }
 
 impl Policy {
-    /// `n` instances, each being started at `now`.
-    pub fn new(limits: Limits, n: usize, now: Instant) -> Self {
-        let fresh = Instance {
-            phase: Phase::Starting,
+    /// `instances` instances, the first generation of each being started at `now` (lanes
+    /// `0..instances`; the other slots' lanes are idle).
+    pub fn new(limits: Limits, instances: usize, now: Instant) -> Self {
+        let lane = |phase, generation| Lane {
+            phase,
+            generation,
             started: now,
             backoff: limits.backoff_min,
             crashes: 0,
             timed_out: false,
         };
+        let lanes = (0..instances * usize::from(GENERATION_SLOTS))
+            .map(|l| {
+                if l < instances {
+                    lane(Phase::Starting, 1)
+                } else {
+                    lane(Phase::Idle, 0)
+                }
+            })
+            .collect();
         Policy {
             limits,
-            instances: vec![fresh; n],
+            instances,
+            lanes,
+            active: 1,
+            candidate: None,
             shutdown_deadline: None,
         }
     }
 
-    /// Whether instance `i` has reported READY (and not died since).
-    pub fn is_ready(&self, i: usize) -> bool {
-        self.instances[i].phase == Phase::Ready
+    /// Whether lane `l`'s worker has reported READY (and not died since).
+    pub fn is_ready(&self, l: usize) -> bool {
+        self.lanes[l].phase == Phase::Ready
     }
 
     /// Whether a shutdown is under way.
@@ -159,96 +246,175 @@ impl Policy {
         self.shutdown_deadline.is_some()
     }
 
-    /// Whether instance `i` was asked to drain (its exit is expected, not a crash).
-    pub fn draining(&self, i: usize) -> bool {
-        matches!(self.instances[i].phase, Phase::Draining | Phase::Gone)
+    /// Whether lane `l`'s worker was asked to drain, or is being killed with its failed
+    /// generation (its exit is expected, not a crash).
+    pub fn draining(&self, l: usize) -> bool {
+        matches!(
+            self.lanes[l].phase,
+            Phase::Draining { .. } | Phase::Gone | Phase::Abandoned
+        )
+    }
+
+    /// The generation holding lane `l` (0: none) and what its worker does, for the metrics.
+    pub fn lane(&self, l: usize) -> (u64, crate::metrics::LaneState) {
+        use crate::metrics::LaneState;
+        let lane = &self.lanes[l];
+        let state = match lane.phase {
+            Phase::Idle | Phase::Gone => LaneState::Idle,
+            Phase::Starting | Phase::Down { .. } => LaneState::Starting,
+            Phase::Ready => LaneState::Serving,
+            Phase::Draining { .. } | Phase::Abandoned => LaneState::Draining,
+        };
+        (lane.generation, state)
+    }
+
+    /// The generation new connections go to.
+    pub fn active(&self) -> u64 {
+        self.active
+    }
+
+    /// The lanes of `generation` (one per instance, in instance order).
+    pub fn lanes_of(&self, generation: u64) -> std::ops::Range<usize> {
+        let first = usize::from(generation_slot(generation)) * self.instances;
+        first..first + self.instances
     }
 
     /// Decides what `event` calls for.
     pub fn on(&mut self, now: Instant, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
         match event {
-            Event::Started(i) => {
-                let inst = &mut self.instances[i];
-                inst.phase = Phase::Starting;
-                inst.started = now;
-                inst.timed_out = false;
+            Event::Started(l) => {
+                let lane = &mut self.lanes[l];
+                lane.phase = Phase::Starting;
+                lane.started = now;
+                lane.timed_out = false;
                 if self.shutdown_deadline.is_some() {
                     // Started just as the shutdown came: drain it too.
-                    inst.phase = Phase::Draining;
-                    out.push(Action::Drain(i));
+                    lane.phase = Phase::Draining {
+                        since: now,
+                        told: true,
+                        killed: false,
+                    };
+                    out.push(Action::Drain(l));
                 }
             }
-            Event::Ready(i) => {
-                if self.instances[i].phase == Phase::Starting {
-                    self.instances[i].phase = Phase::Ready;
+            Event::Ready(l) => {
+                if self.lanes[l].phase == Phase::Starting {
+                    self.lanes[l].phase = Phase::Ready;
+                    self.activate_if_ready(now, &mut out);
                 }
             }
-            Event::Exited(i) | Event::StartFailed(i) => self.died(now, i, &mut out),
-            Event::Misbehaved(i) => {
+            Event::Exited(l) => self.died(now, l, Failure::Exited, &mut out),
+            Event::StartFailed(l) => self.died(now, l, Failure::StartFailed, &mut out),
+            Event::Misbehaved(l) => {
                 if matches!(
-                    self.instances[i].phase,
-                    Phase::Starting | Phase::Ready | Phase::Draining
+                    self.lanes[l].phase,
+                    Phase::Starting | Phase::Ready | Phase::Draining { .. }
                 ) {
-                    out.push(Action::Kill(i, Why::Misbehaved));
+                    out.push(Action::Kill(l, Why::Misbehaved));
                 }
             }
-            Event::ResetDone(i) => {
-                if let Phase::Down { restart_at, .. } = self.instances[i].phase {
-                    self.instances[i].phase = Phase::Down {
+            Event::ResetDone(l) => match self.lanes[l].phase {
+                Phase::Down { restart_at, .. } => {
+                    self.lanes[l].phase = Phase::Down {
                         restart_at,
                         reset_done: true,
                     };
                 }
-            }
+                // Nobody will use it any more (its generation was replaced or abandoned).
+                Phase::Idle => out.push(Action::Close(l)),
+                _ => {}
+            },
             Event::ShutdownSignal => {
                 if self.shutdown_deadline.is_some() {
                     out.push(Action::KillAllAndFinish);
                     return out;
                 }
                 self.shutdown_deadline = Some(now + self.limits.grace);
-                for (i, inst) in self.instances.iter_mut().enumerate() {
-                    inst.phase = match inst.phase {
-                        Phase::Starting | Phase::Ready => {
-                            out.push(Action::Drain(i));
-                            Phase::Draining
+                if let Some((generation, _)) = self.candidate.take() {
+                    let instance = 0;
+                    out.push(Action::ReloadFailed {
+                        generation,
+                        instance,
+                        why: Failure::Shutdown,
+                    });
+                }
+                for (l, lane) in self.lanes.iter_mut().enumerate() {
+                    lane.phase = match lane.phase {
+                        Phase::Starting | Phase::Ready | Phase::Draining { told: false, .. } => {
+                            out.push(Action::Drain(l));
+                            Phase::Draining {
+                                since: now,
+                                told: true,
+                                killed: false,
+                            }
                         }
+                        p @ (Phase::Draining { .. } | Phase::Abandoned) => p,
                         // Nobody to drain and no replacement to start.
-                        Phase::Down { .. } | Phase::Gone => Phase::Gone,
-                        Phase::Draining => Phase::Draining,
+                        Phase::Down { .. } | Phase::Gone | Phase::Idle => Phase::Gone,
                     };
                 }
                 self.finish_if_all_gone(&mut out);
             }
+            Event::Reload => self.reload(now, &mut out),
         }
         out
     }
 
     /// Decides what the passing of time calls for: READY deadlines, restarts that are due, the
-    /// end of the grace period.
+    /// old generation's drain, the end of a grace period.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
         if let Some(deadline) = self.shutdown_deadline {
-            if now >= deadline && self.instances.iter().any(|i| i.phase != Phase::Gone) {
+            if now >= deadline
+                && self
+                    .lanes
+                    .iter()
+                    .any(|l| !matches!(l.phase, Phase::Gone | Phase::Idle))
+            {
                 out.push(Action::KillAllAndFinish);
             }
             return out;
         }
-        for (i, inst) in self.instances.iter_mut().enumerate() {
-            match inst.phase {
+        let limits = self.limits;
+        for (l, lane) in self.lanes.iter_mut().enumerate() {
+            match lane.phase {
                 Phase::Starting
-                    if !inst.timed_out
-                        && now.saturating_duration_since(inst.started)
-                            > self.limits.ready_timeout =>
+                    if !lane.timed_out
+                        && now.saturating_duration_since(lane.started) > limits.ready_timeout =>
                 {
-                    inst.timed_out = true;
-                    out.push(Action::Kill(i, Why::NotReady));
+                    lane.timed_out = true;
+                    out.push(Action::Kill(l, Why::NotReady));
                 }
                 Phase::Down {
                     restart_at,
                     reset_done: true,
                 } if now >= restart_at => {
-                    out.push(Action::Start(i));
+                    out.push(Action::Start(l));
+                }
+                Phase::Draining {
+                    since,
+                    told: false,
+                    killed,
+                } if now >= since + DRAIN_DELAY => {
+                    lane.phase = Phase::Draining {
+                        since,
+                        told: true,
+                        killed,
+                    };
+                    out.push(Action::Drain(l));
+                }
+                Phase::Draining {
+                    since,
+                    told,
+                    killed: false,
+                } if now >= since + limits.grace => {
+                    lane.phase = Phase::Draining {
+                        since,
+                        told,
+                        killed: true,
+                    };
+                    out.push(Action::Kill(l, Why::GraceOver));
                 }
                 _ => {}
             }
@@ -256,49 +422,190 @@ impl Policy {
         out
     }
 
-    fn died(&mut self, now: Instant, i: usize, out: &mut Vec<Action>) {
+    /// A reload: start the next generation in its slot, or wait for the slot, or refuse.
+    fn reload(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.shutdown_deadline.is_some() {
+            out.push(Action::ReloadRefused(Refusal::ShuttingDown));
+            return;
+        }
+        if let Some((generation, _)) = self.candidate {
+            out.push(Action::ReloadRefused(Refusal::Starting { generation }));
+            return;
+        }
+        let generation = self.active + 1;
+        self.candidate = Some((generation, true));
+        self.start_candidate(now, out);
+    }
+
+    /// Starts the waiting candidate once no older generation holds its slot.
+    fn start_candidate(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some((generation, true)) = self.candidate else {
+            return;
+        };
+        let lanes = self.lanes_of(generation);
+        if let Some(busy) = self.lanes[lanes.clone()]
+            .iter()
+            .find(|l| !matches!(l.phase, Phase::Idle))
+        {
+            out.push(Action::ReloadWaits {
+                generation,
+                draining: busy.generation,
+            });
+            return;
+        }
+        self.candidate = Some((generation, false));
+        for l in lanes {
+            let lane = &mut self.lanes[l];
+            *lane = Lane {
+                phase: Phase::Down {
+                    restart_at: now,
+                    reset_done: false,
+                },
+                generation,
+                started: now,
+                backoff: self.limits.backoff_min,
+                crashes: 0,
+                timed_out: false,
+            };
+            out.push(Action::RequestReset(l));
+        }
+    }
+
+    /// Makes the candidate the active generation once each of its workers is READY, and has
+    /// the one before drain.
+    fn activate_if_ready(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Some((generation, false)) = self.candidate else {
+            return;
+        };
+        if !self.lanes_of(generation).all(|l| self.is_ready(l)) {
+            return;
+        }
+        self.candidate = None;
+        let old = self.active;
+        self.active = generation;
+        out.push(Action::Activate { generation });
+        for l in self.lanes_of(old) {
+            let lane = &mut self.lanes[l];
+            match lane.phase {
+                Phase::Starting | Phase::Ready => {
+                    lane.phase = Phase::Draining {
+                        since: now,
+                        told: false,
+                        killed: false,
+                    };
+                }
+                // Dead and waiting for its replacement: nobody replaces it now. Its
+                // ingress closes now, or when a reset still under way comes back.
+                Phase::Down { reset_done, .. } => {
+                    lane.phase = Phase::Idle;
+                    if reset_done {
+                        out.push(Action::Close(l));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(Action::Reloaded { generation });
+    }
+
+    /// Abandons the candidate: its live workers are killed, its lanes freed as they die.
+    fn abandon(&mut self, instance: usize, why: Failure, out: &mut Vec<Action>) {
+        let Some((generation, false)) = self.candidate.take() else {
+            return;
+        };
+        for l in self.lanes_of(generation) {
+            let lane = &mut self.lanes[l];
+            match lane.phase {
+                Phase::Starting | Phase::Ready => {
+                    lane.phase = Phase::Abandoned;
+                    out.push(Action::Kill(l, Why::Abandoned));
+                }
+                Phase::Down { reset_done, .. } => {
+                    lane.phase = Phase::Idle;
+                    if reset_done {
+                        out.push(Action::Close(l));
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(Action::ReloadFailed {
+            generation,
+            instance,
+            why,
+        });
+    }
+
+    fn died(&mut self, now: Instant, l: usize, how: Failure, out: &mut Vec<Action>) {
         let limits = self.limits;
-        let inst = &mut self.instances[i];
-        if matches!(inst.phase, Phase::Draining | Phase::Gone) || self.shutdown_deadline.is_some() {
-            inst.phase = Phase::Gone;
+        let candidate = self.candidate.map(|(g, _)| g);
+        let lane = &mut self.lanes[l];
+        if self.shutdown_deadline.is_some() {
+            lane.phase = Phase::Gone;
             self.finish_if_all_gone(out);
             return;
         }
-        let was_ready = inst.phase == Phase::Ready;
-        let uptime = now.saturating_duration_since(inst.started);
+        match lane.phase {
+            Phase::Draining { .. } | Phase::Abandoned | Phase::Idle | Phase::Gone => {
+                // Its generation is over: free the lane (a reload may wait for it).
+                lane.phase = Phase::Idle;
+                out.push(Action::Close(l));
+                self.start_candidate(now, out);
+                return;
+            }
+            _ => {}
+        }
+        if candidate == Some(lane.generation) && lane.generation != self.active {
+            let why = match (how, lane.timed_out) {
+                (Failure::StartFailed, _) => Failure::StartFailed,
+                (_, true) => Failure::NotReady,
+                _ => Failure::Exited,
+            };
+            lane.phase = Phase::Idle;
+            out.push(Action::Close(l));
+            self.abandon(l % self.instances, why, out);
+            self.start_candidate(now, out);
+            return;
+        }
+        let was_ready = lane.phase == Phase::Ready;
+        let uptime = now.saturating_duration_since(lane.started);
         // Only a worker that served for a while was healthy: one that never became ready, or
         // could not even be started, is part of a crash loop however long it took.
         if was_ready && uptime >= limits.healthy_uptime {
-            inst.backoff = limits.backoff_min;
-            inst.crashes = 0;
+            lane.backoff = limits.backoff_min;
+            lane.crashes = 0;
         } else {
-            inst.crashes += 1;
+            lane.crashes += 1;
         }
         // The first death after a healthy run restarts at once; a crash loop backs off.
-        let restart_in = if inst.crashes == 0 {
+        let restart_in = if lane.crashes == 0 {
             Duration::ZERO
         } else {
-            inst.backoff
+            lane.backoff
         };
-        if inst.crashes > 0 {
-            inst.backoff = (inst.backoff * 2).min(limits.backoff_max);
+        if lane.crashes > 0 {
+            lane.backoff = (lane.backoff * 2).min(limits.backoff_max);
         }
-        inst.phase = Phase::Down {
+        lane.phase = Phase::Down {
             restart_at: now + restart_in,
             reset_done: false,
         };
         out.push(Action::Died(Death {
-            instance: i,
+            instance: l % self.instances,
             uptime,
             was_ready,
-            crashes: inst.crashes,
+            crashes: lane.crashes,
             restart_in,
         }));
-        out.push(Action::RequestReset(i));
+        out.push(Action::RequestReset(l));
     }
 
     fn finish_if_all_gone(&self, out: &mut Vec<Action>) {
-        if self.instances.iter().all(|i| i.phase == Phase::Gone) {
+        if self
+            .lanes
+            .iter()
+            .all(|l| matches!(l.phase, Phase::Gone | Phase::Idle))
+        {
             out.push(Action::Finish);
         }
     }
@@ -475,5 +782,204 @@ mod tests {
         died(&p.on(t0, Event::Exited(1)));
         p.on(t0, Event::ShutdownSignal);
         assert_eq!(p.on(t0, Event::Started(1)), [Action::Drain(1)]);
+    }
+
+    /// Reloads `p` (2 instances, generation `g - 1` active) up to the point where generation
+    /// `g`'s workers run: returns its lanes.
+    fn start_generation(p: &mut Policy, t: Instant, g: u64) -> [usize; 2] {
+        let lanes = p.lanes_of(g);
+        let [a, b] = [lanes.start, lanes.start + 1];
+        assert_eq!(
+            p.on(t, Event::Reload),
+            [Action::RequestReset(a), Action::RequestReset(b)]
+        );
+        assert_eq!(p.lane(a).0, g);
+        p.on(t, Event::ResetDone(a));
+        p.on(t, Event::ResetDone(b));
+        // (The tick may also ask an older generation to drain.)
+        let starts: Vec<Action> = p
+            .tick(t)
+            .into_iter()
+            .filter(|a| matches!(a, Action::Start(_)))
+            .collect();
+        assert_eq!(starts, [Action::Start(a), Action::Start(b)]);
+        p.on(t, Event::Started(a));
+        p.on(t, Event::Started(b));
+        [a, b]
+    }
+
+    #[test]
+    fn a_reload_switches_once_every_new_worker_is_ready_then_drains_the_old_one() {
+        let (mut p, t0) = running(2);
+        let t = t0 + Duration::from_secs(60);
+        let [a, b] = start_generation(&mut p, t, 2);
+        assert_eq!([a, b], [2, 3], "generation 2 is slot 1");
+        assert!(p.on(t, Event::Ready(a)).is_empty(), "not before both");
+        assert_eq!(p.active(), 1);
+        assert_eq!(
+            p.on(t, Event::Ready(b)),
+            [
+                Action::Activate { generation: 2 },
+                Action::Reloaded { generation: 2 }
+            ]
+        );
+        assert_eq!(p.active(), 2);
+        assert!(p.draining(0) && p.draining(1));
+        // The old workers are asked to drain a moment after the switch, then get --grace.
+        assert!(p.tick(t + DRAIN_DELAY - MS).is_empty());
+        assert_eq!(
+            p.tick(t + DRAIN_DELAY),
+            [Action::Drain(0), Action::Drain(1)]
+        );
+        assert_eq!(p.on(t + DRAIN_DELAY, Event::Exited(0)), [Action::Close(0)]);
+        let grace = Duration::from_secs(10);
+        assert_eq!(p.tick(t + grace), [Action::Kill(1, Why::GraceOver)]);
+        assert!(p.tick(t + grace + MS).is_empty(), "killed once");
+        assert_eq!(p.on(t + grace, Event::Exited(1)), [Action::Close(1)]);
+        // The new generation is supervised like the first: a death is replaced.
+        died(&p.on(t + grace, Event::Exited(a)));
+    }
+
+    #[test]
+    fn a_new_generation_that_fails_is_abandoned_and_the_old_one_serves_on() {
+        // A worker that exits before READY.
+        let (mut p, t0) = running(2);
+        let [a, b] = start_generation(&mut p, t0, 2);
+        p.on(t0, Event::Ready(a));
+        assert_eq!(
+            p.on(t0, Event::Exited(b)),
+            [
+                Action::Close(b),
+                Action::Kill(a, Why::Abandoned),
+                Action::ReloadFailed {
+                    generation: 2,
+                    instance: 1,
+                    why: Failure::Exited
+                }
+            ]
+        );
+        assert_eq!(p.active(), 1);
+        assert!(
+            p.is_ready(0) && p.is_ready(1),
+            "the old generation serves on"
+        );
+        assert_eq!(p.on(t0, Event::Exited(a)), [Action::Close(a)]);
+        // The next reload tries generation 2 again, in the freed slot.
+        start_generation(&mut p, t0, 2);
+
+        // A worker that never reports READY.
+        let (mut p, t0) = running(2);
+        let [a, b] = start_generation(&mut p, t0, 2);
+        p.on(t0, Event::Ready(b));
+        let late = t0 + Duration::from_secs(31);
+        assert_eq!(p.tick(late), [Action::Kill(a, Why::NotReady)]);
+        let out = p.on(late, Event::Exited(a));
+        assert!(
+            out.contains(&Action::ReloadFailed {
+                generation: 2,
+                instance: 0,
+                why: Failure::NotReady
+            }),
+            "{out:?}"
+        );
+
+        // A program that cannot be started.
+        let (mut p, t0) = running(2);
+        let lanes = p.lanes_of(2);
+        p.on(t0, Event::Reload);
+        p.on(t0, Event::ResetDone(lanes.start));
+        let out = p.on(t0, Event::StartFailed(lanes.start));
+        assert!(
+            matches!(
+                out.last(),
+                Some(Action::ReloadFailed {
+                    why: Failure::StartFailed,
+                    ..
+                })
+            ),
+            "{out:?}"
+        );
+        // The other lane's reset comes back later: nobody uses it, it is closed.
+        assert_eq!(
+            p.on(t0, Event::ResetDone(lanes.start + 1)),
+            [Action::Close(lanes.start + 1)]
+        );
+    }
+
+    #[test]
+    fn reloads_in_a_row_keep_three_generations_draining_and_the_fifth_waits_for_a_slot() {
+        let (mut p, t0) = running(2);
+        let mut t = t0;
+        for g in 2..=4 {
+            let [a, b] = start_generation(&mut p, t, g);
+            p.on(t, Event::Ready(a));
+            p.on(t, Event::Ready(b));
+            assert_eq!(p.active(), g);
+            t += Duration::from_secs(1);
+        }
+        // Generations 1, 2 and 3 still drain (none has exited yet): 5 needs slot 0, held by 1.
+        assert_eq!(
+            p.on(t, Event::Reload),
+            [Action::ReloadWaits {
+                generation: 5,
+                draining: 1
+            }]
+        );
+        assert_eq!(
+            p.on(t, Event::Reload),
+            [Action::ReloadRefused(Refusal::Starting { generation: 5 })]
+        );
+        assert_eq!(
+            p.on(t, Event::Exited(0)),
+            [
+                Action::Close(0),
+                Action::ReloadWaits {
+                    generation: 5,
+                    draining: 1
+                }
+            ]
+        );
+        assert_eq!(
+            p.on(t, Event::Exited(1)),
+            [
+                Action::Close(1),
+                Action::RequestReset(0),
+                Action::RequestReset(1)
+            ]
+        );
+        assert_eq!(p.lane(0).0, 5);
+    }
+
+    #[test]
+    fn a_shutdown_during_a_reload_drains_every_generation() {
+        let (mut p, t0) = running(2);
+        let [a, _b] = start_generation(&mut p, t0, 2);
+        p.on(t0, Event::Ready(a));
+        let out = p.on(t0, Event::ShutdownSignal);
+        assert_eq!(
+            out[0],
+            Action::ReloadFailed {
+                generation: 2,
+                instance: 0,
+                why: Failure::Shutdown
+            }
+        );
+        assert_eq!(
+            out[1..],
+            [
+                Action::Drain(0),
+                Action::Drain(1),
+                Action::Drain(2),
+                Action::Drain(3)
+            ]
+        );
+        assert_eq!(
+            p.on(t0, Event::Reload),
+            [Action::ReloadRefused(Refusal::ShuttingDown)]
+        );
+        for l in 0..3 {
+            assert!(p.on(t0, Event::Exited(l)).is_empty());
+        }
+        assert_eq!(p.on(t0, Event::Exited(3)), [Action::Finish]);
     }
 }

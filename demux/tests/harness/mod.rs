@@ -98,7 +98,15 @@ impl Ringmux {
         let instances_arg = instances.to_string();
         let worker_bin_arg = worker_bin.to_string_lossy().into_owned();
         let key_file_arg = key_file.to_string_lossy().into_owned();
+        let control_arg = dir
+            .path()
+            .join("control.sock")
+            .to_string_lossy()
+            .into_owned();
         let mut args: Vec<&str> = Vec::new();
+        if !extra.contains(&"--control-socket") {
+            args.extend(["--control-socket", &control_arg]);
+        }
         if !extra.contains(&"--listen") {
             args.extend(["--listen", "127.0.0.1:0"]);
         }
@@ -169,6 +177,33 @@ impl Ringmux {
         let pid: u32 = field("pid=").parse().expect("pid");
         assert_eq!(pid, rm.pid, "ready line pid vs spawned child");
         rm
+    }
+
+    /// The control socket `ringmux reload` talks to.
+    pub fn control_socket(&self) -> PathBuf {
+        self.dir.path().join("control.sock")
+    }
+
+    /// Runs `ringmux reload` against this ringmux (bounded by `timeout`): its exit status and
+    /// what it printed (stdout, then stderr).
+    pub async fn reload(&self, timeout: Duration) -> (bool, String) {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
+            .arg("reload")
+            .arg("--control-socket")
+            .arg(self.control_socket())
+            .arg("--timeout")
+            .arg(timeout.as_secs().max(1).to_string())
+            .kill_on_drop(true)
+            .output();
+        let out = bounded(timeout + Duration::from_secs(5), out)
+            .await
+            .expect("running ringmux reload");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
     }
 
     /// One scrape of `/metrics`.

@@ -1,0 +1,236 @@
+//! The operator's control socket: a Unix stream socket (mode 0600) on which `ringmux reload`
+//! asks for a new worker generation and reads the outcome.
+//!
+//! The protocol is lines of text. A client sends one request line (`reload`); the demux
+//! answers with progress lines and one last line, `ok …` or `error: …`, then closes. The
+//! supervisor polls the listener and its clients with its other descriptors and never blocks
+//! on them: a client has [`REQUEST_DEADLINE`] and [`MAX_REQUEST`] bytes for its request line,
+//! and at most [`MAX_CLIENTS`] are held at once.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// Longest request line.
+const MAX_REQUEST: usize = 64;
+/// How long a client has to send its request line.
+const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
+/// Clients held at once; more are told so and closed.
+const MAX_CLIENTS: usize = 8;
+
+/// What a client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Request {
+    Reload,
+}
+
+/// A client, until it has its answer.
+struct Client {
+    id: u64,
+    stream: UnixStream,
+    buf: Vec<u8>,
+    since: Instant,
+    /// Its request line arrived; it waits for the answer.
+    asked: bool,
+}
+
+/// The listening socket and its clients.
+pub struct ControlServer {
+    listener: UnixListener,
+    path: PathBuf,
+    clients: Vec<Client>,
+    next_id: u64,
+}
+
+impl ControlServer {
+    /// Binds `path` (mode 0600), making its folder if missing. A socket left at `path` by a
+    /// demux that is gone is replaced; one that a running ringmux answers on is an error.
+    pub fn bind(path: &Path) -> Result<ControlServer> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("making the folder {}", dir.display()))?;
+                let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+            }
+        }
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                bail!(
+                    "another ringmux answers on {} already; give this one its own \
+                     --control-socket (RINGMUX_CONTROL_SOCKET)",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing the stale socket {}", path.display()))?;
+        }
+        let listener =
+            UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("making {} private (0600)", path.display()))?;
+        listener.set_nonblocking(true)?;
+        Ok(ControlServer {
+            listener,
+            path: path.to_path_buf(),
+            clients: Vec::new(),
+            next_id: 1,
+        })
+    }
+
+    /// The descriptors to poll for reading: the listener and every client still to be read.
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        let mut fds = vec![self.listener.as_fd()];
+        fds.extend(
+            self.clients
+                .iter()
+                .filter(|c| !c.asked)
+                .map(|c| c.stream.as_fd()),
+        );
+        fds
+    }
+
+    /// Accepts new clients and reads request lines; returns the requests now complete, with
+    /// the client's id and process ID. `refuse` names clients to turn away (a worker must not
+    /// be able to reload, whatever the socket's permissions let it reach).
+    pub fn poll(&mut self, now: Instant, refuse: impl Fn(u32) -> bool) -> Vec<(u64, Request)> {
+        while let Ok((stream, _)) = self.listener.accept() {
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            let pid = peer_pid(&stream);
+            if pid.is_none_or(&refuse) {
+                let _ = (&stream).write_all(b"error: refused: not from a worker\n");
+                continue;
+            }
+            if self.clients.len() >= MAX_CLIENTS {
+                let _ = (&stream).write_all(b"error: busy: too many control clients\n");
+                continue;
+            }
+            self.clients.push(Client {
+                id: self.next_id,
+                stream,
+                buf: Vec::new(),
+                since: now,
+                asked: false,
+            });
+            self.next_id += 1;
+        }
+        let mut out = Vec::new();
+        self.clients.retain_mut(|c| {
+            if c.asked {
+                return true;
+            }
+            let mut chunk = [0u8; MAX_REQUEST];
+            loop {
+                match c.stream.read(&mut chunk) {
+                    Ok(0) => return false,
+                    Ok(n) => c.buf.extend_from_slice(&chunk[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(_) => return false,
+                }
+                if c.buf.len() > MAX_REQUEST {
+                    break;
+                }
+            }
+            let Some(end) = c.buf.iter().position(|&b| b == b'\n') else {
+                if c.buf.len() > MAX_REQUEST || now.duration_since(c.since) > REQUEST_DEADLINE {
+                    let _ = (&c.stream).write_all(b"error: no request line\n");
+                    return false;
+                }
+                return true;
+            };
+            match std::str::from_utf8(&c.buf[..end]).map(str::trim) {
+                Ok("reload") => {
+                    c.asked = true;
+                    out.push((c.id, Request::Reload));
+                    true
+                }
+                _ => {
+                    let _ = (&c.stream).write_all(b"error: unknown request (expected: reload)\n");
+                    false
+                }
+            }
+        });
+        out
+    }
+
+    /// Sends client `id` a progress line.
+    pub fn tell(&mut self, id: u64, line: &str) {
+        if let Some(c) = self.clients.iter().find(|c| c.id == id) {
+            write_line(&c.stream, line);
+        }
+    }
+
+    /// Sends client `id` its last line and closes it.
+    pub fn answer(&mut self, id: u64, line: &str) {
+        if let Some(i) = self.clients.iter().position(|c| c.id == id) {
+            let c = self.clients.swap_remove(i);
+            write_line(&c.stream, line);
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Writes one line without waiting: a client that does not read loses what does not fit.
+fn write_line(stream: &UnixStream, line: &str) {
+    let mut s = stream;
+    let _ = s.write_all(format!("{line}\n").as_bytes());
+}
+
+/// The connecting process's ID (`SO_PEERCRED`).
+fn peer_pid(stream: &UnixStream) -> Option<u32> {
+    let cred =
+        nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    u32::try_from(cred.pid()).ok()
+}
+
+/// `ringmux reload`: asks the ringmux at `path` for a reload and prints what it says. `Ok`
+/// once it answered `ok`; an error with its reason otherwise.
+pub fn reload(path: &Path, timeout: Duration) -> Result<()> {
+    let mut stream = UnixStream::connect(path).with_context(|| {
+        format!(
+            "connecting to {} (is ringmux running with this --control-socket / \
+             RINGMUX_CONTROL_SOCKET?)",
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(b"reload\n")?;
+    let mut last = String::new();
+    let mut reader = io::BufReader::new(stream);
+    loop {
+        let mut line = String::new();
+        match io::BufRead::read_line(&mut reader, &mut line) {
+            Ok(0) => break,
+            Ok(_) => {
+                let line = line.trim_end().to_string();
+                println!("{line}");
+                last = line;
+            }
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut =>
+            {
+                bail!("no answer from {} within {timeout:?}", path.display())
+            }
+            Err(e) => return Err(e).context("reading the answer"),
+        }
+    }
+    if last.starts_with("ok") {
+        Ok(())
+    } else if let Some(reason) = last.strip_prefix("error: ") {
+        bail!("reload failed: {reason}")
+    } else {
+        bail!("ringmux closed the control socket without an answer")
+    }
+}
