@@ -296,6 +296,36 @@ want_not "kernel"
 run "start: after --, --dry-run belongs to ringmux" LAUNCH_SYS="$sys2" LAUNCH_PROC="$procrun" -- --no-sysctl -- --dry-run
 want "^stub args: \[--dry-run\]\$"
 
+run "start: reload goes straight through, as the unit's ExecReload= runs it" LAUNCH_KERNEL=3.10.0 -- reload
+want_status 0
+want "^stub args: \[reload\]\$"
+
+# --- the systemd unit ------------------------------------------------------------------------
+
+unit="$PWD/scripts/ringmux.service"
+name="unit: systemctl reload runs ringmux reload on the unit's control socket"
+echo "== $name"
+out=$(cat "$unit")
+status=0
+want "^ExecReload=/opt/ringmux/bin/ringmux reload\$"
+want "^RuntimeDirectory=ringmux\$"
+want "^Environment=RINGMUX_CONTROL_SOCKET=/run/ringmux/control.sock\$"
+# The reload line's binary takes the subcommand and the variable the unit sets.
+ringmux_bin="$PWD/target/release/ringmux"
+[[ -x $ringmux_bin ]] || ringmux_bin="$PWD/target/debug/ringmux"
+if [[ -x $ringmux_bin ]]; then
+  name="unit: the ExecReload= command is one ringmux knows"
+  echo "== $name"
+  set +e
+  out=$(RINGMUX_CONTROL_SOCKET=/nonexistent/control.sock "$ringmux_bin" reload 2>&1)
+  status=$?
+  set -e
+  want_status 1
+  want "connecting to /nonexistent/control.sock"
+else
+  echo "== unit: no ringmux binary built yet: the ExecReload= command is not run"
+fi
+
 # --- this machine --------------------------------------------------------------------------
 
 echo "== this machine: scripts/launch.sh --dry-run"

@@ -1267,3 +1267,66 @@ async fn a_failing_reload_leaves_the_old_generation_serving() {
     })
     .await
 }
+
+/// SIGTERM while a reload is still starting its workers: the reload fails with the reason,
+/// every generation drains (the new workers too, once they start), and ringmux exits 0. Also
+/// SIGHUP reloads like `ringmux reload`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_reload_drains_every_generation() {
+    bounded(LIMIT, async {
+        let bin = harness::TempDir::new("ringmux-reload-bin");
+        let (slow, fifo) = (bin.path().join("slow"), bin.path().join("fifo"));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // While `slow` exists, a new worker waits 3 s before it starts (a builtin read on a
+        // fifo nobody writes: no child process, which the sandbox would refuse).
+        let prog = bin.path().join("worker.sh");
+        std::fs::write(
+            &prog,
+            format!(
+                "#!/bin/bash\nif [ -e {slow} ]; then read -r -t 3 _ <> {fifo}; fi\nexec {worker} \"$@\"\n",
+                slow = slow.display(),
+                fifo = fifo.display(),
+                worker = harness::worker_bin().display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cmd = prog.to_string_lossy().into_owned();
+        let mut rm = Ringmux::start(2, Forward::Shm, &["--worker-cmd", &cmd, "--grace", "20"]);
+
+        // SIGHUP: generation 2.
+        rm.signal(libc::SIGHUP);
+        rm.wait_for("generation 2 serving", Duration::from_secs(20), |m| {
+            m.get(names::GENERATION_ACTIVE) == 2.0
+        })
+        .await;
+
+        std::fs::write(&slow, b"").unwrap();
+        let log = rm.dir().join("ringmux.log");
+        let reload = rm.reload(Duration::from_secs(30));
+        let term = async {
+            // Generation 3's workers are started (and wait in the script): stop now.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("worker started") && l.contains("generation=3"))
+            {
+                assert!(Instant::now() < deadline, "generation 3 never started");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            rm.signal(libc::SIGTERM);
+        };
+        let ((ok, text), ()) = tokio::join!(reload, term);
+        assert!(!ok, "{text}");
+        assert!(text.contains("a shutdown came first"), "{text}");
+        let status = rm.wait_exit(Duration::from_secs(30)).await;
+        assert!(status.success(), "{status:?}");
+        let log = std::fs::read_to_string(&log).unwrap();
+        assert!(!log.contains("killing"), "every worker drained:\n{log}");
+        let exits = log.lines().filter(|l| l.contains("worker exited")).count();
+        assert_eq!(exits, 6, "generations 1, 2 and 3, 2 workers each:\n{log}");
+    })
+    .await
+}

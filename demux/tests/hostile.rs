@@ -375,6 +375,52 @@ async fn a_confined_worker_cannot_reach_the_demux() {
     .await;
 }
 
+/// A worker cannot reload the demux through its control socket, even where the socket's
+/// permissions let it connect (a worker running as the demux's user): the demux turns away a
+/// connection from any worker's process, and no reload happens.
+#[tokio::test]
+async fn a_worker_cannot_ask_for_a_reload() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-reload");
+        let sock = dir
+            .path()
+            .join("control.sock")
+            .to_string_lossy()
+            .into_owned();
+        let env = [
+            ("RINGMUX_FAULT", "reload".to_string()),
+            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+            (
+                "RINGMUX_FAULT_MARKER",
+                dir.path().join("played").to_string_lossy().into_owned(),
+            ),
+            (
+                "RINGMUX_REAL_WORKER",
+                harness::worker_bin().to_string_lossy().into_owned(),
+            ),
+            ("RINGMUX_FAULT_CONTROL_SOCKET", sock.clone()),
+        ];
+        let rm = Ringmux::start_with(
+            2,
+            Forward::Shm,
+            &["--control-socket", &sock],
+            fault_worker(),
+            &env,
+        );
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["reload-connect"], "ok");
+        assert_outcomes(&r, &["reload-answer"], "error: refused: not from a worker");
+        instance0_serves(&rm).await;
+        let m = rm.metrics();
+        assert_eq!(m.get(names::GENERATION_ACTIVE), 1.0, "{m}");
+        assert_eq!(m.sum(names::RELOADS), 0.0, "{m}");
+        // The operator still can.
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "{text}");
+    })
+    .await
+}
+
 /// The same attack with `--sandbox off` gets through (the demux is stopped, and continued at
 /// once by the attacker): what the test above shows is the filter's doing.
 #[tokio::test]

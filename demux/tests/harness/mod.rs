@@ -54,6 +54,8 @@ pub struct Ringmux {
     pub router: Router,
     child: Option<Child>,
     dir: TempDir,
+    /// `--control-socket`.
+    control: PathBuf,
 }
 
 impl Ringmux {
@@ -153,6 +155,13 @@ impl Ringmux {
             instances,
             router,
             child: Some(child),
+            control: PathBuf::from(
+                extra
+                    .iter()
+                    .position(|a| *a == "--control-socket")
+                    .and_then(|i| extra.get(i + 1))
+                    .map_or(control_arg.as_str(), |p| *p),
+            ),
             dir,
         };
         let line = match rx.recv_timeout(Duration::from_secs(30)) {
@@ -181,7 +190,7 @@ impl Ringmux {
 
     /// The control socket `ringmux reload` talks to.
     pub fn control_socket(&self) -> PathBuf {
-        self.dir.path().join("control.sock")
+        self.control.clone()
     }
 
     /// Runs `ringmux reload` against this ringmux (bounded by `timeout`): its exit status and

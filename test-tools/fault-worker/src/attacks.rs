@@ -1,6 +1,6 @@
 //! The attacks a confined worker must fail at: on the demux (`signal-parent`), on a sibling
 //! (`signal-sibling`), by starting processes (`fork`), and on the public socket
-//! (`recv-public`). Each attempt is made for real and its outcome recorded: `ok` if the kernel
+//! (`recv-public`), and on the operator's control socket (`reload`). Each attempt is made for real and its outcome recorded: `ok` if the kernel
 //! let it through, else the errno's name (`EPERM` is the filter's answer). Attempts that would
 //! do lasting harm if they got through are undone where they can be (a stopped demux is
 //! continued, a forked child exits at once), and the ones that cannot be undone (a ptrace
@@ -34,6 +34,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "signal-sibling" => signal_sibling(&mut out),
         "fork" => fork(&mut out),
         "recv-public" => recv_public(&mut out),
+        "reload" => reload(&mut out),
         _ => return None,
     }
     Some(out)
@@ -65,6 +66,30 @@ fn raw(r: libc::c_long) -> String {
 
 fn refused(out: &Outcomes, attempt: &str) -> bool {
     out.iter().any(|(a, o)| *a == attempt && o == "EPERM")
+}
+
+/// Asks the demux for a reload through its control socket (path in
+/// `RINGMUX_FAULT_CONTROL_SOCKET`): records `reload-connect` and the answer line as
+/// `reload-answer`.
+fn reload(out: &mut Outcomes) {
+    use std::io::{BufRead, Write};
+    let Some(path) = std::env::var_os("RINGMUX_FAULT_CONTROL_SOCKET") else {
+        out.push(("reload-connect", "no RINGMUX_FAULT_CONTROL_SOCKET".into()));
+        return;
+    };
+    let stream = match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            out.push(("reload-connect", io_outcome::<()>(Err(e))));
+            return;
+        }
+    };
+    out.push(("reload-connect", "ok".into()));
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+    let _ = (&stream).write_all(b"reload\n");
+    let mut line = String::new();
+    let _ = io::BufReader::new(&stream).read_line(&mut line);
+    out.push(("reload-answer", line.trim().to_string()));
 }
 
 fn signal_parent(out: &mut Outcomes) {

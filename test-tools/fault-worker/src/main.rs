@@ -17,7 +17,8 @@
 //!   `fork-and-jam` (forks a child that detaches with `setsid` and keeps the ring, doorbell
 //!   and sockets, clearing `O_NONBLOCK` and writing the doorbell; then dies), and the attacks on
 //!   the confinement, each recorded in `MARKER.report` before the real worker is exec'd in
-//!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`
+//!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`, `reload` (asks
+//!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`)
 //!   (`attacks.rs`);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
