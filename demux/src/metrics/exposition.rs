@@ -225,8 +225,9 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     out
 }
 
-/// The worker generations: which one takes new connections, and per generation and state its
-/// workers up and their connections. A generation appears while any of its workers runs.
+/// The worker generations: which one takes new connections, and per instance, generation and
+/// state its worker's liveness and connections. A generation appears while any of its workers
+/// runs.
 fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let active = Gauge::<i64>::default();
@@ -244,6 +245,7 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
             continue;
         }
         let labels = vec![
+            ("instance".into(), (lane % c.instance_count).to_string()),
             ("generation".into(), ld(&l.generation).to_string()),
             ("state".into(), state.as_str().into()),
         ];
@@ -256,12 +258,12 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
     }
     reg.register(
         names::GENERATION_WORKERS,
-        "Workers up per worker generation and state (starting, serving, draining)",
+        "1 while the worker of this instance and generation is up, by state (starting, serving, draining)",
         workers,
     );
     reg.register(
         names::GENERATION_CONNECTIONS,
-        "Open QUIC connections per worker generation and state (reported by the workers)",
+        "Open QUIC connections of the worker of this instance and generation (reported by it)",
         connections,
     );
     let reloads = Family::<Labels, Counter<u64>>::default();

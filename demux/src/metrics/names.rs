@@ -51,9 +51,10 @@ pub const WORKER_INFO: &str = "ringmux_worker_info";
 
 /// Gauge: the worker generation new connections go to.
 pub const GENERATION_ACTIVE: &str = "ringmux_worker_generation_active";
-/// Gauge: workers up, labels `generation` and `state` (`starting`, `serving`, `draining`).
+/// Gauge: 1 while a worker is up, labels `instance`, `generation` and `state` (`starting`,
+/// `serving`, `draining`).
 pub const GENERATION_WORKERS: &str = "ringmux_generation_workers_up";
-/// Gauge: open connections (reported by the workers), labels `generation` and `state`.
+/// Gauge: open connections (reported by the worker), labels `instance`, `generation`, `state`.
 pub const GENERATION_CONNECTIONS: &str = "ringmux_generation_connections";
 /// Counter: reloads, label `result` (`ok`, `failed`).
 pub const RELOADS: &str = "ringmux_reloads_total";

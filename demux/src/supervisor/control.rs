@@ -4,8 +4,8 @@
 //! The protocol is lines of text. A client sends one request line (`reload`); the demux
 //! answers with progress lines and one last line, `ok …` or `error: …`, then closes. The
 //! supervisor polls the listener and its clients with its other descriptors and never blocks
-//! on them: a client has [`REQUEST_DEADLINE`] and [`MAX_REQUEST`] bytes for its request line,
-//! and at most [`MAX_CLIENTS`] are held at once.
+//! on them: a client has 2 s and 64 bytes for its request line, and at most 8 are held at
+//! once.
 
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};

@@ -343,7 +343,7 @@ impl Supervisor {
                 Action::Kill(i, why) => {
                     if why == policy::Why::NotReady {
                         tracing::error!(
-                            instance = i,
+                            instance = i % self.n,
                             program = self.cfg.worker_program(),
                             timeout = ?self.cfg.ready_timeout(),
                             "worker did not report READY in time (a worker must call \
@@ -514,9 +514,10 @@ impl Supervisor {
                     return Ok(true);
                 }
                 Action::KillAllAndFinish => {
+                    let n = self.n;
                     for (i, w) in self.workers.iter_mut().enumerate() {
                         if let Some(mut c) = w.child.take() {
-                            tracing::warn!(instance = i, "grace period over: killing worker");
+                            tracing::warn!(instance = i % n, "grace period over: killing worker");
                             let _ = c.kill();
                             let _ = c.wait();
                         }
@@ -585,8 +586,14 @@ impl Supervisor {
         drop(theirs);
         let pidfd = sys::pidfd_open(child.id()).ok();
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed)
-            .context("sending the hand-off")?;
+        let mut child = child;
+        if let Err(e) = sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed) {
+            // Most likely the program exited at once and closed its end. Either way it cannot
+            // serve: make sure it is gone, and let its death be handled like any other (a crash,
+            // or a new generation that failed to start).
+            tracing::warn!(instance = i, error = %e, "could not send the hand-off; the worker exited at once?");
+            let _ = child.kill();
+        }
         drop(fds);
         self.sessions.serve(i, sess_ours);
         self.counters.instances[usize::from(lane)]
@@ -666,10 +673,11 @@ impl Supervisor {
             let _ = child.kill();
         }
         let status = child.wait().ok();
+        let (instance, generation) = (i % self.n, self.policy.lane(i).0);
         if draining {
-            tracing::info!(instance = i, ?status, "worker exited");
+            tracing::info!(instance, generation, ?status, "worker exited");
         } else {
-            tracing::warn!(instance = i, ?status, "worker process ended");
+            tracing::warn!(instance, generation, ?status, "worker process ended");
         }
         let w = &mut self.workers[i];
         w.pidfd = None;
