@@ -333,3 +333,71 @@ async fn h3_probe_merges_its_processes() {
     })
     .await;
 }
+
+/// A reload in either forwarding mode: the new generation serves new connections, while a
+/// download that started on the old generation runs to its end on the old worker (its
+/// connection got GOAWAY and closes after it); then the old worker exits.
+async fn reload_keeps_connections(forward: Forward) {
+    const N: u64 = 20 << 20;
+    let rm = Ringmux::start(2, forward, &["--grace", "30"]);
+    let client = rm.client();
+    let old = rm.connect(&client).await;
+    // Headers in, body held back by flow control until it is read.
+    let download = old
+        .start(http::Method::GET, &format!("/bytes/{N}"), None)
+        .await
+        .expect("starting the download");
+    let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+    assert!(ok && text.contains("ok generation=2"), "{text}");
+    let fresh = rm.connect(&rm.client()).await;
+    check_bytes(
+        "a new connection after the reload",
+        &fresh.get("/bytes/3000").await.expect("GET after"),
+        3000,
+    );
+    let on =
+        |m: &harness::Metrics, g: &str| m.sum_where(names::GENERATION_CONNECTIONS, "generation", g);
+    rm.wait_for(
+        "the download on generation 1, the new connection on generation 2",
+        Duration::from_secs(10),
+        |m| on(m, "1") >= 1.0 && on(m, "2") >= 1.0,
+    )
+    .await;
+    let body = download.read_body(true).await.expect("the download's body");
+    check_bytes("the download across the reload", &body, N);
+    // The drained connection takes no new request.
+    assert!(
+        old.get("/bytes/10").await.is_err(),
+        "a request after GOAWAY"
+    );
+    let m = rm
+        .wait_for("generation 1 gone", Duration::from_secs(20), |m| {
+            !m.series.keys().any(|k| k.contains("generation=\"1\""))
+        })
+        .await;
+    assert_eq!(m.get(names::GENERATION_ACTIVE), 2.0);
+    check_bytes(
+        "after the old generation left",
+        &fresh.get("/bytes/1000").await.expect("GET at the end"),
+        1000,
+    );
+    rm.wait_balanced(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_connections_shm() {
+    bounded(
+        Duration::from_secs(90),
+        reload_keeps_connections(Forward::Shm),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_connections_unix() {
+    bounded(
+        Duration::from_secs(90),
+        reload_keeps_connections(Forward::Unix),
+    )
+    .await;
+}
