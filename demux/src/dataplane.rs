@@ -13,7 +13,7 @@ use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,10 +35,10 @@ pub enum Command {
     /// Start a new ingress generation for lane `lane` and send its descriptors back.
     Reset {
         lane: u8,
-        reply: Sender<io::Result<IngressHandles>>,
+        reply: SyncSender<io::Result<IngressHandles>>,
     },
     /// From the next batch on, hash new connections to the lanes of generation slot `slot`.
-    Activate { slot: u8, reply: Sender<()> },
+    Activate { slot: u8, reply: SyncSender<()> },
     /// Lane `lane`'s worker generation is gone: close its ingress.
     Close { lane: u8 },
 }
@@ -124,7 +124,8 @@ impl DataPlaneLink {
     /// generation); its hand-off descriptors arrive on the returned receiver once the data
     /// plane has made it (within one batch or poll).
     pub fn request_reset(&self, lane: u8) -> Receiver<io::Result<IngressHandles>> {
-        let (reply, rx) = std::sync::mpsc::channel();
+        // Bounded: its one slot is allocated here, so the data plane's reply allocates nothing.
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
         self.send(Command::Reset { lane, reply });
         rx
     }
@@ -132,7 +133,7 @@ impl DataPlaneLink {
     /// Hashes new connections to the lanes of `slot` from the next batch on; the returned
     /// receiver hears when the data plane has switched.
     pub fn activate(&self, slot: u8) -> Receiver<()> {
-        let (reply, rx) = std::sync::mpsc::channel();
+        let (reply, rx) = std::sync::mpsc::sync_channel(1);
         self.send(Command::Activate { slot, reply });
         rx
     }
@@ -287,6 +288,9 @@ impl<F: Forward> DataPlane<F> {
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
         let mut errors_logged = 0u32;
+        // Resets waiting for their ring (at most one per lane), and the round's copy.
+        let mut deferred = Vec::with_capacity(n_lanes);
+        let mut retry = Vec::with_capacity(n_lanes);
         crate::alloc::count_this_thread();
 
         while !control.stop.load(Ordering::Relaxed) {
@@ -295,7 +299,18 @@ impl<F: Forward> DataPlane<F> {
                 && control.pending.swap(false, Ordering::Acquire)
             {
                 while let Ok(cmd) = control.commands.try_recv() {
-                    self.execute(cmd, &mut local, &mut active);
+                    self.execute(cmd, &mut local, &mut active, &mut deferred);
+                }
+            }
+            if !deferred.is_empty() {
+                std::mem::swap(&mut retry, &mut deferred);
+                for (lane, reply) in retry.drain(..) {
+                    self.execute(
+                        Command::Reset { lane, reply },
+                        &mut local,
+                        &mut active,
+                        &mut deferred,
+                    );
                 }
             }
             for (i, l) in local.iter_mut().enumerate() {
@@ -308,7 +323,13 @@ impl<F: Forward> DataPlane<F> {
             ) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let _ = sys::wait_readable(self.public.socket.as_fd(), GAUGE_PERIOD);
+                    // A deferred reset waits for a ring being made: look again soon.
+                    let wait = if deferred.is_empty() {
+                        GAUGE_PERIOD
+                    } else {
+                        Duration::from_millis(1)
+                    };
+                    let _ = sys::wait_readable(self.public.socket.as_fd(), wait);
                     self.refresh_gauges(&mut local, &control, &mut last_gauges);
                     continue;
                 }
@@ -418,7 +439,15 @@ impl<F: Forward> DataPlane<F> {
         self.forward.publish();
     }
 
-    fn execute(&mut self, cmd: Command, local: &mut [Local], active: &mut usize) {
+    /// Carries out one command. A reset whose new ingress is not ready yet (the mode says
+    /// `WouldBlock`) waits in `deferred` and is tried again each round.
+    fn execute(
+        &mut self,
+        cmd: Command,
+        local: &mut [Local],
+        active: &mut usize,
+        deferred: &mut Vec<(u8, SyncSender<io::Result<IngressHandles>>)>,
+    ) {
         match cmd {
             Command::Activate { slot, reply } => {
                 *active = usize::from(self.router.lane(0, slot));
@@ -435,7 +464,13 @@ impl<F: Forward> DataPlane<F> {
             }
             Command::Reset { lane, reply } => {
                 let i = lane as usize;
-                let result = self.forward.reset(i).map(|(handles, discarded)| {
+                let result = self.forward.reset(i);
+                if matches!(&result, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+                    // Its ring is still being made off this thread: again next round.
+                    deferred.push((lane, reply));
+                    return;
+                }
+                let result = result.map(|(handles, discarded)| {
                     let c = &self.counters.instances[i];
                     c.discarded_on_reset.fetch_add(discarded, Ordering::Relaxed);
                     handles

@@ -376,6 +376,9 @@ async fn reload_keeps_connections(forward: Forward) {
         })
         .await;
     assert_eq!(m.get(names::GENERATION_ACTIVE), 2.0);
+    // Making, handing over and closing the new generation's ingress allocated nothing on the
+    // data plane (reply channels are bounded; rings are made on the ring-spares thread).
+    assert_eq!(m.get(names::DATAPLANE_ALLOCATIONS), 0.0, "{m}");
     check_bytes(
         "after the old generation left",
         &fresh.get("/bytes/1000").await.expect("GET at the end"),

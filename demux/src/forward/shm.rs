@@ -5,7 +5,8 @@
 //! Every new consumer generation is a whole new ring. Making one (a memfd of the region's size,
 //! mapped and populated) and unmapping the old one take milliseconds, during which the data
 //! plane would forward nothing for any instance; a helper thread (`Spares`) does both, with
-//! one ring made ahead of time.
+//! one ring made ahead of time. A reset that finds none ready (a reload asks for one per
+//! instance at once) answers `WouldBlock`, and the data plane asks again while it forwards.
 
 use std::io;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
@@ -56,6 +57,8 @@ struct Spares {
     ready: Receiver<io::Result<Producer>>,
     /// Work for the thread.
     orders: SyncSender<Order>,
+    /// A ring is ordered and not taken yet.
+    ordered: bool,
 }
 
 enum Order {
@@ -84,17 +87,35 @@ impl Spares {
                     }
                 }
             })?;
-        let _ = orders.try_send(Order::Make);
-        Ok(Spares { ready, orders })
+        let ordered = orders.try_send(Order::Make).is_ok();
+        Ok(Spares {
+            ready,
+            orders,
+            ordered,
+        })
     }
 
-    /// The ring made ahead of time, or one made now if none is ready; orders the next.
-    fn take(&self, config: &RingConfig) -> io::Result<Producer> {
+    /// The ring made ahead of time, and orders the next. `WouldBlock` while it is still being
+    /// made (a reload takes several in a row): the data plane asks again rather than stall
+    /// every instance for the milliseconds one takes. Only if the thread is gone is the ring
+    /// made here.
+    fn take(&mut self, config: &RingConfig) -> io::Result<Producer> {
         let ring = match self.ready.try_recv() {
             Ok(made) => made,
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => Producer::create(config),
+            Err(TryRecvError::Empty) if self.ordered => {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            Err(TryRecvError::Empty) => {
+                // Never ordered (the queue was full): order it and come back.
+                self.ordered = self.orders.try_send(Order::Make).is_ok();
+                if self.ordered {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Producer::create(config)
+            }
+            Err(TryRecvError::Disconnected) => Producer::create(config),
         };
-        let _ = self.orders.try_send(Order::Make);
+        self.ordered = self.orders.try_send(Order::Make).is_ok();
         ring
     }
 
