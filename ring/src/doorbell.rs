@@ -31,6 +31,32 @@ impl Doorbell {
         Ok(Doorbell { tx, rx })
     }
 
+    /// A doorbell from the two ends of an existing pipe (a producer taken over by a new
+    /// process image of the demux): both are made non-blocking and close-on-exec again, and the
+    /// pair is checked to be one pipe.
+    pub fn from_fds(rx: OwnedFd, tx: OwnedFd) -> io::Result<Self> {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        use nix::sys::stat::fstat;
+        for fd in [&rx, &tx] {
+            fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
+            fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+        }
+        let (r, t) = (fstat(&rx)?, fstat(&tx)?);
+        let fifo = |m: nix::libc::mode_t| m & nix::libc::S_IFMT == nix::libc::S_IFIFO;
+        if !fifo(r.st_mode) || !fifo(t.st_mode) || r.st_ino != t.st_ino || r.st_dev != t.st_dev {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the doorbell descriptors are not the two ends of one pipe",
+            ));
+        }
+        Ok(Doorbell { tx, rx })
+    }
+
+    /// The write end (the producer's own), for a hand-over to a new process image.
+    pub fn producer_end(&self) -> BorrowedFd<'_> {
+        self.tx.as_fd()
+    }
+
     /// Wakes the consumer. `EAGAIN` (the pipe is full: the consumer has not read 64 KiB of
     /// rings) means a wake-up is already pending, so it is not an error.
     ///

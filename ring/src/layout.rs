@@ -3,8 +3,8 @@
 //! test `layout_doc` parses the document and compares it with [`FIELDS`].
 //!
 //! Two memfds make one ring:
-//! - the **producer region** (written only by the demux; the worker maps it read-only and the memfd
-//!   carries `F_SEAL_FUTURE_WRITE`): [`HeaderLine`], [`TailLine`], reserved bytes up to
+//! - the **producer region** (written only by the demux, which never reads it back; the worker
+//!   maps it read-only): [`HeaderLine`], [`TailLine`], reserved bytes up to
 //!   [`SLOTS_OFFSET`], then `slot_count` slots of `slot_size` bytes, each a [`SlotDesc`] followed by
 //!   the payload;
 //! - the **consumer page** (written only by the worker): [`ConsumerLine`].

@@ -31,7 +31,10 @@ pub use ring::{
     ProducerViolation, PushError,
 };
 #[cfg(not(loom))]
-pub use shm::{AttachError, Consumer, ConsumerHandles, Producer, RingStats, WaitError};
+pub use shm::{
+    AttachError, Consumer, ConsumerHandles, Producer, ProducerFds, ProducerState, RingStats,
+    WaitError,
+};
 
 /// The algorithm's halves over arbitrary memory, for the loom model (`tests/loom.rs`).
 #[cfg(loom)]

@@ -261,6 +261,16 @@ impl Slots {
 
 // ---------------------------------------------------------------------------------------------
 
+/// Where a resumed producer carries on ([`ProducerCore::resume`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Resume {
+    pub(crate) tail: u64,
+    pub(crate) head: u64,
+    pub(crate) last_rung: u32,
+    pub(crate) doorbells: u64,
+    pub(crate) dropped_full: u64,
+}
+
 /// The producer half of the algorithm.
 pub(crate) struct ProducerCore {
     header: NonNull<ProducerHeader>,
@@ -310,6 +320,53 @@ impl ProducerCore {
             doorbells: 0,
             dropped_full: 0,
         }
+    }
+
+    /// A core that carries on where an exported one stopped ([`crate::Producer::adopt`]).
+    ///
+    /// # Safety
+    /// As [`Self::new`], except that `at` replaces the header's tail: `at.head <= at.tail`,
+    /// everything below `at.head` released by the consumer, nothing at or past `at.tail`
+    /// published.
+    pub(crate) unsafe fn resume(
+        header: NonNull<ProducerHeader>,
+        cons: NonNull<ConsumerLine>,
+        slots: Slots,
+        slot_count: u32,
+        slot_size: u32,
+        at: Resume,
+    ) -> Self {
+        ProducerCore {
+            header,
+            cons,
+            slots,
+            capacity: u64::from(slot_count),
+            payload_capacity: (slot_size - DESC_BYTES) as usize,
+            tail: at.tail,
+            published: at.tail,
+            cached_head: at.head,
+            last_rung: at.last_rung,
+            doorbells: at.doorbells,
+            dropped_full: at.dropped_full,
+        }
+    }
+
+    /// The last tail stored to shared memory.
+    pub(crate) fn published_tail(&self) -> u64 {
+        self.published
+    }
+
+    /// The consumer's head as last validated.
+    pub(crate) fn cached_head(&self) -> u64 {
+        self.cached_head
+    }
+
+    pub(crate) fn last_rung(&self) -> u32 {
+        self.last_rung
+    }
+
+    pub(crate) fn dropped_full(&self) -> u64 {
+        self.dropped_full
     }
 
     fn header(&self) -> &ProducerHeader {

@@ -30,9 +30,12 @@ use crate::sync::Ordering;
 pub(crate) const BASE_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
     .union(SealFlag::F_SEAL_GROW)
     .union(SealFlag::F_SEAL_SEAL);
-/// The producer region also refuses new writable mappings and `write()`: only the demux's own
-/// mapping, made before the seal, can write it.
-pub(crate) const REGION_SEALS: SealFlag = BASE_SEALS.union(SealFlag::F_SEAL_FUTURE_WRITE);
+/// The producer region carries the same seals and no more. `F_SEAL_FUTURE_WRITE` would refuse
+/// a consumer a writable mapping, but also every later one of the demux's own: a demux that
+/// replaces itself (`ringmux upgrade`) maps its rings again in the new process image. A consumer
+/// that writes into its own region only corrupts the datagrams it reads itself: the producer
+/// never reads the region back ([`Producer::adopt`] takes its indices from its own copy).
+pub(crate) const REGION_SEALS: SealFlag = BASE_SEALS;
 
 /// Why a consumer refused the descriptors it was handed.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +121,36 @@ struct Carried {
     doorbells: u64,
 }
 
+/// A producer's own numbers, which [`Producer::export`] hands to a new process image of the
+/// demux and [`Producer::adopt`] takes back: the only place they come from, since the region's
+/// copy of them is in memory the consumer can write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProducerState {
+    pub slots: u32,
+    pub slot_bytes: u32,
+    pub generation: u64,
+    /// Slots published (the next slot to write: everything written is published first).
+    pub tail: u64,
+    /// The consumer's head as last validated (everything below it is released).
+    pub head: u64,
+    pub last_rung: u32,
+    pub doorbells: u64,
+    pub dropped_full: u64,
+    /// What the rings this one replaced counted.
+    pub carried_published: u64,
+    pub carried_doorbells: u64,
+}
+
+/// A producer's descriptors, for [`Producer::adopt`]: the region and consumer page memfds and
+/// both ends of the doorbell pipe.
+#[derive(Debug)]
+pub struct ProducerFds {
+    pub region: OwnedFd,
+    pub page: OwnedFd,
+    pub doorbell_rx: OwnedFd,
+    pub doorbell_tx: OwnedFd,
+}
+
 impl Producer {
     /// Creates a ring: `memfd_create(MFD_CLOEXEC | MFD_ALLOW_SEALING)`, size, map, initialise
     /// (layout version stored last), seal; plus the consumer page and the doorbell.
@@ -180,6 +213,113 @@ impl Producer {
             generation,
             before: Carried::default(),
         })
+    }
+
+    /// Publishes what is written and returns the producer's numbers and descriptors, for a new
+    /// process image of the demux to [`Producer::adopt`]. The producer stays usable.
+    pub fn export(&mut self) -> (ProducerState, [BorrowedFd<'_>; 4]) {
+        self.core.publish();
+        let core = &self.core;
+        let state = ProducerState {
+            slots: self.config.slots,
+            slot_bytes: self.config.slot_bytes,
+            generation: self.generation,
+            tail: core.published_tail(),
+            head: core.cached_head(),
+            last_rung: core.last_rung(),
+            doorbells: core.doorbells(),
+            dropped_full: core.dropped_full(),
+            carried_published: self.before.published,
+            carried_doorbells: self.before.doorbells,
+        };
+        let fds = [
+            self.region_file.as_fd(),
+            self.page_file.as_fd(),
+            self.doorbell.consumer_end(),
+            self.doorbell.producer_end(),
+        ];
+        (state, fds)
+    }
+
+    /// Takes over a ring another process image of the demux [`Producer::export`]ed: maps the
+    /// region and the consumer page again and carries on from `state`, so the consumer attached
+    /// to the ring notices nothing. Checks the descriptors against `config` (seals, sizes) and
+    /// `state` against the consumer's head; never reads a number from the region.
+    pub fn adopt(config: &RingConfig, fds: ProducerFds, state: ProducerState) -> io::Result<Self> {
+        let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        if (state.slots, state.slot_bytes) != (config.slots, config.slot_bytes) {
+            return Err(bad(format!(
+                "the ring has {} slots of {} bytes, this configuration {} of {}",
+                state.slots, state.slot_bytes, config.slots, config.slot_bytes
+            )));
+        }
+        let capacity = u64::from(config.slots);
+        if state.head > state.tail || state.tail - state.head > capacity || state.generation == 0 {
+            return Err(bad(format!(
+                "inconsistent ring state: head {} tail {} generation {}",
+                state.head, state.tail, state.generation
+            )));
+        }
+        let region_bytes =
+            u64::from(SLOTS_OFFSET) + u64::from(config.slots) * u64::from(config.slot_bytes);
+        let region_file = File::from(fds.region);
+        let page_file = File::from(fds.page);
+        for (file, which, len) in [
+            (&region_file, "ring", region_bytes),
+            (&page_file, "consumer page", u64::from(CONSUMER_PAGE_BYTES)),
+        ] {
+            check_seals(file, which, BASE_SEALS).map_err(io::Error::other)?;
+            let size = file.metadata()?.len();
+            if size != len {
+                return Err(bad(format!("the {which} memfd is {size} bytes, not {len}")));
+            }
+        }
+        let region = MmapOptions::new()
+            .populate()
+            .len(region_bytes as usize)
+            .map_raw(&region_file)?;
+        let (page, _) = map_page(&page_file)?;
+        let header = header_ptr(&region);
+        // SAFETY: the slot array follows the header inside `region`, which `Producer` keeps.
+        let slots = unsafe { Slots::new(slots_ptr(&region), config.slots, config.slot_bytes) };
+        // SAFETY: header, page and slots stay mapped while the Producer (which owns them) lives;
+        // the indices come from the exporting producer, checked above.
+        let core = unsafe {
+            ProducerCore::resume(
+                header,
+                page_ptr(&page),
+                slots,
+                config.slots,
+                config.slot_bytes,
+                crate::ring::Resume {
+                    tail: state.tail,
+                    head: state.head,
+                    last_rung: state.last_rung,
+                    doorbells: state.doorbells,
+                    dropped_full: state.dropped_full,
+                },
+            )
+        };
+        let mut p = Producer {
+            core,
+            region,
+            region_file,
+            page,
+            page_file,
+            doorbell: Doorbell::from_fds(fds.doorbell_rx, fds.doorbell_tx)?,
+            config: *config,
+            generation: state.generation,
+            before: Carried {
+                published: state.carried_published,
+                doorbells: state.carried_doorbells,
+            },
+        };
+        // The consumer's head must still be where the exporter left it or beyond.
+        p.core.check_consumer().map_err(io::Error::other)?;
+        Ok(p)
     }
 
     /// Writes one datagram into the next free slot. Never blocks, never allocates. `Full` and
@@ -270,7 +410,7 @@ impl Producer {
             .generation
             .store(spare.generation, Ordering::Release);
         spare.before = Carried {
-            published: self.before.published + self.header().tail.tail.load(Ordering::Relaxed),
+            published: self.before.published + self.core.published_tail(),
             doorbells: self.before.doorbells + self.core.doorbells(),
         };
         let old = std::mem::replace(self, spare);
@@ -313,7 +453,7 @@ impl Producer {
         let c = unsafe { line.as_ref() };
         RingStats {
             generation: self.generation,
-            published: self.before.published + self.header().tail.tail.load(Ordering::Relaxed),
+            published: self.before.published + self.core.published_tail(),
             occupancy,
             capacity: u64::from(self.config.slots),
             doorbells: self.before.doorbells + self.core.doorbells(),
@@ -578,6 +718,14 @@ fn consumer_page(head: u64) -> io::Result<(MmapRaw, File)> {
         .store(head, Ordering::Relaxed);
     add_seals(&file, BASE_SEALS)?;
     Ok((map, file))
+}
+
+/// Maps an existing consumer page read-write (the producer reads it; the worker writes it).
+fn map_page(file: &File) -> io::Result<(MmapRaw, ())> {
+    let map = MmapOptions::new()
+        .len(CONSUMER_PAGE_BYTES as usize)
+        .map_raw(file)?;
+    Ok((map, ()))
 }
 
 pub(crate) fn add_seals(file: &File, seals: SealFlag) -> io::Result<()> {

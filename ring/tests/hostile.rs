@@ -8,8 +8,6 @@ mod common;
 
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
-use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use memmap2::MmapOptions;
@@ -253,7 +251,7 @@ fn garbage_head_and_flag_never_panic_the_producer() {
 }
 
 #[test]
-fn consumer_cannot_resize_or_write_the_memfds() {
+fn consumer_cannot_resize_the_memfds_or_change_their_seals() {
     let (p, _c) = common::pair(8, 0);
     let ring = File::from(common::dup(p.handles().ring));
     let page = File::from(common::dup(p.handles().page));
@@ -269,15 +267,7 @@ fn consumer_cannot_resize_or_write_the_memfds() {
         page.set_len(0).is_err(),
         "ftruncate of the consumer page must fail"
     );
-    assert!(
-        MmapOptions::new().len(4096).map_raw(&ring).is_err(),
-        "a new writable mapping of the ring must fail"
-    );
-    assert!(
-        (&ring).write(b"garbage").is_err(),
-        "write() into the ring must fail"
-    );
-    // SAFETY: fcntl on our own descriptor; removing seals must be impossible (F_SEAL_SEAL).
+    // SAFETY: fcntl on our own descriptor; adding seals must be impossible (F_SEAL_SEAL).
     let r = unsafe {
         libc::fcntl(
             std::os::fd::AsRawFd::as_raw_fd(&ring),
@@ -288,50 +278,36 @@ fn consumer_cannot_resize_or_write_the_memfds() {
     assert!(r < 0, "adding seals must fail once F_SEAL_SEAL is set");
 }
 
+/// The region carries no write seal (a demux that replaces itself maps it writable again), so
+/// a hostile consumer can scribble over its header, tail line and slots. It only spoils what
+/// it reads itself: the producer never reads the region back, neither while it runs nor when a
+/// new process image adopts the ring.
 #[test]
-fn write_into_producer_region_faults_in_child() {
-    let (p, _c) = common::pair(8, 0);
-    let mut child = common::spawn_child("hostile_writer", &p, &[]);
-    let status = common::wait_with_watchdog(&mut child, Duration::from_secs(60));
-    assert_eq!(
-        status.signal(),
-        Some(libc::SIGSEGV),
-        "expected the store to fault, got {status:?}"
-    );
-}
-
-#[test]
-#[ignore = "child-process role: run by common::spawn_child, not on its own"]
-fn hostile_writer() {
-    if common::child_role().as_deref() != Some("hostile_writer") {
-        return;
+fn a_consumer_scribbling_on_its_region_misleads_only_itself() {
+    let (mut p, mut c) = common::pair(8, 0);
+    for i in 0..3u8 {
+        p.try_push(&meta(), &[i; 10]).unwrap();
     }
-    use std::os::fd::FromRawFd;
-    // SAFETY: the parent put the ring at this descriptor (common::spawn_child).
-    let ring = File::from(unsafe { OwnedFd::from_raw_fd(common::CHILD_RING_FD) });
-    let map = MmapOptions::new()
-        .len(4096)
-        .map_raw_read_only(&ring)
-        .unwrap();
-    // mprotect to writable must be refused (F_SEAL_FUTURE_WRITE on a shared mapping).
-    // SAFETY: the mapping is ours and 4096 bytes long.
-    let r = unsafe {
-        libc::mprotect(
-            map.as_mut_ptr().cast(),
-            4096,
-            libc::PROT_READ | libc::PROT_WRITE,
-        )
-    };
-    assert!(r < 0, "mprotect to writable succeeded");
-    // This store must fault: the process dies of SIGSEGV, which the parent checks.
-    // SAFETY: deliberately invalid; this is the behaviour under test.
-    unsafe {
-        map.as_mut_ptr()
-            .add(128)
-            .cast::<u64>()
-            .write_volatile(u64::MAX)
-    };
-    std::process::exit(0);
+    p.publish();
+    let ring = File::from(common::dup(p.handles().ring));
+    let len = ring.metadata().unwrap().len() as usize;
+    let map = MmapOptions::new().len(len).map_raw(&ring).unwrap();
+    // SAFETY: our own mapping of `len` bytes; the producer writes none of it until the next
+    // push, after this loop.
+    unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 0xa5, len) };
+    (&ring).write_all(b"garbage").unwrap();
+    let s = p.stats();
+    assert_eq!((s.published, s.occupancy), (3, 3), "{s:?}");
+    // Its own datagrams are spoilt: the consumer counts them invalid (or refuses the header).
+    let mut good = 0;
+    let _ = c.drain(8, |_| good += 1);
+    assert_eq!(
+        good, 0,
+        "the consumer read slots it overwrote as valid datagrams"
+    );
+    // The producer goes on from its own indices, and so does an adopted copy of it.
+    let (state, _) = p.export();
+    assert_eq!((state.tail, state.generation), (3, 1));
 }
 
 #[test]
@@ -365,7 +341,7 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
         "{e}"
     );
 
-    // A page handed as the ring: wrong seals.
+    // A page handed as the ring: sealed alike, but no ring header.
     let e = Consumer::attach(
         common::dup(h.page),
         common::dup(h.page),
@@ -375,10 +351,7 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
     )
     .err()
     .unwrap();
-    assert!(
-        matches!(e, AttachError::Unsealed { which: "ring", .. }),
-        "{e}"
-    );
+    assert!(matches!(e, AttachError::BadMagic { found: 0 }), "{e}");
 
     // A plain file is not a memfd.
     let f = File::open("/proc/self/status").unwrap();
