@@ -47,6 +47,26 @@ pub enum Command {
         #[arg(long, default_value_t = 600)]
         timeout: u64,
     },
+    /// Replace the running demux with the ringmux binary on disk now, without losing a
+    /// connection or a datagram: the new demux takes over the public socket, every ring, each
+    /// worker's sockets, the keys, the session cache and the counters, while the workers run on.
+    /// Same as SIGUSR2 to the running ringmux. The new binary runs with the same command line and
+    /// environment; it must speak the running workers' protocol and ring layout (it is asked
+    /// first). Refused while a reload is under way or a worker is restarting. Exits 0 once the
+    /// new demux serves; non-zero with the reason when it was refused (the old demux then serves
+    /// on). Run `ringmux reload` afterwards to move the workers to the new build too.
+    Upgrade {
+        /// Control socket of the running ringmux.
+        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+        control_socket: PathBuf,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Prints what this binary speaks to a running demux that asks whether it may hand over
+    /// to it (`ringmux upgrade` runs it).
+    #[command(hide = true)]
+    UpgradeCheck,
 }
 
 /// Where the control socket (`ringmux reload`) is by default.

@@ -220,6 +220,13 @@ pub struct DataPlane<F> {
     counters: Arc<Counters>,
     batch: usize,
     stall: Duration,
+    /// The first lane of the generation slot new connections go to.
+    active: usize,
+    /// When the last batch was received (`CLOCK_MONOTONIC`, ns).
+    last_recv_ns: u64,
+    /// When a previous process image received its last datagram, until this one receives its
+    /// first: the upgrade's pause is the difference.
+    resumed_after: Option<u64>,
 }
 
 /// Per-lane bookkeeping the loop keeps to itself.
@@ -254,14 +261,53 @@ impl<F: Forward> DataPlane<F> {
             counters,
             batch,
             stall,
+            active: 0,
+            last_recv_ns: 0,
+            resumed_after: None,
         }
     }
 
-    /// Runs until `control.stop` is set.
-    pub fn run(mut self, control: Control) {
+    /// Measures the pause of an upgrade from `last_recv_ns`, when the previous image received
+    /// its last datagram ([`DataPlane::last_recv_ns`] there).
+    pub fn resumed_after(mut self, last_recv_ns: Option<u64>) -> Self {
+        self.resumed_after = last_recv_ns.filter(|&t| t > 0);
+        self
+    }
+
+    /// When the last batch was received (`CLOCK_MONOTONIC`, ns; 0: none yet).
+    pub fn last_recv_ns(&self) -> u64 {
+        self.last_recv_ns
+    }
+
+    /// New connections go to the lanes of generation slot `slot` (a data plane taking over
+    /// from a previous process image of the demux).
+    pub fn with_active_slot(mut self, slot: u8) -> Self {
+        self.active = usize::from(self.router.lane(0, slot));
+        self
+    }
+
+    /// The public socket's descriptor number and every lane's ingress, for a new process image
+    /// (`ringmux upgrade`); call it once [`DataPlane::run`] has returned. Everything stays
+    /// owned here.
+    pub fn export(
+        &mut self,
+    ) -> io::Result<(
+        std::os::fd::RawFd,
+        Vec<Option<crate::upgrade::IngressState>>,
+    )> {
+        use std::os::fd::AsRawFd;
+        self.forward.publish();
+        let lanes = (0..self.router.lanes())
+            .map(|l| self.forward.export(l))
+            .collect::<io::Result<_>>()?;
+        Ok((self.public.socket.as_raw_fd(), lanes))
+    }
+
+    /// Runs until `control.stop` is set, then hands itself and `control` back (to run again,
+    /// or to be exported for an upgrade). The counters go on from what they hold.
+    pub fn run(mut self, control: Control) -> (Self, Control) {
         let n_lanes = self.router.lanes();
-        // The first lane of the generation slot new connections go to.
-        let mut active = 0usize;
+        let mut active = self.active;
         let mut storage = vec![0u8; RECV_BUF * self.batch];
         let mut iovs: Vec<IoSliceMut<'_>> =
             storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
@@ -282,9 +328,15 @@ impl<F: Forward> DataPlane<F> {
             };
             n_lanes
         ];
-        let mut received = 0u64;
-        let mut recv_calls = 0u64;
+        for (i, l) in local.iter_mut().enumerate() {
+            l.forwarded = self.counters.instances[i].forwarded.load(Ordering::Relaxed);
+        }
+        let mut received = self.counters.received.load(Ordering::Relaxed);
+        let mut recv_calls = self.counters.recv_calls.load(Ordering::Relaxed);
         let mut dropped = [0u64; DropReason::ALL.len()];
+        for (d, c) in dropped.iter_mut().zip(&self.counters.dropped) {
+            *d = c.load(Ordering::Relaxed);
+        }
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
         let mut errors_logged = 0u32;
@@ -344,6 +396,12 @@ impl<F: Forward> DataPlane<F> {
             };
             recv_calls += 1;
             let ts = monotonic_ns();
+            if let Some(before) = self.resumed_after.take() {
+                self.counters
+                    .upgrade_pause_ns
+                    .store(ts.saturating_sub(before), Ordering::Relaxed);
+            }
+            self.last_recv_ns = ts;
             // Routes are remembered within one batch only: a reset or restart between batches
             // can never see a stale entry (routing is pure anyway).
             let mut cache = RouteCache::new(&self.router);
@@ -437,6 +495,12 @@ impl<F: Forward> DataPlane<F> {
         }
         // Final publish so nothing written stays invisible.
         self.forward.publish();
+        self.active = active;
+        // A reset still waiting for its ring is answered: the supervisor asks again.
+        for (_, reply) in deferred.drain(..) {
+            let _ = reply.send(Err(io::ErrorKind::Interrupted.into()));
+        }
+        (self, control)
     }
 
     /// Carries out one command. A reset whose new ingress is not ready yet (the mode says

@@ -9,6 +9,7 @@
 //! * [`metrics`]: counters, the Prometheus endpoint, `ringmux stats`.
 //! * [`certs`]: the certificate handed to the workers.
 //! * [`sys`]: every system call of the demux, wrapped once.
+//! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
 //! * [`alloc`]: the counting allocator behind `ringmux_dataplane_allocations_total`.
 //!
 //! The demux never links the worker library, quinn's connection layer or HTTP: what it shares
@@ -25,3 +26,4 @@ pub mod metrics;
 pub mod sessions;
 pub mod supervisor;
 pub mod sys;
+pub mod upgrade;

@@ -20,7 +20,8 @@ use ringmux_demux::config::{self, Cli, Command, Config};
 use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
 use ringmux_demux::forward::{self, Forward, IngressHandles};
 use ringmux_demux::metrics::{self, Counters};
-use ringmux_demux::{alloc, supervisor, sys};
+use ringmux_demux::supervisor::control;
+use ringmux_demux::{alloc, supervisor, sys, upgrade};
 
 #[global_allocator]
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -35,7 +36,23 @@ fn main() -> ExitCode {
         Some(Command::Reload {
             control_socket,
             timeout,
-        }) => supervisor::control::reload(&control_socket, Duration::from_secs(timeout)),
+        }) => supervisor::control::request(
+            &control_socket,
+            control::Request::Reload,
+            Duration::from_secs(timeout),
+        ),
+        Some(Command::Upgrade {
+            control_socket,
+            timeout,
+        }) => supervisor::control::request(
+            &control_socket,
+            control::Request::Upgrade,
+            Duration::from_secs(timeout),
+        ),
+        Some(Command::UpgradeCheck) => {
+            println!("{}", upgrade::Compat::ours().line());
+            Ok(())
+        }
         None => cli.run.validate().and_then(run),
     };
     match result {
@@ -66,12 +83,23 @@ fn run(cfg: Config) -> Result<()> {
              e.g. nobody"
         );
     }
-    let keys = match &cfg.args.key_file {
-        Some(p) => {
-            KeySet::load(p).map_err(|e| anyhow::anyhow!("--key-file / RINGMUX_KEY_FILE: {e}"))?
-        }
-        None => KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?,
-    };
+    match upgrade::inherited() {
+        None => fresh(cfg, signals),
+        Some(inherited) => resume(cfg, signals, inherited?),
+    }
+}
+
+/// The `--forward` mode's name, as the hand-over state records it.
+fn forward_name(cfg: &Config) -> String {
+    use clap::ValueEnum;
+    cfg.args
+        .forward
+        .to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string())
+}
+
+/// The QUIC-LB configuration and router of `cfg` with `keys`.
+fn routing(cfg: &Config, keys: &KeySet) -> Result<(QuicLbConfig, Router)> {
     let lb = QuicLbConfig {
         config_id: cfg.args.config_id,
         node_id: cfg.node_id.clone(),
@@ -86,23 +114,18 @@ fn run(cfg: Config) -> Result<()> {
     })?;
     let router =
         Router::new(&lb, keys.routing_hash).map_err(|e| anyhow::anyhow!("QUIC-LB router: {e}"))?;
-    let cert = match (&cfg.args.cert, &cfg.args.key) {
-        (Some(c), Some(k)) => CertPem::load(c, k)?,
-        _ => CertPem::self_signed()?,
-    };
+    Ok((lb, router))
+}
 
-    let public =
-        dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
-            .context("configuring the public socket")?;
-    let public_addr = public.socket().local_addr()?;
-
-    let lanes = router.lanes();
-    let counters = Arc::new(Counters::new(cfg.instances, lanes));
-    let liveness = Liveness::new(lanes);
-    if let Ok(mut p) = counters.program.write() {
-        *p = cfg.worker_cmd.join(" ");
-    }
-    let template = Handoff {
+/// What every worker is handed, apart from its own descriptors and numbers.
+fn template(
+    cfg: &Config,
+    lb: &QuicLbConfig,
+    keys: &KeySet,
+    cert: CertPem,
+    public_addr: SocketAddr,
+) -> Handoff {
+    Handoff {
         instance: 0,
         instances: cfg.instances,
         generation: 1,
@@ -133,15 +156,177 @@ fn run(cfg: Config) -> Result<()> {
             idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
             sink: cfg.args.worker_mode == config::WorkerMode::Sink,
         },
+    }
+}
+
+/// A first start: bind, make the rings, start the workers.
+fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
+    let keys = match &cfg.args.key_file {
+        Some(p) => {
+            KeySet::load(p).map_err(|e| anyhow::anyhow!("--key-file / RINGMUX_KEY_FILE: {e}"))?
+        }
+        None => KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?,
+    };
+    let (lb, router) = routing(&cfg, &keys)?;
+    let cert = match (&cfg.args.cert, &cfg.args.key) {
+        (Some(c), Some(k)) => CertPem::load(c, k)?,
+        _ => CertPem::self_signed()?,
     };
 
-    let metrics_addr = match cfg.metrics {
-        Some(addr) => {
-            let bound = metrics::exposition::serve(addr, counters.clone(), liveness.clone())?;
-            tracing::info!(%bound, "metrics at http://{bound}/metrics");
-            Some(bound)
-        }
+    let public =
+        dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
+            .context("configuring the public socket")?;
+    let public_addr = public.socket().local_addr()?;
+
+    let lanes = router.lanes();
+    let counters = Arc::new(Counters::new(cfg.instances, lanes));
+    let liveness = Liveness::new(lanes);
+    if let Ok(mut p) = counters.program.write() {
+        *p = cfg.worker_cmd.join(" ");
+    }
+    let template = template(&cfg, &lb, &keys, cert, public_addr);
+    let metrics_listener = match cfg.metrics {
+        Some(addr) => Some(metrics::exposition::bind(addr)?),
         None => None,
+    };
+    let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
+    let setup = forward::Setup {
+        instances: cfg.instances,
+        lanes,
+        ring: &cfg.ring,
+        shed_at: cfg.shed_at_slots(),
+    };
+    let mode = cfg.args.forward;
+    let serve = Serve {
+        cfg: cfg.clone(),
+        template,
+        public,
+        router,
+        counters,
+        liveness,
+        signals,
+        metrics_addr,
+        metrics_listener,
+        keys: hex::encode(keys.to_bytes()),
+        resume: None,
+    };
+    forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
+}
+
+/// Serves the metrics on `listener`, keeping a duplicate of it to hand over on an upgrade.
+fn serve_metrics(
+    listener: Option<std::net::TcpListener>,
+    counters: &Arc<Counters>,
+    liveness: &Arc<Liveness>,
+) -> Result<(Option<SocketAddr>, Option<std::net::TcpListener>)> {
+    let Some(listener) = listener else {
+        return Ok((None, None));
+    };
+    let kept = listener.try_clone()?;
+    let bound = metrics::exposition::serve_on(listener, counters.clone(), liveness.clone())?;
+    tracing::info!(%bound, "metrics at http://{bound}/metrics");
+    Ok((Some(bound), Some(kept)))
+}
+
+/// A start by `ringmux upgrade`: take over what the previous image handed over. A state this
+/// image cannot use sends it back to the previous binary, which serves on and says why.
+fn resume(
+    cfg: Config,
+    signals: nix::sys::signalfd::SignalFd,
+    inherited: upgrade::Inherited,
+) -> Result<()> {
+    let back = |why: String| -> anyhow::Error {
+        if inherited.refused.is_some() {
+            // Already the previous binary, gone back to: no further back.
+            return anyhow::anyhow!("the hand-over state was refused twice: {why}");
+        }
+        tracing::error!(reason = %why, "refusing the hand-over; going back to the previous binary");
+        let e = upgrade::go_back(&inherited, &why);
+        anyhow::anyhow!(
+            "refusing the hand-over ({why}); going back to the previous binary failed: {e}"
+        )
+    };
+    let state = inherited.parse().map_err(back)?;
+    let taken = state
+        .take(&forward_name(&cfg), cfg.instances)
+        .map_err(back)?;
+    upgrade::forget_fallback();
+    let keys = hex::decode(&taken.keys)
+        .ok()
+        .and_then(|b| KeySet::from_bytes(&b).ok())
+        .context("the hand-over's keys")?;
+    let (lb, router) = routing(&cfg, &keys)?;
+    let cert = CertPem {
+        chain: taken.cert_pem,
+        key: taken.key_pem,
+    };
+    let public = dataplane::PublicSocket::new(
+        std::net::UdpSocket::from(taken.public),
+        cfg.args.ecn == config::Toggle::On,
+    )
+    .context("configuring the public socket")?;
+    let public_addr = public.socket().local_addr()?;
+    let lanes = router.lanes();
+    let counters = Arc::new(Counters::new(cfg.instances, lanes));
+    counters.restore(&taken.counters);
+    match &inherited.refused {
+        None => counters.upgrades.fetch_add(1, Ordering::Relaxed),
+        Some(_) => counters.upgrades_failed.fetch_add(1, Ordering::Relaxed),
+    };
+    counters.upgrade_queued_bytes.store(
+        sys::queued_bytes(public.socket().as_fd()).unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    let liveness = Liveness::new(lanes);
+    if let Ok(mut p) = counters.program.write() {
+        *p = cfg.worker_cmd.join(" ");
+    }
+    let template = template(&cfg, &lb, &keys, cert, public_addr);
+    let metrics_listener = match (taken.metrics, cfg.metrics) {
+        (Some(fd), _) => Some(std::net::TcpListener::from(fd)),
+        (None, Some(addr)) => Some(metrics::exposition::bind(addr)?),
+        (None, None) => None,
+    };
+    let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
+    let mut ingress = Vec::with_capacity(lanes);
+    let mut workers = Vec::with_capacity(lanes);
+    for l in taken.lanes {
+        ingress.push(l.ingress);
+        workers.push((l.generation, l.phase, l.worker));
+    }
+    let sessions = taken
+        .sessions
+        .into_iter()
+        .filter_map(|e| {
+            Some((
+                hex::decode(e.key).ok()?,
+                hex::decode(e.value).ok()?,
+                Duration::from_millis(e.age_ms),
+            ))
+        })
+        .collect();
+    let control = taken
+        .control
+        .map(|l| (l, cfg.args.control_socket.clone().into(), taken.answers));
+    let answer = match &inherited.refused {
+        None => format!(
+            "ok upgraded: pid {} serves with {}",
+            std::process::id(),
+            std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string())
+        ),
+        Some(why) => format!(
+            "error: the new binary refused the hand-over: {why}; the previous demux serves on"
+        ),
+    };
+    let resumed = Resumed {
+        adopted: supervisor::Adopted {
+            active_generation: taken.active_generation,
+            sessions,
+            lanes: workers,
+            control,
+        },
+        answer,
+        last_recv_ns: taken.last_recv_ns,
     };
     let setup = forward::Setup {
         instances: cfg.instances,
@@ -159,8 +344,20 @@ fn run(cfg: Config) -> Result<()> {
         liveness,
         signals,
         metrics_addr,
+        metrics_listener,
+        keys: taken.keys,
+        resume: Some(resumed),
     };
-    forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
+    forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
+}
+
+/// What a resumed image does differently.
+struct Resumed {
+    adopted: supervisor::Adopted,
+    /// The last line for the clients that asked for the upgrade.
+    answer: String,
+    /// When the previous image received its last datagram (`CLOCK_MONOTONIC`, ns).
+    last_recv_ns: u64,
 }
 
 /// Everything the demux runs, once the forwarding mode exists.
@@ -173,12 +370,18 @@ struct Serve {
     liveness: Arc<Liveness>,
     signals: nix::sys::signalfd::SignalFd,
     metrics_addr: Option<SocketAddr>,
+    /// A duplicate of the metrics listener, to hand over.
+    metrics_listener: Option<std::net::TcpListener>,
+    /// The shared keys, hex (`KeySet::to_bytes`), to hand over.
+    keys: String,
+    resume: Option<Resumed>,
 }
 
 impl forward::WithForward for Serve {
     type Output = Result<()>;
 
-    /// Starts the workers, then the data plane, supervises until shutdown.
+    /// Starts (or takes over) the workers, then the data plane, supervises until shutdown;
+    /// carries out an upgrade when asked for one (and serves on if it fails).
     fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Result<()> {
         let Serve {
             cfg,
@@ -189,63 +392,170 @@ impl forward::WithForward for Serve {
             liveness,
             signals,
             metrics_addr,
+            metrics_listener,
+            keys,
+            resume,
         } = self;
         let public_addr = public.socket().local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
+        let (link, mut control) = DataPlaneLink::new(stop.clone(), liveness);
         let public_fd: OwnedFd = public.socket().try_clone()?.into();
-        let mut sup = supervisor::Supervisor::new(
-            cfg.clone(),
-            template,
-            public_fd,
-            counters.clone(),
-            link,
-            signals,
-        )?;
-        sup.start_all(handles)?;
-
-        let dp = DataPlane::new(
+        let (mut sup, answer, resumed_at) = match resume {
+            None => {
+                let mut sup = supervisor::Supervisor::new(
+                    cfg.clone(),
+                    template,
+                    public_fd,
+                    counters.clone(),
+                    link,
+                    signals,
+                )?;
+                sup.start_all(handles)?;
+                (sup, None, None)
+            }
+            Some(r) => {
+                let sup = supervisor::Supervisor::adopt(
+                    cfg.clone(),
+                    template,
+                    public_fd,
+                    counters.clone(),
+                    link,
+                    signals,
+                    r.adopted,
+                )?;
+                (sup, Some(r.answer), Some(r.last_recv_ns))
+            }
+        };
+        let active_slot =
+            ringmux_proto::generation_slot(counters.active_generation.load(Ordering::Relaxed));
+        let mut dp = DataPlane::new(
             public,
             router,
             forward,
             counters.clone(),
             cfg.args.recv_batch,
             Duration::from_secs(cfg.args.stall_secs),
-        );
+        )
+        .with_active_slot(active_slot)
+        .resumed_after(resumed_at);
         let cpu = cfg.demux_cpu();
-        let data_plane = std::thread::Builder::new()
-            .name("data-plane".into())
-            .spawn(move || {
-                if let Some(cpu) = cpu {
-                    pin(cpu);
+        let mut first = true;
+        loop {
+            stop.store(false, Ordering::Relaxed);
+            let data_plane = std::thread::Builder::new()
+                .name("data-plane".into())
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin(cpu);
+                    }
+                    dp.run(control)
+                })?;
+            if first {
+                first = false;
+                tracing::info!(
+                    listen = %public_addr,
+                    instances = cfg.instances,
+                    forward = ?cfg.args.forward,
+                    "serving https://{}/",
+                    display_addr(public_addr)
+                );
+                // One machine-readable line on stdout for scripts and tests: the bound addresses.
+                println!(
+                    "ringmux ready listen={public_addr} metrics={} pid={}",
+                    metrics_addr.map_or("off".to_string(), |a| a.to_string()),
+                    std::process::id()
+                );
+                if let Some(line) = &answer {
+                    sup.answer_upgrade(line);
                 }
-                dp.run(control)
-            })?;
-        tracing::info!(
-            listen = %public_addr,
-            instances = cfg.instances,
-            forward = ?cfg.args.forward,
-            "serving https://{}/",
-            display_addr(public_addr)
-        );
-        // One machine-readable line on stdout for scripts and tests: the bound addresses.
-        println!(
-            "ringmux ready listen={public_addr} metrics={} pid={}",
-            metrics_addr.map_or("off".to_string(), |a| a.to_string()),
-            std::process::id()
-        );
-        let result = sup.run();
-        stop.store(true, Ordering::Relaxed);
-        let _ = data_plane.join();
-        let received = counters.received.load(Ordering::Relaxed);
-        tracing::info!(
-            received,
-            forwarded = counters.forwarded_total(),
-            dropped = counters.dropped_total(),
-            "stopped"
-        );
-        result
+            }
+            let outcome = sup.run();
+            stop.store(true, Ordering::Relaxed);
+            let joined = data_plane.join();
+            let Ok((d, c)) = joined else {
+                anyhow::bail!("the data plane panicked");
+            };
+            (dp, control) = (d, c);
+            let upgrade = match outcome {
+                Ok(supervisor::Outcome::Upgrade(u)) => u,
+                done => {
+                    let received = counters.received.load(Ordering::Relaxed);
+                    tracing::info!(
+                        received,
+                        forwarded = counters.forwarded_total(),
+                        dropped = counters.dropped_total(),
+                        "stopped"
+                    );
+                    return done.map(|_| ());
+                }
+            };
+            let why = hand_over(
+                &cfg,
+                &mut sup,
+                &mut dp,
+                &upgrade,
+                &counters,
+                metrics_listener.as_ref(),
+                &keys,
+            );
+            sup.upgrade_failed(upgrade, &why);
+        }
     }
+}
+
+/// Hands everything over to the binary of `upgrade` and executes it; returns only if that
+/// failed, saying why.
+fn hand_over<F: Forward>(
+    cfg: &Config,
+    sup: &mut supervisor::Supervisor,
+    dp: &mut DataPlane<F>,
+    upgrade: &supervisor::Upgrade,
+    counters: &Counters,
+    metrics: Option<&std::net::TcpListener>,
+    keys: &str,
+) -> String {
+    use std::os::fd::AsRawFd;
+    let exported = match sup.export(upgrade) {
+        Ok(e) => e,
+        Err(e) => return format!("{e:#}"),
+    };
+    let (public_fd, ingress) = match dp.export() {
+        Ok(x) => x,
+        Err(e) => return format!("exporting the rings: {e}"),
+    };
+    let lanes = exported
+        .lanes
+        .into_iter()
+        .zip(ingress)
+        .map(
+            |((generation, phase, worker), ingress)| upgrade::LaneState {
+                generation,
+                phase,
+                worker,
+                ingress,
+            },
+        )
+        .collect();
+    let state = upgrade::State {
+        compat: upgrade::Compat::ours(),
+        forward: forward_name(cfg),
+        instances: cfg.instances,
+        keys: keys.to_string(),
+        cert_pem: exported.cert_pem,
+        key_pem: exported.key_pem,
+        public_fd,
+        metrics_fd: metrics.map(|m| m.as_raw_fd()),
+        control_fd: exported.control_fd,
+        answer_fds: exported.answer_fds,
+        active_generation: exported.active_generation,
+        counters: counters.snapshot(),
+        sessions: exported.sessions,
+        lanes,
+        last_recv_ns: dp.last_recv_ns(),
+    };
+    tracing::info!(binary = %upgrade.binary.display(), "upgrade: handing over");
+    let e = upgrade::exec(&upgrade.binary, &state);
+    format!("executing {}: {e}", upgrade.binary.display())
 }
 
 /// Binds the public socket: dual-stack for `[::]`, large buffers (forced past the sysctl limits

@@ -43,6 +43,11 @@ impl Sessions {
         }
     }
 
+    /// The cache (for a hand-over to a new process image).
+    pub fn cache(&self) -> &Arc<SessionCache> {
+        &self.cache
+    }
+
     /// Serves instance `i`'s session socket on its own thread until the worker closes it
     /// (exits or dies); a malformed request is counted and answered with nothing.
     pub fn serve(&self, instance: u8, sock: OwnedFd) {
@@ -130,6 +135,8 @@ struct Store {
     next_seq: u64,
     bytes: usize,
     stats: CacheStats,
+    /// Handed over to a new process image ([`SessionCache::freeze`]): requests go unanswered.
+    frozen: bool,
 }
 
 struct Entry {
@@ -154,6 +161,7 @@ impl SessionCache {
                 next_seq: 0,
                 bytes: 0,
                 stats: CacheStats::default(),
+                frozen: false,
             }),
         }
     }
@@ -182,6 +190,9 @@ impl SessionCache {
     /// [`SessionCache::handle`] as if the time were `now` (for tests of expiry).
     pub fn handle_at(&self, request: &[u8], now: Instant) -> Option<Vec<u8>> {
         let mut store = self.store();
+        if store.frozen {
+            return None;
+        }
         let Some(req) = Request::parse(request) else {
             store.stats.malformed += 1;
             let n = store.stats.malformed;
@@ -251,6 +262,42 @@ impl SessionCache {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// Every live entry, oldest first: key, value and age at `now`. From here on requests go
+    /// unanswered (a worker asking meanwhile times out and does a full handshake) until
+    /// [`SessionCache::thaw`]: what a new process image takes over is all there is.
+    pub fn freeze(&self, now: Instant) -> Vec<(Vec<u8>, Vec<u8>, Duration)> {
+        let mut store = self.store();
+        store.frozen = true;
+        store.expire(now, self.limits.ttl);
+        store
+            .order
+            .values()
+            .filter_map(|k| {
+                let e = store.map.get(k)?;
+                Some((
+                    k.clone(),
+                    e.value.clone(),
+                    now.saturating_duration_since(e.stored_at),
+                ))
+            })
+            .collect()
+    }
+
+    /// Answers requests again (the hand-over did not happen).
+    pub fn thaw(&self) {
+        self.store().frozen = false;
+    }
+
+    /// Stores entries a previous process image handed over, as old as they were then.
+    pub fn restore(&self, entries: Vec<(Vec<u8>, Vec<u8>, Duration)>, now: Instant) {
+        let mut store = self.store();
+        for (key, value, age) in entries {
+            let stored_at = now.checked_sub(age).unwrap_or(now);
+            store.put(&key, &value, stored_at, &self.limits);
+        }
+        store.stats.puts = 0;
     }
 
     fn store(&self) -> MutexGuard<'_, Store> {

@@ -363,6 +363,98 @@ pub fn kill_and_reap(pid: u32) {
     let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
 }
 
+/// A child process known by its PID alone, unlike `std::process::Child`: a new process image
+/// of the demux (`ringmux upgrade`) supervises the workers the old one started, which are still
+/// its children. The PID cannot be reused while the child is unreaped, and only this process
+/// reaps it, so signalling it by PID is safe until [`ChildProcess::wait`] or
+/// [`ChildProcess::try_wait`] returned its status.
+#[derive(Debug)]
+pub struct ChildProcess {
+    pid: u32,
+    /// The status once reaped (by either wait).
+    status: Option<std::process::ExitStatus>,
+}
+
+impl ChildProcess {
+    /// The child `pid`, started by this process or by an earlier image of it.
+    pub fn from_pid(pid: u32) -> Self {
+        ChildProcess { pid, status: None }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.pid
+    }
+
+    /// SIGKILL (nothing once it is reaped: its PID may be another process's by then).
+    pub fn kill(&self) -> io::Result<()> {
+        if self.status.is_some() {
+            return Ok(());
+        }
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.pid).map_err(io::Error::other)?);
+        nix::sys::signal::kill(pid, Signal::SIGKILL)?;
+        Ok(())
+    }
+
+    /// Its exit status if it has ended (and reaps it), `None` while it runs.
+    pub fn try_wait(&mut self) -> io::Result<Option<std::process::ExitStatus>> {
+        if self.status.is_none() {
+            self.status = self.waitpid(libc::WNOHANG)?;
+        }
+        Ok(self.status)
+    }
+
+    /// Waits for it to end and reaps it.
+    pub fn wait(&mut self) -> io::Result<std::process::ExitStatus> {
+        if let Some(s) = self.status {
+            return Ok(s);
+        }
+        loop {
+            match self.waitpid(0) {
+                Ok(Some(s)) => {
+                    self.status = Some(s);
+                    return Ok(s);
+                }
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn waitpid(&self, flags: i32) -> io::Result<Option<std::process::ExitStatus>> {
+        use std::os::unix::process::ExitStatusExt;
+        let pid = i32::try_from(self.pid).map_err(io::Error::other)?;
+        let mut status = 0;
+        // SAFETY: waitpid writes one int into `status`, which lives across the call.
+        let r = unsafe { libc::waitpid(pid, &mut status, flags) };
+        match r {
+            0 => Ok(None),
+            r if r < 0 => Err(io::Error::last_os_error()),
+            _ => Ok(Some(std::process::ExitStatus::from_raw(status))),
+        }
+    }
+}
+
+/// Bytes waiting in a UDP socket's receive queue (`rx_queue` of its line in `/proc/net/udp` or
+/// `/proc/net/udp6`, found by the socket's inode).
+pub fn queued_bytes(socket: BorrowedFd<'_>) -> Option<u64> {
+    let inode = nix::sys::stat::fstat(socket).ok()?.st_ino;
+    for table in ["/proc/net/udp", "/proc/net/udp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local rem st tx_queue:rx_queue tr:tm retrnsmt uid timeout inode ...
+            if f.get(9).and_then(|i| i.parse::<u64>().ok()) == Some(inode) {
+                let rx = f.get(4)?.split(':').nth(1)?;
+                return u64::from_str_radix(rx, 16).ok();
+            }
+        }
+    }
+    None
+}
+
 /// `shutdown(SHUT_RDWR)` on a socket: every holder of it (and of its peer) sees it closed,
 /// whichever descriptors of it still exist.
 pub fn shut_down(sock: BorrowedFd<'_>) -> io::Result<()> {
@@ -382,19 +474,26 @@ pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The shutdown signals (SIGTERM, SIGINT) and the reload signal (SIGHUP) as a non-blocking
+/// The shutdown signals (SIGTERM, SIGINT), the reload signal (SIGHUP) and the upgrade signal
+/// (SIGUSR2) as a non-blocking
 /// signalfd. Blocks them in this
 /// thread and in the threads it spawns later: call before spawning any thread.
 pub fn shutdown_signals() -> io::Result<SignalFd> {
     let mut set = SigSet::empty();
     set.add(Signal::SIGTERM);
     set.add(Signal::SIGINT);
-    // Reload.
+    // Reload, and upgrade (`ringmux upgrade`).
     set.add(Signal::SIGHUP);
+    set.add(Signal::SIGUSR2);
     // Block first: between the two steps a signal then waits for the signalfd instead of
     // killing the process with the default action.
     set.thread_block()?;
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGUSR2,
+    ] {
         // A shell starts background jobs with SIGINT ignored, and an ignored signal never
         // reaches a signalfd: take the default disposition back (blocked, it cannot kill us).
         // SAFETY: SIG_DFL installs no handler, so no handler can run unsafely.

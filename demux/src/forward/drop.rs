@@ -20,6 +20,16 @@ impl Drop {
         let (idle, handles) = Shm::create(setup)?;
         Ok((Drop { idle }, handles))
     }
+
+    /// The idle rings a previous process image of the demux handed over.
+    pub fn adopt(
+        setup: &Setup<'_>,
+        lanes: Vec<Option<crate::upgrade::Ingress>>,
+    ) -> io::Result<Self> {
+        Ok(Drop {
+            idle: Shm::adopt(setup, lanes)?,
+        })
+    }
 }
 
 impl Forward for Drop {
@@ -36,5 +46,9 @@ impl Forward for Drop {
 
     fn close(&mut self, inst: usize) -> u64 {
         self.idle.close(inst)
+    }
+
+    fn export(&mut self, lane: usize) -> io::Result<Option<crate::upgrade::IngressState>> {
+        self.idle.export(lane)
     }
 }

@@ -60,6 +60,11 @@ pub trait Forward: Send + 'static {
     /// how many datagrams were left unread in it.
     fn close(&mut self, inst: usize) -> u64;
 
+    /// Lane `lane`'s ingress for a new process image of the demux (`ringmux upgrade`): its
+    /// state and descriptor numbers, which stay owned here until `execve` hands them on.
+    /// `None`: the lane has no ingress.
+    fn export(&mut self, lane: usize) -> io::Result<Option<crate::upgrade::IngressState>>;
+
     /// The gauges of instance `inst`'s ingress, when the mode has any (rings do).
     fn gauges(&mut self, _inst: usize) -> Option<Gauges> {
         None
@@ -113,6 +118,21 @@ pub struct Setup<'a> {
 pub trait WithForward {
     type Output;
     fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Self::Output;
+}
+
+/// Builds the forwarding mode `mode` from the ingresses a previous process image of the demux
+/// handed over (one entry per lane), and runs `with` on it (with no new handles).
+pub fn adopt<W: WithForward>(
+    mode: ForwardMode,
+    setup: Setup<'_>,
+    lanes: Vec<Option<crate::upgrade::Ingress>>,
+    with: W,
+) -> io::Result<W::Output> {
+    Ok(match mode {
+        ForwardMode::Shm => with.run(shm::Shm::adopt(&setup, lanes)?, Vec::new()),
+        ForwardMode::Unix => with.run(unix::Unix::adopt(&setup, lanes)?, Vec::new()),
+        ForwardMode::Drop => with.run(drop::Drop::adopt(&setup, lanes)?, Vec::new()),
+    })
 }
 
 /// Builds the forwarding mode `mode` with the first generation's ingresses (one per instance),

@@ -14,8 +14,11 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError};
 use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{Producer, PushError, RingConfig};
 
+use std::os::fd::AsRawFd;
+
 use super::{Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
+use crate::upgrade::{Ingress, IngressState};
 
 /// The producers of every lane's ring; a lane without a worker generation has none.
 pub struct Shm {
@@ -46,6 +49,40 @@ impl Shm {
             },
             handles,
         ))
+    }
+}
+
+impl Shm {
+    /// The rings a previous process image of the demux handed over, one entry per lane.
+    pub fn adopt(setup: &Setup<'_>, lanes: Vec<Option<Ingress>>) -> io::Result<Self> {
+        if lanes.len() != setup.lanes {
+            return Err(io::Error::other(format!(
+                "{} lanes handed over, {} expected",
+                lanes.len(),
+                setup.lanes
+            )));
+        }
+        let mut rings = Vec::with_capacity(setup.lanes);
+        for (lane, ingress) in lanes.into_iter().enumerate() {
+            rings.push(match ingress {
+                None => None,
+                Some(Ingress::Shm { fds, ring }) => Some(
+                    Producer::adopt(setup.ring, fds, ring)
+                        .map_err(|e| io::Error::other(format!("lane {lane}'s ring: {e}")))?,
+                ),
+                Some(Ingress::Unix(_)) => {
+                    return Err(io::Error::other(format!(
+                        "lane {lane} was handed a unix socket, not a ring"
+                    )))
+                }
+            });
+        }
+        Ok(Shm {
+            rings,
+            config: *setup.ring,
+            spares: Spares::start(*setup.ring)?,
+            shed_at: setup.shed_at,
+        })
     }
 }
 
@@ -181,6 +218,17 @@ impl Forward for Shm {
         let left = ring.stats().occupancy;
         self.spares.retire(ring);
         left
+    }
+
+    fn export(&mut self, lane: usize) -> io::Result<Option<IngressState>> {
+        let Some(ring) = self.rings[lane].as_mut() else {
+            return Ok(None);
+        };
+        let (state, fds) = ring.export();
+        Ok(Some(IngressState::Shm {
+            fds: fds.map(|f| f.as_raw_fd()),
+            ring: state.into(),
+        }))
     }
 
     fn gauges(&mut self, inst: usize) -> Option<Gauges> {

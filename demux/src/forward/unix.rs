@@ -3,13 +3,14 @@
 //! framing of `control-protocol.md`, decoded by `ringmux_worker::ingress::recv_unix`).
 
 use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ringmux_ring::layout::SlotDesc;
 
 use super::{Forward, IngressHandles, Setup};
 use crate::metrics::DropReason;
 use crate::sys;
+use crate::upgrade::{Ingress, IngressState};
 
 /// The demux's end of every lane's socket; a lane without a worker generation has none.
 pub struct Unix {
@@ -27,6 +28,32 @@ impl Unix {
             handles.push(IngressHandles::Unix(theirs));
         }
         Ok((Unix { sockets }, handles))
+    }
+
+    /// The sockets a previous process image of the demux handed over, one entry per lane.
+    pub fn adopt(setup: &Setup<'_>, lanes: Vec<Option<Ingress>>) -> io::Result<Self> {
+        if lanes.len() != setup.lanes {
+            return Err(io::Error::other(format!(
+                "{} lanes handed over, {} expected",
+                lanes.len(),
+                setup.lanes
+            )));
+        }
+        let sockets = lanes
+            .into_iter()
+            .enumerate()
+            .map(|(lane, ingress)| match ingress {
+                None => Ok(None),
+                Some(Ingress::Unix(fd)) => {
+                    socket2::SockRef::from(&fd).set_nonblocking(true)?;
+                    Ok(Some(fd))
+                }
+                Some(Ingress::Shm { .. }) => Err(io::Error::other(format!(
+                    "lane {lane} was handed a ring, not a unix socket"
+                ))),
+            })
+            .collect::<io::Result<_>>()?;
+        Ok(Unix { sockets })
     }
 }
 
@@ -60,6 +87,12 @@ impl Forward for Unix {
     fn close(&mut self, inst: usize) -> u64 {
         self.sockets[inst] = None;
         0
+    }
+
+    fn export(&mut self, lane: usize) -> io::Result<Option<IngressState>> {
+        Ok(self.sockets[lane]
+            .as_ref()
+            .map(|s| IngressState::Unix { fd: s.as_raw_fd() }))
     }
 }
 

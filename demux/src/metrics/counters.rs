@@ -177,6 +177,15 @@ pub struct Counters {
     /// Reloads that finished (a new generation serves) and that failed (the old one serves on).
     pub reloads: AtomicU64,
     pub reloads_failed: AtomicU64,
+    /// Upgrades of the demux itself (`ringmux upgrade`) this process went through, and those
+    /// refused or failed (the demux serves on).
+    pub upgrades: AtomicU64,
+    pub upgrades_failed: AtomicU64,
+    /// The last upgrade's pause: from the old image's last received datagram to this one's
+    /// first (ns), and the bytes waiting in the public socket's receive queue when this image
+    /// took it over (the deepest the queue got: nobody read it meanwhile).
+    pub upgrade_pause_ns: AtomicU64,
+    pub upgrade_queued_bytes: AtomicU64,
     /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
     pub program: std::sync::RwLock<String>,
 }
@@ -193,6 +202,10 @@ impl Counters {
             active_generation: AtomicU64::new(1),
             reloads: AtomicU64::new(0),
             reloads_failed: AtomicU64::new(0),
+            upgrades: AtomicU64::new(0),
+            upgrades_failed: AtomicU64::new(0),
+            upgrade_pause_ns: AtomicU64::new(0),
+            upgrade_queued_bytes: AtomicU64::new(0),
             program: Default::default(),
         }
     }
@@ -204,6 +217,55 @@ impl Counters {
             .enumerate()
             .skip(i)
             .step_by(self.instance_count)
+    }
+
+    /// What runs on across a demux upgrade.
+    pub fn snapshot(&self) -> crate::upgrade::CounterState {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        crate::upgrade::CounterState {
+            received: get(&self.received),
+            recv_calls: get(&self.recv_calls),
+            dropped: self.dropped.iter().map(get).collect(),
+            reloads: get(&self.reloads),
+            reloads_failed: get(&self.reloads_failed),
+            upgrades: get(&self.upgrades),
+            upgrades_failed: get(&self.upgrades_failed),
+            lanes: self
+                .instances
+                .iter()
+                .map(|l| {
+                    [
+                        get(&l.forwarded),
+                        get(&l.doorbells),
+                        get(&l.discarded_on_reset),
+                        get(&l.restarts),
+                        get(&l.violations),
+                    ]
+                })
+                .collect(),
+        }
+    }
+
+    /// Takes over what a previous process image counted ([`Counters::snapshot`]); entries it
+    /// did not have stay 0.
+    pub fn restore(&self, s: &crate::upgrade::CounterState) {
+        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
+        set(&self.received, s.received);
+        set(&self.recv_calls, s.recv_calls);
+        for (c, v) in self.dropped.iter().zip(&s.dropped) {
+            set(c, *v);
+        }
+        set(&self.reloads, s.reloads);
+        set(&self.reloads_failed, s.reloads_failed);
+        set(&self.upgrades, s.upgrades);
+        set(&self.upgrades_failed, s.upgrades_failed);
+        for (l, v) in self.instances.iter().zip(&s.lanes) {
+            set(&l.forwarded, v[0]);
+            set(&l.doorbells, v[1]);
+            set(&l.discarded_on_reset, v[2]);
+            set(&l.restarts, v[3]);
+            set(&l.violations, v[4]);
+        }
     }
 
     pub fn dropped_total(&self) -> u64 {

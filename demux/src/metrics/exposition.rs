@@ -277,6 +277,31 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
         reloads,
     );
+    let upgrades = Family::<Labels, Counter<u64>>::default();
+    for (result, v) in [("ok", &c.upgrades), ("failed", &c.upgrades_failed)] {
+        upgrades
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc_by(ld(v));
+    }
+    reg.register(
+        base(names::UPGRADES),
+        "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
+        upgrades,
+    );
+    let pause = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+    pause.set(ld(&c.upgrade_pause_ns) as f64 / 1e9);
+    reg.register(
+        names::UPGRADE_PAUSE,
+        "The last upgrade's pause: from the old demux's last received datagram to the new one's first",
+        pause,
+    );
+    let queued = Gauge::<i64>::default();
+    queued.set(i64::try_from(ld(&c.upgrade_queued_bytes)).unwrap_or(i64::MAX));
+    reg.register(
+        names::UPGRADE_QUEUED,
+        "Bytes waiting in the public socket's receive queue when the last upgrade's new demux took it over",
+        queued,
+    );
 }
 
 /// The name a counter is registered under: the registry adds `_total` itself.
@@ -301,9 +326,23 @@ const MAX_CLIENTS: usize = 4;
 /// up to 4. A client gets 2 s in total for its request head of at most 8 KiB, so neither a slow
 /// nor an endless client can hold the endpoint or grow the demux's memory.
 pub fn serve(addr: SocketAddr, counters: Arc<Counters>, live: Arc<Liveness>) -> Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).with_context(|| {
+    serve_on(bind(addr)?, counters, live)
+}
+
+/// Binds the metrics address.
+pub fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    TcpListener::bind(addr).with_context(|| {
         format!("binding the metrics address {addr} (--metrics / RINGMUX_METRICS)")
-    })?;
+    })
+}
+
+/// [`serve`] on a bound listener (one a previous process image of the demux handed over).
+pub fn serve_on(
+    listener: TcpListener,
+    counters: Arc<Counters>,
+    live: Arc<Liveness>,
+) -> Result<SocketAddr> {
+    listener.set_nonblocking(false)?;
     let local = listener.local_addr()?;
     let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()

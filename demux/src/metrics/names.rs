@@ -58,13 +58,22 @@ pub const GENERATION_WORKERS: &str = "ringmux_generation_workers_up";
 pub const GENERATION_CONNECTIONS: &str = "ringmux_generation_connections";
 /// Counter: reloads, label `result` (`ok`, `failed`).
 pub const RELOADS: &str = "ringmux_reloads_total";
+/// Counter: upgrades of the demux itself (`ringmux upgrade`) this process went through, label
+/// `result` (`ok`, `failed`: refused or failed, the demux served on).
+pub const UPGRADES: &str = "ringmux_upgrades_total";
+/// Gauge: the last upgrade's pause, from the old demux's last received datagram to the new
+/// one's first.
+pub const UPGRADE_PAUSE: &str = "ringmux_upgrade_pause_seconds";
+/// Gauge: bytes that waited in the public socket's receive queue when the last upgrade's new
+/// demux took it over.
+pub const UPGRADE_QUEUED: &str = "ringmux_upgrade_queued_bytes";
 
 /// Counter: reverse-proxy upstream failures, labels `instance` and `kind` (`connect`, `reset`,
 /// `timeout`, `protocol`).
 pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
 
 /// Every name above.
-pub const ALL: [&str; 28] = [
+pub const ALL: [&str; 31] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -93,4 +102,7 @@ pub const ALL: [&str; 28] = [
     GENERATION_WORKERS,
     GENERATION_CONNECTIONS,
     RELOADS,
+    UPGRADES,
+    UPGRADE_PAUSE,
+    UPGRADE_QUEUED,
 ];

@@ -88,10 +88,13 @@ fn generations(m: &Scrape, out: &mut String) {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "new connections go to generation {:.0}   reloads {:.0} ok, {:.0} failed",
+        "new connections go to generation {:.0}   reloads {:.0} ok, {:.0} failed   \
+         upgrades {:.0} ok, {:.0} failed",
         m.get(names::GENERATION_ACTIVE),
         m.labelled(names::RELOADS, "result", "ok"),
         m.labelled(names::RELOADS, "result", "failed"),
+        m.labelled(names::UPGRADES, "result", "ok"),
+        m.labelled(names::UPGRADES, "result", "failed"),
     );
     let _ = writeln!(
         out,
@@ -147,7 +150,9 @@ mod tests {
         assert_eq!(row("1")[..3], ["1", "yes", "7"]);
         assert_eq!(row("0")[..3], ["0", "yes", "4"]);
         assert!(
-            t.contains("new connections go to generation 2   reloads 1 ok, 0 failed"),
+            t.contains(
+                "new connections go to generation 2   reloads 1 ok, 0 failed   upgrades 0 ok"
+            ),
             "{t}"
         );
         assert_eq!(row("2")[..4], ["2", "serving", "2", "0"]);

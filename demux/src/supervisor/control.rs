@@ -8,7 +8,7 @@
 //! once.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -27,6 +27,17 @@ const MAX_CLIENTS: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
     Reload,
+    Upgrade,
+}
+
+impl Request {
+    /// The request line.
+    pub fn line(self) -> &'static str {
+        match self {
+            Request::Reload => "reload",
+            Request::Upgrade => "upgrade",
+        }
+    }
 }
 
 /// A client, until it has its answer.
@@ -146,13 +157,23 @@ impl ControlServer {
                 return true;
             };
             match std::str::from_utf8(&c.buf[..end]).map(str::trim) {
-                Ok("reload") => {
+                Ok(line)
+                    if [Request::Reload, Request::Upgrade]
+                        .iter()
+                        .any(|r| r.line() == line) =>
+                {
                     c.asked = true;
-                    out.push((c.id, Request::Reload));
+                    let r = if line == "reload" {
+                        Request::Reload
+                    } else {
+                        Request::Upgrade
+                    };
+                    out.push((c.id, r));
                     true
                 }
                 _ => {
-                    let _ = (&c.stream).write_all(b"error: unknown request (expected: reload)\n");
+                    let _ = (&c.stream)
+                        .write_all(b"error: unknown request (expected: reload or upgrade)\n");
                     false
                 }
             }
@@ -176,6 +197,52 @@ impl ControlServer {
     }
 }
 
+impl ControlServer {
+    /// The listener's descriptor and those of the clients `ids`, for a new process image to
+    /// [`ControlServer::adopt`]; they stay open here (only `execve` hands them on).
+    pub fn export(&self, ids: &[u64]) -> (RawFd, Vec<RawFd>) {
+        let clients = self
+            .clients
+            .iter()
+            .filter(|c| ids.contains(&c.id))
+            .map(|c| c.stream.as_raw_fd())
+            .collect();
+        (self.listener.as_raw_fd(), clients)
+    }
+
+    /// The server a previous process image [`ControlServer::export`]ed, at `path`, with the
+    /// clients that wait for an answer; returns it and their ids.
+    pub fn adopt(
+        listener: OwnedFd,
+        path: &Path,
+        waiting: Vec<OwnedFd>,
+    ) -> (ControlServer, Vec<u64>) {
+        let listener = UnixListener::from(listener);
+        let _ = listener.set_nonblocking(true);
+        let mut server = ControlServer {
+            listener,
+            path: path.to_path_buf(),
+            clients: Vec::new(),
+            next_id: 1,
+        };
+        let mut ids = Vec::new();
+        for fd in waiting {
+            let stream = UnixStream::from(fd);
+            let _ = stream.set_nonblocking(true);
+            ids.push(server.next_id);
+            server.clients.push(Client {
+                id: server.next_id,
+                stream,
+                buf: Vec::new(),
+                since: Instant::now(),
+                asked: true,
+            });
+            server.next_id += 1;
+        }
+        (server, ids)
+    }
+}
+
 impl Drop for ControlServer {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
@@ -195,9 +262,9 @@ fn peer_pid(stream: &UnixStream) -> Option<u32> {
     u32::try_from(cred.pid()).ok()
 }
 
-/// `ringmux reload`: asks the ringmux at `path` for a reload and prints what it says. `Ok`
-/// once it answered `ok`; an error with its reason otherwise.
-pub fn reload(path: &Path, timeout: Duration) -> Result<()> {
+/// `ringmux reload` and `ringmux upgrade`: asks the ringmux at `path` for `request` and prints
+/// what it says. `Ok` once it answered `ok`; an error with its reason otherwise.
+pub fn request(path: &Path, request: Request, timeout: Duration) -> Result<()> {
     let mut stream = UnixStream::connect(path).with_context(|| {
         format!(
             "connecting to {} (is ringmux running with this --control-socket / \
@@ -206,7 +273,7 @@ pub fn reload(path: &Path, timeout: Duration) -> Result<()> {
         )
     })?;
     stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(b"reload\n")?;
+    stream.write_all(format!("{}\n", request.line()).as_bytes())?;
     let mut last = String::new();
     let mut reader = io::BufReader::new(stream);
     loop {
@@ -229,7 +296,7 @@ pub fn reload(path: &Path, timeout: Duration) -> Result<()> {
     if last.starts_with("ok") {
         Ok(())
     } else if let Some(reason) = last.strip_prefix("error: ") {
-        bail!("reload failed: {reason}")
+        bail!("{} failed: {reason}", request.line())
     } else {
         bail!("ringmux closed the control socket without an answer")
     }

@@ -10,9 +10,9 @@
 //! This module carries out; [`policy`] decides (READY deadlines, back-off, crash loops,
 //! draining), without processes or clocks, tested on a fake clock.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command as Process, Stdio};
+use std::process::{Command as Process, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
 use crate::forward::IngressHandles;
 use crate::metrics::Counters;
-use crate::sys;
+use crate::sys::{self, ChildProcess};
 
 pub mod control;
 pub mod policy;
@@ -47,7 +47,7 @@ const CONTROL_READS_PER_ROUND: usize = 16;
 /// The processes and descriptors of one instance; what to do with them is [`Policy`]'s.
 #[derive(Default)]
 struct Worker {
-    child: Option<Child>,
+    child: Option<ChildProcess>,
     pidfd: Option<OwnedFd>,
     control: Option<OwnedFd>,
     /// A duplicate of the demux's end of the session socket, to shut it down when the worker
@@ -84,6 +84,58 @@ pub struct Supervisor {
     /// What the policy decided while the supervisor was reading (READY, reset replies), to
     /// carry out with the round's other actions.
     deferred: Vec<Action>,
+    /// The `ringmux` binary on disk (what an upgrade executes).
+    binary: std::path::PathBuf,
+    /// An upgrade that passed its checks: [`Supervisor::run`] returns it.
+    upgrade: Option<Upgrade>,
+    /// Control clients of the upgrade that made this process image, to answer once it serves.
+    waiters_upgrade: Vec<u64>,
+}
+
+/// What a new process image takes over for the supervisor ([`Supervisor::adopt`]).
+pub struct Adopted {
+    pub active_generation: u64,
+    pub sessions: Vec<(Vec<u8>, Vec<u8>, Duration)>,
+    /// Per lane: generation, phase, worker.
+    pub lanes: Vec<(
+        u64,
+        crate::upgrade::LanePhase,
+        Option<crate::upgrade::TakenWorker>,
+    )>,
+    /// The control socket's listener and path, and the clients waiting on the upgrade.
+    pub control: Option<(OwnedFd, std::path::PathBuf, Vec<OwnedFd>)>,
+}
+
+/// How [`Supervisor::run`] ended.
+pub enum Outcome {
+    /// Every worker is gone (a shutdown).
+    Done,
+    /// An upgrade was asked for and the new binary passed its check: hand over to it.
+    Upgrade(Upgrade),
+}
+
+/// An upgrade to carry out.
+pub struct Upgrade {
+    /// The binary to execute.
+    pub binary: std::path::PathBuf,
+    /// Control clients waiting for its outcome.
+    pub clients: Vec<u64>,
+}
+
+/// What the supervisor hands to a new process image.
+pub struct Exported {
+    pub active_generation: u64,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub control_fd: Option<std::os::fd::RawFd>,
+    pub answer_fds: Vec<std::os::fd::RawFd>,
+    pub sessions: Vec<crate::upgrade::SessionEntry>,
+    /// Per lane: generation, phase, worker.
+    pub lanes: Vec<(
+        u64,
+        crate::upgrade::LanePhase,
+        Option<crate::upgrade::WorkerState>,
+    )>,
 }
 
 impl Supervisor {
@@ -95,28 +147,22 @@ impl Supervisor {
         link: DataPlaneLink,
         signals: SignalFd,
     ) -> Result<Self> {
+        let control = bind_control(&cfg)?;
+        Self::with_control(cfg, template, public, counters, link, signals, control)
+    }
+
+    fn with_control(
+        cfg: Config,
+        template: Handoff,
+        public: OwnedFd,
+        counters: Arc<Counters>,
+        link: DataPlaneLink,
+        signals: SignalFd,
+        control: Option<ControlServer>,
+    ) -> Result<Self> {
         let n = usize::from(cfg.instances);
         let lanes = n * usize::from(ringmux_proto::GENERATION_SLOTS);
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
-        let control = match cfg.args.control_socket.as_str() {
-            "off" => None,
-            path => match ControlServer::bind(std::path::Path::new(path)) {
-                Ok(c) => Some(c),
-                // Without root the default folder cannot be made: say so, and serve on.
-                Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {
-                    tracing::warn!(
-                        error = %format!("{e:#}"),
-                        "no control socket: `ringmux reload` cannot reach this ringmux (SIGHUP \
-                         still reloads); give --control-socket / RINGMUX_CONTROL_SOCKET a path \
-                         you may write, or off"
-                    );
-                    None
-                }
-                Err(e) => {
-                    return Err(e.context("--control-socket / RINGMUX_CONTROL_SOCKET"));
-                }
-            },
-        };
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile()?),
             crate::config::Toggle::Off => None,
@@ -131,6 +177,9 @@ impl Supervisor {
             waiters: Vec::new(),
             start_errors: vec![None; lanes],
             deferred: Vec::new(),
+            binary: std::env::current_exe().unwrap_or_else(|_| "ringmux".into()),
+            upgrade: None,
+            waiters_upgrade: Vec::new(),
             cfg,
             template,
             public,
@@ -179,11 +228,205 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Supervises until a shutdown signal, then drains. Returns when every worker is gone.
-    pub fn run(&mut self) -> Result<()> {
+    /// Supervises until a shutdown signal, then drains, and returns when every worker is gone;
+    /// or returns an upgrade to carry out.
+    pub fn run(&mut self) -> Result<Outcome> {
         loop {
             if self.step(Duration::from_millis(50))? {
-                return Ok(());
+                return Ok(Outcome::Done);
+            }
+            if let Some(u) = self.upgrade.take() {
+                return Ok(Outcome::Upgrade(u));
+            }
+        }
+    }
+
+    /// The supervisor a previous process image handed over: its workers (still this process's
+    /// children), their sockets, the session cache, the control socket and the clients waiting
+    /// on the upgrade. Those are told `answer` (the last line) once the new image is set up;
+    /// see [`Supervisor::answer_upgrade`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn adopt(
+        cfg: Config,
+        template: Handoff,
+        public: OwnedFd,
+        counters: Arc<Counters>,
+        link: DataPlaneLink,
+        signals: SignalFd,
+        taken: Adopted,
+    ) -> Result<Self> {
+        let mut sup =
+            Supervisor::with_control(cfg, template, public, counters, link, signals, None)?;
+        let phases: Vec<(u64, crate::upgrade::LanePhase)> =
+            taken.lanes.iter().map(|l| (l.0, l.1)).collect();
+        sup.policy = Policy::adopt(
+            Limits::new(sup.cfg.ready_timeout(), sup.cfg.grace()),
+            sup.n,
+            Instant::now(),
+            taken.active_generation,
+            &phases,
+        );
+        sup.counters
+            .active_generation
+            .store(taken.active_generation, Ordering::Relaxed);
+        sup.sessions.cache().restore(taken.sessions, Instant::now());
+        for (l, (_, phase, worker)) in taken.lanes.into_iter().enumerate() {
+            let Some(w) = worker else {
+                continue;
+            };
+            let pidfd = sys::pidfd_open(w.pid).ok();
+            let sessions = w.sessions.try_clone()?;
+            sup.sessions.serve((l % sup.n) as u8, w.sessions);
+            let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
+            sup.counters.instances[l]
+                .worker_pid
+                .store(u64::from(w.pid), Ordering::Relaxed);
+            if phase != crate::upgrade::LanePhase::Idle {
+                sup.link.liveness().set_up(l, true);
+            }
+            sup.workers[l] = Worker {
+                child: Some(ChildProcess::from_pid(w.pid)),
+                pidfd,
+                control: Some(w.control),
+                sessions: Some(sessions),
+                reset_reply: None,
+                handles: None,
+            };
+        }
+        if let Some((listener, path, waiting)) = taken.control {
+            let (server, ids) = ControlServer::adopt(listener, &path, waiting);
+            sup.control = Some(server);
+            sup.waiters_upgrade = ids;
+        }
+        Ok(sup)
+    }
+
+    /// Tells the clients that asked for the upgrade `line`, and closes them.
+    pub fn answer_upgrade(&mut self, line: &str) {
+        let ids = std::mem::take(&mut self.waiters_upgrade);
+        if let Some(c) = self.control.as_mut() {
+            for id in ids {
+                c.answer(id, line);
+            }
+        }
+    }
+
+    /// An upgrade asked for by control client `client` (or by SIGUSR2): refused unless the
+    /// supervisor is settled and the new binary speaks what the running workers speak.
+    fn upgrade_request(&mut self, client: Option<u64>) {
+        let refuse = |s: &mut Self, why: String| {
+            tracing::warn!(reason = %why, "upgrade refused; this demux serves on");
+            s.counters.upgrades_failed.fetch_add(1, Ordering::Relaxed);
+            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
+                c.answer(id, &format!("error: {why}; this demux serves on"));
+            }
+        };
+        if self.cfg.args.forward == crate::config::ForwardMode::Drop {
+            return refuse(
+                self,
+                "--forward drop (a benchmark mode) is never upgraded".into(),
+            );
+        }
+        if let Err(why) = self.policy.export(Instant::now()) {
+            return refuse(self, why);
+        }
+        let n = self.n;
+        let half_gone = self.workers.iter().enumerate().find(|(l, w)| {
+            self.policy.lane(*l).1 != crate::metrics::LaneState::Idle
+                && (w.child.is_none() || w.control.is_none() || w.sessions.is_none())
+        });
+        if let Some((l, _)) = half_gone {
+            return refuse(
+                self,
+                format!(
+                    "instance {}'s worker (generation {}) is exiting; run the upgrade again in \
+                     a moment",
+                    l % n,
+                    self.policy.lane(l).0
+                ),
+            );
+        }
+        let binary = self.binary.clone();
+        tracing::info!(binary = %binary.display(), "upgrade: checking the new binary");
+        match crate::upgrade::preflight(&binary) {
+            Ok(theirs) => {
+                if let Some(why) = crate::upgrade::Compat::ours().refusal(&theirs) {
+                    return refuse(self, why);
+                }
+            }
+            Err(why) => return refuse(self, why),
+        }
+        let clients = match (&mut self.upgrade, client) {
+            (Some(u), Some(id)) => {
+                u.clients.push(id);
+                return;
+            }
+            (Some(_), None) => return,
+            (None, c) => c.into_iter().collect(),
+        };
+        self.upgrade = Some(Upgrade { binary, clients });
+    }
+
+    /// Everything a new process image takes over from the supervisor. The session cache stops
+    /// answering until [`Supervisor::upgrade_failed`] (if the upgrade does not happen).
+    pub fn export(&mut self, upgrade: &Upgrade) -> Result<Exported> {
+        let now = Instant::now();
+        let phases = self.policy.export(now).map_err(anyhow::Error::msg)?;
+        let lanes = phases
+            .into_iter()
+            .enumerate()
+            .map(|(l, (generation, phase))| {
+                let w = &self.workers[l];
+                let worker = match (&w.child, &w.control, &w.sessions) {
+                    (Some(c), Some(control), Some(sessions)) => Some(crate::upgrade::WorkerState {
+                        pid: c.id(),
+                        control_fd: control.as_raw_fd(),
+                        sessions_fd: sessions.as_raw_fd(),
+                    }),
+                    _ => None,
+                };
+                (generation, phase, worker)
+            })
+            .collect();
+        let (control_fd, answer_fds) = match &self.control {
+            Some(c) => {
+                let (l, a) = c.export(&upgrade.clients);
+                (Some(l), a)
+            }
+            None => (None, Vec::new()),
+        };
+        let sessions = self
+            .sessions
+            .cache()
+            .freeze(now)
+            .into_iter()
+            .map(|(k, v, age)| crate::upgrade::SessionEntry {
+                key: hex::encode(k),
+                value: hex::encode(v),
+                age_ms: age.as_millis() as u64,
+            })
+            .collect();
+        Ok(Exported {
+            active_generation: self.policy.active(),
+            cert_pem: self.template.cert_pem.clone(),
+            key_pem: self.template.key_pem.clone(),
+            control_fd,
+            answer_fds,
+            sessions,
+            lanes,
+        })
+    }
+
+    /// The upgrade did not happen (`why`): answers its clients, and serves on.
+    pub fn upgrade_failed(&mut self, upgrade: Upgrade, why: &str) {
+        self.sessions.cache().thaw();
+        self.counters
+            .upgrades_failed
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::error!(reason = %why, "upgrade failed; this demux serves on");
+        if let Some(c) = self.control.as_mut() {
+            for id in upgrade.clients {
+                c.answer(id, &format!("error: {why}; this demux serves on"));
             }
         }
     }
@@ -208,19 +451,25 @@ impl Supervisor {
                 let workers: Vec<u32> = self
                     .workers
                     .iter()
-                    .filter_map(|w| w.child.as_ref().map(Child::id))
+                    .filter_map(|w| w.child.as_ref().map(ChildProcess::id))
                     .collect();
                 c.poll(Instant::now(), |pid| workers.contains(&pid))
             }
             None => Vec::new(),
         };
-        for (client, control::Request::Reload) in requests {
-            actions.extend(self.reload(Some(client)));
+        for (client, request) in requests {
+            match request {
+                control::Request::Reload => actions.extend(self.reload(Some(client))),
+                control::Request::Upgrade => self.upgrade_request(Some(client)),
+            }
         }
         let signal = sys::read_signal(&self.signals);
         if signal == Some(libc::SIGHUP) {
             tracing::info!("SIGHUP: reloading");
             actions.extend(self.reload(None));
+        } else if signal == Some(libc::SIGUSR2) {
+            tracing::info!("SIGUSR2: upgrading");
+            self.upgrade_request(None);
         } else if let Some(sig) = signal {
             if self.policy.shutting_down() {
                 tracing::warn!(signal = sig, "second signal: stopping now");
@@ -552,6 +801,14 @@ impl Supervisor {
         fds.push(sess_theirs);
         let mut cmd = Process::new(self.cfg.worker_program());
         cmd.args(&self.cfg.worker_cmd[1..]);
+        // What a previous image of the demux handed this one is nothing a worker needs.
+        for var in [
+            crate::upgrade::STATE_ENV,
+            crate::upgrade::FALLBACK_ENV,
+            crate::upgrade::REFUSED_ENV,
+        ] {
+            cmd.env_remove(var);
+        }
         cmd.env(
             ringmux_proto::CONTROL_FD_ENV,
             ringmux_proto::CONTROL_FD.to_string(),
@@ -581,12 +838,13 @@ impl Supervisor {
         let child = cmd
             .spawn()
             .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
+        // Known by its PID from here on: whichever image of the demux runs, it reaps it.
+        let child = ChildProcess::from_pid(child.id());
         // The worker holds the only copies of its end now (`cmd` held one for the hook).
         drop(cmd);
         drop(theirs);
         let pidfd = sys::pidfd_open(child.id()).ok();
         let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        let mut child = child;
         if let Err(e) = sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed) {
             // Most likely the program exited at once and closed its end. Either way it cannot
             // serve: make sure it is gone, and let its death be handled like any other (a crash,
@@ -701,7 +959,7 @@ impl Supervisor {
         let workers: Vec<u32> = self
             .workers
             .iter()
-            .filter_map(|w| w.child.as_ref().map(Child::id))
+            .filter_map(|w| w.child.as_ref().map(ChildProcess::id))
             .collect();
         let mut found = 0;
         for pid in sys::children().unwrap_or_default() {
@@ -740,6 +998,30 @@ impl Supervisor {
             Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
         }
     }
+}
+
+/// Binds `--control-socket`, unless it is `off`; the default path failing only warns.
+fn bind_control(cfg: &Config) -> Result<Option<ControlServer>> {
+    let control = match cfg.args.control_socket.as_str() {
+        "off" => None,
+        path => match ControlServer::bind(std::path::Path::new(path)) {
+            Ok(c) => Some(c),
+            // Without root the default folder cannot be made: say so, and serve on.
+            Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {
+                tracing::warn!(
+                    error = %format!("{e:#}"),
+                    "no control socket: `ringmux reload` cannot reach this ringmux (SIGHUP \
+                     still reloads); give --control-socket / RINGMUX_CONTROL_SOCKET a path \
+                     you may write, or off"
+                );
+                None
+            }
+            Err(e) => {
+                return Err(e.context("--control-socket / RINGMUX_CONTROL_SOCKET"));
+            }
+        },
+    };
+    Ok(control)
 }
 
 #[derive(PartialEq, Eq)]

@@ -236,6 +236,93 @@ impl Policy {
         }
     }
 
+    /// The lanes a previous process image of the demux handed over (`ringmux upgrade`): each
+    /// lane's generation and phase, `active` the generation new connections go to.
+    pub fn adopt(
+        limits: Limits,
+        instances: usize,
+        now: Instant,
+        active: u64,
+        lanes: &[(u64, crate::upgrade::LanePhase)],
+    ) -> Self {
+        use crate::upgrade::LanePhase;
+        let lanes = lanes
+            .iter()
+            .map(|&(generation, phase)| Lane {
+                phase: match phase {
+                    LanePhase::Idle => Phase::Idle,
+                    LanePhase::Ready => Phase::Ready,
+                    LanePhase::Draining { elapsed_ms, told } => Phase::Draining {
+                        since: now
+                            .checked_sub(Duration::from_millis(elapsed_ms))
+                            .unwrap_or(now),
+                        told,
+                        killed: false,
+                    },
+                },
+                generation,
+                started: now,
+                backoff: limits.backoff_min,
+                crashes: 0,
+                timed_out: false,
+            })
+            .collect();
+        Policy {
+            limits,
+            instances,
+            lanes,
+            active,
+            candidate: None,
+            shutdown_deadline: None,
+        }
+    }
+
+    /// Every lane's generation and phase for a new process image, or why there is none to
+    /// hand over now: only a settled supervisor hands over (no reload, restart or shutdown
+    /// under way), so that no decision is lost between the two images.
+    pub fn export(&self, now: Instant) -> Result<Vec<(u64, crate::upgrade::LanePhase)>, String> {
+        use crate::upgrade::LanePhase;
+        if self.shutdown_deadline.is_some() {
+            return Err("ringmux is shutting down".into());
+        }
+        if let Some((generation, _)) = self.candidate {
+            return Err(format!(
+                "a reload is under way (generation {generation} is starting); run the upgrade \
+                 once it is done"
+            ));
+        }
+        self.lanes
+            .iter()
+            .enumerate()
+            .map(|(l, lane)| {
+                let phase = match lane.phase {
+                    Phase::Idle | Phase::Gone => LanePhase::Idle,
+                    Phase::Ready => LanePhase::Ready,
+                    Phase::Draining {
+                        since,
+                        told,
+                        killed: false,
+                    } => LanePhase::Draining {
+                        elapsed_ms: now.saturating_duration_since(since).as_millis() as u64,
+                        told,
+                    },
+                    Phase::Starting
+                    | Phase::Down { .. }
+                    | Phase::Abandoned
+                    | Phase::Draining { .. } => {
+                        return Err(format!(
+                            "instance {}'s worker (generation {}) is starting, restarting or \
+                             being stopped; run the upgrade again in a moment",
+                            l % self.instances,
+                            lane.generation
+                        ))
+                    }
+                };
+                Ok((lane.generation, phase))
+            })
+            .collect()
+    }
+
     /// Whether lane `l`'s worker has reported READY (and not died since).
     pub fn is_ready(&self, l: usize) -> bool {
         self.lanes[l].phase == Phase::Ready

@@ -1,0 +1,704 @@
+//! `ringmux upgrade`: the demux replaces its own process image with the `ringmux` binary on disk
+//! and keeps everything its workers hold on to.
+//!
+//! The old image stops its data plane (datagrams wait in the public socket's receive queue),
+//! writes a [`State`] into a memfd, clears close-on-exec on every descriptor the state names,
+//! and calls `execve` from the main thread, the thread that spawned every worker: the PID stays
+//! (systemd's main PID, the workers' parent), the workers stay its children, and their death
+//! signal, which fires when the thread that spawned them ends, does not fire. The new image
+//! finds the state through [`STATE_ENV`], takes every descriptor back (marking it close-on-exec
+//! again, so no later worker inherits it), maps the rings again (`Producer::adopt`) and carries
+//! on. The workers keep their descriptors and notice nothing.
+//!
+//! Before any of that the old image asks the new binary, `ringmux upgrade-check`, whether it
+//! speaks the same state format, worker protocol and ring layout ([`Compat`]); a binary that
+//! cannot answer, or answers otherwise, is refused and the old image serves on. If the new image
+//! refuses its state all the same, it executes the old binary again from a descriptor kept for
+//! that ([`FALLBACK_ENV`]), which takes the state back and says why ([`REFUSED_ENV`]).
+
+use std::ffi::{CString, OsString};
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use serde::{Deserialize, Serialize};
+
+/// The environment variable naming the state memfd in a new image.
+pub const STATE_ENV: &str = "RINGMUX_UPGRADE_STATE_FD";
+/// The descriptor of the binary that wrote the state, to go back to if the new one refuses it.
+pub const FALLBACK_ENV: &str = "RINGMUX_UPGRADE_FALLBACK_FD";
+/// Set when an image refused the state and executed the previous binary again: why.
+pub const REFUSED_ENV: &str = "RINGMUX_UPGRADE_REFUSED";
+/// Bumped on any change of [`State`] an older or newer image would misread.
+pub const STATE_FORMAT: u32 = 1;
+/// How long `ringmux upgrade-check` of the new binary may take.
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What two images must share for one to hand over to the other.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compat {
+    pub state_format: u32,
+    /// The worker protocol (`ringmux_proto::PROTOCOL_VERSION`): the running workers speak it.
+    pub protocol: u32,
+    /// The ring layout (`ringmux_ring::layout::LAYOUT_VERSION`): the running workers read it.
+    pub ring_layout: u32,
+}
+
+impl Compat {
+    /// This binary's.
+    pub fn ours() -> Self {
+        Compat {
+            state_format: STATE_FORMAT,
+            protocol: ringmux_proto::PROTOCOL_VERSION,
+            ring_layout: ringmux_ring::layout::LAYOUT_VERSION,
+        }
+    }
+
+    /// The line `ringmux upgrade-check` prints.
+    pub fn line(&self) -> String {
+        format!(
+            "ringmux-upgrade state-format={} protocol={} ring-layout={}",
+            self.state_format, self.protocol, self.ring_layout
+        )
+    }
+
+    /// Parses [`Compat::line`].
+    pub fn parse(line: &str) -> Option<Compat> {
+        let mut words = line.split_whitespace();
+        if words.next()? != "ringmux-upgrade" {
+            return None;
+        }
+        let mut value = |key: &str| -> Option<u32> {
+            words
+                .next()?
+                .strip_prefix(key)?
+                .strip_prefix('=')?
+                .parse()
+                .ok()
+        };
+        Some(Compat {
+            state_format: value("state-format")?,
+            protocol: value("protocol")?,
+            ring_layout: value("ring-layout")?,
+        })
+    }
+
+    /// Why an image of `theirs` cannot take over from one of `self`, if it cannot.
+    pub fn refusal(&self, theirs: &Compat) -> Option<String> {
+        let differs = |what: &str, ours: u32, new: u32| {
+            (ours != new).then(|| {
+                format!(
+                    "the new binary speaks {what} {new}, the running demux {ours}: it cannot take \
+                     the running workers over; restart ringmux to switch"
+                )
+            })
+        };
+        differs(
+            "hand-over state format",
+            self.state_format,
+            theirs.state_format,
+        )
+        .or_else(|| differs("worker protocol version", self.protocol, theirs.protocol))
+        .or_else(|| differs("ring layout version", self.ring_layout, theirs.ring_layout))
+    }
+}
+
+/// Everything a new image takes over. Descriptor numbers are open in the new image (their
+/// close-on-exec flag cleared by the old one).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    pub compat: Compat,
+    /// `--forward` of the old image: the new one must run the same mode.
+    pub forward: String,
+    pub instances: u8,
+    /// The shared keys (`KeySet::to_bytes`), hex.
+    pub keys: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub public_fd: RawFd,
+    pub metrics_fd: Option<RawFd>,
+    pub control_fd: Option<RawFd>,
+    /// Control clients waiting for the upgrade's outcome.
+    pub answer_fds: Vec<RawFd>,
+    pub active_generation: u64,
+    pub counters: CounterState,
+    pub sessions: Vec<SessionEntry>,
+    pub lanes: Vec<LaneState>,
+    /// When the old image received its last datagram (`CLOCK_MONOTONIC`, ns): the new one
+    /// measures the hand-over's pause from it.
+    pub last_recv_ns: u64,
+}
+
+/// The counters that run on across images (what workers report comes again within a second).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterState {
+    pub received: u64,
+    pub recv_calls: u64,
+    pub dropped: Vec<u64>,
+    pub reloads: u64,
+    pub reloads_failed: u64,
+    pub upgrades: u64,
+    pub upgrades_failed: u64,
+    /// Per lane: forwarded, doorbells, discarded_on_reset, restarts, violations.
+    pub lanes: Vec<[u64; 5]>,
+}
+
+/// One entry of the session cache.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// Hex.
+    pub key: String,
+    pub value: String,
+    /// How old it was when handed over.
+    pub age_ms: u64,
+}
+
+/// One lane: its worker and its ingress.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct LaneState {
+    pub generation: u64,
+    pub phase: LanePhase,
+    pub worker: Option<WorkerState>,
+    pub ingress: Option<IngressState>,
+}
+
+/// What the lane's worker is doing.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LanePhase {
+    Idle,
+    Ready,
+    Draining { elapsed_ms: u64, told: bool },
+}
+
+/// A running worker: a child of the demux.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerState {
+    pub pid: u32,
+    /// The demux's end of its control socket.
+    pub control_fd: RawFd,
+    /// The demux's end of its session socket.
+    pub sessions_fd: RawFd,
+}
+
+/// A lane's ingress, as its forwarding mode exported it.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub enum IngressState {
+    /// Region, consumer page, doorbell read end, doorbell write end; the producer's numbers.
+    Shm { fds: [RawFd; 4], ring: RingState },
+    /// The demux's end of the socket.
+    Unix { fd: RawFd },
+}
+
+/// `ringmux_ring::ProducerState`, serialisable.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingState {
+    pub slots: u32,
+    pub slot_bytes: u32,
+    pub generation: u64,
+    pub tail: u64,
+    pub head: u64,
+    pub last_rung: u32,
+    pub doorbells: u64,
+    pub dropped_full: u64,
+    pub carried_published: u64,
+    pub carried_doorbells: u64,
+}
+
+impl From<ringmux_ring::ProducerState> for RingState {
+    fn from(s: ringmux_ring::ProducerState) -> Self {
+        RingState {
+            slots: s.slots,
+            slot_bytes: s.slot_bytes,
+            generation: s.generation,
+            tail: s.tail,
+            head: s.head,
+            last_rung: s.last_rung,
+            doorbells: s.doorbells,
+            dropped_full: s.dropped_full,
+            carried_published: s.carried_published,
+            carried_doorbells: s.carried_doorbells,
+        }
+    }
+}
+
+impl From<RingState> for ringmux_ring::ProducerState {
+    fn from(s: RingState) -> Self {
+        ringmux_ring::ProducerState {
+            slots: s.slots,
+            slot_bytes: s.slot_bytes,
+            generation: s.generation,
+            tail: s.tail,
+            head: s.head,
+            last_rung: s.last_rung,
+            doorbells: s.doorbells,
+            dropped_full: s.dropped_full,
+            carried_published: s.carried_published,
+            carried_doorbells: s.carried_doorbells,
+        }
+    }
+}
+
+impl State {
+    /// Every descriptor number the state names.
+    pub fn fds(&self) -> Vec<RawFd> {
+        let mut fds = vec![self.public_fd];
+        fds.extend(self.metrics_fd);
+        fds.extend(self.control_fd);
+        fds.extend(&self.answer_fds);
+        for lane in &self.lanes {
+            if let Some(w) = &lane.worker {
+                fds.extend([w.control_fd, w.sessions_fd]);
+            }
+            match &lane.ingress {
+                Some(IngressState::Shm { fds: f, .. }) => fds.extend(f),
+                Some(IngressState::Unix { fd }) => fds.push(*fd),
+                None => {}
+            }
+        }
+        fds
+    }
+
+    /// Checks what a new image can check before it touches a descriptor: the format, the mode
+    /// and instances it runs, and that every descriptor is open and named once.
+    pub fn check(&self, forward: &str, instances: u8) -> Result<(), String> {
+        if let Some(why) = self.compat.refusal(&Compat::ours()) {
+            return Err(why);
+        }
+        if self.forward != forward || self.instances != instances {
+            return Err(format!(
+                "the running demux forwards with {} to {} instances, this command line asks for \
+                 {forward} and {instances}: keep --forward and --instances for an upgrade",
+                self.forward, self.instances
+            ));
+        }
+        let lanes = usize::from(instances) * usize::from(ringmux_proto::GENERATION_SLOTS);
+        if self.lanes.len() != lanes {
+            return Err(format!(
+                "{} lanes for {instances} instances",
+                self.lanes.len()
+            ));
+        }
+        let mut fds = self.fds();
+        fds.sort_unstable();
+        if fds.windows(2).any(|w| w[0] == w[1]) {
+            return Err("a descriptor is named twice".into());
+        }
+        for fd in fds {
+            if fd < 3 || fcntl_getfd(fd).is_err() {
+                return Err(format!("descriptor {fd} is not open"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`State`] whose descriptors this image owns now (each close-on-exec again).
+pub struct Taken {
+    pub keys: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub public: OwnedFd,
+    pub metrics: Option<OwnedFd>,
+    pub control: Option<OwnedFd>,
+    pub answers: Vec<OwnedFd>,
+    pub active_generation: u64,
+    pub counters: CounterState,
+    pub sessions: Vec<SessionEntry>,
+    pub lanes: Vec<TakenLane>,
+    pub last_recv_ns: u64,
+}
+
+/// A lane of a [`Taken`] state.
+pub struct TakenLane {
+    pub generation: u64,
+    pub phase: LanePhase,
+    pub worker: Option<TakenWorker>,
+    pub ingress: Option<Ingress>,
+}
+
+/// A running worker of a [`Taken`] state.
+pub struct TakenWorker {
+    pub pid: u32,
+    pub control: OwnedFd,
+    pub sessions: OwnedFd,
+}
+
+/// A lane's ingress with its descriptors owned.
+pub enum Ingress {
+    Shm {
+        fds: ringmux_ring::ProducerFds,
+        ring: ringmux_ring::ProducerState,
+    },
+    Unix(OwnedFd),
+}
+
+impl State {
+    /// [`State::check`]s the state, then takes every descriptor it names. On an error nothing
+    /// was taken.
+    pub fn take(self, forward: &str, instances: u8) -> Result<Taken, String> {
+        self.check(forward, instances)?;
+        let take = |fd: RawFd| -> Result<OwnedFd, String> {
+            // SAFETY: `check` found every number open and named once, and each is taken here
+            // once; nothing else in this image knows these numbers.
+            unsafe { take_fd(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))
+        };
+        let lanes = self
+            .lanes
+            .into_iter()
+            .map(|l| {
+                let worker = l
+                    .worker
+                    .map(|w| -> Result<TakenWorker, String> {
+                        Ok(TakenWorker {
+                            pid: w.pid,
+                            control: take(w.control_fd)?,
+                            sessions: take(w.sessions_fd)?,
+                        })
+                    })
+                    .transpose()?;
+                let ingress = l
+                    .ingress
+                    .map(|i| -> Result<Ingress, String> {
+                        Ok(match i {
+                            IngressState::Shm { fds, ring } => Ingress::Shm {
+                                fds: ringmux_ring::ProducerFds {
+                                    region: take(fds[0])?,
+                                    page: take(fds[1])?,
+                                    doorbell_rx: take(fds[2])?,
+                                    doorbell_tx: take(fds[3])?,
+                                },
+                                ring: ring.into(),
+                            },
+                            IngressState::Unix { fd } => Ingress::Unix(take(fd)?),
+                        })
+                    })
+                    .transpose()?;
+                Ok(TakenLane {
+                    generation: l.generation,
+                    phase: l.phase,
+                    worker,
+                    ingress,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(Taken {
+            keys: self.keys,
+            cert_pem: self.cert_pem,
+            key_pem: self.key_pem,
+            public: take(self.public_fd)?,
+            metrics: self.metrics_fd.map(take).transpose()?,
+            control: self.control_fd.map(take).transpose()?,
+            answers: self
+                .answer_fds
+                .into_iter()
+                .map(take)
+                .collect::<Result<_, _>>()?,
+            active_generation: self.active_generation,
+            counters: self.counters,
+            sessions: self.sessions,
+            lanes,
+            last_recv_ns: self.last_recv_ns,
+        })
+    }
+}
+
+fn fcntl_getfd(fd: RawFd) -> nix::Result<i32> {
+    // SAFETY: F_GETFD on a bare number only asks whether it is open; nothing is owned.
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    fcntl(b, FcntlArg::F_GETFD)
+}
+
+/// Sets or clears close-on-exec on descriptor number `fd`.
+fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: the descriptor is open and stays so during the call (the caller owns it).
+    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let flags = if on {
+        FdFlag::FD_CLOEXEC
+    } else {
+        FdFlag::empty()
+    };
+    fcntl(b, FcntlArg::F_SETFD(flags))?;
+    Ok(())
+}
+
+/// Takes descriptor number `fd`, named by the state the previous image wrote, and marks it
+/// close-on-exec again.
+///
+/// # Safety
+/// `fd` is open and owned by nothing else in this process ([`State::check`] checked both for
+/// the state's numbers, and each is taken once).
+pub unsafe fn take_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    set_cloexec(fd, true)?;
+    // SAFETY: per the contract above.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What a previous image left, if this image was started by an upgrade.
+pub struct Inherited {
+    /// The state document as written (to go back with, should this image refuse it).
+    pub raw: Vec<u8>,
+    /// Why the image after this binary refused the state and executed this one again.
+    pub refused: Option<String>,
+}
+
+impl Inherited {
+    /// The state.
+    pub fn parse(&self) -> Result<State, String> {
+        serde_json::from_slice(&self.raw)
+            .map_err(|e| format!("the hand-over state does not parse: {e}"))
+    }
+}
+
+/// The state a previous image left, if this image was started by an upgrade.
+pub fn inherited() -> Option<Result<Inherited>> {
+    let raw = std::env::var(STATE_ENV).ok()?;
+    Some(read_inherited(&raw))
+}
+
+fn read_inherited(raw: &str) -> Result<Inherited> {
+    let fd: RawFd = raw
+        .parse()
+        .with_context(|| format!("{STATE_ENV}={raw} is not a descriptor number"))?;
+    if fd < 3 || fcntl_getfd(fd).is_err() {
+        bail!("{STATE_ENV}={raw}: no such descriptor");
+    }
+    // SAFETY: the previous image put the state memfd at this number and nothing else here owns
+    // it (it is read once, at start-up).
+    let mut file = File::from(unsafe { take_fd(fd) }?);
+    let mut bytes = Vec::new();
+    file.rewind()?;
+    file.take(64 << 20)
+        .read_to_end(&mut bytes)
+        .context("reading the hand-over state")?;
+    Ok(Inherited {
+        raw: bytes,
+        refused: std::env::var(REFUSED_ENV).ok(),
+    })
+}
+
+/// The new image, as the old one runs it: the binary and what it says it speaks.
+pub fn preflight(binary: &Path) -> Result<Compat, String> {
+    let mut child = Command::new(binary)
+        .arg("upgrade-check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("the new binary {} does not start: {e}", binary.display()))?;
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "the new binary {} did not answer `upgrade-check` within {CHECK_TIMEOUT:?}",
+                    binary.display()
+                ));
+            }
+            Err(e) => return Err(format!("waiting for the new binary: {e}")),
+        }
+    };
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = (&mut o).take(4096).read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = (&mut e).take(4096).read_to_string(&mut err);
+    }
+    let theirs = out.lines().find_map(Compat::parse);
+    match theirs {
+        Some(c) if status.success() => Ok(c),
+        _ => Err(format!(
+            "the new binary {} failed `upgrade-check` ({status}){}",
+            binary.display(),
+            match err.trim() {
+                "" => String::new(),
+                e => format!(": {}", e.lines().last().unwrap_or(e)),
+            }
+        )),
+    }
+}
+
+/// Replaces this process image with `binary`, handing it `state`. Returns only if `execve`
+/// failed: then every descriptor is close-on-exec again and the caller carries on.
+pub fn exec(binary: &Path, state: &State) -> io::Error {
+    let bytes = match serde_json::to_vec(state) {
+        Ok(b) => b,
+        Err(e) => return io::Error::other(e),
+    };
+    match exec_inner(binary, &bytes, &state.fds(), None) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+/// What [`exec`] does; `refused`, when set, marks an image going back to the previous binary.
+fn exec_inner(
+    binary: &Path,
+    state: &[u8],
+    fds: &[RawFd],
+    back: Option<(&OwnedFd, &str)>,
+) -> io::Result<std::convert::Infallible> {
+    let memfd = nix::sys::memfd::memfd_create(
+        c"ringmux-upgrade-state",
+        nix::sys::memfd::MFdFlags::MFD_CLOEXEC,
+    )?;
+    let mut file = File::from(memfd);
+    file.write_all(state)?;
+    file.rewind()?;
+    // The binary running now, for the new image to go back to.
+    let fallback = match back {
+        Some(_) => None,
+        None => Some(File::open("/proc/self/exe")?),
+    };
+    let mut env: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(k, _)| k != STATE_ENV && k != FALLBACK_ENV && k != REFUSED_ENV)
+        .collect();
+    env.push((STATE_ENV.into(), file.as_raw_fd().to_string().into()));
+    if let Some(f) = &fallback {
+        env.push((FALLBACK_ENV.into(), f.as_raw_fd().to_string().into()));
+    }
+    if let Some((_, why)) = back {
+        env.push((REFUSED_ENV.into(), why.into()));
+    }
+    let cstr = |s: OsString| CString::new(s.into_vec()).map_err(io::Error::other);
+    let argv: Vec<CString> = std::env::args_os().map(cstr).collect::<io::Result<_>>()?;
+    let envp: Vec<CString> = env
+        .into_iter()
+        .map(|(k, v)| {
+            let mut kv = k;
+            kv.push("=");
+            kv.push(v);
+            cstr(kv)
+        })
+        .collect::<io::Result<_>>()?;
+    let mut open: Vec<RawFd> = fds.to_vec();
+    open.push(file.as_raw_fd());
+    open.extend(fallback.as_ref().map(|f| f.as_raw_fd()));
+    for &fd in &open {
+        set_cloexec(fd, false)?;
+    }
+    let err = match back {
+        Some((old, _)) => nix::unistd::fexecve(old, &argv, &envp),
+        None => {
+            let path = cstr(binary.as_os_str().to_owned())?;
+            nix::unistd::execve(&path, &argv, &envp)
+        }
+    };
+    let err = match err {
+        Ok(never) => match never {},
+        Err(e) => io::Error::from(e),
+    };
+    for &fd in &open {
+        let _ = set_cloexec(fd, true);
+    }
+    Err(err)
+}
+
+/// Called by a new image that cannot use the state it was given (before it took any of its
+/// descriptors): executes the previous binary again with the same state, and `why`. Returns
+/// only if that failed too.
+pub fn go_back(inherited: &Inherited, why: &str) -> io::Error {
+    let Some(fd) = std::env::var(FALLBACK_ENV)
+        .ok()
+        .and_then(|v| v.parse::<RawFd>().ok())
+        .filter(|&fd| fd >= 3 && fcntl_getfd(fd).is_ok())
+    else {
+        return io::Error::other("no previous binary to go back to");
+    };
+    // SAFETY: the previous image opened its binary at this number for this; nothing else here
+    // owns it.
+    let old = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The descriptors stay as the previous image left them (close-on-exec cleared); if the
+    // state does not parse, the previous binary finds them all the same.
+    let fds = inherited.parse().map(|s| s.fds()).unwrap_or_default();
+    match exec_inner(Path::new(""), &inherited.raw, &fds, Some((&old, why))) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+/// Closes the previous binary's descriptor once the state is taken.
+pub fn forget_fallback() {
+    if let Some(fd) = std::env::var(FALLBACK_ENV)
+        .ok()
+        .and_then(|v| v.parse::<RawFd>().ok())
+        .filter(|&fd| fd >= 3 && fcntl_getfd(fd).is_ok())
+    {
+        // SAFETY: as in `go_back`: opened for this image by the previous one, owned by nothing.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_check_line_round_trips_and_names_what_differs() {
+        let ours = Compat::ours();
+        assert_eq!(Compat::parse(&ours.line()), Some(ours));
+        assert_eq!(Compat::parse("ringmux 0.1.0"), None);
+        assert_eq!(Compat::parse("ringmux-upgrade state-format=x"), None);
+        assert_eq!(ours.refusal(&ours), None);
+        let newer = Compat {
+            protocol: ours.protocol + 1,
+            ..ours
+        };
+        let why = ours.refusal(&newer).unwrap();
+        assert!(why.contains("worker protocol version"), "{why}");
+        assert!(why.contains("restart"), "{why}");
+    }
+
+    #[test]
+    fn a_state_naming_a_closed_or_repeated_descriptor_is_refused() {
+        let f = File::open("/proc/self/exe").unwrap();
+        let fd = f.as_raw_fd();
+        let lanes = 4;
+        let mut state = State {
+            compat: Compat::ours(),
+            forward: "shm".into(),
+            instances: 1,
+            keys: String::new(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            public_fd: fd,
+            metrics_fd: None,
+            control_fd: None,
+            answer_fds: vec![],
+            active_generation: 1,
+            counters: CounterState::default(),
+            sessions: vec![],
+            lanes: vec![
+                LaneState {
+                    generation: 0,
+                    phase: LanePhase::Idle,
+                    worker: None,
+                    ingress: None,
+                };
+                lanes
+            ],
+            last_recv_ns: 0,
+        };
+        assert_eq!(state.check("shm", 1), Ok(()));
+        assert!(state.check("unix", 1).unwrap_err().contains("--forward"));
+        assert!(state.check("shm", 2).unwrap_err().contains("--instances"));
+        state.metrics_fd = Some(fd);
+        assert!(state.check("shm", 1).unwrap_err().contains("twice"));
+        state.metrics_fd = Some(1 << 20);
+        assert!(state.check("shm", 1).unwrap_err().contains("not open"));
+        state.metrics_fd = None;
+        state.compat.ring_layout += 1;
+        assert!(state.check("shm", 1).unwrap_err().contains("ring layout"));
+    }
+}
