@@ -312,7 +312,7 @@ fn resume(
         None => format!(
             "ok upgraded: pid {} serves with {}",
             std::process::id(),
-            std::env::current_exe().map_or_else(|_| "?".into(), |p| p.display().to_string())
+            taken.binary.display()
         ),
         Some(why) => format!(
             "error: the new binary refused the hand-over: {why}; the previous demux serves on"
@@ -324,6 +324,7 @@ fn resume(
             sessions,
             lanes: workers,
             control,
+            binary: taken.binary.clone(),
         },
         answer,
         last_recv_ns: taken.last_recv_ns,
@@ -552,6 +553,8 @@ fn hand_over<F: Forward>(
         sessions: exported.sessions,
         lanes,
         last_recv_ns: dp.last_recv_ns(),
+        argv: upgrade::argv(),
+        binary: upgrade.binary.clone().into_os_string().into_encoded_bytes(),
     };
     tracing::info!(binary = %upgrade.binary.display(), "upgrade: handing over");
     let e = upgrade::exec(&upgrade.binary, &state);

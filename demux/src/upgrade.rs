@@ -133,6 +133,12 @@ pub struct State {
     /// When the old image received its last datagram (`CLOCK_MONOTONIC`, ns): the new one
     /// measures the hand-over's pause from it.
     pub last_recv_ns: u64,
+    /// The old image's command line, byte for byte: what an image going back to the old binary
+    /// runs it with (the new binary may have been a wrapper that changed its own).
+    pub argv: Vec<Vec<u8>>,
+    /// Where the `ringmux` binary is on disk, bytes: what the next upgrade executes (an image
+    /// that went back to the old binary runs a deleted file, whose path says so).
+    pub binary: Vec<u8>,
 }
 
 /// The counters that run on across images (what workers report comes again within a second).
@@ -312,6 +318,7 @@ pub struct Taken {
     pub sessions: Vec<SessionEntry>,
     pub lanes: Vec<TakenLane>,
     pub last_recv_ns: u64,
+    pub binary: std::path::PathBuf,
 }
 
 /// A lane of a [`Taken`] state.
@@ -404,6 +411,7 @@ impl State {
             sessions: self.sessions,
             lanes,
             last_recv_ns: self.last_recv_ns,
+            binary: OsString::from_vec(self.binary).into(),
         })
     }
 }
@@ -529,14 +537,15 @@ pub fn preflight(binary: &Path) -> Result<Compat, String> {
     }
 }
 
-/// Replaces this process image with `binary`, handing it `state`. Returns only if `execve`
-/// failed: then every descriptor is close-on-exec again and the caller carries on.
+/// Replaces this process image with `binary`, handing it `state` and running it with
+/// `state.argv`. Returns only if `execve` failed: then every descriptor is close-on-exec again
+/// and the caller carries on.
 pub fn exec(binary: &Path, state: &State) -> io::Error {
     let bytes = match serde_json::to_vec(state) {
         Ok(b) => b,
         Err(e) => return io::Error::other(e),
     };
-    match exec_inner(binary, &bytes, &state.fds(), None) {
+    match exec_inner(binary, &bytes, &state.fds(), &state.argv, None) {
         Ok(never) => match never {},
         Err(e) => e,
     }
@@ -547,6 +556,7 @@ fn exec_inner(
     binary: &Path,
     state: &[u8],
     fds: &[RawFd],
+    argv: &[Vec<u8>],
     back: Option<(&OwnedFd, &str)>,
 ) -> io::Result<std::convert::Infallible> {
     let memfd = nix::sys::memfd::memfd_create(
@@ -572,7 +582,13 @@ fn exec_inner(
         env.push((REFUSED_ENV.into(), why.into()));
     }
     let cstr = |s: OsString| CString::new(s.into_vec()).map_err(io::Error::other);
-    let argv: Vec<CString> = std::env::args_os().map(cstr).collect::<io::Result<_>>()?;
+    let argv: Vec<CString> = if argv.is_empty() {
+        std::env::args_os().map(cstr).collect::<io::Result<_>>()?
+    } else {
+        argv.iter()
+            .map(|a| CString::new(a.clone()).map_err(io::Error::other))
+            .collect::<io::Result<_>>()?
+    };
     let envp: Vec<CString> = env
         .into_iter()
         .map(|(k, v)| {
@@ -621,11 +637,25 @@ pub fn go_back(inherited: &Inherited, why: &str) -> io::Error {
     let old = unsafe { OwnedFd::from_raw_fd(fd) };
     // The descriptors stay as the previous image left them (close-on-exec cleared); if the
     // state does not parse, the previous binary finds them all the same.
-    let fds = inherited.parse().map(|s| s.fds()).unwrap_or_default();
-    match exec_inner(Path::new(""), &inherited.raw, &fds, Some((&old, why))) {
+    let (fds, argv) = inherited
+        .parse()
+        .map(|s| (s.fds(), s.argv))
+        .unwrap_or_default();
+    match exec_inner(
+        Path::new(""),
+        &inherited.raw,
+        &fds,
+        &argv,
+        Some((&old, why)),
+    ) {
         Ok(never) => match never {},
         Err(e) => e,
     }
+}
+
+/// This image's command line, for [`State::argv`].
+pub fn argv() -> Vec<Vec<u8>> {
+    std::env::args_os().map(OsStringExt::into_vec).collect()
 }
 
 /// Closes the previous binary's descriptor once the state is taken.
@@ -689,6 +719,8 @@ mod tests {
                 lanes
             ],
             last_recv_ns: 0,
+            argv: vec![],
+            binary: vec![],
         };
         assert_eq!(state.check("shm", 1), Ok(()));
         assert!(state.check("unix", 1).unwrap_err().contains("--forward"));

@@ -1093,16 +1093,18 @@ fn draining(m: &harness::Metrics) -> f64 {
 }
 
 /// h3-probe (16 connections × 8 streams) and a 50 MiB download each with gtlsclient and aioquic
-/// run across three reloads in a row. Every reload succeeds; no request fails (requests a
-/// draining worker turns away with GOAWAY move to a new connection, as clients do); both
-/// downloads are complete and exact; the demux drops nothing and the kernel overflows nothing
-/// during the reloads; every replaced worker exits 0.
+/// run across three reloads in a row, an upgrade of the demux itself, and one more reload.
+/// Every reload and the upgrade succeed; the upgrade keeps the demux's PID and every worker
+/// process; no request fails (requests a draining worker turns away with GOAWAY move to a new
+/// connection, as clients do); both downloads are complete and exact; the demux drops nothing
+/// and the kernel overflows nothing on the public socket (its `/proc/net/udp` drop count, the
+/// socket's share of `RcvbufErrors`) throughout; every replaced worker exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reloads_under_load_lose_nothing() {
+async fn reloads_and_an_upgrade_under_load_lose_nothing() {
     if !have_gtlsclient() || !have_aioquic() {
         return;
     }
-    bounded(Duration::from_secs(150), async {
+    bounded(Duration::from_secs(200), async {
         const N: u64 = 50 << 20;
         let rm = Ringmux::start(2, Forward::Shm, &["--grace", "60"]);
         let probe = Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
@@ -1119,7 +1121,7 @@ async fn reloads_under_load_lose_nothing() {
             "-s",
             "8",
             "--seconds",
-            "8",
+            "10",
             "--json",
         ]
         .iter()
@@ -1147,23 +1149,59 @@ async fn reloads_under_load_lose_nothing() {
                 answers.push(rm.reload(Duration::from_secs(30)).await);
             }
             let m = rm.metrics();
-            let after = (m.sum(names::DROPPED), socket_drops(port));
-            (answers, before, after, draining(&m))
+            let draining_then = draining(&m);
+            // The serving generation's workers (draining ones may finish meanwhile).
+            let serving = |m: &harness::Metrics| -> Vec<u32> {
+                (0..2)
+                    .map(|i| m.instance(names::WORKER_PID, i) as u32)
+                    .collect()
+            };
+            let workers = serving(&m);
+            let upgraded = rm.upgrade(Duration::from_secs(30)).await;
+            let after_upgrade = (rm.metrics().sum(names::DROPPED), socket_drops(port));
+            let workers_after = (serving(&rm.metrics()), harness::children_of(rm.pid));
+            // Generation 5 takes generation 1's slot: it waits while the downloads keep
+            // generation 1 draining.
+            answers.push(rm.reload(Duration::from_secs(90)).await);
+            let after = (rm.metrics().sum(names::DROPPED), socket_drops(port));
+            let upgrade = (upgraded, workers, workers_after, after_upgrade);
+            (answers, upgrade, before, after, draining_then)
         };
-        let (probe_out, gtls_log, aio, (answers, before, after, draining_then)) =
+        let (probe_out, gtls_log, aio, (answers, upgrade, before, after, draining_then)) =
             tokio::join!(probe_run, gtls_run, aio_run, reloads);
 
         for (i, (ok, text)) in answers.iter().enumerate() {
             assert!(ok, "reload {}: {text}", i + 1);
             assert!(text.contains(&format!("ok generation={}", i + 2)), "{text}");
         }
+        let ((ok, text), workers, workers_after, after_upgrade) = upgrade;
+        assert!(ok, "upgrade: {text}");
+        assert!(
+            text.contains(&format!("ok upgraded: pid {}", rm.pid)),
+            "{text}"
+        );
+        assert!(workers.iter().all(|&p| p > 0), "{workers:?}");
+        assert_eq!(
+            workers, workers_after.0,
+            "the serving workers after the upgrade"
+        );
+        for pid in &workers {
+            assert!(
+                workers_after.1.contains(pid),
+                "worker {pid} is no child of the demux after the upgrade: {workers_after:?}"
+            );
+        }
         assert!(
             draining_then >= 1.0,
             "the downloads kept a replaced generation draining across the reloads"
         );
         assert_eq!(
+            before, after_upgrade,
+            "(demux drops, kernel drops on the public socket) during the reloads and the upgrade"
+        );
+        assert_eq!(
             before, after,
-            "(demux drops, kernel drops on the public socket) during the reloads"
+            "(demux drops, kernel drops on the public socket) during the last reload"
         );
         let report: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&json).expect("the --json report")).unwrap();
@@ -1191,14 +1229,16 @@ async fn reloads_under_load_lose_nothing() {
                 |m| draining(m) == 0.0,
             )
             .await;
-        assert_eq!(m.get(names::GENERATION_ACTIVE), 4.0);
-        assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 3.0);
+        assert_eq!(m.get(names::GENERATION_ACTIVE), 5.0);
+        assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 4.0);
+        assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 1.0);
+        assert_eq!(m.labelled(names::UPGRADES, "result", "failed"), 0.0);
         let log = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
         let exits: Vec<&str> = log
             .lines()
             .filter(|l| l.contains("worker exited"))
             .collect();
-        assert_eq!(exits.len(), 6, "3 generations × 2 workers: {exits:#?}");
+        assert_eq!(exits.len(), 8, "4 generations × 2 workers: {exits:#?}");
         assert!(
             exits.iter().all(|l| l.contains("unix_wait_status(0)")),
             "{exits:#?}"
@@ -1264,6 +1304,103 @@ async fn a_failing_reload_leaves_the_old_generation_serving() {
         let m = rm.metrics();
         assert_eq!(m.get(names::GENERATION_ACTIVE), 2.0);
         assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 1.0);
+    })
+    .await
+}
+
+/// An upgrade to a binary that exits at once, or that speaks another worker protocol, is refused
+/// before anything is handed over; one whose new image refuses the state it is given (a wrapper
+/// that changes `--forward`) goes back to the old binary, which takes the state back. Each time
+/// `ringmux upgrade` fails with the reason and the old demux serves on: same PID, same workers,
+/// a client still gets its page. A good binary then upgrades.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_upgrade_leaves_the_old_demux_serving() {
+    if !have_gtlsclient() {
+        return;
+    }
+    bounded(LIMIT, async {
+        use ringmux_demux::upgrade::{Compat, STATE_FORMAT};
+        let bin = harness::TempDir::new("ringmux-upgrade-bin");
+        let demux = bin.path().join("ringmux");
+        let real = Path::new(env!("CARGO_BIN_EXE_ringmux"))
+            .display()
+            .to_string();
+        std::fs::copy(&real, &demux).unwrap();
+        let rm = Ringmux::start_in(
+            harness::TempDir::new("ringmux-e2e"),
+            &demux,
+            2,
+            Forward::Shm,
+            &[],
+            harness::worker_bin(),
+            &[],
+        );
+        assert_gtls_ok("before", &gtls(&rm, &[], &["/hello.txt"]).await, 1);
+        let workers = rm.worker_pids().await;
+        // The running binary cannot be written (ETXTBSY): a deploy replaces the file.
+        let replace = |body: &str| {
+            std::fs::remove_file(&demux).unwrap();
+            script(bin.path(), "ringmux", body);
+        };
+        let ours = Compat::ours();
+        let cases = [
+            ("exit 1".to_string(), "failed `upgrade-check`"),
+            (
+                format!(
+                    "echo 'ringmux-upgrade state-format={STATE_FORMAT} protocol={} \
+                     ring-layout={}'",
+                    ours.protocol + 1,
+                    ours.ring_layout
+                ),
+                "worker protocol version",
+            ),
+            (
+                format!(
+                    "case \"$1\" in upgrade-check) exec {real} \"$@\";; esac\n\
+                     exec {real} $(echo \"$@\" | sed 's/--forward shm/--forward unix/')"
+                ),
+                "the new binary refused the hand-over",
+            ),
+        ];
+        for (i, (body, why)) in cases.iter().enumerate() {
+            replace(body);
+            let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+            assert!(!ok, "case {i}: {text}");
+            assert!(
+                text.contains(why) && text.contains("serves on"),
+                "case {i}: {text}"
+            );
+            assert_gtls_ok(
+                &format!("after failed upgrade {i}"),
+                &gtls(&rm, &[], &["/hello.txt"]).await,
+                1,
+            );
+            assert_eq!(rm.worker_pids().await, workers, "case {i}");
+            let m = rm.metrics();
+            assert_eq!(
+                m.labelled(names::UPGRADES, "result", "failed"),
+                (i + 1) as f64
+            );
+            assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 0.0);
+        }
+
+        replace(&format!("exec {real} \"$@\""));
+        let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+        assert!(ok, "{text}");
+        assert!(
+            text.contains(&format!("ok upgraded: pid {}", rm.pid)),
+            "{text}"
+        );
+        assert_gtls_ok(
+            "after the upgrade",
+            &gtls(&rm, &[], &["/hello.txt"]).await,
+            1,
+        );
+        assert_eq!(rm.worker_pids().await, workers);
+        let m = rm.metrics();
+        assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 1.0);
+        assert_eq!(m.labelled(names::UPGRADES, "result", "failed"), 3.0);
+        rm.wait_balanced(Duration::from_secs(10)).await;
     })
     .await
 }

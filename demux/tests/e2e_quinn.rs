@@ -404,3 +404,86 @@ async fn reload_keeps_connections_unix() {
     )
     .await;
 }
+
+/// An upgrade of the demux in either forwarding mode: a download that started before it runs
+/// to its end after it on the same connection, which goes on taking requests (the workers
+/// noticed nothing: no GOAWAY, the same processes); a session ticket issued before it resumes
+/// with 0-RTT after it on the other instance (the session cache was handed over); nothing is
+/// dropped and nothing allocated on the data plane.
+async fn upgrade_keeps_connections(forward: Forward) {
+    const N: u64 = 20 << 20;
+    let rm = Ringmux::start(2, forward, &[]);
+    let workers = rm.worker_pids().await;
+    let client = rm.client();
+    let old = rm.connect(&client).await;
+    let download = old
+        .start(http::Method::GET, &format!("/bytes/{N}"), None)
+        .await
+        .expect("starting the download");
+    // A ticket from instance 0, to resume on instance 1 after the upgrade.
+    let target = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(0));
+    let mut resuming = rm.client();
+    let t = target.clone();
+    pin(&mut resuming, rm.router.clone(), move || {
+        t.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    let first = rm.connect(&resuming).await;
+    check_bytes("before", &first.get("/bytes/100").await.expect("GET"), 100);
+    first.close().await.expect("clean close");
+
+    let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+    assert!(ok && text.contains("ok upgraded"), "{text}");
+    assert_eq!(
+        rm.worker_pids().await,
+        workers,
+        "the workers after the upgrade"
+    );
+
+    let body = download.read_body(true).await.expect("the download's body");
+    check_bytes("the download across the upgrade", &body, N);
+    check_bytes(
+        "the same connection after the upgrade",
+        &old.get("/bytes/3000")
+            .await
+            .expect("GET on the old connection"),
+        3000,
+    );
+    target.store(1, std::sync::atomic::Ordering::Relaxed);
+    let (conn, zrtt) = resuming
+        .connect_0rtt(rm.listen, SERVER_NAME)
+        .await
+        .expect("resumed connection");
+    assert!(zrtt.attempted(), "no ticket allowing early data");
+    check_bytes(
+        "0-RTT after the upgrade",
+        &conn.get("/bytes/2000").await.expect("GET in 0-RTT"),
+        2000,
+    );
+    assert!(
+        zrtt.accepted().await,
+        "0-RTT rejected after the upgrade: the session cache was not handed over"
+    );
+    conn.close().await.expect("clean close");
+    let m = rm.wait_balanced(Duration::from_secs(10)).await;
+    assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 1.0);
+    assert_eq!(m.sum(names::DROPPED), 0.0, "{m}");
+    assert_eq!(m.get(names::DATAPLANE_ALLOCATIONS), 0.0, "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_keeps_connections_shm() {
+    bounded(
+        Duration::from_secs(90),
+        upgrade_keeps_connections(Forward::Shm),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_keeps_connections_unix() {
+    bounded(
+        Duration::from_secs(90),
+        upgrade_keeps_connections(Forward::Unix),
+    )
+    .await;
+}

@@ -379,7 +379,7 @@ async fn a_confined_worker_cannot_reach_the_demux() {
 /// permissions let it connect (a worker running as the demux's user): the demux turns away a
 /// connection from any worker's process, and no reload happens.
 #[tokio::test]
-async fn a_worker_cannot_ask_for_a_reload() {
+async fn a_worker_cannot_ask_for_a_reload_or_an_upgrade() {
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-attack-reload");
         let sock = dir
@@ -408,12 +408,17 @@ async fn a_worker_cannot_ask_for_a_reload() {
             &env,
         );
         let r = report(&dir).await;
-        assert_outcomes(&r, &["reload-connect"], "ok");
-        assert_outcomes(&r, &["reload-answer"], "error: refused: not from a worker");
+        assert_outcomes(&r, &["reload-connect", "upgrade-connect"], "ok");
+        assert_outcomes(
+            &r,
+            &["reload-answer", "upgrade-answer"],
+            "error: refused: not from a worker",
+        );
         instance0_serves(&rm).await;
         let m = rm.metrics();
         assert_eq!(m.get(names::GENERATION_ACTIVE), 1.0, "{m}");
         assert_eq!(m.sum(names::RELOADS), 0.0, "{m}");
+        assert_eq!(m.sum(names::UPGRADES), 0.0, "{m}");
         // The operator still can.
         let (ok, text) = rm.reload(Duration::from_secs(30)).await;
         assert!(ok, "{text}");

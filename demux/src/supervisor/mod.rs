@@ -104,6 +104,8 @@ pub struct Adopted {
     )>,
     /// The control socket's listener and path, and the clients waiting on the upgrade.
     pub control: Option<(OwnedFd, std::path::PathBuf, Vec<OwnedFd>)>,
+    /// The `ringmux` binary on disk.
+    pub binary: std::path::PathBuf,
 }
 
 /// How [`Supervisor::run`] ended.
@@ -269,6 +271,7 @@ impl Supervisor {
         sup.counters
             .active_generation
             .store(taken.active_generation, Ordering::Relaxed);
+        sup.binary = taken.binary;
         sup.sessions.cache().restore(taken.sessions, Instant::now());
         for (l, (_, phase, worker)) in taken.lanes.into_iter().enumerate() {
             let Some(w) = worker else {

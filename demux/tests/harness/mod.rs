@@ -75,6 +75,28 @@ impl Ringmux {
         env: &[(&str, String)],
     ) -> Ringmux {
         let dir = TempDir::new("ringmux-e2e");
+        Ringmux::start_in(
+            dir,
+            Path::new(env!("CARGO_BIN_EXE_ringmux")),
+            instances,
+            forward,
+            extra,
+            worker_bin,
+            env,
+        )
+    }
+
+    /// As [`Ringmux::start`], running the demux binary `demux` (a copy an upgrade test can
+    /// replace) with its files in `dir`.
+    pub fn start_in(
+        dir: TempDir,
+        demux: &Path,
+        instances: u8,
+        forward: Forward,
+        extra: &[&str],
+        worker_bin: PathBuf,
+        env: &[(&str, String)],
+    ) -> Ringmux {
         let keys = KeySet::generate().expect("generating keys");
         let key_file = dir.path().join("keys");
         std::fs::OpenOptions::new()
@@ -125,7 +147,7 @@ impl Ringmux {
             &key_file_arg,
         ]);
         args.extend_from_slice(extra);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ringmux"))
+        let mut child = Command::new(demux)
             .args(&args)
             .env(
                 "RUST_LOG",
@@ -196,8 +218,17 @@ impl Ringmux {
     /// Runs `ringmux reload` against this ringmux (bounded by `timeout`): its exit status and
     /// what it printed (stdout, then stderr).
     pub async fn reload(&self, timeout: Duration) -> (bool, String) {
+        self.ask("reload", timeout).await
+    }
+
+    /// Runs `ringmux upgrade` against this ringmux, as [`Ringmux::reload`] does `reload`.
+    pub async fn upgrade(&self, timeout: Duration) -> (bool, String) {
+        self.ask("upgrade", timeout).await
+    }
+
+    async fn ask(&self, what: &str, timeout: Duration) -> (bool, String) {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
-            .arg("reload")
+            .arg(what)
             .arg("--control-socket")
             .arg(self.control_socket())
             .arg("--timeout")
@@ -206,7 +237,7 @@ impl Ringmux {
             .output();
         let out = bounded(timeout + Duration::from_secs(5), out)
             .await
-            .expect("running ringmux reload");
+            .unwrap_or_else(|e| panic!("running ringmux {what}: {e}"));
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -77,19 +77,24 @@ fn reload(out: &mut Outcomes) {
         out.push(("reload-connect", "no RINGMUX_FAULT_CONTROL_SOCKET".into()));
         return;
     };
-    let stream = match std::os::unix::net::UnixStream::connect(&path) {
-        Ok(s) => s,
-        Err(e) => {
-            out.push(("reload-connect", io_outcome::<()>(Err(e))));
-            return;
-        }
-    };
-    out.push(("reload-connect", "ok".into()));
-    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-    let _ = (&stream).write_all(b"reload\n");
-    let mut line = String::new();
-    let _ = io::BufReader::new(&stream).read_line(&mut line);
-    out.push(("reload-answer", line.trim().to_string()));
+    for (connect, answer, request) in [
+        ("reload-connect", "reload-answer", &b"reload\n"[..]),
+        ("upgrade-connect", "upgrade-answer", &b"upgrade\n"[..]),
+    ] {
+        let stream = match std::os::unix::net::UnixStream::connect(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                out.push((connect, io_outcome::<()>(Err(e))));
+                continue;
+            }
+        };
+        out.push((connect, "ok".into()));
+        let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+        let _ = (&stream).write_all(request);
+        let mut line = String::new();
+        let _ = io::BufReader::new(&stream).read_line(&mut line);
+        out.push((answer, line.trim().to_string()));
+    }
 }
 
 fn signal_parent(out: &mut Outcomes) {
