@@ -322,6 +322,22 @@ if [[ -x $ringmux_bin ]]; then
   set -e
   want_status 1
   want "connecting to /nonexistent/control.sock"
+  name="unit: ringmux upgrade, as the unit's comment gives it, reaches the same socket"
+  echo "== $name"
+  set +e
+  out=$(RINGMUX_CONTROL_SOCKET=/nonexistent/control.sock "$ringmux_bin" upgrade 2>&1)
+  status=$?
+  set -e
+  want_status 1
+  want "connecting to /nonexistent/control.sock"
+  name="the built binary answers an upgrade's check"
+  echo "== $name"
+  set +e
+  out=$("$ringmux_bin" upgrade-check 2>&1)
+  status=$?
+  set -e
+  want_status 0
+  want "^ringmux-upgrade state-format=[0-9]+ protocol=[0-9]+ ring-layout=[0-9]+\$"
 else
   echo "== unit: no ringmux binary built yet: the ExecReload= command is not run"
 fi
