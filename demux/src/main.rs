@@ -290,7 +290,11 @@ fn resume(
     let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
     let mut ingress = Vec::with_capacity(lanes);
     let mut workers = Vec::with_capacity(lanes);
-    for l in taken.lanes {
+    for (lane, l) in taken.lanes.into_iter().enumerate() {
+        // Up before the data plane starts, which is before the supervisor is set up.
+        if l.phase != upgrade::LanePhase::Idle {
+            liveness.set_up(lane, true);
+        }
         ingress.push(l.ingress);
         workers.push((l.generation, l.phase, l.worker));
     }
@@ -399,9 +403,34 @@ impl forward::WithForward for Serve {
         } = self;
         let public_addr = public.socket().local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (link, mut control) = DataPlaneLink::new(stop.clone(), liveness);
+        let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
         let public_fd: OwnedFd = public.socket().try_clone()?.into();
-        let (mut sup, answer, resumed_at) = match resume {
+        let active_generation = match &resume {
+            Some(r) => r.adopted.active_generation,
+            None => counters.active_generation.load(Ordering::Relaxed),
+        };
+        let dp = DataPlane::new(
+            public,
+            router,
+            forward,
+            counters.clone(),
+            cfg.args.recv_batch,
+            Duration::from_secs(cfg.args.stall_secs),
+        )
+        .with_active_slot(ringmux_proto::generation_slot(active_generation))
+        .resumed_after(resume.as_ref().map(|r| r.last_recv_ns));
+        let cpu = cfg.demux_cpu();
+        let start = move |dp: DataPlane<F>, control: dataplane::Control| {
+            std::thread::Builder::new()
+                .name("data-plane".into())
+                .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        pin(cpu);
+                    }
+                    dp.run(control)
+                })
+        };
+        let (mut sup, answer, mut data_plane) = match resume {
             None => {
                 let mut sup = supervisor::Supervisor::new(
                     cfg.clone(),
@@ -412,10 +441,14 @@ impl forward::WithForward for Serve {
                     signals,
                 )?;
                 sup.start_all(handles)?;
-                (sup, None, None)
+                (sup, None, start(dp, control)?)
             }
             Some(r) => {
-                let sup = supervisor::Supervisor::adopt(
+                // The workers never stopped and the rings are taken over: forward at once
+                // (the datagrams wait in the socket's queue meanwhile) and set up the rest of
+                // the supervisor while the data plane runs. Its lanes are marked up already.
+                let data_plane = start(dp, control)?;
+                match supervisor::Supervisor::adopt(
                     cfg.clone(),
                     template,
                     public_fd,
@@ -423,34 +456,18 @@ impl forward::WithForward for Serve {
                     link,
                     signals,
                     r.adopted,
-                )?;
-                (sup, Some(r.answer), Some(r.last_recv_ns))
+                ) {
+                    Ok(sup) => (sup, Some(r.answer), data_plane),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        let _ = data_plane.join();
+                        return Err(e);
+                    }
+                }
             }
         };
-        let active_slot =
-            ringmux_proto::generation_slot(counters.active_generation.load(Ordering::Relaxed));
-        let mut dp = DataPlane::new(
-            public,
-            router,
-            forward,
-            counters.clone(),
-            cfg.args.recv_batch,
-            Duration::from_secs(cfg.args.stall_secs),
-        )
-        .with_active_slot(active_slot)
-        .resumed_after(resumed_at);
-        let cpu = cfg.demux_cpu();
         let mut first = true;
         loop {
-            stop.store(false, Ordering::Relaxed);
-            let data_plane = std::thread::Builder::new()
-                .name("data-plane".into())
-                .spawn(move || {
-                    if let Some(cpu) = cpu {
-                        pin(cpu);
-                    }
-                    dp.run(control)
-                })?;
             if first {
                 first = false;
                 tracing::info!(
@@ -472,11 +489,9 @@ impl forward::WithForward for Serve {
             }
             let outcome = sup.run();
             stop.store(true, Ordering::Relaxed);
-            let joined = data_plane.join();
-            let Ok((d, c)) = joined else {
+            let Ok((mut dp, control)) = data_plane.join() else {
                 anyhow::bail!("the data plane panicked");
             };
-            (dp, control) = (d, c);
             let upgrade = match outcome {
                 Ok(supervisor::Outcome::Upgrade(u)) => u,
                 done => {
@@ -500,6 +515,8 @@ impl forward::WithForward for Serve {
                 &keys,
             );
             sup.upgrade_failed(upgrade, &why);
+            stop.store(false, Ordering::Relaxed);
+            data_plane = start(dp, control)?;
         }
     }
 }
