@@ -219,20 +219,38 @@ fn rss_kib(pid: u32) -> u64 {
         .expect("VmRSS")
 }
 
-/// Offered load far beyond what the rings take: the demux is paused (SIGSTOP) while its socket
-/// fills, then resumed into a burst ~60 times a ring. Memory stays flat, every datagram is
-/// accounted for by reason, and both instances serve again afterwards.
+/// Offered load far beyond what the rings take: the demux and its workers are paused (SIGSTOP)
+/// while the socket fills, then the demux alone is resumed into a burst ~60 times a ring, so
+/// the rings overflow whatever the speed of the machine. Memory stays flat, every datagram is
+/// accounted for by reason, and both instances serve again once the workers resume.
 #[tokio::test]
 async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
     bounded(Duration::from_secs(90), async {
         let rm = Ringmux::start(
             2,
             Forward::Shm,
-            &["--ring-slots", "256", "--rcvbuf", "67108864"],
+            // The workers are stopped for a moment each round: not long enough to be stuck.
+            &[
+                "--ring-slots",
+                "256",
+                "--rcvbuf",
+                "67108864",
+                "--stall-secs",
+                "600",
+            ],
         );
         instance0_serves(&rm).await;
+        let workers = rm.worker_pids().await;
+        let signal_workers = |sig| {
+            for &pid in &workers {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig)
+                    .unwrap_or_else(|e| panic!("kill({pid}, {sig}): {e}"));
+            }
+        };
         let rss_before = rss_kib(rm.pid);
         for round in 0..3 {
+            let full_before = rm.metrics().dropped("ring_full");
+            signal_workers(nix::sys::signal::Signal::SIGSTOP);
             rm.signal(libc::SIGSTOP);
             let senders: Vec<_> = (0..2u8)
                 .map(|i| {
@@ -252,6 +270,15 @@ async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
                 s.join().unwrap();
             }
             rm.signal(libc::SIGCONT);
+            // Nothing drains the rings until the workers resume: 15 000 datagrams per
+            // instance meet 256 slots.
+            rm.wait_for(
+                "the paused workers' rings to overflow, every datagram accounted for",
+                Duration::from_secs(20),
+                |m| m.dropped("ring_full") > full_before && m.balanced(),
+            )
+            .await;
+            signal_workers(nix::sys::signal::Signal::SIGCONT);
             rm.wait_balanced(Duration::from_secs(20)).await;
         }
         let m: Metrics = rm.wait_balanced(Duration::from_secs(20)).await;
