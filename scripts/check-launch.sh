@@ -272,13 +272,13 @@ want_file "$proc/sys/net/core/rmem_max" 212992
 procrun=$tmp/procrun # wmem_max already above RINGMUX_SNDBUF: must not be lowered
 mk_proc "$procrun" 212992 16777216
 run "start: raises rmem_max only, exports the plan, execs ringmux with the arguments" \
-  LAUNCH_SYS="$sys8" LAUNCH_PROC="$procrun" -- --listen '[::]:4433' --retry --root '/srv/a dir'
+  LAUNCH_SYS="$sys8" LAUNCH_PROC="$procrun" -- --listen '[::]:4433' --retry always --root '/srv/a dir'
 want_status 0
 want "^   net.core.rmem_max 212992 -> 33554432 \(raised, for RINGMUX_RCVBUF\)"
 want "^   net.core.wmem_max 16777216 >= RINGMUX_SNDBUF=8388608: unchanged"
 want_file "$procrun/sys/net/core/rmem_max" 33554432
 want_file "$procrun/sys/net/core/wmem_max" 16777216
-want "^stub args: \[--listen\] \[\[::\]:4433\] \[--retry\] \[--root\] \[/srv/a dir\]\$"
+want "^stub args: \[--listen\] \[\[::\]:4433\] \[--retry\] \[always\] \[--root\] \[/srv/a dir\]\$"
 want "^stub env: RINGMUX_CPUS=0,2,1,3\$"
 want "^stub env: RINGMUX_INSTANCES=3\$"
 want "^stub env: RINGMUX_RCVBUF=33554432\$"

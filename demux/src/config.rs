@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::admission::RetryMode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ringmux_proto::UpstreamUrl;
@@ -220,9 +221,30 @@ pub struct RunArgs {
     /// Seconds after which workers rotate connection IDs (0: never).
     #[arg(long, env = "RINGMUX_CID_LIFETIME", default_value_t = 0)]
     pub cid_lifetime: u64,
-    /// Validate every client address with a Retry before accepting a connection.
-    #[arg(long, env = "RINGMUX_RETRY")]
-    pub retry: bool,
+    /// When the demux itself answers a new connection's first Initial (one without a token)
+    /// with a stateless Retry, so that the client proves its address before any worker spends
+    /// a handshake on it: `auto` under pressure (more than `--retry-above` new-connection
+    /// packets per second, or a ring past `--initial-shed-at`, and for a second after), `always`
+    /// (one extra round trip for every connection), `never`. The token is checked by the demux
+    /// and by the worker, whose quinn accepts it.
+    #[arg(long, env = "RINGMUX_RETRY", value_enum, default_value_t = RetryMode::Auto)]
+    pub retry: RetryMode,
+    /// New-connection packets per second (Initials and 0-RTT of unknown connections, the whole
+    /// box) above which `--retry auto` sends Retries.
+    #[arg(long, env = "RINGMUX_RETRY_ABOVE", default_value_t = 1000)]
+    pub retry_above: u32,
+    /// New-connection packets per second one source prefix (`--prefix-v4` / `--prefix-v6`)
+    /// may send to the workers while the demux is under pressure (see `--retry`), with a burst
+    /// of as many; the excess is dropped (counted `prefix_budget`). 0: no budget. A fixed
+    /// table of 4096 hashed cells (32 KiB): prefixes that share a cell share its budget.
+    #[arg(long, env = "RINGMUX_PREFIX_BUDGET", default_value_t = 100)]
+    pub prefix_budget: u32,
+    /// IPv4 prefix length the budget groups sources by.
+    #[arg(long, env = "RINGMUX_PREFIX_V4", default_value_t = 24)]
+    pub prefix_v4: u8,
+    /// IPv6 prefix length the budget groups sources by.
+    #[arg(long, env = "RINGMUX_PREFIX_V6", default_value_t = 56)]
+    pub prefix_v6: u8,
     /// Largest body /bytes/N serves.
     #[arg(long, env = "RINGMUX_MAX_BYTES", default_value_t = 64 << 20)]
     pub max_bytes: u64,
@@ -312,6 +334,23 @@ impl RunArgs {
             bail!(
                 "--initial-shed-at / RINGMUX_INITIAL_SHED_AT={} is not valid: expected 1 to 100 (percent of a ring's slots; 100: never shed)",
                 self.initial_shed_at
+            );
+        }
+        if self.prefix_v4 > 32 {
+            bail!(
+                "--prefix-v4 / RINGMUX_PREFIX_V4={} is not valid: expected 0 to 32 (bits of an IPv4 address)",
+                self.prefix_v4
+            );
+        }
+        if self.prefix_v6 > 128 {
+            bail!(
+                "--prefix-v6 / RINGMUX_PREFIX_V6={} is not valid: expected 0 to 128 (bits of an IPv6 address)",
+                self.prefix_v6
+            );
+        }
+        if self.retry_above == 0 {
+            bail!(
+                "--retry-above / RINGMUX_RETRY_ABOVE=0 is not valid: expected at least 1 (packets per second); for a Retry on every connection use --retry always"
             );
         }
         if self.grace == 0 {
@@ -468,6 +507,17 @@ impl Config {
             pct => (u64::from(self.ring.slots) * u64::from(pct))
                 .div_ceil(100)
                 .max(1),
+        }
+    }
+
+    /// What the data plane's admission of new connections needs.
+    pub fn admission(&self) -> crate::admission::Settings {
+        crate::admission::Settings {
+            retry: self.args.retry,
+            retry_above: self.args.retry_above,
+            prefix_budget: self.args.prefix_budget,
+            prefix_v4: self.args.prefix_v4,
+            prefix_v6: self.args.prefix_v6,
         }
     }
 

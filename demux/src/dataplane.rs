@@ -17,10 +17,11 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quinn_udp::{RecvMeta, UdpSockRef, UdpSocketState};
+use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
 use ringmux_quic_lb::{starts_connection, Route, RouteCache, Router};
 use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta};
 
+use crate::admission::{Admission, Verdict};
 use crate::forward::{Forward, IngressHandles};
 use crate::metrics::{Counters, DropReason};
 use crate::sys::{self, RecvCmsg};
@@ -218,6 +219,7 @@ pub struct DataPlane<F> {
     router: Router,
     forward: F,
     counters: Arc<Counters>,
+    admission: Admission,
     batch: usize,
     stall: Duration,
     /// The first lane of the generation slot new connections go to.
@@ -251,6 +253,7 @@ impl<F: Forward> DataPlane<F> {
         router: Router,
         forward: F,
         counters: Arc<Counters>,
+        admission: Admission,
         batch: usize,
         stall: Duration,
     ) -> Self {
@@ -259,6 +262,7 @@ impl<F: Forward> DataPlane<F> {
             router,
             forward,
             counters,
+            admission,
             batch,
             stall,
             active: 0,
@@ -337,6 +341,11 @@ impl<F: Forward> DataPlane<F> {
         for (d, c) in dropped.iter_mut().zip(&self.counters.dropped) {
             *d = c.load(Ordering::Relaxed);
         }
+        self.admission.stats = crate::admission::Stats {
+            retries_sent: self.counters.retries_sent.load(Ordering::Relaxed),
+            retries_unsent: self.counters.retries_unsent.load(Ordering::Relaxed),
+            tokens_accepted: self.counters.tokens_accepted.load(Ordering::Relaxed),
+        };
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
         let mut errors_logged = 0u32;
@@ -447,12 +456,42 @@ impl<F: Forward> DataPlane<F> {
                         }
                     };
                     let l = &mut local[inst];
-                    // A crowded ingress admits no new connection: a packet that opens one, to a
-                    // DCID that is no instance's CID yet (the client's own). Established traffic
-                    // pays one flag test (beside `up`, in the same line).
-                    if l.crowded && matches!(route, Route::Hashed(_)) && starts_connection(seg) {
-                        dropped[DropReason::InitialShed as usize] += 1;
-                        continue;
+                    // A packet that opens a connection (an Initial, or 0-RTT) meets admission;
+                    // established traffic (short headers) pays one test of its first octet.
+                    if starts_connection(seg) {
+                        let verdict = self.admission.decide(
+                            seg,
+                            meta.addr,
+                            inst as u8,
+                            matches!(route, Route::Hashed(_)),
+                            l.crowded,
+                            ts,
+                        );
+                        let reason = match verdict {
+                            Verdict::Forward => None,
+                            Verdict::Shed => Some(DropReason::InitialShed),
+                            Verdict::TokenRefused => Some(DropReason::TokenRefused),
+                            Verdict::OverBudget => Some(DropReason::PrefixBudget),
+                            Verdict::Retry => {
+                                let retry = Transmit {
+                                    destination: meta.addr,
+                                    ecn: None,
+                                    contents: self.admission.retry_packet(),
+                                    segment_size: None,
+                                    src_ip: meta.dst_ip.or(fixed_local_ip),
+                                };
+                                let sock = UdpSockRef::from(&self.public.socket);
+                                match self.public.state.send(sock, &retry) {
+                                    Ok(()) => self.admission.stats.retries_sent += 1,
+                                    Err(_) => self.admission.stats.retries_unsent += 1,
+                                }
+                                Some(DropReason::Retry)
+                            }
+                        };
+                        if let Some(reason) = reason {
+                            dropped[reason as usize] += 1;
+                            continue;
+                        }
                     }
                     let pushed = if F::DELIVERS && !l.up {
                         Err(DropReason::InstanceDown)
@@ -487,6 +526,7 @@ impl<F: Forward> DataPlane<F> {
                     .forwarded
                     .store(l.forwarded, Ordering::Relaxed);
             }
+            self.publish_admission(ts);
             // Reuses the batch's receive timestamp: no second clock read per batch.
             if ts.saturating_sub(last_gauges_ns) >= GAUGE_PERIOD.as_nanos() as u64 {
                 last_gauges_ns = ts;
@@ -548,8 +588,24 @@ impl<F: Forward> DataPlane<F> {
     }
 
     /// Occupancy and doorbell gauges; stall and violation reports.
+    /// Publishes what admission counted, and whether it is under pressure at `now_ns`.
+    fn publish_admission(&self, now_ns: u64) {
+        let st = &self.admission.stats;
+        let c = &self.counters;
+        c.retries_sent.store(st.retries_sent, Ordering::Relaxed);
+        c.retries_unsent.store(st.retries_unsent, Ordering::Relaxed);
+        c.tokens_accepted
+            .store(st.tokens_accepted, Ordering::Relaxed);
+        c.under_pressure.store(
+            u64::from(self.admission.under_pressure(now_ns)),
+            Ordering::Relaxed,
+        );
+    }
+
     fn refresh_gauges(&mut self, local: &mut [Local], control: &Control, last: &mut Instant) {
         *last = Instant::now();
+        // Pressure ends while nothing arrives too.
+        self.publish_admission(monotonic_ns());
         for (i, l) in local.iter_mut().enumerate() {
             let Some(s) = self.forward.gauges(i) else {
                 continue;

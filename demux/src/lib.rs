@@ -3,6 +3,8 @@
 //!
 //! * [`config`]: the command line and its checks.
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
+//! * [`admission`]: new connections under pressure: the demux's Retry, its tokens, and the
+//!   per-source-prefix budget.
 //! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`), one file each behind one trait.
 //! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
 //! * [`sessions`]: the TLS session cache all workers share.
@@ -17,6 +19,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod admission;
 pub mod alloc;
 pub mod certs;
 pub mod config;

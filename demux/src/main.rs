@@ -15,6 +15,7 @@ use clap::Parser;
 use ringmux_proto::{Handoff, IngressKind, ServeOptions};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
+use ringmux_demux::admission::Admission;
 use ringmux_demux::certs::CertPem;
 use ringmux_demux::config::{self, Cli, Command, Config};
 use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
@@ -152,7 +153,8 @@ fn template(
             cache_control: cfg.args.cache_control.clone(),
             upstream: cfg.upstream.clone(),
             upstream_timeout: Duration::from_secs(cfg.args.upstream_timeout),
-            retry: cfg.args.retry,
+            // The demux sends the Retries (`--retry`): a worker never needs to.
+            retry: false,
             idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
             sink: cfg.args.worker_mode == config::WorkerMode::Sink,
         },
@@ -197,6 +199,7 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         shed_at: cfg.shed_at_slots(),
     };
     let mode = cfg.args.forward;
+    let admission = Admission::new(cfg.admission(), router.clone(), &keys.token);
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -208,6 +211,7 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         metrics_addr,
         metrics_listener,
         keys: hex::encode(keys.to_bytes()),
+        admission,
         resume: None,
     };
     forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
@@ -340,6 +344,7 @@ fn resume(
         shed_at: cfg.shed_at_slots(),
     };
     let mode = cfg.args.forward;
+    let admission = Admission::new(cfg.admission(), router.clone(), &keys.token);
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -351,6 +356,7 @@ fn resume(
         metrics_addr,
         metrics_listener,
         keys: taken.keys,
+        admission,
         resume: Some(resumed),
     };
     forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
@@ -379,6 +385,8 @@ struct Serve {
     metrics_listener: Option<std::net::TcpListener>,
     /// The shared keys, hex (`KeySet::to_bytes`), to hand over.
     keys: String,
+    /// The data plane's admission of new connections (it mints with the shared token key).
+    admission: Admission,
     resume: Option<Resumed>,
 }
 
@@ -399,6 +407,7 @@ impl forward::WithForward for Serve {
             metrics_addr,
             metrics_listener,
             keys,
+            admission,
             resume,
         } = self;
         let public_addr = public.socket().local_addr()?;
@@ -414,6 +423,7 @@ impl forward::WithForward for Serve {
             router,
             forward,
             counters.clone(),
+            admission,
             cfg.args.recv_batch,
             Duration::from_secs(cfg.args.stall_secs),
         )

@@ -153,6 +153,9 @@ pub struct CounterState {
     pub upgrades_failed: u64,
     /// Per lane: forwarded, doorbells, discarded_on_reset, restarts, violations.
     pub lanes: Vec<[u64; 5]>,
+    /// Retries sent and unsent, tokens accepted (absent from an image without admission).
+    #[serde(default)]
+    pub admission: [u64; 3],
 }
 
 /// One entry of the session cache.

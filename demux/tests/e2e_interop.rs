@@ -379,7 +379,7 @@ async fn gtlsclient_retry() {
         return;
     }
     bounded(LIMIT, async {
-        let rm = Ringmux::start(3, Forward::Shm, &["--retry"]);
+        let rm = Ringmux::start(3, Forward::Shm, &["--retry", "always"]);
         let log = gtls(&rm, &[], &["/bytes/777"]).await;
         assert!(
             log.lines()
@@ -388,6 +388,7 @@ async fn gtlsclient_retry() {
             tail(&log, 40)
         );
         assert_gtls_ok("request after Retry", &log, 1);
+        assert_demux_retried(&rm.metrics(), 1.0);
     })
     .await
 }
@@ -475,6 +476,40 @@ async fn aioquic_get() {
         assert_eq!(bodies(&j), 2);
     })
     .await
+}
+
+/// `--retry always`: the demux answers aioquic's first Initial with a Retry, and the worker's
+/// quinn accepts the token the demux minted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_retry() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(2, Forward::Shm, &["--retry", "always"]);
+        let j = aioquic(&rm, "get", &[]).await;
+        assert_eq!(bodies(&j), 2);
+        let m = rm.metrics();
+        assert_demux_retried(&m, 1.0);
+    })
+    .await
+}
+
+/// The demux sent at least `n` Retries and accepted as many tokens: the address validation was
+/// the demux's own (the workers are never asked to send one).
+fn assert_demux_retried(m: &harness::Metrics, n: f64) {
+    assert!(
+        m.labelled(names::RETRIES, "result", "sent") >= n
+            && m.labelled(names::TOKENS, "result", "accepted") >= n,
+        "expected {n} Retries sent and tokens accepted by the demux:\n{m}"
+    );
+    assert_eq!(m.dropped("token_refused"), 0.0, "{m}");
+    assert_eq!(
+        m.dropped("retry"),
+        m.labelled(names::RETRIES, "result", "sent")
+            + m.labelled(names::RETRIES, "result", "unsent"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

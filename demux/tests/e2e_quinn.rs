@@ -127,11 +127,12 @@ async fn migration(forward: Forward) {
     check_bytes("after migration", &resp, 1000);
 }
 
-/// `--retry`: every Initial without a token gets a Retry; the client's second Initial goes to
-/// the CID the Retry chose (owned by the instance that sent it). Connections succeed on every
+/// `--retry always`: the demux answers every Initial without a token with a Retry; the
+/// client's second Initial goes to the CID the Retry chose (owned by the instance the first
+/// one hashed to), whose quinn accepts the demux's token. Connections succeed on every
 /// instance.
 async fn retry(forward: Forward) {
-    let rm = Ringmux::start(2, forward, &["--retry"]);
+    let rm = Ringmux::start(2, forward, &["--retry", "always"]);
     for instance in 0..2 {
         let client = rm.pinned_client(instance);
         let conn = rm.connect(&client).await;
@@ -145,6 +146,13 @@ async fn retry(forward: Forward) {
         |m| (0..2).all(|i| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i) >= 1.0),
     )
     .await;
+    let m = rm.metrics();
+    assert!(
+        m.labelled(names::RETRIES, "result", "sent") >= 2.0
+            && m.labelled(names::TOKENS, "result", "accepted") >= 2.0,
+        "the demux sent no Retry or accepted no token:\n{m}"
+    );
+    assert_eq!(m.dropped("token_refused"), 0.0, "{m}");
 }
 
 /// 0-RTT: a ticket from instance `first`, resumed with early data on instance `second`.

@@ -694,6 +694,122 @@ async fn a_dead_workers_descendants_are_killed_and_its_ring_replaced() {
     .await;
 }
 
+/// A QUIC v1 Initial to `dcid` from `scid` carrying `token`, padded to 1200 bytes.
+fn initial_with(dcid: &[u8], scid: &[u8], token: &[u8]) -> Vec<u8> {
+    let mut p = vec![0xc3, 0, 0, 0, 1, dcid.len() as u8];
+    p.extend_from_slice(dcid);
+    p.push(scid.len() as u8);
+    p.extend_from_slice(scid);
+    assert!(token.len() < 16384);
+    p.extend_from_slice(&(0x4000 | token.len() as u16).to_be_bytes());
+    p.extend_from_slice(token);
+    let payload = 1200 - p.len() - 2;
+    p.extend_from_slice(&(0x4000 | payload as u16).to_be_bytes());
+    p.resize(1200, 0x5a);
+    p
+}
+
+/// The SCID and token of a QUIC v1 Retry sent to `dcid` (RFC 9000 §17.2.5).
+fn parse_retry(p: &[u8], dcid: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    assert_eq!(p[0] & 0xf0, 0xf0, "not a Retry: {p:02x?}");
+    assert_eq!(&p[1..5], &[0, 0, 0, 1], "not QUIC v1");
+    let dl = usize::from(p[5]);
+    assert_eq!(&p[6..6 + dl], dcid, "a Retry for another client");
+    let sl = usize::from(p[6 + dl]);
+    let scid = p[7 + dl..7 + dl + sl].to_vec();
+    let token = p[7 + dl + sl..p.len() - 16].to_vec();
+    assert!(!token.is_empty(), "a Retry without a token");
+    (scid, token)
+}
+
+/// Under pressure (here: instance 1's ring is past `--initial-shed-at`; `--retry auto` is the
+/// default) the demux answers a token-less Initial with a Retry itself, whichever instance it
+/// hashes to. The Initial that comes back with the token, to the CID the Retry chose, is let
+/// in, even to the crowded ring (a validated address is who the room is kept for); the same
+/// token from another address is refused. Nothing is shed.
+#[tokio::test]
+async fn under_pressure_the_demux_retries_and_lets_validated_initials_in() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-retry");
+        let rm = start_faulty(
+            "stop-draining",
+            &[
+                "--stall-secs",
+                "600",
+                "--ring-slots",
+                "64",
+                "--initial-shed-at",
+                "50",
+            ],
+            &dir,
+        );
+        let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
+        blast(&rm, 1, 40);
+        let before = rm
+            .wait_for(
+                "instance 1 holding 40 datagrams",
+                Duration::from_secs(10),
+                |m| m.balanced() && fwd(m, 1) == 40.0,
+            )
+            .await;
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        const N: usize = 20;
+        let mut retried = Vec::new();
+        for i in 0..N {
+            let scid = [i as u8; 8];
+            let odcid = harness::random_u64().to_be_bytes();
+            client
+                .send_to(&initial_with(&odcid, &scid, &[]), rm.listen)
+                .unwrap();
+            let mut buf = [0u8; 1500];
+            let (n, from) = client
+                .recv_from(&mut buf)
+                .expect("a Retry from the demux within 5 s");
+            assert_eq!(from, rm.listen);
+            retried.push((scid, parse_retry(&buf[..n], &scid)));
+        }
+        let m = rm.metrics();
+        assert_eq!(m.dropped("retry"), N as f64, "{m}");
+        assert_eq!(m.labelled(names::RETRIES, "result", "sent"), N as f64);
+        assert_eq!(m.get(names::ADMISSION_PRESSURE), 1.0, "{m}");
+        for (scid, (cid, token)) in &retried {
+            client
+                .send_to(&initial_with(cid, scid, token), rm.listen)
+                .unwrap();
+        }
+        let m = rm
+            .wait_for(
+                "every Initial with a token forwarded",
+                Duration::from_secs(10),
+                |m| m.balanced() && m.labelled(names::TOKENS, "result", "accepted") == N as f64,
+            )
+            .await;
+        let forwarded = |m: &Metrics| fwd(m, 0) + fwd(m, 1);
+        assert_eq!(forwarded(&m) - forwarded(&before), N as f64, "{m}");
+        assert!(
+            fwd(&m, 1) > 40.0,
+            "no validated Initial entered the crowded ring:\n{m}"
+        );
+        assert_eq!(m.dropped("initial_shed"), 0.0, "{m}");
+        // The token is the client's address's: from another port it is refused.
+        let thief = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let (scid, (cid, token)) = &retried[0];
+        thief
+            .send_to(&initial_with(cid, scid, token), rm.listen)
+            .unwrap();
+        let after = rm
+            .wait_for("the replayed token refused", Duration::from_secs(10), |m| {
+                m.balanced() && m.dropped("token_refused") == 1.0
+            })
+            .await;
+        assert_eq!(forwarded(&after), forwarded(&m), "{after}");
+    })
+    .await;
+}
+
 /// A QUIC v1 Initial with a random 8-byte DCID, padded to 1200 bytes: well-formed for the
 /// router (token and Length fields), undecryptable for a worker, which drops it.
 fn initial_packet() -> Vec<u8> {
@@ -717,6 +833,7 @@ fn send_initials(rm: &Ringmux, count: usize) {
 /// (64 slots) is half full (`--initial-shed-at 50`) the demux admits no new connection's
 /// packets to it (counted `initial_shed`), while packets of established connections still go
 /// in until the ring is full, and new connections hashed to instance 0 are untouched.
+/// Shedding alone (`--retry never`): the demux's Retries have a test of their own.
 #[tokio::test]
 async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_ones() {
     bounded(Duration::from_secs(60), async {
@@ -730,6 +847,8 @@ async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_one
                 "64",
                 "--initial-shed-at",
                 "50",
+                "--retry",
+                "never",
             ],
             &dir,
         );

@@ -14,6 +14,7 @@ use siphasher::sip::SipHasher13;
 
 use crate::codec::{CidCodec, MAX_CID_LEN, MAX_PLAINTEXT_LEN};
 use crate::config::{ConfigError, QuicLbConfig, GENERATION_SLOTS, MAX_INSTANCES};
+use crate::ConnectionId;
 
 /// Where a datagram goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +157,22 @@ impl Router {
     pub fn lane(&self, instance: u8, slot: u8) -> u8 {
         // At most 3 * 64 + 63 = 255: no overflow.
         slot * self.instance_count + instance
+    }
+
+    /// A CID that routes to `lane` (as [`Router::owner`] decodes it), with `nonce` (the
+    /// configuration's nonce length; in plaintext mode it is visible, so make it random). The
+    /// demux's own Retry packets choose such a CID, so that the client's next Initial reaches a
+    /// chosen worker. `None` if `lane` is not below [`Router::lanes`] or `nonce` has the wrong
+    /// length.
+    pub fn cid_for_lane(&self, lane: u8, nonce: &[u8]) -> Option<ConnectionId> {
+        if usize::from(lane) >= self.lanes() {
+            return None;
+        }
+        let (instance, slot) = (lane % self.instance_count, lane / self.instance_count);
+        let mut sid = [0u8; MAX_PLAINTEXT_LEN];
+        sid[..self.node_id_len].copy_from_slice(&self.node_id[..self.node_id_len]);
+        sid[self.node_id_len] = crate::server_id_byte(instance, slot);
+        self.codec.encode(&sid[..=self.node_id_len], nonce).ok()
     }
 
     /// Number of lanes: [`GENERATION_SLOTS`] × `instance_count` (at most 256).
@@ -434,6 +451,24 @@ mod tests {
             assert_eq!(router.route(&greased), Route::Owned(i), "fixed bit clear");
             assert_eq!(router.route(&initial(&cid, 100)), Route::Owned(i));
         }
+    }
+
+    #[test]
+    fn cid_for_lane_routes_to_that_lane() {
+        let cfg = config(3);
+        let router = Router::new(&cfg, [1; 16]).unwrap();
+        let nonce = vec![0x5a; usize::from(cfg.nonce_len)];
+        for lane in 0..router.lanes() as u8 {
+            let cid = router.cid_for_lane(lane, &nonce).expect("a CID");
+            assert_eq!(cid.len(), router.cid_len());
+            assert_eq!(
+                router.route(&short(&cid)),
+                Route::Owned(lane),
+                "lane {lane}"
+            );
+        }
+        assert!(router.cid_for_lane(router.lanes() as u8, &nonce).is_none());
+        assert!(router.cid_for_lane(0, &nonce[1..]).is_none(), "short nonce");
     }
 
     #[test]

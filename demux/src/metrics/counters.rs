@@ -47,6 +47,15 @@ drop_reasons! {
     /// A new connection's packet (Initial, or 0-RTT of a connection no instance owns yet) for
     /// a ring past `--initial-shed-at`: room kept for the connections already running.
     InitialShed => "initial_shed",
+    /// A new connection's first Initial the demux answered with a Retry itself (`--retry`):
+    /// the client comes back with a token (`ringmux_retries_total` says which were sent).
+    Retry => "retry",
+    /// An Initial carrying a Retry token of ours that does not fit (another address, expired):
+    /// the worker would refuse the connection.
+    TokenRefused => "token_refused",
+    /// A new connection's packet from a source prefix past its budget while under pressure
+    /// (`--prefix-budget`).
+    PrefixBudget => "prefix_budget",
 }
 
 // The data plane indexes its drop counters with `reason as usize`: every index must be the
@@ -186,6 +195,12 @@ pub struct Counters {
     /// took it over (the deepest the queue got: nobody read it meanwhile).
     pub upgrade_pause_ns: AtomicU64,
     pub upgrade_queued_bytes: AtomicU64,
+    /// Admission (`admission.rs`): Retries sent and not sent (the socket's send buffer was
+    /// full), Retry or NEW_TOKEN tokens the demux accepted, and 1 while under pressure.
+    pub retries_sent: AtomicU64,
+    pub retries_unsent: AtomicU64,
+    pub tokens_accepted: AtomicU64,
+    pub under_pressure: AtomicU64,
     /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
     pub program: std::sync::RwLock<String>,
 }
@@ -206,6 +221,10 @@ impl Counters {
             upgrades_failed: AtomicU64::new(0),
             upgrade_pause_ns: AtomicU64::new(0),
             upgrade_queued_bytes: AtomicU64::new(0),
+            retries_sent: AtomicU64::new(0),
+            retries_unsent: AtomicU64::new(0),
+            tokens_accepted: AtomicU64::new(0),
+            under_pressure: AtomicU64::new(0),
             program: Default::default(),
         }
     }
@@ -243,6 +262,11 @@ impl Counters {
                     ]
                 })
                 .collect(),
+            admission: [
+                get(&self.retries_sent),
+                get(&self.retries_unsent),
+                get(&self.tokens_accepted),
+            ],
         }
     }
 
@@ -259,6 +283,9 @@ impl Counters {
         set(&self.reloads_failed, s.reloads_failed);
         set(&self.upgrades, s.upgrades);
         set(&self.upgrades_failed, s.upgrades_failed);
+        set(&self.retries_sent, s.admission[0]);
+        set(&self.retries_unsent, s.admission[1]);
+        set(&self.tokens_accepted, s.admission[2]);
         for (l, v) in self.instances.iter().zip(&s.lanes) {
             set(&l.forwarded, v[0]);
             set(&l.doorbells, v[1]);

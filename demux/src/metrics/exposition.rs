@@ -288,6 +288,36 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
         upgrades,
     );
+    let retries = Family::<Labels, Counter<u64>>::default();
+    for (result, v) in [("sent", &c.retries_sent), ("unsent", &c.retries_unsent)] {
+        retries
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc_by(ld(v));
+    }
+    reg.register(
+        base(names::RETRIES),
+        "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)",
+        retries,
+    );
+    let tokens = Family::<Labels, Counter<u64>>::default();
+    let refused = &c.dropped[DropReason::TokenRefused as usize];
+    for (result, v) in [("accepted", &c.tokens_accepted), ("refused", refused)] {
+        tokens
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc_by(ld(v));
+    }
+    reg.register(
+        base(names::TOKENS),
+        "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)",
+        tokens,
+    );
+    let pressure = Gauge::<i64>::default();
+    pressure.set(i64::from(ld(&c.under_pressure) != 0));
+    reg.register(
+        names::ADMISSION_PRESSURE,
+        "1 while the demux is under pressure: --retry auto sends Retries, the prefix budget applies",
+        pressure,
+    );
     let pause = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
     pause.set(ld(&c.upgrade_pause_ns) as f64 / 1e9);
     reg.register(

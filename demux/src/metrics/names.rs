@@ -68,12 +68,23 @@ pub const UPGRADE_PAUSE: &str = "ringmux_upgrade_pause_seconds";
 /// demux took it over.
 pub const UPGRADE_QUEUED: &str = "ringmux_upgrade_queued_bytes";
 
+/// Counter: Retries the demux answered new connections with, label `result` (`sent`, `unsent`:
+/// the public socket's send buffer was full).
+pub const RETRIES: &str = "ringmux_retries_total";
+/// Counter: tokens (the demux's Retry tokens, the workers' NEW_TOKEN ones) the demux checked,
+/// label `result` (`accepted`, `refused`: a Retry token for another address or expired; each
+/// refusal is also a `token_refused` drop).
+pub const TOKENS: &str = "ringmux_tokens_total";
+/// Gauge: 1 while the demux is under pressure (`--retry auto` sends Retries, the prefix budget
+/// applies).
+pub const ADMISSION_PRESSURE: &str = "ringmux_admission_pressure";
+
 /// Counter: reverse-proxy upstream failures, labels `instance` and `kind` (`connect`, `reset`,
 /// `timeout`, `protocol`).
 pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
 
 /// Every name above.
-pub const ALL: [&str; 31] = [
+pub const ALL: [&str; 34] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -105,4 +116,7 @@ pub const ALL: [&str; 31] = [
     UPGRADES,
     UPGRADE_PAUSE,
     UPGRADE_QUEUED,
+    RETRIES,
+    TOKENS,
+    ADMISSION_PRESSURE,
 ];

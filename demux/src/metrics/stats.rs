@@ -58,6 +58,20 @@ pub fn table(m: &Scrape) -> String {
     }
     generations(m, &mut out);
     let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "admission: {}   retries {:.0} sent, {:.0} unsent   tokens {:.0} accepted, {:.0} refused",
+        if m.get(names::ADMISSION_PRESSURE) > 0.0 {
+            "under pressure"
+        } else {
+            "normal"
+        },
+        m.labelled(names::RETRIES, "result", "sent"),
+        m.labelled(names::RETRIES, "result", "unsent"),
+        m.labelled(names::TOKENS, "result", "accepted"),
+        m.labelled(names::TOKENS, "result", "refused"),
+    );
+    let _ = writeln!(out);
     let _ = writeln!(out, "{:>16} {:>14}", "drop reason", "datagrams");
     for r in DropReason::ALL {
         let _ = writeln!(out, "{:>16} {:>14.0}", r.as_str(), m.dropped(r.as_str()));
@@ -135,9 +149,19 @@ mod tests {
         c.active_generation.store(2, Ordering::Relaxed);
         c.reloads.store(1, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
+        c.retries_sent.store(6, Ordering::Relaxed);
+        c.tokens_accepted.store(5, Ordering::Relaxed);
+        c.dropped[DropReason::TokenRefused as usize].store(1, Ordering::Relaxed);
+        c.under_pressure.store(1, Ordering::Relaxed);
         *c.program.write().unwrap() = "/opt/app/bin/server".into();
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
-        assert!(t.contains("received 10   forwarded 11   dropped 3"), "{t}");
+        assert!(t.contains("received 10   forwarded 11   dropped 4"), "{t}");
+        assert!(
+            t.contains(
+                "admission: under pressure   retries 6 sent, 0 unsent   tokens 5 accepted, 1 refused"
+            ),
+            "{t}"
+        );
         assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
         let row = |first: &str| {
             t.lines()
@@ -165,5 +189,6 @@ mod tests {
             ["1", "draining", "1", "5"]
         );
         assert_eq!(row("malformed"), ["malformed", "3"]);
+        assert_eq!(row("token_refused"), ["token_refused", "1"]);
     }
 }

@@ -1,0 +1,832 @@
+//! Admission of new connections, decided in the data plane before a datagram reaches a ring:
+//! the demux answers token-less Initials with a stateless Retry itself (so a flood from
+//! spoofed addresses never costs a worker a handshake), checks the tokens its Retries carry,
+//! and holds every source prefix to a budget of new connections while under pressure.
+//!
+//! Tokens are quinn's own (quinn-proto 0.11 `token.rs`), sealed with the token key every
+//! worker's endpoint shares (`ServerConfig::new(crypto, token_key)`), so the worker that gets
+//! the client's second Initial accepts the token, marks the address validated and sends the
+//! `original_destination_connection_id` and `retry_source_connection_id` transport parameters
+//! from it. The format, which quinn keeps private:
+//!
+//! ```text
+//! plaintext = 0x00 (Retry) ‖ ip (0x00 ‖ 4 octets | 0x01 ‖ 16 octets) ‖ port (u16 BE)
+//!             ‖ original DCID length (1) ‖ original DCID ‖ issued (u64 BE, Unix seconds)
+//! key       = HKDF-SHA256-Expand(PRK = HKDF-Extract(salt = "", token secret), info = nonce, 32)
+//! token     = AES-256-GCM(key, 96-bit zero nonce, no AAD)(plaintext) ‖ tag ‖ nonce (16 octets)
+//! ```
+//!
+//! `e2e_quinn::retry_*` and `e2e_interop::*_retry` pin it against real quinn workers and
+//! third-party clients. Validation tokens (quinn's NEW_TOKEN, type `0x01` with an IP and an
+//! issue time) decode the same way.
+//!
+//! Nothing here allocates after [`Admission::new`], and nothing panics on any input.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use ring::hkdf;
+use ringmux_quic_lb::Router;
+use siphasher::sip::SipHasher13;
+
+/// QUIC version 1 (RFC 9000), the only version the demux mints Retries for.
+const V1: u32 = 1;
+/// RFC 9001 §5.8: the Retry integrity key and nonce of QUIC v1.
+const RETRY_KEY_V1: [u8; 16] = [
+    0xbe, 0x0c, 0x69, 0x0b, 0x9f, 0x66, 0x57, 0x5a, 0x1d, 0x76, 0x6b, 0x54, 0xe3, 0x68, 0xc8, 0x4e,
+];
+const RETRY_NONCE_V1: [u8; 12] = [
+    0x46, 0x15, 0x99, 0xd3, 0x5d, 0x63, 0x2b, 0xf2, 0x23, 0x98, 0x25, 0xbb,
+];
+/// How long a Retry token is good for: quinn's default `retry_token_lifetime`, which the
+/// workers keep, so a token the demux accepts is one the worker accepts.
+pub const RETRY_TOKEN_LIFETIME: Duration = Duration::from_secs(15);
+/// quinn's default NEW_TOKEN lifetime (`ValidationTokenConfig::lifetime`).
+const VALIDATION_TOKEN_LIFETIME: Duration = Duration::from_secs(14 * 24 * 3600);
+/// Largest sealed token the demux opens: a Retry token with an IPv6 address and a 20-octet
+/// original DCID is 1 + 17 + 2 + 21 + 8 = 49 octets, plus the 16-octet tag.
+const MAX_SEALED: usize = 80;
+const TAG: usize = 16;
+const TOKEN_NONCE: usize = 16;
+/// The window in which new-connection packets are counted for `--retry auto`.
+const WINDOW_NS: u64 = 100_000_000;
+/// How long pressure lasts after its last sign.
+const PRESSURE_HOLD_NS: u64 = 1_000_000_000;
+/// Buckets of the per-prefix budget: fixed at start (8 octets each).
+const BUDGET_BUCKETS: usize = 4096;
+
+/// When the demux answers a token-less Initial with a Retry (`--retry`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RetryMode {
+    /// Never: every Initial goes to a worker.
+    Never,
+    /// Under pressure: new-connection packets above `--retry-above` per second, or a ring past
+    /// `--initial-shed-at`; for a second after the last sign.
+    Auto,
+    /// Always: every client address is validated (one extra round trip per connection).
+    Always,
+}
+
+/// What admission needs from the configuration.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub retry: RetryMode,
+    /// New-connection packets per second (box-wide) above which `auto` sends Retries.
+    pub retry_above: u32,
+    /// New connections per second one source prefix may open while under pressure (0: no
+    /// budget), with a burst of as many.
+    pub prefix_budget: u32,
+    /// Prefix lengths the budget groups sources by.
+    pub prefix_v4: u8,
+    pub prefix_v6: u8,
+}
+
+/// What happens to a packet that opens a connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Into the ring.
+    Forward,
+    /// Dropped: the ring is past `--initial-shed-at`.
+    Shed,
+    /// Dropped: a Retry token of ours for another address, or expired.
+    TokenRefused,
+    /// Dropped: its source prefix spent its budget.
+    OverBudget,
+    /// Answered with the Retry in [`Admission::retry_packet`].
+    Retry,
+}
+
+/// The result of looking at a token.
+#[derive(Debug, PartialEq, Eq)]
+enum TokenCheck {
+    /// No token, or one the demux cannot open (another server's, garbage): the address is not
+    /// validated, as RFC 9000 §8.1.3 asks.
+    Unvalidated,
+    /// Ours and good: the address is validated.
+    Valid,
+    /// A Retry token of ours that does not fit: quinn refuses the connection, so nothing is
+    /// forwarded.
+    Refused,
+}
+
+/// The header fields of a QUIC v1 Initial packet admission needs.
+#[derive(Debug)]
+struct Initial<'a> {
+    dcid: &'a [u8],
+    scid: &'a [u8],
+    token: &'a [u8],
+}
+
+/// The admission state of one data plane.
+pub struct Admission {
+    settings: Settings,
+    router: Router,
+    token_prk: hkdf::Prk,
+    retry_key: LessSafeKey,
+    /// New-connection packets in the current window, and when it began.
+    window_count: u32,
+    window_start_ns: u64,
+    window_limit: u32,
+    pressure_until_ns: u64,
+    budget: PrefixBudget,
+    /// `original DCID length ‖ original DCID ‖ Retry packet ‖ tag`: the pseudo-packet the tag
+    /// covers, and the packet after its first `1 + len` octets.
+    retry_buf: [u8; 512],
+    retry_span: (usize, usize),
+    /// Retries sent, and not sent (the socket's send buffer was full); tokens accepted (a
+    /// refused one is a [`Verdict::TokenRefused`], counted as a drop).
+    pub stats: Stats,
+}
+
+/// Counts kept by [`Admission`] (the data plane publishes them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub retries_sent: u64,
+    pub retries_unsent: u64,
+    pub tokens_accepted: u64,
+}
+
+impl Admission {
+    /// `token_secret` is the key file's `token` (the HKDF input every worker's quinn endpoint
+    /// uses); `router` the data plane's, for the CIDs Retries choose.
+    pub fn new(settings: Settings, router: Router, token_secret: &[u8; 64]) -> Self {
+        let token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(token_secret);
+        let retry_key = LessSafeKey::new(
+            UnboundKey::new(&aead::AES_128_GCM, &RETRY_KEY_V1).expect("a 16-octet AES-128 key"),
+        );
+        let window_limit = (settings.retry_above / 10).max(1);
+        let budget = PrefixBudget::new(settings.prefix_budget);
+        Admission {
+            settings,
+            router,
+            token_prk,
+            retry_key,
+            window_count: 0,
+            window_start_ns: 0,
+            window_limit,
+            pressure_until_ns: 0,
+            budget,
+            retry_buf: [0; 512],
+            retry_span: (0, 0),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Whether the demux is under pressure at `now_ns` (`CLOCK_MONOTONIC`).
+    pub fn under_pressure(&self, now_ns: u64) -> bool {
+        now_ns < self.pressure_until_ns
+    }
+
+    /// Decides for `seg`, a packet that opens a connection ([`ringmux_quic_lb::starts_connection`])
+    /// from `remote`, headed for `lane`. `hashed`: its DCID is no instance's (the client chose
+    /// it), so it is a new connection; otherwise it carries one of our CIDs (the Initial after
+    /// a Retry, or one of a handshake in progress). `crowded`: the lane's ring is past
+    /// `--initial-shed-at`.
+    pub fn decide(
+        &mut self,
+        seg: &[u8],
+        remote: SocketAddr,
+        lane: u8,
+        hashed: bool,
+        crowded: bool,
+        now_ns: u64,
+    ) -> Verdict {
+        let initial = parse_initial(seg);
+        if !hashed {
+            // Our CID: a handshake in progress, or the Initial after our Retry. Only a token
+            // is looked at (so a token refused never costs a worker anything).
+            return match initial {
+                Some(i) if !i.token.is_empty() => match self.check_token(i.token, remote) {
+                    TokenCheck::Refused => Verdict::TokenRefused,
+                    TokenCheck::Valid => self.budgeted(remote, now_ns),
+                    TokenCheck::Unvalidated => Verdict::Forward,
+                },
+                _ => Verdict::Forward,
+            };
+        }
+        self.count(crowded, now_ns);
+        let Some(initial) = initial else {
+            // 0-RTT of a connection nobody owns, or another version's Initial.
+            return if crowded {
+                Verdict::Shed
+            } else {
+                Verdict::Forward
+            };
+        };
+        match self.check_token(initial.token, remote) {
+            TokenCheck::Refused => return Verdict::TokenRefused,
+            // A validated address: let it in past the shedding threshold (the ring still has
+            // room, and this is who the room is kept for).
+            TokenCheck::Valid => return self.budgeted(remote, now_ns),
+            TokenCheck::Unvalidated => {}
+        }
+        let retry = match self.settings.retry {
+            RetryMode::Never => false,
+            RetryMode::Auto => self.under_pressure(now_ns),
+            RetryMode::Always => true,
+        };
+        if retry && self.mint_retry(&initial, remote, lane) {
+            return Verdict::Retry;
+        }
+        if crowded {
+            return Verdict::Shed;
+        }
+        self.budgeted(remote, now_ns)
+    }
+
+    /// Counts a new-connection packet; a full window or a crowded ring is pressure.
+    fn count(&mut self, crowded: bool, now_ns: u64) {
+        if now_ns.wrapping_sub(self.window_start_ns) >= WINDOW_NS {
+            self.window_start_ns = now_ns;
+            self.window_count = 0;
+        }
+        self.window_count = self.window_count.saturating_add(1);
+        if crowded || self.window_count > self.window_limit {
+            self.pressure_until_ns = now_ns.saturating_add(PRESSURE_HOLD_NS);
+        }
+    }
+
+    /// `Forward`, unless under pressure and `remote`'s prefix has spent its budget.
+    fn budgeted(&mut self, remote: SocketAddr, now_ns: u64) -> Verdict {
+        if self.under_pressure(now_ns)
+            && !self.budget.take(
+                remote.ip(),
+                self.settings.prefix_v4,
+                self.settings.prefix_v6,
+                now_ns,
+            )
+        {
+            Verdict::OverBudget
+        } else {
+            Verdict::Forward
+        }
+    }
+
+    /// The Retry [`Admission::decide`] answered [`Verdict::Retry`] with.
+    pub fn retry_packet(&self) -> &[u8] {
+        let (start, end) = self.retry_span;
+        &self.retry_buf[start..end]
+    }
+
+    /// Builds a Retry for `initial` into `retry_buf`: SCID a fresh CID of `lane`, DCID the
+    /// client's SCID, a token for `remote`, the integrity tag (RFC 9001 §5.8). `false` if
+    /// randomness is unavailable.
+    fn mint_retry(&mut self, initial: &Initial<'_>, remote: SocketAddr, lane: u8) -> bool {
+        let mut random = [0u8; 1 + TOKEN_NONCE + 20];
+        if getrandom::fill(&mut random).is_err() {
+            return false;
+        }
+        let (first_bits, rest) = random.split_at(1);
+        let (token_nonce, cid_nonce) = rest.split_at(TOKEN_NONCE);
+        let nonce_len = self.router.codec().nonce_len();
+        let Some(scid) = cid_nonce
+            .get(..nonce_len)
+            .and_then(|n| self.router.cid_for_lane(lane, n))
+        else {
+            return false;
+        };
+        let odcid = initial.dcid;
+        let buf = &mut self.retry_buf;
+        let mut w = Writer {
+            buf: &mut *buf,
+            at: 0,
+        };
+        // The pseudo-packet's prefix (RFC 9001 §5.8).
+        w.put(&[odcid.len() as u8]);
+        w.put(odcid);
+        let start = w.at;
+        // Long header, fixed bit, type Retry (0b11), four unused random bits.
+        w.put(&[0xf0 | (first_bits[0] & 0x0f)]);
+        w.put(&V1.to_be_bytes());
+        w.put(&[initial.scid.len() as u8]);
+        w.put(initial.scid);
+        w.put(&[scid.len() as u8]);
+        w.put(&scid);
+        // The token: plaintext, sealed in place, tag, nonce.
+        let token_start = w.at;
+        w.put(&[0x00]);
+        put_addr(&mut w, remote);
+        w.put(&[odcid.len() as u8]);
+        w.put(odcid);
+        w.put(&unix_secs().to_be_bytes());
+        let Some(end) = w.fits(TAG + TOKEN_NONCE + TAG) else {
+            return false;
+        };
+        let key = token_aead(&self.token_prk, token_nonce);
+        let Ok(tag) = key.seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key([0; 12]),
+            Aad::empty(),
+            &mut buf[token_start..end],
+        ) else {
+            return false;
+        };
+        let mut w = Writer {
+            buf: &mut *buf,
+            at: end,
+        };
+        w.put(tag.as_ref());
+        w.put(token_nonce);
+        let packet_end = w.at;
+        let Ok(tag) = self.retry_key.seal_in_place_separate_tag(
+            Nonce::assume_unique_for_key(RETRY_NONCE_V1),
+            Aad::from(&buf[..packet_end]),
+            &mut [],
+        ) else {
+            return false;
+        };
+        buf[packet_end..packet_end + TAG].copy_from_slice(tag.as_ref());
+        self.retry_span = (start, packet_end + TAG);
+        true
+    }
+
+    /// Opens `token` if it is one of ours and checks it against `remote`.
+    fn check_token(&mut self, token: &[u8], remote: SocketAddr) -> TokenCheck {
+        let check = open_token(&self.token_prk, token, remote, SystemTime::now());
+        if check == TokenCheck::Valid {
+            self.stats.tokens_accepted += 1;
+        }
+        check
+    }
+}
+
+/// A bounds-checked cursor into a fixed buffer; writes past the end are dropped and noticed
+/// by [`Writer::fits`].
+struct Writer<'a> {
+    buf: &'a mut [u8; 512],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        if let Some(dst) = self.buf.get_mut(self.at..self.at + bytes.len()) {
+            dst.copy_from_slice(bytes);
+        }
+        self.at += bytes.len();
+    }
+
+    /// Where the written part ends, if it and `more` octets after it fit.
+    fn fits(&self, more: usize) -> Option<usize> {
+        (self.at + more <= self.buf.len()).then_some(self.at)
+    }
+}
+
+fn put_addr(w: &mut Writer<'_>, addr: SocketAddr) {
+    match addr.ip() {
+        IpAddr::V4(ip) => {
+            w.put(&[0]);
+            w.put(&ip.octets());
+        }
+        IpAddr::V6(ip) => {
+            w.put(&[1]);
+            w.put(&ip.octets());
+        }
+    }
+    w.put(&addr.port().to_be_bytes());
+}
+
+/// The AEAD key of one token: quinn-proto's `HandshakeTokenKey::aead_from_hkdf` for
+/// `ring::hkdf::Prk`.
+fn token_aead(prk: &hkdf::Prk, nonce: &[u8]) -> LessSafeKey {
+    let info = [nonce];
+    let mut key = [0u8; 32];
+    // Expanding to one SHA-256 output length (32 octets) cannot fail.
+    let _ = prk
+        .expand(&info, hkdf::HKDF_SHA256)
+        .and_then(|okm| okm.fill(&mut key));
+    LessSafeKey::new(UnboundKey::new(&aead::AES_256_GCM, &key).expect("a 32-octet AES-256 key"))
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Opens and checks a token as a quinn worker would.
+fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime) -> TokenCheck {
+    let Some(sealed_len) = token.len().checked_sub(TOKEN_NONCE) else {
+        return TokenCheck::Unvalidated;
+    };
+    if !(TAG + 1..=MAX_SEALED).contains(&sealed_len) {
+        return TokenCheck::Unvalidated;
+    }
+    let (sealed, nonce) = token.split_at(sealed_len);
+    let mut copy = [0u8; MAX_SEALED];
+    let copy = &mut copy[..sealed_len];
+    copy.copy_from_slice(sealed);
+    let key = token_aead(prk, nonce);
+    let Ok(plain) = key.open_in_place(Nonce::assume_unique_for_key([0; 12]), Aad::empty(), copy)
+    else {
+        return TokenCheck::Unvalidated;
+    };
+    let mut r = Reader(plain);
+    let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let fresh =
+        |issued: u64, lifetime: Duration| issued.saturating_add(lifetime.as_secs()) >= now_secs;
+    match r.u8() {
+        Some(0) => {
+            let parsed = (|| {
+                let ip = r.ip()?;
+                let port = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
+                let odcid_len = usize::from(r.u8()?);
+                if odcid_len > 20 {
+                    return None;
+                }
+                r.take(odcid_len)?;
+                let issued = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
+                r.0.is_empty()
+                    .then_some((SocketAddr::new(ip, port), issued))
+            })();
+            match parsed {
+                None => TokenCheck::Unvalidated,
+                Some((addr, issued)) if addr == remote && fresh(issued, RETRY_TOKEN_LIFETIME) => {
+                    TokenCheck::Valid
+                }
+                Some(_) => TokenCheck::Refused,
+            }
+        }
+        Some(1) => {
+            let parsed = (|| {
+                let ip = r.ip()?;
+                let issued = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
+                r.0.is_empty().then_some((ip, issued))
+            })();
+            // The worker also checks that it was not used before (a log the demux lacks);
+            // here it only earns its address the room a validated one gets.
+            match parsed {
+                Some((ip, issued))
+                    if ip == remote.ip() && fresh(issued, VALIDATION_TOKEN_LIFETIME) =>
+                {
+                    TokenCheck::Valid
+                }
+                _ => TokenCheck::Unvalidated,
+            }
+        }
+        _ => TokenCheck::Unvalidated,
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn ip(&mut self) -> Option<IpAddr> {
+        match self.u8()? {
+            0 => Some(IpAddr::from(<[u8; 4]>::try_from(self.take(4)?).ok()?)),
+            1 => Some(IpAddr::from(<[u8; 16]>::try_from(self.take(16)?).ok()?)),
+            _ => None,
+        }
+    }
+}
+
+/// A QUIC varint (RFC 9000 §16).
+fn varint(r: &mut Reader<'_>) -> Option<u64> {
+    let first = r.u8()?;
+    let len = 1usize << (first >> 6);
+    let mut v = u64::from(first & 0x3f);
+    for &b in r.take(len - 1)? {
+        v = (v << 8) | u64::from(b);
+    }
+    Some(v)
+}
+
+/// The DCID, SCID and token of a QUIC v1 Initial; `None` for anything else (0-RTT, another
+/// version, a header cut short).
+fn parse_initial(seg: &[u8]) -> Option<Initial<'_>> {
+    let mut r = Reader(seg);
+    let first = r.u8()?;
+    // Long header, type Initial (0b00).
+    if first & 0x80 == 0 || first & 0x30 != 0 {
+        return None;
+    }
+    if u32::from_be_bytes(r.take(4)?.try_into().ok()?) != V1 {
+        return None;
+    }
+    let dcid_len = usize::from(r.u8()?);
+    let dcid = r.take(dcid_len)?;
+    let scid_len = usize::from(r.u8()?);
+    let scid = r.take(scid_len)?;
+    if dcid_len > 20 || scid_len > 20 {
+        return None;
+    }
+    let token_len = usize::try_from(varint(&mut r)?).ok()?;
+    let token = r.take(token_len)?;
+    Some(Initial { dcid, scid, token })
+}
+
+/// Per-source-prefix budget of new connections: a fixed table of GCRA cells (one theoretical
+/// arrival time each), indexed by a keyed hash of the prefix, so that its memory is fixed at
+/// start and nobody can aim at another prefix's cell. Prefixes that share a cell share its
+/// budget.
+struct PrefixBudget {
+    /// Theoretical arrival time of each cell (ns, `CLOCK_MONOTONIC`); empty: no budget.
+    cells: Vec<u64>,
+    /// Nanoseconds per connection, and the burst tolerance (as many connections as a second
+    /// allows).
+    interval_ns: u64,
+    tolerance_ns: u64,
+    hasher: SipHasher13,
+}
+
+impl PrefixBudget {
+    fn new(per_second: u32) -> Self {
+        let mut key = [0u8; 16];
+        // Without randomness the key is fixed: cells stay bounded, only aiming gets easier.
+        let _ = getrandom::fill(&mut key);
+        let interval_ns = if per_second == 0 {
+            0
+        } else {
+            1_000_000_000 / u64::from(per_second)
+        };
+        PrefixBudget {
+            cells: if per_second == 0 {
+                Vec::new()
+            } else {
+                vec![0; BUDGET_BUCKETS]
+            },
+            interval_ns,
+            tolerance_ns: 1_000_000_000u64.saturating_sub(interval_ns),
+            hasher: SipHasher13::new_with_key(&key),
+        }
+    }
+
+    /// Takes one connection from `ip`'s prefix at `now_ns`; `false` if it has none left.
+    fn take(&mut self, ip: IpAddr, v4: u8, v6: u8, now_ns: u64) -> bool {
+        if self.cells.is_empty() {
+            return true;
+        }
+        let key: u128 = match ip {
+            IpAddr::V4(a) => mask(u128::from(u32::from(a)) << 96, v4),
+            IpAddr::V6(a) => match a.to_ipv4_mapped() {
+                Some(a) => mask(u128::from(u32::from(a)) << 96, v4),
+                None => mask(u128::from(a), v6) | 1,
+            },
+        };
+        let cell = (self.hasher.hash(&key.to_be_bytes()) as usize) % self.cells.len();
+        let tat = self.cells[cell].max(now_ns);
+        if tat - now_ns > self.tolerance_ns {
+            return false;
+        }
+        self.cells[cell] = tat + self.interval_ns;
+        true
+    }
+}
+
+/// The top `bits` bits of `v`.
+fn mask(v: u128, bits: u8) -> u128 {
+    match bits {
+        0 => 0,
+        b if b >= 128 => v,
+        b => v & !(u128::MAX >> b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmux_quic_lb::QuicLbConfig;
+
+    fn admission(retry: RetryMode, budget: u32) -> Admission {
+        let mut cfg = QuicLbConfig::default_with_key([7; 16]);
+        cfg.instance_count = 2;
+        let router = Router::new(&cfg, [3; 16]).unwrap();
+        Admission::new(
+            Settings {
+                retry,
+                retry_above: 1000,
+                prefix_budget: budget,
+                prefix_v4: 24,
+                prefix_v6: 56,
+            },
+            router,
+            &[9; 64],
+        )
+    }
+
+    fn initial(dcid: &[u8], scid: &[u8], token: &[u8]) -> Vec<u8> {
+        let mut p = vec![0xc3, 0, 0, 0, 1, dcid.len() as u8];
+        p.extend_from_slice(dcid);
+        p.push(scid.len() as u8);
+        p.extend_from_slice(scid);
+        assert!(token.len() < 64);
+        p.push(token.len() as u8);
+        p.extend_from_slice(token);
+        p.extend_from_slice(&[0x44, 0x00]);
+        p.resize(1200, 0);
+        p
+    }
+
+    const CLIENT: &str = "192.0.2.7:4433";
+
+    /// RFC 9001 Appendix A.4: the Retry packet of the sample handshake and its tag.
+    #[test]
+    fn retry_tag_matches_rfc9001_a4() {
+        let odcid = hex::decode("8394c8f03e515708").unwrap();
+        let packet =
+            hex::decode("ff000000010008f067a5502a4262b5746f6b656e04a265ba2eff4d829058fb3f0f2496ba")
+                .unwrap();
+        let (body, tag) = packet.split_at(packet.len() - TAG);
+        let mut aad = vec![odcid.len() as u8];
+        aad.extend_from_slice(&odcid);
+        aad.extend_from_slice(body);
+        let key = LessSafeKey::new(UnboundKey::new(&aead::AES_128_GCM, &RETRY_KEY_V1).unwrap());
+        let got = key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(RETRY_NONCE_V1),
+                Aad::from(&aad[..]),
+                &mut [],
+            )
+            .unwrap();
+        assert_eq!(got.as_ref(), tag);
+    }
+
+    #[test]
+    fn a_minted_retry_carries_a_token_that_checks_and_a_cid_of_the_lane() {
+        let mut a = admission(RetryMode::Always, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let odcid = [0x11; 8];
+        let scid = [0x22; 5];
+        let v = a.decide(&initial(&odcid, &scid, &[]), remote, 3, true, false, 1);
+        assert_eq!(v, Verdict::Retry);
+        let retry = a.retry_packet().to_vec();
+        assert_eq!(retry[0] & 0xf0, 0xf0, "a v1 Retry");
+        assert_eq!(&retry[1..5], &[0, 0, 0, 1]);
+        assert_eq!(usize::from(retry[5]), scid.len());
+        assert_eq!(&retry[6..11], &scid);
+        let cid_len = usize::from(retry[11]);
+        let new_cid = &retry[12..12 + cid_len];
+        assert_eq!(a.router.owner(new_cid), Some(3), "routes back to lane 3");
+        let token = &retry[12 + cid_len..retry.len() - TAG];
+        // The tag covers the original DCID and the packet.
+        let mut aad = vec![odcid.len() as u8];
+        aad.extend_from_slice(&odcid);
+        aad.extend_from_slice(&retry[..retry.len() - TAG]);
+        let tag = a
+            .retry_key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(RETRY_NONCE_V1),
+                Aad::from(&aad[..]),
+                &mut [],
+            )
+            .unwrap();
+        assert_eq!(tag.as_ref(), &retry[retry.len() - TAG..]);
+        // The client's next Initial, to the new CID with the token: forwarded and counted.
+        let again = initial(new_cid, &scid, token);
+        assert_eq!(
+            a.decide(&again, remote, 3, false, true, 2),
+            Verdict::Forward
+        );
+        assert_eq!(a.stats.tokens_accepted, 1);
+        // From another address: refused, and never forwarded.
+        let other: SocketAddr = "192.0.2.8:4433".parse().unwrap();
+        assert_eq!(
+            a.decide(&again, other, 3, false, false, 3),
+            Verdict::TokenRefused
+        );
+        assert_eq!(a.stats.tokens_accepted, 1);
+        // A token sealed with another key is nobody's: treated as none (another Retry).
+        let mut b = admission(RetryMode::Always, 0);
+        b.token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&[1; 64]);
+        assert_eq!(b.decide(&again, remote, 3, true, false, 4), Verdict::Retry);
+        assert_eq!(b.stats.tokens_accepted, 0);
+    }
+
+    #[test]
+    fn an_expired_retry_token_is_refused_and_a_validation_token_validates() {
+        let a = admission(RetryMode::Never, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let seal = |plain: &[u8]| {
+            let nonce = [5u8; TOKEN_NONCE];
+            let mut buf = plain.to_vec();
+            let key = token_aead(&a.token_prk, &nonce);
+            key.seal_in_place_append_tag(
+                Nonce::assume_unique_for_key([0; 12]),
+                Aad::empty(),
+                &mut buf,
+            )
+            .unwrap();
+            buf.extend_from_slice(&nonce);
+            buf
+        };
+        let now = UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let mut retry = vec![0, 0, 192, 0, 2, 7, 0x11, 0x51, 2, 0xaa, 0xbb];
+        retry.extend_from_slice(&(1_000_000u64 - 16).to_be_bytes());
+        assert_eq!(
+            open_token(&a.token_prk, &seal(&retry), remote, now),
+            TokenCheck::Refused
+        );
+        let mut validation = vec![1, 0, 192, 0, 2, 7];
+        validation.extend_from_slice(&(1_000_000u64 - 3600).to_be_bytes());
+        assert_eq!(
+            open_token(&a.token_prk, &seal(&validation), remote, now),
+            TokenCheck::Valid
+        );
+        let elsewhere: SocketAddr = "198.51.100.1:1".parse().unwrap();
+        assert_eq!(
+            open_token(&a.token_prk, &seal(&validation), elsewhere, now),
+            TokenCheck::Unvalidated
+        );
+        // Trailing octets: not a token of this format.
+        validation.push(0);
+        assert_eq!(
+            open_token(&a.token_prk, &seal(&validation), remote, now),
+            TokenCheck::Unvalidated
+        );
+    }
+
+    #[test]
+    fn auto_retries_only_under_pressure_and_crowded_sheds_without_retry() {
+        let mut a = admission(RetryMode::Auto, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let p = initial(&[0x33; 8], &[0x44; 8], &[]);
+        // 1000/s is 100 per 100 ms window: the 101st within a window is pressure.
+        for _ in 0..100 {
+            assert_eq!(a.decide(&p, remote, 0, true, false, 10), Verdict::Forward);
+        }
+        assert_eq!(a.decide(&p, remote, 0, true, false, 11), Verdict::Retry);
+        // Pressure holds for a second after the last sign.
+        let later = 11 + PRESSURE_HOLD_NS - 1;
+        assert_eq!(a.decide(&p, remote, 0, true, false, later), Verdict::Retry);
+        let quiet = later + PRESSURE_HOLD_NS + 1;
+        assert_eq!(
+            a.decide(&p, remote, 0, true, false, quiet),
+            Verdict::Forward
+        );
+        // A crowded ring is pressure at once.
+        assert_eq!(
+            a.decide(&p, remote, 0, true, true, quiet + 1),
+            Verdict::Retry
+        );
+        let mut never = admission(RetryMode::Never, 0);
+        assert_eq!(never.decide(&p, remote, 0, true, true, 1), Verdict::Shed);
+        assert_eq!(
+            never.decide(&p, remote, 0, true, false, 2),
+            Verdict::Forward
+        );
+    }
+
+    #[test]
+    fn a_prefix_over_budget_is_refused_under_pressure_only_and_others_are_not() {
+        let mut a = admission(RetryMode::Never, 10);
+        let p = initial(&[0x33; 8], &[0x44; 8], &[]);
+        let greedy: SocketAddr = "203.0.113.9:1000".parse().unwrap();
+        let neighbour: SocketAddr = "203.0.113.200:1000".parse().unwrap();
+        let other: SocketAddr = "198.51.100.1:1000".parse().unwrap();
+        // Not under pressure: no budget.
+        for _ in 0..50 {
+            assert_eq!(a.decide(&p, greedy, 0, true, false, 1), Verdict::Forward);
+        }
+        // Under pressure (a crowded ring sheds; a valid token would pass it): a second's worth
+        // (10) then refusals, shared by the whole /24.
+        a.pressure_until_ns = u64::MAX;
+        let mut passed = 0;
+        for _ in 0..50 {
+            if a.budgeted(greedy, 1_000) == Verdict::Forward {
+                passed += 1;
+            }
+        }
+        assert_eq!(passed, 10);
+        assert_eq!(a.budgeted(neighbour, 1_000), Verdict::OverBudget);
+        assert_eq!(a.budgeted(other, 1_000), Verdict::Forward);
+        // A tenth of a second later the prefix has earned one more.
+        assert_eq!(a.budgeted(greedy, 100_001_000), Verdict::Forward);
+        assert_eq!(a.budgeted(greedy, 100_001_000), Verdict::OverBudget);
+    }
+
+    #[test]
+    fn no_input_panics() {
+        let mut a = admission(RetryMode::Always, 5);
+        let remote: SocketAddr = "[2001:db8::1]:443".parse().unwrap();
+        let mut seed = 0x1234_5678_u64;
+        for len in 0..300 {
+            let mut p = vec![0u8; len];
+            for b in &mut p {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+                *b = (seed >> 56) as u8;
+            }
+            if let Some(b) = p.first_mut() {
+                *b = 0xc0 | (*b & 0x0f);
+            }
+            for hashed in [false, true] {
+                let _ = a.decide(&p, remote, 1, hashed, len % 2 == 0, len as u64);
+            }
+        }
+        // Maximal lengths: 20-octet CIDs, a 63-octet token.
+        let p = initial(&[1; 20], &[2; 20], &[3; 63]);
+        assert_eq!(a.decide(&p, remote, 1, true, false, 1), Verdict::Retry);
+        assert!(a.retry_packet().len() < 256);
+    }
+}
