@@ -15,7 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{
-    bounded, expected_bytes, hex, sha256_hex, upload_byte, Forward, PyUpstream, Ringmux,
+    bounded, check_bytes, expected_bytes, hex, sha256_hex, upload_byte, Forward, PyUpstream,
+    Ringmux,
 };
 use ringmux_bench::client::Fnv64;
 
@@ -491,6 +492,102 @@ async fn aioquic_retry() {
         assert_eq!(bodies(&j), 2);
         let m = rm.metrics();
         assert_demux_retried(&m, 1.0);
+    })
+    .await
+}
+
+/// A flood of real Initials (aioquic ClientHellos from 64 source ports of 127.0.1.1, never
+/// followed up) while an established connection downloads and a new one connects. Under that
+/// pressure the demux answers the flood with its own Retries (`--retry auto`, the default), so
+/// no worker spends a handshake on it; the established connection loses no datagram in the
+/// demux (nothing is dropped but the flood's new-connection packets); the new connection
+/// completes through a Retry; every datagram is accounted for; the demux's memory stays flat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_flood_spares_established_connections() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let established = rm.client();
+        let conn = rm.connect(&established).await;
+        check_bytes(
+            "before the flood",
+            &conn.get("/bytes/1000").await.unwrap(),
+            1000,
+        );
+        let rss_before = harness::peak_rss(rm.pid);
+        // 2 000 Initials a second for 4 s: twice `--retry-above`'s default.
+        const FLOOD: usize = 8000;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/initial-flood.py");
+        let args: Vec<String> = [
+            script.to_string_lossy().as_ref(),
+            "127.0.0.1",
+            &rm.listen.port().to_string(),
+            "--count",
+            &FLOOD.to_string(),
+            "--unique",
+            "400",
+            "--rate",
+            "2000",
+            "--ports",
+            "64",
+            "--source",
+            "127.0.1.1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let during = async {
+            rm.wait_for(
+                "the flood to put the demux under pressure",
+                Duration::from_secs(30),
+                |m| m.get(names::ADMISSION_PRESSURE) == 1.0,
+            )
+            .await;
+            let newcomer = rm.client();
+            let (download, fresh) = tokio::join!(conn.get("/bytes/20000000"), async {
+                let c = rm.connect(&newcomer).await;
+                c.get("/bytes/5000").await
+            });
+            check_bytes("download during the flood", &download.unwrap(), 20_000_000);
+            check_bytes("new connection during the flood", &fresh.unwrap(), 5000);
+            rm.metrics()
+        };
+        let (flood, m_during) = tokio::join!(run("python3", &args, rm.dir()), during);
+        assert!(
+            flood.stdout.contains(&format!("\"sent\": {FLOOD}")),
+            "initial-flood.py: {}\n{}",
+            flood.stdout,
+            tail(&flood.stderr, 20)
+        );
+        assert!(
+            m_during.labelled(names::TOKENS, "result", "accepted") >= 1.0,
+            "the new connection did not come through a Retry:\n{m_during}"
+        );
+        let m = rm
+            .wait_for(
+                "the whole flood received and accounted for",
+                Duration::from_secs(20),
+                |m| m.balanced() && m.get(names::RECEIVED) >= FLOOD as f64,
+            )
+            .await;
+        let flood_drops =
+            m.dropped("retry") + m.dropped("initial_shed") + m.dropped("prefix_budget");
+        assert!(
+            m.dropped("retry") > FLOOD as f64 / 2.0,
+            "most of the flood should have met a Retry:\n{m}"
+        );
+        assert_eq!(
+            m.sum(names::DROPPED),
+            flood_drops,
+            "a datagram other than the flood's was dropped:\n{m}"
+        );
+        let rss_after = harness::peak_rss(rm.pid);
+        assert!(
+            rss_after <= rss_before + (8 << 20),
+            "demux peak RSS grew from {rss_before} to {rss_after} bytes"
+        );
     })
     .await
 }
