@@ -519,25 +519,7 @@ async fn initial_flood_spares_established_connections() {
         let rss_before = harness::peak_rss(rm.pid);
         // 2 000 Initials a second for 4 s: twice `--retry-above`'s default.
         const FLOOD: usize = 8000;
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/initial-flood.py");
-        let args: Vec<String> = [
-            script.to_string_lossy().as_ref(),
-            "127.0.0.1",
-            &rm.listen.port().to_string(),
-            "--count",
-            &FLOOD.to_string(),
-            "--unique",
-            "400",
-            "--rate",
-            "2000",
-            "--ports",
-            "64",
-            "--source",
-            "127.0.1.1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = flood_args(&rm, FLOOD, 2000);
         let during = async {
             rm.wait_for(
                 "the flood to put the demux under pressure",
@@ -587,6 +569,94 @@ async fn initial_flood_spares_established_connections() {
         assert!(
             rss_after <= rss_before + (8 << 20),
             "demux peak RSS grew from {rss_before} to {rss_after} bytes"
+        );
+    })
+    .await
+}
+
+/// The arguments of `bench/initial-flood.py` for `count` Initials at `rate` per second, from
+/// 64 source ports of 127.0.1.1 (another /24 than the test's clients at 127.0.0.1).
+fn flood_args(rm: &Ringmux, count: usize, rate: u32) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/initial-flood.py");
+    [
+        script.to_string_lossy().as_ref(),
+        "127.0.0.1",
+        &rm.listen.port().to_string(),
+        "--count",
+        &count.to_string(),
+        "--unique",
+        "400",
+        "--rate",
+        &rate.to_string(),
+        "--ports",
+        "64",
+        "--source",
+        "127.0.1.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// No source can take all the room: without Retries (`--retry never`), a flood of Initials
+/// from one /24 puts the demux under pressure, and that prefix may then send no more than its
+/// budget (`--prefix-budget 50` a second) to the workers; the rest is dropped as
+/// `prefix_budget`. A client from another prefix still connects at once, and every datagram
+/// is accounted for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_prefix_is_held_to_its_budget() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(
+            2,
+            Forward::Shm,
+            &["--retry", "never", "--prefix-budget", "50"],
+        );
+        const FLOOD: usize = 6000;
+        let args = flood_args(&rm, FLOOD, 2000);
+        let during = async {
+            rm.wait_for(
+                "the flood to put the demux under pressure",
+                Duration::from_secs(30),
+                |m| m.get(names::ADMISSION_PRESSURE) == 1.0,
+            )
+            .await;
+            let client = rm.client();
+            let c = rm.connect(&client).await;
+            check_bytes(
+                "a client of another prefix",
+                &c.get("/bytes/5000").await.unwrap(),
+                5000,
+            );
+        };
+        let (flood, ()) = tokio::join!(run("python3", &args, rm.dir()), during);
+        assert!(
+            flood.stdout.contains(&format!("\"sent\": {FLOOD}")),
+            "initial-flood.py: {}\n{}",
+            flood.stdout,
+            tail(&flood.stderr, 20)
+        );
+        let m = rm
+            .wait_for(
+                "the whole flood received and accounted for",
+                Duration::from_secs(20),
+                |m| m.balanced() && m.get(names::RECEIVED) >= FLOOD as f64,
+            )
+            .await;
+        // 3 s of flood at 2 000/s: at most 50/s (and a burst of 50) may pass once the pressure
+        // is on, which the first 100 ms of it turn on.
+        let budget = m.dropped("prefix_budget");
+        assert!(
+            budget >= FLOOD as f64 * 0.8,
+            "the prefix was not held to its budget:\n{m}"
+        );
+        assert_eq!(m.dropped("retry"), 0.0, "{m}");
+        assert_eq!(
+            m.sum(names::DROPPED),
+            budget + m.dropped("initial_shed"),
+            "a datagram other than the flood's was dropped:\n{m}"
         );
     })
     .await

@@ -30,7 +30,10 @@
 //!   `EndpointConfig` is the library's, with the shared stateless-reset key, so a sibling or a
 //!   replacement can reset this instance's connections after it dies).
 //! * **Address-validation tokens** (Retry, NEW_TOKEN): sealed with the shared token key, so a
-//!   token from one instance is valid on every instance ([`Worker::server_config`]).
+//!   token from one instance is valid on every instance ([`Worker::server_config`]). The demux
+//!   sends Retries itself (`ringmux --retry`), in quinn's token format under that key: keep
+//!   the token key, and a `retry_token_lifetime` of at least quinn's default 15 s, or the
+//!   clients it validated are refused.
 //! * **TLS session resumption and 0-RTT**: sessions are stored in the demux's cache, so a
 //!   resumed connection is accepted whichever instance it reaches. The library sets
 //!   `session_storage` of your rustls config and refuses one with a stateless `ticketer`
