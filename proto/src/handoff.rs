@@ -97,7 +97,8 @@ pub struct ServeOptions {
     /// How long the proxy waits for the upstream's response head, and between two of its body
     /// frames.
     pub upstream_timeout: Duration,
-    /// Validate every client address with a Retry before accepting.
+    /// The worker validates every client address with a Retry of its own before accepting
+    /// (ringmux sends `false`: the demux sends the Retries itself).
     pub retry: bool,
     /// QUIC idle timeout.
     pub idle_timeout: Duration,
