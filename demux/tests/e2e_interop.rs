@@ -519,14 +519,7 @@ async fn initial_flood_spares_established_connections() {
         let rss_before = harness::peak_rss(rm.pid);
         // 2 000 Initials a second for 4 s: twice `--retry-above`'s default.
         const FLOOD: usize = 8000;
-        let args = flood_args(&rm, FLOOD, 2000);
         let during = async {
-            rm.wait_for(
-                "the flood to put the demux under pressure",
-                Duration::from_secs(30),
-                |m| m.get(names::ADMISSION_PRESSURE) == 1.0,
-            )
-            .await;
             let newcomer = rm.client();
             let (download, fresh) = tokio::join!(conn.get("/bytes/20000000"), async {
                 let c = rm.connect(&newcomer).await;
@@ -536,24 +529,11 @@ async fn initial_flood_spares_established_connections() {
             check_bytes("new connection during the flood", &fresh.unwrap(), 5000);
             rm.metrics()
         };
-        let (flood, m_during) = tokio::join!(run("python3", &args, rm.dir()), during);
-        assert!(
-            flood.stdout.contains(&format!("\"sent\": {FLOOD}")),
-            "initial-flood.py: {}\n{}",
-            flood.stdout,
-            tail(&flood.stderr, 20)
-        );
+        let (m_during, m) = under_flood(&rm, FLOOD, 2000, during).await;
         assert!(
             m_during.labelled(names::TOKENS, "result", "accepted") >= 1.0,
             "the new connection did not come through a Retry:\n{m_during}"
         );
-        let m = rm
-            .wait_for(
-                "the whole flood received and accounted for",
-                Duration::from_secs(20),
-                |m| m.balanced() && m.get(names::RECEIVED) >= FLOOD as f64,
-            )
-            .await;
         let flood_drops =
             m.dropped("retry") + m.dropped("initial_shed") + m.dropped("prefix_budget");
         assert!(
@@ -574,11 +554,18 @@ async fn initial_flood_spares_established_connections() {
     .await
 }
 
-/// The arguments of `bench/initial-flood.py` for `count` Initials at `rate` per second, from
-/// 64 source ports of 127.0.1.1 (another /24 than the test's clients at 127.0.0.1).
-fn flood_args(rm: &Ringmux, count: usize, rate: u32) -> Vec<String> {
+/// Floods `rm` with `count` Initials at `rate` per second (`bench/initial-flood.py`, from 64
+/// source ports of 127.0.1.1: another /24 than the test's clients at 127.0.0.1) and runs
+/// `during` once the flood has put the demux under pressure. Returns what `during` returned,
+/// and the metrics once the whole flood was received and every datagram accounted for.
+async fn under_flood<T>(
+    rm: &Ringmux,
+    count: usize,
+    rate: u32,
+    during: impl std::future::Future<Output = T>,
+) -> (T, harness::Metrics) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/initial-flood.py");
-    [
+    let args: Vec<String> = [
         script.to_string_lossy().as_ref(),
         "127.0.0.1",
         &rm.listen.port().to_string(),
@@ -595,7 +582,31 @@ fn flood_args(rm: &Ringmux, count: usize, rate: u32) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect()
+    .collect();
+    let under_pressure = async {
+        rm.wait_for(
+            "the flood to put the demux under pressure",
+            Duration::from_secs(30),
+            |m| m.get(names::ADMISSION_PRESSURE) == 1.0,
+        )
+        .await;
+        during.await
+    };
+    let (flood, out) = tokio::join!(run("python3", &args, rm.dir()), under_pressure);
+    assert!(
+        flood.stdout.contains(&format!("\"sent\": {count}")),
+        "initial-flood.py: {}\n{}",
+        flood.stdout,
+        tail(&flood.stderr, 20)
+    );
+    let m = rm
+        .wait_for(
+            "the whole flood received and accounted for",
+            Duration::from_secs(20),
+            |m| m.balanced() && m.get(names::RECEIVED) >= count as f64,
+        )
+        .await;
+    (out, m)
 }
 
 /// No source can take all the room: without Retries (`--retry never`), a flood of Initials
@@ -615,14 +626,7 @@ async fn a_flooding_prefix_is_held_to_its_budget() {
             &["--retry", "never", "--prefix-budget", "50"],
         );
         const FLOOD: usize = 6000;
-        let args = flood_args(&rm, FLOOD, 2000);
         let during = async {
-            rm.wait_for(
-                "the flood to put the demux under pressure",
-                Duration::from_secs(30),
-                |m| m.get(names::ADMISSION_PRESSURE) == 1.0,
-            )
-            .await;
             let client = rm.client();
             let c = rm.connect(&client).await;
             check_bytes(
@@ -631,20 +635,7 @@ async fn a_flooding_prefix_is_held_to_its_budget() {
                 5000,
             );
         };
-        let (flood, ()) = tokio::join!(run("python3", &args, rm.dir()), during);
-        assert!(
-            flood.stdout.contains(&format!("\"sent\": {FLOOD}")),
-            "initial-flood.py: {}\n{}",
-            flood.stdout,
-            tail(&flood.stderr, 20)
-        );
-        let m = rm
-            .wait_for(
-                "the whole flood received and accounted for",
-                Duration::from_secs(20),
-                |m| m.balanced() && m.get(names::RECEIVED) >= FLOOD as f64,
-            )
-            .await;
+        let ((), m) = under_flood(&rm, FLOOD, 2000, during).await;
         // 3 s of flood at 2 000/s: at most 50/s (and a burst of 50) may pass once the pressure
         // is on, which the first 100 ms of it turn on.
         let budget = m.dropped("prefix_budget");
