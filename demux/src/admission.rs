@@ -235,6 +235,11 @@ impl Admission {
         self.budgeted(remote, now_ns)
     }
 
+    /// Some ring is past `--initial-shed-at` at `now_ns`: pressure (for every instance).
+    pub fn crowded(&mut self, now_ns: u64) {
+        self.pressure_until_ns = now_ns.saturating_add(PRESSURE_HOLD_NS);
+    }
+
     /// Counts a new-connection packet; a full window or a crowded ring is pressure.
     fn count(&mut self, crowded: bool, now_ns: u64) {
         if now_ns.wrapping_sub(self.window_start_ns) >= WINDOW_NS {
@@ -765,9 +770,16 @@ mod tests {
             a.decide(&p, remote, 0, true, false, quiet),
             Verdict::Forward
         );
-        // A crowded ring is pressure at once.
+        // A crowded ring is pressure at once, for the packets to any ring.
         assert_eq!(
             a.decide(&p, remote, 0, true, true, quiet + 1),
+            Verdict::Retry
+        );
+        let calm = quiet + 1 + PRESSURE_HOLD_NS;
+        assert_eq!(a.decide(&p, remote, 0, true, false, calm), Verdict::Forward);
+        a.crowded(calm + 1);
+        assert_eq!(
+            a.decide(&p, remote, 0, true, false, calm + 2),
             Verdict::Retry
         );
         let mut never = admission(RetryMode::Never, 0);

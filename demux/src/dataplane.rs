@@ -416,8 +416,15 @@ impl<F: Forward> DataPlane<F> {
             let mut cache = RouteCache::new(&self.router);
             // Once per batch, not per datagram: a batch can overshoot the threshold by its own
             // size, and the rest of the ring still takes what established connections send.
+            let mut any_crowded = false;
             for (i, l) in local.iter_mut().enumerate() {
                 l.crowded = self.forward.crowded(i);
+                any_crowded |= l.crowded;
+            }
+            // A crowded ring is pressure for the whole box: new connections to any instance
+            // then meet a Retry first.
+            if any_crowded {
+                self.admission.crowded(ts);
             }
             for (meta, iov) in metas.iter().zip(iovs.iter()).take(n) {
                 let data = &iov[..meta.len.min(iov.len())];

@@ -694,6 +694,21 @@ async fn a_dead_workers_descendants_are_killed_and_its_ring_replaced() {
     .await;
 }
 
+/// Instance 1's worker stops draining its 64-slot ring (and is never declared stuck), so the
+/// test decides when the ring is past `--initial-shed-at 50`; `extra` adds options.
+fn start_crowdable(dir: &TempDir, extra: &[&str]) -> Ringmux {
+    let mut args = vec![
+        "--stall-secs",
+        "600",
+        "--ring-slots",
+        "64",
+        "--initial-shed-at",
+        "50",
+    ];
+    args.extend_from_slice(extra);
+    start_faulty("stop-draining", &args, dir)
+}
+
 /// A QUIC v1 Initial to `dcid` from `scid` carrying `token`, padded to 1200 bytes.
 fn initial_with(dcid: &[u8], scid: &[u8], token: &[u8]) -> Vec<u8> {
     let mut p = vec![0xc3, 0, 0, 0, 1, dcid.len() as u8];
@@ -731,18 +746,7 @@ fn parse_retry(p: &[u8], dcid: &[u8]) -> (Vec<u8>, Vec<u8>) {
 async fn under_pressure_the_demux_retries_and_lets_validated_initials_in() {
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-retry");
-        let rm = start_faulty(
-            "stop-draining",
-            &[
-                "--stall-secs",
-                "600",
-                "--ring-slots",
-                "64",
-                "--initial-shed-at",
-                "50",
-            ],
-            &dir,
-        );
+        let rm = start_crowdable(&dir, &[]);
         let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
         blast(&rm, 1, 40);
         let before = rm
@@ -838,20 +842,7 @@ fn send_initials(rm: &Ringmux, count: usize) {
 async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_ones() {
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-shed");
-        let rm = start_faulty(
-            "stop-draining",
-            &[
-                "--stall-secs",
-                "600",
-                "--ring-slots",
-                "64",
-                "--initial-shed-at",
-                "50",
-                "--retry",
-                "never",
-            ],
-            &dir,
-        );
+        let rm = start_crowdable(&dir, &["--retry", "never"]);
         let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
         // Below the threshold (at most 20 of 20 can reach instance 1): nothing is shed.
         send_initials(&rm, 20);
