@@ -775,7 +775,12 @@ async fn under_pressure_the_demux_retries_and_lets_validated_initials_in() {
             assert_eq!(from, rm.listen);
             retried.push((scid, parse_retry(&buf[..n], &scid)));
         }
-        let m = rm.metrics();
+        // A Retry leaves mid-batch; the counters are published at the batch's end.
+        let m = rm
+            .wait_for("the Retries counted", Duration::from_secs(10), |m| {
+                m.balanced() && m.labelled(names::RETRIES, "result", "sent") == N as f64
+            })
+            .await;
         assert_eq!(m.dropped("retry"), N as f64, "{m}");
         assert_eq!(m.labelled(names::RETRIES, "result", "sent"), N as f64);
         assert_eq!(m.get(names::ADMISSION_PRESSURE), 1.0, "{m}");
