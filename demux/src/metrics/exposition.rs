@@ -266,51 +266,39 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         "Open QUIC connections of the worker of this instance and generation (reported by it)",
         connections,
     );
-    let reloads = Family::<Labels, Counter<u64>>::default();
-    for (result, v) in [("ok", &c.reloads), ("failed", &c.reloads_failed)] {
-        reloads
-            .get_or_create(&vec![("result".into(), result.into())])
-            .inc_by(ld(v));
-    }
-    reg.register(
-        base(names::RELOADS),
-        "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
-        reloads,
-    );
-    let upgrades = Family::<Labels, Counter<u64>>::default();
-    for (result, v) in [("ok", &c.upgrades), ("failed", &c.upgrades_failed)] {
-        upgrades
-            .get_or_create(&vec![("result".into(), result.into())])
-            .inc_by(ld(v));
-    }
-    reg.register(
-        base(names::UPGRADES),
-        "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
-        upgrades,
-    );
-    let retries = Family::<Labels, Counter<u64>>::default();
-    for (result, v) in [("sent", &c.retries_sent), ("unsent", &c.retries_unsent)] {
-        retries
-            .get_or_create(&vec![("result".into(), result.into())])
-            .inc_by(ld(v));
-    }
-    reg.register(
-        base(names::RETRIES),
-        "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)",
-        retries,
-    );
-    let tokens = Family::<Labels, Counter<u64>>::default();
     let refused = &c.dropped[DropReason::TokenRefused as usize];
-    for (result, v) in [("accepted", &c.tokens_accepted), ("refused", refused)] {
-        tokens
-            .get_or_create(&vec![("result".into(), result.into())])
-            .inc_by(ld(v));
+    // Counters by `result`: name, help, and each result's label and value.
+    type ByResult<'a> = (&'a str, &'a str, [(&'a str, &'a AtomicU64); 2]);
+    let by_result: [ByResult<'_>; 4] = [
+        (
+            names::RELOADS,
+            "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
+            [("ok", &c.reloads), ("failed", &c.reloads_failed)],
+        ),
+        (
+            names::UPGRADES,
+            "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
+            [("ok", &c.upgrades), ("failed", &c.upgrades_failed)],
+        ),
+        (
+            names::RETRIES,
+            "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)",
+            [("sent", &c.retries_sent), ("unsent", &c.retries_unsent)],
+        ),
+        (
+            names::TOKENS,
+            "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)",
+            [("accepted", &c.tokens_accepted), ("refused", refused)],
+        ),
+    ];
+    for (name, help, results) in by_result {
+        let fam = Family::<Labels, Counter<u64>>::default();
+        for (result, v) in results {
+            fam.get_or_create(&vec![("result".into(), result.into())])
+                .inc_by(ld(v));
+        }
+        reg.register(base(name), help, fam);
     }
-    reg.register(
-        base(names::TOKENS),
-        "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)",
-        tokens,
-    );
     let pressure = Gauge::<i64>::default();
     pressure.set(i64::from(ld(&c.under_pressure) != 0));
     reg.register(
