@@ -789,15 +789,19 @@ async fn under_pressure_the_demux_retries_and_lets_validated_initials_in() {
                 .send_to(&initial_with(cid, scid, token), rm.listen)
                 .unwrap();
         }
+        // One scrape is not atomic: wait until it shows all three at once.
+        let forwarded = |m: &Metrics| fwd(m, 0) + fwd(m, 1);
         let m = rm
             .wait_for(
-                "every Initial with a token forwarded",
+                "every Initial with a token accepted and forwarded",
                 Duration::from_secs(10),
-                |m| m.balanced() && m.labelled(names::TOKENS, "result", "accepted") == N as f64,
+                |m| {
+                    m.balanced()
+                        && m.labelled(names::TOKENS, "result", "accepted") == N as f64
+                        && forwarded(m) - forwarded(&before) == N as f64
+                },
             )
             .await;
-        let forwarded = |m: &Metrics| fwd(m, 0) + fwd(m, 1);
-        assert_eq!(forwarded(&m) - forwarded(&before), N as f64, "{m}");
         assert!(
             fwd(&m, 1) > 40.0,
             "no validated Initial entered the crowded ring:\n{m}"
