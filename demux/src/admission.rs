@@ -20,6 +20,9 @@
 //! third-party clients. Validation tokens (quinn's NEW_TOKEN, type `0x01` with an IP and an
 //! issue time) decode the same way.
 //!
+//! The Initials it lets in that open a connection are shown to the [`HelloInspector`], which
+//! tells the session store which instance each ClientHello's tickets went to (`tickets.rs`).
+//!
 //! Nothing here allocates after [`Admission::new`], and nothing panics on any input.
 
 use std::net::{IpAddr, SocketAddr};
@@ -29,6 +32,8 @@ use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
 use ringmux_quic_lb::Router;
 use siphasher::sip::SipHasher13;
+
+use crate::tickets::HelloInspector;
 
 /// QUIC version 1 (RFC 9000), the only version the demux mints Retries for.
 const V1: u32 = 1;
@@ -130,6 +135,8 @@ pub struct Admission {
     window_limit: u32,
     pressure_until_ns: u64,
     budget: PrefixBudget,
+    /// Reads the ClientHellos of the connections let in.
+    hellos: HelloInspector,
     /// `original DCID length ‖ original DCID ‖ Retry packet ‖ tag`: the pseudo-packet the tag
     /// covers, and the packet after its first `1 + len` octets.
     retry_buf: [u8; 512],
@@ -149,8 +156,14 @@ pub struct Stats {
 
 impl Admission {
     /// `token_secret` is the key file's `token` (the HKDF input every worker's quinn endpoint
-    /// uses); `router` the data plane's, for the CIDs Retries choose.
-    pub fn new(settings: Settings, router: Router, token_secret: &[u8; 64]) -> Self {
+    /// uses); `router` the data plane's, for the CIDs Retries choose; `hellos` reads the
+    /// ClientHellos of the connections let in.
+    pub fn new(
+        settings: Settings,
+        router: Router,
+        token_secret: &[u8; 64],
+        hellos: HelloInspector,
+    ) -> Self {
         let token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(token_secret);
         let retry_key = LessSafeKey::new(
             UnboundKey::new(&aead::AES_128_GCM, &RETRY_KEY_V1).expect("a 16-octet AES-128 key"),
@@ -167,6 +180,7 @@ impl Admission {
             window_limit,
             pressure_until_ns: 0,
             budget,
+            hellos,
             retry_buf: [0; 512],
             retry_span: (0, 0),
             stats: Stats::default(),
@@ -196,13 +210,17 @@ impl Admission {
         if !hashed {
             // Our CID: a handshake in progress, or the Initial after our Retry. Only a token
             // is looked at (so a token refused never costs a worker anything).
+            // Every Initial let in is shown to the ClientHello inspector: the one after a
+            // Retry carries a ClientHello (and our CID), and so may a first Initial whose
+            // random DCID happens to decode as ours.
             return match initial {
                 Some(i) if !i.token.is_empty() => match self.check_token(i.token, remote) {
                     TokenCheck::Refused => Verdict::TokenRefused,
-                    TokenCheck::Valid => self.budgeted(remote, now_ns),
-                    TokenCheck::Unvalidated => Verdict::Forward,
+                    TokenCheck::Valid => self.admit(seg, remote, lane, now_ns),
+                    TokenCheck::Unvalidated => self.observe(seg, lane, now_ns),
                 },
-                _ => Verdict::Forward,
+                Some(_) => self.observe(seg, lane, now_ns),
+                None => Verdict::Forward,
             };
         }
         self.count(crowded, now_ns);
@@ -218,7 +236,7 @@ impl Admission {
             TokenCheck::Refused => return Verdict::TokenRefused,
             // A validated address: let it in past the shedding threshold (the ring still has
             // room, and this is who the room is kept for).
-            TokenCheck::Valid => return self.budgeted(remote, now_ns),
+            TokenCheck::Valid => return self.admit(seg, remote, lane, now_ns),
             TokenCheck::Unvalidated => {}
         }
         let retry = match self.settings.retry {
@@ -232,7 +250,27 @@ impl Admission {
         if crowded {
             return Verdict::Shed;
         }
-        self.budgeted(remote, now_ns)
+        self.admit(seg, remote, lane, now_ns)
+    }
+
+    /// [`Admission::budgeted`]; an Initial let in is shown to the ClientHello inspector.
+    fn admit(&mut self, seg: &[u8], remote: SocketAddr, lane: u8, now_ns: u64) -> Verdict {
+        match self.budgeted(remote, now_ns) {
+            Verdict::Forward => self.observe(seg, lane, now_ns),
+            refused => refused,
+        }
+    }
+
+    /// Shows an Initial headed for `lane` to the ClientHello inspector; [`Verdict::Forward`].
+    fn observe(&mut self, seg: &[u8], lane: u8, now_ns: u64) -> Verdict {
+        let instance = lane % self.router.instance_count().max(1);
+        self.hellos.observe(seg, instance, now_ns);
+        Verdict::Forward
+    }
+
+    /// What the ClientHello inspector counted.
+    pub fn hello_stats(&self) -> crate::tickets::HelloStats {
+        self.hellos.stats()
     }
 
     /// Some ring is past `--initial-shed-at` at `now_ns`: pressure (for every instance).
@@ -618,6 +656,7 @@ mod tests {
             },
             router,
             &[9; 64],
+            crate::tickets::HelloInspector::new(Default::default()),
         )
     }
 

@@ -603,6 +603,10 @@ impl<F: Forward> DataPlane<F> {
         c.retries_unsent.store(st.retries_unsent, Ordering::Relaxed);
         c.tokens_accepted
             .store(st.tokens_accepted, Ordering::Relaxed);
+        let hellos = self.admission.hello_stats();
+        for (c, v) in c.client_hellos.iter().zip(hellos.values()) {
+            c.store(v, Ordering::Relaxed);
+        }
         c.under_pressure.store(
             u64::from(self.admission.under_pressure(now_ns)),
             Ordering::Relaxed,

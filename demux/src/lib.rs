@@ -8,6 +8,8 @@
 //! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`), one file each behind one trait.
 //! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
 //! * [`sessions`]: the TLS session cache all workers share.
+//! * [`tickets`]: which instance may take which session: the ClientHellos' ticket IDs, read
+//!   from the Initials the demux forwards.
 //! * [`metrics`]: counters, the Prometheus endpoint, `ringmux stats`.
 //! * [`certs`]: the certificate handed to the workers.
 //! * [`sys`]: every system call of the demux, wrapped once.
@@ -29,4 +31,5 @@ pub mod metrics;
 pub mod sessions;
 pub mod supervisor;
 pub mod sys;
+pub mod tickets;
 pub mod upgrade;

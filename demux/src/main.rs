@@ -21,7 +21,9 @@ use ringmux_demux::config::{self, Cli, Command, Config};
 use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
 use ringmux_demux::forward::{self, Forward, IngressHandles};
 use ringmux_demux::metrics::{self, Counters};
+use ringmux_demux::sessions::Sessions;
 use ringmux_demux::supervisor::control;
+use ringmux_demux::tickets::{HelloInspector, TicketBindings};
 use ringmux_demux::{alloc, supervisor, sys, upgrade};
 
 #[global_allocator]
@@ -199,7 +201,14 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         shed_at: cfg.shed_at_slots(),
     };
     let mode = cfg.args.forward;
-    let admission = Admission::new(cfg.admission(), router.clone(), &keys.token);
+    let tickets = Arc::new(TicketBindings::new());
+    let sessions = Sessions::new(tickets.clone(), counters.clone());
+    let admission = Admission::new(
+        cfg.admission(),
+        router.clone(),
+        &keys.token,
+        HelloInspector::new(tickets),
+    );
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -212,6 +221,7 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         metrics_listener,
         keys: hex::encode(keys.to_bytes()),
         admission,
+        sessions,
         resume: None,
     };
     forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
@@ -344,7 +354,14 @@ fn resume(
         shed_at: cfg.shed_at_slots(),
     };
     let mode = cfg.args.forward;
-    let admission = Admission::new(cfg.admission(), router.clone(), &keys.token);
+    let tickets = Arc::new(TicketBindings::new());
+    let sessions = Sessions::new(tickets.clone(), counters.clone());
+    let admission = Admission::new(
+        cfg.admission(),
+        router.clone(),
+        &keys.token,
+        HelloInspector::new(tickets),
+    );
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -357,6 +374,7 @@ fn resume(
         metrics_listener,
         keys: taken.keys,
         admission,
+        sessions,
         resume: Some(resumed),
     };
     forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
@@ -385,8 +403,11 @@ struct Serve {
     metrics_listener: Option<std::net::TcpListener>,
     /// The shared keys, hex (`KeySet::to_bytes`), to hand over.
     keys: String,
-    /// The data plane's admission of new connections (it mints with the shared token key).
+    /// The data plane's admission of new connections (it mints with the shared token key, and
+    /// binds the tickets of the ClientHellos it lets in to their instance).
     admission: Admission,
+    /// The session threads, held to those bindings.
+    sessions: Sessions,
     resume: Option<Resumed>,
 }
 
@@ -408,6 +429,7 @@ impl forward::WithForward for Serve {
             metrics_listener,
             keys,
             admission,
+            sessions,
             resume,
         } = self;
         let public_addr = public.socket().local_addr()?;
@@ -449,6 +471,7 @@ impl forward::WithForward for Serve {
                     counters.clone(),
                     link,
                     signals,
+                    sessions,
                 )?;
                 sup.start_all(handles)?;
                 (sup, None, start(dp, control)?)
@@ -465,6 +488,7 @@ impl forward::WithForward for Serve {
                     counters.clone(),
                     link,
                     signals,
+                    sessions,
                     r.adopted,
                 ) {
                     Ok(sup) => (sup, Some(r.answer), data_plane),

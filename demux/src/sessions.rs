@@ -7,8 +7,9 @@
 //!
 //! Every request is untrusted input: memory stays bounded ([`CacheLimits`]), keys are hashed
 //! with SipHash under a random key (no hash flooding), malformed or oversized requests are
-//! dropped and counted, never a panic. A worker can insert sessions under keys of its choosing
-//! and look up or take sessions whose key it knows; it cannot list keys.
+//! dropped and counted, never a panic. A worker can insert sessions under keys of its choosing;
+//! it can take only a session whose ticket came in a ClientHello the demux routed to its
+//! instance ([`TakeGate`], `tickets.rs`); it cannot list keys.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -17,29 +18,32 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ringmux_proto::session::{encode_reply, Op, Request, MAX_REQUEST_LEN};
+use ringmux_proto::session::{decode_reply, encode_reply, Op, Request, MAX_REQUEST_LEN};
 use tracing::{debug, warn};
 
+use crate::metrics::Counters;
 use crate::sys;
+use crate::tickets::{Claim, TicketBindings};
 
 /// How long a session may be resumed: six hours, the ticket lifetime workers announce.
 pub const TICKET_LIFETIME: Duration = Duration::from_secs(6 * 60 * 60);
 
-/// Serves every worker's session requests from one cache.
+/// Serves every worker's session requests from one cache, each held to its instance's
+/// ticket bindings.
 pub struct Sessions {
     cache: Arc<SessionCache>,
-}
-
-impl Default for Sessions {
-    fn default() -> Self {
-        Self::new()
-    }
+    tickets: Arc<TicketBindings>,
+    counters: Arc<Counters>,
 }
 
 impl Sessions {
-    pub fn new() -> Self {
+    /// `tickets`: the bindings the data plane records; `counters`: where TAKEs are counted by
+    /// [`TakeResult`].
+    pub fn new(tickets: Arc<TicketBindings>, counters: Arc<Counters>) -> Self {
         Sessions {
             cache: Arc::new(SessionCache::new()),
+            tickets,
+            counters,
         }
     }
 
@@ -52,10 +56,15 @@ impl Sessions {
     /// (exits or dies); a malformed request is counted and answered with nothing.
     pub fn serve(&self, instance: u8, sock: OwnedFd) {
         let cache = self.cache.clone();
+        let gate = TakeGate::Instance {
+            instance,
+            tickets: self.tickets.clone(),
+            counters: self.counters.clone(),
+        };
         let spawned = std::thread::Builder::new()
             .name(format!("sessions-{instance}"))
             .spawn(move || {
-                if let Err(e) = cache.serve_worker(sock) {
+                if let Err(e) = cache.serve_worker(sock, &gate) {
                     tracing::warn!(instance, error = %e, "session socket failed");
                 }
             });
@@ -63,6 +72,94 @@ impl Sessions {
             // Without the thread the worker's lookups time out: resumption degrades to full
             // handshakes, nothing else breaks.
             tracing::error!(instance, error = %e, "could not start the session thread");
+        }
+    }
+}
+
+/// What became of a worker's TAKE, the `result` label of `ringmux_session_takes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum TakeResult {
+    /// Granted, and the session was there.
+    Hit,
+    /// Granted, and it was not (already taken, evicted, expired, never stored).
+    Miss,
+    /// Refused: the ticket's ClientHello went to another instance.
+    Foreign,
+    /// Refused: the demux saw no ClientHello with the ticket in the last few seconds.
+    Unbound,
+}
+
+impl TakeResult {
+    /// Every result, in declaration order: `ALL[r as usize] == r`.
+    pub const ALL: [TakeResult; 4] = [
+        TakeResult::Hit,
+        TakeResult::Miss,
+        TakeResult::Foreign,
+        TakeResult::Unbound,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TakeResult::Hit => "hit",
+            TakeResult::Miss => "miss",
+            TakeResult::Foreign => "foreign",
+            TakeResult::Unbound => "unbound",
+        }
+    }
+}
+
+/// Which TAKEs a session thread serves.
+pub enum TakeGate {
+    /// Those of sessions whose ticket the demux saw in a ClientHello it routed to `instance`
+    /// (`tickets.rs`); every result counted in `counters`. What each worker's thread uses.
+    Instance {
+        instance: u8,
+        tickets: Arc<TicketBindings>,
+        counters: Arc<Counters>,
+    },
+    /// Every TAKE: the store on its own, for tests of its semantics.
+    Open,
+}
+
+impl TakeGate {
+    /// The reply to `request` if the gate refuses it (a TAKE of a session this instance may
+    /// not have: answered "not found", the session stays), else `None`.
+    fn refuses(&self, request: &[u8]) -> Option<Vec<u8>> {
+        let TakeGate::Instance {
+            instance,
+            tickets,
+            counters,
+        } = self
+        else {
+            return None;
+        };
+        let req = Request::parse(request).filter(|r| r.op == Op::Take)?;
+        let result = match tickets.claim(
+            req.key,
+            *instance,
+            ringmux_ring::monotonic_ns() / 1_000_000_000,
+        ) {
+            Claim::Granted => return None,
+            Claim::Foreign => TakeResult::Foreign,
+            Claim::Unbound => TakeResult::Unbound,
+        };
+        counters.count_take(result);
+        Some(encode_reply(req.req_id, None))
+    }
+
+    /// Counts a TAKE the store answered with `reply`.
+    fn answered(&self, request: &[u8], reply: &[u8]) {
+        if let TakeGate::Instance { counters, .. } = self {
+            if Request::parse(request).is_some_and(|r| r.op == Op::Take) {
+                let found = matches!(decode_reply(reply), Some((_, Some(_))));
+                counters.count_take(if found {
+                    TakeResult::Hit
+                } else {
+                    TakeResult::Miss
+                });
+            }
         }
     }
 }
@@ -216,13 +313,14 @@ impl SessionCache {
     }
 
     /// Serves one worker's session socket until the worker closes it (returns `Ok`, e.g. the
-    /// worker died) or a fatal socket error (`Err`). Blocking: run it on a dedicated thread,
-    /// one per worker. Works whether or not `sock` is in non-blocking mode.
+    /// worker died) or a fatal socket error (`Err`), its TAKEs held to `gate`. Blocking: run it
+    /// on a dedicated thread, one per worker. Works whether or not `sock` is in non-blocking
+    /// mode.
     ///
     /// Replies are sent without blocking: if the worker's receive queue is full (it is not
     /// reading its replies), the reply is dropped and counted, and the worker times out. To
     /// stop the loop while the worker lives, `shutdown(2)` a duplicate of `sock`.
-    pub fn serve_worker(self: Arc<Self>, sock: OwnedFd) -> io::Result<()> {
+    pub fn serve_worker(self: Arc<Self>, sock: OwnedFd, gate: &TakeGate) -> io::Result<()> {
         let fd = sock.as_fd();
         let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
         loop {
@@ -250,8 +348,15 @@ impl SessionCache {
             } else {
                 &buf[..]
             };
-            let Some(reply) = self.handle(request) else {
-                continue;
+            let reply = match gate.refuses(request) {
+                Some(refusal) => refusal,
+                None => {
+                    let Some(reply) = self.handle(request) else {
+                        continue;
+                    };
+                    gate.answered(request, &reply);
+                    reply
+                }
             };
             match sys::send_packet(fd, &reply) {
                 Ok(()) => {}

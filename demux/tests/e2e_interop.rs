@@ -369,6 +369,7 @@ async fn gtlsclient_0rtt_on_another_instance() {
             after.instance(names::FORWARDED, 2) > before.instance(names::FORWARDED, 2),
             "the resumed connection did not reach instance 2"
         );
+        harness::assert_taken_through_binding(&before, &after);
     })
     .await
 }
@@ -798,6 +799,7 @@ async fn aioquic_0rtt_on_another_instance() {
             m.instance(names::FORWARDED, 2) > 0.0,
             "nothing reached instance 2"
         );
+        harness::assert_taken_through_binding(&harness::Metrics::default(), &m);
     })
     .await
 }

@@ -5,6 +5,8 @@
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
 //! accounted for.
 
+#[path = "support/client_initial.rs"]
+mod client_initial;
 mod harness;
 
 use ringmux_demux::metrics::names;
@@ -897,6 +899,47 @@ async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_one
             .await;
         assert_eq!(after.dropped("ring_full"), 0.0, "{after}");
         assert_eq!(after.dropped("initial_shed"), shed, "{after}");
+    })
+    .await;
+}
+
+/// A worker cannot take a session whose ticket came in a ClientHello the demux routed to
+/// another instance, even a session stored under a key it knows (here it stored both itself):
+/// instance 1 (`take-foreign-session`) asks for the session offered to instance 0 and is
+/// refused, and for the one offered to it and gets it. Both ClientHellos are real QUIC v1
+/// Initials (protected with rustls' Initial keys), whose DCIDs hash to each instance.
+#[tokio::test]
+async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-sessions");
+        let rm = start_faulty("take-foreign-session", &[], &dir);
+        rm.wait_for("both workers up", Duration::from_secs(20), |m| {
+            (0..2).all(|i| m.instance(names::WORKER_UP, i) == 1.0)
+        })
+        .await;
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let scid = [0x5c; 8];
+        // The fault worker's tickets (test-tools/fault-worker: FOREIGN_TICKET, OWN_TICKET).
+        for (instance, ticket) in [(0u8, [0xa0u8; 32]), (1, [0xb1; 32])] {
+            let dcid = rm.dcid_for(instance, 8);
+            let hello = client_initial::client_hello(&[&ticket], 0);
+            let frames = client_initial::crypto_frame(0, &hello);
+            let p = client_initial::initial_packet(&dcid, &dcid, &scid, &[], 0, &frames);
+            client.send_to(&p, rm.listen).unwrap();
+        }
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["take-foreign"], "not-found");
+        assert_outcomes(&r, &["take-own"], "found");
+        let m = rm.metrics();
+        let takes = |result| m.labelled(names::SESSION_TAKES, "result", result);
+        assert_eq!(takes("foreign"), 1.0, "{m}");
+        assert!(takes("hit") >= 1.0, "{m}");
+        assert!(
+            m.labelled(names::CLIENT_HELLOS, "result", "read") >= 2.0,
+            "{m}"
+        );
+        // Instance 0 serves on.
+        instance0_serves(&rm).await;
     })
     .await;
 }

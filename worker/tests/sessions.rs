@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use ringmux_bench::client::{client_config, H3Client};
-use ringmux_demux::sessions::{CacheLimits, SessionCache};
+use ringmux_demux::sessions::{CacheLimits, SessionCache, TakeGate};
 use ringmux_demux::sys::seqpacket_pair as session_socket_pair;
 use ringmux_proto::session::{
     decode_reply, encode_request, Op, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
@@ -289,7 +289,7 @@ fn serve(cache: &Arc<SessionCache>, demux_end: OwnedFd) -> Served {
     let (tx, done) = mpsc::channel();
     let cache = cache.clone();
     let thread = std::thread::spawn(move || {
-        let _ = tx.send(cache.serve_worker(demux_end));
+        let _ = tx.send(cache.serve_worker(demux_end, &TakeGate::Open));
     });
     Served {
         done,

@@ -201,6 +201,11 @@ pub struct Counters {
     pub retries_unsent: AtomicU64,
     pub tokens_accepted: AtomicU64,
     pub under_pressure: AtomicU64,
+    /// Workers' session TAKEs by [`crate::sessions::TakeResult`] (the session threads add).
+    pub session_takes: [AtomicU64; crate::sessions::TakeResult::ALL.len()],
+    /// What the data plane's ClientHello inspector counted, by `HelloStats::LABELS`
+    /// (`tickets.rs`; the data plane stores).
+    pub client_hellos: [AtomicU64; crate::tickets::HelloStats::LABELS.len()],
     /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
     pub program: std::sync::RwLock<String>,
 }
@@ -225,6 +230,8 @@ impl Counters {
             retries_unsent: AtomicU64::new(0),
             tokens_accepted: AtomicU64::new(0),
             under_pressure: AtomicU64::new(0),
+            session_takes: Default::default(),
+            client_hellos: Default::default(),
             program: Default::default(),
         }
     }
@@ -293,6 +300,11 @@ impl Counters {
             set(&l.restarts, v[3]);
             set(&l.violations, v[4]);
         }
+    }
+
+    /// Counts one session TAKE (any session thread).
+    pub fn count_take(&self, result: crate::sessions::TakeResult) {
+        self.session_takes[result as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn dropped_total(&self) -> u64 {

@@ -268,27 +268,45 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
     );
     let refused = &c.dropped[DropReason::TokenRefused as usize];
     // Counters by `result`: name, help, and each result's label and value.
-    type ByResult<'a> = (&'a str, &'a str, [(&'a str, &'a AtomicU64); 2]);
-    let by_result: [ByResult<'_>; 4] = [
+    type ByResult<'a> = (&'a str, &'a str, Vec<(&'a str, &'a AtomicU64)>);
+    let takes = crate::sessions::TakeResult::ALL
+        .iter()
+        .map(|r| (r.as_str(), &c.session_takes[*r as usize]))
+        .collect();
+    let by_result: [ByResult<'_>; 6] = [
         (
             names::RELOADS,
             "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
-            [("ok", &c.reloads), ("failed", &c.reloads_failed)],
+            vec![("ok", &c.reloads), ("failed", &c.reloads_failed)],
         ),
         (
             names::UPGRADES,
             "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
-            [("ok", &c.upgrades), ("failed", &c.upgrades_failed)],
+            vec![("ok", &c.upgrades), ("failed", &c.upgrades_failed)],
         ),
         (
             names::RETRIES,
             "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)",
-            [("sent", &c.retries_sent), ("unsent", &c.retries_unsent)],
+            vec![("sent", &c.retries_sent), ("unsent", &c.retries_unsent)],
         ),
         (
             names::TOKENS,
             "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)",
-            [("accepted", &c.tokens_accepted), ("refused", refused)],
+            vec![("accepted", &c.tokens_accepted), ("refused", refused)],
+        ),
+        (
+            names::SESSION_TAKES,
+            "Workers' requests to take a TLS session by result: hit or miss (granted: the ticket's ClientHello went to that instance), foreign (refused: it went to another) or unbound (refused: no such ClientHello seen)",
+            takes,
+        ),
+        (
+            names::CLIENT_HELLOS,
+            "Initials the demux read for the session tickets of their ClientHellos, by result: read (a whole ClientHello), unopened (did not open with its DCID's keys: a client's later Initials, garbage), unparsed (not a ClientHello that parses), abandoned (too long, or crowded out while incomplete)",
+            crate::tickets::HelloStats::LABELS
+                .iter()
+                .zip(&c.client_hellos)
+                .map(|(l, v)| (*l, v))
+                .collect(),
         ),
     ];
     for (name, help, results) in by_result {

@@ -79,12 +79,19 @@ pub const TOKENS: &str = "ringmux_tokens_total";
 /// applies).
 pub const ADMISSION_PRESSURE: &str = "ringmux_admission_pressure";
 
+/// Counter: workers' session TAKEs, label `result` (`hit`, `miss`: granted; `foreign`,
+/// `unbound`: refused, see `tickets.rs`).
+pub const SESSION_TAKES: &str = "ringmux_session_takes_total";
+/// Counter: Initials read for the tickets of their ClientHellos, label `result` (`read`,
+/// `unopened`, `unparsed`, `abandoned`; see `tickets.rs`).
+pub const CLIENT_HELLOS: &str = "ringmux_client_hellos_total";
+
 /// Counter: reverse-proxy upstream failures, labels `instance` and `kind` (`connect`, `reset`,
 /// `timeout`, `protocol`).
 pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
 
 /// Every name above.
-pub const ALL: [&str; 34] = [
+pub const ALL: [&str; 36] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -119,4 +126,6 @@ pub const ALL: [&str; 34] = [
     RETRIES,
     TOKENS,
     ADMISSION_PRESSURE,
+    SESSION_TAKES,
+    CLIENT_HELLOS,
 ];

@@ -141,6 +141,9 @@ pub struct Exported {
 }
 
 impl Supervisor {
+    /// `sessions` serves the workers' session sockets, held to the bindings the data plane's
+    /// admission records (`tickets.rs`).
+    #[allow(clippy::too_many_arguments)] // each is state main made and hands over whole
     pub fn new(
         cfg: Config,
         template: Handoff,
@@ -148,11 +151,15 @@ impl Supervisor {
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
+        sessions: crate::sessions::Sessions,
     ) -> Result<Self> {
         let control = bind_control(&cfg)?;
-        Self::with_control(cfg, template, public, counters, link, signals, control)
+        Self::with_control(
+            cfg, template, public, counters, link, signals, sessions, control,
+        )
     }
 
+    #[allow(clippy::too_many_arguments)] // as `new`, plus the control socket
     fn with_control(
         cfg: Config,
         template: Handoff,
@@ -160,6 +167,7 @@ impl Supervisor {
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
+        sessions: crate::sessions::Sessions,
         control: Option<ControlServer>,
     ) -> Result<Self> {
         let n = usize::from(cfg.instances);
@@ -188,7 +196,7 @@ impl Supervisor {
             counters,
             link,
             signals,
-            sessions: crate::sessions::Sessions::new(),
+            sessions,
         })
     }
 
@@ -255,10 +263,12 @@ impl Supervisor {
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
+        sessions: crate::sessions::Sessions,
         taken: Adopted,
     ) -> Result<Self> {
-        let mut sup =
-            Supervisor::with_control(cfg, template, public, counters, link, signals, None)?;
+        let mut sup = Supervisor::with_control(
+            cfg, template, public, counters, link, signals, sessions, None,
+        )?;
         let phases: Vec<(u64, crate::upgrade::LanePhase)> =
             taken.lanes.iter().map(|l| (l.0, l.1)).collect();
         sup.policy = Policy::adopt(

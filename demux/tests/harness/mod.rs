@@ -619,8 +619,32 @@ pub async fn zero_rtt_across(
         accepted,
         "0-RTT rejected: ticket from instance {first}, resumed on instance {second}"
     );
+    assert_taken_through_binding(&before, &after);
     conn.close().await.expect("clean close");
     (first_resp, resp)
+}
+
+/// Between `before` and `after` a session was taken through a ticket binding (`tickets.rs`):
+/// the demux read a ClientHello, granted a TAKE that found its session, and refused none.
+pub fn assert_taken_through_binding(before: &Metrics, after: &Metrics) {
+    let rise = |name: &str, result: &str| {
+        after.labelled(name, "result", result) - before.labelled(name, "result", result)
+    };
+    assert!(
+        rise(names::CLIENT_HELLOS, "read") >= 1.0,
+        "no ClientHello read:\n{after}"
+    );
+    assert!(
+        rise(names::SESSION_TAKES, "hit") >= 1.0,
+        "no session taken:\n{after}"
+    );
+    for refused in ["foreign", "unbound"] {
+        assert_eq!(
+            rise(names::SESSION_TAKES, refused),
+            0.0,
+            "a TAKE refused as {refused}:\n{after}"
+        );
+    }
 }
 
 /// SIGKILL to `pid`.

@@ -19,7 +19,9 @@
 //!   the confinement, each recorded in `MARKER.report` before the real worker is exec'd in
 //!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`, `reload` (asks
 //!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`)
-//!   (`attacks.rs`);
+//!   (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
+//!   reached it, tries to take a session whose ClientHello went to another instance and one
+//!   whose ClientHello came to it, and records both answers);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
@@ -30,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use ringmux_proto::session::{decode_reply, encode_request, Op, MAX_REPLY_LEN};
 use ringmux_proto::{Handoff, Message, MAX_MESSAGE};
 use ringmux_ring::Consumer;
 use ringmux_worker::control;
@@ -180,6 +183,30 @@ fn main() {
                 }
             }
         }
+        "take-foreign-session" => {
+            // Stores two sessions (any worker may store under keys of its choosing), waits for
+            // a datagram in its ring (the test sends a ClientHello offering the first ticket to
+            // instance 0, then one offering the second to this instance), then takes both.
+            let sessions = fds.next().expect("session socket");
+            for key in [FOREIGN_TICKET, OWN_TICKET] {
+                session_request(&sessions, Op::Put, &key, b"a session value");
+            }
+            drain_for(&mut c, Duration::from_secs(30), 1);
+            let outcome = |found: Option<bool>| match found {
+                Some(true) => "found".to_string(),
+                Some(false) => "not-found".to_string(),
+                None => "no-reply".to_string(),
+            };
+            let foreign = session_request(&sessions, Op::Take, &FOREIGN_TICKET, b"");
+            let own = session_request(&sessions, Op::Take, &OWN_TICKET, b"");
+            write_report(
+                &marker,
+                &[
+                    ("take-foreign", outcome(foreign)),
+                    ("take-own", outcome(own)),
+                ],
+            );
+        }
         "linger" => {
             let mut buf = [0u8; 64];
             // Wait for SHUTDOWN (anything the demux sends), then vanish from its view.
@@ -203,6 +230,29 @@ fn main() {
     while nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty())
         .is_ok_and(|n| n > 0)
     {}
+}
+
+/// The ticket IDs `take-foreign-session` stores: the test offers the first in a ClientHello
+/// routed to instance 0, the second in one routed to the fault worker's instance.
+const FOREIGN_TICKET: [u8; 32] = [0xa0; 32];
+const OWN_TICKET: [u8; 32] = [0xb1; 32];
+
+/// One request on the session socket; whether the reply said found (or stored), `None` if
+/// none came within a second.
+fn session_request(sock: &OwnedFd, op: Op, key: &[u8], value: &[u8]) -> Option<bool> {
+    let msg = encode_request(op, 7, key, value);
+    nix::sys::socket::send(sock.as_raw_fd(), &msg, MsgFlags::empty()).ok()?;
+    let mut fds = [nix::poll::PollFd::new(
+        sock.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    if nix::poll::poll(&mut fds, 1000u16).ok()? == 0 {
+        return None;
+    }
+    let mut buf = vec![0u8; MAX_REPLY_LEN];
+    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).ok()?;
+    let (_, value) = decode_reply(&buf[..n])?;
+    Some(value.is_some())
 }
 
 /// Writes `name=value` lines to `MARKER.report`, whole or not at all (a rename).
