@@ -210,17 +210,15 @@ impl Admission {
         if !hashed {
             // Our CID: a handshake in progress, or the Initial after our Retry. Only a token
             // is looked at (so a token refused never costs a worker anything).
-            // Every Initial let in is shown to the ClientHello inspector: the one after a
-            // Retry carries a ClientHello (and our CID), and so may a first Initial whose
-            // random DCID happens to decode as ours.
+            // The Initial after a Retry (it carries a token) holds a ClientHello, which the
+            // inspector reads; a client's later Initials (acknowledgements) are not read.
             return match initial {
                 Some(i) if !i.token.is_empty() => match self.check_token(i.token, remote) {
                     TokenCheck::Refused => Verdict::TokenRefused,
                     TokenCheck::Valid => self.admit(seg, remote, lane, now_ns),
                     TokenCheck::Unvalidated => self.observe(seg, lane, now_ns),
                 },
-                Some(_) => self.observe(seg, lane, now_ns),
-                None => Verdict::Forward,
+                _ => Verdict::Forward,
             };
         }
         self.count(crowded, now_ns);

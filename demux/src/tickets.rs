@@ -14,14 +14,17 @@
 //!
 //! # Reading ClientHellos ([`HelloInspector`], on the data plane)
 //!
-//! Every Initial the demux lets in is read. The inspector derives the client's Initial keys
-//! from the packet's DCID //! (RFC 9001 §5.2: HKDF-SHA256 with the v1 salt, labels `client in`, `quic key`, `quic iv`,
-//! `quic hp`), removes header protection (§5.4, AES-128) and opens the payload (AES-128-GCM,
-//! §5.3) in a scratch copy (the datagram itself is forwarded untouched), then collects the
-//! CRYPTO frames (RFC 9000 §19.6). A ClientHello travels in Initials whose DCID is the one
-//! its keys come from: the client's own choice, or after a Retry the Retry's SCID. A client's
-//! later Initials (acknowledgements, under the server's CID) keep the first DCID's keys, so
-//! they do not open: one failed AEAD check per handshake, counted as `unopened`. A ClientHello can span several Initials and datagrams, and
+//! The demux reads the Initials it lets in that open a connection: those whose DCID the
+//! client chose (they route by hash), and those that carry a token (the Initial after a Retry,
+//! whose DCID is the Retry's SCID). A client's later Initials, acknowledgements under the
+//! server's CID, are not read. Neither is a first Initial whose random DCID happens to decode
+//! as one of ours (it needs exactly our CID length and first octet, and to decrypt to this
+//! node's ID): that rare client resumes with a full handshake. For each, the inspector derives
+//! the client's Initial keys from the packet's DCID (RFC 9001 §5.2: HKDF-SHA256 with the v1
+//! salt, labels `client in`, `quic key`, `quic iv`, `quic hp`), removes header protection
+//! (§5.4, AES-128) and opens the payload (AES-128-GCM, §5.3) in a scratch copy (the datagram
+//! itself is forwarded untouched), then collects the CRYPTO frames (RFC 9000 §19.6). A
+//! ClientHello can span several Initials and datagrams, and
 //! some clients send its pieces out of order: pieces are gathered per DCID in a fixed table
 //! until the message (RFC 8446 §4.1.2, its length from the handshake header) is whole. Its
 //! `pre_shared_key` extension (§4.2.11) lists the identities; each is bound to the instance.
@@ -211,8 +214,9 @@ impl Entry {
 pub struct HelloStats {
     /// ClientHellos read whole (with or without identities).
     pub read: u64,
-    /// Initials that did not open with the keys of their DCID: a client's later Initials
-    /// (under our CID, with its first DCID's keys), garbage, or longer than the inspector reads.
+    /// Initials that did not open with the keys of their DCID: after a Retry, a client's later
+    /// Initials (they carry the token too, under the server's CID, with the Retry SCID's
+    /// keys); garbage; or longer than the inspector reads.
     pub unopened: u64,
     /// Opened Initials whose frames, or whose CRYPTO stream, is not a ClientHello that parses.
     pub unparsed: u64,
@@ -225,6 +229,8 @@ pub struct HelloStats {
 pub struct HelloInspector {
     /// Where an Initial is opened (the datagram itself is forwarded as it came).
     scratch: Box<[u8; MAX_PACKET]>,
+    /// HKDF-Extract's key, the v1 initial salt: its HMAC state made once.
+    salt: hkdf::Salt,
     hellos: Gathering,
 }
 
@@ -263,6 +269,7 @@ impl HelloInspector {
     pub fn new(bindings: Arc<TicketBindings>) -> Self {
         HelloInspector {
             scratch: Box::new([0; MAX_PACKET]),
+            salt: hkdf::Salt::new(hkdf::HKDF_SHA256, &INITIAL_SALT_V1),
             hellos: Gathering {
                 bindings,
                 pending: (0..PENDING_HELLOS)
@@ -307,7 +314,7 @@ impl HelloInspector {
         }
         let packet = &mut self.scratch[..len];
         packet.copy_from_slice(&data[..len]);
-        let Some(plain) = unprotect(packet, &header) else {
+        let Some(plain) = unprotect(packet, &header, &self.salt) else {
             stats.unopened += 1;
             return Some(len);
         };
@@ -317,8 +324,18 @@ impl HelloInspector {
         let mut frames = Reader(plain);
         while let Some(kind) = frames.varint() {
             match kind {
-                // PADDING, PING.
-                0x00 | 0x01 => {}
+                // PADDING: clients pad their Initials to 1 200 octets with hundreds of them,
+                // so a run is skipped at once.
+                0x00 => {
+                    let run = frames
+                        .0
+                        .iter()
+                        .position(|&b| b != 0)
+                        .unwrap_or(frames.0.len());
+                    frames.0 = &frames.0[run..];
+                }
+                // PING.
+                0x01 => {}
                 // ACK (RFC 9000 §19.3): largest, delay, range count, first range, ranges, ECN.
                 0x02 | 0x03 => {
                     let skipped = (|| {
@@ -506,8 +523,8 @@ impl InitialHeader {
 
 /// Removes the protection of the client Initial `packet` (its own copy, opened in place);
 /// the plaintext frames, or `None` if it does not open with its DCID's keys.
-fn unprotect<'a>(packet: &'a mut [u8], h: &InitialHeader) -> Option<&'a [u8]> {
-    let keys = ClientInitialKeys::derive(&packet[h.dcid.0..][..h.dcid.1])?;
+fn unprotect<'a>(packet: &'a mut [u8], h: &InitialHeader, salt: &hkdf::Salt) -> Option<&'a [u8]> {
+    let keys = ClientInitialKeys::derive(salt, &packet[h.dcid.0..][..h.dcid.1])?;
     let sample = &packet[h.pn_at + 4..][..16];
     let mask = keys.hp.new_mask(sample).ok()?;
     packet[0] ^= mask[0] & 0x0f;
@@ -546,8 +563,9 @@ struct ClientInitialKeys {
 }
 
 impl ClientInitialKeys {
-    fn derive(dcid: &[u8]) -> Option<Self> {
-        let initial = hkdf::Salt::new(hkdf::HKDF_SHA256, &INITIAL_SALT_V1).extract(dcid);
+    /// `salt`: the v1 initial salt's.
+    fn derive(salt: &hkdf::Salt, dcid: &[u8]) -> Option<Self> {
+        let initial = salt.extract(dcid);
         let mut client = [0u8; 32];
         expand_label(&initial, b"client in", &mut client)?;
         let client = hkdf::Prk::new_less_safe(hkdf::HKDF_SHA256, &client);

@@ -301,7 +301,7 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         ),
         (
             names::CLIENT_HELLOS,
-            "Initials the demux read for the session tickets of their ClientHellos, by result: read (a whole ClientHello), unopened (did not open with its DCID's keys: a client's later Initials, garbage), unparsed (not a ClientHello that parses), abandoned (too long, or crowded out while incomplete)",
+            "Initials the demux read for the session tickets of their ClientHellos, by result: read (a whole ClientHello), unopened (did not open with its DCID's keys: after a Retry, a client's later Initials; garbage), unparsed (not a ClientHello that parses), abandoned (too long, or crowded out while incomplete)",
             crate::tickets::HelloStats::LABELS
                 .iter()
                 .zip(&c.client_hellos)
