@@ -146,6 +146,27 @@ pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
     Ok(())
 }
 
+/// Attaches `program`, a classic BPF program, to the `SO_REUSEPORT` group of the bound UDP
+/// socket `sock` (`SO_ATTACH_REUSEPORT_CBPF`, which needs no privilege), replacing any program
+/// attached before: from then on the kernel runs it on every datagram for the group and takes
+/// its return value as the index of the socket to deliver to, in the order the sockets joined
+/// the group; an index past the group falls back to the kernel's hash. The kernel copies the
+/// program and checks it first (`EINVAL` if it refuses it, as for more than `BPF_MAXINSNS`
+/// instructions).
+pub fn attach_reuseport_program(
+    sock: BorrowedFd<'_>,
+    program: &[libc::sock_filter],
+) -> io::Result<()> {
+    let len = u16::try_from(program.len()).map_err(|_| io::Error::from(Errno::EINVAL))?;
+    // The kernel only reads the instructions (it copies them in): the C field is not `const`.
+    let fprog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    socket::setsockopt(&sock, sockopt::AttachReusePortCbpf, &fprog)?;
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Processes and signals
 // ---------------------------------------------------------------------------------------------
