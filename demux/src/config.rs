@@ -82,6 +82,9 @@ pub enum ForwardMode {
     Unix,
     /// Receive and route, then discard: the floor benchmarks compare against.
     Drop,
+    /// Kernel steering: each worker receives on its own `SO_REUSEPORT` socket, a classic BPF
+    /// program picks it by connection ID; the demux only supervises. Needs `--plaintext-cids`.
+    Reuseport,
 }
 
 /// What the workers run.
@@ -108,7 +111,10 @@ pub struct RunArgs {
     /// Number of worker processes (1–64).
     #[arg(long, env = "RINGMUX_INSTANCES", default_value_t = 2)]
     pub instances: u32,
-    /// Forwarding mode: shm (rings), unix (SOCK_SEQPACKET baseline) or drop (benchmark floor).
+    /// Forwarding mode: shm (rings), unix (SOCK_SEQPACKET baseline), drop (benchmark floor) or
+    /// reuseport (kernel steering: each worker its own SO_REUSEPORT socket, picked by a BPF
+    /// program from the connection ID; needs --plaintext-cids; no admission, shedding or
+    /// counting per datagram in the demux, and no `ringmux upgrade` yet).
     #[arg(long, env = "RINGMUX_FORWARD", value_enum, default_value = "shm")]
     pub forward: ForwardMode,
     /// Unix socket `ringmux reload` talks to (mode 0600, its folder is made if missing); `off`
@@ -303,6 +309,13 @@ impl RunArgs {
             };
             anyhow::anyhow!("{flag} / {e}")
         })?;
+        if self.forward == ForwardMode::Reuseport && !self.plaintext_cids {
+            bail!(
+                "--forward reuseport / RINGMUX_FORWARD=reuseport needs --plaintext-cids \
+                 (RINGMUX_PLAINTEXT_CIDS=true): the kernel's steering program reads the instance \
+                 from the connection ID and cannot decrypt it"
+            );
+        }
         if !(1..=u32::from(ringmux_quic_lb::MAX_INSTANCES)).contains(&self.instances) {
             bail!(
                 "--instances / RINGMUX_INSTANCES={} is not valid: expected 1 to 64 (a \
@@ -577,6 +590,8 @@ mod tests {
         assert_eq!(never.shed_at_slots(), u64::MAX);
         let tiny = check(&["--initial-shed-at", "1", "--ring-slots", "64"]).unwrap();
         assert_eq!(tiny.shed_at_slots(), 1);
+        let steered = check(&["--forward", "reuseport", "--plaintext-cids"]).unwrap();
+        assert_eq!(steered.args.forward, ForwardMode::Reuseport);
     }
 
     #[test]
@@ -587,6 +602,10 @@ mod tests {
                 &["--instances", "RINGMUX_INSTANCES", "0"][..],
             ),
             (&["--instances", "65"], &["--instances", "65", "1 to 64"]),
+            (
+                &["--forward", "reuseport"],
+                &["--forward reuseport", "RINGMUX_FORWARD", "--plaintext-cids"],
+            ),
             (
                 &["--recv-batch", "33"],
                 &["--recv-batch", "RINGMUX_RECV_BATCH", "33"],

@@ -562,6 +562,7 @@ impl<F: Forward> DataPlane<F> {
         match cmd {
             Command::Activate { slot, reply } => {
                 *active = usize::from(self.router.lane(0, slot));
+                self.forward.activate(slot);
                 let _ = reply.send(());
             }
             Command::Close { lane } => {

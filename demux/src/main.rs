@@ -194,15 +194,29 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         None => None,
     };
     let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
+    // Kernel steering: the lanes' sockets join the public socket's group, after it.
+    let group = match cfg.args.forward {
+        config::ForwardMode::Reuseport => Some(forward::reuseport::Group {
+            public: public.socket().try_clone()?.into(),
+            addr: public_addr,
+            plan: forward::steering::SteeringPlan::new(&router, 0, 1),
+            rcvbuf: cfg.args.rcvbuf,
+            sndbuf: cfg.args.sndbuf,
+        }),
+        _ => None,
+    };
     let setup = forward::Setup {
         instances: cfg.instances,
         lanes,
         ring: &cfg.ring,
         shed_at: cfg.shed_at_slots(),
+        group,
     };
     let mode = cfg.args.forward;
     let tickets = Arc::new(TicketBindings::new());
-    let sessions = Sessions::new(tickets.clone(), counters.clone());
+    // Kernel steering shows the demux no ClientHello: nothing to hold TAKEs to.
+    let gated = (mode != config::ForwardMode::Reuseport).then(|| tickets.clone());
+    let sessions = Sessions::new(gated, counters.clone());
     let admission = Admission::new(
         cfg.admission(),
         router.clone(),
@@ -352,10 +366,13 @@ fn resume(
         lanes,
         ring: &cfg.ring,
         shed_at: cfg.shed_at_slots(),
+        group: None,
     };
     let mode = cfg.args.forward;
     let tickets = Arc::new(TicketBindings::new());
-    let sessions = Sessions::new(tickets.clone(), counters.clone());
+    // Kernel steering shows the demux no ClientHello: nothing to hold TAKEs to.
+    let gated = (mode != config::ForwardMode::Reuseport).then(|| tickets.clone());
+    let sessions = Sessions::new(gated, counters.clone());
     let admission = Admission::new(
         cfg.admission(),
         router.clone(),
@@ -625,6 +642,11 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     if addr.is_ipv6() && addr.ip().is_unspecified() {
         s.set_only_v6(false)
             .context("enabling dual-stack on [::]")?;
+    }
+    if cfg.args.forward == config::ForwardMode::Reuseport {
+        // The group's first member, which the steering program never picks.
+        s.set_reuse_port(true)
+            .context("SO_REUSEPORT on the public socket")?;
     }
     // Fails when not privileged: the plain sizes below are then capped by the sysctl limits.
     let _ = sys::force_buffer(s.as_fd(), false, cfg.args.rcvbuf);

@@ -32,14 +32,15 @@ pub const TICKET_LIFETIME: Duration = Duration::from_secs(6 * 60 * 60);
 /// ticket bindings.
 pub struct Sessions {
     cache: Arc<SessionCache>,
-    tickets: Arc<TicketBindings>,
+    tickets: Option<Arc<TicketBindings>>,
     counters: Arc<Counters>,
 }
 
 impl Sessions {
-    /// `tickets`: the bindings the data plane records; `counters`: where TAKEs are counted by
+    /// `tickets`: the bindings the data plane records, `None` where it sees no ClientHello
+    /// (kernel steering): then every TAKE is granted. `counters`: where TAKEs are counted by
     /// [`TakeResult`].
-    pub fn new(tickets: Arc<TicketBindings>, counters: Arc<Counters>) -> Self {
+    pub fn new(tickets: Option<Arc<TicketBindings>>, counters: Arc<Counters>) -> Self {
         Sessions {
             cache: Arc::new(SessionCache::new()),
             tickets,
@@ -113,10 +114,12 @@ impl TakeResult {
 /// Which TAKEs a session thread serves.
 pub enum TakeGate {
     /// Those of sessions whose ticket the demux saw in a ClientHello it routed to `instance`
-    /// (`tickets.rs`); every result counted in `counters`. What each worker's thread uses.
+    /// (`tickets.rs`), or every one without `tickets` (`--forward reuseport`: the kernel
+    /// steers, the demux sees no ClientHello); every result counted in `counters`. What each
+    /// worker's thread uses.
     Instance {
         instance: u8,
-        tickets: Arc<TicketBindings>,
+        tickets: Option<Arc<TicketBindings>>,
         counters: Arc<Counters>,
     },
     /// Every TAKE: the store on its own, for tests of its semantics.
@@ -135,6 +138,7 @@ impl TakeGate {
         else {
             return None;
         };
+        let tickets = tickets.as_ref()?;
         let req = Request::parse(request).filter(|r| r.op == Op::Take)?;
         let result = match tickets.claim(
             req.key,

@@ -194,12 +194,22 @@ async fn gtlsclient_20_connections() {
 /// that issued it (gtlsclient's `--change-local-addr` takes a spare CID the worker issued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_active_migration() {
+    gtlsclient_active_migration_in(Forward::Shm).await
+}
+
+/// The same under kernel steering: the program reads the new CID's instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_active_migration_reuseport() {
+    gtlsclient_active_migration_in(Forward::Reuseport).await
+}
+
+async fn gtlsclient_active_migration_in(forward: Forward) {
     if !have_gtlsclient() {
         return;
     }
     bounded(LIMIT, async {
         const N: u64 = 2_000_000;
-        let rm = Ringmux::start(3, Forward::Shm, &[]);
+        let rm = Ringmux::start(3, forward, &[]);
         let dir = download_dir(&rm, "dl");
         let log = gtls(
             &rm,
@@ -227,12 +237,22 @@ async fn gtlsclient_active_migration() {
 /// NAT rebinding: same CID from a new port; the worker must answer there and validate it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_nat_rebinding() {
+    gtlsclient_nat_rebinding_in(Forward::Unix).await
+}
+
+/// The same under kernel steering: the CID routes, not the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gtlsclient_nat_rebinding_reuseport() {
+    gtlsclient_nat_rebinding_in(Forward::Reuseport).await
+}
+
+async fn gtlsclient_nat_rebinding_in(forward: Forward) {
     if !have_gtlsclient() {
         return;
     }
     bounded(LIMIT, async {
         const N: u64 = 2_000_000;
-        let rm = Ringmux::start(3, Forward::Unix, &[]);
+        let rm = Ringmux::start(3, forward, &[]);
         let dir = download_dir(&rm, "dl");
         let log = gtls(
             &rm,
@@ -703,8 +723,8 @@ async fn aioquic_20_connections() {
     .await
 }
 
-async fn aioquic_migration(scenario: &str) {
-    let rm = Ringmux::start(3, Forward::Shm, &[]);
+async fn aioquic_migration(scenario: &str, forward: Forward) {
+    let rm = Ringmux::start(3, forward, &[]);
     let dcid = format!("--dcid={}", hex(&rm.dcid_for(1, 8)));
     let j = aioquic(&rm, scenario, &[dcid]).await;
     assert_eq!(bodies(&j), 2);
@@ -726,7 +746,16 @@ async fn aioquic_rebinding() {
     if !have_aioquic() {
         return;
     }
-    bounded(LIMIT, aioquic_migration("migrate")).await
+    bounded(LIMIT, aioquic_migration("migrate", Forward::Shm)).await
+}
+
+/// NAT rebinding under kernel steering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_rebinding_reuseport() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, aioquic_migration("migrate", Forward::Reuseport)).await
 }
 
 /// A new socket mid-download and a switch to another server-issued CID (active migration).
@@ -735,7 +764,16 @@ async fn aioquic_migration_new_cid() {
     if !have_aioquic() {
         return;
     }
-    bounded(LIMIT, aioquic_migration("migrate_cid")).await
+    bounded(LIMIT, aioquic_migration("migrate_cid", Forward::Shm)).await
+}
+
+/// Active migration to another server-issued CID under kernel steering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aioquic_migration_new_cid_reuseport() {
+    if !have_aioquic() {
+        return;
+    }
+    bounded(LIMIT, aioquic_migration("migrate_cid", Forward::Reuseport)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

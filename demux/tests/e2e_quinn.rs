@@ -495,3 +495,87 @@ async fn upgrade_keeps_connections_unix() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_keeps_connections_reuseport() {
+    bounded(
+        Duration::from_secs(90),
+        reload_keeps_connections(Forward::Reuseport),
+    )
+    .await;
+}
+
+/// A quinn client whose connections start with DCIDs the kernel's steering program sends to
+/// `instance`: it spreads client-chosen DCIDs by their first four octets, read as a big-endian
+/// number, modulo the instances (`demux/src/forward/steering.rs`).
+fn steered_client(rm: &Ringmux, instance: u8) -> ringmux_bench::client::H3Client {
+    let mut client = rm.client();
+    client.set_initial_dst_cid_provider(Arc::new(move || {
+        let mut dcid = harness::random_u64().to_be_bytes();
+        dcid[..4].copy_from_slice(&u32::from(instance).to_be_bytes());
+        quinn::ConnectionId::new(&dcid)
+    }));
+    client
+}
+
+/// Kernel steering (`--forward reuseport`): each connection reaches the instance the program
+/// picks from its first DCID and stays there on the CIDs that instance issued, bodies arrive
+/// whole, and the demux itself receives nothing (it only supervises).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reuseport_steers_each_connection_to_its_instance() {
+    bounded(LIMIT, async {
+        const N: u8 = 3;
+        let rm = Ringmux::start(N, Forward::Reuseport, &[]);
+        for i in 0..N {
+            let conn = rm.connect(&steered_client(&rm, i)).await;
+            let n = 40_000 + u64::from(i) * 7919;
+            let resp = conn.get(&format!("/bytes/{n}")).await.expect("GET");
+            check_bytes(&format!("instance {i}"), &resp, n);
+            conn.close().await.expect("clean close");
+            rm.wait_for(
+                "the instance to report its connection",
+                Duration::from_secs(5),
+                |m| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i) >= 1.0,
+            )
+            .await;
+        }
+        let m = rm.metrics();
+        for i in 0..N {
+            assert_eq!(
+                m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i),
+                1.0,
+                "instance {i}:\n{m}"
+            );
+            assert!(m.instance(names::WORKER_DATAGRAMS, i) > 0.0, "{m}");
+        }
+        assert_eq!(
+            m.get(names::RECEIVED),
+            0.0,
+            "datagrams reached the demux's own socket: the kernel did not steer them\n{m}"
+        );
+    })
+    .await
+}
+
+/// `ringmux upgrade` cannot take a reuseport group over yet: it says so, and the demux serves
+/// on with every worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_in_reuseport_mode_is_refused_and_nothing_changes() {
+    bounded(LIMIT, async {
+        let rm = Ringmux::start(2, Forward::Reuseport, &[]);
+        let pids = rm.worker_pids().await;
+        let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+        assert!(!ok, "an upgrade went through: {text}");
+        assert!(text.contains("reuseport"), "{text}");
+        for i in 0..2 {
+            let conn = rm.connect(&steered_client(&rm, i)).await;
+            check_bytes(
+                "after the refusal",
+                &conn.get("/bytes/999").await.expect("GET"),
+                999,
+            );
+        }
+        assert_eq!(rm.worker_pids().await, pids);
+    })
+    .await
+}

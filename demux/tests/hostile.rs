@@ -24,6 +24,11 @@ fn fault_worker() -> PathBuf {
 
 /// Starts 2 instances whose instance 1 plays `fault` once.
 fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
+    start_faulty_in(Forward::Shm, fault, extra, dir)
+}
+
+/// [`start_faulty`] in forwarding mode `forward`.
+fn start_faulty_in(forward: Forward, fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
     let env = [
         ("RINGMUX_FAULT", fault.to_string()),
         ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
@@ -36,7 +41,7 @@ fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
             harness::worker_bin().to_string_lossy().into_owned(),
         ),
     ];
-    Ringmux::start_with(2, Forward::Shm, extra, fault_worker(), &env)
+    Ringmux::start_with(2, forward, extra, fault_worker(), &env)
 }
 
 /// `bin` in `dir` (a hard link, or a copy across file systems), executable by anyone.
@@ -940,6 +945,61 @@ async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
         );
         // Instance 0 serves on.
         instance0_serves(&rm).await;
+    })
+    .await;
+}
+
+/// Under kernel steering (`--forward reuseport`) a confined worker receives on its own socket
+/// of the group, but cannot replace or detach the program that steers every instance's
+/// datagrams, join the group with another socket, connect its socket to a client's address,
+/// or swap the descriptor; then, as the real worker in the same confined process, it serves,
+/// and so does instance 0, with every datagram steered by the kernel (none reaches the demux).
+#[tokio::test]
+async fn a_confined_worker_cannot_steal_the_kernels_steering() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-steering");
+        let rm = start_faulty_in(Forward::Reuseport, "steal-steering", &[], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["receive-own-socket"], "EAGAIN");
+        assert_outcomes(
+            &r,
+            &[
+                "attach-program",
+                "detach-program",
+                "join-group",
+                "connect-own-socket",
+                "replace-own-socket",
+                "close-own-socket",
+            ],
+            "EPERM",
+        );
+        for i in 0..2u8 {
+            let mut client = rm.client();
+            // The program spreads client-chosen DCIDs by their first four octets as a
+            // big-endian number, modulo the instances.
+            client.set_initial_dst_cid_provider(std::sync::Arc::new(move || {
+                let mut dcid = harness::random_u64().to_be_bytes();
+                dcid[..4].copy_from_slice(&u32::from(i).to_be_bytes());
+                quinn::ConnectionId::new(&dcid)
+            }));
+            let conn = rm.connect(&client).await;
+            check_bytes(
+                &format!("instance {i}"),
+                &conn.get("/bytes/5000").await.expect("GET"),
+                5000,
+            );
+        }
+        let m = rm
+            .wait_for(
+                "both workers to report their connection",
+                Duration::from_secs(10),
+                |m| (0..2).all(|i| m.instance(names::WORKER_CONNECTIONS_ACCEPTED, i) >= 1.0),
+            )
+            .await;
+        for i in 0..2 {
+            assert_eq!(m.instance(names::WORKER_RESTARTS, i), 0.0, "{m}");
+        }
+        assert_eq!(m.get(names::RECEIVED), 0.0, "{m}");
     })
     .await;
 }

@@ -21,6 +21,10 @@ pub enum IngressKind {
     Shm,
     /// One `SOCK_SEQPACKET` message per datagram (the baseline design): one descriptor.
     Unix,
+    /// Kernel steering: the worker receives and sends on its own `SO_REUSEPORT` socket of the
+    /// public address, at [`crate::PUBLIC_FD`]; the kernel's steering program picks it by
+    /// connection ID. No ingress descriptor comes with the hand-off.
+    Reuseport,
 }
 
 impl IngressKind {
@@ -29,6 +33,7 @@ impl IngressKind {
         match self {
             IngressKind::Shm => "shm",
             IngressKind::Unix => "unix",
+            IngressKind::Reuseport => "reuseport",
         }
     }
 
@@ -37,6 +42,7 @@ impl IngressKind {
         match self {
             IngressKind::Shm => 3,
             IngressKind::Unix => 1,
+            IngressKind::Reuseport => 0,
         }
     }
 }
@@ -291,6 +297,7 @@ impl Handoff {
             ingress: match get("ingress")? {
                 "shm" => IngressKind::Shm,
                 "unix" => IngressKind::Unix,
+                "reuseport" => IngressKind::Reuseport,
                 other => return Err(field("ingress", format!("unknown {other:?}"))),
             },
             spin_us: num("spin_us", get("spin_us")?)?,

@@ -67,7 +67,11 @@ fn handoff_fields_match() {
 #[test]
 fn descriptor_table_matches_the_counts() {
     let rows = rows("Descriptors");
-    for (column, kind) in [(1, IngressKind::Shm), (2, IngressKind::Unix)] {
+    for (column, kind) in [
+        (1, IngressKind::Shm),
+        (2, IngressKind::Unix),
+        (3, IngressKind::Reuseport),
+    ] {
         let listed = rows.iter().filter(|r| !r[column].is_empty()).count();
         assert_eq!(listed, kind.fd_count() + 1, "{kind:?}");
         let last = rows.iter().rfind(|r| !r[column].is_empty()).unwrap();

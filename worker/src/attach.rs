@@ -70,7 +70,7 @@ use crate::control::{self, ControlError};
 use crate::ingress::Ingress;
 use crate::quic::{endpoint_config, server_config, ServerOptions};
 use crate::sessions::RemoteSessionStore;
-use crate::socket::{IngressStats, RingSocket};
+use crate::socket::{CountingSocket, IngressStats, RingSocket};
 use crate::sys::{self, SockType};
 use crate::tls::{CertChain, TlsError, TICKETS_PER_HANDSHAKE};
 
@@ -174,7 +174,9 @@ pub struct Worker {
 struct Parts {
     control: OwnedFd,
     public: OwnedFd,
-    ingress: Ingress,
+    /// The ring or unix ingress; `None` with kernel steering (`ingress=reuseport`): the
+    /// worker receives on its own socket at descriptor 4.
+    ingress: Option<Ingress>,
 }
 
 impl fmt::Debug for Worker {
@@ -237,15 +239,16 @@ impl Worker {
                 .ok_or_else(|| bad("descriptors", format!("{what} missing")))
         };
         let ingress = match h.ingress {
-            IngressKind::Shm => {
+            IngressKind::Reuseport => None,
+            IngressKind::Shm => Some({
                 let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
                 let spin = Duration::from_micros(u64::from(h.spin_us));
                 Ingress::Ring(
                     Consumer::attach(ring, page, bell, h.generation, spin)
                         .map_err(|e| bad("ring", e.to_string()))?,
                 )
-            }
-            IngressKind::Unix => Ingress::Unix(next("unix ingress socket")?),
+            }),
+            IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
         };
         let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
         let (drain_tx, _) = watch::channel(false);
@@ -368,9 +371,20 @@ impl Worker {
             .take()
             .ok_or_else(|| AttachError::Conflict("Worker::endpoint was called twice".into()))?;
         let io = |what| move |source| AttachError::Io { what, source };
-        let socket = RingSocket::new(parts.ingress, parts.public, self.public_addr)
-            .map_err(io("setting up the ingress socket"))?;
-        let ingress_stats = socket.stats();
+        let (socket, ingress_stats): (Arc<dyn quinn::AsyncUdpSocket>, _) = match parts.ingress {
+            Some(ingress) => {
+                let socket = RingSocket::new(ingress, parts.public, self.public_addr)
+                    .map_err(io("setting up the ingress socket"))?;
+                let stats = socket.stats();
+                (Arc::new(socket), stats)
+            }
+            None => {
+                let socket = CountingSocket::new(parts.public)
+                    .map_err(io("setting up the worker's own socket"))?;
+                let stats = socket.stats();
+                (Arc::new(socket), stats)
+            }
+        };
         let (lb, instance, lifetime) = (self.lb.clone(), self.instance, self.cid_lifetime);
         let slot = ringmux_proto::generation_slot(self.worker_generation);
         let factory = move || -> Box<dyn quinn::ConnectionIdGenerator> {
@@ -383,7 +397,7 @@ impl Worker {
         let endpoint = quinn::Endpoint::new_with_abstract_socket(
             endpoint_config(&self.keys.stateless_reset, factory),
             Some(server),
-            Arc::new(socket),
+            socket,
             Arc::new(quinn::TokioRuntime),
         )
         .map_err(io("creating the quinn endpoint"))?;
@@ -446,7 +460,13 @@ impl Worker {
             self.instance,
             ringmux_proto::generation_slot(self.worker_generation),
         );
-        crate::sink::run(parts.ingress, router, lane, parts.control).map_err(io("sink"))
+        let ingress = parts.ingress.ok_or_else(|| AttachError::Handoff {
+            what: "ingress",
+            problem: "the benchmark sink drains a ring or unix ingress, not a socket of its own \
+                      (--forward reuseport)"
+                .into(),
+        })?;
+        crate::sink::run(ingress, router, lane, parts.control).map_err(io("sink"))
     }
 }
 

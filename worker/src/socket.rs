@@ -206,3 +206,87 @@ impl AsFd for RingSocket {
         self.tx.as_fd()
     }
 }
+
+/// The worker's own socket of its lane (`ingress=reuseport`, kernel steering): quinn's own
+/// tokio socket, receiving and sending, with the datagrams it receives counted for the
+/// demux's metrics. Nothing else differs from a plain quinn endpoint.
+pub struct CountingSocket {
+    inner: Arc<dyn AsyncUdpSocket>,
+    stats: Arc<IngressStats>,
+}
+
+impl CountingSocket {
+    /// Wraps `socket` (the worker's descriptor 4). Must run inside a tokio runtime.
+    pub fn new(socket: OwnedFd) -> io::Result<Self> {
+        let socket = std::net::UdpSocket::from(socket);
+        socket.set_nonblocking(true)?;
+        let inner = quinn::Runtime::wrap_udp_socket(&quinn::TokioRuntime, socket)?;
+        Ok(CountingSocket {
+            inner,
+            stats: Arc::default(),
+        })
+    }
+
+    /// The counters, shared.
+    pub fn stats(&self) -> Arc<IngressStats> {
+        self.stats.clone()
+    }
+}
+
+impl fmt::Debug for CountingSocket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountingSocket")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl AsyncUdpSocket for CountingSocket {
+    fn create_io_poller(self: Arc<Self>) -> Pin<Box<dyn UdpPoller>> {
+        self.inner.clone().create_io_poller()
+    }
+
+    fn try_send(&self, transmit: &Transmit) -> io::Result<()> {
+        let sent = self.inner.try_send(transmit);
+        if matches!(&sent, Err(e) if e.kind() == io::ErrorKind::WouldBlock) {
+            self.stats.send_would_block.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    fn poll_recv(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &mut [IoSliceMut<'_>],
+        meta: &mut [RecvMeta],
+    ) -> Poll<io::Result<usize>> {
+        let polled = self.inner.poll_recv(cx, bufs, meta);
+        if let Poll::Ready(Ok(n)) = &polled {
+            // A GRO train counts as the datagrams it carries.
+            let datagrams: usize = meta[..*n]
+                .iter()
+                .map(|m| m.len.div_ceil(m.stride.max(1)))
+                .sum();
+            self.stats
+                .received
+                .fetch_add(datagrams as u64, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+
+    fn max_transmit_segments(&self) -> usize {
+        self.inner.max_transmit_segments()
+    }
+
+    fn max_receive_segments(&self) -> usize {
+        self.inner.max_receive_segments()
+    }
+
+    fn may_fragment(&self) -> bool {
+        self.inner.may_fragment()
+    }
+}

@@ -7,12 +7,15 @@
 //! | `shm` | [`shm`] | a ring slot, published once per batch | ring memfd, consumer page, doorbell |
 //! | `unix` | [`unix`] | one `sendmsg` on a `SOCK_SEQPACKET` socket (the baseline) | the socket's other end |
 //! | `drop` | [`drop`](mod@drop) | nothing: routed and discarded (the benchmarks' floor) | an idle ring |
+//! | `reuseport` | [`reuseport`] | nothing: the kernel steers each datagram to its lane's socket ([`steering`]) | its lane's `SO_REUSEPORT` socket, as descriptor 4 |
 //!
 //! Adding a mode: a file here implementing [`Forward`], a variant of `config::ForwardMode`,
 //! and one line in [`start`].
 
 pub mod drop;
+pub mod reuseport;
 pub mod shm;
+pub mod steering;
 pub mod unix;
 
 use std::io;
@@ -65,6 +68,10 @@ pub trait Forward: Send + 'static {
     /// `None`: the lane has no ingress.
     fn export(&mut self, lane: usize) -> io::Result<Option<crate::upgrade::IngressState>>;
 
+    /// New connections go to the lanes of generation slot `slot` from now on (a reload). Only
+    /// a mode that steers without the data plane needs to hear of it.
+    fn activate(&mut self, _slot: u8) {}
+
     /// The gauges of instance `inst`'s ingress, when the mode has any (rings do).
     fn gauges(&mut self, _inst: usize) -> Option<Gauges> {
         None
@@ -90,6 +97,9 @@ pub enum IngressHandles {
     Shm([OwnedFd; 3], u64),
     /// The worker's end of its `SOCK_SEQPACKET` socket.
     Unix(OwnedFd),
+    /// The lane's socket in the public address's `SO_REUSEPORT` group: the worker's
+    /// descriptor 4, in place of the demux's public socket.
+    Reuseport(OwnedFd),
 }
 
 impl IngressHandles {
@@ -98,6 +108,7 @@ impl IngressHandles {
         match self {
             IngressHandles::Shm(..) => IngressKind::Shm,
             IngressHandles::Unix(_) => IngressKind::Unix,
+            IngressHandles::Reuseport(_) => IngressKind::Reuseport,
         }
     }
 }
@@ -111,6 +122,8 @@ pub struct Setup<'a> {
     /// Occupancy (slots) from which a ring admits no new connections (`--initial-shed-at`);
     /// `u64::MAX`: never.
     pub shed_at: u64,
+    /// `reuseport` mode: the group to build (`None` in every other mode).
+    pub group: Option<reuseport::Group>,
 }
 
 /// Something that runs with any forwarding mode: `start` calls it with the mode the
@@ -132,6 +145,12 @@ pub fn adopt<W: WithForward>(
         ForwardMode::Shm => with.run(shm::Shm::adopt(&setup, lanes)?, Vec::new()),
         ForwardMode::Unix => with.run(unix::Unix::adopt(&setup, lanes)?, Vec::new()),
         ForwardMode::Drop => with.run(drop::Drop::adopt(&setup, lanes)?, Vec::new()),
+        ForwardMode::Reuseport => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a --forward reuseport group cannot be taken over by a new process image",
+            ))
+        }
     })
 }
 
@@ -139,7 +158,7 @@ pub fn adopt<W: WithForward>(
 /// and runs `with` on it.
 pub fn start<W: WithForward>(
     mode: ForwardMode,
-    setup: Setup<'_>,
+    mut setup: Setup<'_>,
     with: W,
 ) -> io::Result<W::Output> {
     Ok(match mode {
@@ -153,6 +172,16 @@ pub fn start<W: WithForward>(
         }
         ForwardMode::Drop => {
             let (f, h) = drop::Drop::create(&setup)?;
+            with.run(f, h)
+        }
+        ForwardMode::Reuseport => {
+            let group = setup.group.take().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "reuseport mode without its group",
+                )
+            })?;
+            let (f, h) = reuseport::Reuseport::create(&setup, group)?;
             with.run(f, h)
         }
     })

@@ -56,6 +56,9 @@ drop_reasons! {
     /// A new connection's packet from a source prefix past its budget while under pressure
     /// (`--prefix-budget`).
     PrefixBudget => "prefix_budget",
+    /// reuseport mode: a datagram the kernel's steering program left to the demux's own
+    /// socket (it never should): not delivered.
+    Unsteered => "unsteered",
 }
 
 // The data plane indexes its drop counters with `reason as usize`: every index must be the

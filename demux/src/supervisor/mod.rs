@@ -174,7 +174,9 @@ impl Supervisor {
         let lanes = n * usize::from(ringmux_proto::GENERATION_SLOTS);
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
         let filter = match cfg.args.sandbox {
-            crate::config::Toggle::On => Some(WorkerFilter::compile()?),
+            crate::config::Toggle::On => Some(WorkerFilter::compile(
+                cfg.args.forward == crate::config::ForwardMode::Reuseport,
+            )?),
             crate::config::Toggle::Off => None,
         };
         Ok(Supervisor {
@@ -804,12 +806,15 @@ impl Supervisor {
         h.cpu = self.cfg.worker_cpu(i);
         h.ingress = handles.kind();
         let mut fds: Vec<OwnedFd> = Vec::new();
+        // Descriptor 4: the demux's public socket, or in reuseport mode the lane's own.
+        let mut own_socket = None;
         match handles {
             IngressHandles::Shm([r, p, b], generation) => {
                 h.generation = generation;
                 fds.extend([r, p, b]);
             }
             IngressHandles::Unix(u) => fds.push(u),
+            IngressHandles::Reuseport(s) => own_socket = Some(s),
         }
         fds.push(sess_theirs);
         let mut cmd = Process::new(self.cfg.worker_program());
@@ -837,7 +842,9 @@ impl Supervisor {
         }
         let setup = sys::WorkerSetup {
             control: theirs.as_fd(),
-            public: self.public.as_fd(),
+            public: own_socket
+                .as_ref()
+                .map_or(self.public.as_fd(), |s| s.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),
             // A worker that runs as root (no --worker-user) keeps root's user ID but none of

@@ -13,6 +13,15 @@
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
 //! | the public socket (descriptor 4) | receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`, `fcntl` `F_SETFL` and `ioctl` `FIONBIO`/`FIOASYNC`: its file status flags are the demux's too), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`) |
 //! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (descriptor 3, which only the demux writes), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; and to keep descriptor 3 that socket, `close`, `close_range` over it, `dup2`/`dup3` onto it, `fcntl(3, F_SETFD)` (close-on-exec); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
+//! | kernel steering (`--forward reuseport`) | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group) and `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams) |
+//!
+//! With `--forward reuseport` ([`WorkerFilter::compile`] with `own_socket`) descriptor 4 is the
+//! worker's own socket of its lane in the group, not the demux's: receiving on it
+//! (`recvmsg`/`recvmmsg` too), its options and its status flags are the worker's. Still refused
+//! on it: `connect` (a connected socket in the group would take a client's datagrams from
+//! whichever worker owns them), `bind`, `listen`, `accept`, `shutdown`, and duplicating or
+//! replacing it (`dup`, `dup2`/`dup3` from or onto it, `F_DUPFD`, `close`, `close_range` over
+//! it, close-on-exec), so that no copy escapes the rules on descriptor 4.
 //!
 //! A worker keeps everything else: threads, files, TCP and UDP sockets of its own, `execve`
 //! (the filter goes with it). The system calls are named for this build's architecture
@@ -62,15 +71,16 @@ pub enum SandboxError {
 }
 
 impl WorkerFilter {
-    /// Compiles the filter for the architecture this demux runs on.
-    pub fn compile() -> Result<Self, SandboxError> {
+    /// Compiles the filter for the architecture this demux runs on. `own_socket`: descriptor
+    /// 4 is the worker's own socket (`--forward reuseport`), not the demux's public socket.
+    pub fn compile(own_socket: bool) -> Result<Self, SandboxError> {
         let arch = match std::env::consts::ARCH {
             "x86_64" => TargetArch::x86_64,
             "aarch64" => TargetArch::aarch64,
             other => return Err(SandboxError::Architecture(other)),
         };
         let refusals = SeccompFilter::new(
-            refusals()?,
+            refusals(own_socket)?,
             SeccompAction::Allow,
             SeccompAction::Errno(libc::EPERM as u32),
             arch,
@@ -113,7 +123,9 @@ fn always() -> Vec<SeccompRule> {
 }
 
 /// Syscall number → rules (any rule matching refuses; no rule at all refuses always).
-fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+fn refusals(
+    own_socket: bool,
+) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     use SeccompCmpOp::{Eq, MaskedEq, Ne};
     let mut r: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let not_self = |arg| arg32(arg, Ne, u64::from(SELF_PID));
@@ -195,16 +207,48 @@ fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendErr
             )])?,
         ],
     );
-    // The public socket: receive, change, duplicate.
+    // The public socket: receive, change, duplicate. A socket of its own (reuseport): change
+    // its place in the group, duplicate.
+    let receive: &[i64] = if own_socket {
+        &[]
+    } else {
+        &[
+            libc::SYS_read,
+            libc::SYS_readv,
+            libc::SYS_pread64,
+            libc::SYS_preadv,
+            libc::SYS_preadv2,
+            libc::SYS_recvfrom,
+            libc::SYS_splice,
+        ]
+    };
+    for &nr in receive {
+        r.insert(nr, vec![all(vec![on_public(0)])?]);
+    }
+    // setsockopt(fd, level, name): on the public socket anything; on any socket, joining a
+    // reuseport group or changing its steering program (include/uapi/asm-generic/socket.h,
+    // the same numbers on x86_64 and aarch64).
+    const SO_REUSEPORT: u64 = 15;
+    const SO_ATTACH_REUSEPORT_CBPF: u64 = 51;
+    const SO_ATTACH_REUSEPORT_EBPF: u64 = 52;
+    const SO_DETACH_REUSEPORT_BPF: u64 = 68;
+    let mut setsockopt = Vec::new();
+    if !own_socket {
+        setsockopt.push(all(vec![on_public(0)])?);
+    }
+    for name in [
+        SO_REUSEPORT,
+        SO_ATTACH_REUSEPORT_CBPF,
+        SO_ATTACH_REUSEPORT_EBPF,
+        SO_DETACH_REUSEPORT_BPF,
+    ] {
+        setsockopt.push(all(vec![
+            arg32(1, Eq, libc::SOL_SOCKET as u64),
+            arg32(2, Eq, name),
+        ])?);
+    }
+    r.insert(libc::SYS_setsockopt, setsockopt);
     for nr in [
-        libc::SYS_read,
-        libc::SYS_readv,
-        libc::SYS_pread64,
-        libc::SYS_preadv,
-        libc::SYS_preadv2,
-        libc::SYS_recvfrom,
-        libc::SYS_splice,
-        libc::SYS_setsockopt,
         libc::SYS_connect,
         libc::SYS_bind,
         libc::SYS_listen,
@@ -219,27 +263,39 @@ fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendErr
     // socket alone, whose peer is the demux. So a copy of descriptor 4 sent over a socket pair
     // of the worker's own never arrives. Descriptor 3 stays that socket: it cannot be closed,
     // replaced or marked close-on-exec (after which a new socket could take its number).
+    // A socket of its own at 4 is kept the same way, and may receive.
     let control = ringmux_proto::CONTROL_FD as u64;
+    let kept: &[u64] = if own_socket {
+        &[control, PUBLIC_FD]
+    } else {
+        &[control]
+    };
+    let receiving_elsewhere: Vec<SeccompCondition> =
+        kept.iter().map(|&fd| arg32(0, Ne, fd)).collect();
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
-        r.insert(nr, vec![all(vec![arg32(0, Ne, control)])?]);
+        r.insert(nr, vec![all(receiving_elsewhere.clone())?]);
     }
-    r.insert(libc::SYS_close, vec![all(vec![arg32(0, Eq, control)])?]);
-    r.insert(
-        libc::SYS_close_range,
-        vec![all(vec![
-            arg32(0, SeccompCmpOp::Le, control),
-            arg32(1, SeccompCmpOp::Ge, control),
-        ])?],
-    );
+    let mut close = Vec::new();
+    let mut close_range = Vec::new();
+    for &fd in kept {
+        close.push(all(vec![arg32(0, Eq, fd)])?);
+        close_range.push(all(vec![
+            arg32(0, SeccompCmpOp::Le, fd),
+            arg32(1, SeccompCmpOp::Ge, fd),
+        ])?);
+    }
+    r.insert(libc::SYS_close, close);
+    r.insert(libc::SYS_close_range, close_range);
     #[cfg(target_arch = "x86_64")]
     let dup2 = [libc::SYS_dup2, libc::SYS_dup3];
     #[cfg(not(target_arch = "x86_64"))]
     let dup2 = [libc::SYS_dup3];
     for nr in dup2 {
-        r.insert(
-            nr,
-            vec![all(vec![on_public(0)])?, all(vec![arg32(1, Eq, control)])?],
-        );
+        let mut rules = vec![all(vec![on_public(0)])?];
+        for &fd in kept {
+            rules.push(all(vec![arg32(1, Eq, fd)])?);
+        }
+        r.insert(nr, rules);
     }
     // sendfile(out, in): from the public socket.
     r.insert(libc::SYS_sendfile, vec![all(vec![on_public(1)])?]);
@@ -250,37 +306,39 @@ fn refusals() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendErr
     const F_SETOWN_EX: u64 = 15;
     const FIOSETOWN: u64 = 0x8901;
     const SIOCSPGRP: u64 = 0x8902;
-    r.insert(
-        libc::SYS_fcntl,
-        vec![
-            all(vec![on_public(0), arg32(1, Eq, libc::F_DUPFD as u64)])?,
-            all(vec![
-                on_public(0),
-                arg32(1, Eq, libc::F_DUPFD_CLOEXEC as u64),
-            ])?,
-            all(vec![
-                arg32(0, Eq, control),
-                arg32(1, Eq, libc::F_SETFD as u64),
-            ])?,
-            // The file status flags of the public socket's description are the demux's too:
-            // clearing O_NONBLOCK would make its receive loop block.
-            all(vec![on_public(0), arg32(1, Eq, libc::F_SETFL as u64)])?,
-            all(vec![arg32(1, Eq, libc::F_SETOWN as u64)])?,
-            all(vec![arg32(1, Eq, F_SETOWN_EX)])?,
-            all(vec![arg32(1, Eq, F_SETSIG)])?,
-        ],
-    );
+    let mut fcntl = vec![
+        all(vec![on_public(0), arg32(1, Eq, libc::F_DUPFD as u64)])?,
+        all(vec![
+            on_public(0),
+            arg32(1, Eq, libc::F_DUPFD_CLOEXEC as u64),
+        ])?,
+        all(vec![arg32(1, Eq, libc::F_SETOWN as u64)])?,
+        all(vec![arg32(1, Eq, F_SETOWN_EX)])?,
+        all(vec![arg32(1, Eq, F_SETSIG)])?,
+    ];
+    for &fd in kept {
+        fcntl.push(all(vec![
+            arg32(0, Eq, fd),
+            arg32(1, Eq, libc::F_SETFD as u64),
+        ])?);
+    }
+    if !own_socket {
+        // The file status flags of the public socket's description are the demux's too:
+        // clearing O_NONBLOCK would make its receive loop block.
+        fcntl.push(all(vec![on_public(0), arg32(1, Eq, libc::F_SETFL as u64)])?);
+    }
+    r.insert(libc::SYS_fcntl, fcntl);
     const FIONBIO: u64 = 0x5421;
     const FIOASYNC: u64 = 0x5452;
-    r.insert(
-        libc::SYS_ioctl,
-        vec![
-            all(vec![arg32(1, Eq, FIOSETOWN)])?,
-            all(vec![arg32(1, Eq, SIOCSPGRP)])?,
-            all(vec![on_public(0), arg32(1, Eq, FIONBIO)])?,
-            all(vec![on_public(0), arg32(1, Eq, FIOASYNC)])?,
-        ],
-    );
+    let mut ioctl = vec![
+        all(vec![arg32(1, Eq, FIOSETOWN)])?,
+        all(vec![arg32(1, Eq, SIOCSPGRP)])?,
+    ];
+    if !own_socket {
+        ioctl.push(all(vec![on_public(0), arg32(1, Eq, FIONBIO)])?);
+        ioctl.push(all(vec![on_public(0), arg32(1, Eq, FIOASYNC)])?);
+    }
+    r.insert(libc::SYS_ioctl, ioctl);
     Ok(r)
 }
 
@@ -325,7 +383,13 @@ mod tests {
 
     #[test]
     fn the_placeholder_is_no_other_constant_and_is_replaced() {
-        let compiled = WorkerFilter::compile().unwrap();
+        for own_socket in [false, true] {
+            placeholder_replaced(own_socket);
+        }
+    }
+
+    fn placeholder_replaced(own_socket: bool) {
+        let compiled = WorkerFilter::compile(own_socket).unwrap();
         // Instructions that carry the placeholder: one per "not self" condition.
         let count = |f: &WorkerFilter, k| f.programs().flatten().filter(|i| i.k == k).count();
         let placeholders = count(&compiled, SELF_PID);

@@ -33,6 +33,8 @@ pub const SERVER_NAME: &str = "localhost";
 pub enum Forward {
     Shm,
     Unix,
+    /// Kernel steering (`--forward reuseport`, which brings `--plaintext-cids`).
+    Reuseport,
 }
 
 impl Forward {
@@ -40,6 +42,7 @@ impl Forward {
         match self {
             Forward::Shm => "shm",
             Forward::Unix => "unix",
+            Forward::Reuseport => "reuseport",
         }
     }
 }
@@ -113,7 +116,8 @@ impl Ringmux {
             node_id: vec![0],
             instance_count: instances,
             nonce_len: 14,
-            key: Some(keys.quic_lb),
+            key: (forward != Forward::Reuseport && !extra.contains(&"--plaintext-cids"))
+                .then_some(keys.quic_lb),
         };
         let router = Router::new(&lb, keys.routing_hash).expect("QUIC-LB router");
 
@@ -146,6 +150,9 @@ impl Ringmux {
             "--key-file",
             &key_file_arg,
         ]);
+        if forward == Forward::Reuseport && !extra.contains(&"--plaintext-cids") {
+            args.push("--plaintext-cids");
+        }
         args.extend_from_slice(extra);
         let mut child = Command::new(demux)
             .args(&args)

@@ -35,6 +35,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "fork" => fork(&mut out),
         "recv-public" => recv_public(&mut out),
         "reload" => reload(&mut out),
+        "steal-steering" => steal_steering(&mut out),
         _ => return None,
     }
     Some(out)
@@ -244,6 +245,89 @@ fn fork(out: &mut Outcomes) {
             Err(e) => format!("{:?}", Errno::from_raw(e.raw_os_error().unwrap_or(0))),
         },
     ));
+}
+
+/// Under kernel steering (`--forward reuseport`) descriptor 4 is the worker's own socket in
+/// the group: it may receive on it, but not take other instances' datagrams by replacing the
+/// group's steering program, joining the group with another socket, connecting its socket to
+/// a client's address, or swapping the descriptor for one the rules do not cover.
+fn steal_steering(out: &mut Outcomes) {
+    let mut buf = [0u8; 2048];
+    // SAFETY: a buffer of ours and its length.
+    let r = unsafe {
+        libc::recv(
+            PUBLIC,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    out.push(("receive-own-socket", raw(r as libc::c_long)));
+    // A program that sends everything to the group's second socket.
+    let mut steal = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 1,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: steal.as_mut_ptr(),
+    };
+    let setsockopt = |fd: i32, name: i32, value: *const libc::c_void, len: usize| {
+        // SAFETY: `value` points at `len` bytes that live across the call.
+        raw(
+            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, name, value, len as libc::socklen_t) }
+                as libc::c_long,
+        )
+    };
+    out.push((
+        "attach-program",
+        setsockopt(
+            PUBLIC,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>(),
+        ),
+    ));
+    const SO_DETACH_REUSEPORT_BPF: i32 = 68;
+    let zero: libc::c_int = 0;
+    out.push((
+        "detach-program",
+        setsockopt(
+            PUBLIC,
+            SO_DETACH_REUSEPORT_BPF,
+            (&zero as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>(),
+        ),
+    ));
+    let one: libc::c_int = 1;
+    let other = std::net::UdpSocket::bind("127.0.0.1:0").map(OwnedFd::from);
+    let join = match &other {
+        Ok(s) => setsockopt(
+            s.as_raw_fd(),
+            libc::SO_REUSEPORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>(),
+        ),
+        Err(e) => format!("no socket: {e}"),
+    };
+    out.push(("join-group", join));
+    let victim = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 9);
+    out.push((
+        "connect-own-socket",
+        outcome(nix::sys::socket::connect(PUBLIC, &victim)),
+    ));
+    if refused(out, "connect-own-socket") {
+        if let Ok(s) = &other {
+            // SAFETY: both descriptors are open; refused, this changes nothing.
+            let r = unsafe { libc::dup2(s.as_raw_fd(), PUBLIC) };
+            out.push(("replace-own-socket", raw(r as libc::c_long)));
+        }
+        // SAFETY: closing a descriptor number; refused, nothing is closed.
+        let r = unsafe { libc::close(PUBLIC) };
+        out.push(("close-own-socket", raw(r as libc::c_long)));
+    }
 }
 
 fn recv_public(out: &mut Outcomes) {

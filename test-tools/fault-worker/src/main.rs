@@ -18,8 +18,9 @@
 //!   and sockets, clearing `O_NONBLOCK` and writing the doorbell; then dies), and the attacks on
 //!   the confinement, each recorded in `MARKER.report` before the real worker is exec'd in
 //!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`, `reload` (asks
-//!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`)
-//!   (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
+//!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`),
+//!   `steal-steering` (under `--forward reuseport`: change the kernel's steering, join the
+//!   group, connect or swap its own socket) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
 //!   reached it, tries to take a session whose ClientHello went to another instance and one
 //!   whose ClientHello came to it, and records both answers);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
