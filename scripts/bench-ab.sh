@@ -4,8 +4,12 @@
 # per mode, median (min–max) over the rounds of: requests/s, latency p50/p99, errors, and the
 # demux's data-plane CPU per datagram (from /proc/PID/task/TID/schedstat and
 # ringmux_datagrams_received_total, read around the probe run, handshakes included) and the
-# workers' CPU per request, and the shm/unix ratios within each round. Checks the issue's
+# workers' CPU per request, the whole box's busy CPU per request (every CPU, /proc/stat: the
+# client, the demux, the workers and the kernel's network work), and the shm/unix (and, with
+# kernel steering among the modes, shm/reuseport) ratios within each round. Checks the issue's
 # targets on the medians of those ratios: shm req/s >= unix, shm p99 no worse, zero errors.
+# Modes: shm, unix, drop, reuseport (kernel steering; then every mode of the run gets
+# --plaintext-cids, so that all route alike).
 #
 # The client runs on the same machine as the server: on a 2-CPU box it competes with the
 # demux and the workers, so compare modes within a run, not with other machines.
@@ -89,6 +93,10 @@ workers_cpu_ns() {
   done
   echo "$s"
 }
+# box_busy_ns: busy time of every CPU since boot (user, nice, system, irq, softirq, steal).
+box_busy_ns() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.0f\n", ($2 + $3 + $4 + $7 + $8 + $9) * 1e9 / hz }' /proc/stat
+}
 # summary VALUES...: "median (min–max)" of numbers.
 summary() {
   printf '%s\n' "$@" | sort -g | awk '
@@ -102,14 +110,16 @@ summary() {
 median() { summary "$@" | awk '{ print $1 }'; }
 
 tsv=$out/rounds.tsv
-printf 'round\tmode\treq_per_s\tp50_us\tp99_us\terrors\tdemux_ns_per_datagram\tprocess_ns_per_datagram\tworker_us_per_request\tdoorbells_per_datagram\tdatagrams\tloadavg\n' >"$tsv"
+printf 'round\tmode\treq_per_s\tp50_us\tp99_us\terrors\tdemux_ns_per_datagram\tprocess_ns_per_datagram\tworker_us_per_request\tdoorbells_per_datagram\tdatagrams\tloadavg\tbox_us_per_request\n' >"$tsv"
+plaintext=()
+[[ " $modes " == *" reuseport "* ]] && plaintext=(--plaintext-cids)
 echo "== A/B: modes [$modes], $rounds rounds, $connections connections x $streams streams, ${duration}s, $instances instances, $url_path; load: $(cat /proc/loadavg)"
 
 for ((round = 1; round <= rounds; round++)); do
   for mode in $modes; do
     log=$out/ringmux-$mode-$round
     args=(--listen 127.0.0.1:0 --metrics 127.0.0.1:0 --instances "$instances" --forward "$mode"
-      --worker-bin "$bin/ringmux-worker" --grace 2)
+      --worker-bin "$bin/ringmux-worker" --grace 2 "${plaintext[@]}")
     [[ -n $cpus ]] && args+=(--cpus "$cpus")
     RUST_LOG=${RUST_LOG:-warn} "$bin/ringmux" "${args[@]}" >"$log.out" 2>"$log.err" &
     rm_pid=$!
@@ -133,10 +143,12 @@ for ((round = 1; round <= rounds; round++)); do
     w0=$(workers_cpu_ns)
     r0=$(metric ringmux_datagrams_received_total)
     b0=$(metric ringmux_doorbells_total)
+    x0=$(box_busy_ns)
     json=$out/probe-$mode-$round.json
     "$bin/h3-probe" --url "https://$listen$url_path" --connections "$connections" \
       --streams "$streams" --seconds "$duration" --warmup 1 --insecure --json "$json" \
       >"$out/probe-$mode-$round.txt" 2>&1 || true
+    x1=$(box_busy_ns)
     read -r dp1 _ <"/proc/$rm_pid/task/$tid/schedstat"
     p1=$(proc_cpu_ns "$rm_pid")
     w1=$(workers_cpu_ns)
@@ -162,10 +174,11 @@ for ((round = 1; round <= rounds; round++)); do
     pns=$(awk -v c=$((p1 - p0)) -v d="$dg" 'BEGIN { printf "%.1f", d ? c / d : 0 }')
     dpd=$(awk -v b=$((b1 - b0)) -v d="$dg" 'BEGIN { printf "%.4f", d ? b / d : 0 }')
     wus=$(awk -v c=$((w1 - w0)) -v r="$requests" 'BEGIN { printf "%.2f", r ? c / r / 1000 : 0 }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$mode" "$rps" "$p50" "$p99" \
-      "$errors" "$dns" "$pns" "$wus" "$dpd" "$dg" "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$tsv"
-    printf 'round %d %-4s: %8.0f req/s  p50 %6s us  p99 %6s us  errors %s  demux %6s ns/datagram (process %s)  workers %s us/request  doorbells/datagram %s  %s datagrams\n' \
-      "$round" "$mode" "$rps" "$p50" "$p99" "$errors" "$dns" "$pns" "$wus" "$dpd" "$dg"
+    bus=$(awk -v c=$((x1 - x0)) -v r="$requests" 'BEGIN { printf "%.2f", r ? c / r / 1000 : 0 }')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$mode" "$rps" "$p50" "$p99" \
+      "$errors" "$dns" "$pns" "$wus" "$dpd" "$dg" "$(cut -d' ' -f1-3 /proc/loadavg)" "$bus" >>"$tsv"
+    printf 'round %d %-4s: %8.0f req/s  p50 %6s us  p99 %6s us  errors %s  demux %6s ns/datagram (process %s)  workers %s us/request  box %s us/request  doorbells/datagram %s  %s datagrams\n' \
+      "$round" "$mode" "$rps" "$p50" "$p99" "$errors" "$dns" "$pns" "$wus" "$bus" "$dpd" "$dg"
   done
 done
 
@@ -174,21 +187,29 @@ col() { awk -F'\t' -v m="$1" -v c="$2" 'NR > 1 && $2 == m { print $c }' "$tsv"; 
   echo
   echo "End-to-end A/B ($rounds rounds, $connections x $streams, ${duration}s, $instances instances, $url_path; load after: $(cat /proc/loadavg))"
   echo
-  echo "| mode | req/s | p50 µs | p99 µs | errors | demux ns/datagram | process ns/datagram | worker µs/request | doorbells/datagram |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| mode | req/s | p50 µs | p99 µs | errors | demux ns/datagram | process ns/datagram | worker µs/request | box µs/request | doorbells/datagram |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   for mode in $modes; do
     # shellcheck disable=SC2046 # one number per line, split on purpose
-    echo "| $mode | $(summary $(col "$mode" 3)) | $(summary $(col "$mode" 4)) | $(summary $(col "$mode" 5)) | $(summary $(col "$mode" 6)) | $(summary $(col "$mode" 7)) | $(summary $(col "$mode" 8)) | $(summary $(col "$mode" 9)) | $(summary $(col "$mode" 10)) |"
+    echo "| $mode | $(summary $(col "$mode" 3)) | $(summary $(col "$mode" 4)) | $(summary $(col "$mode" 5)) | $(summary $(col "$mode" 6)) | $(summary $(col "$mode" 7)) | $(summary $(col "$mode" 8)) | $(summary $(col "$mode" 9)) | $(summary $(col "$mode" 13)) | $(summary $(col "$mode" 10)) |"
   done
 } | tee "$out/summary.md"
 
-# ratios COLUMN: shm/unix of COLUMN within each round (the rounds interleave the modes, so
-# a ratio inside one round cancels the drift between rounds that medians per mode keep).
+# ratios COLUMN [OTHER]: shm/OTHER (default unix) of COLUMN within each round (the rounds
+# interleave the modes, so a ratio inside one round cancels the drift between rounds that
+# medians per mode keep).
 ratios() {
-  awk -F'\t' -v c="$1" 'NR > 1 { v[$1 "/" $2] = $c; r[$1] = 1 }
-    END { for (k in r) if ((k "/shm") in v && (k "/unix") in v && v[k "/unix"] > 0)
-      printf "%.3f\n", v[k "/shm"] / v[k "/unix"] }' "$tsv"
+  awk -F'\t' -v c="$1" -v o="${2:-unix}" 'NR > 1 { v[$1 "/" $2] = $c; r[$1] = 1 }
+    END { for (k in r) if ((k "/shm") in v && (k "/" o) in v && v[k "/" o] > 0)
+      printf "%.3f\n", v[k "/shm"] / v[k "/" o] }' "$tsv"
 }
+
+if [[ " $modes " == *" shm "* && " $modes " == *" reuseport "* ]]; then
+  # shellcheck disable=SC2046 # one number per line, split on purpose
+  printf '\nWithin-round ratios shm/reuseport (median, min–max): req/s %s, p99 %s, box µs/request %s\n' \
+    "$(summary $(ratios 3 reuseport))" "$(summary $(ratios 5 reuseport))" "$(summary $(ratios 13 reuseport))" |
+    tee -a "$out/summary.md"
+fi
 
 if [[ " $modes " == *" shm "* && " $modes " == *" unix "* ]]; then
   # shellcheck disable=SC2046 # one number per line, split on purpose

@@ -460,13 +460,11 @@ impl Worker {
             self.instance,
             ringmux_proto::generation_slot(self.worker_generation),
         );
-        let ingress = parts.ingress.ok_or_else(|| AttachError::Handoff {
-            what: "ingress",
-            problem: "the benchmark sink drains a ring or unix ingress, not a socket of its own \
-                      (--forward reuseport)"
-                .into(),
-        })?;
-        crate::sink::run(ingress, router, lane, parts.control).map_err(io("sink"))
+        let source = match parts.ingress {
+            Some(ingress) => crate::sink::Source::Ingress(ingress),
+            None => crate::sink::Source::Socket(parts.public),
+        };
+        crate::sink::run(source, router, lane, parts.control).map_err(io("sink"))
     }
 }
 

@@ -1,7 +1,9 @@
 //! The benchmark sink: a worker that drains its ingress without quinn, checks that every
 //! datagram's connection ID belongs to this instance, records ring latency (the demux's receive
 //! timestamp to dequeue) in an hdrhistogram, and reports to the demux once a second. `fwd-bench`
-//! runs the demux with sinks to measure forwarding alone.
+//! runs the demux with sinks to measure forwarding alone. Under kernel steering (`--forward
+//! reuseport`) the sink drains its own socket instead (recvmmsg with GRO, as quinn would), and
+//! records no latency: nothing stamped the datagrams on their way in.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -24,12 +26,25 @@ struct Tally {
 
 impl Tally {
     fn record(&mut self, router: &Router, lane: u8, payload: &[u8], rx_ns: u64, now_ns: u64) {
+        self.count(router, lane, payload);
+        let _ = self.hist.record(now_ns.saturating_sub(rx_ns).max(1));
+    }
+
+    /// Counts a datagram and checks its connection ID, without a latency.
+    fn count(&mut self, router: &Router, lane: u8, payload: &[u8]) {
         self.received += 1;
         if router.route(payload) != Route::Owned(lane) {
             self.bad_cid += 1;
         }
-        let _ = self.hist.record(now_ns.saturating_sub(rx_ns).max(1));
     }
+}
+
+/// What the sink drains.
+pub enum Source {
+    /// A ring or unix ingress (the demux forwards).
+    Ingress(Ingress),
+    /// The worker's own socket (kernel steering).
+    Socket(OwnedFd),
 }
 
 /// Bytes of a datagram the sink copies to route it: a short header's first byte and the
@@ -38,7 +53,7 @@ const ROUTE_PREFIX: usize = 64;
 
 /// Runs the sink until the control socket closes or says `SHUTDOWN`.
 /// `lane` is this worker's ([`Router::lane`] of its instance and generation slot).
-pub fn run(ingress: Ingress, router: Router, lane: u8, control: OwnedFd) -> io::Result<()> {
+pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Result<()> {
     let mut t = Tally {
         received: 0,
         bad_cid: 0,
@@ -48,10 +63,27 @@ pub fn run(ingress: Ingress, router: Router, lane: u8, control: OwnedFd) -> io::
     socket2::SockRef::from(&control).set_nonblocking(true)?;
     let mut last_report = Instant::now();
     let mut buf = vec![0u8; 65536];
-    let mut ingress = ingress;
+    let mut socket = match &source {
+        Source::Socket(s) => Some(OwnSocket::new(s.as_fd())?),
+        Source::Ingress(_) => None,
+    };
+    let mut ingress = source;
     loop {
         match &mut ingress {
-            Ingress::Ring(c) => {
+            Source::Socket(s) => {
+                if let Some(own) = socket.as_mut() {
+                    let fd = s.as_fd();
+                    match own.recv(fd, |seg| t.count(&router, lane, seg)) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            sys::poll_readable(fd, Some(Duration::from_millis(100)))?;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Source::Ingress(Ingress::Ring(c)) => {
                 let now = monotonic_ns();
                 let d = c
                     .drain(64, |dg| {
@@ -72,7 +104,7 @@ pub fn run(ingress: Ingress, router: Router, lane: u8, control: OwnedFd) -> io::
                         .map_err(|e| io::Error::other(e.to_string()))?;
                 }
             }
-            Ingress::Unix(fd) => match recv_unix(fd.as_fd(), &mut buf) {
+            Source::Ingress(Ingress::Unix(fd)) => match recv_unix(fd.as_fd(), &mut buf) {
                 Ok(UnixRecv::Datagram { meta, len }) => t.record(
                     &router,
                     lane,
@@ -107,6 +139,51 @@ pub fn run(ingress: Ingress, router: Router, lane: u8, control: OwnedFd) -> io::
                 _ => {}
             }
         }
+    }
+}
+
+/// Receiving in batches on the worker's own socket, as quinn-udp does for a quinn endpoint
+/// (recvmmsg, GRO).
+struct OwnSocket {
+    state: quinn::udp::UdpSocketState,
+    bufs: Vec<Vec<u8>>,
+    metas: Vec<quinn::udp::RecvMeta>,
+}
+
+impl OwnSocket {
+    fn new(sock: std::os::fd::BorrowedFd<'_>) -> io::Result<Self> {
+        let state = quinn::udp::UdpSocketState::new(quinn::udp::UdpSockRef::from(&sock))?;
+        let n = quinn::udp::BATCH_SIZE;
+        Ok(OwnSocket {
+            state,
+            bufs: vec![vec![0u8; 65536]; n],
+            metas: vec![quinn::udp::RecvMeta::default(); n],
+        })
+    }
+
+    /// One batch: every datagram (each GRO segment) to `each`.
+    fn recv(
+        &mut self,
+        sock: std::os::fd::BorrowedFd<'_>,
+        mut each: impl FnMut(&[u8]),
+    ) -> io::Result<()> {
+        let mut iovs: Vec<std::io::IoSliceMut<'_>> = self
+            .bufs
+            .iter_mut()
+            .map(|b| std::io::IoSliceMut::new(b))
+            .collect();
+        let n = self.state.recv(
+            quinn::udp::UdpSockRef::from(&sock),
+            &mut iovs,
+            &mut self.metas,
+        )?;
+        for (meta, buf) in self.metas.iter().zip(&self.bufs).take(n) {
+            let data = &buf[..meta.len.min(buf.len())];
+            for seg in data.chunks(meta.stride.max(1)) {
+                each(seg);
+            }
+        }
+        Ok(())
     }
 }
 

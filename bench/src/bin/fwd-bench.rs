@@ -191,7 +191,7 @@ fn shape(gro: OnOff) -> SendShape {
 
 fn blast(a: BlastArgs) -> Result<()> {
     let keys = KeySet::load(&a.key_file).map_err(|e| anyhow::anyhow!("--key-file: {e}"))?;
-    let conns = datagrams::connections(&keys, a.instances, a.sockets)?;
+    let conns = datagrams::connections(&keys, a.instances, a.sockets, false)?;
     let mut b = Blaster::new(a.target, conns, a.size, shape(a.gro))?;
     if let Some(c) = a.cpu {
         os::pin_current(c).with_context(|| format!("pinning to CPU {c}"))?;
@@ -250,9 +250,18 @@ struct Document<'a> {
 
 fn run(a: RunArgs) -> Result<()> {
     for m in &a.modes {
-        if !["shm", "unix", "drop"].contains(&m.as_str()) {
-            bail!("--modes: {m:?} is not one of shm, unix, drop");
+        if !["shm", "unix", "drop", "reuseport"].contains(&m.as_str()) {
+            bail!("--modes: {m:?} is not one of shm, unix, drop, reuseport");
         }
+    }
+    // Kernel steering reads plaintext connection IDs: then every mode of the run gets them,
+    // so that all route the same datagrams at the same cost.
+    let plaintext = a.modes.iter().any(|m| m == "reuseport");
+    if plaintext && matches!(a.regime, Regime::Saturated) {
+        bail!(
+            "--modes reuseport runs in --regime live only: the saturated regime parks the demux \
+             and fills its socket, and under kernel steering the demux receives nothing"
+        );
     }
     let ringmux = match &a.ringmux {
         Some(p) => p.clone(),
@@ -297,7 +306,7 @@ fn run(a: RunArgs) -> Result<()> {
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let key_file = tmp.join("keys");
     let keys = datagrams::write_key_file(&key_file)?;
-    let conns = datagrams::connections(&keys, a.instances, a.sockets)?;
+    let conns = datagrams::connections(&keys, a.instances, a.sockets, plaintext)?;
     let reference = match &a.reference {
         Some(dir) => {
             eprintln!("== building the C reference from {}", dir.display());
@@ -352,6 +361,10 @@ fn run(a: RunArgs) -> Result<()> {
                 log: tmp.join(format!("ringmux-{mode}-{round}.log")),
                 extra: [
                     vec!["--spin-us".to_string(), a.spin_us.to_string()],
+                    plaintext
+                        .then(|| "--plaintext-cids".to_string())
+                        .into_iter()
+                        .collect(),
                     a.ringmux_args.clone(),
                 ]
                 .concat(),

@@ -34,21 +34,27 @@ pub fn write_key_file(path: &Path) -> Result<KeySet> {
     Ok(keys)
 }
 
-/// ringmux's defaults: config 0, node ID `00`, 14-octet nonce (single-pass AES, 17-byte CIDs).
-pub fn lb_config(keys: &KeySet, instances: u8) -> QuicLbConfig {
+/// ringmux's defaults: config 0, node ID `00`, 14-octet nonce (single-pass AES, 17-byte CIDs);
+/// `plaintext`: as with `--plaintext-cids` (no encryption).
+pub fn lb_config(keys: &KeySet, instances: u8, plaintext: bool) -> QuicLbConfig {
     QuicLbConfig {
         config_id: 0,
         node_id: vec![0],
         instance_count: instances,
         nonce_len: 14,
-        key: Some(keys.quic_lb),
+        key: (!plaintext).then_some(keys.quic_lb),
     }
 }
 
 /// `count` connections spread round-robin over the instances, each checked with the demux's
 /// own [`Router`] so a key or configuration mismatch fails here and not as `bad_cid` later.
-pub fn connections(keys: &KeySet, instances: u8, count: usize) -> Result<Vec<Connection>> {
-    let cfg = lb_config(keys, instances);
+pub fn connections(
+    keys: &KeySet,
+    instances: u8,
+    count: usize,
+    plaintext: bool,
+) -> Result<Vec<Connection>> {
+    let cfg = lb_config(keys, instances, plaintext);
     let router =
         Router::new(&cfg, keys.routing_hash).map_err(|e| anyhow::anyhow!("QUIC-LB router: {e}"))?;
     let mut gens = (0..instances)
@@ -106,8 +112,8 @@ mod tests {
     #[test]
     fn connections_route_to_their_instance() {
         let keys = KeySet::generate().unwrap();
-        let conns = connections(&keys, 3, 12).unwrap();
-        let router = Router::new(&lb_config(&keys, 3), keys.routing_hash).unwrap();
+        let conns = connections(&keys, 3, 12, false).unwrap();
+        let router = Router::new(&lb_config(&keys, 3, false), keys.routing_hash).unwrap();
         let mut rng = XorShift::new(7);
         for (n, c) in conns.iter().enumerate() {
             assert_eq!(c.cid.len(), 17);

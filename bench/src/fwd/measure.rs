@@ -85,6 +85,11 @@ pub struct Round {
     pub demux_process_ns_per_datagram: f64,
     /// Sink CPU per datagram the sinks took; `None` in `drop` mode.
     pub consumer_ns_per_datagram: Option<f64>,
+    /// Live: every CPU's busy time (`/proc/stat`: the sender, the demux, the sinks and the
+    /// kernel's network work wherever it ran) over the settled session, per datagram the
+    /// sinks took. What each mode costs the whole box, kernel steering included; `None` in
+    /// `drop` mode and in the saturated regime.
+    pub box_ns_per_delivered: Option<f64>,
     /// Saturated: datagrams completed (forwarded; drop mode: discarded) per second of
     /// data-plane busy time (on CPU + runnable). Live: per second of the window.
     pub delivered_per_s: f64,
@@ -169,7 +174,11 @@ fn measure(
     r.round = round;
     r.mode = mode.to_string();
     r.notes.extend(notes);
-    if r.mode != "drop" && r.sink_received > 0 && r.latency_p99_us.is_none() {
+    // Under kernel steering nothing stamps a datagram on its way in: no latency to report.
+    if !["drop", "reuseport"].contains(&r.mode.as_str())
+        && r.sink_received > 0
+        && r.latency_p99_us.is_none()
+    {
         r.notes.push(
             "sink latency gauges are 0: this ringmux does not store the sinks' lat_p* reports"
                 .into(),
@@ -187,6 +196,9 @@ struct Window {
     received: u64,
     recv_calls: u64,
     forwarded: u64,
+    /// What the sinks reported taking (each reports every 250 ms, so a window's count is
+    /// that coarse): the delivered count under kernel steering, where the demux sees nothing.
+    sink: u64,
     drops: BTreeMap<String, u64>,
 }
 
@@ -207,6 +219,7 @@ impl Window {
             received: d(RECEIVED),
             recv_calls: d(RECV_CALLS),
             forwarded: d(FORWARDED),
+            sink: d(SINK_IN),
             drops,
         }
     }
@@ -346,6 +359,7 @@ fn live(plan: &Plan, rm: &mut Ringmux, blaster: &mut Blaster, workers: &[u32]) -
     let port = rm.listen.port();
     let m_start = rm.settle(QUIET, SETTLE_TIMEOUT)?;
     let w0 = workers_cpu_ns(workers)?;
+    let box0 = os::box_busy_ns()?;
     let stop = AtomicBool::new(false);
     let total = Duration::from_secs_f64(plan.warmup + plan.seconds + 1.0);
     let (sent, a, b) = std::thread::scope(|s| -> Result<_> {
@@ -372,6 +386,7 @@ fn live(plan: &Plan, rm: &mut Ringmux, blaster: &mut Blaster, workers: &[u32]) -
     })?;
     let m_end = rm.settle(QUIET, SETTLE_TIMEOUT)?;
     let w1 = workers_cpu_ns(workers)?;
+    let box_ns = os::box_busy_ns()?.saturating_sub(box0);
     let (ta, dpa, pa, ka, ma) = a;
     let (tb, dpb, pb, kb, mb) = b;
     let window_s = (tb - ta).as_secs_f64();
@@ -380,7 +395,7 @@ fn live(plan: &Plan, rm: &mut Ringmux, blaster: &mut Blaster, workers: &[u32]) -
         w.drops.insert("kernel_rcvbuf".into(), kb - ka);
     }
     let offered = sent.datagrams as f64 / sent.elapsed_s.max(1e-9);
-    Ok(finish(
+    let mut r = finish(
         &m_start,
         &m_end,
         w,
@@ -391,7 +406,9 @@ fn live(plan: &Plan, rm: &mut Ringmux, blaster: &mut Blaster, workers: &[u32]) -
         Some(offered),
         sent,
         load,
-    ))
+    );
+    r.box_ns_per_delivered = (r.sink_received > 0).then(|| box_ns as f64 / r.sink_received as f64);
+    Ok(r)
 }
 
 /// Turns raw counts into a [`Round`]. `session0`/`session1` are settled scrapes around the
@@ -416,6 +433,9 @@ fn finish(
     let drop_mode = w.drops.contains_key("discarded");
     let completed = if drop_mode {
         w.drops.get("discarded").copied().unwrap_or(0)
+    } else if w.received == 0 {
+        // Kernel steering: the workers took the datagrams straight from their sockets.
+        w.sink
     } else {
         w.forwarded
     };
@@ -435,6 +455,7 @@ fn finish(
         demux_process_ns_per_datagram: per(process_ns as f64, w.received),
         consumer_ns_per_datagram: (!drop_mode && sink_received > 0)
             .then(|| per(sink_ns as f64, sink_received)),
+        box_ns_per_delivered: None,
         delivered_per_s: if seconds > 0.0 {
             completed as f64 / seconds
         } else {

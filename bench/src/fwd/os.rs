@@ -126,8 +126,11 @@ pub fn udp_queue(port: u16) -> io::Result<Option<UdpQueue>> {
     Ok(None)
 }
 
+/// The queue and drops of the sockets bound to `port`, added up: one socket, or under kernel
+/// steering every socket of the `SO_REUSEPORT` group.
 fn parse_udp_table(text: &str, port: u16) -> Option<UdpQueue> {
     let want = format!("{port:04X}");
+    let mut found: Option<UdpQueue> = None;
     for line in text.lines().skip(1) {
         let f: Vec<&str> = line.split_ascii_whitespace().collect();
         // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ref pointer drops
@@ -135,12 +138,36 @@ fn parse_udp_table(text: &str, port: u16) -> Option<UdpQueue> {
             continue;
         }
         let rx = f[4].split(':').nth(1)?;
-        return Some(UdpQueue {
-            rx_queue: u64::from_str_radix(rx, 16).ok()?,
-            drops: f[12].parse().ok()?,
-        });
+        let q = found.get_or_insert_with(UdpQueue::default);
+        q.rx_queue += u64::from_str_radix(rx, 16).ok()?;
+        q.drops += f[12].parse::<u64>().ok()?;
     }
-    None
+    found
+}
+
+/// Busy time of every CPU of the box since boot, ns: user, nice, system, irq, softirq and
+/// steal from `/proc/stat` (idle and iowait left out), so kernel work on any CPU (the
+/// network stack's softirqs included) counts wherever it ran.
+pub fn box_busy_ns() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| io::Error::other("/proc/stat has no cpu line"))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let get = |i: usize| f.get(i).copied().unwrap_or(0);
+    // user nice system idle iowait irq softirq steal: guest time is counted in user already.
+    let ticks = get(0) + get(1) + get(2) + get(5) + get(6) + get(7);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&h| h > 0)
+        .unwrap_or(100) as u64;
+    Ok(ticks.saturating_mul(1_000_000_000) / hz)
 }
 
 /// The load average line, recorded with every result (this box is shared).

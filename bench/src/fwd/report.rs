@@ -58,6 +58,7 @@ fn figures(r: &Round) -> Vec<(&'static str, Option<f64>)> {
             Some(r.demux_process_ns_per_datagram),
         ),
         ("consumer_ns_per_datagram", r.consumer_ns_per_datagram),
+        ("box_ns_per_delivered", r.box_ns_per_delivered),
         (
             "demux_plus_consumer_ns_per_datagram",
             r.consumer_ns_per_datagram
@@ -161,6 +162,12 @@ pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
         push("drop_over_reference_none_demux", div(d(drop), rd("drop")));
         push("reference_seq_over_ring_demux", div(rd("unix"), rd("shm")));
         push("reference_ring_over_none_demux", div(rd("shm"), rd("drop")));
+        // Kernel steering against the rings: what each costs the whole box per datagram
+        // delivered (live regime).
+        let bx = |r: Option<&Round>| r.and_then(|r| r.box_ns_per_delivered);
+        let reuseport = get("reuseport");
+        push("shm_over_reuseport_box", div(bx(shm), bx(reuseport)));
+        push("unix_over_reuseport_box", div(bx(unix), bx(reuseport)));
     }
     per.into_iter()
         .filter_map(|(k, v)| Some((k, Stat::of(&v)?)))
@@ -295,16 +302,17 @@ pub fn markdown(
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "| mode | demux ns/datagram (median, min–max) | consumer ns/datagram | delivered/s | drops | doorbells/datagram | p99 µs |"
+        "| mode | demux ns/datagram (median, min–max) | consumer ns/datagram | box ns/delivered | delivered/s | drops | doorbells/datagram | p99 µs |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
     for mode in modes {
         let Some(m) = summary.get(mode) else { continue };
         let _ = writeln!(
             o,
-            "| {mode} | {} | {} | {} | {} | {} | {} |",
+            "| {mode} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_stat(m.get("demux_ns_per_datagram"), ns),
             fmt_stat(m.get("consumer_ns_per_datagram"), ns),
+            fmt_stat(m.get("box_ns_per_delivered"), ns),
             fmt_stat(m.get("delivered_per_s"), rate),
             fmt_stat(m.get("drops"), ns),
             fmt_stat(m.get("doorbells_per_datagram"), frac),
@@ -318,7 +326,7 @@ pub fn markdown(
         let name = super::reference::fwd_for(mode).unwrap_or("?");
         let _ = writeln!(
             o,
-            "| C reference `{name}` | {} | {} | {} (rx/s) | — | {} | — |",
+            "| C reference `{name}` | {} | {} | — | {} (rx/s) | — | {} | — |",
             fmt_stat(m.get("demux_ns_per_datagram"), ns),
             fmt_stat(m.get("consumer_ns_per_datagram"), ns),
             fmt_stat(m.get("rx_per_s"), rate),
