@@ -34,9 +34,8 @@ use ringmux_quic_lb::Router;
 use siphasher::sip::SipHasher13;
 
 use crate::tickets::HelloInspector;
+use crate::wire::{Initial, Reader, V1};
 
-/// QUIC version 1 (RFC 9000), the only version the demux mints Retries for.
-const V1: u32 = 1;
 /// RFC 9001 §5.8: the Retry integrity key and nonce of QUIC v1.
 const RETRY_KEY_V1: [u8; 16] = [
     0xbe, 0x0c, 0x69, 0x0b, 0x9f, 0x66, 0x57, 0x5a, 0x1d, 0x76, 0x6b, 0x54, 0xe3, 0x68, 0xc8, 0x4e,
@@ -113,14 +112,6 @@ enum TokenCheck {
     /// A Retry token of ours that does not fit: quinn refuses the connection, so nothing is
     /// forwarded.
     Refused,
-}
-
-/// The header fields of a QUIC v1 Initial packet admission needs.
-#[derive(Debug)]
-struct Initial<'a> {
-    dcid: &'a [u8],
-    scid: &'a [u8],
-    token: &'a [u8],
 }
 
 /// The admission state of one data plane.
@@ -206,7 +197,7 @@ impl Admission {
         crowded: bool,
         now_ns: u64,
     ) -> Verdict {
-        let initial = parse_initial(seg);
+        let initial = Initial::parse(seg);
         if !hashed {
             // Our CID: a handshake in progress, or the Initial after our Retry. Only a token
             // is looked at (so a token refused never costs a worker anything).
@@ -468,7 +459,7 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
     match r.u8() {
         Some(0) => {
             let parsed = (|| {
-                let ip = r.ip()?;
+                let ip = token_ip(&mut r)?;
                 let port = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
                 let odcid_len = usize::from(r.u8()?);
                 if odcid_len > 20 {
@@ -489,7 +480,7 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
         }
         Some(1) => {
             let parsed = (|| {
-                let ip = r.ip()?;
+                let ip = token_ip(&mut r)?;
                 let issued = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
                 r.0.is_empty().then_some((ip, issued))
             })();
@@ -508,64 +499,13 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
     }
 }
 
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(head)
+/// An address in a token: `0x00 ‖ 4 octets` or `0x01 ‖ 16 octets`.
+fn token_ip(r: &mut Reader<'_>) -> Option<IpAddr> {
+    match r.u8()? {
+        0 => Some(IpAddr::from(<[u8; 4]>::try_from(r.take(4)?).ok()?)),
+        1 => Some(IpAddr::from(<[u8; 16]>::try_from(r.take(16)?).ok()?)),
+        _ => None,
     }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-
-    fn ip(&mut self) -> Option<IpAddr> {
-        match self.u8()? {
-            0 => Some(IpAddr::from(<[u8; 4]>::try_from(self.take(4)?).ok()?)),
-            1 => Some(IpAddr::from(<[u8; 16]>::try_from(self.take(16)?).ok()?)),
-            _ => None,
-        }
-    }
-}
-
-/// A QUIC varint (RFC 9000 §16).
-fn varint(r: &mut Reader<'_>) -> Option<u64> {
-    let first = r.u8()?;
-    let len = 1usize << (first >> 6);
-    let mut v = u64::from(first & 0x3f);
-    for &b in r.take(len - 1)? {
-        v = (v << 8) | u64::from(b);
-    }
-    Some(v)
-}
-
-/// The DCID, SCID and token of a QUIC v1 Initial; `None` for anything else (0-RTT, another
-/// version, a header cut short).
-fn parse_initial(seg: &[u8]) -> Option<Initial<'_>> {
-    let mut r = Reader(seg);
-    let first = r.u8()?;
-    // Long header, type Initial (0b00).
-    if first & 0x80 == 0 || first & 0x30 != 0 {
-        return None;
-    }
-    if u32::from_be_bytes(r.take(4)?.try_into().ok()?) != V1 {
-        return None;
-    }
-    let dcid_len = usize::from(r.u8()?);
-    let dcid = r.take(dcid_len)?;
-    let scid_len = usize::from(r.u8()?);
-    let scid = r.take(scid_len)?;
-    if dcid_len > 20 || scid_len > 20 {
-        return None;
-    }
-    let token_len = usize::try_from(varint(&mut r)?).ok()?;
-    let token = r.take(token_len)?;
-    Some(Initial { dcid, scid, token })
 }
 
 /// Per-source-prefix budget of new connections: a fixed table of GCRA cells (one theoretical

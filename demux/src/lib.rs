@@ -33,3 +33,4 @@ pub mod supervisor;
 pub mod sys;
 pub mod tickets;
 pub mod upgrade;
+mod wire;

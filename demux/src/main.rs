@@ -163,6 +163,27 @@ fn template(
     }
 }
 
+/// The data plane's admission of new connections and the session threads, sharing one table
+/// of ticket bindings: admission reads the ClientHellos it lets in, the session threads hold
+/// TAKEs to them. Kernel steering shows the demux no ClientHello: nothing to hold TAKEs to.
+fn admission_and_sessions(
+    cfg: &Config,
+    router: &Router,
+    token_key: &[u8; 64],
+    counters: &Arc<Counters>,
+) -> (Admission, Sessions) {
+    let tickets = Arc::new(TicketBindings::new());
+    let gated = (cfg.args.forward != config::ForwardMode::Reuseport).then(|| tickets.clone());
+    let sessions = Sessions::new(gated, counters.clone());
+    let admission = Admission::new(
+        cfg.admission(),
+        router.clone(),
+        token_key,
+        HelloInspector::new(tickets),
+    );
+    (admission, sessions)
+}
+
 /// A first start: bind, make the rings, start the workers.
 fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
     let keys = match &cfg.args.key_file {
@@ -213,16 +234,7 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         group,
     };
     let mode = cfg.args.forward;
-    let tickets = Arc::new(TicketBindings::new());
-    // Kernel steering shows the demux no ClientHello: nothing to hold TAKEs to.
-    let gated = (mode != config::ForwardMode::Reuseport).then(|| tickets.clone());
-    let sessions = Sessions::new(gated, counters.clone());
-    let admission = Admission::new(
-        cfg.admission(),
-        router.clone(),
-        &keys.token,
-        HelloInspector::new(tickets),
-    );
+    let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -369,16 +381,7 @@ fn resume(
         group: None,
     };
     let mode = cfg.args.forward;
-    let tickets = Arc::new(TicketBindings::new());
-    // Kernel steering shows the demux no ClientHello: nothing to hold TAKEs to.
-    let gated = (mode != config::ForwardMode::Reuseport).then(|| tickets.clone());
-    let sessions = Sessions::new(gated, counters.clone());
-    let admission = Admission::new(
-        cfg.admission(),
-        router.clone(),
-        &keys.token,
-        HelloInspector::new(tickets),
-    );
+    let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
     let serve = Serve {
         cfg: cfg.clone(),
         template,
@@ -632,31 +635,16 @@ fn hand_over<F: Forward>(
 /// Binds the public socket: dual-stack for `[::]`, large buffers (forced past the sysctl limits
 /// when privileged), non-blocking.
 fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
     let addr: SocketAddr = cfg.args.listen;
-    let s = Socket::new(
-        Domain::for_address(addr),
-        Type::DGRAM.cloexec(),
-        Some(Protocol::UDP),
-    )?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        s.set_only_v6(false)
-            .context("enabling dual-stack on [::]")?;
-    }
+    let s = sys::udp_socket(addr)
+        .with_context(|| format!("a UDP socket for {addr} (dual-stack on [::])"))?;
     if cfg.args.forward == config::ForwardMode::Reuseport {
         // The group's first member, which the steering program never picks.
         s.set_reuse_port(true)
             .context("SO_REUSEPORT on the public socket")?;
     }
     // Fails when not privileged: the plain sizes below are then capped by the sysctl limits.
-    let _ = sys::force_buffer(s.as_fd(), false, cfg.args.rcvbuf);
-    let _ = sys::force_buffer(s.as_fd(), true, cfg.args.sndbuf);
-    if s.recv_buffer_size().unwrap_or(0) < cfg.args.rcvbuf {
-        let _ = s.set_recv_buffer_size(cfg.args.rcvbuf);
-    }
-    if s.send_buffer_size().unwrap_or(0) < cfg.args.sndbuf {
-        let _ = s.set_send_buffer_size(cfg.args.sndbuf);
-    }
+    sys::size_buffers(&s, cfg.args.rcvbuf, cfg.args.sndbuf);
     // Linux reports twice the size it grants (it counts its own overhead).
     let got = s.recv_buffer_size().unwrap_or(0) / 2;
     if got < cfg.args.rcvbuf {

@@ -120,6 +120,36 @@ pub fn force_buffer(socket: BorrowedFd<'_>, send: bool, bytes: usize) -> io::Res
     Ok(())
 }
 
+/// A UDP socket of `addr`'s family, close-on-exec, not bound yet; dual-stack when `addr` is
+/// `[::]`.
+pub fn udp_socket(addr: std::net::SocketAddr) -> io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(
+        Domain::for_address(addr),
+        Type::DGRAM.cloexec(),
+        Some(Protocol::UDP),
+    )?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        s.set_only_v6(false)?;
+    }
+    Ok(s)
+}
+
+/// Sizes a socket's receive and send buffers to at least `rcvbuf` and `sndbuf` bytes: past
+/// `net.core.*mem_max` where the demux may (`CAP_NET_ADMIN`), else as far as those limits
+/// allow. The receive buffer it got, as Linux reports it (twice what it grants, counting its
+/// own overhead), is the caller's to check.
+pub fn size_buffers(socket: &socket2::Socket, rcvbuf: usize, sndbuf: usize) {
+    let _ = force_buffer(socket.as_fd(), false, rcvbuf);
+    let _ = force_buffer(socket.as_fd(), true, sndbuf);
+    if socket.recv_buffer_size().unwrap_or(0) < rcvbuf {
+        let _ = socket.set_recv_buffer_size(rcvbuf);
+    }
+    if socket.send_buffer_size().unwrap_or(0) < sndbuf {
+        let _ = socket.set_send_buffer_size(sndbuf);
+    }
+}
+
 /// A per-datagram control message the public socket can be asked for.
 #[derive(Clone, Copy, Debug)]
 pub enum RecvCmsg {

@@ -57,6 +57,8 @@ use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
 use siphasher::sip::SipHasher13;
 
+use crate::wire::{Initial, Reader};
+
 /// Words in the binding table (32 KiB).
 pub const BINDING_SLOTS: usize = 4096;
 /// Words of one set.
@@ -79,7 +81,6 @@ const INITIAL_SALT_V1: [u8; 20] = [
     0x38, 0x76, 0x2c, 0xf7, 0xf5, 0x59, 0x34, 0xb3, 0x4d, 0x17, 0x9a, 0xe6, 0xa4, 0xc8, 0x0c, 0xad,
     0xcc, 0xbb, 0x7f, 0x0a,
 ];
-const V1: u32 = 1;
 /// RFC 8446 §4.2.11.
 const EXT_PRE_SHARED_KEY: usize = 41;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
@@ -318,9 +319,7 @@ impl HelloInspector {
             stats.unopened += 1;
             return Some(len);
         };
-        let mut dcid = [0u8; 20];
-        dcid[..header.dcid.1].copy_from_slice(&data[header.dcid.0..][..header.dcid.1]);
-        let dcid = &dcid[..header.dcid.1];
+        let dcid = header.dcid;
         let mut frames = Reader(plain);
         while let Some(kind) = frames.varint() {
             match kind {
@@ -473,48 +472,29 @@ fn covered(have: &[u64; MAX_HELLO / 64], n: usize) -> bool {
         && (part == 0 || have[whole] & ((1u64 << part) - 1) == (1u64 << part) - 1)
 }
 
-/// Where the parts of a v1 Initial are: DCID (offset, length), packet number, end.
-struct InitialHeader {
-    dcid: (usize, usize),
+/// Where the parts of a v1 Initial are: its DCID, packet number, end.
+struct InitialHeader<'a> {
+    dcid: &'a [u8],
     /// Offset of the (protected) packet number.
     pn_at: usize,
     /// Offset just past the packet (the Length field counts from `pn_at`).
     end: usize,
 }
 
-impl InitialHeader {
-    fn parse(data: &[u8]) -> Option<InitialHeader> {
-        let mut r = Reader(data);
-        let first = r.u8()?;
-        // Long header, type Initial (RFC 9000 §17.2.2).
-        if first & 0x80 == 0 || first & 0x30 != 0 {
-            return None;
-        }
-        if u32::from_be_bytes(r.take(4)?.try_into().ok()?) != V1 {
-            return None;
-        }
-        let dcid_len = usize::from(r.u8()?);
-        if dcid_len > 20 {
-            return None;
-        }
-        let dcid_at = data.len() - r.0.len();
-        r.take(dcid_len)?;
-        let scid_len = usize::from(r.u8()?);
-        if scid_len > 20 {
-            return None;
-        }
-        r.take(scid_len)?;
-        let token_len = usize::try_from(r.varint()?).ok()?;
-        r.take(token_len)?;
+impl<'a> InitialHeader<'a> {
+    fn parse(data: &'a [u8]) -> Option<InitialHeader<'a>> {
+        let initial = Initial::parse(data)?;
+        let mut r = Reader(initial.rest);
         let length = usize::try_from(r.varint()?).ok()?;
         let pn_at = data.len() - r.0.len();
         let end = pn_at.checked_add(length)?;
-        // Header protection samples 16 octets from 4 past the packet number (§5.4.2).
+        // Header protection samples 16 octets from 4 past the packet number (RFC 9001
+        // §5.4.2).
         if end > data.len() || length < 4 + 16 {
             return None;
         }
         Some(InitialHeader {
-            dcid: (dcid_at, dcid_len),
+            dcid: initial.dcid,
             pn_at,
             end,
         })
@@ -524,7 +504,7 @@ impl InitialHeader {
 /// Removes the protection of the client Initial `packet` (its own copy, opened in place);
 /// the plaintext frames, or `None` if it does not open with its DCID's keys.
 fn unprotect<'a>(packet: &'a mut [u8], h: &InitialHeader, salt: &hkdf::Salt) -> Option<&'a [u8]> {
-    let keys = ClientInitialKeys::derive(salt, &packet[h.dcid.0..][..h.dcid.1])?;
+    let keys = ClientInitialKeys::derive(salt, h.dcid)?;
     let sample = &packet[h.pn_at + 4..][..16];
     let mask = keys.hp.new_mask(sample).ok()?;
     packet[0] ^= mask[0] & 0x0f;
@@ -637,38 +617,4 @@ fn psk_identities<'a>(body: &'a [u8], out: &mut [&'a [u8]; MAX_IDENTITIES]) -> O
         return Some(count);
     }
     Some(0)
-}
-
-/// A bounds-checked cursor.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        if self.0.len() < n {
-            return None;
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Some(head)
-    }
-
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|b| b[0])
-    }
-
-    fn u16(&mut self) -> Option<usize> {
-        self.take(2)
-            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
-    }
-
-    /// A QUIC varint (RFC 9000 §16).
-    fn varint(&mut self) -> Option<u64> {
-        let first = self.u8()?;
-        let len = 1usize << (first >> 6);
-        let mut v = u64::from(first & 0x3f);
-        for &b in self.take(len - 1)? {
-            v = (v << 8) | u64::from(b);
-        }
-        Some(v)
-    }
 }

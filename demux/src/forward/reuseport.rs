@@ -22,7 +22,6 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
 
 use ringmux_ring::layout::SlotDesc;
-use socket2::{Domain, Protocol, Socket, Type};
 
 use super::steering::SteeringPlan;
 use super::{Forward, IngressHandles, Setup};
@@ -130,25 +129,10 @@ impl Forward for Reuseport {
 
 /// A UDP socket of the group: `SO_REUSEPORT`, bound to the public address, non-blocking.
 fn lane_socket(group: &Group) -> io::Result<OwnedFd> {
-    let addr = group.addr;
-    let s = Socket::new(
-        Domain::for_address(addr),
-        Type::DGRAM.cloexec(),
-        Some(Protocol::UDP),
-    )?;
-    if addr.is_ipv6() && addr.ip().is_unspecified() {
-        s.set_only_v6(false)?;
-    }
+    let s = sys::udp_socket(group.addr)?;
     s.set_reuse_port(true)?;
-    let _ = sys::force_buffer(s.as_fd(), false, group.rcvbuf);
-    let _ = sys::force_buffer(s.as_fd(), true, group.sndbuf);
-    if s.recv_buffer_size().unwrap_or(0) < group.rcvbuf {
-        let _ = s.set_recv_buffer_size(group.rcvbuf);
-    }
-    if s.send_buffer_size().unwrap_or(0) < group.sndbuf {
-        let _ = s.set_send_buffer_size(group.sndbuf);
-    }
+    sys::size_buffers(&s, group.rcvbuf, group.sndbuf);
     s.set_nonblocking(true)?;
-    s.bind(&addr.into())?;
+    s.bind(&group.addr.into())?;
     Ok(s.into())
 }
