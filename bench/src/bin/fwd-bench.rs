@@ -122,9 +122,15 @@ struct RunArgs {
     /// Write every round, the summary, the ratios and the target checks as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Write a chart of the per-round figures.
+    /// Write a chart of the per-round figures (with --sweep: cost against offered load).
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Live regime: a load sweep over these offered rates (datagrams/s, e.g.
+    /// 10000,30000,100000,300000,1000000; `max` for as fast as the sender goes). Each round
+    /// runs every rate, and each rate every mode (and the C reference) in turn; results are
+    /// labelled `MODE@RATE`.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Vec<String>,
     /// Directory holding the C reference bench.c (a C reference forwarder kept outside this repository): build
     /// a copy and run it beside each mode in the same alternation.
     #[arg(long)]
@@ -257,6 +263,39 @@ fn run(a: RunArgs) -> Result<()> {
     // Kernel steering reads plaintext connection IDs: then every mode of the run gets them,
     // so that all route the same datagrams at the same cost.
     let plaintext = a.modes.iter().any(|m| m == "reuseport");
+    // The offered rates: one step without --sweep (the --rate given, if any).
+    let steps: Vec<(String, Option<u64>)> = if a.sweep.is_empty() {
+        vec![(String::new(), a.rate)]
+    } else {
+        if !matches!(a.regime, Regime::Live) {
+            bail!("--sweep needs --regime live: the saturated regime has no offered rate");
+        }
+        a.sweep
+            .iter()
+            .map(|s| match s.as_str() {
+                "max" => Ok(("max".to_string(), None)),
+                n => n
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&r| r > 0)
+                    .map(|r| (n.to_string(), Some(r)))
+                    .ok_or_else(|| {
+                        anyhow::anyhow!("--sweep: {n:?} is not a rate (datagrams/s, or max)")
+                    }),
+            })
+            .collect::<Result<_>>()?
+    };
+    let labelled = |mode: &str, step: &str| {
+        if step.is_empty() {
+            mode.to_string()
+        } else {
+            format!("{mode}@{step}")
+        }
+    };
+    let labels: Vec<String> = steps
+        .iter()
+        .flat_map(|(step, _)| a.modes.iter().map(|m| labelled(m, step)))
+        .collect();
     if plaintext && matches!(a.regime, Regime::Saturated) {
         bail!(
             "--modes reuseport runs in --regime live only: the saturated regime parks the demux \
@@ -314,7 +353,7 @@ fn run(a: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let plan = Plan {
+    let mut plan = Plan {
         regime: a.regime,
         shape: shape(a.gro),
         size: a.size,
@@ -348,33 +387,37 @@ fn run(a: RunArgs) -> Result<()> {
     let mut rounds = Vec::new();
     let mut refs = Vec::new();
     for round in 1..=a.rounds {
-        for mode in &a.modes {
-            let spec = Spec {
-                ringmux: ringmux.clone(),
-                worker: worker.clone(),
-                instances: a.instances,
-                forward: mode.clone(),
-                worker_mode: "sink".into(),
-                rcvbuf: a.rcvbuf,
-                cpus: cpus.clone(),
-                key_file: key_file.clone(),
-                log: tmp.join(format!("ringmux-{mode}-{round}.log")),
-                extra: [
-                    vec!["--spin-us".to_string(), a.spin_us.to_string()],
-                    plaintext
-                        .then(|| "--plaintext-cids".to_string())
-                        .into_iter()
-                        .collect(),
-                    a.ringmux_args.clone(),
-                ]
-                .concat(),
-            };
-            let r = measure::run(&plan, &spec, &conns, round, mode)?;
-            print_round(&r);
-            rounds.push(r);
-            if let Some(reference) = &reference {
-                if let Some(rr) = reference.run(&plan, mode, round)? {
-                    eprintln!(
+        for (step, rate) in &steps {
+            plan.rate = *rate;
+            for mode in &a.modes {
+                let spec = Spec {
+                    ringmux: ringmux.clone(),
+                    worker: worker.clone(),
+                    instances: a.instances,
+                    forward: mode.clone(),
+                    worker_mode: "sink".into(),
+                    rcvbuf: a.rcvbuf,
+                    cpus: cpus.clone(),
+                    key_file: key_file.clone(),
+                    log: tmp.join(format!("ringmux-{mode}-{round}.log")),
+                    extra: [
+                        vec!["--spin-us".to_string(), a.spin_us.to_string()],
+                        plaintext
+                            .then(|| "--plaintext-cids".to_string())
+                            .into_iter()
+                            .collect(),
+                        a.ringmux_args.clone(),
+                    ]
+                    .concat(),
+                };
+                let mut r = measure::run(&plan, &spec, &conns, round, mode)?;
+                r.mode = labelled(mode, step);
+                print_round(&r);
+                rounds.push(r);
+                if let Some(reference) = &reference {
+                    if let Some(mut rr) = reference.run(&plan, mode, round)? {
+                        rr.mode = labelled(mode, step);
+                        eprintln!(
                         "round {round} C reference {:>4}: demux {:7.1} ns/datagram  consumer {}  rx {:.2} M/s  ok={}",
                         rr.fwd,
                         rr.demux_ns_per_datagram,
@@ -383,17 +426,26 @@ fn run(a: RunArgs) -> Result<()> {
                         rr.rx_per_s / 1e6,
                         rr.ok
                     );
-                    refs.push(rr);
+                        refs.push(rr);
+                    }
                 }
             }
         }
     }
 
-    let summary = report::summarise(&rounds, &a.modes);
+    let summary = report::summarise(&rounds, &labels);
     let reference_summary = report::summarise_reference(&refs);
     let ratios = report::ratios(&rounds, &refs);
     let checks = report::checks(a.regime, plan.shape, &ratios, &summary);
-    let table = report::markdown(&a.modes, &summary, &reference_summary, &ratios, &checks);
+    let mut table = report::markdown(&labels, &summary, &reference_summary, &ratios, &checks);
+    if !a.sweep.is_empty() {
+        table.push_str(&report::sweep_markdown(
+            &a.modes,
+            &steps,
+            &summary,
+            &reference_summary,
+        ));
+    }
     let loadavg_end = os::loadavg();
     println!(
         "\nfwd-bench {:?}, GRO {:?} ({} sender), {} rounds, {} instance(s), {} B; load before: {}; after: {}\n",
@@ -467,7 +519,11 @@ fn run(a: RunArgs) -> Result<()> {
             "ringmux fwd-bench: {:?}, GRO {:?}, {} B, {} instance(s)",
             a.regime, a.gro, a.size, a.instances
         );
-        report::svg(path, &title, &rounds, &refs)?;
+        if a.sweep.is_empty() {
+            report::svg(path, &title, &rounds, &refs)?;
+        } else {
+            report::sweep_svg(path, &title, &a.modes, &steps, &summary, &reference_summary)?;
+        }
         eprintln!("== wrote {}", path.display());
     }
     if a.keep_temp {

@@ -168,6 +168,29 @@ pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
         let reuseport = get("reuseport");
         push("shm_over_reuseport_box", div(bx(shm), bx(reuseport)));
         push("unix_over_reuseport_box", div(bx(unix), bx(reuseport)));
+        // A load sweep labels each run `MODE@RATE`: the same ratios per offered rate.
+        let mut steps: Vec<&str> = rounds
+            .iter()
+            .filter_map(|r| r.mode.split_once('@').map(|(_, s)| s))
+            .collect();
+        steps.sort();
+        steps.dedup();
+        for s in steps {
+            let at = |m: &str| get(&format!("{m}@{s}"));
+            let rat = |m: &str| rget(&format!("{m}@{s}")).map(|r| r.demux_ns_per_datagram);
+            push(
+                &format!("shm_over_reference_ring_demux@{s}"),
+                div(d(at("shm")), rat("shm")),
+            );
+            push(
+                &format!("shm_over_reuseport_box@{s}"),
+                div(bx(at("shm")), bx(at("reuseport"))),
+            );
+            push(
+                &format!("unix_over_shm_demux@{s}"),
+                div(d(at("unix")), d(at("shm"))),
+            );
+        }
     }
     per.into_iter()
         .filter_map(|(k, v)| Some((k, Stat::of(&v)?)))
@@ -323,7 +346,8 @@ pub fn markdown(
         let Some(m) = reference.get(mode) else {
             continue;
         };
-        let name = super::reference::fwd_for(mode).unwrap_or("?");
+        let base = mode.split('@').next().unwrap_or(mode);
+        let name = super::reference::fwd_for(base).unwrap_or("?");
         let _ = writeln!(
             o,
             "| C reference `{name}` | {} | {} | — | {} (rx/s) | — | {} | — |",
@@ -476,6 +500,169 @@ pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Res
     }
     panel(&left, "demux CPU per datagram", demux)?;
     panel(&right, "demux + consumer CPU per datagram", total)?;
+    root.present().map_err(|e| anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// A load sweep's figures by offered rate: for each rate (a row per mode, and the C
+/// reference's counterpart where it ran) the medians over the rounds of the demux's cost, the
+/// whole box's cost per delivered datagram, doorbells (wake-ups) per datagram, ring latency,
+/// and what was delivered.
+pub fn sweep_markdown(
+    modes: &[String],
+    steps: &[(String, Option<u64>)],
+    summary: &BTreeMap<String, BTreeMap<String, Stat>>,
+    reference: &BTreeMap<String, BTreeMap<String, Stat>>,
+) -> String {
+    let med =
+        |m: Option<&BTreeMap<String, Stat>>, k: &str| m.and_then(|m| m.get(k)).map(|s| s.median);
+    let show = |v: Option<f64>, f: fn(f64) -> String| v.map_or("—".to_string(), f);
+    let mut o = String::new();
+    let _ = writeln!(o, "\nLoad sweep (medians over the rounds):\n");
+    let _ = writeln!(
+        o,
+        "| offered/s | mode | demux ns/datagram | C ref. demux ns | box ns/delivered | doorbells/datagram | p50 µs | p99 µs | delivered/s |"
+    );
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+    for (step, _) in steps {
+        for mode in modes {
+            let label = format!("{mode}@{step}");
+            let m = summary.get(&label);
+            if m.is_none() {
+                continue;
+            }
+            let _ = writeln!(
+                o,
+                "| {step} | {mode} | {} | {} | {} | {} | {} | {} | {} |",
+                show(med(m, "demux_ns_per_datagram"), ns),
+                show(med(reference.get(&label), "demux_ns_per_datagram"), ns),
+                show(med(m, "box_ns_per_delivered"), ns),
+                show(med(m, "doorbells_per_datagram"), frac),
+                show(med(m, "latency_p50_us"), us),
+                show(med(m, "latency_p99_us"), us),
+                show(med(m, "delivered_per_s"), rate),
+            );
+        }
+    }
+    o
+}
+
+/// The load sweep as a chart: the demux's cost (left) and the whole box's cost per delivered
+/// datagram (right) against the offered rate (log scale), a line per mode, the C reference's
+/// demux cost beside them.
+pub fn sweep_svg(
+    path: &Path,
+    title: &str,
+    modes: &[String],
+    steps: &[(String, Option<u64>)],
+    summary: &BTreeMap<String, BTreeMap<String, Stat>>,
+    reference: &BTreeMap<String, BTreeMap<String, Stat>>,
+) -> Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
+    let root = root
+        .titled(title, ("sans-serif", 18))
+        .map_err(|e| anyhow!("{e:?}"))?;
+    let (left, right) = root.split_horizontally(600);
+    let palette = [
+        RGBColor(31, 119, 180),
+        RGBColor(214, 39, 40),
+        RGBColor(44, 160, 44),
+        RGBColor(60, 60, 60),
+    ];
+    // (label, colour, points (offered/s, ns))
+    type Line = (String, RGBColor, Vec<(f64, f64)>);
+    let points = |table: &BTreeMap<String, BTreeMap<String, Stat>>, mode: &str, key: &str| {
+        steps
+            .iter()
+            .filter_map(|(step, _)| {
+                let label = format!("{mode}@{step}");
+                let offered = summary
+                    .get(&label)
+                    .and_then(|m| m.get("offered_per_s"))?
+                    .median;
+                let v = table.get(&label).and_then(|m| m.get(key))?.median;
+                Some((offered, v))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut demux: Vec<Line> = Vec::new();
+    let mut whole: Vec<Line> = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let c = palette[i % palette.len()];
+        demux.push((
+            format!("ringmux {mode}"),
+            c,
+            points(summary, mode, "demux_ns_per_datagram"),
+        ));
+        let r = points(reference, mode, "demux_ns_per_datagram");
+        if !r.is_empty() {
+            let name = super::reference::fwd_for(mode).unwrap_or("?");
+            // The same hue, lighter.
+            let light = |v: u8| v + (255 - v) / 2;
+            demux.push((
+                format!("C reference {name}"),
+                RGBColor(light(c.0), light(c.1), light(c.2)),
+                r,
+            ));
+        }
+        whole.push((
+            format!("ringmux {mode}"),
+            c,
+            points(summary, mode, "box_ns_per_delivered"),
+        ));
+    }
+    let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+                 caption: &str,
+                 lines: &[Line]|
+     -> Result<()> {
+        let pts = lines.iter().flat_map(|l| l.2.iter());
+        let xmin = pts.clone().map(|p| p.0).fold(f64::MAX, f64::min).max(1.0);
+        let xmax = pts.clone().map(|p| p.0).fold(1.0, f64::max).max(xmin * 2.0);
+        let ymax = pts.map(|p| p.1).fold(1.0, f64::max) * 1.15;
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(56)
+            .build_cartesian_2d((xmin / 1.3..xmax * 1.3).log_scale(), 0.0..ymax)
+            .map_err(|e| anyhow!("{e:?}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("offered datagrams/s")
+            .y_desc("ns per datagram")
+            .x_label_formatter(&|x| rate(*x))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        for (label, c, pts) in lines {
+            if pts.is_empty() {
+                continue;
+            }
+            let c = *c;
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(|e| anyhow!("{e:?}"))?
+                .label(label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
+                .map_err(|e| anyhow!("{e:?}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|e| anyhow!("{e:?}"))?;
+        Ok(())
+    };
+    panel(&left, "demux data-plane CPU per datagram", &demux)?;
+    panel(&right, "whole box CPU per delivered datagram", &whole)?;
     root.present().map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
 }
