@@ -94,7 +94,7 @@ impl DoorbellReader {
 
     /// Reads pending rings (at most 256); returns how many it read (0 if none).
     ///
-    /// One `read(2)` and nothing else: it runs on the consumer's wake-up path.
+    /// One `read(2)` and nothing else: the consumer calls it before each sleep announcement.
     #[inline]
     pub fn clear(&self) -> io::Result<u64> {
         let mut v = [0u8; CLEAR_BYTES];
@@ -105,9 +105,9 @@ impl DoorbellReader {
         }
     }
 
-    /// Blocks until rung or until `timeout` passes (None: forever), then clears. Returns whether
-    /// it was rung. A closed write end (the producer is gone) ends the wait too, unrung.
-    pub fn wait(&self, timeout: Option<Duration>) -> io::Result<bool> {
+    /// Blocks until rung or until `timeout` passes (None: forever), without clearing: whether
+    /// it is rung (readable). A closed write end (the producer is gone) ends the wait too.
+    pub fn rung(&self, timeout: Option<Duration>) -> io::Result<bool> {
         use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
         let timeout = timeout.map_or(PollTimeout::NONE, |t| {
             PollTimeout::try_from(t).unwrap_or(PollTimeout::MAX)
@@ -117,10 +117,8 @@ impl DoorbellReader {
             match poll(&mut pfd, timeout) {
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
-                Ok(0) => return Ok(false),
-                Ok(_) => {}
+                Ok(n) => return Ok(n > 0),
             }
-            return Ok(self.clear()? > 0);
         }
     }
 }
