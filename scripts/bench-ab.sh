@@ -16,7 +16,9 @@
 #
 # Usage: scripts/bench-ab.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
 #          [--instances K] [--path /bytes/1024] [--modes "shm unix"] [--cpus LIST]
-#          [--out DIR] [--no-build]
+#          [--out DIR] [--no-build] [--bin DIR]
+# --bin DIR: the ringmux, ringmux-worker and h3-probe to run (default target/release, built
+# first unless --no-build), e.g. a copy of another build for an A/B of two builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +32,7 @@ modes="shm unix"
 cpus=""
 out=""
 build=1
+bin=target/release
 
 while (($#)); do
   case $1 in
@@ -43,14 +46,14 @@ while (($#)); do
     --cpus) cpus=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    --bin) bin=$2; build=0; shift 2 ;;
+    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "bench-ab.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
 done
 
 out=${out:-bench/results/ab-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
-bin=target/release
 
 if ((build)); then
   echo "== cargo build --release --workspace --bins"
