@@ -87,7 +87,7 @@ const CLEAR_BYTES: usize = 256;
 
 impl DoorbellReader {
     /// Wraps a descriptor received from the producer. A wrong descriptor makes
-    /// [`DoorbellReader::wait`] fail, never block forever.
+    /// [`DoorbellReader::rung`] fail, never block forever.
     pub fn from_fd(fd: OwnedFd) -> Self {
         DoorbellReader { fd }
     }
