@@ -71,6 +71,19 @@ pub fn table(m: &Scrape) -> String {
         m.labelled(names::TOKENS, "result", "accepted"),
         m.labelled(names::TOKENS, "result", "refused"),
     );
+    let take = |r: &str| m.labelled(names::SESSION_TAKES, "result", r);
+    let hello = |r: &str| m.labelled(names::CLIENT_HELLOS, "result", r);
+    let _ = writeln!(
+        out,
+        "sessions: taken {:.0} hit, {:.0} miss   refused {:.0} foreign, {:.0} unbound   ClientHellos {:.0} read, {:.0} unparsed, {:.0} abandoned",
+        take("hit"),
+        take("miss"),
+        take("foreign"),
+        take("unbound"),
+        hello("read"),
+        hello("unparsed"),
+        hello("abandoned"),
+    );
     let _ = writeln!(out);
     let _ = writeln!(out, "{:>16} {:>14}", "drop reason", "datagrams");
     for r in DropReason::ALL {
@@ -153,6 +166,10 @@ mod tests {
         c.tokens_accepted.store(5, Ordering::Relaxed);
         c.dropped[DropReason::TokenRefused as usize].store(1, Ordering::Relaxed);
         c.under_pressure.store(1, Ordering::Relaxed);
+        c.count_take(crate::sessions::TakeResult::Hit);
+        c.count_take(crate::sessions::TakeResult::Hit);
+        c.count_take(crate::sessions::TakeResult::Foreign);
+        c.client_hellos[0].store(9, Ordering::Relaxed);
         *c.program.write().unwrap() = "/opt/app/bin/server".into();
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         assert!(t.contains("received 10   forwarded 11   dropped 4"), "{t}");
@@ -163,6 +180,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
+        assert!(
+            t.contains("sessions: taken 2 hit, 0 miss   refused 1 foreign, 0 unbound   ClientHellos 9 read, 0 unparsed, 0 abandoned"),
+            "{t}"
+        );
         let row = |first: &str| {
             t.lines()
                 .find(|l| l.split_whitespace().next() == Some(first))
