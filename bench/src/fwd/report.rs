@@ -398,14 +398,13 @@ pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Res
             (_, true) => RGBColor(170, 170, 170),
         }
     };
-    type Series = (String, RGBColor, Vec<(f64, f64)>);
     let mut modes: Vec<String> = rounds.iter().map(|r| r.mode.clone()).collect();
     modes.dedup();
     modes.sort();
     modes.dedup();
     let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
                  caption: &str,
-                 series: Vec<Series>|
+                 series: Vec<Line>|
      -> Result<()> {
         let xmax = rounds.iter().map(|r| r.round).max().unwrap_or(1).max(2) as f64;
         let ymax = series
@@ -429,32 +428,10 @@ pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Res
             .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(|e| anyhow!("{e:?}"))?;
-        for (label, c, pts) in series {
-            if pts.is_empty() {
-                continue;
-            }
-            chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                .map_err(|e| anyhow!("{e:?}"))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
-                .map_err(|e| anyhow!("{e:?}"))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| anyhow!("{e:?}"))?;
-        Ok(())
+        draw_lines(&mut chart, &series)
     };
-    let mut demux: Vec<Series> = Vec::new();
-    let mut total: Vec<Series> = Vec::new();
+    let mut demux: Vec<Line> = Vec::new();
+    let mut total: Vec<Line> = Vec::new();
     for m in &modes {
         let rs: Vec<&Round> = rounds.iter().filter(|r| &r.mode == m).collect();
         demux.push((
@@ -571,8 +548,6 @@ pub fn sweep_svg(
         RGBColor(44, 160, 44),
         RGBColor(60, 60, 60),
     ];
-    // (label, colour, points (offered/s, ns))
-    type Line = (String, RGBColor, Vec<(f64, f64)>);
     let points = |table: &BTreeMap<String, BTreeMap<String, Stat>>, mode: &str, key: &str| {
         steps
             .iter()
@@ -636,34 +611,54 @@ pub fn sweep_svg(
             .y_label_formatter(&|y| format!("{y:.0}"))
             .draw()
             .map_err(|e| anyhow!("{e:?}"))?;
-        for (label, c, pts) in lines {
-            if pts.is_empty() {
-                continue;
-            }
-            let c = *c;
-            chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
-                .map_err(|e| anyhow!("{e:?}"))?
-                .label(label.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
-                .map_err(|e| anyhow!("{e:?}"))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(|e| anyhow!("{e:?}"))?;
-        Ok(())
+        draw_lines(&mut chart, lines)
     };
     panel(&left, "demux data-plane CPU per datagram", &demux)?;
     panel(&right, "whole box CPU per delivered datagram", &whole)?;
     root.present().map_err(|e| anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// One line of a chart: its label, its colour and its points (x, ns per datagram).
+type Line = (String, plotters::style::RGBColor, Vec<(f64, f64)>);
+
+/// Draws `lines` (label, colour, points) on `chart`, each a line with its points marked, and
+/// their legend: what both charts, per round and per offered rate, draw on their own axes.
+fn draw_lines<'a, DB, X, Y>(
+    chart: &mut plotters::chart::ChartContext<
+        'a,
+        DB,
+        plotters::coord::cartesian::Cartesian2d<X, Y>,
+    >,
+    lines: &[Line],
+) -> Result<()>
+where
+    DB: plotters::prelude::DrawingBackend + 'a,
+    X: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+    Y: plotters::coord::ranged1d::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
+    for (label, c, pts) in lines {
+        if pts.is_empty() {
+            continue;
+        }
+        let c = *c;
+        chart
+            .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+            .map_err(|e| anyhow!("{e:?}"))?
+            .label(label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, c.filled())))
+            .map_err(|e| anyhow!("{e:?}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
 }
 
