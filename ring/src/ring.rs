@@ -7,9 +7,9 @@
 //! `tail`, the consumer owns `head` and `need_wakeup`. Each side caches the other's index and
 //! re-reads it only when its cached view says full (producer) or empty (consumer).
 //!
-//! - `SYNC: slot-publish` — the producer writes descriptors and payloads, then stores `tail` with
-//!   `Release`; the consumer loads `tail` with `Acquire` before it reads any slot below it. So no
-//!   slot is read before it is published.
+//! - `SYNC: slot-publish` — the producer writes descriptors and payloads (streaming stores on
+//!   x86-64, drained by `sfence`), then stores `tail` with `Release`; the consumer loads `tail`
+//!   with `Acquire` before it reads any slot below it. So no slot is read before it is published.
 //! - `SYNC: slot-release` — the consumer reads slots, then stores `head` with `Release`; the
 //!   producer loads `head` with `Acquire` before it overwrites any slot below it. So no slot is
 //!   overwritten before it is released.
@@ -157,6 +157,73 @@ pub enum InvalidSlot {
     Ecn(u8),
 }
 
+/// How many slots ahead a drain asks for the descriptor and first payload line.
+const PREFETCH_AHEAD: u64 = 2;
+
+/// Writes one slot with ordinary stores: the descriptor, then the payload.
+///
+/// # Safety
+/// `slot` is writable for `DESC_BYTES + payload.len()` bytes and owned by the caller.
+#[cfg(any(loom, not(target_arch = "x86_64")))]
+unsafe fn copy_slot(slot: *mut u8, desc: &SlotDesc, payload: &[u8]) {
+    // SAFETY: the slot's first `DESC_BYTES` are writable (the caller's contract).
+    unsafe { slot.cast::<SlotDesc>().write_unaligned(*desc) };
+    let area = slot.wrapping_add(DESC_BYTES as usize);
+    // SAFETY: `payload.len()` bytes after the descriptor are writable (the caller's contract),
+    // and a local payload never overlaps the shared mapping.
+    unsafe { core::ptr::copy_nonoverlapping(payload.as_ptr(), area, payload.len()) };
+}
+
+/// Writes one slot (descriptor line and payload) with non-temporal stores, whole 64-byte lines
+/// only: the last partial line goes out padded from a stack copy. A slot the producer writes was
+/// last read by the consumer on another core, so an ordinary store first has to fetch the line
+/// back (a read-for-ownership per line, 20 per 1200-byte datagram); a streaming store of a whole
+/// line needs no read. Streaming stores are weakly ordered: `ProducerCore::publish` fences them
+/// (`sfence`) before the tail store that publishes them.
+///
+/// # Safety
+/// `slot` is 64-byte aligned, writable for `DESC_BYTES + payload.len()` rounded up to a multiple
+/// of 64, and owned by the caller.
+#[cfg(all(not(loom), target_arch = "x86_64"))]
+#[inline]
+unsafe fn stream_slot(slot: *mut u8, desc: &SlotDesc, payload: &[u8]) {
+    use core::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    /// Streams the 64-byte line at `src` (any alignment) to `dst` (64-byte aligned).
+    ///
+    /// # Safety
+    /// 64 bytes are readable at `src` and writable at `dst`.
+    #[inline(always)]
+    unsafe fn line(dst: *mut u8, src: *const u8) {
+        let (d, s) = (dst.cast::<__m128i>(), src.cast::<__m128i>());
+        for i in 0..4 {
+            // SAFETY: 16 of the 64 readable bytes at `src`.
+            let v = unsafe { _mm_loadu_si128(s.wrapping_add(i)) };
+            // SAFETY: 16 of the 64 writable bytes at `dst`, 16-byte aligned since `dst` is 64.
+            unsafe { _mm_stream_si128(d.wrapping_add(i), v) };
+        }
+    }
+    debug_assert_eq!(slot as usize % 64, 0);
+    const _: () = assert!(DESC_BYTES == 64 && size_of::<SlotDesc>() == 64);
+    // SAFETY: the descriptor is 64 readable bytes; the slot's first line is the caller's.
+    unsafe { line(slot, (desc as *const SlotDesc).cast()) };
+    let dst = slot.wrapping_add(DESC_BYTES as usize);
+    let whole = payload.len() & !63;
+    let mut off = 0;
+    while off < whole {
+        // SAFETY: `off + 64 <= whole <= payload.len()`, and the destination line lies inside the
+        // slot (the caller's contract).
+        unsafe { line(dst.wrapping_add(off), payload.as_ptr().wrapping_add(off)) };
+        off += 64;
+    }
+    let rest = &payload[whole..];
+    if !rest.is_empty() {
+        let mut last = [0u8; 64];
+        last[..rest.len()].copy_from_slice(rest);
+        // SAFETY: the payload rounded up to whole lines fits the slot (the caller's contract).
+        unsafe { line(dst.wrapping_add(whole), last.as_ptr()) };
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Slot storage: raw shared memory in real builds, loom cells in the model.
 
@@ -209,28 +276,64 @@ impl Slots {
     /// has not published.
     unsafe fn write(&self, idx: u64, desc: &SlotDesc, payload: &[u8]) {
         debug_assert!(payload.len() + DESC_BYTES as usize <= self.size);
-        let write = |slot: *mut u8| {
-            // SAFETY: `slot` has `size` bytes (Slots::new), the descriptor fits, and the caller
-            // owns the slot.
-            unsafe { slot.cast::<SlotDesc>().write_unaligned(*desc) };
-            // SAFETY: the payload area starts `DESC_BYTES` into the slot, inside its `size` bytes.
-            let area = unsafe { slot.add(DESC_BYTES as usize) };
-            // SAFETY: the payload fits the area (checked by try_push against payload_capacity),
-            // the caller owns the slot, and a local payload never overlaps the shared mapping.
-            unsafe { core::ptr::copy_nonoverlapping(payload.as_ptr(), area, payload.len()) };
-        };
         #[cfg(not(loom))]
-        // SAFETY: `idx & mask` < count, so the offset stays inside the mapping (Slots::new).
-        write(unsafe {
-            self.base
-                .as_ptr()
-                .add((idx & self.mask) as usize * self.size)
-        });
+        {
+            // SAFETY: `idx & mask` < count, so the offset stays inside the mapping (Slots::new).
+            let slot = unsafe { self.slot_ptr(idx) };
+            // SAFETY: the slot is 64-byte aligned (the mapping is page-aligned, SLOTS_OFFSET and
+            // `size` are multiples of 64) and `size` is a multiple of 64, so the payload rounded
+            // up to whole lines still fits in it; the caller owns the slot.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                stream_slot(slot, desc, payload)
+            };
+            // SAFETY: as above.
+            #[cfg(not(target_arch = "x86_64"))]
+            unsafe {
+                copy_slot(slot, desc, payload)
+            };
+        }
         #[cfg(loom)]
         self.cells[(idx & self.mask) as usize].with_mut(|v| {
             // SAFETY: loom checks the exclusive access this closure claims.
-            write(unsafe { (*v).as_mut_ptr() })
+            let cell = unsafe { &mut *v };
+            // SAFETY: the cell has `size` bytes.
+            unsafe { copy_slot(cell.as_mut_ptr(), desc, payload) }
         });
+    }
+
+    /// The start of slot `idx`.
+    ///
+    /// # Safety
+    /// None beyond the mapping outliving the pointer's use: `idx & mask` < count keeps it inside.
+    #[cfg(not(loom))]
+    #[inline(always)]
+    unsafe fn slot_ptr(&self, idx: u64) -> *mut u8 {
+        // SAFETY: `(idx & mask) * size` < count * size, the mapping's length (Slots::new).
+        unsafe {
+            self.base
+                .as_ptr()
+                .add((idx & self.mask) as usize * self.size)
+        }
+    }
+
+    /// Starts loading slot `idx`'s descriptor and first payload line, which the consumer reads
+    /// first: slots arrive by streaming stores (`stream_slot`), so they are in memory, not in
+    /// any cache, and a drain asks for each a few slots ahead.
+    #[inline(always)]
+    fn prefetch(&self, idx: u64) {
+        #[cfg(all(not(loom), target_arch = "x86_64"))]
+        {
+            use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            // SAFETY: `idx & mask` < count keeps the pointer inside the mapping.
+            let p = unsafe { self.slot_ptr(idx) }.cast_const().cast::<i8>();
+            // SAFETY: a prefetch never faults; both lines are inside the slot anyway.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(DESC_BYTES as usize)) };
+        }
+        #[cfg(any(loom, not(target_arch = "x86_64")))]
+        let _ = idx;
     }
 
     /// Copies out slot `idx`'s descriptor and hands `f` the start of its payload area (the rest
@@ -448,6 +551,13 @@ impl ProducerCore {
         if self.tail == self.published {
             return false;
         }
+        // SYNC: slot-publish. The slots were written with streaming stores (`stream_slot`),
+        // which a Release store does not order: the store fence drains them first.
+        #[cfg(all(not(loom), target_arch = "x86_64"))]
+        // SAFETY: SSE is part of x86_64.
+        unsafe {
+            core::arch::x86_64::_mm_sfence()
+        };
         // SYNC: slot-publish. Release: the slot writes above happen-before the consumer's Acquire
         // load of this tail.
         self.header().tail.tail.store(self.tail, Ordering::Release);
@@ -621,6 +731,9 @@ impl ConsumerCore {
         }
         let mut invalid = 0;
         for i in 0..n {
+            if i + PREFETCH_AHEAD < n {
+                self.slots.prefetch(self.head + i + PREFETCH_AHEAD);
+            }
             let cap = self.payload_capacity;
             // SAFETY: head + i < cached_tail, validated and observed with Acquire; not released.
             let ok = unsafe {
@@ -788,6 +901,55 @@ pub fn decode_desc(d: &SlotDesc, payload_capacity: u32) -> Result<DatagramMeta, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every payload length lands whole in its slot and nothing outside it changes: the
+    /// streaming copy writes whole lines, the last one padded, and must stop at the slot's end.
+    #[cfg(not(loom))]
+    #[test]
+    fn a_slot_write_of_any_length_stays_inside_its_slot() {
+        #[repr(C, align(4096))]
+        struct Region([u8; 3 * 1280]);
+        const SIZE: usize = 1280;
+        let mut region = Box::new(Region([0xEE; 3 * SIZE]));
+        let base = NonNull::new(region.0.as_mut_ptr()).unwrap();
+        // SAFETY: the box holds 3 slots of SIZE bytes and outlives `slots`.
+        let slots = unsafe { Slots::new(base, 4, SIZE as u32) };
+        let meta = DatagramMeta {
+            remote: "192.0.2.1:443".parse().unwrap(),
+            local_ip: None,
+            ecn: 1,
+            segment_size: 0,
+            rx_timestamp_ns: 9,
+        };
+        for len in 1..=SIZE - DESC_BYTES as usize {
+            let payload: Vec<u8> = (0..len).map(|i| (i * 7 + len) as u8 | 1).collect();
+            let desc = encode_desc(&meta, len as u32);
+            // SAFETY: single-threaded; slot 1 is inside the region.
+            unsafe { slots.write(1, &desc, &payload) };
+            let r = &region.0;
+            assert!(
+                r[..SIZE].iter().all(|&b| b == 0xEE),
+                "slot 0 touched at len {len}"
+            );
+            assert!(
+                r[2 * SIZE..].iter().all(|&b| b == 0xEE),
+                "slot 2 touched at len {len}"
+            );
+            assert_eq!(
+                &r[SIZE..SIZE + 64],
+                desc.as_bytes(),
+                "descriptor at len {len}"
+            );
+            assert_eq!(
+                &r[SIZE + 64..SIZE + 64 + len],
+                &payload[..],
+                "payload at len {len}"
+            );
+            // SAFETY: as above.
+            let back = unsafe { slots.read(1, |d, _| d) };
+            assert_eq!(decode_desc(&back, 1216).unwrap().remote, meta.remote);
+        }
+    }
 
     #[test]
     fn descriptor_round_trips_both_families() {
