@@ -3,8 +3,10 @@
 //! one-way latency (hdrhistogram) with the consumer spinning and with it sleeping on the eventfd,
 //! and doorbells per message at saturation with the default spin.
 //!
-//! `cargo bench -p ringmux-ring --bench ring [-- --seconds 2 --mode all|tput|lat-spin|lat-sleep|reset]`
-//! (`reset`, not part of `all`: the time `Producer::reset` takes, a new ring per generation)
+//! `cargo bench -p ringmux-ring --bench ring [-- --seconds 2 --mode all|tput|lat-spin|lat-sleep|lat-sleep-read|reset]`
+//! (`reset`, not part of `all`: the time `Producer::reset` takes, a new ring per generation;
+//! `lat-sleep-read`, not part of `all`: `lat-sleep` with the consumer asleep in a blocking `read`
+//! of the doorbell, as the C reference sleeps, instead of `poll`: what the wait itself costs)
 //! Prints one `RES …` line per run, comparable with the C reference's.
 
 use std::io::{BufRead, BufReader};
@@ -126,7 +128,7 @@ fn reset(seconds: f64) {
 fn run(mode: &str, seconds: f64) {
     let spin_us = match mode {
         "lat-spin" => 1_000_000,
-        "lat-sleep" => 0,
+        "lat-sleep" | "lat-sleep-read" => 0,
         _ => RingConfig::default().spin_us,
     };
     let cfg = RingConfig {
@@ -274,7 +276,11 @@ fn consumer(mode: &str) {
             }
         }
         if d.slots == 0 && !done {
-            c.wait(Some(Duration::from_secs(1))).expect("wait");
+            if mode == "lat-sleep-read" {
+                sleep_in_read(&mut c);
+            } else {
+                c.wait(Some(Duration::from_secs(1))).expect("wait");
+            }
         }
     }
     let el = first.map_or(0.0, |f| f.elapsed().as_secs_f64());
@@ -296,4 +302,29 @@ fn consumer(mode: &str) {
         );
     }
     println!();
+}
+
+/// Sleeps as the C reference's consumer does: in a blocking `read` of the doorbell, so the
+/// wake-up returns straight from it. A worker cannot (its doorbell stays non-blocking for its
+/// event loop and is waited on with `poll`/epoll); this mode measures what that difference costs.
+/// Both `fcntl`s come before the sleep, off the wake-up's path.
+fn sleep_in_read(c: &mut Consumer) {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let set_blocking = |c: &Consumer, blocking: bool| {
+        let fd = c.doorbell_fd();
+        let flags = fcntl(fd, FcntlArg::F_GETFL).expect("F_GETFL");
+        let mut flags = OFlag::from_bits_truncate(flags);
+        flags.set(OFlag::O_NONBLOCK, !blocking);
+        fcntl(fd, FcntlArg::F_SETFL(flags)).expect("F_SETFL");
+    };
+    // prepare_sleep clears the doorbell with a read that must not block.
+    set_blocking(c, false);
+    if !c.prepare_sleep().expect("violation") {
+        return;
+    }
+    set_blocking(c, true);
+    // The producer rings for this sleep (it saw the announcement) on its next publish, the END
+    // message's included, so the read returns.
+    let _ = nix::unistd::read(c.doorbell_fd(), &mut [0u8; 8]);
+    c.end_sleep();
 }

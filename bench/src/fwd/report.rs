@@ -483,8 +483,9 @@ pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Res
 
 /// A load sweep's figures by offered rate: for each rate (a row per mode, and the C
 /// reference's counterpart where it ran) the medians over the rounds of the demux's cost, the
-/// whole box's cost per delivered datagram, doorbells (wake-ups) per datagram, ring latency,
-/// and what was delivered.
+/// whole box's cost per delivered datagram, wake-ups per datagram (the demux's receives, each
+/// after a wake-up at light load, and the workers' doorbells), ring latency, and what was
+/// delivered.
 pub fn sweep_markdown(
     modes: &[String],
     steps: &[(String, Option<u64>)],
@@ -498,9 +499,9 @@ pub fn sweep_markdown(
     let _ = writeln!(o, "\nLoad sweep (medians over the rounds):\n");
     let _ = writeln!(
         o,
-        "| offered/s | mode | demux ns/datagram | C ref. demux ns | box ns/delivered | doorbells/datagram | p50 µs | p99 µs | delivered/s |"
+        "| offered/s | mode | demux ns/datagram | C ref. demux ns | box ns/delivered | demux wake-ups/datagram | doorbells/datagram | p50 µs | p99 µs | delivered/s |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
     for (step, _) in steps {
         for mode in modes {
             let label = format!("{mode}@{step}");
@@ -510,10 +511,11 @@ pub fn sweep_markdown(
             }
             let _ = writeln!(
                 o,
-                "| {step} | {mode} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {step} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 show(med(m, "demux_ns_per_datagram"), ns),
                 show(med(reference.get(&label), "demux_ns_per_datagram"), ns),
                 show(med(m, "box_ns_per_delivered"), ns),
+                show(med(m, "recv_calls_per_datagram"), frac),
                 show(med(m, "doorbells_per_datagram"), frac),
                 show(med(m, "latency_p50_us"), us),
                 show(med(m, "latency_p99_us"), us),
@@ -524,9 +526,10 @@ pub fn sweep_markdown(
     o
 }
 
-/// The load sweep as a chart: the demux's cost (left) and the whole box's cost per delivered
-/// datagram (right) against the offered rate (log scale), a line per mode, the C reference's
-/// demux cost beside them.
+/// The load sweep as a chart of four panels against the offered rate (log scale), a line per
+/// mode: the demux's cost (the C reference's beside it) and the whole box's cost per delivered
+/// datagram; wake-ups per datagram (the demux's receives and the workers' doorbells); ring
+/// latency p50 and p99.
 pub fn sweep_svg(
     path: &Path,
     title: &str,
@@ -536,12 +539,12 @@ pub fn sweep_svg(
     reference: &BTreeMap<String, BTreeMap<String, Stat>>,
 ) -> Result<()> {
     use plotters::prelude::*;
-    let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
+    let root = SVGBackend::new(path, (1200, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e:?}"))?;
     let root = root
         .titled(title, ("sans-serif", 18))
         .map_err(|e| anyhow!("{e:?}"))?;
-    let (left, right) = root.split_horizontally(600);
+    let areas = root.split_evenly((2, 2));
     let palette = [
         RGBColor(31, 119, 180),
         RGBColor(214, 39, 40),
@@ -564,6 +567,8 @@ pub fn sweep_svg(
     };
     let mut demux: Vec<Line> = Vec::new();
     let mut whole: Vec<Line> = Vec::new();
+    let mut wakes: Vec<Line> = Vec::new();
+    let mut latency: Vec<Line> = Vec::new();
     for (i, mode) in modes.iter().enumerate() {
         let c = palette[i % palette.len()];
         demux.push((
@@ -587,15 +592,43 @@ pub fn sweep_svg(
             c,
             points(summary, mode, "box_ns_per_delivered"),
         ));
+        let dashed = RGBColor(c.0 / 2, c.1 / 2, c.2 / 2);
+        wakes.push((
+            format!("{mode}: demux receives"),
+            c,
+            points(summary, mode, "recv_calls_per_datagram"),
+        ));
+        wakes.push((
+            format!("{mode}: doorbells"),
+            dashed,
+            points(summary, mode, "doorbells_per_datagram"),
+        ));
+        latency.push((
+            format!("{mode} p50"),
+            c,
+            points(summary, mode, "latency_p50_us"),
+        ));
+        latency.push((
+            format!("{mode} p99"),
+            dashed,
+            points(summary, mode, "latency_p99_us"),
+        ));
     }
+    // Modes without a figure (unix rings no doorbells, reuseport stamps no latency) draw no
+    // line.
+    let has_figure = |l: &Line| l.2.iter().any(|p| p.1 > 0.0);
+    wakes.retain(has_figure);
+    latency.retain(has_figure);
     let panel = |area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
                  caption: &str,
+                 y_desc: &str,
+                 y_fmt: fn(f64) -> String,
                  lines: &[Line]|
      -> Result<()> {
         let pts = lines.iter().flat_map(|l| l.2.iter());
         let xmin = pts.clone().map(|p| p.0).fold(f64::MAX, f64::min).max(1.0);
         let xmax = pts.clone().map(|p| p.0).fold(1.0, f64::max).max(xmin * 2.0);
-        let ymax = pts.map(|p| p.1).fold(1.0, f64::max) * 1.15;
+        let ymax = pts.map(|p| p.1).fold(f64::MIN_POSITIVE, f64::max) * 1.15;
         let mut chart = ChartBuilder::on(area)
             .caption(caption, ("sans-serif", 15))
             .margin(12)
@@ -606,15 +639,38 @@ pub fn sweep_svg(
         chart
             .configure_mesh()
             .x_desc("offered datagrams/s")
-            .y_desc("ns per datagram")
+            .y_desc(y_desc)
             .x_label_formatter(&|x| rate(*x))
-            .y_label_formatter(&|y| format!("{y:.0}"))
+            .y_label_formatter(&|y| y_fmt(*y))
             .draw()
             .map_err(|e| anyhow!("{e:?}"))?;
         draw_lines(&mut chart, lines)
     };
-    panel(&left, "demux data-plane CPU per datagram", &demux)?;
-    panel(&right, "whole box CPU per delivered datagram", &whole)?;
+    let whole_ns = |y: f64| format!("{y:.0}");
+    let small = |y: f64| format!("{y:.3}");
+    let (ns_y, per_y, us_y) = ("ns per datagram", "per datagram", "µs");
+    panel(
+        &areas[0],
+        "demux data-plane CPU per datagram",
+        ns_y,
+        whole_ns,
+        &demux,
+    )?;
+    panel(
+        &areas[1],
+        "whole box CPU per delivered datagram",
+        ns_y,
+        whole_ns,
+        &whole,
+    )?;
+    panel(&areas[2], "wake-ups per datagram", per_y, small, &wakes)?;
+    panel(
+        &areas[3],
+        "ring latency (demux receive to worker dequeue)",
+        us_y,
+        whole_ns,
+        &latency,
+    )?;
     root.present().map_err(|e| anyhow!("{e:?}"))?;
     Ok(())
 }
