@@ -592,27 +592,26 @@ pub fn sweep_svg(
             c,
             points(summary, mode, "box_ns_per_delivered"),
         ));
-        let dashed = RGBColor(c.0 / 2, c.1 / 2, c.2 / 2);
-        wakes.push((
-            format!("{mode}: demux receives"),
-            c,
-            points(summary, mode, "recv_calls_per_datagram"),
-        ));
-        wakes.push((
-            format!("{mode}: doorbells"),
-            dashed,
-            points(summary, mode, "doorbells_per_datagram"),
-        ));
-        latency.push((
-            format!("{mode} p50"),
-            c,
-            points(summary, mode, "latency_p50_us"),
-        ));
-        latency.push((
-            format!("{mode} p99"),
-            dashed,
-            points(summary, mode, "latency_p99_us"),
-        ));
+        // Each of the lower panels draws two figures per mode: the first in the mode's colour,
+        // the second darker.
+        let dark = RGBColor(c.0 / 2, c.1 / 2, c.2 / 2);
+        for (lines, figures) in [
+            (
+                &mut wakes,
+                [
+                    ("demux receives", "recv_calls_per_datagram"),
+                    ("doorbells", "doorbells_per_datagram"),
+                ],
+            ),
+            (
+                &mut latency,
+                [("p50", "latency_p50_us"), ("p99", "latency_p99_us")],
+            ),
+        ] {
+            for ((name, key), colour) in figures.into_iter().zip([c, dark]) {
+                lines.push((format!("{mode} {name}"), colour, points(summary, mode, key)));
+            }
+        }
     }
     // Modes without a figure (unix rings no doorbells, reuseport stamps no latency) draw no
     // line.
