@@ -278,8 +278,7 @@ impl Slots {
         debug_assert!(payload.len() + DESC_BYTES as usize <= self.size);
         #[cfg(not(loom))]
         {
-            // SAFETY: `idx & mask` < count, so the offset stays inside the mapping (Slots::new).
-            let slot = unsafe { self.slot_ptr(idx) };
+            let slot = self.slot_ptr(idx);
             // SAFETY: the slot is 64-byte aligned (the mapping is page-aligned, SLOTS_OFFSET and
             // `size` are multiples of 64) and `size` is a multiple of 64, so the payload rounded
             // up to whole lines still fits in it; the caller owns the slot.
@@ -303,12 +302,9 @@ impl Slots {
     }
 
     /// The start of slot `idx`.
-    ///
-    /// # Safety
-    /// None beyond the mapping outliving the pointer's use: `idx & mask` < count keeps it inside.
     #[cfg(not(loom))]
     #[inline(always)]
-    unsafe fn slot_ptr(&self, idx: u64) -> *mut u8 {
+    fn slot_ptr(&self, idx: u64) -> *mut u8 {
         // SAFETY: `(idx & mask) * size` < count * size, the mapping's length (Slots::new).
         unsafe {
             self.base
@@ -325,8 +321,7 @@ impl Slots {
         #[cfg(all(not(loom), target_arch = "x86_64"))]
         {
             use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-            // SAFETY: `idx & mask` < count keeps the pointer inside the mapping.
-            let p = unsafe { self.slot_ptr(idx) }.cast_const().cast::<i8>();
+            let p = self.slot_ptr(idx).cast_const().cast::<i8>();
             // SAFETY: a prefetch never faults; both lines are inside the slot anyway.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p) };
             // SAFETY: as above.
@@ -350,12 +345,7 @@ impl Slots {
             f(desc, start)
         };
         #[cfg(not(loom))]
-        // SAFETY: as in `write`.
-        return read(unsafe {
-            self.base
-                .as_ptr()
-                .add((idx & self.mask) as usize * self.size)
-        });
+        return read(self.slot_ptr(idx));
         #[cfg(loom)]
         // SAFETY: loom checks the shared access this closure claims.
         self.cells[(idx & self.mask) as usize].with(|v| read(unsafe { (*v).as_ptr() }))
@@ -907,13 +897,14 @@ mod tests {
     #[cfg(not(loom))]
     #[test]
     fn a_slot_write_of_any_length_stays_inside_its_slot() {
-        #[repr(C, align(4096))]
-        struct Region([u8; 3 * 1280]);
         const SIZE: usize = 1280;
-        let mut region = Box::new(Region([0xEE; 3 * SIZE]));
+        const COUNT: usize = 4;
+        #[repr(C, align(4096))]
+        struct Region([u8; COUNT * SIZE]);
+        let mut region = Box::new(Region([0xEE; COUNT * SIZE]));
         let base = NonNull::new(region.0.as_mut_ptr()).unwrap();
-        // SAFETY: the box holds 3 slots of SIZE bytes and outlives `slots`.
-        let slots = unsafe { Slots::new(base, 4, SIZE as u32) };
+        // SAFETY: the box holds COUNT slots of SIZE bytes and outlives `slots`.
+        let slots = unsafe { Slots::new(base, COUNT as u32, SIZE as u32) };
         let meta = DatagramMeta {
             remote: "192.0.2.1:443".parse().unwrap(),
             local_ip: None,
@@ -926,15 +917,17 @@ mod tests {
             let desc = encode_desc(&meta, len as u32);
             // SAFETY: single-threaded; slot 1 is inside the region.
             unsafe { slots.write(1, &desc, &payload) };
-            let r = &region.0;
-            assert!(
-                r[..SIZE].iter().all(|&b| b == 0xEE),
-                "slot 0 touched at len {len}"
-            );
-            assert!(
-                r[2 * SIZE..].iter().all(|&b| b == 0xEE),
-                "slot 2 touched at len {len}"
-            );
+            // Read back through the same pointer the writes went through.
+            // SAFETY: the region's COUNT * SIZE bytes, initialised, not written meanwhile.
+            let r = unsafe { std::slice::from_raw_parts(base.as_ptr(), COUNT * SIZE) };
+            for other in [0, 2, 3] {
+                assert!(
+                    r[other * SIZE..(other + 1) * SIZE]
+                        .iter()
+                        .all(|&b| b == 0xEE),
+                    "slot {other} touched at len {len}"
+                );
+            }
             assert_eq!(
                 &r[SIZE..SIZE + 64],
                 desc.as_bytes(),
@@ -949,6 +942,7 @@ mod tests {
             let back = unsafe { slots.read(1, |d, _| d) };
             assert_eq!(decode_desc(&back, 1216).unwrap().remote, meta.remote);
         }
+        drop(region);
     }
 
     #[test]
