@@ -4,7 +4,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -30,6 +30,14 @@ use ringmux_demux::{alloc, supervisor, sys, upgrade};
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
 
 fn main() -> ExitCode {
+    // First of all, before reading a single argument: every `execve` makes a process dumpable
+    // again, and a new image of the demux (`ringmux upgrade`) holds the hand-over's keys,
+    // rings and sessions from its first instruction. While dumpable, any process of its user
+    // could open its memory.
+    if let Err(e) = sys::make_non_dumpable() {
+        eprintln!("ringmux: making the process non-dumpable: {e}");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     ringmux_proto::logging::init();
     let result = match cli.command {
@@ -455,7 +463,6 @@ impl forward::WithForward for Serve {
         let public_addr = public.socket().local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
-        let public_fd: OwnedFd = public.socket().try_clone()?.into();
         let active_generation = match &resume {
             Some(r) => r.adopted.active_generation,
             None => counters.active_generation.load(Ordering::Relaxed),
@@ -487,7 +494,7 @@ impl forward::WithForward for Serve {
                 let mut sup = supervisor::Supervisor::new(
                     cfg.clone(),
                     template,
-                    public_fd,
+                    public_addr,
                     counters.clone(),
                     link,
                     signals,
@@ -504,7 +511,7 @@ impl forward::WithForward for Serve {
                 match supervisor::Supervisor::adopt(
                     cfg.clone(),
                     template,
-                    public_fd,
+                    public_addr,
                     counters.clone(),
                     link,
                     signals,
@@ -638,11 +645,11 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     let addr: SocketAddr = cfg.args.listen;
     let s = sys::udp_socket(addr)
         .with_context(|| format!("a UDP socket for {addr} (dual-stack on [::])"))?;
-    if cfg.args.forward == config::ForwardMode::Reuseport {
-        // The group's first member, which the steering program never picks.
-        s.set_reuse_port(true)
-            .context("SO_REUSEPORT on the public socket")?;
-    }
+    // The first member of the address's SO_REUSEPORT group: every worker's own socket joins it
+    // after this one (the lanes' sockets under --forward reuseport), and the group's steering
+    // program picks this socket for every datagram (under reuseport: for none).
+    s.set_reuse_port(true)
+        .context("SO_REUSEPORT on the public socket")?;
     // Fails when not privileged: the plain sizes below are then capped by the sysctl limits.
     sys::size_buffers(&s, cfg.args.rcvbuf, cfg.args.sndbuf);
     // Linux reports twice the size it grants (it counts its own overhead).
@@ -656,6 +663,13 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     }
     s.bind(&addr.into())
         .with_context(|| format!("binding {addr} (--listen / RINGMUX_LISTEN)"))?;
+    if cfg.args.forward != config::ForwardMode::Reuseport {
+        sys::attach_reuseport_program(s.as_fd(), &sys::NEVER_STEER_PROGRAM)
+            .context("attaching the public socket's steering program")?;
+        // Neither a socket filter nor another steering program, ever, through this socket.
+        // (Kernel steering re-attaches its program through it at every reload.)
+        sys::lock_filter(s.as_fd()).context("SO_LOCK_FILTER on the public socket")?;
+    }
     s.set_nonblocking(true)?;
     Ok(s.into())
 }

@@ -135,6 +135,35 @@ pub fn udp_socket(addr: std::net::SocketAddr) -> io::Result<socket2::Socket> {
     Ok(s)
 }
 
+/// A worker's own sending socket: a UDP socket bound to `public`, the public socket's address
+/// and port, in its `SO_REUSEPORT` group, whose steering program always picks the demux's
+/// socket ([`NEVER_STEER_PROGRAM`]), so it never receives a datagram. Whatever a worker does to
+/// it (a filter, `connect`, `shutdown`, receiving) touches that worker alone; the socket the
+/// demux receives on never leaves the demux. Its filters are locked (`SO_LOCK_FILTER`), so not
+/// even an unconfined worker can replace the group's steering program through it.
+/// Non-blocking, close-on-exec, `sndbuf` bytes of send buffer.
+pub fn sending_socket(public: std::net::SocketAddr, sndbuf: usize) -> io::Result<OwnedFd> {
+    let s = udp_socket(public)?;
+    s.set_reuse_port(true)?;
+    lock_filter(s.as_fd())?;
+    let _ = force_buffer(s.as_fd(), true, sndbuf);
+    if s.send_buffer_size().unwrap_or(0) < sndbuf {
+        let _ = s.set_send_buffer_size(sndbuf);
+    }
+    s.set_nonblocking(true)?;
+    s.bind(&public.into())?;
+    Ok(s.into())
+}
+
+/// The steering program of the public socket's `SO_REUSEPORT` group in every mode but
+/// `reuseport`: `return 0`, the index of the group's first member, the demux's own socket.
+pub const NEVER_STEER_PROGRAM: [libc::sock_filter; 1] = [libc::sock_filter {
+    code: (libc::BPF_RET | libc::BPF_K) as u16,
+    jt: 0,
+    jf: 0,
+    k: 0,
+}];
+
 /// Sizes a socket's receive and send buffers to at least `rcvbuf` and `sndbuf` bytes: past
 /// `net.core.*mem_max` where the demux may (`CAP_NET_ADMIN`), else as far as those limits
 /// allow. The receive buffer it got, as Linux reports it (twice what it grants, counting its
@@ -173,6 +202,29 @@ pub fn switch_off(socket: BorrowedFd<'_>, what: RecvCmsg) -> io::Result<()> {
         RecvCmsg::Ipv4Tos => socket::setsockopt(&socket, sockopt::IpRecvTos, &false),
         RecvCmsg::Ipv6TrafficClass => socket::setsockopt(&socket, sockopt::Ipv6RecvTClass, &false),
     }?;
+    Ok(())
+}
+
+/// `SO_LOCK_FILTER`: no socket filter can be attached to, detached from or replaced on
+/// `socket` from now on, by any holder of it.
+// Neither nix, rustix nor socket2 wraps `SO_LOCK_FILTER`.
+#[allow(clippy::disallowed_methods)]
+pub fn lock_filter(socket: BorrowedFd<'_>) -> io::Result<()> {
+    const SO_LOCK_FILTER: libc::c_int = 44;
+    let on: libc::c_int = 1;
+    // SAFETY: an int option of ours, with its size; the kernel copies it in.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_LOCK_FILTER,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 
@@ -222,16 +274,21 @@ pub struct WorkerSetup<'a> {
     /// Drop every capability (the bounding set too, so that no `execve` gives any back): for a
     /// confined worker that would otherwise run as root with all of root's capabilities.
     pub drop_capabilities: bool,
+    /// The Landlock ruleset ([`worker_domain`]) the worker enters, in a domain of its own,
+    /// just before the filter; `None` with `--sandbox off` or where the kernel has no Landlock.
+    pub domain: Option<BorrowedFd<'a>>,
 }
 
 /// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3
-/// and the public socket as descriptor 4, an empty signal mask (the demux blocks its shutdown
+/// and its sending socket as descriptor 4, and no other descriptor past standard error: every
+/// descriptor from 5 on is marked close-on-exec in the child, so nothing ringmux inherited from
+/// its own parent reaches a worker. Then an empty signal mask (the demux blocks its shutdown
 /// signals to read them from a signalfd; a worker must receive them), SIGKILL as its
 /// parent-death signal, so whatever program it runs dies with the demux (the signal survives
-/// `execve`; it fires when the spawning thread, the supervisor's, exits), and, last, confined by
-/// the filter. Every other descriptor of the demux is close-on-exec. A user set on `cmd`
-/// (`Command::uid`/`gid`) is switched to before all of this, so the death signal, which a
-/// change of credentials clears, is armed after it.
+/// `execve`; it fires when the spawning thread, the supervisor's, exits), a Landlock domain of
+/// its own (when given) and, last, the filter. A user set on `cmd` (`Command::uid`/`gid`) is
+/// switched to before all of this, so the death signal, which a change of credentials clears,
+/// is armed after it.
 ///
 /// Fails only if a descriptor cannot be duplicated (`EMFILE`); `cmd` keeps the duplicates until
 /// it is dropped. In the child, a failure of any step fails the spawn with that step's error.
@@ -243,11 +300,15 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     let public = rustix::io::fcntl_dupfd_cloexec(setup.public, 10)?;
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
+    let domain = setup
+        .domain
+        .map(|d| rustix::io::fcntl_dupfd_cloexec(d, 10))
+        .transpose()?;
     let mut filter = setup.filter;
     let parent = nix::unistd::getpid();
     // Runs in the child between fork and exec: only async-signal-safe calls (sched_setaffinity,
-    // dup2, prctl, sigprocmask, getpid, seccomp) on descriptors, a mask and a filter owned by
-    // the child, and no allocation.
+    // dup2, close_range, fcntl, prctl, sigprocmask, getpid, landlock_restrict_self, seccomp) on
+    // descriptors, a mask and a filter owned by the child, and no allocation.
     let setup = move || -> io::Result<()> {
         // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
         // plain bit array: no allocation here).
@@ -256,6 +317,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         }
         dup_onto(control.as_fd(), ringmux_proto::CONTROL_FD)?;
         dup_onto(public.as_fd(), ringmux_proto::PUBLIC_FD)?;
+        close_on_exec_from(ringmux_proto::PUBLIC_FD + 1)?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
         // The demux may have died between fork and the line above: then no signal comes.
         if nix::unistd::getppid() != parent {
@@ -268,6 +330,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         )?;
         if drop_capabilities {
             drop_all_capabilities()?;
+        }
+        if let Some(domain) = domain.as_ref() {
+            enter_domain(domain.as_fd())?;
         }
         if let Some(filter) = filter.as_mut() {
             let pid = nix::unistd::getpid().as_raw() as u32;
@@ -291,6 +356,134 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     Ok(())
 }
 
+/// Marks every descriptor from `first` on close-on-exec (`close_range` with
+/// `CLOSE_RANGE_CLOEXEC`, Linux 5.11; before that, `fcntl` on each number below the descriptor
+/// limit). Async-signal-safe, for the pre-exec hook: closing them instead would also close the
+/// pipe on which the child reports a failed `execve` to the parent.
+fn close_on_exec_from(first: RawFd) -> io::Result<()> {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range takes no memory; it only flags descriptors of this process.
+    let r = unsafe {
+        libc::close_range(
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            CLOSE_RANGE_CLOEXEC as libc::c_int,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    match Errno::last() {
+        Errno::ENOSYS | Errno::EINVAL => {}
+        e => return Err(e.into()),
+    }
+    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?.0;
+    let limit = RawFd::try_from(limit).unwrap_or(RawFd::MAX);
+    for fd in first..limit {
+        // SAFETY: fcntl F_SETFD takes no memory; a number that is not open answers EBADF.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    }
+    Ok(())
+}
+
+/// A Landlock ruleset (Linux 5.13) from which every worker enters a domain of its own between
+/// fork and exec ([`WorkerSetup::domain`]). Landlock lets a process inside a domain trace, and
+/// so open the memory of (`/proc/PID/mem`), only processes in the same domain or one nested in
+/// it (the kernel's `security/landlock/task.c`): a worker can reach neither a sibling, each in
+/// its own domain, nor the demux, in none, from its first instruction on, whatever users they
+/// run as and whether or not they are dumpable yet. Where the kernel has Landlock ABI 6 (Linux
+/// 6.12), the domain is also scoped for signals and abstract Unix sockets: nothing outside it
+/// can be signalled or connected to that way. The ruleset otherwise only handles creating
+/// character and block devices, which no worker may do anyway (`CAP_MKNOD`), so every file a
+/// worker could reach before stays reachable.
+///
+/// `Ok(None)`: this kernel has no Landlock (not built, or not enabled at boot); the returned
+/// ABI version otherwise.
+// Neither nix nor rustix wraps the Landlock system calls. (The `landlock` crate builds a ruleset
+// per use and consumes it in `restrict_self`; the pre-exec hook needs one bare system call on a
+// ruleset made once.)
+#[allow(clippy::disallowed_methods)]
+pub fn worker_domain() -> io::Result<Option<(OwnedFd, u32)>> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1 << 0;
+    const LANDLOCK_ACCESS_FS_MAKE_CHAR: u64 = 1 << 6;
+    const LANDLOCK_ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
+    const LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+    const LANDLOCK_SCOPE_SIGNAL: u64 = 1 << 1;
+    /// `struct landlock_ruleset_attr` (include/uapi/linux/landlock.h), ABI 6.
+    #[repr(C)]
+    struct RulesetAttr {
+        handled_access_fs: u64,
+        handled_access_net: u64,
+        scoped: u64,
+    }
+    // SAFETY: with no attribute and the VERSION flag the call reads no memory.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<RulesetAttr>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 0 {
+        return match Errno::last() {
+            Errno::ENOSYS | Errno::EOPNOTSUPP => Ok(None),
+            e => Err(e.into()),
+        };
+    }
+    let attr = RulesetAttr {
+        handled_access_fs: LANDLOCK_ACCESS_FS_MAKE_CHAR | LANDLOCK_ACCESS_FS_MAKE_BLOCK,
+        handled_access_net: 0,
+        scoped: if abi >= 6 {
+            LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET | LANDLOCK_SCOPE_SIGNAL
+        } else {
+            0
+        },
+    };
+    // A kernel older than ABI 4 knows only the first field; the rest it would refuse unless
+    // left out (it accepts a larger structure only if the part it does not know is zero).
+    let size = if abi >= 4 {
+        std::mem::size_of::<RulesetAttr>()
+    } else {
+        std::mem::size_of::<u64>()
+    };
+    // SAFETY: `attr` is a live `landlock_ruleset_attr` of at least `size` bytes, which the
+    // kernel copies in; it returns a new close-on-exec descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const RulesetAttr,
+            size,
+            0 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as RawFd) };
+    Ok(Some((fd, abi as u32)))
+}
+
+/// Enters a new Landlock domain made of `ruleset` (after `PR_SET_NO_NEW_PRIVS`, which it sets).
+/// Async-signal-safe, for the pre-exec hook.
+#[allow(clippy::disallowed_methods)] // as `worker_domain`
+fn enter_domain(ruleset: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::prctl::set_no_new_privs()?;
+    // SAFETY: landlock_restrict_self takes a descriptor and flags, no memory.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_restrict_self,
+            ruleset.as_raw_fd(),
+            0 as libc::c_uint,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Drops every capability of the calling thread: the bounding set (bit by bit, up to the
 /// kernel's last one), the ambient and inheritable sets, then the permitted and effective ones.
 /// A process running as root keeps its user ID but can no longer trace other processes
@@ -300,10 +493,13 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
 fn drop_all_capabilities() -> io::Result<()> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
     for cap in 0..64 {
-        match rustix::thread::remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(
-            1u64 << cap,
-        )) {
-            Ok(()) => {}
+        let cap = CapabilitySet::from_bits_retain(1u64 << cap);
+        match rustix::thread::capability_is_in_bounding_set(cap) {
+            // Dropping needs CAP_SETPCAP, which a demux running as root without capabilities
+            // (a container, a unit with an empty CapabilityBoundingSet=) does not have: drop
+            // only what is there.
+            Ok(true) => rustix::thread::remove_capability_from_bounding_set(cap)?,
+            Ok(false) => {}
             // Past the kernel's last capability.
             Err(rustix::io::Errno::INVAL) => break,
             Err(e) => return Err(e.into()),
@@ -333,6 +529,13 @@ fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> io::Result<()> {
     if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(())
+}
+
+/// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): no process of the same user may
+/// `ptrace` it or open its `/proc/PID/mem`.
+pub fn make_non_dumpable() -> io::Result<()> {
+    nix::sys::prctl::set_dumpable(false)?;
     Ok(())
 }
 

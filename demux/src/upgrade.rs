@@ -36,7 +36,9 @@ pub const FALLBACK_ENV: &str = "RINGMUX_UPGRADE_FALLBACK_FD";
 /// Set when an image refused the state and executed the previous binary again: why.
 pub const REFUSED_ENV: &str = "RINGMUX_UPGRADE_REFUSED";
 /// Bumped on any change of [`State`] an older or newer image would misread.
-pub const STATE_FORMAT: u32 = 1;
+/// 2: the public socket is the first of an `SO_REUSEPORT` group that every worker's sending
+/// socket joins; an image of format 1 hands over one that nothing can join.
+pub const STATE_FORMAT: u32 = 2;
 /// How long `ringmux upgrade-check` of the new binary may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 

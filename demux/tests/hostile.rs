@@ -531,33 +531,362 @@ async fn a_confined_worker_cannot_receive_on_the_public_socket() {
                 "packet-socket",
                 "raw-socket",
                 "setsockopt-public",
-                "clear-nonblock-public",
                 "shutdown-public",
                 "connect-public",
                 "close-control",
             ],
             "EPERM",
         );
+        // Descriptor 4 is the worker's own socket: its file status flags are its own.
+        assert_outcomes(&r, &["clear-nonblock-public"], "ok");
         instance0_serves(&rm).await;
-        let before = rm.wait_balanced(Duration::from_secs(5)).await;
-        blast(&rm, 0, 300);
-        blast(&rm, 1, 300);
-        let m = rm
-            .wait_for(
-                "600 more datagrams forwarded",
-                Duration::from_secs(10),
-                |m| m.balanced() && m.get(names::RECEIVED) >= before.get(names::RECEIVED) + 600.0,
-            )
-            .await;
-        let dropped = m.sum(names::DROPPED) - before.sum(names::DROPPED);
-        assert_eq!(dropped, 0.0, "datagrams dropped after the attack:\n{m}");
-        for i in 0..2 {
-            assert_eq!(
-                m.instance(names::WORKER_RESTARTS, i),
-                0.0,
-                "instance {i}:\n{m}"
-            );
+        forwards_everything(&rm).await;
+    })
+    .await;
+}
+
+/// 300 more datagrams to each instance are all received and forwarded, none dropped, and no
+/// worker was restarted.
+async fn forwards_everything(rm: &Ringmux) {
+    let before = rm.wait_balanced(Duration::from_secs(5)).await;
+    blast(rm, 0, 300);
+    blast(rm, 1, 300);
+    let m = rm
+        .wait_for(
+            "600 more datagrams forwarded",
+            Duration::from_secs(10),
+            |m| m.balanced() && m.get(names::RECEIVED) >= before.get(names::RECEIVED) + 600.0,
+        )
+        .await;
+    let dropped = m.sum(names::DROPPED) - before.sum(names::DROPPED);
+    assert_eq!(dropped, 0.0, "datagrams dropped after the attack:\n{m}");
+    for i in 0..2 {
+        assert_eq!(
+            m.instance(names::WORKER_RESTARTS, i),
+            0.0,
+            "instance {i}:\n{m}"
+        );
+    }
+}
+
+/// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
+/// `instance`. Skipped (said loudly) where it is not installed, except under CI.
+async fn third_party_served(rm: &Ringmux, instance: u8) {
+    let present = std::process::Command::new("gtlsclient")
+        .arg("--help")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !present {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "gtlsclient is not installed and CI is set: apt-get install ngtcp2-client"
+        );
+        eprintln!("*** SKIPPED the gtlsclient check: apt-get install ngtcp2-client ***");
+        return;
+    }
+    let port = rm.listen.port().to_string();
+    let out = tokio::process::Command::new("gtlsclient")
+        .args([
+            "--exit-on-all-streams-close",
+            "--no-quic-dump",
+            "--no-http-dump",
+            "--timeout=10s",
+            "--handshake-timeout=5s",
+            &format!("--dcid={}", harness::hex(&rm.dcid_for(instance, 18))),
+            "127.0.0.1",
+            &port,
+            &format!("https://127.0.0.1:{port}/hello.txt"),
+        ])
+        .output()
+        .await
+        .expect("running gtlsclient");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("[:status: 200]"),
+        "gtlsclient got no 200:\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// The filter's rules name descriptors 3 and 4, so no worker may free, renumber or replace
+/// them by any route (an `execve` would hand the number to a socket of its own, and the rules
+/// would bind that socket instead): `FIOCLEX`/`FIONCLEX`, `F_SETFD`, `close_range` with
+/// `CLOSE_RANGE_CLOEXEC`, `dup3` onto them. `ioctl` is an allow-list: non-blocking mode and
+/// close-on-exec on the worker's own descriptors pass, I/O signals and interface changes do
+/// not. Had a route worked, the fault worker would have gone on to receive a copy of the
+/// public socket on "3" and blind it; the box serves both instances, a client nobody here
+/// wrote included, and forwards everything.
+#[tokio::test]
+async fn a_confined_worker_cannot_free_the_descriptors_the_rules_name() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-free");
+        let rm = start_faulty("free-named", &[], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["copy-control", "fionbio-own", "fioclex-own"], "ok");
+        let mut routes = Vec::new();
+        for fd in ["control", "public"] {
+            for how in [
+                "fioclex",
+                "fionclex",
+                "setfd-cloexec",
+                "close-range-cloexec",
+                "dup3-cloexec-onto",
+            ] {
+                routes.push(format!("{how}-{fd}"));
+            }
         }
+        let routes: Vec<&str> = routes.iter().map(String::as_str).collect();
+        assert_outcomes(&r, &routes, "EPERM");
+        assert_outcomes(&r, &["fioasync-own", "siocsifflags"], "EPERM");
+        assert!(
+            !r.keys().any(|k| k.starts_with("stage2")),
+            "the attack went on in a new image: {r:?}"
+        );
+        instance0_serves(&rm).await;
+        let client = rm.pinned_client(1);
+        let conn = rm.connect(&client).await;
+        check_bytes(
+            "the attacker, now the real worker",
+            &conn.get("/bytes/3000").await.expect("GET on instance 1"),
+            3000,
+        );
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
+        forwards_everything(&rm).await;
+    })
+    .await;
+}
+
+/// Starts 2 instances whose instance 1 plays `fault`, with `env` added for the workers.
+fn start_faulty_env(fault: &str, extra: &[&str], dir: &TempDir, env: &[(&str, String)]) -> Ringmux {
+    let mut all = vec![
+        ("RINGMUX_FAULT", fault.to_string()),
+        ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+        (
+            "RINGMUX_FAULT_MARKER",
+            dir.path().join("played").to_string_lossy().into_owned(),
+        ),
+        (
+            "RINGMUX_REAL_WORKER",
+            harness::worker_bin().to_string_lossy().into_owned(),
+        ),
+    ];
+    all.extend(env.iter().cloned());
+    Ringmux::start_with(2, Forward::Shm, extra, fault_worker(), &all)
+}
+
+/// Waits (bounded) for `file` to exist.
+async fn wait_file(file: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            file.display()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Descriptor 4 is a worker's own sending socket, bound to the public address in a group whose
+/// steering never picks it: even unconfined, a worker that receives on it gets nothing meant
+/// for anyone (datagrams to both instances were sent meanwhile), a `connect` and a shutdown on
+/// it blind nobody, and its filters are locked by the demux, so no steering program for the
+/// whole group (nor a socket filter) gets attached through it. The box forwards everything after, and both
+/// instances serve (the attacker's, as the real worker, sends on that same socket).
+#[tokio::test]
+async fn a_workers_own_socket_cannot_blind_the_box_even_unconfined() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-own-socket");
+        let rm = start_faulty_env(
+            "own-socket",
+            &["--sandbox", "off"],
+            &dir,
+            &[("RINGMUX_FAULT_UNCONFINED", "1".into())],
+        );
+        wait_file(&dir.path().join("played.receiving")).await;
+        blast(&rm, 0, 200);
+        blast(&rm, 1, 200);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["received-on-own-socket"], "0");
+        assert_outcomes(
+            &r,
+            &[
+                "own-socket-lock-filter",
+                "own-socket-connect",
+                "own-socket-shutdown",
+            ],
+            "ok",
+        );
+        // The demux locked the socket's filters: no steering program for the whole group, and
+        // no socket filter either, through it, even unconfined.
+        assert_outcomes(&r, &["own-socket-steer", "own-socket-filter"], "EPERM");
+        instance0_serves(&rm).await;
+        let client = rm.pinned_client(1);
+        let conn = rm.connect(&client).await;
+        check_bytes(
+            "the attacker, now the real worker",
+            &conn.get("/bytes/3000").await.expect("GET on instance 1"),
+            3000,
+        );
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
+        forwards_everything(&rm).await;
+    })
+    .await;
+}
+
+/// Confined, the same worker may not even try: receiving on, filtering, connecting or shutting
+/// down its sending socket are refused, and so is binding any socket to a device (which takes
+/// a socket out of its `SO_REUSEPORT` group as a better match for everything arriving on that
+/// device).
+#[tokio::test]
+async fn a_confined_worker_cannot_reconfigure_its_sending_socket() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-own-socket-confined");
+        let rm = start_faulty("own-socket", &[], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["received-on-own-socket"], "0");
+        assert_outcomes(
+            &r,
+            &[
+                "last-receive",
+                "own-socket-steer",
+                "own-socket-filter",
+                "own-socket-lock-filter",
+                "own-socket-connect",
+                "own-socket-shutdown",
+                "own-socket-bind-device",
+                "other-socket-bind-device",
+            ],
+            "EPERM",
+        );
+        instance0_serves(&rm).await;
+        forwards_everything(&rm).await;
+    })
+    .await;
+}
+
+/// What the spy watches: a reload (new workers start) or an upgrade (a new image of the demux).
+#[derive(Clone, Copy)]
+enum Trigger {
+    Reload,
+    Upgrade,
+}
+
+/// Plays `spy` on instance 1 (a serving worker probing the memory of every process that starts
+/// beside it, and of the demux), carries out `trigger` once it watches, then tells it to stop.
+async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String> {
+    let dir = TempDir::new("ringmux-attack-spy");
+    let rm = start_faulty("spy", &["--grace", "2"], &dir);
+    wait_file(&dir.path().join("played.watching")).await;
+    let (ok, text) = match trigger {
+        Trigger::Reload => rm.reload(Duration::from_secs(30)).await,
+        Trigger::Upgrade => rm.upgrade(Duration::from_secs(30)).await,
+    };
+    assert!(ok, "{text}");
+    std::fs::write(dir.path().join("played.done"), b"1").unwrap();
+    let r = report(&dir).await;
+    // Instance 1 is still the spy after an upgrade: no QUIC there.
+    instance0_serves(&rm).await;
+    third_party_served(&rm, 0).await;
+    r
+}
+
+/// A worker cannot open the memory of a sibling that starts beside it (a reload's new
+/// generation), not even in the milliseconds after its `execve` and before the worker library
+/// makes it non-dumpable: each worker is in a Landlock domain of its own from its first
+/// instruction, and Landlock refuses to trace (so to open the memory of) a process outside the
+/// tracer's domain. Nor can it open the demux's.
+#[tokio::test]
+async fn a_worker_cannot_open_a_starting_siblings_memory() {
+    bounded(Duration::from_secs(90), async {
+        let r = spy_while(Trigger::Reload).await;
+        let siblings: u32 = r["new-siblings"].parse().unwrap();
+        assert!(siblings >= 2, "the spy saw {siblings} new workers: {r:?}");
+        for k in ["open-new-sibling-mem", "open-demux-mem"] {
+            assert!(matches!(r[k].as_str(), "EACCES" | "EPERM"), "{k}: {r:?}");
+        }
+    })
+    .await;
+}
+
+/// Nor the memory of a new image of the demux during `ringmux upgrade`: it turns non-dumpable
+/// before it reads its arguments, and it is outside every worker's Landlock domain anyway.
+/// ringmux runs without capabilities here, as the shipped unit runs it (unprivileged): a
+/// worker then holds every capability the demux holds, which is what the kernel's own check
+/// asks of a tracer besides the user.
+#[tokio::test]
+async fn a_worker_cannot_open_the_demuxs_memory_during_an_upgrade() {
+    // This test's own thread starts ringmux: with its bounding set empty, no `execve` (ringmux's
+    // nor a new image's) gains a capability, root or not.
+    for cap in 0..64u64 {
+        match rustix::thread::remove_capability_from_bounding_set(
+            rustix::thread::CapabilitySet::from_bits_retain(1 << cap),
+        ) {
+            Ok(()) | Err(rustix::io::Errno::PERM) => {}
+            Err(_) => break,
+        }
+    }
+    bounded(Duration::from_secs(90), async {
+        let r = spy_while(Trigger::Upgrade).await;
+        assert!(
+            matches!(r["open-demux-mem"].as_str(), "EACCES" | "EPERM"),
+            "{r:?}"
+        );
+        // The demux's `ringmux upgrade-check` of the new binary is a child of its own (it may
+        // be gone before a probe: ENOENT).
+        assert_ne!(r["open-new-sibling-mem"], "ok", "{r:?}");
+    })
+    .await;
+}
+
+/// A worker dies with the demux whatever it asks: `prctl` is an allow-list, and the parent-death
+/// signal can only be set to SIGKILL (never disarmed), the process only made non-dumpable, no
+/// tracer named, no subreaper made. A descriptor ringmux inherited from its own parent (here
+/// number 57) does not reach the worker. After SIGKILL of ringmux no worker survives.
+#[tokio::test]
+async fn a_confined_worker_dies_with_the_demux_and_inherits_nothing() {
+    bounded(Duration::from_secs(60), async {
+        // Not close-on-exec: ringmux inherits it, as from a careless parent.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: dup2 onto a number this test process does not otherwise use.
+        let r = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 57) };
+        assert_eq!(r, 57);
+        let dir = TempDir::new("ringmux-attack-prctl");
+        let mut rm = start_faulty_env(
+            "prctl",
+            &[],
+            &dir,
+            &[("RINGMUX_FAULT_INHERITED", "57".into())],
+        );
+        let r = report(&dir).await;
+        assert_outcomes(
+            &r,
+            &[
+                "pdeathsig-off",
+                "pdeathsig-term",
+                "dumpable-on",
+                "ptracer-any",
+                "subreaper",
+            ],
+            "EPERM",
+        );
+        assert_outcomes(&r, &["pdeathsig-now"], &libc::SIGKILL.to_string());
+        assert_outcomes(&r, &["dumpable-off", "set-name"], "ok");
+        assert_outcomes(&r, &["inherited-open"], "EBADF");
+        instance0_serves(&rm).await;
+        let pids = rm.worker_pids().await;
+        assert_eq!(pids.len(), 2, "{pids:?}");
+        rm.signal(libc::SIGKILL);
+        rm.wait_exit(Duration::from_secs(5)).await;
+        let left = harness::wait_gone(&pids, Duration::from_secs(5)).await;
+        assert!(
+            left.is_empty(),
+            "workers {left:?} survived the demux's SIGKILL"
+        );
     })
     .await;
 }

@@ -62,12 +62,9 @@ impl RingSocket {
     pub fn new(ingress: Ingress, public: OwnedFd, public_addr: SocketAddr) -> io::Result<Self> {
         let rx_fd = AsyncReadable::new(ingress.wake_fd()?)?;
         let tx = std::net::UdpSocket::from(public);
-        // Sends must not block. The demux set O_NONBLOCK on the file description we share,
-        // before any worker started, and a confined worker may not change that flag (the
-        // demux's receive loop relies on it): set it only where nobody did, outside ringmux.
-        if !crate::sys::is_nonblocking(tx.as_fd())? {
-            tx.set_nonblocking(true)?;
-        }
+        // Sends must not block. The socket is this worker's own (the demux made it, bound to
+        // the public address in the group whose steering never picks it), so its flags are too.
+        tx.set_nonblocking(true)?;
         let tx_state = send_state(&tx)?;
         Ok(RingSocket {
             rx: Mutex::new(RxState {
@@ -91,13 +88,10 @@ impl RingSocket {
 
 /// quinn-udp's send state for the public socket, probed on a scratch socket of the same family.
 ///
-/// `UdpSocketState::new` sets socket options, and the public socket's options belong to the
-/// demux: this descriptor shares its file description (a passed descriptor shares options and
-/// `O_NONBLOCK` with the original), so options set here would
-/// change how the demux receives (it turns the per-datagram destination address off when it is
-/// bound to a specific address, for example). The state itself only records what the kernel
-/// supports (GSO segments, fragmentation control), which a scratch socket tells as well; the
-/// demux has already set the public socket's send-side options (no fragmentation).
+/// `UdpSocketState::new` sets socket options, which a confined worker may not set on its
+/// sending socket (descriptor 4): the demux set its send-side options (no fragmentation)
+/// before the worker started. The state itself only records what the kernel supports (GSO
+/// segments, fragmentation control), which a scratch socket tells as well.
 fn send_state(public: &std::net::UdpSocket) -> io::Result<UdpSocketState> {
     use socket2::{Domain, Protocol, Socket, Type};
     let local = public.local_addr()?;

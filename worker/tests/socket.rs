@@ -62,8 +62,9 @@ fn options(fd: i32, v6: bool) -> Vec<libc::c_int> {
     }
 }
 
-/// A worker's `RingSocket` shares the public socket's file description (and so its options)
-/// with the demux; building one must not switch on anything the demux switched off.
+/// A worker's `RingSocket` sends on the socket the demux made for it and set the options of
+/// (a confined worker may not set any); building one must not switch on anything the demux
+/// switched off.
 #[tokio::test]
 async fn ring_socket_leaves_the_public_socket_options_alone() {
     for (bind, v6) in [("127.0.0.1:0", false), ("[::1]:0", true)] {

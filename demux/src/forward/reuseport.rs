@@ -131,6 +131,8 @@ impl Forward for Reuseport {
 fn lane_socket(group: &Group) -> io::Result<OwnedFd> {
     let s = sys::udp_socket(group.addr)?;
     s.set_reuse_port(true)?;
+    // The program is attached through the public socket; none may be through a lane's.
+    sys::lock_filter(s.as_fd())?;
     sys::size_buffers(&s, group.rcvbuf, group.sndbuf);
     s.set_nonblocking(true)?;
     s.bind(&group.addr.into())?;

@@ -62,7 +62,8 @@ struct Worker {
 pub struct Supervisor {
     cfg: Config,
     template: Handoff,
-    public: OwnedFd,
+    /// The public socket's address: every worker's sending socket is bound to it.
+    public: std::net::SocketAddr,
     counters: Arc<Counters>,
     link: DataPlaneLink,
     signals: SignalFd,
@@ -71,6 +72,9 @@ pub struct Supervisor {
     sessions: crate::sessions::Sessions,
     /// The workers' confinement; `None` with `--sandbox off`.
     filter: Option<WorkerFilter>,
+    /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
+    /// where the kernel has no Landlock.
+    domain: Option<OwnedFd>,
     /// When to look for orphans next (sooner after a worker died).
     next_sweep: Instant,
     /// Instances (lanes are `GENERATION_SLOTS` times as many).
@@ -147,7 +151,7 @@ impl Supervisor {
     pub fn new(
         cfg: Config,
         template: Handoff,
-        public: OwnedFd,
+        public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
@@ -163,7 +167,7 @@ impl Supervisor {
     fn with_control(
         cfg: Config,
         template: Handoff,
-        public: OwnedFd,
+        public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
@@ -179,8 +183,28 @@ impl Supervisor {
             )?),
             crate::config::Toggle::Off => None,
         };
+        let domain = match (&filter, sys::worker_domain()) {
+            (None, _) => None,
+            (Some(_), Ok(Some((ruleset, abi)))) => {
+                tracing::debug!(abi, "workers enter Landlock domains of their own");
+                Some(ruleset)
+            }
+            (Some(_), Ok(None)) => {
+                tracing::warn!(
+                    "this kernel has no Landlock (Linux 5.13 or later, with landlock among the \
+                     boot's LSMs): a worker of ringmux's user, or of the --worker-user all \
+                     instances share, can open a sibling's memory in the first milliseconds \
+                     after that sibling starts"
+                );
+                None
+            }
+            (Some(_), Err(e)) => {
+                return Err(anyhow::anyhow!(e).context("creating the workers' Landlock ruleset"))
+            }
+        };
         Ok(Supervisor {
             filter,
+            domain,
             next_sweep: Instant::now() + ORPHAN_SWEEP,
             policy: Policy::new(limits, n, Instant::now()),
             workers: (0..lanes).map(|_| Worker::default()).collect(),
@@ -261,7 +285,7 @@ impl Supervisor {
     pub fn adopt(
         cfg: Config,
         template: Handoff,
-        public: OwnedFd,
+        public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
         signals: SignalFd,
@@ -806,7 +830,7 @@ impl Supervisor {
         h.cpu = self.cfg.worker_cpu(i);
         h.ingress = handles.kind();
         let mut fds: Vec<OwnedFd> = Vec::new();
-        // Descriptor 4: the demux's public socket, or in reuseport mode the lane's own.
+        // Descriptor 4: in reuseport mode the lane's socket in the group.
         let mut own_socket = None;
         match handles {
             IngressHandles::Shm([r, p, b], generation) => {
@@ -840,11 +864,26 @@ impl Supervisor {
             // std switches user (and drops supplementary groups) before the pre-exec hook.
             cmd.uid(user.uid).gid(user.gid);
         }
+        // Descriptor 4: the lane's socket (reuseport), else a sending socket of its own.
+        let socket = match own_socket {
+            Some(s) => s,
+            None => {
+                let s =
+                    sys::sending_socket(self.public, self.cfg.args.sndbuf).with_context(|| {
+                        format!("a sending socket on {} for the worker", self.public)
+                    })?;
+                // The send-side options quinn-udp gives any socket (no fragmentation, so path
+                // MTU discovery works), as on the public socket: the worker's library leaves
+                // them as it finds them.
+                quinn_udp::UdpSocketState::new(quinn_udp::UdpSockRef::from(&s))
+                    .context("quinn-udp's options on the worker's sending socket")?;
+                s
+            }
+        };
         let setup = sys::WorkerSetup {
             control: theirs.as_fd(),
-            public: own_socket
-                .as_ref()
-                .map_or(self.public.as_fd(), |s| s.as_fd()),
+            public: socket.as_fd(),
+            domain: self.domain.as_ref().map(|d| d.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),
             // A worker that runs as root (no --worker-user) keeps root's user ID but none of

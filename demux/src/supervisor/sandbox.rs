@@ -4,24 +4,27 @@
 //! remove it (`PR_SET_NO_NEW_PRIVS` is set with it, so no set-user-ID program regains rights).
 //!
 //! The filter allows by default and refuses, with `EPERM`, what would let one worker reach the
-//! demux, a sibling or another instance's clients:
+//! demux, a sibling or another instance's clients. Its rules name descriptors by number, so the
+//! numbers they name (3, the control socket; 4, the worker's socket) are held to their objects
+//! for the life of the process and every image it executes: nothing may free, renumber or
+//! replace them, and no descriptor arrives after exec but on the control socket.
 //!
 //! | what | refused |
 //! |---|---|
-//! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP` (I/O signals sent to another process) |
+//! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP`/`FIOASYNC` (I/O signals sent to another process) |
 //! | other processes | `ptrace`, `process_vm_readv`/`writev`, `pidfd_getfd`, `kcmp`, `perf_event_open`, `bpf`; `setpriority`, `ioprio_set`, `sched_setaffinity`/`setscheduler`/`setparam`/`setattr`, `prlimit64` on anyone but itself |
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
-//! | the public socket (descriptor 4) | receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`, `fcntl` `F_SETFL` and `ioctl` `FIONBIO`/`FIOASYNC`: its file status flags are the demux's too), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`) |
-//! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (descriptor 3, which only the demux writes), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; and to keep descriptor 3 that socket, `close`, `close_range` over it, `dup2`/`dup3` onto it, `fcntl(3, F_SETFD)` (close-on-exec); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
-//! | kernel steering (`--forward reuseport`) | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group) and `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams) |
+//! | outliving the demux, being read | `prctl` outside an allow-list ([`PRCTLS_ALLOWED`]): above all `PR_SET_PDEATHSIG` with anything but SIGKILL (0 would disarm it), `PR_SET_DUMPABLE` 1, `PR_SET_PTRACER`, `PR_SET_CHILD_SUBREAPER` |
+//! | its sending socket (descriptor 4; every mode but `reuseport`) | the worker's own socket in the public address's group, which never receives: receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `recvmsg`, `recvmmsg`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`). None of it could reach another worker's clients any more (the socket the demux receives on never leaves the demux); it stays refused as a second wall |
+//! | freeing or renumbering 3 and 4 | `close`, `close_range` over them (with `CLOSE_RANGE_CLOEXEC` too), `dup2`/`dup3` onto them, `fcntl` `F_SETFD`, `ioctl` `FIOCLEX`/`FIONCLEX` on them: any of these and an `execve` would free the number for a socket of the worker's own |
+//! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (which only the demux writes) and a lane's own UDP socket, so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; `ioctl` outside an allow-list ([`IOCTLS_ALLOWED`]: non-blocking mode, queue sizes, terminal and interface queries); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
+//! | the group | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group), `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams), `SO_BINDTODEVICE`/`SO_BINDTOIFINDEX` (the kernel takes a socket bound to a device out of its group, as a better match for everything arriving on that device) |
 //!
 //! With `--forward reuseport` ([`WorkerFilter::compile`] with `own_socket`) descriptor 4 is the
-//! worker's own socket of its lane in the group, not the demux's: receiving on it
-//! (`recvmsg`/`recvmmsg` too), its options and its status flags are the worker's. Still refused
-//! on it: `connect` (a connected socket in the group would take a client's datagrams from
-//! whichever worker owns them), `bind`, `listen`, `accept`, `shutdown`, and duplicating or
-//! replacing it (`dup`, `dup2`/`dup3` from or onto it, `F_DUPFD`, `close`, `close_range` over
-//! it, close-on-exec), so that no copy escapes the rules on descriptor 4.
+//! worker's socket of its lane in the group, which receives that lane's datagrams: receiving on
+//! it (`recvmsg`/`recvmmsg` too) and its options are the worker's. Still refused on it:
+//! `connect` (a connected socket in the group would take a client's datagrams from whichever
+//! worker owns them), `bind`, `listen`, `accept`, `shutdown`, and duplicating or replacing it.
 //!
 //! A worker keeps everything else: threads, files, TCP and UDP sockets of its own, `execve`
 //! (the filter goes with it). The system calls are named for this build's architecture
@@ -50,6 +53,64 @@ const _: () = assert!(
     SELF_PID > 1 << 22,
     "the placeholder must exceed PID_MAX_LIMIT"
 );
+
+/// `ioctl` requests that set and clear close-on-exec: refused on the descriptors the rules name.
+const FIOCLEX: u64 = 0x5451;
+const FIONCLEX: u64 = 0x5450;
+
+/// The `ioctl` requests a worker may make, and why (any other answers `EPERM`).
+pub const IOCTLS_ALLOWED: &[(u64, &str)] = &[
+    (0x5421, "FIONBIO: non-blocking mode (std, mio)"),
+    (0x541B, "FIONREAD / SIOCINQ: bytes waiting"),
+    (0x5411, "TIOCOUTQ / SIOCOUTQ: bytes not yet sent"),
+    (0x5401, "TCGETS: isatty"),
+    (0x5413, "TIOCGWINSZ: terminal size"),
+    (
+        FIOCLEX,
+        "FIOCLEX: close-on-exec, except on the descriptors the rules name",
+    ),
+    (FIONCLEX, "FIONCLEX: likewise"),
+    (0x8906, "SIOCGSTAMP: a datagram's receive time"),
+    (0x8907, "SIOCGSTAMPNS: likewise"),
+    (0x8910, "SIOCGIFNAME: an interface's name"),
+    (0x8912, "SIOCGIFCONF: the interfaces"),
+    (0x8913, "SIOCGIFFLAGS: an interface's flags"),
+    (0x8915, "SIOCGIFADDR: an interface's address"),
+    (0x8921, "SIOCGIFMTU: an interface's MTU"),
+    (
+        0x8933,
+        "SIOCGIFINDEX: an interface's index (if_nametoindex)",
+    ),
+];
+
+/// The `prctl` options a worker may use, and why (any other answers `EPERM`).
+/// `PR_SET_PDEATHSIG` and `PR_SET_DUMPABLE` only with the values the demux and the worker
+/// library set (SIGKILL; 0), so the worker still dies with the demux and stays non-dumpable.
+pub const PRCTLS_ALLOWED: &[(u64, &str)] = &[
+    (1, "PR_SET_PDEATHSIG: SIGKILL only"),
+    (2, "PR_GET_PDEATHSIG"),
+    (3, "PR_GET_DUMPABLE"),
+    (4, "PR_SET_DUMPABLE: 0 only"),
+    (7, "PR_GET_KEEPCAPS"),
+    (15, "PR_SET_NAME: thread names"),
+    (16, "PR_GET_NAME"),
+    (21, "PR_GET_SECCOMP"),
+    (23, "PR_CAPBSET_READ"),
+    (29, "PR_SET_TIMERSLACK: its own timers"),
+    (30, "PR_GET_TIMERSLACK"),
+    (38, "PR_SET_NO_NEW_PRIVS (already set)"),
+    (39, "PR_GET_NO_NEW_PRIVS"),
+    (40, "PR_GET_TID_ADDRESS"),
+    (41, "PR_SET_THP_DISABLE: its own memory"),
+    (42, "PR_GET_THP_DISABLE"),
+    (
+        47,
+        "PR_CAP_AMBIENT: reading, or clearing (it has no capability to raise)",
+    ),
+    (0x5356_4d41, "PR_SET_VMA: names of its own mappings (glibc)"),
+];
+const PR_SET_PDEATHSIG: u64 = 1;
+const PR_SET_DUMPABLE: u64 = 4;
 
 /// A compiled worker filter: install every program, in order, in the child.
 #[derive(Clone, Debug)]
@@ -228,6 +289,11 @@ fn refusals(
     // setsockopt(fd, level, name): on the public socket anything; on any socket, joining a
     // reuseport group or changing its steering program (include/uapi/asm-generic/socket.h,
     // the same numbers on x86_64 and aarch64).
+    // Binding a socket of the group to a device takes it out of the group (the kernel rehashes
+    // it) as a better match than the group for datagrams arriving on that device: they would
+    // all go to it.
+    const SO_BINDTODEVICE: u64 = 25;
+    const SO_BINDTOIFINDEX: u64 = 62;
     const SO_REUSEPORT: u64 = 15;
     const SO_ATTACH_REUSEPORT_CBPF: u64 = 51;
     const SO_ATTACH_REUSEPORT_EBPF: u64 = 52;
@@ -237,6 +303,8 @@ fn refusals(
         setsockopt.push(all(vec![on_public(0)])?);
     }
     for name in [
+        SO_BINDTODEVICE,
+        SO_BINDTOIFINDEX,
         SO_REUSEPORT,
         SO_ATTACH_REUSEPORT_CBPF,
         SO_ATTACH_REUSEPORT_EBPF,
@@ -260,18 +328,17 @@ fn refusals(
         r.insert(nr, vec![all(vec![on_public(0)])?]);
     }
     // Descriptors arrive only with `recvmsg`/`recvmmsg` (SCM_RIGHTS): allowed on the control
-    // socket alone, whose peer is the demux. So a copy of descriptor 4 sent over a socket pair
-    // of the worker's own never arrives. Descriptor 3 stays that socket: it cannot be closed,
-    // replaced or marked close-on-exec (after which a new socket could take its number).
-    // A socket of its own at 4 is kept the same way, and may receive.
+    // socket alone, whose peer is the demux (and on a lane's own UDP socket, which carries no
+    // descriptors). So a copy of descriptor 4 sent over a socket pair of the worker's own never
+    // arrives. Descriptors 3 and 4 stay what the demux made them for the life of the process
+    // and every image it executes: they cannot be closed, replaced, or marked close-on-exec
+    // (`fcntl`, `ioctl`, `close_range`, `dup3`), after which an `execve` would free the number
+    // for a socket of the worker's own and every rule below would bind that socket instead.
     let control = ringmux_proto::CONTROL_FD as u64;
-    let kept: &[u64] = if own_socket {
-        &[control, PUBLIC_FD]
-    } else {
-        &[control]
-    };
+    let kept: &[u64] = &[control, PUBLIC_FD];
+    let receivers: &[u64] = if own_socket { kept } else { &[control] };
     let receiving_elsewhere: Vec<SeccompCondition> =
-        kept.iter().map(|&fd| arg32(0, Ne, fd)).collect();
+        receivers.iter().map(|&fd| arg32(0, Ne, fd)).collect();
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
         r.insert(nr, vec![all(receiving_elsewhere.clone())?]);
     }
@@ -304,8 +371,6 @@ fn refusals(
     // include/uapi/asm-generic/fcntl.h and sockios.h; the same on x86_64 and aarch64.
     const F_SETSIG: u64 = 10;
     const F_SETOWN_EX: u64 = 15;
-    const FIOSETOWN: u64 = 0x8901;
-    const SIOCSPGRP: u64 = 0x8902;
     let mut fcntl = vec![
         all(vec![on_public(0), arg32(1, Eq, libc::F_DUPFD as u64)])?,
         all(vec![
@@ -322,23 +387,40 @@ fn refusals(
             arg32(1, Eq, libc::F_SETFD as u64),
         ])?);
     }
-    if !own_socket {
-        // The file status flags of the public socket's description are the demux's too:
-        // clearing O_NONBLOCK would make its receive loop block.
-        fcntl.push(all(vec![on_public(0), arg32(1, Eq, libc::F_SETFL as u64)])?);
-    }
     r.insert(libc::SYS_fcntl, fcntl);
-    const FIONBIO: u64 = 0x5421;
-    const FIOASYNC: u64 = 0x5452;
-    let mut ioctl = vec![
-        all(vec![arg32(1, Eq, FIOSETOWN)])?,
-        all(vec![arg32(1, Eq, SIOCSPGRP)])?,
-    ];
-    if !own_socket {
-        ioctl.push(all(vec![on_public(0), arg32(1, Eq, FIONBIO)])?);
-        ioctl.push(all(vec![on_public(0), arg32(1, Eq, FIOASYNC)])?);
+    // ioctl: an allow-list of requests (the command is 32 bits, as the kernel reads it), since
+    // a request can do almost anything to a descriptor: `FIOCLEX` on descriptor 3 would free
+    // its number across an `execve` for a socket of the worker's own, and `FIOASYNC`,
+    // `FIOSETOWN`, `SIOCSPGRP` send I/O signals to other processes. What stays is what a
+    // Rust runtime, its TLS and HTTP stacks and a terminal check ask (include/uapi/asm-generic/
+    // ioctls.h and linux/sockios.h, the same numbers on x86_64 and aarch64).
+    let mut ioctl = vec![all(IOCTLS_ALLOWED
+        .iter()
+        .map(|&(request, _)| arg32(1, Ne, request))
+        .collect())?];
+    for &fd in kept {
+        for request in [FIOCLEX, FIONCLEX] {
+            ioctl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, request)])?);
+        }
     }
     r.insert(libc::SYS_ioctl, ioctl);
+    // prctl: an allow-list of options. Above all `PR_SET_PDEATHSIG` with anything but SIGKILL
+    // (0 disarms it: the worker would outlive a killed demux, holding its socket) and
+    // `PR_SET_DUMPABLE` 1 (its memory open to any process of its user again).
+    r.insert(
+        libc::SYS_prctl,
+        vec![
+            all(PRCTLS_ALLOWED
+                .iter()
+                .map(|&(option, _)| arg32(0, Ne, option))
+                .collect())?,
+            all(vec![
+                arg32(0, Eq, PR_SET_PDEATHSIG),
+                arg32(1, Ne, libc::SIGKILL as u64),
+            ])?,
+            all(vec![arg32(0, Eq, PR_SET_DUMPABLE), arg32(1, Ne, 0)])?,
+        ],
+    );
     Ok(r)
 }
 

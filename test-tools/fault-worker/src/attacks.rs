@@ -36,6 +36,9 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "recv-public" => recv_public(&mut out),
         "reload" => reload(&mut out),
         "steal-steering" => steal_steering(&mut out),
+        "free-named" => free_named(&mut out),
+        "own-socket" => own_socket(&mut out),
+        "prctl" => prctl(&mut out),
         _ => return None,
     }
     Some(out)
@@ -483,5 +486,360 @@ fn pass_to_itself() -> String {
             "ok".into()
         }
         Err(e) => format!("{e:?}"),
+    }
+}
+
+/// `ioctl` requests the attacks use (include/uapi/asm-generic/ioctls.h, linux/sockios.h).
+const FIOCLEX: libc::c_ulong = 0x5451;
+const FIONCLEX: libc::c_ulong = 0x5450;
+const FIONBIO: libc::c_ulong = 0x5421;
+const FIOASYNC: libc::c_ulong = 0x5452;
+const SIOCSIFFLAGS: libc::c_ulong = 0x8914;
+
+/// Set, in the image `free-named` executes, to the number of its copy of the control socket.
+pub const RENUMBERED_ENV: &str = "RINGMUX_FAULT_RENUMBERED";
+
+/// Tries every way to free, renumber or replace descriptors 3 and 4, the numbers the filter's
+/// rules name: once free across an `execve`, a socket of the worker's own takes the number and
+/// the rules bind it instead. If any way works, the attack goes on in a new image of this
+/// program ([`renumbered`]). Also checks the `ioctl` allow-list on the worker's own
+/// descriptors.
+fn free_named(out: &mut Outcomes) {
+    // SAFETY: fcntl F_DUPFD takes no memory; a copy of the control socket is harmless itself.
+    let copy = unsafe { libc::fcntl(CONTROL, libc::F_DUPFD, 10) };
+    out.push(("copy-control", raw(copy.into())));
+    out.push(("copy-control-fd", copy.to_string()));
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    for (fd, names) in [
+        (
+            CONTROL,
+            [
+                "fioclex-control",
+                "fionclex-control",
+                "setfd-cloexec-control",
+                "close-range-cloexec-control",
+                "dup3-cloexec-onto-control",
+            ],
+        ),
+        (
+            PUBLIC,
+            [
+                "fioclex-public",
+                "fionclex-public",
+                "setfd-cloexec-public",
+                "close-range-cloexec-public",
+                "dup3-cloexec-onto-public",
+            ],
+        ),
+    ] {
+        // SAFETY: each call takes descriptors and flags only.
+        let r = unsafe { libc::ioctl(fd, FIOCLEX) };
+        out.push((names[0], raw(r.into())));
+        // SAFETY: as above.
+        let r = unsafe { libc::ioctl(fd, FIONCLEX) };
+        out.push((names[1], raw(r.into())));
+        // SAFETY: as above.
+        let r = unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        out.push((names[2], raw(r.into())));
+        // SAFETY: as above.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                fd as libc::c_uint,
+                fd as libc::c_uint,
+                CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        out.push((names[3], raw(r)));
+        // SAFETY: as above.
+        let r = unsafe { libc::dup3(copy.max(0), fd, libc::O_CLOEXEC) };
+        out.push((names[4], raw(r.into())));
+    }
+    // The allow-list on descriptors of the worker's own: non-blocking mode and close-on-exec
+    // pass; asynchronous I/O (signals) and interface changes do not.
+    let (a, b) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            out.push(("pipe", format!("{e:?}")));
+            return;
+        }
+    };
+    let on: libc::c_int = 1;
+    // SAFETY: FIONBIO and FIOASYNC read an int of ours; FIOCLEX takes nothing.
+    let r = unsafe { libc::ioctl(a.as_raw_fd(), FIONBIO, &on) };
+    out.push(("fionbio-own", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::ioctl(b.as_raw_fd(), FIOCLEX) };
+    out.push(("fioclex-own", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::ioctl(a.as_raw_fd(), FIOASYNC, &on) };
+    out.push(("fioasync-own", raw(r.into())));
+    let req = [0u8; 40];
+    // SAFETY: a zeroed `struct ifreq` of ours (an empty interface name: refused either way).
+    let r = unsafe { libc::ioctl(PUBLIC, SIOCSIFFLAGS, req.as_ptr()) };
+    out.push(("siocsifflags", raw(r.into())));
+}
+
+/// Whether `free-named` freed descriptor 3 or 4 by any way: the attack then goes on in a new
+/// image of this program (whose caller marks 3 close-on-exec for certain and executes it).
+pub fn freed_a_named_descriptor(out: &Outcomes) -> bool {
+    out.iter().any(|(a, o)| {
+        (a.ends_with("-control") || a.ends_with("-public")) && !a.starts_with("copy-") && o == "ok"
+    })
+}
+
+/// The second image of `free-named`: number 3 is free. A socket pair takes it, descriptor 4
+/// goes in one end and comes out of "3", the number the filter lets receive descriptors, as a
+/// new number no rule names. With that copy: a locked drop-all filter and a `connect`, which
+/// on the demux's own socket would blind the whole box. Returns the outcomes; the caller
+/// hands the control socket back as `control` and executes the real worker.
+pub fn renumbered(out: &mut Outcomes) {
+    use nix::sys::socket::{
+        recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
+        SockFlag, SockType,
+    };
+    let Ok((a, b)) = socketpair(
+        AddressFamily::Unix,
+        SockType::Datagram,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    ) else {
+        out.push(("stage2-socketpair", format!("{:?}", Errno::last())));
+        return;
+    };
+    out.push((
+        "stage2-pair-at",
+        a.as_raw_fd().min(b.as_raw_fd()).to_string(),
+    ));
+    let (three, other) = if a.as_raw_fd() == CONTROL {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    let fds = [PUBLIC];
+    let iov = [io::IoSlice::new(b"x")];
+    let sent = sendmsg::<()>(
+        other.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    );
+    out.push(("stage2-send-public", outcome(sent)));
+    let mut buf = [0u8; 8];
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let mut cmsg = nix::cmsg_space!([i32; 1]);
+    let got = recvmsg::<()>(
+        three.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map(|m| {
+        m.cmsgs().into_iter().flatten().find_map(|c| match c {
+            ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+            _ => None,
+        })
+    });
+    let copy = match got {
+        Ok(Some(fd)) => fd,
+        Ok(None) => {
+            out.push(("stage2-copy-public", "no descriptor".into()));
+            return;
+        }
+        Err(e) => {
+            out.push(("stage2-copy-public", format!("{e:?}")));
+            return;
+        }
+    };
+    out.push(("stage2-copy-public", "ok".into()));
+    blind(out, copy, "stage2");
+}
+
+/// What blinds a box through a copy of its receiving socket: a drop-all socket filter, locked,
+/// then a `connect` to an address nobody sends from.
+fn blind(out: &mut Outcomes, fd: i32, prefix: &'static str) {
+    let drop_all = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: drop_all.as_ptr().cast_mut(),
+    };
+    // SAFETY: a program of ours and its descriptor block; the kernel copies both in.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    out.push((leak(prefix, "-filter"), raw(r.into())));
+    let on: libc::c_int = 1;
+    // SAFETY: an int option of ours.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_LOCK_FILTER,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    out.push((leak(prefix, "-lock-filter"), raw(r.into())));
+    let to = nix::sys::socket::SockaddrIn::new(127, 0, 0, 1, 9);
+    out.push((
+        leak(prefix, "-connect"),
+        outcome(nix::sys::socket::connect(fd, &to)),
+    ));
+}
+
+/// `prefix` ‖ `what`, for a report key (a handful per run).
+fn leak(prefix: &str, what: &str) -> &'static str {
+    Box::leak(format!("{prefix}{what}").into_boxed_str())
+}
+
+/// Descriptor 4 is the worker's own sending socket: whatever it does to it touches itself
+/// alone. Receives for a while (datagrams for other instances must never arrive: the test
+/// sends them meanwhile), then blinds it as it would blind the demux's socket, and tries to
+/// take it out of the group by binding it to a device. The test runs this unconfined too.
+fn own_socket(out: &mut Outcomes) {
+    let receiving = std::env::var("RINGMUX_FAULT_MARKER")
+        .map(|m| format!("{m}.receiving"))
+        .unwrap_or_default();
+    let _ = std::fs::write(&receiving, b"1");
+    let mut got = 0u64;
+    let mut last = String::from("none");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut buf = [0u8; 2048];
+    while std::time::Instant::now() < end {
+        // SAFETY: our buffer and its length.
+        let r = unsafe {
+            libc::recv(
+                PUBLIC,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r >= 0 {
+            got += 1;
+        } else {
+            last = format!("{:?}", Errno::last());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    out.push(("received-on-own-socket", got.to_string()));
+    out.push(("last-receive", last));
+    // Replacing the group's steering program through it would take every datagram.
+    let to_me = [libc::sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k: 1,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: to_me.as_ptr().cast_mut(),
+    };
+    // SAFETY: a program of ours and its descriptor block; the kernel copies both in.
+    let r = unsafe {
+        libc::setsockopt(
+            PUBLIC,
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&prog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    out.push(("own-socket-steer", raw(r.into())));
+    blind(out, PUBLIC, "own-socket");
+    // SAFETY: shutdown passes no memory.
+    let r = unsafe { libc::shutdown(PUBLIC, libc::SHUT_RD) };
+    out.push(("own-socket-shutdown", raw(r.into())));
+    if std::env::var_os("RINGMUX_FAULT_UNCONFINED").is_none() {
+        // Unconfined this would work, and take the socket out of the group as a better match
+        // for everything arriving on loopback: only tried where the filter is expected.
+        let dev = b"lo\0";
+        // SAFETY: a NUL-terminated name of ours and its length.
+        let r = unsafe {
+            libc::setsockopt(
+                PUBLIC,
+                libc::SOL_SOCKET,
+                libc::SO_BINDTODEVICE,
+                dev.as_ptr().cast(),
+                dev.len() as libc::socklen_t,
+            )
+        };
+        out.push(("own-socket-bind-device", raw(r.into())));
+        let other = std::net::UdpSocket::bind("127.0.0.1:0").map(OwnedFd::from);
+        out.push((
+            "other-socket-bind-device",
+            match other {
+                // SAFETY: as above, on a socket of ours.
+                Ok(s) => raw(unsafe {
+                    libc::setsockopt(
+                        s.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_BINDTODEVICE,
+                        dev.as_ptr().cast(),
+                        dev.len() as libc::socklen_t,
+                    )
+                }
+                .into()),
+                Err(e) => format!("no socket: {e}"),
+            },
+        ));
+    }
+}
+
+/// The parent-death signal and the rest of `prctl`: a worker must die with the demux and stay
+/// non-dumpable, whatever it asks.
+fn prctl(out: &mut Outcomes) {
+    // SAFETY: each prctl below passes integers only (PR_GET_PDEATHSIG an int of ours).
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+    out.push(("pdeathsig-off", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
+    out.push(("pdeathsig-term", raw(r.into())));
+    let mut sig: libc::c_int = 0;
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_GET_PDEATHSIG, &mut sig as *mut libc::c_int) };
+    out.push((
+        "pdeathsig-now",
+        if r == 0 {
+            sig.to_string()
+        } else {
+            raw(r.into())
+        },
+    ));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1) };
+    out.push(("dumpable-on", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0) };
+    out.push(("dumpable-off", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY) };
+    out.push(("ptracer-any", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    out.push(("subreaper", raw(r.into())));
+    // SAFETY: as above.
+    let r = unsafe { libc::prctl(libc::PR_SET_NAME, c"attacker".as_ptr()) };
+    out.push(("set-name", raw(r.into())));
+    // A descriptor ringmux inherited from its own parent (the test names its number).
+    if let Some(fd) = std::env::var("RINGMUX_FAULT_INHERITED")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        // SAFETY: F_GETFD takes no memory.
+        let r = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+        out.push(("inherited-open", raw(r.into())));
     }
 }

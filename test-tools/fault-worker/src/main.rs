@@ -41,6 +41,32 @@ use ringmux_worker::control;
 mod attacks;
 
 fn main() {
+    let marker =
+        std::env::var("RINGMUX_FAULT_MARKER").unwrap_or_else(|_| "/nonexistent/marker".into());
+    if let Ok(copy) = std::env::var(attacks::RENUMBERED_ENV) {
+        // The second image of `free-named`: descriptor 3 was freed by the first.
+        let mut outcomes = attacks::Outcomes::new();
+        attacks::renumbered(&mut outcomes);
+        for (attempt, outcome) in &outcomes {
+            eprintln!("fault-worker: {attempt}: {outcome}");
+        }
+        let mut lines: Vec<(&str, String)> = Vec::new();
+        let before = std::fs::read_to_string(format!("{marker}.report")).unwrap_or_default();
+        let before: Vec<(String, String)> = before
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        lines.extend(before.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        lines.extend(outcomes.iter().map(|(k, v)| (*k, v.clone())));
+        write_report(&marker, &lines);
+        let real = std::env::var("RINGMUX_REAL_WORKER").expect("RINGMUX_REAL_WORKER");
+        let e = std::process::Command::new(real)
+            .env(ringmux_proto::CONTROL_FD_ENV, copy)
+            .env_remove(attacks::RENUMBERED_ENV)
+            .exec();
+        panic!("exec of the real worker failed: {e}");
+    }
     let control_fd: i32 = std::env::var(ringmux_proto::CONTROL_FD_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -50,8 +76,6 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let marker =
-        std::env::var("RINGMUX_FAULT_MARKER").unwrap_or_else(|_| "/nonexistent/marker".into());
     // SAFETY: the demux handed us this descriptor; it stays open while borrowed here.
     let control = unsafe { BorrowedFd::borrow_raw(control_fd) };
     let handoff = peek_handoff(control);
@@ -69,6 +93,22 @@ fn main() {
             eprintln!("fault-worker: instance {target}: {attempt}: {outcome}");
         }
         write_report(&marker, &outcomes);
+        if fault == "free-named" && attacks::freed_a_named_descriptor(&outcomes) {
+            // Descriptor 3 can be freed: make sure it is close-on-exec, keep a copy of the
+            // control socket (the first attempt made one at 10 or above) and go on in a new
+            // image, where 3 is free.
+            let copy = outcomes
+                .iter()
+                .find(|(a, _)| *a == "copy-control-fd")
+                .map_or_else(|| "10".to_string(), |(_, fd)| fd.clone());
+            // SAFETY: F_SETFD takes no memory.
+            unsafe { libc::fcntl(control_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+            let me = std::env::current_exe().expect("this program");
+            let e = std::process::Command::new(me)
+                .env(attacks::RENUMBERED_ENV, copy)
+                .exec();
+            panic!("exec of this program again failed: {e}");
+        }
         // The hand-off is still unread: the real worker takes it, under the same filter.
         let e = std::process::Command::new(real()).exec();
         panic!("exec of the real worker failed: {e}");
@@ -224,6 +264,14 @@ fn main() {
             std::thread::sleep(Duration::from_secs(120));
             return;
         }
+        "spy" => {
+            // A serving worker's view of processes starting beside it: every new child of the
+            // demux (a sibling of a new generation, a replacement) and the demux itself (a new
+            // image of it during `ringmux upgrade`) is probed from its first moments, until the
+            // test creates MARKER.done (bounded: 60 s).
+            let outcomes = spy(&mut c, &marker, Duration::from_secs(60));
+            write_report(&marker, &outcomes);
+        }
         other => panic!("unknown RINGMUX_FAULT {other:?}"),
     }
     // Stay alive (keeping the control socket open) until the demux kills us or goes away.
@@ -231,6 +279,104 @@ fn main() {
     while nix::sys::socket::recv(control.as_raw_fd(), &mut buf, MsgFlags::empty())
         .is_ok_and(|n| n > 0)
     {}
+}
+
+/// Probes the memory of every process that starts as a child of the demux after this one
+/// began watching, and the demux's own, as fast as it can (draining its ring meanwhile), until `MARKER.done` exists or
+/// `limit` passes. Opening `/proc/PID/mem` is what matters: a descriptor opened while the
+/// target was open to it keeps reading after the target turned non-dumpable.
+fn spy(c: &mut Consumer, marker: &str, limit: Duration) -> Vec<(&'static str, String)> {
+    let demux = nix::unistd::getppid().as_raw();
+    let me = std::process::id() as i32;
+    let children = || -> Vec<i32> {
+        let mut found = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir(format!("/proc/{demux}/task")) {
+            for t in tasks.flatten() {
+                if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                    found.extend(
+                        text.split_whitespace()
+                            .filter_map(|p| p.parse::<i32>().ok()),
+                    );
+                }
+            }
+        }
+        found
+    };
+    let known: Vec<i32> = children();
+    let done = format!("{marker}.done");
+    let end = Instant::now() + limit;
+    // The demux's own memory, from a thread that does nothing else: a new image of it is open
+    // to its user only between its `execve` and its first instructions.
+    let demux_spy = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut outcome: Option<String> = None;
+            let mut probes = 0u64;
+            while Instant::now() < end && !std::path::Path::new(&done).exists() {
+                for _ in 0..1000 {
+                    let o = match std::fs::File::open(format!("/proc/{demux}/mem")) {
+                        Ok(_) => "ok".to_string(),
+                        Err(e) => format!(
+                            "{:?}",
+                            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
+                        ),
+                    };
+                    if outcome.as_deref() != Some("ok") {
+                        outcome = Some(o);
+                    }
+                    probes += 1;
+                }
+            }
+            (outcome, probes)
+        })
+    };
+    let _ = std::fs::write(format!("{marker}.watching"), b"1");
+    let (mut siblings, mut sibling_open) = (Vec::new(), None);
+    let mut probes = 0u64;
+    // Records the outcome of one open: "ok" sticks (the attack got through once).
+    let note = |slot: &mut Option<String>, r: std::io::Result<std::fs::File>| {
+        let o = match r {
+            Ok(_) => "ok".to_string(),
+            Err(e) => format!(
+                "{:?}",
+                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
+            ),
+        };
+        if slot.as_deref() != Some("ok") {
+            *slot = Some(o);
+        }
+    };
+    while Instant::now() < end && !std::path::Path::new(&done).exists() {
+        for pid in children() {
+            if pid == me || known.contains(&pid) {
+                continue;
+            }
+            if !siblings.contains(&pid) {
+                siblings.push(pid);
+            }
+            note(
+                &mut sibling_open,
+                std::fs::File::open(format!("/proc/{pid}/mem")),
+            );
+        }
+        probes += 1;
+        // Whatever reaches this instance meanwhile is taken, so the demux sees no stall.
+        let _ = c.drain(64, |_| {});
+    }
+    let (demux_open, demux_probes) = demux_spy.join().unwrap_or((None, 0));
+    vec![
+        ("new-siblings", siblings.len().to_string()),
+        ("probes", probes.to_string()),
+        ("demux-probes", demux_probes.to_string()),
+        (
+            "open-new-sibling-mem",
+            sibling_open.unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "open-demux-mem",
+            demux_open.unwrap_or_else(|| "none".into()),
+        ),
+    ]
 }
 
 /// The ticket IDs `take-foreign-session` stores: the test offers the first in a ClientHello
