@@ -186,8 +186,15 @@ impl Admission {
     /// Decides for `seg`, a packet that opens a connection ([`ringmux_quic_lb::starts_connection`])
     /// from `remote`, headed for `lane`. `hashed`: its DCID is no instance's (the client chose
     /// it), so it is a new connection; otherwise it carries one of our CIDs (the Initial after
-    /// a Retry, or one of a handshake in progress). `crowded`: the lane's ring is past
-    /// `--initial-shed-at`.
+    /// a Retry, one of a handshake in progress, or one sent to a CID learned elsewhere).
+    /// `crowded`: the lane's ring is past `--initial-shed-at`.
+    ///
+    /// Only a token validates an address, whatever the DCID: every Retry the demux sends tells
+    /// its SCID, one of our CIDs, to whoever asked, so "the DCID is ours" proves nothing about
+    /// the sender. An Initial to our CID without a token the demux can validate is a
+    /// new-connection packet like any other: counted towards pressure, shed from a crowded
+    /// ring, held to its prefix's budget, and answered with a Retry under `--retry always`
+    /// (and under `auto` while under pressure).
     pub fn decide(
         &mut self,
         seg: &[u8],
@@ -197,36 +204,54 @@ impl Admission {
         crowded: bool,
         now_ns: u64,
     ) -> Verdict {
-        let initial = Initial::parse(seg);
-        if !hashed {
-            // Our CID: a handshake in progress, or the Initial after our Retry. Only a token
-            // is looked at (so a token refused never costs a worker anything).
-            // The Initial after a Retry (it carries a token) holds a ClientHello, which the
-            // inspector reads; a client's later Initials (acknowledgements) are not read.
-            return match initial {
-                Some(i) if !i.token.is_empty() => match self.check_token(i.token, remote) {
-                    TokenCheck::Refused => Verdict::TokenRefused,
-                    TokenCheck::Valid => self.admit(seg, remote, lane, now_ns),
-                    TokenCheck::Unvalidated => self.observe(seg, lane, now_ns),
-                },
-                _ => Verdict::Forward,
-            };
-        }
-        self.count(crowded, now_ns);
-        let Some(initial) = initial else {
+        let Some(initial) = Initial::parse(seg) else {
+            if !hashed {
+                // 0-RTT (or a QUIC v2 Initial) to one of our CIDs. Such a packet cannot open
+                // a connection: a server creates one only for a client Initial (RFC 9000
+                // §5.2.2; quinn-proto 0.11 `Endpoint::handle` ignores any other long-header
+                // packet of an unknown connection, and answers a version it does not speak,
+                // such as v2, with a Version Negotiation). It reaches a connection only if an
+                // Initial already opened it, and that Initial met this admission. Handshake
+                // packets do not come here at all (`starts_connection`).
+                return Verdict::Forward;
+            }
             // 0-RTT of a connection nobody owns, or another version's Initial.
+            self.count(crowded, now_ns);
             return if crowded {
                 Verdict::Shed
             } else {
                 Verdict::Forward
             };
         };
+        if hashed {
+            self.count(crowded, now_ns);
+        }
+        // A token of ours decides alone, whatever the DCID: a good one admits (the Initial after
+        // our Retry, whose ClientHello the inspector reads), a refused one never costs a worker
+        // anything.
         match self.check_token(initial.token, remote) {
             TokenCheck::Refused => return Verdict::TokenRefused,
             // A validated address: let it in past the shedding threshold (the ring still has
             // room, and this is who the room is kept for).
             TokenCheck::Valid => return self.admit(seg, remote, lane, now_ns),
             TokenCheck::Unvalidated => {}
+        }
+        if !hashed {
+            // Our CID, and no token or one the demux cannot open (garbage, another server's):
+            // the address is not validated (RFC 9000 §8.1.3; a quinn worker treats such a token
+            // as none, quinn-proto 0.11 `token.rs` `IncomingToken::from_header`), so neither
+            // may be a way past `--retry always`, pressure or the prefix budget.
+            //
+            // Legitimate clients: after a Retry, a client repeats its token in every Initial
+            // (RFC 9000 §8.1.2, §17.2.5.3), so under `always` its Initials to our CIDs carry
+            // one. Without a Retry (under `auto` and `never`, or a NEW_TOKEN token that a client
+            // might not repeat), a client's later Initials of a handshake in progress come here:
+            // forwarded while there is no pressure. A Retry that one of them draws under
+            // pressure is discarded by the client, which has processed the server's Initial
+            // (RFC 9000 §17.2.5.2): the cost is that datagram, and the client finishes in
+            // Handshake packets, which pass (it drops its Initial keys when it first sends one,
+            // RFC 9001 §4.9.1).
+            self.count(crowded, now_ns);
         }
         let retry = match self.settings.retry {
             RetryMode::Never => false,
@@ -239,7 +264,13 @@ impl Admission {
         if crowded {
             return Verdict::Shed;
         }
-        self.admit(seg, remote, lane, now_ns)
+        match self.budgeted(remote, now_ns) {
+            // A token-less Initial to our CID is a later one of a handshake, whose ClientHello
+            // was read with its first Initial: not read again.
+            Verdict::Forward if !hashed && initial.token.is_empty() => Verdict::Forward,
+            Verdict::Forward => self.observe(seg, lane, now_ns),
+            refused => refused,
+        }
     }
 
     /// [`Admission::budgeted`]; an Initial let in is shown to the ClientHello inspector.
@@ -302,23 +333,37 @@ impl Admission {
     }
 
     /// Builds a Retry for `initial` into `retry_buf`: SCID a fresh CID of `lane`, DCID the
-    /// client's SCID, a token for `remote`, the integrity tag (RFC 9001 §5.8). `false` if
-    /// randomness is unavailable.
+    /// client's SCID, a token for `remote` carrying the Initial's DCID as the original one
+    /// (whoever chose it: the client, or one of our CIDs, which quinn's workers accept the
+    /// same), the integrity tag (RFC 9001 §5.8). `false` if randomness is unavailable.
     fn mint_retry(&mut self, initial: &Initial<'_>, remote: SocketAddr, lane: u8) -> bool {
         let mut random = [0u8; 1 + TOKEN_NONCE + 20];
         if getrandom::fill(&mut random).is_err() {
             return false;
         }
-        let (first_bits, rest) = random.split_at(1);
-        let (token_nonce, cid_nonce) = rest.split_at(TOKEN_NONCE);
+        let (first_bits, rest) = random.split_at_mut(1);
+        let (token_nonce, cid_nonce) = rest.split_at_mut(TOKEN_NONCE);
+        let odcid = initial.dcid;
         let nonce_len = self.router.codec().nonce_len();
-        let Some(scid) = cid_nonce
-            .get(..nonce_len)
-            .and_then(|n| self.router.cid_for_lane(lane, n))
-        else {
+        let Some(nonce) = cid_nonce.get_mut(..nonce_len) else {
             return false;
         };
-        let odcid = initial.dcid;
+        let Some(mut scid) = self.router.cid_for_lane(lane, nonce) else {
+            return false;
+        };
+        // RFC 9000 §17.2.5.1: the Retry's SCID must differ from the Initial's DCID, which may
+        // be a CID of this lane. Another nonce is another CID (the encoding is a permutation).
+        if scid[..] == *odcid {
+            let Some(b) = nonce.first_mut() else {
+                return false;
+            };
+            *b ^= 1;
+            let Some(other) = self.router.cid_for_lane(lane, nonce) else {
+                return false;
+            };
+            scid = other;
+        }
+        let (first_bits, token_nonce) = (&*first_bits, &*token_nonce);
         let buf = &mut self.retry_buf;
         let mut w = Writer {
             buf: &mut *buf,
@@ -603,8 +648,12 @@ mod tests {
         p.extend_from_slice(dcid);
         p.push(scid.len() as u8);
         p.extend_from_slice(scid);
-        assert!(token.len() < 64);
-        p.push(token.len() as u8);
+        assert!(token.len() < 16384);
+        if token.len() < 64 {
+            p.push(token.len() as u8);
+        } else {
+            p.extend_from_slice(&(0x4000 | token.len() as u16).to_be_bytes());
+        }
         p.extend_from_slice(token);
         p.extend_from_slice(&[0x44, 0x00]);
         p.resize(1200, 0);
@@ -817,5 +866,210 @@ mod tests {
         let p = initial(&[1; 20], &[2; 20], &[3; 63]);
         assert_eq!(a.decide(&p, remote, 1, true, false, 1), Verdict::Retry);
         assert!(a.retry_packet().len() < 256);
+    }
+
+    /// A CID of `lane` as a worker (or a Retry of the demux) issues it.
+    fn our_cid(a: &Admission, lane: u8) -> Vec<u8> {
+        let nonce = vec![0x6e; a.router.codec().nonce_len()];
+        let cid = a.router.cid_for_lane(lane, &nonce).unwrap().to_vec();
+        assert_eq!(a.router.owner(&cid), Some(lane));
+        cid
+    }
+
+    /// The SCID and token of the Retry [`Admission::retry_packet`] holds, sent to `dcid`.
+    fn parse_retry(retry: &[u8], dcid: &[u8]) -> (Vec<u8>, Vec<u8>) {
+        assert_eq!(retry[0] & 0xf0, 0xf0, "a v1 Retry");
+        assert_eq!(usize::from(retry[5]), dcid.len());
+        assert_eq!(&retry[6..6 + dcid.len()], dcid);
+        let at = 6 + dcid.len();
+        let cid_len = usize::from(retry[at]);
+        let cid = retry[at + 1..at + 1 + cid_len].to_vec();
+        let token = retry[at + 1 + cid_len..retry.len() - TAG].to_vec();
+        (cid, token)
+    }
+
+    /// The original DCID a Retry token of `a` carries.
+    fn token_odcid(a: &Admission, token: &[u8]) -> Vec<u8> {
+        let (sealed, nonce) = token.split_at(token.len() - TOKEN_NONCE);
+        let mut buf = sealed.to_vec();
+        let plain = token_aead(&a.token_prk, nonce)
+            .open_in_place(
+                Nonce::assume_unique_for_key([0; 12]),
+                Aad::empty(),
+                &mut buf,
+            )
+            .expect("a token of ours");
+        // 0x00 (Retry) ‖ 0x00 ‖ IPv4 ‖ port ‖ ODCID length ‖ ODCID ‖ issued
+        assert_eq!(&plain[..2], &[0, 0]);
+        let len = usize::from(plain[8]);
+        plain[9..9 + len].to_vec()
+    }
+
+    /// Issue #30 item 3: an attacker harvests our CIDs from our own Retries (their SCIDs) and
+    /// sends token-less Initials to them. Under `--retry always` each gets a Retry like any
+    /// token-less Initial; the Retry's token carries that CID as the original DCID and is
+    /// accepted when it comes back, and the Retry's SCID is another CID of the lane.
+    #[test]
+    fn always_retries_a_token_less_initial_to_our_cid() {
+        let mut a = admission(RetryMode::Always, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let ours = our_cid(&a, 1);
+        let scid = [0x22; 8];
+        for t in 1..=20 {
+            let p = initial(&ours, &scid, &[]);
+            assert_eq!(a.decide(&p, remote, 1, false, false, t), Verdict::Retry);
+        }
+        let retry = a.retry_packet().to_vec();
+        let (new_cid, token) = parse_retry(&retry, &scid);
+        assert_ne!(
+            new_cid, ours,
+            "RFC 9000 §17.2.5.1: SCID differs from the DCID"
+        );
+        assert_eq!(a.router.owner(&new_cid), Some(1));
+        assert_eq!(
+            token_odcid(&a, &token),
+            ours,
+            "the original DCID is our CID"
+        );
+        // The integrity tag covers our CID as the original DCID (RFC 9001 §5.8).
+        let mut aad = vec![ours.len() as u8];
+        aad.extend_from_slice(&ours);
+        aad.extend_from_slice(&retry[..retry.len() - TAG]);
+        let tag = a
+            .retry_key
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(RETRY_NONCE_V1),
+                Aad::from(&aad[..]),
+                &mut [],
+            )
+            .unwrap();
+        assert_eq!(tag.as_ref(), &retry[retry.len() - TAG..]);
+        // The client's next Initial, with the token: let in.
+        let again = initial(&new_cid, &scid, &token);
+        assert_eq!(
+            a.decide(&again, remote, 1, false, false, 21),
+            Verdict::Forward
+        );
+        assert_eq!(a.stats.tokens_accepted, 1);
+        // 0-RTT to our CID cannot open a connection at a worker: left alone.
+        let mut zero_rtt = initial(&ours, &scid, &[]);
+        zero_rtt[0] = 0xd3;
+        assert_eq!(
+            a.decide(&zero_rtt, remote, 1, false, false, 22),
+            Verdict::Forward
+        );
+    }
+
+    /// A token the demux cannot open is no token (RFC 9000 §8.1.3), and quinn's workers treat
+    /// it so: to our CID under `always` it gets a Retry, like none. A Retry token of ours from
+    /// another address is still refused, and a good one still admits.
+    #[test]
+    fn a_garbage_token_to_our_cid_is_no_way_around_always() {
+        let mut a = admission(RetryMode::Always, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let ours = our_cid(&a, 0);
+        let scid = [0x33; 8];
+        let mut foreign = admission(RetryMode::Always, 0);
+        foreign.token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&[1; 64]);
+        let hashed = initial(&[0x11; 8], &scid, &[]);
+        assert_eq!(
+            foreign.decide(&hashed, remote, 0, true, false, 1),
+            Verdict::Retry
+        );
+        let (_, foreign_token) = parse_retry(foreign.retry_packet(), &scid);
+        for (what, token) in [
+            ("short garbage", vec![1, 2, 3]),
+            ("garbage of a token's length", vec![0x5a; 60]),
+            ("another key's token", foreign_token),
+        ] {
+            let p = initial(&ours, &scid, &token);
+            assert_eq!(
+                a.decide(&p, remote, 0, false, false, 2),
+                Verdict::Retry,
+                "{what}"
+            );
+            let (_, t) = parse_retry(a.retry_packet(), &scid);
+            assert_eq!(token_odcid(&a, &t), ours, "{what}");
+        }
+        assert_eq!(a.stats.tokens_accepted, 0);
+        assert_eq!(
+            a.stats.retries_sent, 0,
+            "the data plane counts what it sends"
+        );
+        // Ours, for another address: refused, not retried.
+        assert_eq!(a.decide(&hashed, remote, 0, true, false, 3), Verdict::Retry);
+        let (cid, token) = parse_retry(a.retry_packet(), &scid);
+        let other: SocketAddr = "192.0.2.8:4433".parse().unwrap();
+        let back = initial(&cid, &scid, &token);
+        assert_eq!(
+            a.decide(&back, other, 0, false, false, 4),
+            Verdict::TokenRefused
+        );
+        assert_eq!(a.decide(&back, remote, 0, false, true, 5), Verdict::Forward);
+    }
+
+    /// Under `auto`, token-less Initials to our CIDs (a handshake's later Initials, or a
+    /// harvested CID) are forwarded while there is no pressure, count towards it, and get a
+    /// Retry under it.
+    #[test]
+    fn auto_counts_initials_to_our_cid_and_retries_them_under_pressure() {
+        let mut a = admission(RetryMode::Auto, 0);
+        let remote: SocketAddr = CLIENT.parse().unwrap();
+        let ours = initial(&our_cid(&a, 1), &[0x44; 8], &[]);
+        let garbage = initial(&our_cid(&a, 1), &[0x44; 8], &[0x5a; 40]);
+        let new = initial(&[0x33; 8], &[0x44; 8], &[]);
+        // 1000/s is 100 per 100 ms window: these 100 fill it.
+        for i in 0..100 {
+            let p = if i % 2 == 0 { &ours } else { &garbage };
+            assert_eq!(a.decide(p, remote, 1, false, false, 10), Verdict::Forward);
+        }
+        assert!(!a.under_pressure(10));
+        // The 101st, a new connection's: pressure.
+        assert_eq!(a.decide(&new, remote, 0, true, false, 11), Verdict::Retry);
+        assert_eq!(a.decide(&ours, remote, 1, false, false, 12), Verdict::Retry);
+        assert_eq!(
+            a.decide(&garbage, remote, 1, false, false, 13),
+            Verdict::Retry
+        );
+        // After the hold, forwarded again; a crowded ring is pressure at once.
+        let quiet = 13 + PRESSURE_HOLD_NS;
+        assert_eq!(
+            a.decide(&ours, remote, 1, false, false, quiet),
+            Verdict::Forward
+        );
+        assert_eq!(
+            a.decide(&ours, remote, 1, false, true, quiet + 1),
+            Verdict::Retry
+        );
+        assert!(a.under_pressure(quiet + 2));
+    }
+
+    /// Under `never`, token-less Initials to our CIDs count towards pressure, are shed from a
+    /// crowded ring and held to their prefix's budget under pressure, and never retried.
+    #[test]
+    fn never_holds_initials_to_our_cid_to_pressure_shedding_and_the_budget() {
+        let mut a = admission(RetryMode::Never, 10);
+        let ours = initial(&our_cid(&a, 0), &[0x44; 8], &[]);
+        let greedy: SocketAddr = "203.0.113.9:1000".parse().unwrap();
+        let other: SocketAddr = "198.51.100.1:1000".parse().unwrap();
+        for _ in 0..100 {
+            assert_eq!(
+                a.decide(&ours, greedy, 0, false, false, 1),
+                Verdict::Forward
+            );
+        }
+        assert!(!a.under_pressure(1));
+        // The 101st in the window is pressure; the budget (10 a second, burst 10) applies.
+        let mut passed = 0;
+        for _ in 0..50 {
+            match a.decide(&ours, greedy, 0, false, false, 2) {
+                Verdict::Forward => passed += 1,
+                v => assert_eq!(v, Verdict::OverBudget),
+            }
+        }
+        assert!(a.under_pressure(2));
+        assert_eq!(passed, 10);
+        assert_eq!(a.decide(&ours, other, 0, false, false, 3), Verdict::Forward);
+        assert_eq!(a.decide(&ours, other, 0, false, true, 4), Verdict::Shed);
     }
 }
