@@ -3,7 +3,7 @@
 //! names the option, its variable, the value and what is accepted.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::admission::RetryMode;
@@ -202,7 +202,11 @@ pub struct RunArgs {
     pub sandbox: Toggle,
     /// Run the workers as this user (a name or a numeric UID), with its primary group and no
     /// supplementary groups, so that they cannot signal, trace or read the demux whatever the
-    /// filter allows. Needs ringmux to run as root. Default: ringmux's own user.
+    /// filter allows. Needs ringmux to run as root. Default: `nobody` when ringmux runs as root
+    /// (a worker of user ID 0, even without capabilities, owns every root-owned file, the
+    /// demux's own /proc files among them), else ringmux's own user. `root` keeps the workers
+    /// as root, without capabilities. The worker program must be executable by that user
+    /// (every folder above it open to it), and files under --root readable.
     #[arg(long, env = "RINGMUX_WORKER_USER")]
     pub worker_user: Option<String>,
     /// Seconds a starting worker has to report READY before it is killed and replaced.
@@ -442,10 +446,38 @@ impl RunArgs {
                 );
             }
         }
-        let worker_user = match &self.worker_user {
+        // Root that may switch users (a root without CAP_SETUID/CAP_SETGID, in a container
+        // say, cannot: its workers stay of its own user, as any unprivileged ringmux's do).
+        let root = crate::sys::may_switch_user();
+        let worker_user = match self.worker_user.as_deref().map(str::trim) {
+            Some("root" | "0") if nix::unistd::geteuid().is_root() => None,
             Some(u) => Some(WorkerUser::look_up(u)?),
+            None if root && self.sandbox == Toggle::On => {
+                Some(WorkerUser::look_up(DEFAULT_WORKER_USER).with_context(|| {
+                    format!(
+                        "ringmux runs as root, so its workers run as {DEFAULT_WORKER_USER:?} \
+                         unless --worker-user / RINGMUX_WORKER_USER names another user (or \
+                         root, to keep them root without capabilities)"
+                    )
+                })?)
+            }
             None => None,
         };
+        if let Some(user) = &worker_user {
+            let program = Path::new(&worker_cmd[0]);
+            if let Err(why) = user.can_execute(program) {
+                bail!(
+                    "the worker program {} cannot be executed by user {} (UID {}), whom the \
+                     workers run as: {why}. Install ringmux where that user may read and \
+                     execute it (e.g. /opt/ringmux/bin), or choose another user with \
+                     --worker-user / RINGMUX_WORKER_USER (root keeps the workers root, \
+                     without capabilities)",
+                    program.display(),
+                    user.name,
+                    user.uid
+                );
+            }
+        }
         let instances = self.instances as u8;
         Ok(Config {
             ring,
@@ -461,7 +493,41 @@ impl RunArgs {
     }
 }
 
+/// Whom the workers of a ringmux running as root run as, unless `--worker-user` says otherwise.
+pub const DEFAULT_WORKER_USER: &str = "nobody";
+
 impl WorkerUser {
+    /// `Ok` if this user may execute `program`: search permission on every folder above it and
+    /// execute permission on the file itself, by the owner, group and other bits (access
+    /// control lists are not read). `Err` names what is closed.
+    pub fn can_execute(&self, program: &Path) -> std::result::Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        let program = program
+            .canonicalize()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        let allows = |m: &std::fs::Metadata, bit: u32| {
+            let mode = m.mode();
+            if m.uid() == self.uid {
+                mode & (bit << 6) != 0
+            } else if m.gid() == self.gid {
+                mode & (bit << 3) != 0
+            } else {
+                mode & bit != 0
+            }
+        };
+        for dir in program.ancestors().skip(1) {
+            let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if !allows(&m, 0o1) {
+                return Err(format!("it may not enter the folder {}", dir.display()));
+            }
+        }
+        let m = std::fs::metadata(&program).map_err(|e| format!("{}: {e}", program.display()))?;
+        if !allows(&m, 0o1) {
+            return Err(format!("{} is not executable for it", program.display()));
+        }
+        Ok(())
+    }
+
     /// `spec`, a user name or a numeric UID, from the user database; the demux must be root to
     /// switch to it.
     fn look_up(spec: &str) -> Result<WorkerUser> {
@@ -479,12 +545,15 @@ impl WorkerUser {
             Err(e) => bail!("{flag}={spec:?}: looking the user up failed: {e}"),
         };
         if user.uid.is_root() {
-            bail!("{flag}={spec:?} is root: name an unprivileged user, e.g. nobody");
-        }
-        if !nix::unistd::geteuid().is_root() {
             bail!(
-                "{flag}={spec:?} needs ringmux to run as root (it is UID {}); without it the \
-                 workers run as ringmux's own user",
+                "{flag}={spec:?} is root by another name: name an unprivileged user, e.g. \
+                 nobody, or `root` itself to keep the workers root without capabilities"
+            );
+        }
+        if !crate::sys::may_switch_user() {
+            bail!(
+                "{flag}={spec:?} needs ringmux to run as root with CAP_SETUID and CAP_SETGID \
+                 (it is UID {}); without it the workers run as ringmux's own user",
                 nix::unistd::geteuid()
             );
         }
@@ -669,10 +738,6 @@ mod tests {
                 &["--worker-user", "RINGMUX_WORKER_USER", "no such user"],
             ),
             (
-                &["--worker-user", "root"],
-                &["--worker-user", "RINGMUX_WORKER_USER", "root"],
-            ),
-            (
                 &["--upstream-timeout", "0"],
                 &[
                     "--upstream-timeout",
@@ -705,6 +770,37 @@ mod tests {
         assert!(c.worker_cmd[0].ends_with("/true"), "{:?}", c.worker_cmd);
         assert_eq!(c.worker_cmd[1..], ["--name", "two words", "x y"]);
         assert_eq!(c.worker_program(), c.worker_cmd[0]);
+    }
+
+    #[test]
+    fn a_worker_user_must_reach_the_worker_program() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("ringmux-reach-{}", std::process::id()));
+        let inner = base.join("inner");
+        std::fs::create_dir_all(&inner).unwrap();
+        let program = inner.join("prog");
+        std::fs::write(&program, b"#!/bin/sh\n").unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        // A user that owns none of it, in no group of it: the other bits decide.
+        let stranger = WorkerUser {
+            name: "stranger".into(),
+            uid: 4_000_000_001,
+            gid: 4_000_000_001,
+        };
+        mode(&base, 0o755);
+        mode(&inner, 0o755);
+        mode(&program, 0o755);
+        assert_eq!(stranger.can_execute(&program), Ok(()));
+        mode(&inner, 0o750);
+        let e = stranger.can_execute(&program).unwrap_err();
+        assert!(e.contains("inner"), "{e}");
+        mode(&inner, 0o755);
+        mode(&program, 0o754);
+        let e = stranger.can_execute(&program).unwrap_err();
+        assert!(e.contains("not executable"), "{e}");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

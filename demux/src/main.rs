@@ -89,9 +89,11 @@ fn run(cfg: Config) -> Result<()> {
         );
     } else if cfg.worker_user.is_none() && nix::unistd::geteuid().is_root() {
         tracing::warn!(
-            "workers run as root: confined by the system-call filter and without capabilities, \
-             but they own every root-owned file. Give --worker-user (RINGMUX_WORKER_USER), \
-             e.g. nobody"
+            "workers run as root (--worker-user root, or ringmux lacks CAP_SETUID): confined \
+             by the system-call filter and without capabilities, but they own every root-owned \
+             file, the demux's /proc files among them (one can make the demux the OOM killer's \
+             first choice). Leave --worker-user (RINGMUX_WORKER_USER) out, as root, to run them \
+             as nobody"
         );
     }
     match upgrade::inherited() {

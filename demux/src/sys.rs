@@ -532,6 +532,17 @@ fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether this process can start workers as another user: it runs as root with
+/// `CAP_SETUID` and `CAP_SETGID` in its effective set.
+pub fn may_switch_user() -> bool {
+    use rustix::thread::CapabilitySet;
+    nix::unistd::geteuid().is_root()
+        && rustix::thread::capabilities(None).is_ok_and(|c| {
+            c.effective
+                .contains(CapabilitySet::SETUID | CapabilitySet::SETGID)
+        })
+}
+
 /// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): no process of the same user may
 /// `ptrace` it or open its `/proc/PID/mem`.
 pub fn make_non_dumpable() -> io::Result<()> {

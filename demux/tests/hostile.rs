@@ -29,6 +29,7 @@ fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
 
 /// [`start_faulty`] in forwarding mode `forward`.
 fn start_faulty_in(forward: Forward, fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
+    open_to_workers(dir);
     let env = [
         ("RINGMUX_FAULT", fault.to_string()),
         ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
@@ -42,6 +43,15 @@ fn start_faulty_in(forward: Forward, fault: &str, extra: &[&str], dir: &TempDir)
         ),
     ];
     Ringmux::start_with(2, forward, extra, fault_worker(), &env)
+}
+
+/// Lets the workers (nobody, when the tests run as root) write the fault's marker and report.
+fn open_to_workers(dir: &TempDir) {
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
 }
 
 /// `bin` in `dir` (a hard link, or a copy across file systems), executable by anyone.
@@ -434,10 +444,11 @@ async fn a_worker_cannot_ask_for_a_reload_or_an_upgrade() {
             ),
             ("RINGMUX_FAULT_CONTROL_SOCKET", sock.clone()),
         ];
+        // Workers of the demux's own user (root here), whom the socket's mode lets connect.
         let rm = Ringmux::start_with(
             2,
             Forward::Shm,
-            &["--control-socket", &sock],
+            &["--control-socket", &sock, "--worker-user", "root"],
             fault_worker(),
             &env,
         );
@@ -661,6 +672,7 @@ async fn a_confined_worker_cannot_free_the_descriptors_the_rules_name() {
 
 /// Starts 2 instances whose instance 1 plays `fault`, with `env` added for the workers.
 fn start_faulty_env(fault: &str, extra: &[&str], dir: &TempDir, env: &[(&str, String)]) -> Ringmux {
+    open_to_workers(dir);
     let mut all = vec![
         ("RINGMUX_FAULT", fault.to_string()),
         ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
@@ -951,6 +963,64 @@ async fn workers_run_as_the_worker_user() {
                 .and_then(|v| v.split_whitespace().nth(1))
                 .expect("effective uid");
             assert_eq!(uid, nobody.uid.to_string(), "worker {pid}");
+        }
+    })
+    .await;
+}
+
+/// As root with no `--worker-user`, ringmux runs its workers as nobody: a worker of user ID 0,
+/// even without a capability, owns every root-owned file, the demux's `/proc` files among
+/// them, and could make the demux the OOM killer's first choice (`oom_score_adj`) or lower its
+/// scheduling weight (`autogroup`). With `--worker-user root` (today's behaviour on request) it
+/// can open both for writing, which shows what the default refuses. Needs root.
+#[tokio::test]
+async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: the default worker user applies when ringmux runs as root");
+        return;
+    }
+    let nobody = nix::unistd::User::from_name("nobody")
+        .ok()
+        .flatten()
+        .expect("a user named nobody");
+    bounded(Duration::from_secs(90), async {
+        for (extra, expected) in [(&[][..], "EACCES"), (&["--worker-user", "root"][..], "ok")] {
+            let dir = TempDir::new("ringmux-attack-proc");
+            open_to_workers(&dir);
+            // Somewhere nobody may execute them: the build's own folder may be closed to it.
+            let fault = world_executable_copy(&fault_worker(), &dir);
+            let real = world_executable_copy(&harness::worker_bin(), &dir);
+            let env = [
+                ("RINGMUX_FAULT", "signal-parent".to_string()),
+                ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+                (
+                    "RINGMUX_FAULT_MARKER",
+                    dir.path().join("played").to_string_lossy().into_owned(),
+                ),
+                ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
+            ];
+            let rm = Ringmux::start_with(2, Forward::Shm, extra, fault, &env);
+            let r = report(&dir).await;
+            assert_outcomes(
+                &r,
+                &["open-parent-oom-score-adj", "open-parent-autogroup"],
+                expected,
+            );
+            let want_uid = if extra.is_empty() {
+                nobody.uid.as_raw()
+            } else {
+                0
+            };
+            for pid in rm.worker_pids().await {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                let uid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .and_then(|v| v.split_whitespace().nth(1))
+                    .expect("effective uid");
+                assert_eq!(uid, want_uid.to_string(), "worker {pid} with {extra:?}");
+            }
+            instance0_serves(&rm).await;
         }
     })
     .await;

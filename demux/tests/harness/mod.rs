@@ -153,6 +153,19 @@ impl Ringmux {
         if forward == Forward::Reuseport && !extra.contains(&"--plaintext-cids") {
             args.push("--plaintext-cids");
         }
+        // As root, ringmux runs its workers as nobody, who must be able to execute them. Where
+        // this build's folder is closed to nobody, keep them root (without capabilities) and
+        // say so: the tests that need the default copy the binaries somewhere open.
+        if nix::unistd::geteuid().is_root()
+            && !extra.contains(&"--worker-user")
+            && !open_to_others(Path::new(&worker_bin_arg))
+        {
+            eprintln!(
+                "note: {worker_bin_arg} is not executable by nobody: the workers run as root \
+                 (--worker-user root)"
+            );
+            args.extend(["--worker-user", "root"]);
+        }
         args.extend_from_slice(extra);
         let mut child = Command::new(demux)
             .args(&args)
@@ -550,6 +563,17 @@ pub async fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether every folder above `path` may be entered, and `path` executed, by a user that owns
+/// none of them and is in none of their groups.
+pub fn open_to_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(path) = path.canonicalize() else {
+        return false;
+    };
+    path.ancestors()
+        .all(|p| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
 
 /// A directory under the system temp dir, removed on drop.

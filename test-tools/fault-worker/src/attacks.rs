@@ -139,6 +139,17 @@ fn signal_parent(out: &mut Outcomes) {
     ));
     let mem = std::fs::File::open(format!("/proc/{parent}/mem"));
     out.push(("open-parent-mem", io_outcome(mem)));
+    // Opened for writing, not written: a worker that could would make the demux the OOM
+    // killer's first choice, or lower its scheduling weight.
+    for (attempt, file) in [
+        ("open-parent-oom-score-adj", "oom_score_adj"),
+        ("open-parent-autogroup", "autogroup"),
+    ] {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/{parent}/{file}"));
+        out.push((attempt, io_outcome(f)));
+    }
     // A seized tracee is only released by its tracer's exit: tried once the filter has shown
     // itself.
     if refused(out, "kill-parent-stop") {
