@@ -34,7 +34,8 @@ pub fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((a.into(), b.into()))
 }
 
-/// Sends one packet with `fds` attached (`SCM_RIGHTS`), without `SIGPIPE`.
+/// Sends one packet with `fds` attached (`SCM_RIGHTS`; none for a hand-off, whose descriptors
+/// are placed before exec), blocking until it is queued, without `SIGPIPE`.
 pub fn send_with_fds(sock: BorrowedFd<'_>, data: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
     let iov = [IoSlice::new(data)];
@@ -265,8 +266,10 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 pub struct WorkerSetup<'a> {
     /// The worker's end of its control socket: descriptor 3.
     pub control: BorrowedFd<'a>,
-    /// The public socket: descriptor 4.
+    /// The worker's sending socket (its lane's socket under kernel steering): descriptor 4.
     pub public: BorrowedFd<'a>,
+    /// The hand-off's descriptors, placed at `ringmux_proto::FIRST_HANDOFF_FD` and on, in order.
+    pub handoff: &'a [BorrowedFd<'a>],
     /// The CPU to pin the process to.
     pub cpu: Option<usize>,
     /// The system-call filter to install last; `None` with `--sandbox off`.
@@ -279,10 +282,10 @@ pub struct WorkerSetup<'a> {
     pub domain: Option<BorrowedFd<'a>>,
 }
 
-/// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3
-/// and its sending socket as descriptor 4, and no other descriptor past standard error: every
-/// descriptor from 5 on is marked close-on-exec in the child, so nothing ringmux inherited from
-/// its own parent reaches a worker. Then an empty signal mask (the demux blocks its shutdown
+/// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3,
+/// its sending socket as descriptor 4 and the hand-off's descriptors from 5 on, and no other
+/// descriptor past standard error: every descriptor after those is marked close-on-exec in the
+/// child, so nothing ringmux inherited from its own parent reaches a worker. Then an empty signal mask (the demux blocks its shutdown
 /// signals to read them from a signalfd; a worker must receive them), SIGKILL as its
 /// parent-death signal, so whatever program it runs dies with the demux (the signal survives
 /// `execve`; it fires when the spawning thread, the supervisor's, exits), a Landlock domain of
@@ -298,6 +301,18 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     // `cmd` can spawn. rustix, because nix's F_DUPFD_CLOEXEC hands back an unowned number.
     let control = rustix::io::fcntl_dupfd_cloexec(setup.control, 10)?;
     let public = rustix::io::fcntl_dupfd_cloexec(setup.public, 10)?;
+    if setup.handoff.len() > ringmux_proto::MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "more hand-off descriptors than the protocol's MAX_FDS",
+        ));
+    }
+    // A fixed array: the hook may not allocate, and the copies must live as long as it.
+    let mut handoff: [Option<OwnedFd>; ringmux_proto::MAX_FDS] = Default::default();
+    for (slot, fd) in handoff.iter_mut().zip(setup.handoff) {
+        *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, 10)?);
+    }
+    let after_handoff = ringmux_proto::FIRST_HANDOFF_FD + setup.handoff.len() as RawFd;
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
     let domain = setup
@@ -317,7 +332,10 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         }
         dup_onto(control.as_fd(), ringmux_proto::CONTROL_FD)?;
         dup_onto(public.as_fd(), ringmux_proto::PUBLIC_FD)?;
-        close_on_exec_from(ringmux_proto::PUBLIC_FD + 1)?;
+        for (number, fd) in (ringmux_proto::FIRST_HANDOFF_FD..).zip(handoff.iter().flatten()) {
+            dup_onto(fd.as_fd(), number)?;
+        }
+        close_on_exec_from(after_handoff)?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
         // The demux may have died between fork and the line above: then no signal comes.
         if nix::unistd::getppid() != parent {

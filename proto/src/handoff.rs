@@ -49,9 +49,10 @@ impl IngressKind {
 
 /// Everything a worker needs to serve, sent once at start.
 ///
-/// Descriptors, in this order: the ingress descriptors ([`IngressKind::fd_count`]); last, the
-/// worker's end of its session-store socket. The public socket is not among them: the worker
-/// finds it at descriptor [`crate::PUBLIC_FD`].
+/// Its descriptors sit at [`Handoff::fd_numbers`], in this order: the ingress descriptors
+/// ([`IngressKind::fd_count`]); last, the worker's end of its session-store socket. The demux
+/// placed them there before the worker program started; the message itself carries none. The
+/// worker's sending socket is at [`crate::PUBLIC_FD`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Handoff {
     /// This worker's instance number, `0..instances`.
@@ -127,13 +128,6 @@ pub enum HandoffError {
         field: &'static str,
         problem: String,
     },
-    /// The wrong number of descriptors came with it.
-    #[error("expected {expected} descriptors for {ingress:?} ingress, got {got}")]
-    Descriptors {
-        ingress: IngressKind,
-        expected: usize,
-        got: usize,
-    },
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
@@ -181,16 +175,10 @@ impl Handoff {
         self.ingress.fd_count() + 1
     }
 
-    /// Checks the number of descriptors that arrived with the hand-off.
-    pub fn check_fds(&self, got: usize) -> Result<(), HandoffError> {
-        if got == self.fd_count() {
-            return Ok(());
-        }
-        Err(HandoffError::Descriptors {
-            ingress: self.ingress,
-            expected: self.fd_count(),
-            got,
-        })
+    /// The descriptor numbers this hand-off's descriptors sit at, in order.
+    pub fn fd_numbers(&self) -> std::ops::Range<i32> {
+        // At most 4 (shm): the cast cannot truncate.
+        crate::FIRST_HANDOFF_FD..crate::FIRST_HANDOFF_FD + self.fd_count() as i32
     }
 
     /// The wire form.
@@ -476,19 +464,13 @@ mod tests {
     fn descriptor_count_follows_the_ingress() {
         let h = sample();
         assert_eq!(h.fd_count(), 4);
-        assert!(h.check_fds(4).is_ok());
-        assert_eq!(
-            h.check_fds(5),
-            Err(HandoffError::Descriptors {
-                ingress: IngressKind::Shm,
-                expected: 4,
-                got: 5
-            })
-        );
+        assert_eq!(h.fd_numbers(), 5..9);
+        assert!(h.fd_count() <= crate::MAX_FDS);
         let u = Handoff {
             ingress: IngressKind::Unix,
             ..h
         };
         assert_eq!(u.fd_count(), 2);
+        assert_eq!(u.fd_numbers(), 5..7);
     }
 }

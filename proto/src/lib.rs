@@ -31,13 +31,20 @@ pub use upstream::UpstreamUrl;
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;
 
-/// Most descriptors one control message carries.
+/// Most descriptors a hand-off places (at [`FIRST_HANDOFF_FD`] and on).
 pub const MAX_FDS: usize = 8;
+
+/// The descriptor number of a hand-off's first descriptor; the others follow it, in the order
+/// of `control-protocol.md`, "Descriptors". The demux places them there before the worker
+/// program starts, as it places [`CONTROL_FD`] and [`PUBLIC_FD`]: no descriptor ever arrives
+/// in a worker after its `execve` (the demux's system-call filter refuses every receipt of
+/// one), so no worker can get a second number for a descriptor the filter's rules name.
+pub const FIRST_HANDOFF_FD: i32 = 5;
 
 /// Name of the environment variable in which the demux tells a worker the number of its
 /// control socket (always 3 today). A process without it was not started by ringmux.
@@ -47,9 +54,9 @@ pub const CONTROL_FD_ENV: &str = "RINGMUX_CONTROL_FD";
 /// descriptor of the public socket.
 pub const PUBLIC_FD_ENV: &str = "RINGMUX_PUBLIC_FD";
 
-/// The descriptor number at which every worker finds the public socket ([`PUBLIC_FD_ENV`]).
-/// Fixed, and placed by the demux before the worker program starts rather than passed with the
-/// hand-off, so that the demux's system-call filter can name it: a worker may send on it, never
+/// The descriptor number at which every worker finds its sending socket ([`PUBLIC_FD_ENV`]),
+/// bound to the public address. Fixed, and placed by the demux before the worker program
+/// starts, so that the demux's system-call filter can name it: a worker may send on it, never
 /// receive on it, duplicate it or change it.
 pub const PUBLIC_FD: i32 = 4;
 

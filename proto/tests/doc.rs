@@ -34,7 +34,7 @@ fn rows(heading: &str) -> Vec<Vec<String>> {
             .collect();
         let header = matches!(
             cells[0].as_str(),
-            "key" | "message" | "op" | "limit" | "position"
+            "key" | "message" | "op" | "limit" | "descriptor"
         );
         if header || cells[0].starts_with("---") {
             continue;
@@ -74,6 +74,14 @@ fn descriptor_table_matches_the_counts() {
     ] {
         let listed = rows.iter().filter(|r| !r[column].is_empty()).count();
         assert_eq!(listed, kind.fd_count() + 1, "{kind:?}");
+        for (i, row) in rows.iter().enumerate() {
+            let number = ringmux_proto::FIRST_HANDOFF_FD + i as i32;
+            assert_eq!(
+                row[0],
+                number.to_string(),
+                "descriptor numbers from FIRST_HANDOFF_FD"
+            );
+        }
         let last = rows.iter().rfind(|r| !r[column].is_empty()).unwrap();
         assert_eq!(last[column], "session socket", "{kind:?}");
         assert!(rows.iter().all(|r| !r[column].contains("public")));

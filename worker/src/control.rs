@@ -4,8 +4,9 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use ringmux_proto::{Handoff, HandoffError, Message, MessageError, MAX_FDS, MAX_MESSAGE};
+use ringmux_proto::{Handoff, HandoffError, Message, MessageError, MAX_MESSAGE};
 
 use crate::sys;
 
@@ -20,15 +21,36 @@ pub enum ControlError {
     Handoff(#[from] HandoffError),
 }
 
-/// Blocks for the hand-off and checks it and its descriptors. On any error every descriptor
-/// that arrived is closed.
+/// Blocks for the hand-off, checks it, and takes its descriptors from the numbers where the
+/// demux placed them before this program started ([`Handoff::fd_numbers`]; the message carries
+/// none). Once per process: a second call is refused before it touches a descriptor.
 pub fn recv_handoff(sock: BorrowedFd<'_>) -> Result<(Handoff, Vec<OwnedFd>), ControlError> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let (n, fds) = sys::recv_with_fds(sock, &mut buf, MAX_FDS)?.ok_or(ControlError::Closed)?;
-    let h = Handoff::decode(&buf[..n])?;
-    h.check_fds(fds.len())?;
+    let n = sys::recv_packet(sock, &mut buf, false)?;
+    if n == 0 {
+        return Err(ControlError::Closed);
+    }
+    let Some(message) = buf.get(..n) else {
+        return Err(ControlError::Io(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a hand-off of {n} bytes, more than MAX_MESSAGE ({MAX_MESSAGE})"),
+        )));
+    };
+    let h = Handoff::decode(message)?;
+    if HANDOFF_TAKEN.swap(true, Ordering::AcqRel) {
+        return Err(ControlError::Io(io::Error::other(
+            "the hand-off's descriptors were taken by an earlier call in this process",
+        )));
+    }
+    let fds = h
+        .fd_numbers()
+        .map(sys::adopt_inherited)
+        .collect::<io::Result<Vec<_>>>()?;
     Ok((h, fds))
 }
+
+/// Set by the first [`recv_handoff`] that takes the hand-off's descriptors.
+static HANDOFF_TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// Sends one message. On a non-blocking socket a full queue is `WouldBlock`.
 pub fn send(sock: BorrowedFd<'_>, message: &Message) -> io::Result<()> {

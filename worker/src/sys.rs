@@ -7,7 +7,6 @@
 //! said it.
 
 use std::io::{self, IoSliceMut};
-use std::mem::MaybeUninit;
 use std::ops::Deref;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
@@ -18,50 +17,30 @@ use nix::sys::socket::{self, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-/// The most descriptors Linux passes in one message (`SCM_MAX_FD`). The receive buffer has room
-/// for that many, so descriptors are never truncated away unseen: every one that arrives is
-/// owned, and closed on any error.
-const SCM_MAX_FD: usize = 253;
-
-/// Receives one message and the descriptors attached to it (they arrive close-on-exec).
-/// `Ok(None)`: orderly close. More than `max_fds` descriptors, or a truncated message, is an
-/// `InvalidData` error, and every descriptor that came with it is closed.
-pub fn recv_with_fds(
-    sock: BorrowedFd<'_>,
-    buf: &mut [u8],
-    max_fds: usize,
-) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
-    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
-    // rustix rather than nix: its control messages hand the descriptors over as `OwnedFd`s (and
-    // close any left unread), where nix's are bare numbers to take ownership of.
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(SCM_MAX_FD))];
-    let mut cmsg = RecvAncillaryBuffer::new(&mut space);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = loop {
-        match recvmsg(sock, &mut iov, &mut cmsg, RecvFlags::CMSG_CLOEXEC) {
-            Err(rustix::io::Errno::INTR) => continue,
-            r => break r?,
-        }
-    };
-    let mut fds = Vec::new();
-    for c in cmsg.drain() {
-        if let RecvAncillaryMessage::ScmRights(received) = c {
-            fds.extend(received);
-        }
+/// Takes ownership of descriptor `fd`, which ringmux placed in this process before its
+/// program started (a hand-off descriptor), and marks it close-on-exec, so that no program this
+/// process executes later inherits it. `InvalidData` if no descriptor of that number is open.
+///
+/// The caller must make sure nothing else in the process owns `fd` (`control::recv_handoff`
+/// adopts each hand-off number once per process).
+pub fn adopt_inherited(fd: std::os::fd::RawFd) -> io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: F_GETFD on a bare number reads no memory; a number that is not open is EBADF.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+    if flags < 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("descriptor {fd} of the hand-off is not open"),
+        ));
     }
-    if msg
-        .flags
-        .intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC)
-    {
-        return Err(invalid("control message truncated"));
-    }
-    if fds.len() > max_fds {
-        return Err(invalid("more descriptors than the protocol allows"));
-    }
-    if msg.bytes == 0 && fds.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some((msg.bytes, fds)))
+    // SAFETY: `fd` is open (above) and, by this function's contract, owned by nothing else in
+    // this process: ringmux placed it here for this process alone.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        &owned,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(owned)
 }
 
 /// Sends one packet on a `SOCK_SEQPACKET` socket, without `SIGPIPE`; `dontwait`: without
@@ -227,14 +206,10 @@ fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> io::Result<T> {
     }
 }
 
-fn invalid(what: &'static str) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidData, what)
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::fd::{AsFd, RawFd};
+    use std::os::fd::AsFd;
 
     /// A connected `SOCK_SEQPACKET` pair, as the demux makes them.
     pub(crate) fn seqpacket_pair() -> (OwnedFd, OwnedFd) {
@@ -247,48 +222,10 @@ pub(crate) mod tests {
         (a.into(), b.into())
     }
 
-    /// Sends `data` with `fds` attached, the way the demux sends a hand-off.
-    fn send_with_fds(sock: &OwnedFd, data: &[u8], fds: &[RawFd]) {
-        let iov = [std::io::IoSlice::new(data)];
-        let cmsg = [socket::ControlMessage::ScmRights(fds)];
-        socket::sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsg, MsgFlags::empty(), None).unwrap();
-    }
-
     #[test]
-    fn descriptors_travel_with_the_message() {
+    fn a_message_longer_than_the_buffer_says_its_length() {
         let (a, b) = seqpacket_pair();
-        let (x, _y) = seqpacket_pair();
-        send_with_fds(&a, b"hello", &[x.as_raw_fd(), x.as_raw_fd()]);
-        let mut buf = [0u8; 64];
-        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf, 8).unwrap().unwrap();
-        assert_eq!(&buf[..n], b"hello");
-        assert_eq!(fds.len(), 2);
-        assert_ne!(fds[0].as_raw_fd(), x.as_raw_fd());
-        assert_eq!(socket_type(fds[0].as_fd()), Some(SockType::SeqPacket));
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        assert_eq!(socket_type(udp.as_fd()), Some(SockType::Datagram));
-    }
-
-    #[test]
-    fn too_many_descriptors_are_refused_and_closed() {
-        let (a, b) = seqpacket_pair();
-        let (x, _y) = seqpacket_pair();
-        let raw = [x.as_raw_fd(); 9];
-        send_with_fds(&a, b"hand-off", &raw);
-        let before = std::fs::read_dir("/proc/self/fd").unwrap().count();
-        let mut buf = [0u8; 64];
-        let e = recv_with_fds(b.as_fd(), &mut buf, 8).unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
-        let after = std::fs::read_dir("/proc/self/fd").unwrap().count();
-        assert_eq!(after, before, "every received descriptor is closed");
-    }
-
-    #[test]
-    fn a_message_longer_than_the_buffer_is_refused() {
-        let (a, b) = seqpacket_pair();
-        send_packet(a.as_fd(), &[7; 100], false).unwrap();
         let mut buf = [0u8; 10];
-        assert!(recv_with_fds(b.as_fd(), &mut buf, 8).is_err());
         send_packet(a.as_fd(), &[7; 100], false).unwrap();
         assert_eq!(recv_packet(b.as_fd(), &mut buf, true).unwrap(), 100);
         assert_eq!(
@@ -296,7 +233,22 @@ pub(crate) mod tests {
             io::ErrorKind::WouldBlock
         );
         drop(a);
-        assert!(recv_with_fds(b.as_fd(), &mut buf, 8).unwrap().is_none());
+        assert_eq!(recv_packet(b.as_fd(), &mut buf, true).unwrap(), 0);
+    }
+
+    #[test]
+    fn an_inherited_descriptor_is_adopted_close_on_exec_and_a_closed_one_refused() {
+        let (a, _b) = seqpacket_pair();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(nix::unistd::dup(&a).unwrap());
+        let adopted = adopt_inherited(raw).unwrap();
+        let flags = nix::fcntl::fcntl(&adopted, nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(
+            nix::fcntl::FdFlag::from_bits_truncate(flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC)
+        );
+        assert_eq!(socket_type(adopted.as_fd()), Some(SockType::SeqPacket));
+        drop(adopted);
+        let e = adopt_inherited(raw).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[test]

@@ -880,9 +880,11 @@ impl Supervisor {
                 s
             }
         };
+        let handoff: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
         let setup = sys::WorkerSetup {
             control: theirs.as_fd(),
             public: socket.as_fd(),
+            handoff: &handoff,
             domain: self.domain.as_ref().map(|d| d.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),
@@ -903,8 +905,9 @@ impl Supervisor {
         drop(cmd);
         drop(theirs);
         let pidfd = sys::pidfd_open(child.id()).ok();
-        let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        if let Err(e) = sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &borrowed) {
+        // The descriptors are in place already (from FIRST_HANDOFF_FD on): the message alone.
+        drop(handoff);
+        if let Err(e) = sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &[]) {
             // Most likely the program exited at once and closed its end. Either way it cannot
             // serve: make sure it is gone, and let its death be handled like any other (a crash,
             // or a new generation that failed to start).

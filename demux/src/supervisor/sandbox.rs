@@ -7,7 +7,7 @@
 //! demux, a sibling or another instance's clients. Its rules name descriptors by number, so the
 //! numbers they name (3, the control socket; 4, the worker's socket) are held to their objects
 //! for the life of the process and every image it executes: nothing may free, renumber or
-//! replace them, and no descriptor arrives after exec but on the control socket.
+//! replace them, and no descriptor arrives after exec at all.
 //!
 //! | what | refused |
 //! |---|---|
@@ -17,7 +17,7 @@
 //! | outliving the demux, being read | `prctl` outside an allow-list ([`PRCTLS_ALLOWED`]): above all `PR_SET_PDEATHSIG` with anything but SIGKILL (0 would disarm it), `PR_SET_DUMPABLE` 1, `PR_SET_PTRACER`, `PR_SET_CHILD_SUBREAPER` |
 //! | its sending socket (descriptor 4; every mode but `reuseport`) | the worker's own socket in the public address's group, which never receives: receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `recvmsg`, `recvmmsg`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`). None of it could reach another worker's clients any more (the socket the demux receives on never leaves the demux); it stays refused as a second wall |
 //! | freeing or renumbering 3 and 4 | `close`, `close_range` over them (with `CLOSE_RANGE_CLOEXEC` too), `dup2`/`dup3` onto them, `fcntl` `F_SETFD`, `ioctl` `FIOCLEX`/`FIONCLEX` on them: any of these and an `execve` would free the number for a socket of the worker's own |
-//! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but the control socket (which only the demux writes) and a lane's own UDP socket, so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; `ioctl` outside an allow-list ([`IOCTLS_ALLOWED`]: non-blocking mode, queue sizes, terminal and interface queries); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
+//! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but a lane's own UDP socket (every descriptor a worker gets is in place before exec), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; `ioctl` outside an allow-list ([`IOCTLS_ALLOWED`]: non-blocking mode, queue sizes, terminal and interface queries); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
 //! | the group | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group), `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams), `SO_BINDTODEVICE`/`SO_BINDTOIFINDEX` (the kernel takes a socket bound to a device out of its group, as a better match for everything arriving on that device) |
 //!
 //! With `--forward reuseport` ([`WorkerFilter::compile`] with `own_socket`) descriptor 4 is the
@@ -327,20 +327,23 @@ fn refusals(
     ] {
         r.insert(nr, vec![all(vec![on_public(0)])?]);
     }
-    // Descriptors arrive only with `recvmsg`/`recvmmsg` (SCM_RIGHTS): allowed on the control
-    // socket alone, whose peer is the demux (and on a lane's own UDP socket, which carries no
-    // descriptors). So a copy of descriptor 4 sent over a socket pair of the worker's own never
-    // arrives. Descriptors 3 and 4 stay what the demux made them for the life of the process
+    // Descriptors arrive only with `recvmsg`/`recvmmsg` (SCM_RIGHTS), and none ever needs to:
+    // the demux places every descriptor a worker gets before exec. So both are refused, but on
+    // a lane's own UDP socket (kernel steering), which carries no descriptors, and a copy of
+    // descriptor 4 sent over a socket pair of the worker's own never arrives under a new
+    // number. Descriptors 3 and 4 stay what the demux made them for the life of the process
     // and every image it executes: they cannot be closed, replaced, or marked close-on-exec
     // (`fcntl`, `ioctl`, `close_range`, `dup3`), after which an `execve` would free the number
     // for a socket of the worker's own and every rule below would bind that socket instead.
     let control = ringmux_proto::CONTROL_FD as u64;
     let kept: &[u64] = &[control, PUBLIC_FD];
-    let receivers: &[u64] = if own_socket { kept } else { &[control] };
-    let receiving_elsewhere: Vec<SeccompCondition> =
-        receivers.iter().map(|&fd| arg32(0, Ne, fd)).collect();
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
-        r.insert(nr, vec![all(receiving_elsewhere.clone())?]);
+        let rules = if own_socket {
+            vec![all(vec![arg32(0, Ne, PUBLIC_FD)])?]
+        } else {
+            always()
+        };
+        r.insert(nr, rules);
     }
     let mut close = Vec::new();
     let mut close_range = Vec::new();

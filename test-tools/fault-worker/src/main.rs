@@ -26,13 +26,12 @@
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
-use std::io::IoSliceMut;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::MsgFlags;
 use ringmux_proto::session::{decode_reply, encode_request, Op, MAX_REPLY_LEN};
 use ringmux_proto::{Handoff, Message, MAX_MESSAGE};
 use ringmux_ring::Consumer;
@@ -422,26 +421,10 @@ fn drain_for(c: &mut Consumer, limit: Duration, n: usize) {
     }
 }
 
-/// Reads the hand-off without consuming it (MSG_PEEK), to decide whether to misbehave. The
-/// peeked descriptors are duplicates, closed here.
+/// Reads the hand-off without consuming it (MSG_PEEK), to decide whether to misbehave. (Its
+/// descriptors are not in the message: the demux placed them before this program started.)
 fn peek_handoff(sock: BorrowedFd<'_>) -> Option<Handoff> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut cmsg = nix::cmsg_space!([RawFd; 253]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_PEEK | MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .ok()?;
-    let n = msg.bytes;
-    for c in msg.cmsgs().ok()? {
-        if let ControlMessageOwned::ScmRights(fds) = c {
-            // SAFETY: the kernel installed these duplicates for us; closing them is ours.
-            fds.into_iter()
-                .for_each(|fd| drop(unsafe { OwnedFd::from_raw_fd(fd) }));
-        }
-    }
-    Handoff::decode(&buf[..n]).ok()
+    let n = nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::MSG_PEEK).ok()?;
+    Handoff::decode(buf.get(..n)?).ok()
 }
