@@ -274,9 +274,14 @@ pub struct WorkerSetup<'a> {
     pub cpu: Option<usize>,
     /// The system-call filter to install last; `None` with `--sandbox off`.
     pub filter: Option<WorkerFilter>,
-    /// Drop every capability (the bounding set too, so that no `execve` gives any back): for a
-    /// confined worker that would otherwise run as root with all of root's capabilities.
+    /// Empty every capability set of the worker (ambient, inheritable, permitted, effective):
+    /// a worker may hold none, whatever ringmux holds (a unit's `AmbientCapabilities=`
+    /// would otherwise pass on to every worker).
     pub drop_capabilities: bool,
+    /// Empty its bounding set too: for a worker that keeps the demux's user ID 0 (no user
+    /// switch, which would have taken `CAP_SETPCAP` with every other capability), where the
+    /// demux holds `CAP_SETPCAP`.
+    pub drop_bounding_set: bool,
     /// The Landlock ruleset ([`worker_domain`]) the worker enters, in a domain of its own,
     /// just before the filter; `None` with `--sandbox off` or where the kernel has no Landlock.
     pub domain: Option<BorrowedFd<'a>>,
@@ -315,6 +320,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     let after_handoff = ringmux_proto::FIRST_HANDOFF_FD + setup.handoff.len() as RawFd;
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
+    let drop_bounding = setup.drop_bounding_set;
     let domain = setup
         .domain
         .map(|d| rustix::io::fcntl_dupfd_cloexec(d, 10))
@@ -347,7 +353,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
             None,
         )?;
         if drop_capabilities {
-            drop_all_capabilities()?;
+            drop_all_capabilities(drop_bounding)?;
         }
         if let Some(domain) = domain.as_ref() {
             enter_domain(domain.as_fd())?;
@@ -502,15 +508,17 @@ fn enter_domain(ruleset: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
-/// Drops every capability of the calling thread: the bounding set (bit by bit, up to the
-/// kernel's last one), the ambient and inheritable sets, then the permitted and effective ones.
-/// A process running as root keeps its user ID but can no longer trace other processes
-/// (`CAP_SYS_PTRACE`: the non-dumpable demux's `/proc/PID/mem` stays closed), override file
-/// permissions, open raw sockets or regain any of it by `execve`. Async-signal-safe (bare
-/// `prctl` and `capset`), for the pre-exec hook.
-fn drop_all_capabilities() -> io::Result<()> {
+/// Drops every capability of the calling thread: the bounding set when `bounding` (bit by bit,
+/// up to the kernel's last one; it needs `CAP_SETPCAP`), the ambient and inheritable sets, then
+/// the permitted and effective ones. A process running as root keeps its user ID but can no
+/// longer trace other processes (`CAP_SYS_PTRACE`: the non-dumpable demux's `/proc/PID/mem`
+/// stays closed), override file permissions, open raw sockets or bind privileged ports. No
+/// `execve` gives any back: under `PR_SET_NO_NEW_PRIVS`, which the filter sets, an `execve`
+/// never grants more than the permitted set it had, and the bounding set is a second wall.
+/// Async-signal-safe (bare `prctl` and `capset`), for the pre-exec hook.
+fn drop_all_capabilities(bounding: bool) -> io::Result<()> {
     use rustix::thread::{CapabilitySet, CapabilitySets};
-    for cap in 0..64 {
+    for cap in (0..64).take_while(|_| bounding) {
         let cap = CapabilitySet::from_bits_retain(1u64 << cap);
         match rustix::thread::capability_is_in_bounding_set(cap) {
             // Dropping needs CAP_SETPCAP, which a demux running as root without capabilities
@@ -548,6 +556,12 @@ fn dup_onto(fd: BorrowedFd<'_>, target: RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Whether this process holds `CAP_SETPCAP` (may empty a child's bounding set).
+pub fn may_drop_bounding_set() -> bool {
+    rustix::thread::capabilities(None)
+        .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SETPCAP))
 }
 
 /// Whether this process can start workers as another user: it runs as root with

@@ -1026,6 +1026,90 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
     .await;
 }
 
+/// A worker holds no capability, whatever ringmux was given: the shipped unit runs ringmux as an
+/// unprivileged user with the ambient capability `CAP_NET_BIND_SERVICE`, which every program it
+/// executes would inherit. Here ringmux runs as nobody with that ambient capability (through
+/// `setpriv`); the worker's sets are all empty and it cannot bind a privileged port, while the
+/// demux serves. Needs root and util-linux's `setpriv`; skipped otherwise.
+#[tokio::test]
+async fn a_worker_holds_no_capability_ringmux_was_given() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: starting ringmux as another user needs root");
+        return;
+    }
+    let Ok(setpriv) = which("setpriv") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "setpriv (util-linux) is missing and CI is set"
+        );
+        eprintln!("*** SKIPPED: setpriv (util-linux) is not installed ***");
+        return;
+    };
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-caps");
+        open_to_workers(&dir);
+        let demux =
+            world_executable_copy(std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")), &dir);
+        let fault = world_executable_copy(&fault_worker(), &dir);
+        let real = world_executable_copy(&harness::worker_bin(), &dir);
+        // The harness's own files (key file, control socket, log).
+        let files = TempDir::new("ringmux-caps-files");
+        // ringmux as nobody with CAP_NET_BIND_SERVICE ambient, as systemd's User= and
+        // AmbientCapabilities= start it; its files its own.
+        let wrapper = dir.path().join("as-unit");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\nchown -R 65534 '{dir}' '{files}'\nexec '{setpriv}' --reuid=65534 \
+                 --regid=65534 --clear-groups --inh-caps=+net_bind_service \
+                 --ambient-caps=+net_bind_service '{demux}' \"$@\"\n",
+                dir = dir.path().display(),
+                files = files.path().display(),
+                setpriv = setpriv.display(),
+                demux = demux.display(),
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let env = [
+            ("RINGMUX_FAULT", "capabilities".to_string()),
+            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+            (
+                "RINGMUX_FAULT_MARKER",
+                dir.path().join("played").to_string_lossy().into_owned(),
+            ),
+            ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
+        ];
+        let rm = Ringmux::start_in(files, &wrapper, 2, Forward::Shm, &[], fault, &env);
+        let r = report(&dir).await;
+        assert_outcomes(
+            &r,
+            &[
+                "cap-effective",
+                "cap-permitted",
+                "cap-inheritable",
+                "cap-ambient",
+            ],
+            "0000000000000000",
+        );
+        assert_outcomes(&r, &["bind-privileged-port"], "EACCES");
+        instance0_serves(&rm).await;
+    })
+    .await;
+}
+
+/// The first `name` on `PATH`.
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::split_paths(&std::env::var_os("PATH").ok_or(())?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
+
 /// A worker forks a child that detaches (`setsid`) and keeps its ring, doorbell and sockets,
 /// then dies (unconfined: the filter would refuse the fork). The demux, a child subreaper, kills
 /// the survivor; the replacement gets a ring of its own (a new memfd), serves, and is not taken

@@ -888,11 +888,13 @@ impl Supervisor {
             domain: self.domain.as_ref().map(|d| d.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),
-            // A worker that runs as root (no --worker-user) keeps root's user ID but none of
-            // its capabilities. With --worker-user the switch of user has dropped them already.
-            drop_capabilities: self.filter.is_some()
+            // No confined worker holds a capability: one that runs as root keeps root's user
+            // ID but none of root's capabilities, and one of an unprivileged ringmux none of
+            // the ambient ones it was given (CAP_NET_BIND_SERVICE in the shipped unit).
+            drop_capabilities: self.filter.is_some(),
+            drop_bounding_set: self.filter.is_some()
                 && self.cfg.worker_user.is_none()
-                && nix::unistd::geteuid().is_root(),
+                && sys::may_drop_bounding_set(),
         };
         sys::prepare_worker(&mut cmd, setup)
             .context("duplicating the worker's control and public sockets")?;

@@ -39,6 +39,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "free-named" => free_named(&mut out),
         "own-socket" => own_socket(&mut out),
         "prctl" => prctl(&mut out),
+        "capabilities" => capabilities(&mut out),
         _ => return None,
     }
     Some(out)
@@ -853,4 +854,26 @@ fn prctl(out: &mut Outcomes) {
         let r = unsafe { libc::fcntl(fd, libc::F_GETFD) };
         out.push(("inherited-open", raw(r.into())));
     }
+}
+
+/// The capabilities this worker holds (the sets of `/proc/self/status`, hexadecimal), and one
+/// use of `CAP_NET_BIND_SERVICE`, the capability the shipped unit gives ringmux: binding a
+/// privileged TCP port.
+fn capabilities(out: &mut Outcomes) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    for (attempt, key) in [
+        ("cap-effective", "CapEff:"),
+        ("cap-permitted", "CapPrm:"),
+        ("cap-inheritable", "CapInh:"),
+        ("cap-ambient", "CapAmb:"),
+    ] {
+        let value = status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map_or_else(|| "missing".to_string(), |v| v.trim().to_string());
+        out.push((attempt, value));
+    }
+    // Port 81 on loopback: nothing of the tests listens there.
+    let bind = std::net::TcpListener::bind("127.0.0.1:81");
+    out.push(("bind-privileged-port", io_outcome(bind)));
 }
