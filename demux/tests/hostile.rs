@@ -776,6 +776,8 @@ async fn a_confined_worker_cannot_reconfigure_its_sending_socket() {
             "EPERM",
         );
         instance0_serves(&rm).await;
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
         forwards_everything(&rm).await;
     })
     .await;
@@ -890,6 +892,8 @@ async fn a_confined_worker_dies_with_the_demux_and_inherits_nothing() {
         assert_outcomes(&r, &["dumpable-off", "set-name"], "ok");
         assert_outcomes(&r, &["inherited-open"], "EBADF");
         instance0_serves(&rm).await;
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
         let pids = rm.worker_pids().await;
         assert_eq!(pids.len(), 2, "{pids:?}");
         rm.signal(libc::SIGKILL);
@@ -1021,6 +1025,8 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
                 assert_eq!(uid, want_uid.to_string(), "worker {pid} with {extra:?}");
             }
             instance0_serves(&rm).await;
+            third_party_served(&rm, 0).await;
+            third_party_served(&rm, 1).await;
         }
     })
     .await;
@@ -1098,6 +1104,8 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
         );
         assert_outcomes(&r, &["bind-privileged-port"], "EACCES");
         instance0_serves(&rm).await;
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
     })
     .await;
 }
