@@ -108,6 +108,21 @@ pub struct RunArgs {
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
     #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
     pub listen: SocketAddr,
+    /// Serve HTTPS over TCP (HTTP/1.1 and HTTP/2) beside HTTP/3, on --tcp-listen: the demux
+    /// makes one listening socket and every worker accepts from it (`on`); the built-in worker
+    /// does not serve it yet, so the default is `off`. A program of your own takes it with
+    /// `Worker::tcp_listener`.
+    #[arg(long, env = "RINGMUX_TCP", value_enum, default_value_t = Toggle::Off)]
+    pub tcp: Toggle,
+    /// TCP address to listen on with --tcp on. Default: the address and port of --listen
+    /// (the port the UDP socket got, when --listen names port 0).
+    #[arg(long, env = "RINGMUX_TCP_LISTEN")]
+    pub tcp_listen: Option<SocketAddr>,
+    /// The `alt-svc` field value every response over TCP carries, telling browsers where HTTP/3
+    /// is: `auto` (the default) is `h3=":PORT"; ma=86400` with the UDP port; give another value
+    /// when a balancer maps the public port, or `off` for none.
+    #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
+    pub alt_svc: String,
     /// Number of worker processes (1–64).
     #[arg(long, env = "RINGMUX_INSTANCES", default_value_t = 2)]
     pub instances: u32,
@@ -446,6 +461,19 @@ impl RunArgs {
                 );
             }
         }
+        let av = &self.alt_svc;
+        if av.trim().is_empty() || !av.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+            bail!(
+                "--alt-svc / RINGMUX_ALT_SVC={av:?} is not valid: expected auto, off, or a header \
+                 value of printable ASCII, e.g. 'h3=\":443\"; ma=86400'"
+            );
+        }
+        if self.tcp_listen.is_some() && self.tcp == Toggle::Off {
+            bail!(
+                "--tcp-listen / RINGMUX_TCP_LISTEN is set but --tcp / RINGMUX_TCP is off: give \
+                 --tcp on to listen on TCP"
+            );
+        }
         // Root that may switch users (a root without CAP_SETUID/CAP_SETGID, in a container
         // say, cannot: its workers stay of its own user, as any unprivileged ringmux's do).
         let root = crate::sys::may_switch_user();
@@ -577,6 +605,25 @@ fn find_program(name: &str) -> Option<PathBuf> {
 }
 
 impl Config {
+    /// The `alt-svc` value for TCP responses (`--alt-svc`), the UDP port being `udp_port`.
+    pub fn alt_svc(&self, udp_port: u16) -> Option<String> {
+        match self.args.alt_svc.trim() {
+            "off" => None,
+            "auto" => Some(format!("h3=\":{udp_port}\"; ma=86400")),
+            value => Some(value.to_string()),
+        }
+    }
+
+    /// The TCP address to listen on (`--tcp-listen`, else `--listen`'s with the UDP socket's
+    /// port), with `--tcp on`.
+    pub fn tcp_addr(&self, udp: SocketAddr) -> Option<SocketAddr> {
+        (self.args.tcp == Toggle::On).then(|| {
+            self.args
+                .tcp_listen
+                .unwrap_or_else(|| SocketAddr::new(self.args.listen.ip(), udp.port()))
+        })
+    }
+
     /// The program every instance runs (for logs and metrics).
     pub fn worker_program(&self) -> &str {
         &self.worker_cmd[0]

@@ -147,6 +147,7 @@ fn template(
         ingress: IngressKind::Shm,
         spin_us: cfg.ring.spin_us,
         public_addr,
+        tcp: cfg.args.tcp == config::Toggle::On,
         config_id: lb.config_id,
         node_id: lb.node_id.clone(),
         nonce_len: lb.nonce_len,
@@ -168,6 +169,7 @@ fn template(
             // The demux sends the Retries (`--retry`): a worker never needs to.
             retry: false,
             idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
+            alt_svc: cfg.alt_svc(public_addr.port()),
             sink: cfg.args.worker_mode == config::WorkerMode::Sink,
         },
     }
@@ -212,6 +214,13 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
             .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
+    let tcp = match cfg.tcp_addr(public_addr) {
+        Some(addr) => Some(
+            sys::tcp_listener(addr)
+                .with_context(|| format!("listening on TCP {addr} (--tcp-listen / --listen)"))?,
+        ),
+        None => None,
+    };
 
     let lanes = router.lanes();
     let counters = Arc::new(Counters::new(cfg.instances, lanes));
@@ -259,6 +268,7 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         admission,
         sessions,
         resume: None,
+        tcp,
     };
     forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
 }
@@ -316,6 +326,14 @@ fn resume(
     )
     .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
+    let tcp = match (taken.tcp, cfg.tcp_addr(public_addr)) {
+        (Some(fd), Some(_)) => Some(std::net::TcpListener::from(fd)),
+        (None, None) => None,
+        // The same command line runs again: this means another configuration after all.
+        (Some(_), None) | (None, Some(_)) => {
+            anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
+        }
+    };
     let lanes = router.lanes();
     let counters = Arc::new(Counters::new(cfg.instances, lanes));
     counters.restore(&taken.counters);
@@ -406,6 +424,7 @@ fn resume(
         admission,
         sessions,
         resume: Some(resumed),
+        tcp,
     };
     forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
 }
@@ -439,6 +458,8 @@ struct Serve {
     /// The session threads, held to those bindings.
     sessions: Sessions,
     resume: Option<Resumed>,
+    /// The listening TCP socket every worker accepts from (`--tcp on`).
+    tcp: Option<std::net::TcpListener>,
 }
 
 impl forward::WithForward for Serve {
@@ -461,6 +482,7 @@ impl forward::WithForward for Serve {
             admission,
             sessions,
             resume,
+            tcp,
         } = self;
         let public_addr = public.socket().local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -502,6 +524,9 @@ impl forward::WithForward for Serve {
                     signals,
                     sessions,
                 )?;
+                if let Some(listener) = tcp {
+                    sup.serve_tcp(listener.into());
+                }
                 sup.start_all(handles)?;
                 (sup, None, start(dp, control)?)
             }
@@ -520,7 +545,12 @@ impl forward::WithForward for Serve {
                     sessions,
                     r.adopted,
                 ) {
-                    Ok(sup) => (sup, Some(r.answer), data_plane),
+                    Ok(mut sup) => {
+                        if let Some(listener) = tcp {
+                            sup.serve_tcp(listener.into());
+                        }
+                        (sup, Some(r.answer), data_plane)
+                    }
                     Err(e) => {
                         stop.store(true, Ordering::Relaxed);
                         let _ = data_plane.join();
@@ -626,6 +656,7 @@ fn hand_over<F: Forward>(
         key_pem: exported.key_pem,
         public_fd,
         metrics_fd: metrics.map(|m| m.as_raw_fd()),
+        tcp_fd: sup.tcp_fd(),
         control_fd: exported.control_fd,
         answer_fds: exported.answer_fds,
         active_generation: exported.active_generation,

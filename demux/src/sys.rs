@@ -136,6 +136,27 @@ pub fn udp_socket(addr: std::net::SocketAddr) -> io::Result<socket2::Socket> {
     Ok(s)
 }
 
+/// The listening TCP socket of `--tcp on`: close-on-exec, `SO_REUSEADDR` (a restarted ringmux
+/// binds at once past connections in TIME_WAIT), dual-stack for `[::]`, a backlog of 4096,
+/// non-blocking (its file description, flags included, is shared by every worker, which may
+/// never change them).
+pub fn tcp_listener(addr: std::net::SocketAddr) -> io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let s = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.cloexec(),
+        Some(Protocol::TCP),
+    )?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        s.set_only_v6(false)?;
+    }
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(4096)?;
+    s.set_nonblocking(true)?;
+    Ok(s.into())
+}
+
 /// A worker's own sending socket: a UDP socket bound to `public`, the public socket's address
 /// and port, in its `SO_REUSEPORT` group, whose steering program always picks the demux's
 /// socket ([`NEVER_STEER_PROGRAM`]), so it never receives a datagram. Whatever a worker does to
@@ -270,6 +291,8 @@ pub struct WorkerSetup<'a> {
     pub public: BorrowedFd<'a>,
     /// The hand-off's descriptors, placed at `ringmux_proto::FIRST_HANDOFF_FD` and on, in order.
     pub handoff: &'a [BorrowedFd<'a>],
+    /// The listening TCP socket every worker shares (`--tcp on`): descriptor 5.
+    pub tcp: Option<BorrowedFd<'a>>,
     /// The CPU to pin the process to.
     pub cpu: Option<usize>,
     /// The system-call filter to install last; `None` with `--sandbox off`.
@@ -318,6 +341,10 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, 10)?);
     }
     let after_handoff = ringmux_proto::FIRST_HANDOFF_FD + setup.handoff.len() as RawFd;
+    let tcp = setup
+        .tcp
+        .map(|t| rustix::io::fcntl_dupfd_cloexec(t, 10))
+        .transpose()?;
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
     let drop_bounding = setup.drop_bounding_set;
@@ -338,6 +365,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         }
         dup_onto(control.as_fd(), ringmux_proto::CONTROL_FD)?;
         dup_onto(public.as_fd(), ringmux_proto::PUBLIC_FD)?;
+        if let Some(tcp) = tcp.as_ref() {
+            dup_onto(tcp.as_fd(), ringmux_proto::TCP_FD)?;
+        }
         for (number, fd) in (ringmux_proto::FIRST_HANDOFF_FD..).zip(handoff.iter().flatten()) {
             dup_onto(fd.as_fd(), number)?;
         }

@@ -37,8 +37,9 @@ pub const FALLBACK_ENV: &str = "RINGMUX_UPGRADE_FALLBACK_FD";
 pub const REFUSED_ENV: &str = "RINGMUX_UPGRADE_REFUSED";
 /// Bumped on any change of [`State`] an older or newer image would misread.
 /// 2: the public socket is the first of an `SO_REUSEPORT` group that every worker's sending
-/// socket joins; an image of format 1 hands over one that nothing can join.
-pub const STATE_FORMAT: u32 = 2;
+/// socket joins; an image of format 1 hands over one that nothing can join. 3: the listening
+/// TCP socket (`tcp_fd`).
+pub const STATE_FORMAT: u32 = 3;
 /// How long `ringmux upgrade-check` of the new binary may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -125,6 +126,8 @@ pub struct State {
     pub key_pem: String,
     pub public_fd: RawFd,
     pub metrics_fd: Option<RawFd>,
+    /// The listening TCP socket every worker accepts from (`--tcp on`).
+    pub tcp_fd: Option<RawFd>,
     pub control_fd: Option<RawFd>,
     /// Control clients waiting for the upgrade's outcome.
     pub answer_fds: Vec<RawFd>,
@@ -260,6 +263,7 @@ impl State {
     pub fn fds(&self) -> Vec<RawFd> {
         let mut fds = vec![self.public_fd];
         fds.extend(self.metrics_fd);
+        fds.extend(self.tcp_fd);
         fds.extend(self.control_fd);
         fds.extend(&self.answer_fds);
         for lane in &self.lanes {
@@ -316,6 +320,7 @@ pub struct Taken {
     pub key_pem: String,
     pub public: OwnedFd,
     pub metrics: Option<OwnedFd>,
+    pub tcp: Option<OwnedFd>,
     pub control: Option<OwnedFd>,
     pub answers: Vec<OwnedFd>,
     pub active_generation: u64,
@@ -405,6 +410,7 @@ impl State {
             key_pem: self.key_pem,
             public: take(self.public_fd)?,
             metrics: self.metrics_fd.map(take).transpose()?,
+            tcp: self.tcp_fd.map(take).transpose()?,
             control: self.control_fd.map(take).transpose()?,
             answers: self
                 .answer_fds
@@ -709,6 +715,7 @@ mod tests {
             key_pem: String::new(),
             public_fd: fd,
             metrics_fd: None,
+            tcp_fd: None,
             control_fd: None,
             answer_fds: vec![],
             active_generation: 1,

@@ -1110,6 +1110,48 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
     .await;
 }
 
+/// With `--tcp on` every worker holds the demux's listening TCP socket at descriptor 5 and may
+/// accept on it, nothing else: shutting it down, changing its options or its status flags
+/// (every worker's and the demux's), duplicating, closing or freeing it are refused, and so is
+/// listening anywhere. The listener keeps taking connections after the attack and across an
+/// upgrade (the new image takes it over).
+#[tokio::test]
+async fn a_confined_worker_cannot_touch_the_shared_tcp_listener() {
+    bounded(Duration::from_secs(60), async {
+        let dir = TempDir::new("ringmux-attack-tcp");
+        let rm = start_faulty("tcp-listener", &["--tcp", "on"], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["accept"], "EAGAIN");
+        assert_outcomes(
+            &r,
+            &[
+                "listener-setsockopt",
+                "listener-clear-nonblock",
+                "listener-fionbio",
+                "listener-dup",
+                "listener-dupfd",
+                "listener-cloexec",
+                "listener-listen",
+                "listener-shutdown",
+                "listener-close",
+                "listen-elsewhere",
+            ],
+            "EPERM",
+        );
+        instance0_serves(&rm).await;
+        let tcp = std::net::SocketAddr::new(rm.listen.ip(), rm.listen.port());
+        std::net::TcpStream::connect_timeout(&tcp, Duration::from_secs(5))
+            .expect("the listener takes connections after the attack");
+        let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+        assert!(ok, "{text}");
+        std::net::TcpStream::connect_timeout(&tcp, Duration::from_secs(5))
+            .expect("the listener takes connections after an upgrade");
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
+    })
+    .await;
+}
+
 /// The first `name` on `PATH`.
 fn which(name: &str) -> Result<PathBuf, ()> {
     std::env::split_paths(&std::env::var_os("PATH").ok_or(())?)

@@ -70,6 +70,9 @@ pub struct Handoff {
     pub spin_us: u32,
     /// The public address clients send to (the worker's `local_addr`).
     pub public_addr: SocketAddr,
+    /// The demux's listening TCP socket is at [`crate::TCP_FD`] (HTTPS over TCP beside HTTP/3,
+    /// one accept queue every worker shares); `false`: nothing is open there.
+    pub tcp: bool,
     /// QUIC-LB: config rotation codepoint, node id, nonce length, encrypted or plaintext CIDs.
     pub config_id: u8,
     pub node_id: Vec<u8>,
@@ -109,6 +112,9 @@ pub struct ServeOptions {
     pub retry: bool,
     /// QUIC idle timeout.
     pub idle_timeout: Duration,
+    /// The `alt-svc` field value of every response over TCP (`h3=":PORT"; ma=86400`); `None`:
+    /// none.
+    pub alt_svc: Option<String>,
     /// Benchmark sink: drain and count (checking each datagram's connection ID), no QUIC.
     pub sink: bool,
 }
@@ -131,7 +137,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 27] = [
+pub const KEYS: [&str; 29] = [
     "protocol",
     "instance",
     "instances",
@@ -140,6 +146,7 @@ pub const KEYS: [&str; 27] = [
     "ingress",
     "spin_us",
     "public_addr",
+    "tcp",
     "config_id",
     "node_id",
     "nonce_len",
@@ -154,6 +161,7 @@ pub const KEYS: [&str; 27] = [
     "upstream_timeout_ms",
     "retry",
     "idle_timeout_ms",
+    "alt_svc",
     "cpu",
     "cert_pem",
     "key_pem",
@@ -198,6 +206,7 @@ impl Handoff {
             self.ingress.as_str().to_string(),
             self.spin_us.to_string(),
             self.public_addr.to_string(),
+            flag(self.tcp).to_string(),
             self.config_id.to_string(),
             hex::encode(&self.node_id),
             self.nonce_len.to_string(),
@@ -217,6 +226,7 @@ impl Handoff {
             millis(self.serve.upstream_timeout).to_string(),
             flag(self.serve.retry).to_string(),
             millis(self.serve.idle_timeout).to_string(),
+            hex::encode(self.serve.alt_svc.as_deref().unwrap_or("").as_bytes()),
             self.cpu.map_or(String::new(), |c| c.to_string()),
             hex::encode(self.cert_pem.as_bytes()),
             hex::encode(self.key_pem.as_bytes()),
@@ -290,6 +300,7 @@ impl Handoff {
             },
             spin_us: num("spin_us", get("spin_us")?)?,
             public_addr: num("public_addr", get("public_addr")?)?,
+            tcp: flag("tcp")?,
             config_id: num("config_id", get("config_id")?)?,
             node_id: bytes("node_id")?,
             nonce_len: num("nonce_len", get("nonce_len")?)?,
@@ -324,6 +335,7 @@ impl Handoff {
                     "idle_timeout_ms",
                     get("idle_timeout_ms")?,
                 )?),
+                alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
                 sink: flag("sink")?,
             },
         })
@@ -369,6 +381,7 @@ mod tests {
             ingress: IngressKind::Shm,
             spin_us: 50,
             public_addr: "[::]:4433".parse().unwrap(),
+            tcp: true,
             config_id: 1,
             node_id: vec![0xab],
             nonce_len: 14,
@@ -387,6 +400,7 @@ mod tests {
                 upstream_timeout: Duration::from_secs(5),
                 retry: false,
                 idle_timeout: Duration::from_secs(30),
+                alt_svc: Some("h3=\":4433\"; ma=86400".into()),
                 sink: false,
             },
         }
@@ -464,13 +478,13 @@ mod tests {
     fn descriptor_count_follows_the_ingress() {
         let h = sample();
         assert_eq!(h.fd_count(), 4);
-        assert_eq!(h.fd_numbers(), 5..9);
+        assert_eq!(h.fd_numbers(), 6..10);
         assert!(h.fd_count() <= crate::MAX_FDS);
         let u = Handoff {
             ingress: IngressKind::Unix,
             ..h
         };
         assert_eq!(u.fd_count(), 2);
-        assert_eq!(u.fd_numbers(), 5..7);
+        assert_eq!(u.fd_numbers(), 6..8);
     }
 }

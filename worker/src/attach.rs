@@ -165,6 +165,8 @@ pub struct Worker {
     certificate: CertChain,
     builtin: BuiltinOptions,
     parts: Mutex<Option<Parts>>,
+    /// The demux's listening TCP socket (`--tcp on`), until [`Worker::tcp_listener`] takes it.
+    tcp: Mutex<Option<OwnedFd>>,
     sessions: Arc<RemoteSessionStore>,
     drain_tx: watch::Sender<bool>,
     report: Arc<Mutex<Option<ReportFn>>>,
@@ -208,7 +210,22 @@ impl Worker {
             source,
         })?;
         let (h, fds) = control::recv_handoff(control.as_fd())?;
-        Worker::from_handoff(h, fds, control, public)
+        let tcp = if h.tcp {
+            // Not close-on-exec: the filter holds descriptor 5 to the listener, as 3 and 4.
+            Some(
+                sys::adopt_inherited(ringmux_proto::TCP_FD, false).map_err(|source| {
+                    AttachError::Io {
+                        what: "taking the TCP listener",
+                        source,
+                    }
+                })?,
+            )
+        } else {
+            None
+        };
+        let mut w = Worker::from_handoff(h, fds, control, public)?;
+        w.tcp = Mutex::new(tcp);
+        Ok(w)
     }
 
     fn from_handoff(
@@ -262,6 +279,7 @@ impl Worker {
             public_addr: h.public_addr,
             certificate,
             builtin: h.serve,
+            tcp: Mutex::new(None),
             parts: Mutex::new(Some(Parts {
                 control,
                 public,
@@ -299,6 +317,21 @@ impl Worker {
     /// self-signed one ringmux made at start).
     pub fn certificate(&self) -> &CertChain {
         &self.certificate
+    }
+
+    /// The demux's listening TCP socket, when ringmux runs with `--tcp on`: serve HTTPS over
+    /// TCP from it (hyper, axum, …) beside HTTP/3. Every instance accepts from this one socket
+    /// (one accept queue, made once by the demux, so a restart, a reload or an upgrade never
+    /// refuses a connection); a worker may accept on it and nothing else (no `shutdown`,
+    /// options, or flags: its file description is every worker's and the demux's). It is
+    /// non-blocking already, as `tokio::net::TcpListener::from_std` wants. `None` with
+    /// `--tcp off`, and after the first call.
+    pub fn tcp_listener(&self) -> Option<std::net::TcpListener> {
+        self.tcp
+            .lock()
+            .ok()?
+            .take()
+            .map(std::net::TcpListener::from)
     }
 
     /// The options of ringmux's built-in server, as the operator set them.

@@ -44,7 +44,7 @@ pub fn recv_handoff(sock: BorrowedFd<'_>) -> Result<(Handoff, Vec<OwnedFd>), Con
     }
     let fds = h
         .fd_numbers()
-        .map(sys::adopt_inherited)
+        .map(|fd| sys::adopt_inherited(fd, true))
         .collect::<io::Result<Vec<_>>>()?;
     Ok((h, fds))
 }

@@ -18,12 +18,13 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 /// Takes ownership of descriptor `fd`, which ringmux placed in this process before its
-/// program started (a hand-off descriptor), and marks it close-on-exec, so that no program this
-/// process executes later inherits it. `InvalidData` if no descriptor of that number is open.
+/// program started (a hand-off descriptor), and with `close_on_exec` marks it so, so that no
+/// program this process executes later inherits it. `InvalidData` if no descriptor of that
+/// number is open.
 ///
 /// The caller must make sure nothing else in the process owns `fd` (`control::recv_handoff`
 /// adopts each hand-off number once per process).
-pub fn adopt_inherited(fd: std::os::fd::RawFd) -> io::Result<OwnedFd> {
+pub fn adopt_inherited(fd: std::os::fd::RawFd, close_on_exec: bool) -> io::Result<OwnedFd> {
     use std::os::fd::FromRawFd;
     // SAFETY: F_GETFD on a bare number reads no memory; a number that is not open is EBADF.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
@@ -36,10 +37,12 @@ pub fn adopt_inherited(fd: std::os::fd::RawFd) -> io::Result<OwnedFd> {
     // SAFETY: `fd` is open (above) and, by this function's contract, owned by nothing else in
     // this process: ringmux placed it here for this process alone.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    nix::fcntl::fcntl(
-        &owned,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
+    if close_on_exec {
+        nix::fcntl::fcntl(
+            &owned,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
     Ok(owned)
 }
 
@@ -240,14 +243,14 @@ pub(crate) mod tests {
     fn an_inherited_descriptor_is_adopted_close_on_exec_and_a_closed_one_refused() {
         let (a, _b) = seqpacket_pair();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(nix::unistd::dup(&a).unwrap());
-        let adopted = adopt_inherited(raw).unwrap();
+        let adopted = adopt_inherited(raw, true).unwrap();
         let flags = nix::fcntl::fcntl(&adopted, nix::fcntl::FcntlArg::F_GETFD).unwrap();
         assert!(
             nix::fcntl::FdFlag::from_bits_truncate(flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC)
         );
         assert_eq!(socket_type(adopted.as_fd()), Some(SockType::SeqPacket));
         drop(adopted);
-        let e = adopt_inherited(raw).unwrap_err();
+        let e = adopt_inherited(raw, true).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 

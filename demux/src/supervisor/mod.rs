@@ -72,6 +72,8 @@ pub struct Supervisor {
     sessions: crate::sessions::Sessions,
     /// The workers' confinement; `None` with `--sandbox off`.
     filter: Option<WorkerFilter>,
+    /// The listening TCP socket every worker accepts from (`--tcp on`), at its descriptor 5.
+    tcp: Option<OwnedFd>,
     /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
     /// where the kernel has no Landlock.
     domain: Option<OwnedFd>,
@@ -180,6 +182,7 @@ impl Supervisor {
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile(
                 cfg.args.forward == crate::config::ForwardMode::Reuseport,
+                cfg.args.tcp == crate::config::Toggle::On,
             )?),
             crate::config::Toggle::Off => None,
         };
@@ -205,6 +208,7 @@ impl Supervisor {
         Ok(Supervisor {
             filter,
             domain,
+            tcp: None,
             next_sweep: Instant::now() + ORPHAN_SWEEP,
             policy: Policy::new(limits, n, Instant::now()),
             workers: (0..lanes).map(|_| Worker::default()).collect(),
@@ -224,6 +228,18 @@ impl Supervisor {
             signals,
             sessions,
         })
+    }
+
+    /// Every worker started from now on gets `listener`, the listening TCP socket, as its
+    /// descriptor 5 (`--tcp on`); the supervisor keeps it for as long as it runs.
+    pub fn serve_tcp(&mut self, listener: OwnedFd) {
+        self.tcp = Some(listener);
+    }
+
+    /// The listening TCP socket's number, for a new process image.
+    pub fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.tcp.as_ref().map(|t| t.as_raw_fd())
     }
 
     /// Starts every worker with its initial descriptors and waits until each has reported ready
@@ -885,6 +901,7 @@ impl Supervisor {
             control: theirs.as_fd(),
             public: socket.as_fd(),
             handoff: &handoff,
+            tcp: self.tcp.as_ref().map(|t| t.as_fd()),
             domain: self.domain.as_ref().map(|d| d.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),

@@ -42,8 +42,14 @@ use seccompiler::{
     SeccompFilter, SeccompRule, TargetArch,
 };
 
-/// The descriptor at which every worker holds the public socket.
+/// The descriptor at which every worker holds its sending socket.
 pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
+
+/// The descriptor of the listening TCP socket every worker shares (`--tcp on`).
+pub const TCP_FD: u64 = ringmux_proto::TCP_FD as u64;
+
+/// `ioctl` `FIONBIO`: non-blocking mode, allowed but on the shared listener.
+const FIONBIO: u64 = 0x5421;
 
 /// Stands for the worker's own PID in a compiled filter until [`WorkerFilter::bind_to`]
 /// replaces it. Above the kernel's largest PID (`PID_MAX_LIMIT`, 2^22), so it matches no
@@ -60,7 +66,10 @@ const FIONCLEX: u64 = 0x5450;
 
 /// The `ioctl` requests a worker may make, and why (any other answers `EPERM`).
 pub const IOCTLS_ALLOWED: &[(u64, &str)] = &[
-    (0x5421, "FIONBIO: non-blocking mode (std, mio)"),
+    (
+        FIONBIO,
+        "FIONBIO: non-blocking mode (std, mio), but on the shared TCP listener",
+    ),
     (0x541B, "FIONREAD / SIOCINQ: bytes waiting"),
     (0x5411, "TIOCOUTQ / SIOCOUTQ: bytes not yet sent"),
     (0x5401, "TCGETS: isatty"),
@@ -134,14 +143,15 @@ pub enum SandboxError {
 impl WorkerFilter {
     /// Compiles the filter for the architecture this demux runs on. `own_socket`: descriptor
     /// 4 is the worker's own socket (`--forward reuseport`), not the demux's public socket.
-    pub fn compile(own_socket: bool) -> Result<Self, SandboxError> {
+    /// `tcp`: descriptor 5 is the listening TCP socket every worker shares (`--tcp on`).
+    pub fn compile(own_socket: bool, tcp: bool) -> Result<Self, SandboxError> {
         let arch = match std::env::consts::ARCH {
             "x86_64" => TargetArch::x86_64,
             "aarch64" => TargetArch::aarch64,
             other => return Err(SandboxError::Architecture(other)),
         };
         let refusals = SeccompFilter::new(
-            refusals(own_socket)?,
+            refusals(own_socket, tcp)?,
             SeccompAction::Allow,
             SeccompAction::Errno(libc::EPERM as u32),
             arch,
@@ -186,12 +196,22 @@ fn always() -> Vec<SeccompRule> {
 /// Syscall number → rules (any rule matching refuses; no rule at all refuses always).
 fn refusals(
     own_socket: bool,
+    tcp: bool,
 ) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     use SeccompCmpOp::{Eq, MaskedEq, Ne};
     let mut r: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let not_self = |arg| arg32(arg, Ne, u64::from(SELF_PID));
     let not_zero = |arg| arg32(arg, Ne, 0);
     let on_public = |arg| arg32(arg, Eq, PUBLIC_FD);
+    // The descriptors nothing may duplicate, reconfigure or shut down: 4, and the shared TCP
+    // listener at 5 (`--tcp on`), whose file description, options and accept queue every
+    // worker shares. (Only with `--tcp on` is 5 named: otherwise it is any socket of the
+    // worker's own.)
+    let shared: &[u64] = if tcp {
+        &[PUBLIC_FD, TCP_FD]
+    } else {
+        &[PUBLIC_FD]
+    };
 
     // Signals: to the worker itself only. `kill(0)` (its process group, which is the demux's)
     // and `kill(-1)` are "not self" too.
@@ -302,6 +322,9 @@ fn refusals(
     if !own_socket {
         setsockopt.push(all(vec![on_public(0)])?);
     }
+    if tcp {
+        setsockopt.push(all(vec![arg32(0, Eq, TCP_FD)])?);
+    }
     for name in [
         SO_BINDTODEVICE,
         SO_BINDTOIFINDEX,
@@ -319,14 +342,20 @@ fn refusals(
     for nr in [
         libc::SYS_connect,
         libc::SYS_bind,
-        libc::SYS_listen,
-        libc::SYS_accept,
-        libc::SYS_accept4,
         libc::SYS_shutdown,
         libc::SYS_dup,
     ] {
+        let rules = shared
+            .iter()
+            .map(|&fd| all(vec![arg32(0, Eq, fd)]))
+            .collect::<Result<Vec<_>, _>>()?;
+        r.insert(nr, rules);
+    }
+    for nr in [libc::SYS_accept, libc::SYS_accept4] {
         r.insert(nr, vec![all(vec![on_public(0)])?]);
     }
+    // A worker listens nowhere: it serves what it accepts from the demux's listener.
+    r.insert(libc::SYS_listen, always());
     // Descriptors arrive only with `recvmsg`/`recvmmsg` (SCM_RIGHTS), and none ever needs to:
     // the demux places every descriptor a worker gets before exec. So both are refused, but on
     // a lane's own UDP socket (kernel steering), which carries no descriptors, and a copy of
@@ -336,7 +365,11 @@ fn refusals(
     // (`fcntl`, `ioctl`, `close_range`, `dup3`), after which an `execve` would free the number
     // for a socket of the worker's own and every rule below would bind that socket instead.
     let control = ringmux_proto::CONTROL_FD as u64;
-    let kept: &[u64] = &[control, PUBLIC_FD];
+    let kept: &[u64] = if tcp {
+        &[control, PUBLIC_FD, TCP_FD]
+    } else {
+        &[control, PUBLIC_FD]
+    };
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
         let rules = if own_socket {
             vec![all(vec![arg32(0, Ne, PUBLIC_FD)])?]
@@ -361,7 +394,10 @@ fn refusals(
     #[cfg(not(target_arch = "x86_64"))]
     let dup2 = [libc::SYS_dup3];
     for nr in dup2 {
-        let mut rules = vec![all(vec![on_public(0)])?];
+        let mut rules = shared
+            .iter()
+            .map(|&fd| all(vec![arg32(0, Eq, fd)]))
+            .collect::<Result<Vec<_>, _>>()?;
         for &fd in kept {
             rules.push(all(vec![arg32(1, Eq, fd)])?);
         }
@@ -375,15 +411,23 @@ fn refusals(
     const F_SETSIG: u64 = 10;
     const F_SETOWN_EX: u64 = 15;
     let mut fcntl = vec![
-        all(vec![on_public(0), arg32(1, Eq, libc::F_DUPFD as u64)])?,
-        all(vec![
-            on_public(0),
-            arg32(1, Eq, libc::F_DUPFD_CLOEXEC as u64),
-        ])?,
         all(vec![arg32(1, Eq, libc::F_SETOWN as u64)])?,
         all(vec![arg32(1, Eq, F_SETOWN_EX)])?,
         all(vec![arg32(1, Eq, F_SETSIG)])?,
     ];
+    for &fd in shared {
+        for cmd in [libc::F_DUPFD, libc::F_DUPFD_CLOEXEC] {
+            fcntl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, cmd as u64)])?);
+        }
+    }
+    if tcp {
+        // Its status flags are every worker's and the demux's: clearing O_NONBLOCK would make
+        // the others' accepts block.
+        fcntl.push(all(vec![
+            arg32(0, Eq, TCP_FD),
+            arg32(1, Eq, libc::F_SETFL as u64),
+        ])?);
+    }
     for &fd in kept {
         fcntl.push(all(vec![
             arg32(0, Eq, fd),
@@ -405,6 +449,9 @@ fn refusals(
         for request in [FIOCLEX, FIONCLEX] {
             ioctl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, request)])?);
         }
+    }
+    if tcp {
+        ioctl.push(all(vec![arg32(0, Eq, TCP_FD), arg32(1, Eq, FIONBIO)])?);
     }
     r.insert(libc::SYS_ioctl, ioctl);
     // prctl: an allow-list of options. Above all `PR_SET_PDEATHSIG` with anything but SIGKILL
@@ -469,12 +516,14 @@ mod tests {
     #[test]
     fn the_placeholder_is_no_other_constant_and_is_replaced() {
         for own_socket in [false, true] {
-            placeholder_replaced(own_socket);
+            for tcp in [false, true] {
+                placeholder_replaced(own_socket, tcp);
+            }
         }
     }
 
-    fn placeholder_replaced(own_socket: bool) {
-        let compiled = WorkerFilter::compile(own_socket).unwrap();
+    fn placeholder_replaced(own_socket: bool, tcp: bool) {
+        let compiled = WorkerFilter::compile(own_socket, tcp).unwrap();
         // Instructions that carry the placeholder: one per "not self" condition.
         let count = |f: &WorkerFilter, k| f.programs().flatten().filter(|i| i.k == k).count();
         let placeholders = count(&compiled, SELF_PID);

@@ -40,6 +40,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "own-socket" => own_socket(&mut out),
         "prctl" => prctl(&mut out),
         "capabilities" => capabilities(&mut out),
+        "tcp-listener" => tcp_listener(&mut out),
         _ => return None,
     }
     Some(out)
@@ -876,4 +877,73 @@ fn capabilities(out: &mut Outcomes) {
     // Port 81 on loopback: nothing of the tests listens there.
     let bind = std::net::TcpListener::bind("127.0.0.1:81");
     out.push(("bind-privileged-port", io_outcome(bind)));
+}
+
+/// The shared listening TCP socket at descriptor 5 (`--tcp on`): accepting is allowed, and
+/// nothing else that would touch the other workers' accept queue or file description; nor may a
+/// worker listen anywhere.
+fn tcp_listener(out: &mut Outcomes) {
+    const TCP: i32 = ringmux_proto::TCP_FD;
+    // SAFETY: accept4 with no address buffer; a connection accepted by mistake is closed.
+    let r = unsafe {
+        libc::accept4(
+            TCP,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    out.push(("accept", raw(r.into())));
+    close_if_made(r);
+    let off: libc::c_int = 0;
+    let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // Each outcome is read right after its call (errno is the last call's).
+    let mut attempt = |name: &'static str, call: &dyn Fn() -> libc::c_long| {
+        let r = call();
+        out.push((name, raw(r)));
+    };
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-setsockopt", &|| unsafe {
+        libc::setsockopt(
+            TCP,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&off as *const libc::c_int).cast(),
+            size,
+        )
+        .into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-clear-nonblock", &|| unsafe {
+        libc::fcntl(TCP, libc::F_SETFL, 0).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-fionbio", &|| unsafe {
+        libc::ioctl(TCP, FIONBIO, &off).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-dup", &|| unsafe { libc::dup(TCP).into() });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-dupfd", &|| unsafe {
+        libc::fcntl(TCP, libc::F_DUPFD_CLOEXEC, 10).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-cloexec", &|| unsafe {
+        libc::ioctl(TCP, FIOCLEX).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-listen", &|| unsafe {
+        libc::listen(TCP, 1).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-shutdown", &|| unsafe {
+        libc::shutdown(TCP, libc::SHUT_RDWR).into()
+    });
+    // SAFETY: descriptors and integers, or an int of ours and its size.
+    attempt("listener-close", &|| unsafe { libc::close(TCP).into() });
+    // A listener of its own: std binds, then listens.
+    out.push((
+        "listen-elsewhere",
+        io_outcome(std::net::TcpListener::bind("127.0.0.1:0")),
+    ));
 }
