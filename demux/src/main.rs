@@ -147,7 +147,7 @@ fn template(
         ingress: IngressKind::Shm,
         spin_us: cfg.ring.spin_us,
         public_addr,
-        tcp: cfg.args.tcp == config::Toggle::On,
+        tcp: cfg.args.tcp_on(),
         config_id: lb.config_id,
         node_id: lb.node_id.clone(),
         nonce_len: lb.nonce_len,

@@ -1647,6 +1647,12 @@ async fn sigterm_during_a_reload_drains_every_generation() {
         let bin = harness::TempDir::new("ringmux-reload-bin");
         let (slow, fifo) = (bin.path().join("slow"), bin.path().join("fifo"));
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        // The workers (nobody, when the tests run as root) open it read-write.
+        std::fs::set_permissions(
+            &fifo,
+            std::os::unix::fs::PermissionsExt::from_mode(0o666),
+        )
+        .unwrap();
         // While `slow` exists, a new worker waits 3 s before it starts (a builtin read on a
         // fifo nobody writes: no child process, which the sandbox would refuse).
         let prog = bin.path().join("worker.sh");

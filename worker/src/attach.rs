@@ -360,6 +360,25 @@ impl Worker {
         Ok(tls)
     }
 
+    /// A rustls server configuration for HTTPS over TCP ([`Worker::tcp_listener`]) with the
+    /// operator's certificate: TLS 1.3 and 1.2, the ring provider, ALPN `h2` then `http/1.1`
+    /// (change `alpn_protocols` to serve only one). Sessions resume within this worker (rustls'
+    /// in-memory cache and stateless tickets are its defaults); no 0-RTT over TCP.
+    pub fn tcp_tls_config(&self) -> Result<rustls::ServerConfig, AttachError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(TlsError::from)?
+            .with_no_client_auth()
+            .with_single_cert(
+                self.certificate.certs.clone(),
+                self.certificate.key.clone_key(),
+            )
+            .map_err(TlsError::from)?;
+        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(tls)
+    }
+
     /// A quinn server configuration over `tls` with what instances must share: sessions stored
     /// in the demux's cache (so resumption and 0-RTT work on every instance) and the shared
     /// token key (Retry and NEW_TOKEN tokens valid on every instance). Transport limits are

@@ -32,7 +32,7 @@ use crate::quic::ServerOptions;
 type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
 
 /// Size of the chunks in which bodies are sent (and large files read).
-const CHUNK: usize = 64 * 1024;
+pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// Default cap for `/bytes/N`.
 pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
@@ -105,8 +105,18 @@ pub struct ServerStats {
     pub responses_3xx: AtomicU64,
     pub responses_4xx: AtomicU64,
     pub responses_5xx: AtomicU64,
-    /// Response body bytes handed to QUIC.
+    /// Response body bytes handed to QUIC (or TCP).
     pub bytes_sent: AtomicU64,
+    /// HTTPS over TCP ([`crate::tcp`]): connections accepted and served.
+    pub tcp_connections: AtomicU64,
+    /// Connections closed at accept: this worker served `max_connections` already.
+    pub tcp_refused: AtomicU64,
+    /// TLS handshakes that failed (garbage instead of TLS, a client that gave up).
+    pub tcp_tls_failed: AtomicU64,
+    /// TLS handshakes that did not finish in time.
+    pub tcp_tls_timeouts: AtomicU64,
+    /// Requests over TCP (also counted in `requests_total`).
+    pub tcp_requests: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -143,7 +153,7 @@ impl ServerStats {
         }
     }
 
-    fn count_response(&self, status: StatusCode) {
+    pub(crate) fn count_response(&self, status: StatusCode) {
         let c = match status.as_u16() {
             200..=299 => &self.responses_2xx,
             300..=399 => &self.responses_3xx,
@@ -426,7 +436,7 @@ enum RequestError {
 }
 
 /// A response body.
-enum Body {
+pub(crate) enum Body {
     Empty,
     Static(&'static [u8]),
     Text(String),
@@ -443,7 +453,7 @@ enum Body {
 }
 
 impl Body {
-    fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         match self {
             Body::Empty => 0,
             Body::Static(b) => b.len() as u64,
@@ -455,15 +465,15 @@ impl Body {
 }
 
 /// What to send back: status, header fields, body.
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Body,
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Body,
 }
 
 impl Reply {
     /// A reply with `content-type` and a `content-length` that matches `body`.
-    fn new(status: StatusCode, content_type: &'static str, body: Body) -> Reply {
+    pub(crate) fn new(status: StatusCode, content_type: &'static str, body: Body) -> Reply {
         Reply::with_headers(status, HeaderMap::new(), content_type, body)
     }
 
@@ -482,7 +492,7 @@ impl Reply {
         }
     }
 
-    fn text(status: StatusCode, msg: &'static [u8]) -> Reply {
+    pub(crate) fn text(status: StatusCode, msg: &'static [u8]) -> Reply {
         Reply::new(status, "text/plain", Body::Static(msg))
     }
 }
@@ -583,26 +593,7 @@ impl Req {
     }
 
     async fn route(&self, method: &Method, headers: &HeaderMap, path: &str) -> Reply {
-        let Some(rel) = clean_path(path) else {
-            return Reply::text(StatusCode::BAD_REQUEST, b"bad path\n");
-        };
-        if let Some(root) = &self.site.root {
-            if let Some(reply) = file_reply(root, method, headers, path, rel).await {
-                return reply;
-            }
-        }
-        if path == "/hello.txt" {
-            return Reply::new(StatusCode::OK, "text/plain", Body::Static(HELLO_BODY));
-        }
-        if let Some(n) = path.strip_prefix("/bytes/") {
-            return match n.parse::<u64>() {
-                Ok(n) if n <= self.site.max_bytes => {
-                    Reply::new(StatusCode::OK, "application/octet-stream", Body::Pattern(n))
-                }
-                _ => Reply::text(StatusCode::BAD_REQUEST, b"bad length\n"),
-            };
-        }
-        Reply::text(StatusCode::NOT_FOUND, b"not found\n")
+        route(&self.site, method, headers, path).await
     }
 
     async fn send_body(&self, stream: &mut Stream, body: Body) -> Result<(), RequestError> {
@@ -653,6 +644,31 @@ impl Req {
         self.stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
         Ok(())
     }
+}
+
+/// The reply to a GET or HEAD of `path` on `site`, whatever the transport: a file from the
+/// root, a built-in (`/hello.txt`, `/bytes/N`), 400 for a bad path, or 404.
+pub(crate) async fn route(site: &Site, method: &Method, headers: &HeaderMap, path: &str) -> Reply {
+    let Some(rel) = clean_path(path) else {
+        return Reply::text(StatusCode::BAD_REQUEST, b"bad path\n");
+    };
+    if let Some(root) = &site.root {
+        if let Some(reply) = file_reply(root, method, headers, path, rel).await {
+            return reply;
+        }
+    }
+    if path == "/hello.txt" {
+        return Reply::new(StatusCode::OK, "text/plain", Body::Static(HELLO_BODY));
+    }
+    if let Some(n) = path.strip_prefix("/bytes/") {
+        return match n.parse::<u64>() {
+            Ok(n) if n <= site.max_bytes => {
+                Reply::new(StatusCode::OK, "application/octet-stream", Body::Pattern(n))
+            }
+            _ => Reply::text(StatusCode::BAD_REQUEST, b"bad length\n"),
+        };
+    }
+    Reply::text(StatusCode::NOT_FOUND, b"not found\n")
 }
 
 /// The reply for `path` (cleaned to `rel`) from `root`, or `None` to fall through to the

@@ -69,6 +69,7 @@ pub mod sessions;
 pub mod sink;
 pub mod socket;
 pub mod sys;
+pub mod tcp;
 pub mod tls;
 
 pub use attach::{AttachError, BuiltinOptions, Drain, Worker};

@@ -182,7 +182,7 @@ impl Supervisor {
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile(
                 cfg.args.forward == crate::config::ForwardMode::Reuseport,
-                cfg.args.tcp == crate::config::Toggle::On,
+                cfg.args.tcp_on(),
             )?),
             crate::config::Toggle::Off => None,
         };

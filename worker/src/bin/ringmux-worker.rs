@@ -1,6 +1,6 @@
 //! `ringmux-worker`: ringmux's built-in instance. Started by the `ringmux` demux (never by
-//! hand), it attaches with [`Worker::attach`] and serves HTTP/3 from one quinn endpoint on a
-//! current-thread tokio runtime: static files from `--root`, the built-in `/hello.txt` and
+//! hand), it attaches with [`Worker::attach`] and serves HTTP/3 from one quinn endpoint, and
+//! with `--tcp on` HTTPS over TCP from the demux's listener, on a current-thread tokio runtime: static files from `--root`, the built-in `/hello.txt` and
 //! `/bytes/N`, or, with `--upstream`, every request proxied to an HTTP/1.1 service. It drains gracefully when the demux asks (or on SIGTERM) and exits at once if the
 //! demux goes away. With `--worker-mode sink` it drains its ring and counts, for benchmarks.
 
@@ -14,6 +14,7 @@ use ringmux_worker::files::{DocRoot, FileOptions};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::proxy::Upstream;
 use ringmux_worker::quic::ServerOptions;
+use ringmux_worker::tcp::TcpOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
@@ -104,14 +105,47 @@ async fn serve(worker: Worker) -> Result<()> {
         max_bytes: builtin.max_bytes,
         upstream,
     });
-    serve_with(
+    // HTTPS over TCP beside HTTP/3 (`--tcp on`), through the same site.
+    let tcp = match worker.tcp_listener() {
+        Some(listener) => {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .context("registering the TCP listener")?;
+            let tls = Arc::new(worker.tcp_tls_config()?);
+            let alt_svc = match &builtin.alt_svc {
+                Some(v) => Some(
+                    http::HeaderValue::from_str(v)
+                        .with_context(|| format!("--alt-svc / RINGMUX_ALT_SVC={v:?}"))?,
+                ),
+                None => None,
+            };
+            tracing::info!("serving HTTPS over TCP too");
+            Some(ringmux_worker::tcp::serve(
+                listener,
+                tls,
+                site.clone(),
+                stats.clone(),
+                worker.drain_signal().into_receiver(),
+                TcpOptions {
+                    alt_svc,
+                    ..TcpOptions::default()
+                },
+            ))
+        }
+        None => None,
+    };
+    let h3 = serve_with(
         endpoint.clone(),
         site,
         stats,
         worker.drain_signal().into_receiver(),
         &opts,
-    )
-    .await;
+    );
+    match tcp {
+        Some(tcp) => {
+            tokio::join!(h3, tcp);
+        }
+        None => h3.await,
+    }
     let _ = tokio::time::timeout(DRAIN_WAIT, endpoint.wait_idle()).await;
     tracing::info!("drained; exiting");
     Ok(())

@@ -1,0 +1,316 @@
+//! HTTPS over TCP beside HTTP/3 on the same port (`--tcp`, on by default): Debian's curl over
+//! HTTP/1.1 and HTTP/2 gets the same site as the quinn client over HTTP/3, every TCP response
+//! says where HTTP/3 is (`alt-svc`), bad input is closed while both transports serve, and a
+//! download in flight survives a reload.
+
+mod harness;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux, TempDir};
+use ringmux_bench::client::Fnv64;
+
+/// What one curl run got: status, header fields (names lower-case), body.
+struct Got {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Got {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Whether curl can run here; `false` means skip (only allowed outside CI).
+fn have_curl() -> bool {
+    let found = std::process::Command::new("curl")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "curl is not installed and CI is set: apt-get install curl"
+        );
+        eprintln!("*** SKIPPED: curl is not installed (apt-get install curl) ***");
+    }
+    found
+}
+
+/// The TCP address of `rm`: the UDP socket's, by default.
+fn tcp_addr(rm: &Ringmux) -> SocketAddr {
+    SocketAddr::new(rm.listen.ip(), rm.listen.port())
+}
+
+/// curl `path` on `rm` over TCP with `args` (`--http1.1`, `--http2`, `-X POST`, …).
+async fn curl(rm: &Ringmux, args: &[&str], path: &str) -> Got {
+    let dir = rm.dir();
+    let head = dir.join(format!("head-{}", harness::random_u64()));
+    let body = dir.join(format!("body-{}", harness::random_u64()));
+    let url = format!("https://{}{path}", tcp_addr(rm));
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "-k", "--max-time", "30", "-D"])
+        .arg(&head)
+        .arg("-o")
+        .arg(&body)
+        .args(args)
+        .arg(&url)
+        .output()
+        .await
+        .expect("running curl");
+    assert!(
+        out.status.success(),
+        "curl {args:?} {url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse(&head, &body)
+}
+
+fn parse(head: &Path, body: &Path) -> Got {
+    let text = std::fs::read_to_string(head).expect("curl's header dump");
+    // The last response block (curl writes one per response, 1xx included).
+    let block = text
+        .split("\r\n\r\n")
+        .filter(|b| !b.trim().is_empty())
+        .last()
+        .unwrap_or("");
+    let mut lines = block.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Got {
+        status,
+        headers,
+        body: std::fs::read(body).unwrap_or_default(),
+    }
+}
+
+/// (length, FNV-1a) of `body`, as [`expected_bytes`] gives it for `/bytes/N`.
+fn fnv(body: &[u8]) -> (u64, u64) {
+    let mut sum = Fnv64::new();
+    sum.update(body);
+    (body.len() as u64, sum.finish())
+}
+
+/// Over HTTP/1.1 and HTTP/2: the built-ins with `alt-svc` naming the UDP port, HEAD with the
+/// length and no body, a POST's body counted, 405 for other methods; the same bodies as the
+/// quinn client gets over HTTP/3 from the same port.
+#[tokio::test]
+async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let alt_svc = format!("h3=\":{}\"; ma=86400", rm.listen.port());
+        for (version, proto) in [("--http1.1", "HTTP/1.1"), ("--http2", "HTTP/2")] {
+            let hello = curl(&rm, &[version, "-w", "%{http_version}"], "/hello.txt").await;
+            assert_eq!(hello.status, 200, "{proto}");
+            assert_eq!(hello.body, ringmux_worker::http::HELLO_BODY, "{proto}");
+            assert_eq!(hello.header("alt-svc"), Some(alt_svc.as_str()), "{proto}");
+            let big = curl(&rm, &[version], "/bytes/1000000").await;
+            assert_eq!(fnv(&big.body), expected_bytes(1_000_000), "{proto}");
+            let head = curl(&rm, &[version, "-I"], "/bytes/5000").await;
+            assert_eq!(head.status, 200, "{proto}");
+            assert_eq!(head.header("content-length"), Some("5000"), "{proto}");
+            let sized = tokio::process::Command::new("curl")
+                .args([
+                    "-sk",
+                    "-I",
+                    version,
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{size_download}",
+                ])
+                .arg(format!("https://{}/bytes/5000", tcp_addr(&rm)))
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&sized.stdout),
+                "0",
+                "{proto}: HEAD has no body"
+            );
+            let posted = curl(
+                &rm,
+                &[version, "-X", "POST", "--data-binary", "@/etc/hostname"],
+                "/echo-len",
+            )
+            .await;
+            let len = std::fs::metadata("/etc/hostname").map(|m| m.len()).unwrap();
+            assert_eq!(posted.body, format!("{len}\n").as_bytes(), "{proto}");
+            let put = curl(&rm, &[version, "-X", "PUT"], "/hello.txt").await;
+            assert_eq!(put.status, 405, "{proto}");
+            assert!(put.header("allow").is_some(), "{proto}");
+            let missing = curl(&rm, &[version], "/nowhere").await;
+            assert_eq!(missing.status, 404, "{proto}");
+        }
+        // curl says which protocol it spoke: ALPN chose it.
+        let out = tokio::process::Command::new("curl")
+            .args(["-sk", "--http2", "-o", "/dev/null", "-w", "%{http_version}"])
+            .arg(format!("https://{}/hello.txt", tcp_addr(&rm)))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "2");
+        // HTTP/3 from the same port, the same body.
+        let conn = rm.connect(&rm.client()).await;
+        check_bytes(
+            "HTTP/3",
+            &conn.get("/bytes/1000000").await.unwrap(),
+            1_000_000,
+        );
+    })
+    .await;
+}
+
+/// `--root` over TCP: the file, its validators, a conditional request (304), a range (206),
+/// and the same `etag` as over HTTP/3.
+#[tokio::test]
+async fn files_over_tcp_answer_conditional_and_range_requests() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let root = TempDir::new("ringmux-tcp-root");
+        let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(root.path().join("data.bin"), &content).unwrap();
+        let root_arg = root.path().to_string_lossy().into_owned();
+        let rm = Ringmux::start(2, Forward::Shm, &["--root", &root_arg]);
+        let full = curl(&rm, &["--http2"], "/data.bin").await;
+        assert_eq!(full.status, 200);
+        assert_eq!(full.body, content);
+        let etag = full.header("etag").expect("an etag").to_string();
+        let cond = format!("if-none-match: {etag}");
+        let not_modified = curl(&rm, &["--http1.1", "-H", &cond], "/data.bin").await;
+        assert_eq!(not_modified.status, 304);
+        let range = curl(&rm, &["--http2", "-H", "range: bytes=10-19"], "/data.bin").await;
+        assert_eq!(range.status, 206);
+        assert_eq!(range.body, &content[10..20]);
+        let conn = rm.connect(&rm.client()).await;
+        let h3 = conn.get("/data.bin").await.unwrap();
+        assert_eq!(
+            h3.headers.get("etag").and_then(|v| v.to_str().ok()),
+            Some(etag.as_str()),
+            "the same etag over HTTP/3"
+        );
+    })
+    .await;
+}
+
+/// `--alt-svc off` sends none; a value of the operator's is sent as given.
+#[tokio::test]
+async fn alt_svc_can_be_set_or_switched_off() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(1, Forward::Shm, &["--alt-svc", "off"]);
+        let got = curl(&rm, &["--http1.1"], "/hello.txt").await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.header("alt-svc"), None);
+        drop(rm);
+        let value = "h3=\":443\"; ma=60";
+        let rm = Ringmux::start(1, Forward::Shm, &["--alt-svc", value]);
+        let got = curl(&rm, &["--http2"], "/hello.txt").await;
+        assert_eq!(got.header("alt-svc"), Some(value));
+    })
+    .await;
+}
+
+/// Garbage instead of TLS is closed at once, and 400 connections that never start a handshake
+/// do not stop a new client over either transport.
+#[tokio::test]
+async fn garbage_and_idle_connections_leave_both_transports_serving() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let mut garbage = TcpStream::connect(tcp_addr(&rm)).unwrap();
+        garbage
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .unwrap();
+        garbage
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 512];
+        // The server answers a TLS alert at most, then closes: end of file, or a reset.
+        loop {
+            match garbage.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "never closed");
+        }
+        let idle: Vec<TcpStream> = (0..400)
+            .map(|_| TcpStream::connect(tcp_addr(&rm)).expect("an idle connection"))
+            .collect();
+        let got = curl(&rm, &["--http2"], "/hello.txt").await;
+        assert_eq!(got.status, 200);
+        let conn = rm.connect(&rm.client()).await;
+        check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
+        drop(idle);
+        let m = rm.metrics();
+        assert!(m.get("ringmux_datagrams_received_total") > 0.0, "{m}");
+    })
+    .await;
+}
+
+/// A download over TCP in flight when a reload starts finishes byte-exact on the old
+/// generation; new connections after it reach the new one.
+#[tokio::test]
+async fn a_tcp_download_survives_a_reload() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let rm = Ringmux::start(2, Forward::Shm, &["--grace", "30"]);
+        let out: PathBuf = rm.dir().join("download");
+        let n: u64 = 20_000_000;
+        // About 4 s at this rate: the reload happens in the middle.
+        let mut download = tokio::process::Command::new("curl")
+            .args(["-sS", "-k", "--http1.1", "--limit-rate", "5M", "-o"])
+            .arg(&out)
+            .arg(format!("https://{}/bytes/{n}", tcp_addr(&rm)))
+            .spawn()
+            .expect("curl");
+        // Under way: some of it has arrived.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::metadata(&out).map_or(0, |m| m.len()) < 1_000_000 {
+            assert!(Instant::now() < deadline, "the download never started");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "{text}");
+        let got = curl(&rm, &["--http2"], "/hello.txt").await;
+        assert_eq!(got.status, 200, "a new connection after the reload");
+        let status = download.wait().await.unwrap();
+        assert!(status.success(), "the download failed: {status}");
+        let body = std::fs::read(&out).unwrap();
+        assert_eq!(
+            fnv(&body),
+            expected_bytes(n),
+            "byte-exact across the reload"
+        );
+    })
+    .await;
+}

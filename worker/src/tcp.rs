@@ -1,0 +1,313 @@
+//! HTTPS over TCP beside HTTP/3: the built-in server's second transport. Browsers open QUIC only
+//! to an origin that told them over TCP (an `alt-svc` field, RFC 7838; RFC 9114 §3.1.1), and
+//! fall back to TCP where UDP is blocked, so the same site answers on both: the request is
+//! routed by `crate::http::route`, the one path HTTP/3 takes too, and every TCP response
+//! carries the `alt-svc` value ringmux was given.
+//!
+//! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
+//! by hyper-util's auto builder (HTTP/1.1 or HTTP/2 on one connection, by ALPN or preface).
+//! Connections come from the demux's listening socket, which every worker accepts from
+//! ([`crate::Worker::tcp_listener`]).
+//!
+//! Bad input and overload: a TLS handshake must finish within [`TcpOptions::handshake_timeout`]
+//! (idle or half-open connections never pile up), an HTTP/1.1 request head within
+//! [`TcpOptions::header_timeout`] (slowloris); past [`TcpOptions::max_connections`] a new
+//! connection is closed at accept; header sizes are hyper's limits (HTTP/1.1: 400 on a head
+//! over its buffer; HTTP/2: `max_header_list_size`), HTTP/2 streams are capped per connection
+//! and rapid resets are h2's to refuse. Each is counted in [`ServerStats`].
+//!
+//! On drain: this worker stops accepting (the others and the next generation keep the queue),
+//! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
+//! server returns when the last one closed; the caller bounds that with its grace.
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, info};
+
+use crate::http::{fill_pattern, route, Body, Reply, ServerStats, Site, CHUNK};
+
+/// How the TCP side serves.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// The `alt-svc` field of every response; `None`: none.
+    pub alt_svc: Option<HeaderValue>,
+    /// Connections this worker serves at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Longest a TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// Longest an HTTP/1.1 request head may take to arrive.
+    pub header_timeout: Duration,
+    /// HTTP/2 streams a client may have open at once on one connection.
+    pub max_streams: u32,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            alt_svc: None,
+            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            max_streams: 128,
+        }
+    }
+}
+
+/// A response body over TCP.
+type TcpBody = BoxBody<Bytes, io::Error>;
+
+/// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
+/// dropped), then drains: see the module documentation.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
+    mut shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let opts = Arc::new(opts);
+    let mut connections = JoinSet::new();
+    let mut stopping = *shutdown.borrow_and_update();
+    while !stopping {
+        tokio::select! {
+            changed = shutdown.changed() => {
+                stopping = changed.is_err() || *shutdown.borrow_and_update();
+            }
+            accepted = listener.accept() => {
+                let (stream, remote) = match accepted {
+                    Ok(a) => a,
+                    // Another worker took it first (one queue, many acceptors), or a
+                    // connection reset before it was accepted: nothing to do.
+                    Err(e) => {
+                        debug!(error = %e, "TCP accept");
+                        continue;
+                    }
+                };
+                if connections.len() >= opts.max_connections {
+                    stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+                    drop(stream);
+                    continue;
+                }
+                stats.tcp_connections.fetch_add(1, Ordering::Relaxed);
+                let conn = Conn {
+                    acceptor: acceptor.clone(),
+                    site: site.clone(),
+                    stats: stats.clone(),
+                    shutdown: shutdown.clone(),
+                    opts: opts.clone(),
+                };
+                connections.spawn(conn.run(stream, remote));
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    // This worker takes no more connections; the queue stays with the others and the demux.
+    drop(listener);
+    info!(
+        connections = connections.len(),
+        "HTTPS over TCP stopping: no more accepts, draining"
+    );
+    while connections.join_next().await.is_some() {}
+    info!("HTTPS over TCP stopped");
+}
+
+/// One TCP connection's task state.
+struct Conn {
+    acceptor: tokio_rustls::TlsAcceptor,
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: Arc<TcpOptions>,
+}
+
+impl Conn {
+    async fn run(mut self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let tls =
+            match tokio::time::timeout(self.opts.handshake_timeout, self.acceptor.accept(stream))
+                .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    // Garbage instead of TLS ends here at once.
+                    self.stats.tcp_tls_failed.fetch_add(1, Ordering::Relaxed);
+                    debug!(%remote, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    self.stats.tcp_tls_timeouts.fetch_add(1, Ordering::Relaxed);
+                    debug!(%remote, "TLS handshake timed out");
+                    return;
+                }
+            };
+        let site = self.site.clone();
+        let stats = self.stats.clone();
+        let alt_svc = self.opts.alt_svc.clone();
+        let service = hyper::service::service_fn(move |req| {
+            handle(site.clone(), stats.clone(), alt_svc.clone(), req)
+        });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.opts.header_timeout);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.opts.max_streams);
+        let conn = builder.serve_connection(TokioIo::new(tls), service);
+        tokio::pin!(conn);
+        let mut draining = *self.shutdown.borrow_and_update();
+        loop {
+            if draining {
+                // HTTP/2 GOAWAY, HTTP/1.1 `connection: close` after the request in flight.
+                conn.as_mut().graceful_shutdown();
+                if let Err(e) = conn.as_mut().await {
+                    debug!(%remote, error = %e, "TCP connection ended while draining");
+                }
+                return;
+            }
+            tokio::select! {
+                done = conn.as_mut() => {
+                    if let Err(e) = done {
+                        debug!(%remote, error = %e, "TCP connection ended");
+                    }
+                    return;
+                }
+                changed = self.shutdown.changed() => {
+                    draining = changed.is_err() || *self.shutdown.borrow_and_update();
+                }
+            }
+        }
+    }
+}
+
+/// Answers one request over TCP through the path HTTP/3 takes (`route`), plus `alt-svc`.
+async fn handle(
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
+    alt_svc: Option<HeaderValue>,
+    req: Request<Incoming>,
+) -> Result<Response<TcpBody>, Infallible> {
+    stats.requests_total.fetch_add(1, Ordering::Relaxed);
+    stats.tcp_requests.fetch_add(1, Ordering::Relaxed);
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let safe = method == Method::GET || method == Method::HEAD;
+    let reply = if method == Method::POST && path == "/echo-len" {
+        match count_body(req.into_body()).await {
+            Ok(n) => Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n"))),
+            Err(_) => Reply::text(StatusCode::BAD_REQUEST, b"request body broke off\n"),
+        }
+    } else if !safe {
+        let mut r = Reply::text(StatusCode::METHOD_NOT_ALLOWED, b"method not allowed\n");
+        r.headers
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
+        r
+    } else {
+        route(&site, &method, req.headers(), &path).await
+    };
+    stats.count_response(reply.status);
+    let mut resp = Response::new(if method == Method::HEAD {
+        Empty::new().map_err(|never| match never {}).boxed()
+    } else {
+        body_of(reply.body, stats)
+    });
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
+    if let Some(v) = alt_svc {
+        resp.headers_mut().insert(header::ALT_SVC, v);
+    }
+    Ok(resp)
+}
+
+/// Reads a request body to its end, counting its bytes (never holding it).
+async fn count_body(mut body: Incoming) -> Result<u64, hyper::Error> {
+    let mut n = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Some(data) = frame?.data_ref() {
+            n += data.len() as u64;
+        }
+    }
+    Ok(n)
+}
+
+/// A [`Body`] as a hyper body: in-memory ones whole, generated and file bodies as a stream of
+/// [`CHUNK`]s (a file never held whole; one that shrinks under us ends the body with an error,
+/// which breaks the connection rather than sending a short body that looks complete).
+fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
+    let whole = |b: Bytes| {
+        stats
+            .bytes_sent
+            .fetch_add(b.len() as u64, Ordering::Relaxed);
+        Full::new(b).map_err(|never| match never {}).boxed()
+    };
+    match body {
+        Body::Empty => Empty::new().map_err(|never| match never {}).boxed(),
+        Body::Static(b) => whole(Bytes::from_static(b)),
+        Body::Text(s) => whole(Bytes::from(s)),
+        Body::Memory(b) => whole(b),
+        Body::Pattern(len) => {
+            let chunks = futures_util::stream::unfold(0u64, move |sent| {
+                let stats = stats.clone();
+                async move {
+                    if sent >= len {
+                        return None;
+                    }
+                    let n = (len - sent).min(CHUNK as u64) as usize;
+                    let mut chunk = BytesMut::zeroed(n);
+                    fill_pattern(sent, &mut chunk);
+                    stats.bytes_sent.fetch_add(n as u64, Ordering::Relaxed);
+                    Some((Ok(Frame::data(chunk.freeze())), sent + n as u64))
+                }
+            });
+            StreamBody::new(chunks).boxed()
+        }
+        Body::File {
+            root,
+            file,
+            offset,
+            len,
+        } => {
+            let chunks = futures_util::stream::unfold(0u64, move |sent| {
+                let (root, file, stats) = (root.clone(), file.clone(), stats.clone());
+                async move {
+                    if sent >= len {
+                        return None;
+                    }
+                    let want = (len - sent).min(CHUNK as u64) as usize;
+                    match root.read_chunk(&file, offset + sent, want).await {
+                        Ok(chunk) if chunk.is_empty() => Some((
+                            Err(io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                format!("file changed size while sending ({sent} of {len} bytes)"),
+                            )),
+                            len,
+                        )),
+                        Ok(chunk) => {
+                            let n = chunk.len() as u64;
+                            stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
+                            Some((Ok(Frame::data(chunk)), sent + n))
+                        }
+                        Err(e) => Some((Err(e), len)),
+                    }
+                }
+            });
+            StreamBody::new(chunks).boxed()
+        }
+    }
+}
