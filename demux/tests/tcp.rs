@@ -275,10 +275,28 @@ async fn garbage_and_idle_connections_leave_both_transports_serving() {
     .await;
 }
 
+/// What happens while a download is under way.
+#[derive(Clone, Copy, Debug)]
+enum During {
+    Reload,
+    Upgrade,
+}
+
 /// A download over TCP in flight when a reload starts finishes byte-exact on the old
 /// generation; new connections after it reach the new one.
 #[tokio::test]
 async fn a_tcp_download_survives_a_reload() {
+    download_across(During::Reload).await;
+}
+
+/// A download over TCP in flight across `ringmux upgrade` (the demux never touches TCP bytes;
+/// the new image takes the listener over) finishes byte-exact, and new connections are served.
+#[tokio::test]
+async fn a_tcp_download_survives_an_upgrade() {
+    download_across(During::Upgrade).await;
+}
+
+async fn download_across(during: During) {
     if !have_curl() {
         return;
     }
@@ -299,10 +317,13 @@ async fn a_tcp_download_survives_a_reload() {
             assert!(Instant::now() < deadline, "the download never started");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
-        assert!(ok, "{text}");
+        let (ok, text) = match during {
+            During::Reload => rm.reload(Duration::from_secs(30)).await,
+            During::Upgrade => rm.upgrade(Duration::from_secs(30)).await,
+        };
+        assert!(ok, "{during:?}: {text}");
         let got = curl(&rm, &["--http2"], "/hello.txt").await;
-        assert_eq!(got.status, 200, "a new connection after the reload");
+        assert_eq!(got.status, 200, "a new connection after the {during:?}");
         let status = download.wait().await.unwrap();
         assert!(status.success(), "the download failed: {status}");
         let body = std::fs::read(&out).unwrap();
