@@ -93,6 +93,37 @@ async fn h3_hello_on_every_instance(forward: Forward) {
         programs.iter().all(|p| p.ends_with("examples/h3-hello")),
         "{programs:?}"
     );
+    // The same application over TCP, through `Worker::tcp_listener` (curl, when installed).
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok()
+    {
+        let url = format!("https://{}/echo", rm.listen);
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sk",
+                "--http2",
+                "-i",
+                "-X",
+                "POST",
+                "--data",
+                r#"{"y":true}"#,
+            ])
+            .arg(&url)
+            .output()
+            .await
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(r#""echo":{"y":true}"#), "{text}");
+        assert!(text.to_ascii_lowercase().contains("alt-svc: h3="), "{text}");
+    } else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "curl is not installed and CI is set"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

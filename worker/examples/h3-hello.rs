@@ -1,5 +1,8 @@
 //! A minimal HTTP/3 application behind ringmux: `GET /` says hello (and which instance
-//! answered) in JSON, `POST /echo` parses a JSON body and sends it back (400 if it is not JSON). Run it as ringmux's instances:
+//! answered) in JSON, `POST /echo` parses a JSON body and sends it back (400 if it is not JSON).
+//! It answers the same over HTTPS on TCP (HTTP/1.1 and HTTP/2, hyper) when ringmux hands it the
+//! listener (`--tcp on`, the default), with an `alt-svc` field so browsers find HTTP/3. Run it
+//! as ringmux's instances:
 //!
 //! ```text
 //! cargo build --release --examples
@@ -23,6 +26,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tls = worker.tls_config(&[b"h3"])?;
         let endpoint = worker.endpoint(worker.server_config(tls)?)?;
         let instance = worker.instance();
+        if let Some(listener) = worker.tcp_listener() {
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            let tls =
+                tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(worker.tcp_tls_config()?));
+            let alt_svc = worker.builtin_options().alt_svc.clone();
+            let mut drain = worker.drain_signal();
+            tokio::spawn(async move {
+                loop {
+                    let accepted = tokio::select! {
+                        a = listener.accept() => a,
+                        _ = drain.wait() => break,
+                    };
+                    let Ok((tcp, _)) = accepted else { continue };
+                    let (tls, alt_svc) = (tls.clone(), alt_svc.clone());
+                    tokio::spawn(async move {
+                        let Ok(stream) = tls.accept(tcp).await else {
+                            return;
+                        };
+                        let service = hyper::service::service_fn(move |req| {
+                            answer_tcp(req, instance, alt_svc.clone())
+                        });
+                        let builder = hyper_util::server::conn::auto::Builder::new(
+                            hyper_util::rt::TokioExecutor::new(),
+                        );
+                        let _ = builder
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await;
+                    });
+                }
+            });
+        }
         let mut drain = worker.drain_signal();
         loop {
             let incoming = tokio::select! {
@@ -72,17 +106,7 @@ async fn answer(req: http::Request<()>, mut s: Stream, instance: u8) -> Result<(
     while let Some(mut chunk) = s.recv_data().await? {
         body.extend_from_slice(&chunk.copy_to_bytes(chunk.remaining()));
     }
-    let (status, out) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/") => (
-            StatusCode::OK,
-            json!({ "hello": "world", "instance": instance }),
-        ),
-        (&Method::POST, "/echo") => match serde_json::from_slice::<serde_json::Value>(&body) {
-            Ok(v) => (StatusCode::OK, json!({ "echo": v, "instance": instance })),
-            Err(e) => (StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
-        },
-        _ => (StatusCode::NOT_FOUND, json!({ "error": "not found" })),
-    };
+    let (status, out) = respond(req.method(), req.uri().path(), &body, instance);
     let resp = Response::builder()
         .status(status)
         .header("content-type", "application/json");
@@ -90,4 +114,45 @@ async fn answer(req: http::Request<()>, mut s: Stream, instance: u8) -> Result<(
         .await?;
     s.send_data(Bytes::from(out.to_string())).await?;
     s.finish().await
+}
+
+/// The same over TCP (hyper), plus `alt-svc`.
+async fn answer_tcp(
+    req: http::Request<hyper::body::Incoming>,
+    instance: u8,
+    alt_svc: Option<String>,
+) -> Result<Response<http_body_util::Full<Bytes>>, hyper::Error> {
+    use http_body_util::BodyExt;
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let (status, out) = respond(&parts.method, parts.uri.path(), &body, instance);
+    let mut resp = Response::builder()
+        .status(status)
+        .header("content-type", "application/json");
+    if let Some(v) = alt_svc {
+        resp = resp.header("alt-svc", v);
+    }
+    Ok(resp
+        .body(http_body_util::Full::new(Bytes::from(out.to_string())))
+        .expect("valid response"))
+}
+
+/// What to answer, whichever the transport.
+fn respond(
+    method: &Method,
+    path: &str,
+    body: &[u8],
+    instance: u8,
+) -> (StatusCode, serde_json::Value) {
+    match (method, path) {
+        (&Method::GET, "/") => (
+            StatusCode::OK,
+            json!({ "hello": "world", "instance": instance }),
+        ),
+        (&Method::POST, "/echo") => match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(v) => (StatusCode::OK, json!({ "echo": v, "instance": instance })),
+            Err(e) => (StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+        },
+        _ => (StatusCode::NOT_FOUND, json!({ "error": "not found" })),
+    }
 }
