@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every ringmux test: the workspace under cargo-nextest, then the loom model of the ring.
 # On a fresh machine it first installs what the interop tests need (run as root, or have them):
-# Debian's ngtcp2-client (gtlsclient), curl and util-linux (setpriv), and PyPI's aioquic.
+# Debian's ngtcp2-client (gtlsclient), curl and util-linux (setpriv), and PyPI's aioquic and
+# niquests (a client that follows Alt-Svc from HTTP/2 to HTTP/3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,10 @@ fi
 if ! python3 -c 'import aioquic' 2>/dev/null; then
   echo "== installing aioquic (pip)"
   python3 -m pip install -q aioquic
+fi
+if ! python3 -c 'import niquests' 2>/dev/null; then
+  echo "== installing niquests (pip)"
+  python3 -m pip install -q niquests
 fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "== installing cargo-nextest"

@@ -181,6 +181,62 @@ async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
     .await;
 }
 
+/// A client nobody here wrote that follows Alt-Svc (PyPI's niquests) asks over TCP first, reads
+/// `alt-svc`, and takes the next requests to HTTP/3 on the UDP port, as a browser does.
+#[tokio::test]
+async fn a_client_follows_alt_svc_from_http2_to_http3() {
+    let have = std::process::Command::new("python3")
+        .args(["-c", "import niquests"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "niquests is not installed and CI is set: python3 -m pip install niquests"
+        );
+        eprintln!("*** SKIPPED: niquests is not installed (python3 -m pip install niquests) ***");
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let before = rm.metrics().get("ringmux_datagrams_received_total");
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../test-tools/python/follow_alt_svc.py"
+        );
+        let out = tokio::process::Command::new("python3")
+            .arg(script)
+            .arg(format!("https://{}/hello.txt", tcp_addr(&rm)))
+            .output()
+            .await
+            .expect("python3");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<Vec<&str>> = text.lines().map(|l| l.splitn(3, ' ').collect()).collect();
+        assert_eq!(
+            lines.len(),
+            4,
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let alt_svc = format!("h3=\":{}\"; ma=86400", rm.listen.port());
+        assert_eq!(
+            lines[0],
+            ["200", "20", alt_svc.as_str()],
+            "first over HTTP/2: {text}"
+        );
+        for l in &lines[1..] {
+            assert_eq!(l[..2], ["200", "30"], "then over HTTP/3: {text}");
+        }
+        let after = rm.metrics().get("ringmux_datagrams_received_total");
+        assert!(
+            after > before,
+            "no datagram reached the demux: {before} -> {after}"
+        );
+    })
+    .await;
+}
+
 /// `--root` over TCP: the file, its validators, a conditional request (304), a range (206),
 /// and the same `etag` as over HTTP/3.
 #[tokio::test]
