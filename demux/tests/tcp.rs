@@ -177,6 +177,19 @@ async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
             &conn.get("/bytes/1000000").await.unwrap(),
             1_000_000,
         );
+        // Counted by protocol: 7 curl runs over each TCP protocol (the HEAD check's included,
+        // and the version check's over HTTP/2), one request over HTTP/3.
+        let m = rm
+            .wait_for("requests by protocol", Duration::from_secs(10), |m| {
+                let by = |p: &str| m.sum_where("ringmux_worker_requests_total", "protocol", p);
+                by("h1") >= 7.0 && by("h2") >= 8.0 && by("h3") >= 1.0
+            })
+            .await;
+        assert_eq!(
+            m.sum_where("ringmux_worker_requests_total", "protocol", "unknown"),
+            0.0,
+            "{m}"
+        );
     })
     .await;
 }

@@ -66,6 +66,11 @@ pub struct WorkerReport {
     pub connections_active: u64,
     pub connections_total: u64,
     pub requests_total: u64,
+    /// Requests by protocol: HTTP/1.1 and HTTP/2 over TCP, HTTP/3. A program that reports only
+    /// `requests_total` leaves them 0.
+    pub requests_h1: u64,
+    pub requests_h2: u64,
+    pub requests_h3: u64,
     pub datagrams_in: u64,
     pub datagrams_dropped: u64,
     /// Sink mode: datagrams whose connection ID does not belong to this instance.
@@ -85,10 +90,13 @@ pub struct WorkerReport {
 }
 
 /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
-pub const STATS_KEYS: [&str; 15] = [
+pub const STATS_KEYS: [&str; 18] = [
     "connections_active",
     "connections_total",
     "requests_total",
+    "requests_h1",
+    "requests_h2",
+    "requests_h3",
     "datagrams_in",
     "datagrams_dropped",
     "bad_cid",
@@ -110,6 +118,9 @@ impl WorkerReport {
             self.connections_active,
             self.connections_total,
             self.requests_total,
+            self.requests_h1,
+            self.requests_h2,
+            self.requests_h3,
             self.datagrams_in,
             self.datagrams_dropped,
             self.bad_cid,
@@ -130,6 +141,9 @@ impl WorkerReport {
             "connections_active" => &mut self.connections_active,
             "connections_total" => &mut self.connections_total,
             "requests_total" => &mut self.requests_total,
+            "requests_h1" => &mut self.requests_h1,
+            "requests_h2" => &mut self.requests_h2,
+            "requests_h3" => &mut self.requests_h3,
             "datagrams_in" => &mut self.datagrams_in,
             "datagrams_dropped" => &mut self.datagrams_dropped,
             "bad_cid" => &mut self.bad_cid,

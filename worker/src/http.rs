@@ -117,6 +117,10 @@ pub struct ServerStats {
     pub tcp_tls_timeouts: AtomicU64,
     /// Requests over TCP (also counted in `requests_total`).
     pub tcp_requests: AtomicU64,
+    /// Requests by protocol (each also counted in `requests_total`).
+    pub requests_h1: AtomicU64,
+    pub requests_h2: AtomicU64,
+    pub requests_h3: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -321,6 +325,7 @@ impl Conn {
                 accepted = h3c.accept() => match accepted {
                     Ok(Some(resolver)) => {
                         self.stats.requests_total.fetch_add(1, Ordering::Relaxed);
+                        self.stats.requests_h3.fetch_add(1, Ordering::Relaxed);
                         let req = Req {
                             conn: conn.clone(),
                             site: self.site.clone(),

@@ -205,6 +205,11 @@ async fn handle(
 ) -> Result<Response<TcpBody>, Infallible> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
     stats.tcp_requests.fetch_add(1, Ordering::Relaxed);
+    if req.version() == http::Version::HTTP_2 {
+        stats.requests_h2.fetch_add(1, Ordering::Relaxed);
+    } else {
+        stats.requests_h1.fetch_add(1, Ordering::Relaxed);
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let safe = method == Method::GET || method == Method::HEAD;

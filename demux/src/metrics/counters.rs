@@ -122,6 +122,8 @@ pub struct InstanceCounters {
     pub connections_active: AtomicU64,
     pub connections_total: AtomicU64,
     pub requests_total: AtomicU64,
+    /// Requests by protocol, in [`REQUEST_PROTOCOLS`] order.
+    pub requests_by_protocol: [AtomicU64; REQUEST_PROTOCOLS.len()],
     pub worker_datagrams_in: AtomicU64,
     pub worker_datagrams_dropped: AtomicU64,
     pub worker_bad_cid: AtomicU64,
@@ -133,6 +135,11 @@ pub struct InstanceCounters {
     /// Reverse proxy: upstream failures per kind, in [`UPSTREAM_ERROR_KINDS`] order.
     pub upstream_errors: [AtomicU64; UPSTREAM_ERROR_KINDS.len()],
 }
+
+/// The `protocol` labels of `ringmux_worker_requests_total`, in the order of the
+/// `requests_h*` keys of a worker's `STATS`; requests a worker counted without a protocol are
+/// `unknown`.
+pub const REQUEST_PROTOCOLS: [&str; 3] = ["h1", "h2", "h3"];
 
 /// The `kind` labels of `ringmux_worker_upstream_errors_total`, in the order of the
 /// `upstream_errors_*` keys of a worker's `STATS`.
@@ -156,6 +163,13 @@ impl InstanceCounters {
         set(&self.connections_active, r.connections_active);
         set(&self.connections_total, r.connections_total);
         set(&self.requests_total, r.requests_total);
+        for (c, v) in
+            self.requests_by_protocol
+                .iter()
+                .zip([r.requests_h1, r.requests_h2, r.requests_h3])
+        {
+            set(c, v);
+        }
         set(&self.worker_datagrams_in, r.datagrams_in);
         set(&self.worker_datagrams_dropped, r.datagrams_dropped);
         set(&self.worker_bad_cid, r.bad_cid);

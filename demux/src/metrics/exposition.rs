@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::counters::LaneState;
-use super::counters::UPSTREAM_ERROR_KINDS;
+use super::counters::{REQUEST_PROTOCOLS, UPSTREAM_ERROR_KINDS};
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
 
@@ -60,7 +60,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     );
 
     type Get = fn(&InstanceCounters) -> u64;
-    let per_instance: [(&str, &str, Get); 11] = [
+    let per_instance: [(&str, &str, Get); 10] = [
         (
             names::FORWARDED,
             "Datagrams forwarded to an instance",
@@ -83,11 +83,6 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
             names::RING_DISCARDED,
             "Forwarded datagrams discarded unread when a ring was reset",
             |i| i.discarded_on_reset.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_REQUESTS,
-            "HTTP/3 requests served (reported by the worker)",
-            |i| i.requests_total.load(Ordering::Relaxed),
         ),
         (
             names::WORKER_CONNECTIONS_ACCEPTED,
@@ -183,6 +178,33 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         }
         reg.register(name, help, fam);
     }
+    let requests = Family::<Labels, Counter<u64>>::default();
+    for i in 0..n {
+        let mut by_protocol = [0u64; REQUEST_PROTOCOLS.len()];
+        let mut total = 0u64;
+        for (_, l) in c.lanes_of(i) {
+            total += ld(&l.requests_total);
+            for (sum, c) in by_protocol.iter_mut().zip(&l.requests_by_protocol) {
+                *sum += ld(c);
+            }
+        }
+        let known: u64 = by_protocol.iter().sum();
+        for (protocol, v) in REQUEST_PROTOCOLS
+            .iter()
+            .zip(by_protocol)
+            .chain(std::iter::once((&"unknown", total.saturating_sub(known))))
+        {
+            let mut labels = instance(i);
+            labels.push(("protocol".into(), (*protocol).into()));
+            requests.get_or_create(&labels).inc_by(v);
+        }
+    }
+    reg.register(
+        base(names::WORKER_REQUESTS),
+        "HTTP requests served, by protocol: h1 and h2 over TCP, h3; unknown for a program that \
+         reports no protocol (reported by the worker)",
+        requests,
+    );
     let upstream = Family::<Labels, Counter<u64>>::default();
     for i in 0..n {
         for (k, kind) in UPSTREAM_ERROR_KINDS.iter().enumerate() {

@@ -62,9 +62,10 @@ impl Scrape {
             .sum()
     }
 
-    /// The per-instance sample of `name`, 0 if absent.
+    /// The per-instance sample of `name` (summed over its other labels, e.g. `protocol`), 0 if
+    /// absent.
     pub fn instance(&self, name: &str, instance: u8) -> f64 {
-        self.labelled(name, "instance", &instance.to_string())
+        self.sum_where(name, "instance", &instance.to_string())
     }
 
     /// `ringmux_datagrams_dropped_total{reason}`.

@@ -53,10 +53,19 @@ pub fn table(m: &Scrape) -> String {
             get(names::RING_OCCUPANCY),
             get(names::WORKER_RESTARTS),
             get(names::WORKER_CONNECTIONS),
-            get(names::WORKER_REQUESTS),
+            m.sum_where(names::WORKER_REQUESTS, "instance", i),
         );
     }
     generations(m, &mut out);
+    let by = |p: &str| m.sum_where(names::WORKER_REQUESTS, "protocol", p);
+    let _ = writeln!(
+        out,
+        "requests by protocol: h3 {:.0}   h2 {:.0}   h1 {:.0}   unknown {:.0}",
+        by("h3"),
+        by("h2"),
+        by("h1"),
+        by("unknown"),
+    );
     let _ = writeln!(out);
     let _ = writeln!(
         out,

@@ -69,6 +69,9 @@ async fn serve(worker: Worker) -> Result<()> {
     worker.set_report(move |r| {
         r.connections_total = reported.connections_accepted.load(Ordering::Relaxed);
         r.requests_total = reported.requests_total.load(Ordering::Relaxed);
+        r.requests_h1 = reported.requests_h1.load(Ordering::Relaxed);
+        r.requests_h2 = reported.requests_h2.load(Ordering::Relaxed);
+        r.requests_h3 = reported.requests_h3.load(Ordering::Relaxed);
         if let Some(up) = &reported_upstream {
             [
                 r.upstream_errors_connect,
