@@ -22,6 +22,20 @@ fn fault_worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ringmux")).with_file_name("ringmux-fault-worker")
 }
 
+/// The environment that makes the fault worker play `fault` once on instance 1, with its marker
+/// in `dir` and `real` as the real worker it becomes.
+fn fault_env(fault: &str, dir: &TempDir, real: &std::path::Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("RINGMUX_FAULT", fault.to_string()),
+        ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
+        (
+            "RINGMUX_FAULT_MARKER",
+            dir.path().join("played").to_string_lossy().into_owned(),
+        ),
+        ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
+    ]
+}
+
 /// Starts 2 instances whose instance 1 plays `fault` once.
 fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
     start_faulty_in(Forward::Shm, fault, extra, dir)
@@ -30,18 +44,7 @@ fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
 /// [`start_faulty`] in forwarding mode `forward`.
 fn start_faulty_in(forward: Forward, fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
     open_to_workers(dir);
-    let env = [
-        ("RINGMUX_FAULT", fault.to_string()),
-        ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-        (
-            "RINGMUX_FAULT_MARKER",
-            dir.path().join("played").to_string_lossy().into_owned(),
-        ),
-        (
-            "RINGMUX_REAL_WORKER",
-            harness::worker_bin().to_string_lossy().into_owned(),
-        ),
-    ];
+    let env = fault_env(fault, dir, &harness::worker_bin());
     Ringmux::start_with(2, forward, extra, fault_worker(), &env)
 }
 
@@ -431,19 +434,8 @@ async fn a_worker_cannot_ask_for_a_reload_or_an_upgrade() {
             .join("control.sock")
             .to_string_lossy()
             .into_owned();
-        let env = [
-            ("RINGMUX_FAULT", "reload".to_string()),
-            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-            (
-                "RINGMUX_FAULT_MARKER",
-                dir.path().join("played").to_string_lossy().into_owned(),
-            ),
-            (
-                "RINGMUX_REAL_WORKER",
-                harness::worker_bin().to_string_lossy().into_owned(),
-            ),
-            ("RINGMUX_FAULT_CONTROL_SOCKET", sock.clone()),
-        ];
+        let mut env = fault_env("reload", &dir, &harness::worker_bin());
+        env.push(("RINGMUX_FAULT_CONTROL_SOCKET", sock.clone()));
         // Workers of the demux's own user (root here), whom the socket's mode lets connect.
         let rm = Ringmux::start_with(
             2,
@@ -673,18 +665,7 @@ async fn a_confined_worker_cannot_free_the_descriptors_the_rules_name() {
 /// Starts 2 instances whose instance 1 plays `fault`, with `env` added for the workers.
 fn start_faulty_env(fault: &str, extra: &[&str], dir: &TempDir, env: &[(&str, String)]) -> Ringmux {
     open_to_workers(dir);
-    let mut all = vec![
-        ("RINGMUX_FAULT", fault.to_string()),
-        ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-        (
-            "RINGMUX_FAULT_MARKER",
-            dir.path().join("played").to_string_lossy().into_owned(),
-        ),
-        (
-            "RINGMUX_REAL_WORKER",
-            harness::worker_bin().to_string_lossy().into_owned(),
-        ),
-    ];
+    let mut all = fault_env(fault, dir, &harness::worker_bin());
     all.extend(env.iter().cloned());
     Ringmux::start_with(2, Forward::Shm, extra, fault_worker(), &all)
 }
@@ -945,15 +926,7 @@ async fn workers_run_as_the_worker_user() {
         .unwrap();
         let fault = world_executable_copy(&fault_worker(), &dir);
         let real = world_executable_copy(&harness::worker_bin(), &dir);
-        let env = [
-            ("RINGMUX_FAULT", "signal-sibling".to_string()),
-            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-            (
-                "RINGMUX_FAULT_MARKER",
-                dir.path().join("played").to_string_lossy().into_owned(),
-            ),
-            ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
-        ];
+        let env = fault_env("signal-sibling", &dir, &real);
         let rm = Ringmux::start_with(2, Forward::Shm, &["--worker-user", "nobody"], fault, &env);
         let r = report(&dir).await;
         assert_outcomes(&r, &["open-sibling-mem"], "EACCES");
@@ -994,15 +967,7 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
             // Somewhere nobody may execute them: the build's own folder may be closed to it.
             let fault = world_executable_copy(&fault_worker(), &dir);
             let real = world_executable_copy(&harness::worker_bin(), &dir);
-            let env = [
-                ("RINGMUX_FAULT", "signal-parent".to_string()),
-                ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-                (
-                    "RINGMUX_FAULT_MARKER",
-                    dir.path().join("played").to_string_lossy().into_owned(),
-                ),
-                ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
-            ];
+            let env = fault_env("signal-parent", &dir, &real);
             let rm = Ringmux::start_with(2, Forward::Shm, extra, fault, &env);
             let r = report(&dir).await;
             assert_outcomes(
@@ -1081,15 +1046,7 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .unwrap();
-        let env = [
-            ("RINGMUX_FAULT", "capabilities".to_string()),
-            ("RINGMUX_FAULT_INSTANCE", "1".to_string()),
-            (
-                "RINGMUX_FAULT_MARKER",
-                dir.path().join("played").to_string_lossy().into_owned(),
-            ),
-            ("RINGMUX_REAL_WORKER", real.to_string_lossy().into_owned()),
-        ];
+        let env = fault_env("capabilities", &dir, &real);
         let rm = Ringmux::start_in(files, &wrapper, 2, Forward::Shm, &[], fault, &env);
         let r = report(&dir).await;
         assert_outcomes(
