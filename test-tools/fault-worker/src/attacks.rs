@@ -669,29 +669,36 @@ pub fn renumbered(out: &mut Outcomes) {
     blind(out, copy, "stage2");
 }
 
-/// What blinds a box through a copy of its receiving socket: a drop-all socket filter, locked,
-/// then a `connect` to an address nobody sends from.
-fn blind(out: &mut Outcomes, fd: i32, prefix: &'static str) {
-    let drop_all = [libc::sock_filter {
+/// Attaches the one-instruction classic BPF program `return k` to `fd` as socket option
+/// `option` (`SO_ATTACH_FILTER`, `SO_ATTACH_REUSEPORT_CBPF`); setsockopt's return value.
+fn attach_return(fd: i32, option: libc::c_int, k: u32) -> libc::c_int {
+    let program = [libc::sock_filter {
         code: (libc::BPF_RET | libc::BPF_K) as u16,
         jt: 0,
         jf: 0,
-        k: 0,
+        k,
     }];
     let prog = libc::sock_fprog {
         len: 1,
-        filter: drop_all.as_ptr().cast_mut(),
+        filter: program.as_ptr().cast_mut(),
     };
     // SAFETY: a program of ours and its descriptor block; the kernel copies both in.
-    let r = unsafe {
+    unsafe {
         libc::setsockopt(
             fd,
             libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
+            option,
             (&prog as *const libc::sock_fprog).cast(),
             std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
-    };
+    }
+}
+
+/// What blinds a box through a copy of its receiving socket: a drop-all socket filter, locked,
+/// then a `connect` to an address nobody sends from.
+fn blind(out: &mut Outcomes, fd: i32, prefix: &'static str) {
+    // A socket filter that returns 0 drops every datagram.
+    let r = attach_return(fd, libc::SO_ATTACH_FILTER, 0);
     out.push((leak(prefix, "-filter"), raw(r.into())));
     let on: libc::c_int = 1;
     // SAFETY: an int option of ours.
@@ -750,26 +757,7 @@ fn own_socket(out: &mut Outcomes) {
     out.push(("received-on-own-socket", got.to_string()));
     out.push(("last-receive", last));
     // Replacing the group's steering program through it would take every datagram.
-    let to_me = [libc::sock_filter {
-        code: (libc::BPF_RET | libc::BPF_K) as u16,
-        jt: 0,
-        jf: 0,
-        k: 1,
-    }];
-    let prog = libc::sock_fprog {
-        len: 1,
-        filter: to_me.as_ptr().cast_mut(),
-    };
-    // SAFETY: a program of ours and its descriptor block; the kernel copies both in.
-    let r = unsafe {
-        libc::setsockopt(
-            PUBLIC,
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
-            (&prog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
+    let r = attach_return(PUBLIC, libc::SO_ATTACH_REUSEPORT_CBPF, 1);
     out.push(("own-socket-steer", raw(r.into())));
     blind(out, PUBLIC, "own-socket");
     // SAFETY: shutdown passes no memory.
