@@ -28,24 +28,12 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Whether gtlsclient can run here; `false` means skip (only allowed outside CI).
 fn have_gtlsclient() -> bool {
-    let found = Command::new("gtlsclient")
-        .arg("--help")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    tool_present(found, "gtlsclient", "apt-get install ngtcp2-client")
-}
-
-fn tool_present(found: bool, name: &str, install: &str) -> bool {
-    if found {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{name} is not installed and CI is set: install it ({install})");
-    }
-    eprintln!("\n*** SKIPPED: {name} is not installed ({install}); this test did NOT run. ***\n");
-    false
+    harness::tool_present(
+        "gtlsclient",
+        &["--help"],
+        false,
+        "apt-get install ngtcp2-client",
+    )
 }
 
 /// One gtlsclient run against `rm`: its stderr (where it writes everything).
@@ -419,13 +407,12 @@ async fn gtlsclient_retry() {
 // aioquic
 
 fn have_aioquic() -> bool {
-    let found = Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    tool_present(found, "python3 with aioquic", "pip install aioquic")
+    harness::tool_present(
+        "python3",
+        &["-c", "import aioquic"],
+        true,
+        "pip install aioquic",
+    )
 }
 
 /// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok` and

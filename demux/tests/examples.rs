@@ -94,12 +94,7 @@ async fn h3_hello_on_every_instance(forward: Forward) {
         "{programs:?}"
     );
     // The same application over TCP, through `Worker::tcp_listener` (curl, when installed).
-    if std::process::Command::new("curl")
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .is_ok()
-    {
+    if harness::tool_present("curl", &["--version"], false, "apt-get install curl") {
         let url = format!("https://{}/echo", rm.listen);
         let out = tokio::process::Command::new("curl")
             .args([
@@ -118,11 +113,6 @@ async fn h3_hello_on_every_instance(forward: Forward) {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(r#""echo":{"y":true}"#), "{text}");
         assert!(text.to_ascii_lowercase().contains("alt-svc: h3="), "{text}");
-    } else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "curl is not installed and CI is set"
-        );
     }
 }
 

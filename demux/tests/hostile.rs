@@ -334,6 +334,25 @@ async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
     .await;
 }
 
+/// Both instances serve after an attack: quinn on instance 0, and a client nobody here wrote
+/// (gtlsclient) on each.
+async fn both_instances_serve(rm: &Ringmux) {
+    instance0_serves(rm).await;
+    third_party_served(rm, 0).await;
+    third_party_served(rm, 1).await;
+}
+
+/// The effective user ID of process `pid`, from `/proc/PID/status`.
+fn effective_uid(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .expect("effective uid")
+        .to_string()
+}
+
 /// The outcomes the fault worker recorded (`MARKER.report`), once it has written them.
 async fn report(dir: &TempDir) -> std::collections::HashMap<String, String> {
     let path = dir.path().join("played.report");
@@ -575,18 +594,12 @@ async fn forwards_everything(rm: &Ringmux) {
 /// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
 /// `instance`. Skipped (said loudly) where it is not installed, except under CI.
 async fn third_party_served(rm: &Ringmux, instance: u8) {
-    let present = std::process::Command::new("gtlsclient")
-        .arg("--help")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok();
-    if !present {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "gtlsclient is not installed and CI is set: apt-get install ngtcp2-client"
-        );
-        eprintln!("*** SKIPPED the gtlsclient check: apt-get install ngtcp2-client ***");
+    if !harness::tool_present(
+        "gtlsclient",
+        &["--help"],
+        false,
+        "apt-get install ngtcp2-client",
+    ) {
         return;
     }
     let port = rm.listen.port().to_string();
@@ -756,9 +769,7 @@ async fn a_confined_worker_cannot_reconfigure_its_sending_socket() {
             ],
             "EPERM",
         );
-        instance0_serves(&rm).await;
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        both_instances_serve(&rm).await;
         forwards_everything(&rm).await;
     })
     .await;
@@ -872,9 +883,7 @@ async fn a_confined_worker_dies_with_the_demux_and_inherits_nothing() {
         assert_outcomes(&r, &["pdeathsig-now"], &libc::SIGKILL.to_string());
         assert_outcomes(&r, &["dumpable-off", "set-name"], "ok");
         assert_outcomes(&r, &["inherited-open"], "EBADF");
-        instance0_serves(&rm).await;
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        both_instances_serve(&rm).await;
         let pids = rm.worker_pids().await;
         assert_eq!(pids.len(), 2, "{pids:?}");
         rm.signal(libc::SIGKILL);
@@ -933,12 +942,7 @@ async fn workers_run_as_the_worker_user() {
         assert_outcomes(&r, &["kill-sibling", "pidfd-signal-sibling"], "EPERM");
         instance0_serves(&rm).await;
         for pid in rm.worker_pids().await {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-            let uid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().nth(1))
-                .expect("effective uid");
+            let uid = effective_uid(pid);
             assert_eq!(uid, nobody.uid.to_string(), "worker {pid}");
         }
     })
@@ -981,17 +985,10 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
                 0
             };
             for pid in rm.worker_pids().await {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-                let uid = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("Uid:"))
-                    .and_then(|v| v.split_whitespace().nth(1))
-                    .expect("effective uid");
+                let uid = effective_uid(pid);
                 assert_eq!(uid, want_uid.to_string(), "worker {pid} with {extra:?}");
             }
-            instance0_serves(&rm).await;
-            third_party_served(&rm, 0).await;
-            third_party_served(&rm, 1).await;
+            both_instances_serve(&rm).await;
         }
     })
     .await;
@@ -1008,14 +1005,15 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
         eprintln!("skipped: starting ringmux as another user needs root");
         return;
     }
-    let Ok(setpriv) = which("setpriv") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "setpriv (util-linux) is missing and CI is set"
-        );
-        eprintln!("*** SKIPPED: setpriv (util-linux) is not installed ***");
+    if !harness::tool_present(
+        "setpriv",
+        &["--version"],
+        true,
+        "apt-get install util-linux",
+    ) {
         return;
-    };
+    }
+    let setpriv = which("setpriv").expect("setpriv, which ran");
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-attack-caps");
         open_to_workers(&dir);
@@ -1060,9 +1058,7 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
             "0000000000000000",
         );
         assert_outcomes(&r, &["bind-privileged-port"], "EACCES");
-        instance0_serves(&rm).await;
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        both_instances_serve(&rm).await;
     })
     .await;
 }

@@ -8,7 +8,7 @@ mod harness;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+
 use std::time::{Duration, Instant};
 
 use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux, TempDir};
@@ -32,19 +32,7 @@ impl Got {
 
 /// Whether curl can run here; `false` means skip (only allowed outside CI).
 fn have_curl() -> bool {
-    let found = std::process::Command::new("curl")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "curl is not installed and CI is set: apt-get install curl"
-        );
-        eprintln!("*** SKIPPED: curl is not installed (apt-get install curl) ***");
-    }
-    found
+    harness::tool_present("curl", &["--version"], false, "apt-get install curl")
 }
 
 /// The TCP address of `rm`: the UDP socket's, by default.
@@ -198,17 +186,12 @@ async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
 /// `alt-svc`, and takes the next requests to HTTP/3 on the UDP port, as a browser does.
 #[tokio::test]
 async fn a_client_follows_alt_svc_from_http2_to_http3() {
-    let have = std::process::Command::new("python3")
-        .args(["-c", "import niquests"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "niquests is not installed and CI is set: python3 -m pip install niquests"
-        );
-        eprintln!("*** SKIPPED: niquests is not installed (python3 -m pip install niquests) ***");
+    if !harness::tool_present(
+        "python3",
+        &["-c", "import niquests"],
+        true,
+        "python3 -m pip install niquests",
+    ) {
         return;
     }
     bounded(Duration::from_secs(60), async {

@@ -565,6 +565,29 @@ pub async fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
     }
 }
 
+/// Whether `program args…` runs here (exit status ignored unless `succeed`): a test that needs
+/// a third-party tool skips loudly without it, except under CI, where its absence fails (the
+/// CI script installs every tool, `scripts/test.sh`). `install` says how to get it.
+pub fn tool_present(program: &str, args: &[&str], succeed: bool, install: &str) -> bool {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let found = match status {
+        Ok(s) => !succeed || s.success(),
+        Err(_) => false,
+    };
+    if !found {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{program} {args:?} does not run and CI is set: {install}"
+        );
+        eprintln!("\n*** SKIPPED: {program} {args:?} does not run ({install}); this test did NOT run. ***\n");
+    }
+    found
+}
+
 /// Whether every folder above `path` may be entered, and `path` executed, by a user that owns
 /// none of them and is in none of their groups.
 pub fn open_to_others(path: &Path) -> bool {
