@@ -115,8 +115,6 @@ pub struct ServerStats {
     pub tcp_tls_failed: AtomicU64,
     /// TLS handshakes that did not finish in time.
     pub tcp_tls_timeouts: AtomicU64,
-    /// Requests over TCP (also counted in `requests_total`).
-    pub tcp_requests: AtomicU64,
     /// Requests by protocol (each also counted in `requests_total`).
     pub requests_h1: AtomicU64,
     pub requests_h2: AtomicU64,

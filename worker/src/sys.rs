@@ -160,12 +160,6 @@ pub fn die_with_parent() -> io::Result<()> {
 
 pub use nix::sys::socket::SockType;
 
-/// Whether `O_NONBLOCK` is set on `fd`'s file description.
-pub fn is_nonblocking(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)?;
-    Ok(nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK))
-}
-
 /// The type of socket `fd` is (`SO_TYPE`); `None` if it is no socket.
 pub fn socket_type(fd: BorrowedFd<'_>) -> Option<SockType> {
     socket::getsockopt(&fd, socket::sockopt::SockType).ok()

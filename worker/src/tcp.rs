@@ -14,7 +14,7 @@
 //! [`TcpOptions::header_timeout`] (slowloris); past [`TcpOptions::max_connections`] a new
 //! connection is closed at accept; header sizes are hyper's limits (HTTP/1.1: 400 on a head
 //! over its buffer; HTTP/2: `max_header_list_size`), HTTP/2 streams are capped per connection
-//! and rapid resets are h2's to refuse. Each is counted in [`ServerStats`].
+//! and rapid resets are h2's to refuse. Each is counted in [`ServerStats`] (`tcp_*`; requests by protocol in `requests_h1`/`requests_h2`).
 //!
 //! On drain: this worker stops accepting (the others and the next generation keep the queue),
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
@@ -204,7 +204,6 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<TcpBody>, Infallible> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    stats.tcp_requests.fetch_add(1, Ordering::Relaxed);
     if req.version() == http::Version::HTTP_2 {
         stats.requests_h2.fetch_add(1, Ordering::Relaxed);
     } else {
