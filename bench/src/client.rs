@@ -119,6 +119,19 @@ pub fn client_config_alpn(
     )))
 }
 
+/// A TLS client configuration (TLS 1.3 and 1.2, ring) that accepts **any** certificate, as
+/// [`client_config`] with no roots does: for tests and load against self-signed servers.
+pub(crate) fn any_certificate_tls(alpn: &[&[u8]]) -> Result<rustls::ClientConfig, ClientError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(&provider)))
+        .with_no_client_auth();
+    tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    Ok(tls)
+}
+
 /// A client endpoint. Connections share its socket and its [`quinn::ClientConfig`] (and so
 /// its session cache).
 pub struct H3Client {

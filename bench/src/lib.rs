@@ -9,4 +9,5 @@
 pub mod client;
 pub mod fwd;
 pub mod stats;
+pub mod tcp_client;
 pub mod upstream;

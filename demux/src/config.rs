@@ -110,11 +110,11 @@ pub struct RunArgs {
     pub listen: SocketAddr,
     /// Serve HTTPS over TCP (HTTP/1.1 and HTTP/2, TLS 1.3 and 1.2) beside HTTP/3, on
     /// --tcp-listen, with an alt-svc field on every response so browsers find HTTP/3: the demux
-    /// makes one listening socket and every worker accepts from it. Default: on, but with
-    /// --upstream, which the built-in worker does not proxy over TCP yet (`on` is then refused).
-    /// A program of your own takes the listener with `Worker::tcp_listener`.
-    #[arg(long, env = "RINGMUX_TCP", value_enum)]
-    pub tcp: Option<Toggle>,
+    /// makes one listening socket and every worker accepts from it (built-in responses, --root
+    /// and --upstream alike). A program of your own takes the listener with
+    /// `Worker::tcp_listener`.
+    #[arg(long, env = "RINGMUX_TCP", value_enum, default_value = "on")]
+    pub tcp: Toggle,
     /// TCP address to listen on with --tcp on. Default: the address and port of --listen
     /// (the port the UDP socket got, when --listen names port 0).
     #[arg(long, env = "RINGMUX_TCP_LISTEN")]
@@ -315,12 +315,9 @@ pub struct WorkerUser {
 }
 
 impl RunArgs {
-    /// Whether to serve HTTPS over TCP: `--tcp`, by default on unless `--upstream`.
+    /// Whether to serve HTTPS over TCP (`--tcp`).
     pub fn tcp_on(&self) -> bool {
-        match self.tcp {
-            Some(t) => t == Toggle::On,
-            None => self.upstream.is_none(),
-        }
+        self.tcp == Toggle::On
     }
 
     pub fn validate(self) -> Result<Config> {
@@ -477,16 +474,10 @@ impl RunArgs {
                  value of printable ASCII, e.g. 'h3=\":443\"; ma=86400'"
             );
         }
-        if self.tcp == Some(Toggle::On) && self.upstream.is_some() {
-            bail!(
-                "--tcp / RINGMUX_TCP=on with --upstream: the built-in worker does not proxy over \
-                 TCP yet; leave --tcp out (HTTP/3 only) or give --tcp off"
-            );
-        }
         if self.tcp_listen.is_some() && !self.tcp_on() {
             bail!(
-                "--tcp-listen / RINGMUX_TCP_LISTEN is set but TCP is off (--tcp off, or \
-                 --upstream): give --tcp on to listen on TCP"
+                "--tcp-listen / RINGMUX_TCP_LISTEN is set but --tcp / RINGMUX_TCP is off: drop \
+                 --tcp off (TCP is on by default), or drop --tcp-listen"
             );
         }
         // Root that may switch users (a root without CAP_SETUID/CAP_SETGID, in a container
@@ -796,16 +787,12 @@ mod tests {
                 &["--initial-shed-at", "RINGMUX_INITIAL_SHED_AT", "101"],
             ),
             (
-                &["--tcp", "on", "--upstream", "http://127.0.0.1:8080"],
-                &["--tcp", "RINGMUX_TCP", "--upstream", "TCP"],
-            ),
-            (
                 &["--alt-svc", "h3=\":443\"\u{1}"],
                 &["--alt-svc", "RINGMUX_ALT_SVC", "printable ASCII"],
             ),
             (
                 &["--tcp", "off", "--tcp-listen", "127.0.0.1:8443"],
-                &["--tcp-listen", "RINGMUX_TCP_LISTEN", "--tcp on"],
+                &["--tcp-listen", "RINGMUX_TCP_LISTEN", "--tcp off"],
             ),
             (
                 &["--worker-user", "no-such-user-here"],

@@ -16,13 +16,17 @@ use bytes::{Buf, Bytes};
 use h3::error::Code;
 use harness::{bounded, hex, peak_rss, sha256_hex, upload_byte, Forward, PyUpstream, Ringmux};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
 use ringmux_bench::client::{H3Conn, Response};
+use ringmux_bench::tcp_client::{ClientBody, TcpConn, Version};
 use ringmux_bench::upstream::{pattern_byte, Upstream};
 use ringmux_demux::metrics::names;
 
 const LIMIT: Duration = Duration::from_secs(180);
 
 type Stream = h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 fn hyper_upstream() -> Upstream {
     Upstream::start("127.0.0.1:0".parse().unwrap(), 1).expect("starting the hyper upstream")
@@ -454,6 +458,260 @@ async fn python_http_server_upstream() {
             "{headers}"
         );
         conn.close().await.expect("close");
+    })
+    .await;
+}
+
+/// A request over TCP: `method path` with `headers`, the body `body` (streamed in 64 KiB frames
+/// when `chunks`, one frame otherwise) and `trailers`.
+fn tcp_request(
+    method: Method,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+    trailers: Option<HeaderMap>,
+) -> Request<ClientBody> {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let mut frames: Vec<Result<Frame<Bytes>, BoxError>> = body
+        .chunks(64 * 1024)
+        .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+        .collect();
+    if let Some(t) = trailers {
+        frames.push(Ok(Frame::trailers(t)));
+    }
+    let body = StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync();
+    req.body(body).expect("a valid request")
+}
+
+/// What a TCP response came to: head fields, body text, SHA-256 and length, trailers.
+struct TcpRead {
+    status: StatusCode,
+    headers: HeaderMap,
+    text: String,
+    len: u64,
+    sha256: String,
+    trailers: Option<HeaderMap>,
+}
+
+async fn tcp_read(resp: http::Response<hyper::body::Incoming>) -> Result<TcpRead, hyper::Error> {
+    let (parts, mut body) = resp.into_parts();
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let (mut text, mut len, mut trailers) = (Vec::new(), 0u64, None);
+    while let Some(frame) = body.frame().await {
+        match frame?.into_data() {
+            Ok(data) => {
+                ctx.update(&data);
+                len += data.len() as u64;
+                if text.len() < 64 * 1024 {
+                    text.extend_from_slice(&data);
+                }
+            }
+            Err(f) => trailers = f.into_trailers().ok(),
+        }
+    }
+    Ok(TcpRead {
+        status: parts.status,
+        headers: parts.headers,
+        text: String::from_utf8_lossy(&text).into_owned(),
+        len,
+        sha256: hex(ctx.finish().as_ref()),
+        trailers,
+    })
+}
+
+async fn tcp_send(conn: &mut TcpConn, req: Request<ClientBody>) -> TcpRead {
+    let resp = conn.send(req).await.expect("response head over TCP");
+    tcp_read(resp).await.expect("response body over TCP")
+}
+
+/// `--upstream` over TCP, HTTP/1.1 and HTTP/2: the one proxy path HTTP/3 takes. Methods, bodies
+/// both ways by SHA-256 (10 MiB), forwarded fields naming the TCP peer (spoofed ones replaced),
+/// hop-by-hop fields removed, trailers both ways (HTTP/2), `alt-svc` on proxied responses, and
+/// 502/504/a reset for a failing upstream, counted as over HTTP/3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_serves_tcp_as_it_serves_http3() {
+    const N: u64 = 10 << 20;
+    let up = hyper_upstream();
+    let rm = proxy(up.addr(), 2, &["--upstream-timeout", "2"]);
+    let tcp = SocketAddr::new(rm.listen.ip(), rm.listen.port());
+    bounded(LIMIT, async {
+        for version in [Version::Http1, Version::Http2] {
+            let mut conn = TcpConn::connect(tcp, version).await.expect("TLS over TCP");
+            let hello = tcp_send(
+                &mut conn,
+                tcp_request(Method::GET, "/hello", &[], vec![], None),
+            )
+            .await;
+            assert_eq!(hello.status, StatusCode::OK, "{version:?}");
+            assert_eq!(hello.text, "hello from upstream\n");
+            assert_eq!(
+                hello.headers["alt-svc"],
+                format!("h3=\":{}\"; ma=86400", rm.listen.port())
+            );
+
+            let head = tcp_send(
+                &mut conn,
+                tcp_request(Method::HEAD, "/bytes/1000", &[], vec![], None),
+            )
+            .await;
+            assert_eq!(head.headers["content-length"], "1000");
+            assert_eq!(head.len, 0, "HEAD has no body");
+
+            let body: Vec<u8> = (0..N).map(upload_byte).collect();
+            let sha = sha256_hex(&body);
+            for (method, length) in [(Method::POST, false), (Method::PUT, true)] {
+                let n = N.to_string();
+                let headers: &[(&str, &str)] = if length {
+                    &[("content-length", n.as_str())]
+                } else {
+                    &[]
+                };
+                let r = tcp_send(
+                    &mut conn,
+                    tcp_request(method.clone(), "/sha256", headers, body.clone(), None),
+                )
+                .await;
+                assert_eq!(r.text, format!("{method} {N} {sha}\n"), "{version:?}");
+            }
+            let down = tcp_send(
+                &mut conn,
+                tcp_request(Method::GET, &format!("/bytes/{N}"), &[], vec![], None),
+            )
+            .await;
+            assert_eq!((down.status, down.len), (StatusCode::OK, N));
+            assert_eq!(down.sha256, pattern_sha256(N));
+
+            // The TCP peer, not what the client claims.
+            let got = tcp_send(
+                &mut conn,
+                tcp_request(
+                    Method::GET,
+                    "/headers?x=1",
+                    &[
+                        ("x-custom", "abc"),
+                        ("x-forwarded-for", "6.6.6.6"),
+                        ("forwarded", "for=6.6.6.6"),
+                    ],
+                    vec![],
+                    None,
+                ),
+            )
+            .await
+            .text;
+            let peer = conn.local_addr().port();
+            for line in [
+                "GET /headers?x=1".to_string(),
+                "x-custom: abc".into(),
+                "x-forwarded-for: 127.0.0.1".into(),
+                "x-forwarded-proto: https".into(),
+                "host: localhost".into(),
+                format!("forwarded: for=\"127.0.0.1:{peer}\";proto=https;host=\"localhost\""),
+            ] {
+                assert!(
+                    got.lines().any(|l| l == line),
+                    "{version:?}: no {line:?} in\n{got}"
+                );
+            }
+            assert!(!got.contains("6.6.6.6"), "{got}");
+
+            let hop = tcp_send(
+                &mut conn,
+                tcp_request(Method::GET, "/hop", &[], vec![], None),
+            )
+            .await;
+            assert_eq!(hop.headers["x-public"], "ok");
+            assert!(!hop.headers.contains_key("x-private"), "{:?}", hop.headers);
+
+            if version == Version::Http2 {
+                // Trailers both ways (HTTP/1.1 clients rarely send them; hyper's does not).
+                let mut t = HeaderMap::new();
+                t.insert("x-sum", HeaderValue::from_static("7"));
+                let r = tcp_send(
+                    &mut conn,
+                    tcp_request(
+                        Method::POST,
+                        "/sha256",
+                        &[("trailer", "x-sum")],
+                        b"abc".to_vec(),
+                        Some(t),
+                    ),
+                )
+                .await;
+                assert_eq!(r.text, format!("POST 3 {}\n", sha256_hex(b"abc")));
+                assert_eq!(r.headers["x-trailer-x-sum"], "7", "{:?}", r.headers);
+                let r = tcp_send(
+                    &mut conn,
+                    tcp_request(
+                        Method::GET,
+                        "/trailers",
+                        &[("te", "trailers")],
+                        vec![],
+                        None,
+                    ),
+                )
+                .await;
+                assert_eq!(r.text, "trailers follow\n");
+                assert_eq!(
+                    r.trailers.expect("trailers from the upstream")["x-checksum"],
+                    "42"
+                );
+            }
+
+            // A failing upstream: 502, 504, and a reset (not a short body) when the body stalls.
+            let r = tcp_send(
+                &mut conn,
+                tcp_request(Method::GET, "/abort", &[], vec![], None),
+            )
+            .await;
+            assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+            assert_eq!(r.text, "upstream closed the connection\n");
+            let r = tcp_send(
+                &mut conn,
+                tcp_request(Method::GET, "/hang", &[], vec![], None),
+            )
+            .await;
+            assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+            assert_eq!(r.text, "upstream did not answer in time\n");
+            let slow = conn
+                .send(tcp_request(
+                    Method::GET,
+                    "/slow?n=3&ms=5000",
+                    &[],
+                    vec![],
+                    None,
+                ))
+                .await
+                .expect("head of /slow");
+            assert_eq!(slow.status(), StatusCode::OK);
+            assert!(
+                tcp_read(slow).await.is_err(),
+                "{version:?}: a stalled body ends in an error"
+            );
+        }
+        let m = rm
+            .wait_for(
+                "requests and upstream errors reported",
+                Duration::from_secs(20),
+                |m| {
+                    let k = |kind| m.sum_where(names::WORKER_UPSTREAM_ERRORS, "kind", kind);
+                    k("reset") >= 2.0
+                        && k("timeout") >= 4.0
+                        && m.sum_where(names::WORKER_REQUESTS, "protocol", "h1") >= 10.0
+                        && m.sum_where(names::WORKER_REQUESTS, "protocol", "h2") >= 12.0
+                },
+            )
+            .await;
+        assert_eq!(
+            m.sum_where(names::WORKER_REQUESTS, "protocol", "h3"),
+            0.0,
+            "{m}"
+        );
     })
     .await;
 }

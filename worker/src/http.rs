@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
-use crate::proxy::{Outcome, Upstream};
+use crate::proxy::{proxy_h3, Outcome, Upstream};
 use crate::quic::ServerOptions;
 
 /// Request stream type of the h3 server over quinn.
@@ -529,7 +529,7 @@ impl Req {
     /// Passes the request to the upstream. Like [`Req::respond`], a request that may be replayed
     /// 0-RTT data waits for the handshake unless it is a GET or HEAD with early requests on;
     /// one forwarded before the handshake completed says so with `early-data: 1`.
-    async fn proxy(&self, upstream: &Upstream, request: Request<()>, stream: Stream) {
+    async fn proxy(&self, upstream: &Arc<Upstream>, request: Request<()>, stream: Stream) {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
         let safe = method == Method::GET || method == Method::HEAD;
@@ -539,9 +539,15 @@ impl Req {
             early = false;
         }
         let remote = self.conn.remote_address();
-        match upstream
-            .proxy(request, stream, remote, early, &self.stats.bytes_sent)
-            .await
+        match proxy_h3(
+            upstream,
+            request,
+            stream,
+            remote,
+            early,
+            &self.stats.bytes_sent,
+        )
+        .await
         {
             Outcome::Answered(status) => {
                 self.stats.count_response(status);

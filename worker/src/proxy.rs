@@ -1,32 +1,41 @@
 //! The reverse proxy of the built-in worker (`ringmux --upstream http://HOST:PORT`): every
-//! HTTP/3 request is passed to an HTTP/1.1 service, the way nginx's `proxy_pass` does.
+//! request, over HTTP/3 or TCP, is passed to an HTTP/1.1 service, the way nginx's `proxy_pass`
+//! does. [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
+//! whose body streams from the client and returns the upstream's response, whose body streams
+//! back ([`UpstreamBody`]); [`proxy_h3`] drives it on an h3 request stream, the TCP server
+//! (`crate::tcp`) hands it hyper's request and returns its response to hyper.
 //!
 //! * One [`Upstream`] per worker holds hyper's client and its pool of keep-alive connections
 //!   (TCP_NODELAY), so requests reuse connections instead of opening one each.
-//! * Bodies stream both ways: the request body is read from the QUIC stream only as fast as the
+//! * Bodies stream both ways: the request body is read from the client only as fast as the
 //!   upstream connection takes it, and the response body goes out frame by frame; neither is
 //!   held whole. Trailers pass in both directions where HTTP/1.1 allows: with chunked encoding,
 //!   the fields the head declared in `trailer`, and towards the client only if the request
 //!   said `te: trailers`.
 //! * Hop-by-hop fields (RFC 9110 §7.6.1: `connection` and the fields it names, `keep-alive`,
 //!   `proxy-connection`, `te` other than `trailers`, `transfer-encoding`, `upgrade`) are removed
-//!   both ways. `host` is the client's `:authority`. The client's own `forwarded` and
-//!   `x-forwarded-*` fields are replaced, never trusted: `forwarded` (RFC 7239) names the client's
-//!   address and port, `x-forwarded-for` its address, `x-forwarded-proto` is `https` and
-//!   `x-forwarded-host` the authority. The address is the connection's current one, so it follows
-//!   a migration. A request that arrived in 0-RTT carries `early-data: 1` (RFC 8470 §5.1).
+//!   both ways. `host` is the client's `:authority` (or its `host` over HTTP/1.1). The client's
+//!   own `forwarded` and `x-forwarded-*` fields are replaced, never trusted: `forwarded`
+//!   (RFC 7239) names the client's address and port, `x-forwarded-for` its address,
+//!   `x-forwarded-proto` is `https` and `x-forwarded-host` the authority. The address is the
+//!   TCP peer, or the QUIC connection's current one, so it follows a migration. A request that
+//!   arrived in 0-RTT carries `early-data: 1` (RFC 8470 §5.1).
 //! * An upstream that refuses the connection, resets it or answers with something that is not
 //!   HTTP gets the client a 502; no response head within the timeout a 504. A response body
 //!   that breaks off, or stalls longer than the timeout between frames, resets the client's
-//!   stream (its head is already out). Each is counted per [`ErrorKind`] and logged once when
-//!   that kind of failure starts, not once per request.
+//!   stream (its head is already out; over HTTP/1.1 the connection closes). Each is counted per
+//!   [`ErrorKind`] and logged once when that kind of failure starts, not once per request.
 //! * A client that resets its stream, or stops reading, ends the upstream exchange: the hyper
 //!   request is dropped, which closes that upstream connection instead of returning it to the
 //!   pool.
 
 use std::error::Error as StdError;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -35,7 +44,7 @@ use h3::server::RequestStream;
 use http::header::{self, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
-use http_body::Frame;
+use http_body::{Body as _, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -129,7 +138,19 @@ impl std::fmt::Debug for Upstream {
     }
 }
 
-/// How a proxied request ended, for the caller's counters.
+/// What [`Upstream::exchange`] came to, whatever the transport.
+pub enum Exchange {
+    /// The upstream answered: send this head, then its body (frames as they come, then the
+    /// trailers). The body fails with an [`UpstreamError`] (already counted) if the upstream
+    /// breaks off or stalls: the transport must then reset the client's stream, not end it.
+    Response(Response<UpstreamBody>),
+    /// Answer with this short `text/plain` reply of ours (400, 501, 502, 504).
+    Reply(StatusCode, &'static [u8]),
+    /// The client went away (or reset its stream) before its request was sent upstream.
+    ClientGone,
+}
+
+/// How a proxied HTTP/3 request ended, for the caller's counters.
 #[derive(Debug)]
 pub enum Outcome {
     /// The upstream's response (or our 502/504) went out whole, with this status.
@@ -144,10 +165,19 @@ type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
 type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// The client's side of an exchange failed (reset its stream, went away): not the upstream's
-/// fault, and not counted as an upstream error.
+/// fault, and not counted as an upstream error. A request body passed to [`Upstream::exchange`]
+/// ends with this error when the client breaks it off.
 #[derive(Debug, thiserror::Error)]
-#[error("client stream: {0}")]
-struct ClientGone(h3::error::StreamError);
+#[error("client: {0}")]
+pub struct ClientGone(pub BoxError);
+
+/// The upstream failed after its response head was sent: counted in [`Upstream::errors`].
+#[derive(Debug, thiserror::Error)]
+#[error("upstream {}: {message}", kind.as_str())]
+pub struct UpstreamError {
+    pub kind: ErrorKind,
+    message: String,
+}
 
 impl Upstream {
     /// A client for `url`. Every request waits at most `timeout` for the response head, and at
@@ -180,57 +210,37 @@ impl Upstream {
         std::array::from_fn(|i| self.errors[i].load(Ordering::Relaxed))
     }
 
-    /// Passes one request to the upstream and its response back. `remote` is the client's
-    /// current address, `early` whether the request arrived in 0-RTT. Counts `bytes_sent`
-    /// (response body bytes handed to QUIC) into `sent`.
-    pub async fn proxy(
-        &self,
-        request: Request<()>,
-        stream: Stream,
+    /// Passes one request to the upstream: the one path of both transports. `remote` is the
+    /// client's address (its current one over QUIC, the TCP peer over TCP), `early` whether the
+    /// request arrived in 0-RTT. The request's body must end with a [`ClientGone`] error when
+    /// the client breaks it off, and be known empty (`is_end_stream`) when it is, or hyper
+    /// would announce a chunked body for a GET.
+    pub async fn exchange(
+        self: &Arc<Self>,
+        request: Request<ProxyBody>,
         remote: SocketAddr,
         early: bool,
-        sent: &AtomicU64,
-    ) -> Outcome {
-        let method = request.method().clone();
-        let (mut tx, rx) = stream.split();
-        if method == Method::CONNECT {
+    ) -> Exchange {
+        if request.method() == Method::CONNECT {
             // No tunnels: the upstream speaks plain HTTP/1.1 requests only.
-            return reply(
-                &mut tx,
-                StatusCode::NOT_IMPLEMENTED,
-                b"CONNECT is not supported\n",
-            )
-            .await;
+            return Exchange::Reply(StatusCode::NOT_IMPLEMENTED, b"CONNECT is not supported\n");
         }
-        let upstream_req = match self.upstream_request(request, rx, remote, early).await {
-            Ok(r) => r,
-            Err(e) => {
-                debug!(error = %e, "client went away before its request was sent upstream");
-                return Outcome::Failed;
-            }
-        };
-        let response = match tokio::time::timeout(self.timeout, self.client.request(upstream_req))
-            .await
+        let request = self.upstream_request(request, remote, early);
+        let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => {
-                return self
-                    .fail(&mut tx, ErrorKind::Timeout, &"no response head")
-                    .await
-            }
+            Err(_) => return self.fail(ErrorKind::Timeout, &"no response head"),
             Ok(Err(e)) => {
                 if let Some(gone) = find::<ClientGone>(&e) {
                     debug!(error = %gone, "client went away while its request body was sent upstream");
-                    tx.stop_stream(Code::H3_REQUEST_CANCELLED);
-                    return Outcome::Failed;
+                    return Exchange::ClientGone;
                 }
                 if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
                     // Our side of the exchange: a request body shorter or longer than the
                     // client's own content-length, say. Not the upstream's failure.
                     debug!(error = %e, "request refused by the HTTP/1.1 client");
-                    return reply(&mut tx, StatusCode::BAD_REQUEST, b"bad request body\n").await;
+                    return Exchange::Reply(StatusCode::BAD_REQUEST, b"bad request body\n");
                 }
-                let kind = classify(&e);
-                return self.fail(&mut tx, kind, &e).await;
+                return self.fail(classify(&e), &e);
             }
             Ok(Ok(r)) => r,
         };
@@ -238,44 +248,28 @@ impl Upstream {
             // hyper consumes 100 Continue itself; anything else (101) needs an upgrade we never
             // asked for.
             let e = format!("status {} as the final response", response.status());
-            return self.fail(&mut tx, ErrorKind::Protocol, &e).await;
+            return self.fail(ErrorKind::Protocol, &e);
         }
         self.recovered();
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
-        let status = parts.status;
-        let head = Response::from_parts(parts, ());
-        if let Err(e) = tx.send_response(head).await {
-            debug!(error = %e, "client went away before the response head");
-            return Outcome::Failed;
-        }
-        if method == Method::HEAD {
-            return finish(&mut tx, status).await;
-        }
-        match self.stream_body(&mut tx, body, sent).await {
-            Ok(()) => finish(&mut tx, status).await,
-            Err(BodyError::Client(e)) => {
-                debug!(error = %e, "client went away during the response body");
-                Outcome::Failed
-            }
-            Err(BodyError::Upstream(kind, e)) => {
-                self.count(kind, &e);
-                // The head is out: a reset, not a short body that looks complete.
-                tx.stop_stream(Code::H3_INTERNAL_ERROR);
-                Outcome::Failed
-            }
-        }
+        let body = UpstreamBody {
+            inner: body,
+            upstream: self.clone(),
+            stall: Box::pin(tokio::time::sleep(self.timeout)),
+            done: false,
+        };
+        Exchange::Response(Response::from_parts(parts, body))
     }
 
-    /// The HTTP/1.1 request for `request`, its body streamed from `rx`.
-    async fn upstream_request(
+    /// The HTTP/1.1 request for the client's `request`.
+    fn upstream_request(
         &self,
-        request: Request<()>,
-        mut rx: RecvHalf,
+        request: Request<ProxyBody>,
         remote: SocketAddr,
         early: bool,
-    ) -> Result<Request<ProxyBody>, ClientGone> {
-        let (mut parts, ()) = request.into_parts();
+    ) -> Request<ProxyBody> {
+        let (mut parts, body) = request.into_parts();
         let authority = parts
             .uri
             .authority()
@@ -317,88 +311,29 @@ impl Upstream {
         if early {
             h.insert("early-data", HeaderValue::from_static("1"));
         }
-        // Without a length, an empty body must be known as empty before the head goes out, or
-        // hyper would announce a chunked body for a GET.
         let length: Option<u64> = h
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse().ok());
-        let body = if length == Some(0) {
-            Empty::new().map_err(|never| match never {}).boxed_unsync()
-        } else if length.is_some() {
-            request_body(rx, None)
+        let body = if length == Some(0) || body.is_end_stream() {
+            empty_body()
         } else {
-            match rx.recv_data().await.map_err(ClientGone)? {
-                None => match rx.recv_trailers().await.map_err(ClientGone)? {
-                    None => Empty::new().map_err(|never| match never {}).boxed_unsync(),
-                    Some(t) => request_body(rx, Some(Frame::trailers(t))),
-                },
-                Some(mut first) => {
-                    let first = first.copy_to_bytes(first.remaining());
-                    request_body(rx, Some(Frame::data(first)))
+            body.map_frame(|frame| match frame.into_trailers() {
+                Ok(mut trailers) => {
+                    strip_hop_by_hop(&mut trailers);
+                    Frame::trailers(trailers)
                 }
-            }
+                Err(frame) => frame,
+            })
+            .boxed_unsync()
         };
-        Ok(Request::from_parts(parts, body))
+        Request::from_parts(parts, body)
     }
 
-    /// Sends the upstream's response body: data frames as they come, then its trailers.
-    async fn stream_body(
-        &self,
-        tx: &mut SendHalf,
-        mut body: hyper::body::Incoming,
-        sent: &AtomicU64,
-    ) -> Result<(), BodyError> {
-        loop {
-            let frame = match tokio::time::timeout(self.timeout, body.frame()).await {
-                Err(_) => {
-                    return Err(BodyError::Upstream(
-                        ErrorKind::Timeout,
-                        "response body stalled".into(),
-                    ))
-                }
-                Ok(None) => return Ok(()),
-                Ok(Some(Err(e))) => {
-                    let kind = if e.is_parse() {
-                        ErrorKind::Protocol
-                    } else {
-                        ErrorKind::Reset
-                    };
-                    return Err(BodyError::Upstream(kind, e.to_string()));
-                }
-                Ok(Some(Ok(f))) => f,
-            };
-            match frame.into_data() {
-                Ok(data) => {
-                    if data.is_empty() {
-                        continue;
-                    }
-                    let n = data.len() as u64;
-                    tx.send_data(data).await.map_err(BodyError::Client)?;
-                    sent.fetch_add(n, Ordering::Relaxed);
-                }
-                Err(frame) => {
-                    if let Ok(mut trailers) = frame.into_trailers() {
-                        strip_hop_by_hop(&mut trailers);
-                        tx.send_trailers(trailers)
-                            .await
-                            .map_err(BodyError::Client)?;
-                        return Ok(());
-                    }
-                }
-            }
-        }
-    }
-
-    /// Answers with the 502/504 of `kind` and counts it.
-    async fn fail(
-        &self,
-        tx: &mut SendHalf,
-        kind: ErrorKind,
-        e: &(dyn std::fmt::Display + Sync),
-    ) -> Outcome {
+    /// Counts a failure of `kind` and answers with its 502/504.
+    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
         self.count(kind, e);
-        reply(tx, kind.status(), kind.body()).await
+        Exchange::Reply(kind.status(), kind.body())
     }
 
     fn count(&self, kind: ErrorKind, e: &dyn std::fmt::Display) {
@@ -429,10 +364,171 @@ impl Upstream {
     }
 }
 
-/// Why sending a response body stopped.
-enum BodyError {
-    Client(h3::error::StreamError),
-    Upstream(ErrorKind, String),
+/// The upstream's response body as the client gets it: its frames as they come, trailers
+/// without hop-by-hop fields. A body that breaks off, or stalls longer than the upstream
+/// timeout between two frames, ends with an [`UpstreamError`], counted once.
+pub struct UpstreamBody {
+    inner: hyper::body::Incoming,
+    upstream: Arc<Upstream>,
+    stall: Pin<Box<tokio::time::Sleep>>,
+    done: bool,
+}
+
+impl UpstreamBody {
+    fn failed(&mut self, kind: ErrorKind, message: String) -> UpstreamError {
+        self.done = true;
+        self.upstream.count(kind, &message);
+        UpstreamError { kind, message }
+    }
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = UpstreamError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamError>>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(None) => {
+                this.done = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                let kind = if e.is_parse() {
+                    ErrorKind::Protocol
+                } else {
+                    ErrorKind::Reset
+                };
+                Poll::Ready(Some(Err(this.failed(kind, e.to_string()))))
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + this.upstream.timeout;
+                this.stall.as_mut().reset(deadline);
+                match frame.into_trailers() {
+                    Ok(mut trailers) => {
+                        strip_hop_by_hop(&mut trailers);
+                        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+                    }
+                    Err(frame) => Poll::Ready(Some(Ok(frame))),
+                }
+            }
+            Poll::Pending => match this.stall.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    let e = this.failed(ErrorKind::Timeout, "response body stalled".into());
+                    Poll::Ready(Some(Err(e)))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An empty request body.
+fn empty_body() -> ProxyBody {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Passes one HTTP/3 request to `upstream` and its response back on `stream`. `remote` is the
+/// client's current address, `early` whether the request arrived in 0-RTT. Counts response
+/// body bytes handed to QUIC into `sent`.
+pub async fn proxy_h3(
+    upstream: &Arc<Upstream>,
+    request: Request<()>,
+    stream: Stream,
+    remote: SocketAddr,
+    early: bool,
+    sent: &AtomicU64,
+) -> Outcome {
+    let (mut tx, mut rx) = stream.split();
+    let (parts, ()) = request.into_parts();
+    let head = parts.method == Method::HEAD;
+    // The body's length is known from `content-length`; without one, a body that is empty
+    // must be known as empty before the head goes upstream.
+    let body = if parts.headers.contains_key(header::CONTENT_LENGTH) {
+        request_body(rx, None)
+    } else {
+        let first = match rx.recv_data().await {
+            Err(e) => return client_gone_early(e),
+            Ok(Some(mut first)) => Some(Frame::data(first.copy_to_bytes(first.remaining()))),
+            Ok(None) => match rx.recv_trailers().await {
+                Err(e) => return client_gone_early(e),
+                Ok(None) => None,
+                Ok(Some(t)) => Some(Frame::trailers(t)),
+            },
+        };
+        match first {
+            None => empty_body(),
+            first => request_body(rx, first),
+        }
+    };
+    let response = match upstream
+        .exchange(Request::from_parts(parts, body), remote, early)
+        .await
+    {
+        Exchange::Response(r) => r,
+        Exchange::Reply(status, body) => return reply(&mut tx, status, body).await,
+        Exchange::ClientGone => {
+            tx.stop_stream(Code::H3_REQUEST_CANCELLED);
+            return Outcome::Failed;
+        }
+    };
+    let (parts, mut body) = response.into_parts();
+    let status = parts.status;
+    if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {
+        debug!(error = %e, "client went away before the response head");
+        return Outcome::Failed;
+    }
+    if head {
+        return finish(&mut tx, status).await;
+    }
+    while let Some(frame) = body.frame().await {
+        let sending = match frame {
+            // Counted already; the head is out: a reset, not a short body that looks complete.
+            Err(_) => {
+                tx.stop_stream(Code::H3_INTERNAL_ERROR);
+                return Outcome::Failed;
+            }
+            Ok(frame) => match frame.into_data() {
+                Ok(data) if data.is_empty() => continue,
+                Ok(data) => {
+                    let n = data.len() as u64;
+                    let r = tx.send_data(data).await;
+                    if r.is_ok() {
+                        sent.fetch_add(n, Ordering::Relaxed);
+                    }
+                    r
+                }
+                Err(frame) => match frame.into_trailers() {
+                    Ok(trailers) => tx.send_trailers(trailers).await,
+                    Err(_) => continue,
+                },
+            },
+        };
+        if let Err(e) = sending {
+            debug!(error = %e, "client went away during the response body");
+            return Outcome::Failed;
+        }
+    }
+    finish(&mut tx, status).await
+}
+
+fn client_gone_early(e: h3::error::StreamError) -> Outcome {
+    debug!(error = %e, "client went away before its request was sent upstream");
+    Outcome::Failed
 }
 
 /// Finishes the stream after a complete response.
@@ -471,8 +567,9 @@ fn request_body(rx: RecvHalf, first: Option<Frame<Bytes>>) -> ProxyBody {
         Data(RecvHalf),
         Done,
     }
+    let gone = |e: h3::error::StreamError| BoxError::from(ClientGone(Box::new(e)));
     let first = futures_util::stream::iter(first.map(Ok));
-    let rest = futures_util::stream::unfold(State::Data(rx), |state| async move {
+    let rest = futures_util::stream::unfold(State::Data(rx), move |state| async move {
         let State::Data(mut rx) = state else {
             return None;
         };
@@ -488,14 +585,11 @@ fn request_body(rx: RecvHalf, first: Option<Frame<Bytes>>) -> ProxyBody {
                 Ok(None) => {
                     return match rx.recv_trailers().await {
                         Ok(None) => None,
-                        Ok(Some(mut t)) => {
-                            strip_hop_by_hop(&mut t);
-                            Some((Ok(Frame::trailers(t)), State::Done))
-                        }
-                        Err(e) => Some((Err(ClientGone(e).into()), State::Done)),
+                        Ok(Some(t)) => Some((Ok(Frame::trailers(t)), State::Done)),
+                        Err(e) => Some((Err(gone(e)), State::Done)),
                     };
                 }
-                Err(e) => return Some((Err(ClientGone(e).into()), State::Done)),
+                Err(e) => return Some((Err(gone(e)), State::Done)),
             }
         }
     });

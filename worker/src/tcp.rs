@@ -22,13 +22,14 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::combinators::BoxBody;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -37,6 +38,9 @@ use tokio::task::JoinSet;
 use tracing::{debug, info};
 
 use crate::http::{fill_pattern, route, Body, Reply, ServerStats, Site, CHUNK};
+use crate::proxy::{ClientGone, Exchange, Upstream};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How the TCP side serves.
 #[derive(Clone, Debug)]
@@ -66,7 +70,7 @@ impl Default for TcpOptions {
 }
 
 /// A response body over TCP.
-type TcpBody = BoxBody<Bytes, io::Error>;
+type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
 
 /// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
 /// dropped), then drains: see the module documentation.
@@ -158,7 +162,7 @@ impl Conn {
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
         let service = hyper::service::service_fn(move |req| {
-            handle(site.clone(), stats.clone(), alt_svc.clone(), req)
+            handle(site.clone(), stats.clone(), alt_svc.clone(), remote, req)
         });
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder
@@ -196,11 +200,13 @@ impl Conn {
     }
 }
 
-/// Answers one request over TCP through the path HTTP/3 takes (`route`), plus `alt-svc`.
+/// Answers one request over TCP through the paths HTTP/3 takes (`route`, or the proxy's
+/// `Upstream::exchange`), plus `alt-svc`.
 async fn handle(
     site: Arc<Site>,
     stats: Arc<ServerStats>,
     alt_svc: Option<HeaderValue>,
+    remote: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<TcpBody>, Infallible> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
@@ -209,6 +215,73 @@ async fn handle(
     } else {
         stats.requests_h1.fetch_add(1, Ordering::Relaxed);
     }
+    let mut resp = match &site.upstream {
+        Some(upstream) => proxy(upstream, &stats, remote, req).await,
+        None => respond(&site, &stats, req).await,
+    };
+    if let Some(v) = alt_svc {
+        resp.headers_mut().insert(header::ALT_SVC, v);
+    }
+    Ok(resp)
+}
+
+/// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
+async fn proxy(
+    upstream: &Arc<Upstream>,
+    stats: &Arc<ServerStats>,
+    remote: SocketAddr,
+    req: Request<Incoming>,
+) -> Response<TcpBody> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .map_err(|e| BoxError::from(ClientGone(Box::new(e))))
+        .boxed_unsync();
+    match upstream
+        .exchange(Request::from_parts(parts, body), remote, false)
+        .await
+    {
+        Exchange::Response(resp) => {
+            stats.count_response(resp.status());
+            let stats = stats.clone();
+            resp.map(|body| {
+                body.map_frame(move |frame| {
+                    if let Some(data) = frame.data_ref() {
+                        let n = data.len() as u64;
+                        stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
+                    }
+                    frame
+                })
+                // Counted already; hyper resets the HTTP/2 stream, or closes the HTTP/1.1
+                // connection, rather than ending the body short.
+                .map_err(io::Error::other)
+                .boxed_unsync()
+            })
+        }
+        Exchange::Reply(status, text) => {
+            stats.count_response(status);
+            let reply = Reply::text(status, text);
+            let mut resp = Response::new(body_of(reply.body, stats.clone()));
+            *resp.status_mut() = reply.status;
+            *resp.headers_mut() = reply.headers;
+            resp
+        }
+        Exchange::ClientGone => {
+            stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+            // hyper sends nothing for a request whose client is gone; the status is moot.
+            let mut resp =
+                Response::new(Empty::new().map_err(|never| match never {}).boxed_unsync());
+            *resp.status_mut() = StatusCode::BAD_REQUEST;
+            resp
+        }
+    }
+}
+
+/// Serves a request from the built-ins or the document root, as HTTP/3 does.
+async fn respond(
+    site: &Site,
+    stats: &Arc<ServerStats>,
+    req: Request<Incoming>,
+) -> Response<TcpBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let safe = method == Method::GET || method == Method::HEAD;
@@ -223,20 +296,17 @@ async fn handle(
             .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
         r
     } else {
-        route(&site, &method, req.headers(), &path).await
+        route(site, &method, req.headers(), &path).await
     };
     stats.count_response(reply.status);
     let mut resp = Response::new(if method == Method::HEAD {
-        Empty::new().map_err(|never| match never {}).boxed()
+        Empty::new().map_err(|never| match never {}).boxed_unsync()
     } else {
-        body_of(reply.body, stats)
+        body_of(reply.body, stats.clone())
     });
     *resp.status_mut() = reply.status;
     *resp.headers_mut() = reply.headers;
-    if let Some(v) = alt_svc {
-        resp.headers_mut().insert(header::ALT_SVC, v);
-    }
-    Ok(resp)
+    resp
 }
 
 /// Reads a request body to its end, counting its bytes (never holding it).
@@ -258,10 +328,10 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
         stats
             .bytes_sent
             .fetch_add(b.len() as u64, Ordering::Relaxed);
-        Full::new(b).map_err(|never| match never {}).boxed()
+        Full::new(b).map_err(|never| match never {}).boxed_unsync()
     };
     match body {
-        Body::Empty => Empty::new().map_err(|never| match never {}).boxed(),
+        Body::Empty => Empty::new().map_err(|never| match never {}).boxed_unsync(),
         Body::Static(b) => whole(Bytes::from_static(b)),
         Body::Text(s) => whole(Bytes::from(s)),
         Body::Memory(b) => whole(b),
@@ -279,7 +349,7 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
                     Some((Ok(Frame::data(chunk.freeze())), sent + n as u64))
                 }
             });
-            StreamBody::new(chunks).boxed()
+            StreamBody::new(chunks).boxed_unsync()
         }
         Body::File {
             root,
@@ -311,7 +381,7 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
                     }
                 }
             });
-            StreamBody::new(chunks).boxed()
+            StreamBody::new(chunks).boxed_unsync()
         }
     }
 }
