@@ -50,6 +50,26 @@ pub enum TcpError {
     Alpn(Option<Vec<u8>>),
 }
 
+/// A TLS connection to `addr` (as `localhost`, any certificate) on which ALPN chose `alpn`,
+/// for a test that speaks the protocol itself.
+pub async fn tls_connect(addr: SocketAddr, alpn: &[u8]) -> Result<TlsStream, TcpError> {
+    let tls = any_certificate_tls(&[alpn])?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from("localhost").expect("a valid DNS name");
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await?;
+    let chosen = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    if chosen.as_deref() != Some(alpn) {
+        return Err(TcpError::Alpn(chosen));
+    }
+    Ok(stream)
+}
+
+/// A client's TLS stream over TCP.
+pub type TlsStream = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
 impl TcpConn {
     /// Connects to `addr` as `localhost` and offers only `version`.
     pub async fn connect(addr: SocketAddr, version: Version) -> Result<TcpConn, TcpError> {
@@ -57,18 +77,8 @@ impl TcpConn {
             Version::Http1 => b"http/1.1",
             Version::Http2 => b"h2",
         };
-        let tls = any_certificate_tls(&[alpn])?;
-        let tcp = tokio::net::TcpStream::connect(addr).await?;
-        tcp.set_nodelay(true)?;
-        let local = tcp.local_addr()?;
-        let name = ServerName::try_from("localhost").expect("a valid DNS name");
-        let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
-            .connect(name, tcp)
-            .await?;
-        let chosen = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
-        if chosen.as_deref() != Some(alpn) {
-            return Err(TcpError::Alpn(chosen));
-        }
+        let stream = tls_connect(addr, alpn).await?;
+        let local = stream.get_ref().0.local_addr()?;
         let io = TokioIo::new(stream);
         let sender = match version {
             Version::Http1 => {

@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux, TempDir};
+use http_body_util::{BodyExt, Empty};
 use ringmux_bench::client::Fnv64;
+use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
+use ringmux_demux::metrics::names;
+use tokio::io::AsyncReadExt;
 
 /// What one curl run got: status, header fields (names lower-case), body.
 struct Got {
@@ -288,13 +292,15 @@ async fn alt_svc_can_be_set_or_switched_off() {
 }
 
 /// Garbage instead of TLS is closed at once, and 400 connections that never start a handshake
-/// do not stop a new client over either transport.
+/// do not stop a new client over either transport; they are closed when the handshake timeout
+/// (10 s) passes, as is a connection that never sends a request head after its handshake
+/// (slowloris). Each is counted by kind.
 #[tokio::test]
 async fn garbage_and_idle_connections_leave_both_transports_serving() {
     if !have_curl() {
         return;
     }
-    bounded(Duration::from_secs(60), async {
+    bounded(Duration::from_secs(90), async {
         let rm = Ringmux::start(2, Forward::Shm, &[]);
         let mut garbage = TcpStream::connect(tcp_addr(&rm)).unwrap();
         garbage
@@ -316,13 +322,123 @@ async fn garbage_and_idle_connections_leave_both_transports_serving() {
         let idle: Vec<TcpStream> = (0..400)
             .map(|_| TcpStream::connect(tcp_addr(&rm)).expect("an idle connection"))
             .collect();
+        let mut silent = tls_connect(tcp_addr(&rm), b"http/1.1")
+            .await
+            .expect("a TLS connection that then says nothing");
         let got = curl(&rm, &["--http2"], "/hello.txt").await;
         assert_eq!(got.status, 200);
         let conn = rm.connect(&rm.client()).await;
         check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
-        drop(idle);
-        let m = rm.metrics();
-        assert!(m.get("ringmux_datagrams_received_total") > 0.0, "{m}");
+        let kind = |m: &harness::Metrics, k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
+        let m = rm
+            .wait_for("the timeouts counted", Duration::from_secs(40), |m| {
+                kind(m, "tls_timeout") >= 400.0 && kind(m, "header_timeout") >= 1.0
+            })
+            .await;
+        assert_eq!(kind(&m, "tls_failed"), 1.0, "the garbage: {m}");
+        assert!(m.sum(names::WORKER_TCP_CONNECTIONS) >= 403.0, "{m}");
+        // The server closed the silent connection (end of file or a reset, after at most an
+        // alert).
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match silent.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(read.is_ok(), "the silent connection is still open");
+        for mut s in idle {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            assert!(
+                matches!(s.read(&mut buf), Ok(0) | Err(_)),
+                "an idle connection is open"
+            );
+        }
+        let got = curl(&rm, &["--http1.1"], "/hello.txt").await;
+        assert_eq!(got.status, 200);
+        check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
+    })
+    .await;
+}
+
+/// A request head over the limit (64 KiB) gets 431 over HTTP/1.1 and is refused over HTTP/2;
+/// an HTTP/2 client that opens and resets streams without end (rapid reset) has its connection
+/// closed. Both are counted, and both transports serve afterwards.
+#[tokio::test]
+async fn oversized_heads_and_rapid_resets_are_refused_and_counted() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(1, Forward::Shm, &[]);
+        let big = "x".repeat(70 * 1024);
+        let request = || {
+            http::Request::get("https://localhost/hello.txt")
+                .header("x-big", big.as_str())
+                .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+                .unwrap()
+        };
+        let mut h1 = TcpConn::connect(tcp_addr(&rm), Version::Http1)
+            .await
+            .unwrap();
+        let r = h1
+            .send(request())
+            .await
+            .expect("a response to the big head");
+        assert_eq!(
+            r.status(),
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        let mut h2c = TcpConn::connect(tcp_addr(&rm), Version::Http2)
+            .await
+            .unwrap();
+        match h2c.send(request()).await {
+            Ok(r) => assert_eq!(
+                r.status(),
+                http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+            ),
+            Err(e) => eprintln!("HTTP/2 refused the big head: {e}"),
+        }
+
+        // Rapid reset: HEADERS then RST_STREAM, again and again, on one connection.
+        let tls = tls_connect(tcp_addr(&rm), b"h2").await.unwrap();
+        let (mut client, connection) = h2::client::handshake(tls).await.unwrap();
+        let connection = tokio::spawn(connection);
+        let mut sent = 0;
+        for _ in 0..10_000 {
+            let Ok(ready) = client.ready().await else {
+                break;
+            };
+            client = ready;
+            let req = http::Request::get("https://localhost/hello.txt")
+                .body(())
+                .unwrap();
+            let Ok((_, mut stream)) = client.send_request(req, true) else {
+                break;
+            };
+            stream.send_reset(h2::Reason::CANCEL);
+            sent += 1;
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(10), connection)
+            .await
+            .expect("the server closed the rapid-reset connection");
+        // GOAWAY ENHANCE_YOUR_CALM, or a broken pipe when the client was still writing as
+        // the server closed; which kind it was, the server's counter says.
+        let e = ended.unwrap().expect_err("closed with an error");
+        eprintln!("the rapid-reset connection ended after {sent} streams: {e}");
+
+        let kind = |m: &harness::Metrics, k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
+        rm.wait_for("the bad input counted", Duration::from_secs(20), |m| {
+            kind(m, "too_large") >= 1.0 && kind(m, "rapid_reset") >= 1.0
+        })
+        .await;
+        assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
+        assert_eq!(curl(&rm, &["--http1.1"], "/hello.txt").await.status, 200);
+        let conn = rm.connect(&rm.client()).await;
+        check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
     })
     .await;
 }

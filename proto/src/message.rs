@@ -12,6 +12,9 @@
 //! is counted by the receiver and otherwise ignored.
 
 /// Every control message after the hand-off.
+// A `STATS` report is a few hundred bytes on the stack about once a second per worker: boxing
+// it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Message {
     /// worker → demux: the worker is serving.
@@ -84,13 +87,23 @@ pub struct WorkerReport {
     pub upstream_errors_reset: u64,
     pub upstream_errors_timeout: u64,
     pub upstream_errors_protocol: u64,
+    /// HTTPS over TCP: connections accepted, and those refused or ended for bad input or
+    /// overload, per kind.
+    pub tcp_connections: u64,
+    pub tcp_errors_over_cap: u64,
+    pub tcp_errors_tls_failed: u64,
+    pub tcp_errors_tls_timeout: u64,
+    pub tcp_errors_header_timeout: u64,
+    pub tcp_errors_too_large: u64,
+    pub tcp_errors_rapid_reset: u64,
+    pub tcp_errors_protocol: u64,
     /// CPU time this worker used (user + system), ns.
     pub cpu_ns: u64,
     pub pid: u64,
 }
 
 /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
-pub const STATS_KEYS: [&str; 18] = [
+pub const STATS_KEYS: [&str; 26] = [
     "connections_active",
     "connections_total",
     "requests_total",
@@ -107,6 +120,14 @@ pub const STATS_KEYS: [&str; 18] = [
     "upstream_errors_reset",
     "upstream_errors_timeout",
     "upstream_errors_protocol",
+    "tcp_connections",
+    "tcp_errors_over_cap",
+    "tcp_errors_tls_failed",
+    "tcp_errors_tls_timeout",
+    "tcp_errors_header_timeout",
+    "tcp_errors_too_large",
+    "tcp_errors_rapid_reset",
+    "tcp_errors_protocol",
     "cpu_ns",
     "pid",
 ];
@@ -131,6 +152,14 @@ impl WorkerReport {
             self.upstream_errors_reset,
             self.upstream_errors_timeout,
             self.upstream_errors_protocol,
+            self.tcp_connections,
+            self.tcp_errors_over_cap,
+            self.tcp_errors_tls_failed,
+            self.tcp_errors_tls_timeout,
+            self.tcp_errors_header_timeout,
+            self.tcp_errors_too_large,
+            self.tcp_errors_rapid_reset,
+            self.tcp_errors_protocol,
             self.cpu_ns,
             self.pid,
         ]
@@ -154,6 +183,14 @@ impl WorkerReport {
             "upstream_errors_reset" => &mut self.upstream_errors_reset,
             "upstream_errors_timeout" => &mut self.upstream_errors_timeout,
             "upstream_errors_protocol" => &mut self.upstream_errors_protocol,
+            "tcp_connections" => &mut self.tcp_connections,
+            "tcp_errors_over_cap" => &mut self.tcp_errors_over_cap,
+            "tcp_errors_tls_failed" => &mut self.tcp_errors_tls_failed,
+            "tcp_errors_tls_timeout" => &mut self.tcp_errors_tls_timeout,
+            "tcp_errors_header_timeout" => &mut self.tcp_errors_header_timeout,
+            "tcp_errors_too_large" => &mut self.tcp_errors_too_large,
+            "tcp_errors_rapid_reset" => &mut self.tcp_errors_rapid_reset,
+            "tcp_errors_protocol" => &mut self.tcp_errors_protocol,
             "cpu_ns" => &mut self.cpu_ns,
             "pid" => &mut self.pid,
             _ => return None,

@@ -107,14 +107,12 @@ pub struct ServerStats {
     pub responses_5xx: AtomicU64,
     /// Response body bytes handed to QUIC (or TCP).
     pub bytes_sent: AtomicU64,
-    /// HTTPS over TCP ([`crate::tcp`]): connections accepted and served.
+    /// HTTPS over TCP ([`crate::tcp`]): connections accepted (those closed at once over the
+    /// cap included).
     pub tcp_connections: AtomicU64,
-    /// Connections closed at accept: this worker served `max_connections` already.
-    pub tcp_refused: AtomicU64,
-    /// TLS handshakes that failed (garbage instead of TLS, a client that gave up).
-    pub tcp_tls_failed: AtomicU64,
-    /// TLS handshakes that did not finish in time.
-    pub tcp_tls_timeouts: AtomicU64,
+    /// TCP connections refused or ended for bad input or overload, by
+    /// [`crate::tcp::TcpErrorKind`].
+    pub tcp_errors: [AtomicU64; crate::tcp::TcpErrorKind::ALL.len()],
     /// Requests by protocol (each also counted in `requests_total`).
     pub requests_h1: AtomicU64,
     pub requests_h2: AtomicU64,
@@ -153,6 +151,10 @@ impl ServerStats {
             responses_5xx: l(&self.responses_5xx),
             bytes_sent: l(&self.bytes_sent),
         }
+    }
+
+    pub(crate) fn count_tcp_error(&self, kind: crate::tcp::TcpErrorKind) {
+        self.tcp_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_response(&self, status: StatusCode) {

@@ -5,16 +5,18 @@
 //! carries the `alt-svc` value ringmux was given.
 //!
 //! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
-//! by hyper-util's auto builder (HTTP/1.1 or HTTP/2 on one connection, by ALPN or preface).
+//! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN).
 //! Connections come from the demux's listening socket, which every worker accepts from
 //! ([`crate::Worker::tcp_listener`]).
 //!
 //! Bad input and overload: a TLS handshake must finish within [`TcpOptions::handshake_timeout`]
 //! (idle or half-open connections never pile up), an HTTP/1.1 request head within
 //! [`TcpOptions::header_timeout`] (slowloris); past [`TcpOptions::max_connections`] a new
-//! connection is closed at accept; header sizes are hyper's limits (HTTP/1.1: 400 on a head
-//! over its buffer; HTTP/2: `max_header_list_size`), HTTP/2 streams are capped per connection
-//! and rapid resets are h2's to refuse. Each is counted in [`ServerStats`] (`tcp_*`; requests by protocol in `requests_h1`/`requests_h2`).
+//! connection is closed at accept; a request head is at most [`TcpOptions::max_header_bytes`]
+//! (HTTP/1.1: 431 and the connection closed; HTTP/2: `SETTINGS_MAX_HEADER_LIST_SIZE`, over it
+//! 431 on that stream), HTTP/2 streams are capped per connection and rapid resets are h2's to
+//! refuse (GOAWAY `ENHANCE_YOUR_CALM`). Each is counted in [`ServerStats::tcp_errors`] by
+//! [`TcpErrorKind`]; requests by protocol in `requests_h1` and `requests_h2`.
 //!
 //! On drain: this worker stops accepting (the others and the next generation keep the queue),
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
@@ -42,6 +44,84 @@ use crate::proxy::{ClientGone, Exchange, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Why a TCP connection was refused or ended early, for
+/// `ringmux_worker_tcp_errors_total{kind}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TcpErrorKind {
+    /// Closed at accept: this worker serves [`TcpOptions::max_connections`] already.
+    OverCap,
+    /// The TLS handshake failed (garbage instead of TLS, a client that gave up).
+    TlsFailed,
+    /// The TLS handshake did not finish within [`TcpOptions::handshake_timeout`].
+    TlsTimeout,
+    /// An HTTP/1.1 request head did not arrive within [`TcpOptions::header_timeout`].
+    HeaderTimeout,
+    /// An HTTP/1.1 request head larger than [`TcpOptions::max_header_bytes`] (answered 431).
+    TooLarge,
+    /// An HTTP/2 client that reset or provoked too many streams (rapid reset): its connection
+    /// was closed with GOAWAY `ENHANCE_YOUR_CALM`.
+    RapidReset,
+    /// Any other HTTP/1.1 or HTTP/2 protocol violation that ended the connection.
+    Protocol,
+}
+
+impl TcpErrorKind {
+    /// Every kind, in the order of [`ServerStats::tcp_errors`].
+    pub const ALL: [TcpErrorKind; 7] = [
+        TcpErrorKind::OverCap,
+        TcpErrorKind::TlsFailed,
+        TcpErrorKind::TlsTimeout,
+        TcpErrorKind::HeaderTimeout,
+        TcpErrorKind::TooLarge,
+        TcpErrorKind::RapidReset,
+        TcpErrorKind::Protocol,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TcpErrorKind::OverCap => "over_cap",
+            TcpErrorKind::TlsFailed => "tls_failed",
+            TcpErrorKind::TlsTimeout => "tls_timeout",
+            TcpErrorKind::HeaderTimeout => "header_timeout",
+            TcpErrorKind::TooLarge => "too_large",
+            TcpErrorKind::RapidReset => "rapid_reset",
+            TcpErrorKind::Protocol => "protocol",
+        }
+    }
+
+    /// What ended a connection with `e`, if it was the client's bad input; `None` for a client
+    /// that simply went away.
+    fn of(e: &(dyn std::error::Error + 'static)) -> Option<TcpErrorKind> {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(h) = err.downcast_ref::<hyper::Error>() {
+                if h.is_timeout() {
+                    return Some(TcpErrorKind::HeaderTimeout);
+                }
+                if h.is_parse_too_large() {
+                    return Some(TcpErrorKind::TooLarge);
+                }
+                if h.is_parse() {
+                    return Some(TcpErrorKind::Protocol);
+                }
+            }
+            if let Some(h2) = err.downcast_ref::<h2::Error>() {
+                if h2.is_io() || h2.is_remote() {
+                    return None;
+                }
+                return match h2.reason() {
+                    Some(h2::Reason::ENHANCE_YOUR_CALM) => Some(TcpErrorKind::RapidReset),
+                    Some(h2::Reason::NO_ERROR) | None => None,
+                    Some(_) => Some(TcpErrorKind::Protocol),
+                };
+            }
+            cur = err.source();
+        }
+        None
+    }
+}
+
 /// How the TCP side serves.
 #[derive(Clone, Debug)]
 pub struct TcpOptions {
@@ -55,6 +135,10 @@ pub struct TcpOptions {
     pub header_timeout: Duration,
     /// HTTP/2 streams a client may have open at once on one connection.
     pub max_streams: u32,
+    /// Largest request head in bytes: over HTTP/1.1 a larger one is answered 431; over HTTP/2
+    /// it is the `SETTINGS_MAX_HEADER_LIST_SIZE` the server announces. HTTP/1.1 holds the head
+    /// in its read buffer of this size (at least 8 KiB).
+    pub max_header_bytes: u32,
 }
 
 impl Default for TcpOptions {
@@ -65,6 +149,7 @@ impl Default for TcpOptions {
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             max_streams: 128,
+            max_header_bytes: 64 * 1024,
         }
     }
 }
@@ -101,12 +186,12 @@ pub async fn serve(
                         continue;
                     }
                 };
+                stats.tcp_connections.fetch_add(1, Ordering::Relaxed);
                 if connections.len() >= opts.max_connections {
-                    stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+                    stats.count_tcp_error(TcpErrorKind::OverCap);
                     drop(stream);
                     continue;
                 }
-                stats.tcp_connections.fetch_add(1, Ordering::Relaxed);
                 let conn = Conn {
                     acceptor: acceptor.clone(),
                     site: site.clone(),
@@ -139,7 +224,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn run(mut self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
+    async fn run(self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
         let _ = stream.set_nodelay(true);
         let tls =
             match tokio::time::timeout(self.opts.handshake_timeout, self.acceptor.accept(stream))
@@ -148,12 +233,12 @@ impl Conn {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(e)) => {
                     // Garbage instead of TLS ends here at once.
-                    self.stats.tcp_tls_failed.fetch_add(1, Ordering::Relaxed);
+                    self.stats.count_tcp_error(TcpErrorKind::TlsFailed);
                     debug!(%remote, error = %e, "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
-                    self.stats.tcp_tls_timeouts.fetch_add(1, Ordering::Relaxed);
+                    self.stats.count_tcp_error(TcpErrorKind::TlsTimeout);
                     debug!(%remote, "TLS handshake timed out");
                     return;
                 }
@@ -164,31 +249,43 @@ impl Conn {
         let service = hyper::service::service_fn(move |req| {
             handle(site.clone(), stats.clone(), alt_svc.clone(), remote, req)
         });
-        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.opts.header_timeout);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(self.opts.max_streams);
-        let conn = builder.serve_connection(TokioIo::new(tls), service);
+        // The protocol is the one ALPN chose (HTTP/1.1 without ALPN), never sniffed from a
+        // preface: a client that sends nothing after its handshake meets the header timeout.
+        let io = TokioIo::new(tls);
+        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .max_concurrent_streams(self.opts.max_streams)
+                .max_header_list_size(self.opts.max_header_bytes)
+                .serve_connection(io, service);
+            self.drive(remote, conn).await;
+        } else {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(self.opts.header_timeout)
+                .max_header_size(self.opts.max_header_bytes as usize)
+                .serve_connection(io, service);
+            self.drive(remote, conn).await;
+        }
+    }
+
+    /// Serves `conn` to its end; once draining starts, tells it to finish (HTTP/2 GOAWAY,
+    /// HTTP/1.1 `connection: close` after the request in flight) and waits for that.
+    async fn drive<C: Graceful>(mut self, remote: SocketAddr, conn: C) {
         tokio::pin!(conn);
         let mut draining = *self.shutdown.borrow_and_update();
         loop {
             if draining {
-                // HTTP/2 GOAWAY, HTTP/1.1 `connection: close` after the request in flight.
                 conn.as_mut().graceful_shutdown();
                 if let Err(e) = conn.as_mut().await {
-                    debug!(%remote, error = %e, "TCP connection ended while draining");
+                    self.ended(remote, &e);
                 }
                 return;
             }
             tokio::select! {
                 done = conn.as_mut() => {
                     if let Err(e) = done {
-                        debug!(%remote, error = %e, "TCP connection ended");
+                        self.ended(remote, &e);
                     }
                     return;
                 }
@@ -197,6 +294,49 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// hyper's HTTP/1.1 and HTTP/2 server connections, as [`Conn::drive`] uses them.
+trait Graceful: std::future::Future<Output = Result<(), hyper::Error>> {
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for hyper::server::conn::http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
+        hyper::server::conn::http1::Connection::graceful_shutdown(self)
+    }
+}
+
+impl<I, S, B, E> Graceful for hyper::server::conn::http2::Connection<I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
+        hyper::server::conn::http2::Connection::graceful_shutdown(self)
+    }
+}
+
+impl Conn {
+    /// Counts why the connection to `remote` ended with `e`, if it was bad input.
+    fn ended(&self, remote: SocketAddr, e: &hyper::Error) {
+        let kind = TcpErrorKind::of(e);
+        if let Some(kind) = kind {
+            self.stats.count_tcp_error(kind);
+        }
+        debug!(%remote, error = %e, kind = kind.map(TcpErrorKind::as_str), "TCP connection ended");
     }
 }
 

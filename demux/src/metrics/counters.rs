@@ -134,6 +134,10 @@ pub struct InstanceCounters {
     pub sink_lat_p999_ns: AtomicU64,
     /// Reverse proxy: upstream failures per kind, in [`UPSTREAM_ERROR_KINDS`] order.
     pub upstream_errors: [AtomicU64; UPSTREAM_ERROR_KINDS.len()],
+    /// HTTPS over TCP: connections accepted, and refused or ended per kind, in
+    /// [`TCP_ERROR_KINDS`] order.
+    pub tcp_connections: AtomicU64,
+    pub tcp_errors: [AtomicU64; TCP_ERROR_KINDS.len()],
 }
 
 /// The `protocol` labels of `ringmux_worker_requests_total`, in the order of the
@@ -144,6 +148,18 @@ pub const REQUEST_PROTOCOLS: [&str; 3] = ["h1", "h2", "h3"];
 /// The `kind` labels of `ringmux_worker_upstream_errors_total`, in the order of the
 /// `upstream_errors_*` keys of a worker's `STATS`.
 pub const UPSTREAM_ERROR_KINDS: [&str; 4] = ["connect", "reset", "timeout", "protocol"];
+
+/// The `kind` labels of `ringmux_worker_tcp_errors_total`, in the order of the `tcp_errors_*`
+/// keys of a worker's `STATS`.
+pub const TCP_ERROR_KINDS: [&str; 7] = [
+    "over_cap",
+    "tls_failed",
+    "tls_timeout",
+    "header_timeout",
+    "too_large",
+    "rapid_reset",
+    "protocol",
+];
 
 impl InstanceCounters {
     /// Records which generation holds the lane and what its worker does.
@@ -184,6 +200,19 @@ impl InstanceCounters {
             r.upstream_errors_protocol,
         ];
         for (c, v) in self.upstream_errors.iter().zip(upstream) {
+            set(c, v);
+        }
+        set(&self.tcp_connections, r.tcp_connections);
+        let tcp = [
+            r.tcp_errors_over_cap,
+            r.tcp_errors_tls_failed,
+            r.tcp_errors_tls_timeout,
+            r.tcp_errors_header_timeout,
+            r.tcp_errors_too_large,
+            r.tcp_errors_rapid_reset,
+            r.tcp_errors_protocol,
+        ];
+        for (c, v) in self.tcp_errors.iter().zip(tcp) {
             set(c, v);
         }
     }

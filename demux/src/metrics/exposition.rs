@@ -14,7 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::counters::LaneState;
-use super::counters::{REQUEST_PROTOCOLS, UPSTREAM_ERROR_KINDS};
+use super::counters::{REQUEST_PROTOCOLS, TCP_ERROR_KINDS, UPSTREAM_ERROR_KINDS};
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
 
@@ -218,6 +218,29 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         base(names::WORKER_UPSTREAM_ERRORS),
         "Reverse proxy (--upstream): upstream failures by kind (reported by the worker)",
         upstream,
+    );
+    let tcp = Family::<Labels, Counter<u64>>::default();
+    let tcp_errors = Family::<Labels, Counter<u64>>::default();
+    for i in 0..n {
+        let accepted = c.lanes_of(i).map(|(_, l)| ld(&l.tcp_connections)).sum();
+        tcp.get_or_create(&instance(i)).inc_by(accepted);
+        for (k, kind) in TCP_ERROR_KINDS.iter().enumerate() {
+            let mut labels = instance(i);
+            labels.push(("kind".into(), (*kind).into()));
+            let v = c.lanes_of(i).map(|(_, l)| ld(&l.tcp_errors[k])).sum();
+            tcp_errors.get_or_create(&labels).inc_by(v);
+        }
+    }
+    reg.register(
+        base(names::WORKER_TCP_CONNECTIONS),
+        "HTTPS over TCP: connections accepted (reported by the worker)",
+        tcp,
+    );
+    reg.register(
+        base(names::WORKER_TCP_ERRORS),
+        "HTTPS over TCP: connections refused or ended for bad input or overload, by kind \
+         (reported by the worker)",
+        tcp_errors,
     );
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..n {

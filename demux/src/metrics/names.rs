@@ -90,8 +90,15 @@ pub const CLIENT_HELLOS: &str = "ringmux_client_hellos_total";
 /// `timeout`, `protocol`).
 pub const WORKER_UPSTREAM_ERRORS: &str = "ringmux_worker_upstream_errors_total";
 
+/// Counter: HTTPS-over-TCP connections a worker accepted, label `instance`.
+pub const WORKER_TCP_CONNECTIONS: &str = "ringmux_worker_tcp_connections_total";
+/// Counter: TCP connections refused or ended for bad input or overload, labels `instance` and
+/// `kind` (`over_cap`, `tls_failed`, `tls_timeout`, `header_timeout`, `too_large`,
+/// `rapid_reset`, `protocol`).
+pub const WORKER_TCP_ERRORS: &str = "ringmux_worker_tcp_errors_total";
+
 /// Every name above.
-pub const ALL: [&str; 36] = [
+pub const ALL: [&str; 38] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -116,6 +123,8 @@ pub const ALL: [&str; 36] = [
     WORKER_UP,
     WORKER_INFO,
     WORKER_UPSTREAM_ERRORS,
+    WORKER_TCP_CONNECTIONS,
+    WORKER_TCP_ERRORS,
     GENERATION_ACTIVE,
     GENERATION_WORKERS,
     GENERATION_CONNECTIONS,

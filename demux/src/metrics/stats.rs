@@ -66,6 +66,21 @@ pub fn table(m: &Scrape) -> String {
         by("h1"),
         by("unknown"),
     );
+    let tcp_error = |k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
+    let refused: f64 = ["over_cap", "tls_failed", "tls_timeout"]
+        .into_iter()
+        .map(tcp_error)
+        .sum();
+    let ended: f64 = ["header_timeout", "too_large", "rapid_reset", "protocol"]
+        .into_iter()
+        .map(tcp_error)
+        .sum();
+    let _ = writeln!(
+        out,
+        "tcp: {:.0} connections   {refused:.0} refused (over cap, TLS)   {ended:.0} ended for \
+         bad input (see ringmux_worker_tcp_errors_total)",
+        m.sum(names::WORKER_TCP_CONNECTIONS),
+    );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
