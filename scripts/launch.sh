@@ -55,6 +55,11 @@ EOF
 # table. Only what launch.sh decides is exported; ringmux's own defaults stay authoritative.
 readonly SETTINGS=(
   "LISTEN|--listen|value|127.0.0.1:4433"
+  "TCP|--tcp|value|on"
+  "TCP_LISTEN|--tcp-listen|value|--listen's address and port"
+  "ALT_SVC|--alt-svc|value|auto"
+  "REDIRECT_HTTP|--redirect-http|value|none"
+  "ACCESS_LOG|--access-log|value|off"
   "INSTANCES|--instances|value|2"
   "FORWARD|--forward|value|shm"
   "METRICS|--metrics|value|127.0.0.1:9433"
@@ -92,6 +97,8 @@ readonly SETTINGS=(
   "PREFIX_V4|--prefix-v4|value|24"
   "PREFIX_V6|--prefix-v6|value|56"
   "MAX_BYTES|--max-bytes|value|67108864"
+  "UPSTREAM|--upstream|value|none (serve files and built-ins)"
+  "UPSTREAM_TIMEOUT|--upstream-timeout|value|60"
   "IDLE_TIMEOUT|--idle-timeout|value|30"
   "STALL_SECS|--stall-secs|value|5"
 )

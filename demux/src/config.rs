@@ -3,10 +3,12 @@
 //! names the option, its variable, the value and what is accepted.
 
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::admission::RetryMode;
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ringmux_proto::UpstreamUrl;
@@ -124,6 +126,26 @@ pub struct RunArgs {
     /// when a balancer maps the public port, or `off` for none.
     #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
     pub alt_svc: String,
+    /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
+    /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
+    /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
+    /// the demux makes, as they serve HTTPS.
+    #[arg(long, env = "RINGMUX_REDIRECT_HTTP", value_name = "ADDR")]
+    pub redirect_http: Option<SocketAddr>,
+    /// Write one line per request, over TCP and HTTP/3, to this file (opened for appending,
+    /// created 0640 if missing, opened again at every `ringmux reload` so a rotated log is
+    /// let go), to `stderr`, or `off` (the default). The fields: time (UTC), client address,
+    /// protocol (h1, h2, h3), method, authority, path, status, response body bytes, duration in
+    /// seconds, instance. Lines are written off the request path; when a worker's queue is
+    /// full a line is dropped and counted (ringmux_worker_access_log_dropped_total), never
+    /// waited for.
+    #[arg(
+        long,
+        env = "RINGMUX_ACCESS_LOG",
+        default_value = "off",
+        value_name = "PATH|stderr|off"
+    )]
+    pub access_log: String,
     /// Number of worker processes (1–64).
     #[arg(long, env = "RINGMUX_INSTANCES", default_value_t = 2)]
     pub instances: u32,
@@ -306,6 +328,46 @@ pub struct Config {
     pub worker_user: Option<WorkerUser>,
 }
 
+/// Where the access log goes (`--access-log`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessLog {
+    Off,
+    Stderr,
+    File(std::path::PathBuf),
+}
+
+impl AccessLog {
+    /// A descriptor to hand every worker: the file opened for appending (created 0640), or a
+    /// copy of standard error; `None` when off.
+    pub fn open(&self) -> Result<Option<std::os::fd::OwnedFd>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        Ok(match self {
+            AccessLog::Off => None,
+            AccessLog::Stderr => Some(
+                std::io::stderr()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .context("--access-log stderr: duplicating standard error")?,
+            ),
+            AccessLog::File(path) => Some(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .mode(0o640)
+                    .open(path)
+                    .with_context(|| {
+                        format!(
+                            "--access-log / RINGMUX_ACCESS_LOG={}: cannot open it for appending \
+                             (does its directory exist, and may ringmux write there?)",
+                            path.display()
+                        )
+                    })?
+                    .into(),
+            ),
+        })
+    }
+}
+
 /// The user workers run as (`--worker-user`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerUser {
@@ -474,6 +536,17 @@ impl RunArgs {
                  value of printable ASCII, e.g. 'h3=\":443\"; ma=86400'"
             );
         }
+        if self.redirect_http.is_some() && !self.tcp_on() {
+            bail!(
+                "--redirect-http / RINGMUX_REDIRECT_HTTP is set but --tcp / RINGMUX_TCP is off: \
+                 the redirects would point to an HTTPS port nothing listens on; drop --tcp off"
+            );
+        }
+        if self.access_log.trim().is_empty() {
+            bail!(
+                "--access-log / RINGMUX_ACCESS_LOG is empty: expected a file path, stderr or off"
+            );
+        }
         if self.tcp_listen.is_some() && !self.tcp_on() {
             bail!(
                 "--tcp-listen / RINGMUX_TCP_LISTEN is set but --tcp / RINGMUX_TCP is off: drop \
@@ -628,6 +701,15 @@ impl Config {
                 .tcp_listen
                 .unwrap_or_else(|| SocketAddr::new(self.args.listen.ip(), udp.port()))
         })
+    }
+
+    /// Where the access log goes (`--access-log`).
+    pub fn access_log(&self) -> AccessLog {
+        match self.args.access_log.trim() {
+            "off" => AccessLog::Off,
+            "stderr" => AccessLog::Stderr,
+            path => AccessLog::File(path.into()),
+        }
     }
 
     /// The program every instance runs (for logs and metrics).

@@ -148,6 +148,8 @@ fn template(
         spin_us: cfg.ring.spin_us,
         public_addr,
         tcp: cfg.args.tcp_on(),
+        redirect: cfg.args.redirect_http.is_some(),
+        access_log: cfg.access_log() != config::AccessLog::Off,
         config_id: lb.config_id,
         node_id: lb.node_id.clone(),
         nonce_len: lb.nonce_len,
@@ -214,12 +216,23 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
             .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
-    let tcp = match cfg.tcp_addr(public_addr) {
-        Some(addr) => Some(
-            sys::tcp_listener(addr)
-                .with_context(|| format!("listening on TCP {addr} (--tcp-listen / --listen)"))?,
-        ),
-        None => None,
+    let tcp = supervisor::TcpListeners {
+        https: match cfg.tcp_addr(public_addr) {
+            Some(addr) => Some(
+                sys::tcp_listener(addr)
+                    .with_context(|| format!("listening on TCP {addr} (--tcp-listen / --listen)"))?
+                    .into(),
+            ),
+            None => None,
+        },
+        redirect: match cfg.args.redirect_http {
+            Some(addr) => Some(
+                sys::tcp_listener(addr)
+                    .with_context(|| format!("listening on TCP {addr} (--redirect-http)"))?
+                    .into(),
+            ),
+            None => None,
+        },
     };
 
     let lanes = router.lanes();
@@ -326,13 +339,18 @@ fn resume(
     )
     .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
-    let tcp = match (taken.tcp, cfg.tcp_addr(public_addr)) {
-        (Some(fd), Some(_)) => Some(std::net::TcpListener::from(fd)),
-        (None, None) => None,
-        // The same command line runs again: this means another configuration after all.
-        (Some(_), None) | (None, Some(_)) => {
-            anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
-        }
+    // The same command line runs again: a difference means another configuration after all.
+    if taken.tcp.is_some() != cfg.tcp_addr(public_addr).is_some() {
+        anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
+    }
+    if taken.redirect.is_some() != cfg.args.redirect_http.is_some() {
+        anyhow::bail!(
+            "--redirect-http differs from the running demux's: restart ringmux to change it"
+        )
+    }
+    let tcp = supervisor::TcpListeners {
+        https: taken.tcp,
+        redirect: taken.redirect,
     };
     let lanes = router.lanes();
     let counters = Arc::new(Counters::new(cfg.instances, lanes));
@@ -458,8 +476,8 @@ struct Serve {
     /// The session threads, held to those bindings.
     sessions: Sessions,
     resume: Option<Resumed>,
-    /// The listening TCP socket every worker accepts from (`--tcp on`).
-    tcp: Option<std::net::TcpListener>,
+    /// The listening TCP sockets every worker accepts from (`--tcp on`, `--redirect-http`).
+    tcp: supervisor::TcpListeners,
 }
 
 impl forward::WithForward for Serve {
@@ -524,9 +542,7 @@ impl forward::WithForward for Serve {
                     signals,
                     sessions,
                 )?;
-                if let Some(listener) = tcp {
-                    sup.serve_tcp(listener.into());
-                }
+                sup.serve_tcp(tcp);
                 sup.start_all(handles)?;
                 (sup, None, start(dp, control)?)
             }
@@ -546,9 +562,7 @@ impl forward::WithForward for Serve {
                     r.adopted,
                 ) {
                     Ok(mut sup) => {
-                        if let Some(listener) = tcp {
-                            sup.serve_tcp(listener.into());
-                        }
+                        sup.serve_tcp(tcp);
                         (sup, Some(r.answer), data_plane)
                     }
                     Err(e) => {
@@ -656,7 +670,8 @@ fn hand_over<F: Forward>(
         key_pem: exported.key_pem,
         public_fd,
         metrics_fd: metrics.map(|m| m.as_raw_fd()),
-        tcp_fd: sup.tcp_fd(),
+        tcp_fd: sup.tcp_fds().https,
+        redirect_fd: sup.tcp_fds().redirect,
         control_fd: exported.control_fd,
         answer_fds: exported.answer_fds,
         active_generation: exported.active_generation,

@@ -293,6 +293,10 @@ pub struct WorkerSetup<'a> {
     pub handoff: &'a [BorrowedFd<'a>],
     /// The listening TCP socket every worker shares (`--tcp on`): descriptor 5.
     pub tcp: Option<BorrowedFd<'a>>,
+    /// The listening socket for plain HTTP (`--redirect-http`): descriptor 6.
+    pub redirect: Option<BorrowedFd<'a>>,
+    /// The access log (`--access-log`): descriptor 7.
+    pub access_log: Option<BorrowedFd<'a>>,
     /// The CPU to pin the process to.
     pub cpu: Option<usize>,
     /// The system-call filter to install last; `None` with `--sandbox off`.
@@ -311,9 +315,10 @@ pub struct WorkerSetup<'a> {
 }
 
 /// Makes `cmd` start pinned to its CPU (when given), with the control socket as descriptor 3,
-/// its sending socket as descriptor 4 and the hand-off's descriptors from 5 on, and no other
-/// descriptor past standard error: every descriptor after those is marked close-on-exec in the
-/// child, so nothing ringmux inherited from its own parent reaches a worker. Then an empty signal mask (the demux blocks its shutdown
+/// its sending socket as descriptor 4, the shared listeners and access log at 5 to 7 (those
+/// given) and the hand-off's descriptors from 8 on, and no other descriptor past standard
+/// error: every other descriptor is marked close-on-exec in the child, so nothing ringmux
+/// inherited from its own parent reaches a worker. Then an empty signal mask (the demux blocks its shutdown
 /// signals to read them from a signalfd; a worker must receive them), SIGKILL as its
 /// parent-death signal, so whatever program it runs dies with the demux (the signal survives
 /// `execve`; it fires when the spawning thread, the supervisor's, exits), a Landlock domain of
@@ -340,11 +345,21 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     for (slot, fd) in handoff.iter_mut().zip(setup.handoff) {
         *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, 10)?);
     }
-    let after_handoff = ringmux_proto::FIRST_HANDOFF_FD + setup.handoff.len() as RawFd;
-    let tcp = setup
-        .tcp
-        .map(|t| rustix::io::fcntl_dupfd_cloexec(t, 10))
-        .transpose()?;
+    // The shared descriptors at their fixed numbers, copied after the hand-off's: their
+    // copies' numbers are then above every number the hand-off's are placed at.
+    let mut fixed: [(Option<OwnedFd>, RawFd); 3] = [
+        (None, ringmux_proto::TCP_FD),
+        (None, ringmux_proto::REDIRECT_FD),
+        (None, ringmux_proto::ACCESS_LOG_FD),
+    ];
+    for ((slot, _), fd) in fixed
+        .iter_mut()
+        .zip([setup.tcp, setup.redirect, setup.access_log])
+    {
+        *slot = fd
+            .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, 10))
+            .transpose()?;
+    }
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
     let drop_bounding = setup.drop_bounding_set;
@@ -365,13 +380,17 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         }
         dup_onto(control.as_fd(), ringmux_proto::CONTROL_FD)?;
         dup_onto(public.as_fd(), ringmux_proto::PUBLIC_FD)?;
-        if let Some(tcp) = tcp.as_ref() {
-            dup_onto(tcp.as_fd(), ringmux_proto::TCP_FD)?;
+        // Nothing past 4 reaches the program but what is placed now (dup2 clears the flag on
+        // the number it places at): not even a number of the fixed ones left empty.
+        close_on_exec_from(ringmux_proto::PUBLIC_FD + 1)?;
+        for (fd, number) in fixed.iter() {
+            if let Some(fd) = fd {
+                dup_onto(fd.as_fd(), *number)?;
+            }
         }
         for (number, fd) in (ringmux_proto::FIRST_HANDOFF_FD..).zip(handoff.iter().flatten()) {
             dup_onto(fd.as_fd(), number)?;
         }
-        close_on_exec_from(after_handoff)?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
         // The demux may have died between fork and the line above: then no signal comes.
         if nix::unistd::getppid() != parent {

@@ -38,8 +38,8 @@ pub const REFUSED_ENV: &str = "RINGMUX_UPGRADE_REFUSED";
 /// Bumped on any change of [`State`] an older or newer image would misread.
 /// 2: the public socket is the first of an `SO_REUSEPORT` group that every worker's sending
 /// socket joins; an image of format 1 hands over one that nothing can join. 3: the listening
-/// TCP socket (`tcp_fd`).
-pub const STATE_FORMAT: u32 = 3;
+/// TCP socket (`tcp_fd`). 4: the plain-HTTP listener (`redirect_fd`).
+pub const STATE_FORMAT: u32 = 4;
 /// How long `ringmux upgrade-check` of the new binary may take.
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -128,6 +128,8 @@ pub struct State {
     pub metrics_fd: Option<RawFd>,
     /// The listening TCP socket every worker accepts from (`--tcp on`).
     pub tcp_fd: Option<RawFd>,
+    /// The listening socket for plain HTTP every worker redirects from (`--redirect-http`).
+    pub redirect_fd: Option<RawFd>,
     pub control_fd: Option<RawFd>,
     /// Control clients waiting for the upgrade's outcome.
     pub answer_fds: Vec<RawFd>,
@@ -264,6 +266,7 @@ impl State {
         let mut fds = vec![self.public_fd];
         fds.extend(self.metrics_fd);
         fds.extend(self.tcp_fd);
+        fds.extend(self.redirect_fd);
         fds.extend(self.control_fd);
         fds.extend(&self.answer_fds);
         for lane in &self.lanes {
@@ -321,6 +324,7 @@ pub struct Taken {
     pub public: OwnedFd,
     pub metrics: Option<OwnedFd>,
     pub tcp: Option<OwnedFd>,
+    pub redirect: Option<OwnedFd>,
     pub control: Option<OwnedFd>,
     pub answers: Vec<OwnedFd>,
     pub active_generation: u64,
@@ -411,6 +415,7 @@ impl State {
             public: take(self.public_fd)?,
             metrics: self.metrics_fd.map(take).transpose()?,
             tcp: self.tcp_fd.map(take).transpose()?,
+            redirect: self.redirect_fd.map(take).transpose()?,
             control: self.control_fd.map(take).transpose()?,
             answers: self
                 .answer_fds
@@ -716,6 +721,7 @@ mod tests {
             public_fd: fd,
             metrics_fd: None,
             tcp_fd: None,
+            redirect_fd: None,
             control_fd: None,
             answer_fds: vec![],
             active_generation: 1,

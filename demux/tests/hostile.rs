@@ -14,7 +14,7 @@ use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use harness::{bounded, check_bytes, Forward, Metrics, Ringmux, TempDir};
+use harness::{bounded, check_bytes, unused_tcp_port, Forward, Metrics, Ringmux, TempDir};
 
 fn fault_worker() -> PathBuf {
     // A test tool of its own package (test-tools/fault-worker), built beside ringmux by
@@ -1066,14 +1066,52 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
 /// With `--tcp on` every worker holds the demux's listening TCP socket at descriptor 5 and may
 /// accept on it, nothing else: shutting it down, changing its options or its status flags
 /// (every worker's and the demux's), duplicating, closing or freeing it are refused, and so is
-/// listening anywhere. The listener keeps taking connections after the attack and across an
-/// upgrade (the new image takes it over).
+/// listening anywhere. The same holds for the plain-HTTP listener (`--redirect-http`, 6); the
+/// access log (`--access-log`, 7) takes lines and nothing else (no truncating, no clearing
+/// `O_APPEND`, no copies). The listeners keep taking connections after the attack and across
+/// an upgrade (the new image takes them over), and the log keeps what was written to it.
 #[tokio::test]
-async fn a_confined_worker_cannot_touch_the_shared_tcp_listener() {
+async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners_or_the_access_log() {
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-attack-tcp");
-        let rm = start_faulty("tcp-listener", &["--tcp", "on"], &dir);
+        let redirect = unused_tcp_port();
+        let log = dir.path().join("access.log");
+        std::fs::write(&log, "a line before the workers started\n").unwrap();
+        let rm = start_faulty(
+            "tcp-listener",
+            &[
+                "--tcp",
+                "on",
+                "--redirect-http",
+                &redirect.to_string(),
+                "--access-log",
+                log.to_str().unwrap(),
+            ],
+            &dir,
+        );
         let r = report(&dir).await;
+        assert_outcomes(&r, &["log-write"], "ok");
+        assert_outcomes(
+            &r,
+            &[
+                "redirect-shutdown",
+                "redirect-clear-nonblock",
+                "redirect-dup",
+                "log-truncate",
+                "log-fallocate",
+                "log-clear-append",
+                "log-dup",
+                "log-close",
+            ],
+            "EPERM",
+        );
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            text.starts_with("a line before the workers started\na line from the fault worker\n"),
+            "{text}"
+        );
+        std::net::TcpStream::connect_timeout(&redirect, Duration::from_secs(5))
+            .expect("the plain-HTTP listener takes connections after the attack");
         assert_outcomes(&r, &["accept"], "EAGAIN");
         assert_outcomes(
             &r,
@@ -1099,6 +1137,8 @@ async fn a_confined_worker_cannot_touch_the_shared_tcp_listener() {
         assert!(ok, "{text}");
         std::net::TcpStream::connect_timeout(&tcp, Duration::from_secs(5))
             .expect("the listener takes connections after an upgrade");
+        std::net::TcpStream::connect_timeout(&redirect, Duration::from_secs(5))
+            .expect("the plain-HTTP listener takes connections after an upgrade");
         third_party_served(&rm, 0).await;
         third_party_served(&rm, 1).await;
     })

@@ -503,3 +503,124 @@ async fn download_across(during: During) {
     })
     .await;
 }
+
+/// `--redirect-http`: plain HTTP answered with 301 to the HTTPS port, same host and path.
+/// `--access-log`: one line per request over HTTP/3, HTTP/2, HTTP/1.1 and the redirects, with
+/// the fields the README names; a reload opens the path again, so a rotated log is let go.
+#[tokio::test]
+async fn redirects_to_https_and_an_access_log_of_every_request() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let redirect = harness::unused_tcp_port();
+        let dir = TempDir::new("ringmux-access-log");
+        // Under the test's own folder, which may be closed to the workers' user: the demux
+        // opens the log, the workers only write to what it gives them.
+        let log = dir.path().join("access.log");
+        let rm = Ringmux::start(
+            2,
+            Forward::Shm,
+            &[
+                "--redirect-http",
+                &redirect.to_string(),
+                "--access-log",
+                log.to_str().unwrap(),
+            ],
+        );
+        let https = tcp_addr(&rm).port();
+        for (host, want) in [
+            (None, format!("https://127.0.0.1:{https}/some/path?x=1")),
+            (
+                Some("example.com:8080"),
+                format!("https://example.com:{https}/some/path?x=1"),
+            ),
+        ] {
+            let mut cmd = tokio::process::Command::new("curl");
+            cmd.args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{redirect_url}",
+            ]);
+            if let Some(h) = host {
+                cmd.args(["-H", &format!("host: {h}")]);
+            }
+            let out = cmd
+                .arg(format!("http://{redirect}/some/path?x=1"))
+                .output()
+                .await
+                .expect("curl");
+            let got = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert_eq!(got, format!("301 {want}"), "{host:?}");
+        }
+
+        let conn = rm.connect(&rm.client()).await;
+        check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
+        assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
+        assert_eq!(curl(&rm, &["--http1.1"], "/nowhere").await.status, 404);
+        let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+        let m = rm
+            .wait_for("five lines written", Duration::from_secs(20), |m| {
+                m.sum(names::WORKER_ACCESS_LOG_LINES) >= 5.0
+            })
+            .await;
+        assert_eq!(m.sum(names::WORKER_ACCESS_LOG_DROPPED), 0.0, "{m}");
+        let text = lines();
+        let fields: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
+        assert_eq!(fields.len(), 5, "{text}");
+        let find = |protocol: &str, path: &str| {
+            fields
+                .iter()
+                .find(|f| f[2] == protocol && f[5] == path)
+                .unwrap_or_else(|| panic!("no {protocol} {path} in\n{text}"))
+        };
+        // time client protocol method authority path status bytes duration instance
+        let h3 = find("h3", "/bytes/1000");
+        assert_eq!(
+            &h3[3..8],
+            [
+                "GET",
+                &format!("localhost:{}", rm.listen.port()),
+                "/bytes/1000",
+                "200",
+                "1000"
+            ]
+        );
+        let h2 = find("h2", "/hello.txt");
+        assert_eq!(&h2[6..8], ["200", "19"]);
+        let h1 = find("h1", "/nowhere");
+        assert_eq!(h1[6], "404");
+        let moved = find("h1", "/some/path?x=1");
+        assert_eq!(moved[6], "301");
+        for f in &fields {
+            assert_eq!(f.len(), 10, "{f:?}");
+            assert!(f[0].ends_with('Z') && f[0].len() == 24, "time {f:?}");
+            assert!(f[1].starts_with("127.0.0.1:"), "client {f:?}");
+            assert!(f[8].parse::<f64>().is_ok(), "duration {f:?}");
+            assert!(["0", "1"].contains(&f[9]), "instance {f:?}");
+        }
+
+        // Rotation: move the log away, reload; the new generation writes to a new file.
+        let rotated = dir.path().join("access.log.1");
+        std::fs::rename(&log, &rotated).unwrap();
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "{text}");
+        assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !lines().contains(" h2 GET ") {
+            assert!(
+                Instant::now() < deadline,
+                "nothing in the new log: {:?}",
+                lines()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            std::fs::read_to_string(&rotated).unwrap().lines().count(),
+            5
+        );
+    })
+    .await;
+}

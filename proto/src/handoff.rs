@@ -73,6 +73,12 @@ pub struct Handoff {
     /// The demux's listening TCP socket is at [`crate::TCP_FD`] (HTTPS over TCP beside HTTP/3,
     /// one accept queue every worker shares); `false`: nothing is open there.
     pub tcp: bool,
+    /// The demux's listening TCP socket for plain HTTP (`--redirect-http`) is at
+    /// [`crate::REDIRECT_FD`]: every request there is answered with a redirect to `https://`.
+    pub redirect: bool,
+    /// The access log (`--access-log`), a file opened for appending or the demux's standard
+    /// error, is at [`crate::ACCESS_LOG_FD`]: one line per request.
+    pub access_log: bool,
     /// QUIC-LB: config rotation codepoint, node id, nonce length, encrypted or plaintext CIDs.
     pub config_id: u8,
     pub node_id: Vec<u8>,
@@ -137,7 +143,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 29] = [
+pub const KEYS: [&str; 31] = [
     "protocol",
     "instance",
     "instances",
@@ -147,6 +153,8 @@ pub const KEYS: [&str; 29] = [
     "spin_us",
     "public_addr",
     "tcp",
+    "redirect",
+    "access_log",
     "config_id",
     "node_id",
     "nonce_len",
@@ -207,6 +215,8 @@ impl Handoff {
             self.spin_us.to_string(),
             self.public_addr.to_string(),
             flag(self.tcp).to_string(),
+            flag(self.redirect).to_string(),
+            flag(self.access_log).to_string(),
             self.config_id.to_string(),
             hex::encode(&self.node_id),
             self.nonce_len.to_string(),
@@ -301,6 +311,8 @@ impl Handoff {
             spin_us: num("spin_us", get("spin_us")?)?,
             public_addr: num("public_addr", get("public_addr")?)?,
             tcp: flag("tcp")?,
+            redirect: flag("redirect")?,
+            access_log: flag("access_log")?,
             config_id: num("config_id", get("config_id")?)?,
             node_id: bytes("node_id")?,
             nonce_len: num("nonce_len", get("nonce_len")?)?,
@@ -382,6 +394,8 @@ mod tests {
             spin_us: 50,
             public_addr: "[::]:4433".parse().unwrap(),
             tcp: true,
+            redirect: true,
+            access_log: false,
             config_id: 1,
             node_id: vec![0xab],
             nonce_len: 14,
@@ -478,13 +492,13 @@ mod tests {
     fn descriptor_count_follows_the_ingress() {
         let h = sample();
         assert_eq!(h.fd_count(), 4);
-        assert_eq!(h.fd_numbers(), 6..10);
+        assert_eq!(h.fd_numbers(), 8..12);
         assert!(h.fd_count() <= crate::MAX_FDS);
         let u = Handoff {
             ingress: IngressKind::Unix,
             ..h
         };
         assert_eq!(u.fd_count(), 2);
-        assert_eq!(u.fd_numbers(), 6..8);
+        assert_eq!(u.fd_numbers(), 8..10);
     }
 }

@@ -31,7 +31,7 @@ pub use upstream::UpstreamUrl;
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;
@@ -44,13 +44,24 @@ pub const MAX_FDS: usize = 8;
 /// program starts, as it places [`CONTROL_FD`] and [`PUBLIC_FD`]: no descriptor ever arrives
 /// in a worker after its `execve` (the demux's system-call filter refuses every receipt of
 /// one), so no worker can get a second number for a descriptor the filter's rules name.
-pub const FIRST_HANDOFF_FD: i32 = 6;
+pub const FIRST_HANDOFF_FD: i32 = 8;
 
 /// The descriptor number of the demux's listening TCP socket, when the hand-off's `tcp` is 1
 /// (nothing is open there otherwise): one accept queue all workers share, created once by the
 /// demux, so a worker's restart, a reload or an upgrade never refuses a connection. A worker
 /// accepts on it and serves what it accepted; the filter refuses everything else on it.
 pub const TCP_FD: i32 = 5;
+
+/// The descriptor number of the demux's listening socket for plain HTTP, when the hand-off's
+/// `redirect` is 1 (`--redirect-http`; nothing is open there otherwise): shared like
+/// [`TCP_FD`], and every request on it is answered with a redirect to `https://`.
+pub const REDIRECT_FD: i32 = 6;
+
+/// The descriptor number of the access log, when the hand-off's `access_log` is 1
+/// (`--access-log`; nothing is open there otherwise): a file the demux opened for appending, or
+/// its standard error. Every worker shares it, writes whole lines and may not truncate it,
+/// re-flag it or duplicate it.
+pub const ACCESS_LOG_FD: i32 = 7;
 
 /// Name of the environment variable in which the demux tells a worker the number of its
 /// control socket (always 3 today). A process without it was not started by ringmux.

@@ -97,13 +97,16 @@ pub struct WorkerReport {
     pub tcp_errors_too_large: u64,
     pub tcp_errors_rapid_reset: u64,
     pub tcp_errors_protocol: u64,
+    /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
+    pub access_log_lines: u64,
+    pub access_log_dropped: u64,
     /// CPU time this worker used (user + system), ns.
     pub cpu_ns: u64,
     pub pid: u64,
 }
 
 /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
-pub const STATS_KEYS: [&str; 26] = [
+pub const STATS_KEYS: [&str; 28] = [
     "connections_active",
     "connections_total",
     "requests_total",
@@ -128,6 +131,8 @@ pub const STATS_KEYS: [&str; 26] = [
     "tcp_errors_too_large",
     "tcp_errors_rapid_reset",
     "tcp_errors_protocol",
+    "access_log_lines",
+    "access_log_dropped",
     "cpu_ns",
     "pid",
 ];
@@ -160,6 +165,8 @@ impl WorkerReport {
             self.tcp_errors_too_large,
             self.tcp_errors_rapid_reset,
             self.tcp_errors_protocol,
+            self.access_log_lines,
+            self.access_log_dropped,
             self.cpu_ns,
             self.pid,
         ]
@@ -191,6 +198,8 @@ impl WorkerReport {
             "tcp_errors_too_large" => &mut self.tcp_errors_too_large,
             "tcp_errors_rapid_reset" => &mut self.tcp_errors_rapid_reset,
             "tcp_errors_protocol" => &mut self.tcp_errors_protocol,
+            "access_log_lines" => &mut self.access_log_lines,
+            "access_log_dropped" => &mut self.access_log_dropped,
             "cpu_ns" => &mut self.cpu_ns,
             "pid" => &mut self.pid,
             _ => return None,

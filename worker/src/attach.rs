@@ -165,11 +165,38 @@ pub struct Worker {
     certificate: CertChain,
     builtin: BuiltinOptions,
     parts: Mutex<Option<Parts>>,
-    /// The demux's listening TCP socket (`--tcp on`), until [`Worker::tcp_listener`] takes it.
-    tcp: Mutex<Option<OwnedFd>>,
+    /// The descriptors every worker shares, until taken.
+    shared: Mutex<Shared>,
     sessions: Arc<RemoteSessionStore>,
     drain_tx: watch::Sender<bool>,
     report: Arc<Mutex<Option<ReportFn>>>,
+}
+
+/// The descriptors every worker shares with the others and the demux (5 to 7), until the
+/// program takes them.
+#[derive(Debug, Default)]
+struct Shared {
+    /// The HTTPS listener (`--tcp on`): [`Worker::tcp_listener`].
+    tcp: Option<OwnedFd>,
+    /// The plain-HTTP listener (`--redirect-http`): [`Worker::redirect_listener`].
+    redirect: Option<OwnedFd>,
+    /// The access log (`--access-log`): [`Worker::access_log`].
+    access_log: Option<OwnedFd>,
+}
+
+/// The shared descriptor at `fd` when the hand-off says it is there. Not close-on-exec: the
+/// filter holds it to its number, as 3 and 4.
+fn adopt_shared(
+    present: bool,
+    fd: i32,
+    what: &'static str,
+) -> Result<Option<OwnedFd>, AttachError> {
+    if !present {
+        return Ok(None);
+    }
+    sys::adopt_inherited(fd, false)
+        .map(Some)
+        .map_err(|source| AttachError::Io { what, source })
 }
 
 /// What [`Worker::endpoint`] consumes.
@@ -210,21 +237,21 @@ impl Worker {
             source,
         })?;
         let (h, fds) = control::recv_handoff(control.as_fd())?;
-        let tcp = if h.tcp {
-            // Not close-on-exec: the filter holds descriptor 5 to the listener, as 3 and 4.
-            Some(
-                sys::adopt_inherited(ringmux_proto::TCP_FD, false).map_err(|source| {
-                    AttachError::Io {
-                        what: "taking the TCP listener",
-                        source,
-                    }
-                })?,
-            )
-        } else {
-            None
+        let shared = Shared {
+            tcp: adopt_shared(h.tcp, ringmux_proto::TCP_FD, "taking the TCP listener")?,
+            redirect: adopt_shared(
+                h.redirect,
+                ringmux_proto::REDIRECT_FD,
+                "taking the plain-HTTP listener",
+            )?,
+            access_log: adopt_shared(
+                h.access_log,
+                ringmux_proto::ACCESS_LOG_FD,
+                "taking the access log",
+            )?,
         };
         let mut w = Worker::from_handoff(h, fds, control, public)?;
-        w.tcp = Mutex::new(tcp);
+        w.shared = Mutex::new(shared);
         Ok(w)
     }
 
@@ -279,7 +306,7 @@ impl Worker {
             public_addr: h.public_addr,
             certificate,
             builtin: h.serve,
-            tcp: Mutex::new(None),
+            shared: Mutex::default(),
             parts: Mutex::new(Some(Parts {
                 control,
                 public,
@@ -327,11 +354,39 @@ impl Worker {
     /// non-blocking already, as `tokio::net::TcpListener::from_std` wants. `None` with
     /// `--tcp off`, and after the first call.
     pub fn tcp_listener(&self) -> Option<std::net::TcpListener> {
-        self.tcp
+        self.shared
             .lock()
             .ok()?
+            .tcp
             .take()
             .map(std::net::TcpListener::from)
+    }
+
+    /// The demux's listening socket for plain HTTP, when ringmux runs with `--redirect-http`:
+    /// ringmux's own worker answers every request on it with a 301 to `https://`. Shared and
+    /// held like [`Worker::tcp_listener`]'s. `None` without it, and after the first call.
+    pub fn redirect_listener(&self) -> Option<std::net::TcpListener> {
+        self.shared
+            .lock()
+            .ok()?
+            .redirect
+            .take()
+            .map(std::net::TcpListener::from)
+    }
+
+    /// The access log, when ringmux runs with `--access-log`: a file open for appending (or
+    /// the demux's standard error) that every worker shares. Write whole lines, each `write` a
+    /// whole number of lines of at most 4096 bytes together (so that lines of different
+    /// workers never interleave); [`crate::access_log::AccessLog`] does. Its flags, its length
+    /// and its number are every worker's: the filter refuses changing them. `None` without
+    /// it, and after the first call.
+    pub fn access_log(&self) -> Option<std::fs::File> {
+        self.shared
+            .lock()
+            .ok()?
+            .access_log
+            .take()
+            .map(std::fs::File::from)
     }
 
     /// The options of ringmux's built-in server, as the operator set them.

@@ -11,9 +11,10 @@
 use std::borrow::Cow;
 use std::fs::File;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::future::{FutureExt, Shared};
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
+use crate::access_log::{AccessLog, Entry};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::proxy::{proxy_h3, Outcome, Upstream};
 use crate::quic::ServerOptions;
@@ -61,6 +63,8 @@ pub struct Site {
     /// Proxy every request to this upstream instead ([`crate::proxy`]); `root` and the
     /// built-ins are then not used.
     pub upstream: Option<Arc<Upstream>>,
+    /// One line per request, over TCP and HTTP/3 (`--access-log`).
+    pub access_log: Option<Arc<AccessLog>>,
 }
 
 impl Default for Site {
@@ -69,7 +73,71 @@ impl Default for Site {
             root: None,
             max_bytes: DEFAULT_MAX_BYTES,
             upstream: None,
+            access_log: None,
         }
+    }
+}
+
+/// A request's access-log line, begun when its head arrived ([`Site::access_log`]).
+pub(crate) struct Logged {
+    log: Arc<AccessLog>,
+    time: SystemTime,
+    start: Instant,
+    client: SocketAddr,
+    protocol: &'static str,
+    method: Method,
+    authority: Option<String>,
+    path: String,
+}
+
+impl Logged {
+    /// Begins the line of `parts` from `client` over `protocol`, if the site logs.
+    pub(crate) fn begin(
+        site: &Site,
+        client: SocketAddr,
+        protocol: &'static str,
+        parts: &http::request::Parts,
+    ) -> Option<Logged> {
+        let log = site.access_log.clone()?;
+        let authority = parts
+            .uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_owned)
+            });
+        Some(Logged {
+            log,
+            time: SystemTime::now(),
+            start: Instant::now(),
+            client,
+            protocol,
+            method: parts.method.clone(),
+            authority,
+            path: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+        })
+    }
+
+    /// Writes the line: `status` (`None`: no response went out) and the body bytes sent.
+    pub(crate) fn end(self, status: Option<StatusCode>, bytes: u64) {
+        self.log.record(&Entry {
+            time: self.time,
+            client: self.client,
+            protocol: self.protocol,
+            method: self.method.as_str(),
+            authority: self.authority.as_deref(),
+            path: &self.path,
+            status: status.map(|s| s.as_u16()),
+            bytes,
+            duration: self.start.elapsed(),
+        });
     }
 }
 
@@ -504,19 +572,31 @@ impl Reply {
 
 impl Req {
     async fn handle(self, request: Request<()>, mut stream: Stream) {
+        let (parts, ()) = request.into_parts();
+        let logged = Logged::begin(&self.site, self.conn.remote_address(), "h3", &parts);
+        let request = Request::from_parts(parts, ());
         if let Some(upstream) = &self.site.upstream {
-            return self.proxy(upstream, request, stream).await;
+            let (status, bytes) = match self.proxy(upstream, request, stream).await {
+                Outcome::Answered { status, bytes } => (Some(status), bytes),
+                Outcome::Failed => (None, 0),
+            };
+            if let Some(l) = logged {
+                l.end(status, bytes);
+            }
+            return;
         }
         let method = request.method().clone();
         let path = request.uri().path().to_string();
         let result = self.respond(&request, &mut stream).await;
-        match result {
-            Ok(status) => {
+        let (status, bytes) = match result {
+            Ok((status, bytes)) => {
                 self.stats.count_response(status);
                 debug!(%method, %path, status = status.as_u16(), "request done");
+                (Some(status), bytes)
             }
             Err(RequestError::Stream(e)) if e.is_h3_no_error() => {
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+                (None, 0)
             }
             Err(e) => {
                 // The response is already (partly) out: reset the stream so the client sees an
@@ -524,14 +604,23 @@ impl Req {
                 stream.stop_stream(Code::H3_INTERNAL_ERROR);
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
                 debug!(%method, %path, error = %e, "request failed");
+                (None, 0)
             }
+        };
+        if let Some(l) = logged {
+            l.end(status, bytes);
         }
     }
 
     /// Passes the request to the upstream. Like [`Req::respond`], a request that may be replayed
     /// 0-RTT data waits for the handshake unless it is a GET or HEAD with early requests on;
     /// one forwarded before the handshake completed says so with `early-data: 1`.
-    async fn proxy(&self, upstream: &Arc<Upstream>, request: Request<()>, stream: Stream) {
+    async fn proxy(
+        &self,
+        upstream: &Arc<Upstream>,
+        request: Request<()>,
+        stream: Stream,
+    ) -> Outcome {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
         let safe = method == Method::GET || method == Method::HEAD;
@@ -551,12 +640,14 @@ impl Req {
         )
         .await
         {
-            Outcome::Answered(status) => {
+            outcome @ Outcome::Answered { status, .. } => {
                 self.stats.count_response(status);
                 debug!(%method, %path, status = status.as_u16(), "proxied");
+                outcome
             }
             Outcome::Failed => {
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
+                Outcome::Failed
             }
         }
     }
@@ -565,7 +656,7 @@ impl Req {
         &self,
         request: &Request<()>,
         stream: &mut Stream,
-    ) -> Result<StatusCode, RequestError> {
+    ) -> Result<(StatusCode, u64), RequestError> {
         let method = request.method();
         let path = request.uri().path();
         let safe = method == Method::GET || method == Method::HEAD;
@@ -593,14 +684,16 @@ impl Req {
         *resp.status_mut() = status;
         *resp.headers_mut() = std::mem::take(&mut reply.headers);
         stream.send_response(resp).await?;
+        let mut bytes = 0;
         if method != Method::HEAD {
+            bytes = reply.body.len();
             self.send_body(stream, reply.body).await?;
         }
         stream.finish().await?;
         // G9: read the request side to its end so quinn does not answer the client's FIN with
         // STOP_SENDING(0), which a client that finishes late sees as "Remote reset: 0".
         drain(stream).await?;
-        Ok(status)
+        Ok((status, bytes))
     }
 
     async fn route(&self, method: &Method, headers: &HeaderMap, path: &str) -> Reply {

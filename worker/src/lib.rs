@@ -58,6 +58,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod access_log;
 pub mod attach;
 pub mod control;
 pub mod files;

@@ -153,8 +153,9 @@ pub enum Exchange {
 /// How a proxied HTTP/3 request ended, for the caller's counters.
 #[derive(Debug)]
 pub enum Outcome {
-    /// The upstream's response (or our 502/504) went out whole, with this status.
-    Answered(StatusCode),
+    /// The upstream's response (or our 502/504) went out whole, with this status and this
+    /// many body bytes.
+    Answered { status: StatusCode, bytes: u64 },
     /// The exchange broke off: the client went away, or the upstream failed mid-body.
     Failed,
 }
@@ -492,8 +493,9 @@ pub async fn proxy_h3(
         debug!(error = %e, "client went away before the response head");
         return Outcome::Failed;
     }
+    let mut bytes = 0u64;
     if head {
-        return finish(&mut tx, status).await;
+        return finish(&mut tx, status, bytes).await;
     }
     while let Some(frame) = body.frame().await {
         let sending = match frame {
@@ -509,6 +511,7 @@ pub async fn proxy_h3(
                     let r = tx.send_data(data).await;
                     if r.is_ok() {
                         sent.fetch_add(n, Ordering::Relaxed);
+                        bytes += n;
                     }
                     r
                 }
@@ -523,7 +526,7 @@ pub async fn proxy_h3(
             return Outcome::Failed;
         }
     }
-    finish(&mut tx, status).await
+    finish(&mut tx, status, bytes).await
 }
 
 fn client_gone_early(e: h3::error::StreamError) -> Outcome {
@@ -531,10 +534,10 @@ fn client_gone_early(e: h3::error::StreamError) -> Outcome {
     Outcome::Failed
 }
 
-/// Finishes the stream after a complete response.
-async fn finish(tx: &mut SendHalf, status: StatusCode) -> Outcome {
+/// Finishes the stream after a complete response of `bytes` body bytes.
+async fn finish(tx: &mut SendHalf, status: StatusCode, bytes: u64) -> Outcome {
     match tx.finish().await {
-        Ok(()) => Outcome::Answered(status),
+        Ok(()) => Outcome::Answered { status, bytes },
         Err(e) => {
             debug!(error = %e, "client went away at the end of the response");
             Outcome::Failed
@@ -557,7 +560,7 @@ async fn reply(tx: &mut SendHalf, status: StatusCode, body: &'static [u8]) -> Ou
         debug!(error = %e, "client went away during our response");
         return Outcome::Failed;
     }
-    finish(tx, status).await
+    finish(tx, status, body.len() as u64).await
 }
 
 /// The request body as hyper polls it: `first` (a frame already read), then the stream's data

@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
-use crate::http::{fill_pattern, route, Body, Reply, ServerStats, Site, CHUNK};
+use crate::http::{fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK};
 use crate::proxy::{ClientGone, Exchange, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -164,10 +164,57 @@ pub async fn serve(
     tls: Arc<rustls::ServerConfig>,
     site: Arc<Site>,
     stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let https = Kind::Https(tokio_rustls::TlsAcceptor::from(tls));
+    serve_connections(listener, https, site, stats, shutdown, opts).await;
+}
+
+/// Serves plain HTTP on `listener` (`--redirect-http`) until `shutdown`, as [`serve`] serves
+/// HTTPS: every request is answered with a 301 to `https://` with the same host and path, on
+/// `https_port` (left out when 443). A request without a usable `host` gets 400. Counted as
+/// HTTP/1.1 requests, and logged when the site logs.
+pub async fn serve_redirects(
+    listener: tokio::net::TcpListener,
+    https_port: u16,
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let redirect = Kind::Redirect { https_port };
+    serve_connections(listener, redirect, site, stats, shutdown, opts).await;
+}
+
+/// What a listener serves.
+#[derive(Clone)]
+enum Kind {
+    Https(tokio_rustls::TlsAcceptor),
+    /// Plain HTTP/1.1, answered with redirects to HTTPS on this port.
+    Redirect {
+        https_port: u16,
+    },
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Https(_) => "HTTPS over TCP",
+            Kind::Redirect { .. } => "plain HTTP (redirects)",
+        }
+    }
+}
+
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    kind: Kind,
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
     mut shutdown: watch::Receiver<bool>,
     opts: TcpOptions,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let what = kind.name();
     let opts = Arc::new(opts);
     let mut connections = JoinSet::new();
     let mut stopping = *shutdown.borrow_and_update();
@@ -193,7 +240,7 @@ pub async fn serve(
                     continue;
                 }
                 let conn = Conn {
-                    acceptor: acceptor.clone(),
+                    kind: kind.clone(),
                     site: site.clone(),
                     stats: stats.clone(),
                     shutdown: shutdown.clone(),
@@ -208,15 +255,15 @@ pub async fn serve(
     drop(listener);
     info!(
         connections = connections.len(),
-        "HTTPS over TCP stopping: no more accepts, draining"
+        "{what} stopping: no more accepts, draining"
     );
     while connections.join_next().await.is_some() {}
-    info!("HTTPS over TCP stopped");
+    info!("{what} stopped");
 }
 
 /// One TCP connection's task state.
 struct Conn {
-    acceptor: tokio_rustls::TlsAcceptor,
+    kind: Kind,
     site: Arc<Site>,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
@@ -226,23 +273,33 @@ struct Conn {
 impl Conn {
     async fn run(self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
         let _ = stream.set_nodelay(true);
-        let tls =
-            match tokio::time::timeout(self.opts.handshake_timeout, self.acceptor.accept(stream))
-                .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    // Garbage instead of TLS ends here at once.
-                    self.stats.count_tcp_error(TcpErrorKind::TlsFailed);
-                    debug!(%remote, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    self.stats.count_tcp_error(TcpErrorKind::TlsTimeout);
-                    debug!(%remote, "TLS handshake timed out");
-                    return;
-                }
-            };
+        let acceptor = match &self.kind {
+            Kind::Https(acceptor) => acceptor.clone(),
+            Kind::Redirect { https_port } => {
+                let (site, stats, port) = (self.site.clone(), self.stats.clone(), *https_port);
+                let service = hyper::service::service_fn(move |req| {
+                    redirect(site.clone(), stats.clone(), port, remote, req)
+                });
+                let conn = self.http1().serve_connection(TokioIo::new(stream), service);
+                return self.drive(remote, conn).await;
+            }
+        };
+        let tls = match tokio::time::timeout(self.opts.handshake_timeout, acceptor.accept(stream))
+            .await
+        {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                // Garbage instead of TLS ends here at once.
+                self.stats.count_tcp_error(TcpErrorKind::TlsFailed);
+                debug!(%remote, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                self.stats.count_tcp_error(TcpErrorKind::TlsTimeout);
+                debug!(%remote, "TLS handshake timed out");
+                return;
+            }
+        };
         let site = self.site.clone();
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
@@ -260,13 +317,18 @@ impl Conn {
                 .serve_connection(io, service);
             self.drive(remote, conn).await;
         } else {
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(self.opts.header_timeout)
-                .max_header_size(self.opts.max_header_bytes as usize)
-                .serve_connection(io, service);
+            let conn = self.http1().serve_connection(io, service);
             self.drive(remote, conn).await;
         }
+    }
+
+    /// hyper's HTTP/1.1 server with this listener's limits.
+    fn http1(&self) -> hyper::server::conn::http1::Builder {
+        let mut b = hyper::server::conn::http1::Builder::new();
+        b.timer(TokioTimer::new())
+            .header_read_timeout(self.opts.header_timeout)
+            .max_header_size(self.opts.max_header_bytes as usize);
+        b
     }
 
     /// Serves `conn` to its end; once draining starts, tells it to finish (HTTP/2 GOAWAY,
@@ -350,11 +412,16 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<TcpBody>, Infallible> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    if req.version() == http::Version::HTTP_2 {
+    let protocol = if req.version() == http::Version::HTTP_2 {
         stats.requests_h2.fetch_add(1, Ordering::Relaxed);
+        "h2"
     } else {
         stats.requests_h1.fetch_add(1, Ordering::Relaxed);
-    }
+        "h1"
+    };
+    let (parts, body) = req.into_parts();
+    let logged = Logged::begin(&site, remote, protocol, &parts);
+    let req = Request::from_parts(parts, body);
     let mut resp = match &site.upstream {
         Some(upstream) => proxy(upstream, &stats, remote, req).await,
         None => respond(&site, &stats, req).await,
@@ -362,7 +429,113 @@ async fn handle(
     if let Some(v) = alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
+    Ok(match logged {
+        None => resp,
+        Some(logged) => {
+            let status = resp.status();
+            resp.map(|inner| {
+                LoggedBody {
+                    inner,
+                    logged: Some(logged),
+                    status,
+                    bytes: 0,
+                }
+                .boxed_unsync()
+            })
+        }
+    })
+}
+
+/// The redirect of a request on the plain-HTTP listener: 301 to `https://HOST[:PORT]PATH`.
+async fn redirect(
+    site: Arc<Site>,
+    stats: Arc<ServerStats>,
+    https_port: u16,
+    remote: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<TcpBody>, Infallible> {
+    stats.requests_total.fetch_add(1, Ordering::Relaxed);
+    stats.requests_h1.fetch_add(1, Ordering::Relaxed);
+    let (parts, _body) = req.into_parts();
+    let logged = Logged::begin(&site, remote, "h1", &parts);
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
+        .and_then(|h| h.parse::<http::uri::Authority>().ok());
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let location = host.and_then(|host| {
+        let port = if https_port == 443 {
+            String::new()
+        } else {
+            format!(":{https_port}")
+        };
+        HeaderValue::from_str(&format!("https://{}{port}{path}", host.host())).ok()
+    });
+    let reply = match location {
+        Some(location) => {
+            let mut r = Reply::text(StatusCode::MOVED_PERMANENTLY, b"moved to https\n");
+            r.headers.insert(header::LOCATION, location);
+            r
+        }
+        None => Reply::text(
+            StatusCode::BAD_REQUEST,
+            b"a host is needed to redirect to https\n",
+        ),
+    };
+    stats.count_response(reply.status);
+    let bytes = reply.body.len();
+    if let Some(l) = logged {
+        l.end(Some(reply.status), bytes);
+    }
+    let mut resp = Response::new(body_of(reply.body, stats));
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
     Ok(resp)
+}
+
+/// A response body that writes its request's access-log line when hyper is done with it
+/// (sent whole, or given up with its connection), with the bytes that went out.
+struct LoggedBody {
+    inner: TcpBody,
+    logged: Option<Logged>,
+    status: StatusCode,
+    bytes: u64,
+}
+
+impl hyper::body::Body for LoggedBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                self.bytes += data.len() as u64;
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for LoggedBody {
+    fn drop(&mut self) {
+        if let Some(logged) = self.logged.take() {
+            logged.end(Some(self.status), self.bytes);
+        }
+    }
 }
 
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.

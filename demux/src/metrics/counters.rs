@@ -138,6 +138,9 @@ pub struct InstanceCounters {
     /// [`TCP_ERROR_KINDS`] order.
     pub tcp_connections: AtomicU64,
     pub tcp_errors: [AtomicU64; TCP_ERROR_KINDS.len()],
+    /// Access log: lines written and dropped.
+    pub access_log_lines: AtomicU64,
+    pub access_log_dropped: AtomicU64,
 }
 
 /// The `protocol` labels of `ringmux_worker_requests_total`, in the order of the
@@ -215,6 +218,8 @@ impl InstanceCounters {
         for (c, v) in self.tcp_errors.iter().zip(tcp) {
             set(c, v);
         }
+        set(&self.access_log_lines, r.access_log_lines);
+        set(&self.access_log_dropped, r.access_log_dropped);
     }
 }
 

@@ -236,6 +236,26 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         "HTTPS over TCP: connections accepted (reported by the worker)",
         tcp,
     );
+    for (name, help, field) in [
+        (
+            names::WORKER_ACCESS_LOG_LINES,
+            "Access log (--access-log): lines written (reported by the worker)",
+            (|l: &InstanceCounters| &l.access_log_lines) as fn(&InstanceCounters) -> &AtomicU64,
+        ),
+        (
+            names::WORKER_ACCESS_LOG_DROPPED,
+            "Access log (--access-log): lines dropped, the worker's queue full or the write \
+             failed (reported by the worker)",
+            |l: &InstanceCounters| &l.access_log_dropped,
+        ),
+    ] {
+        let family = Family::<Labels, Counter<u64>>::default();
+        for i in 0..n {
+            let v = c.lanes_of(i).map(|(_, l)| ld(field(l))).sum();
+            family.get_or_create(&instance(i)).inc_by(v);
+        }
+        reg.register(base(name), help, family);
+    }
     reg.register(
         base(names::WORKER_TCP_ERRORS),
         "HTTPS over TCP: connections refused or ended for bad input or overload, by kind \

@@ -97,8 +97,13 @@ pub const WORKER_TCP_CONNECTIONS: &str = "ringmux_worker_tcp_connections_total";
 /// `rapid_reset`, `protocol`).
 pub const WORKER_TCP_ERRORS: &str = "ringmux_worker_tcp_errors_total";
 
+/// Counters: access-log lines a worker wrote, and dropped (its queue was full, or the write
+/// failed), label `instance`.
+pub const WORKER_ACCESS_LOG_LINES: &str = "ringmux_worker_access_log_lines_total";
+pub const WORKER_ACCESS_LOG_DROPPED: &str = "ringmux_worker_access_log_dropped_total";
+
 /// Every name above.
-pub const ALL: [&str; 38] = [
+pub const ALL: [&str; 40] = [
     RECEIVED,
     RECV_CALLS,
     DATAPLANE_ALLOCATIONS,
@@ -125,6 +130,8 @@ pub const ALL: [&str; 38] = [
     WORKER_UPSTREAM_ERRORS,
     WORKER_TCP_CONNECTIONS,
     WORKER_TCP_ERRORS,
+    WORKER_ACCESS_LOG_LINES,
+    WORKER_ACCESS_LOG_DROPPED,
     GENERATION_ACTIVE,
     GENERATION_WORKERS,
     GENERATION_CONNECTIONS,

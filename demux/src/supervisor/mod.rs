@@ -59,6 +59,22 @@ struct Worker {
     handles: Option<IngressHandles>,
 }
 
+/// The listening TCP sockets the demux makes once and every worker accepts from.
+#[derive(Debug, Default)]
+pub struct TcpListeners {
+    /// HTTPS (`--tcp on`): descriptor 5.
+    pub https: Option<OwnedFd>,
+    /// Plain HTTP, answered with redirects (`--redirect-http`): descriptor 6.
+    pub redirect: Option<OwnedFd>,
+}
+
+/// The numbers of [`TcpListeners`].
+#[derive(Debug, Clone, Copy)]
+pub struct TcpFds {
+    pub https: Option<std::os::fd::RawFd>,
+    pub redirect: Option<std::os::fd::RawFd>,
+}
+
 pub struct Supervisor {
     cfg: Config,
     template: Handoff,
@@ -72,8 +88,12 @@ pub struct Supervisor {
     sessions: crate::sessions::Sessions,
     /// The workers' confinement; `None` with `--sandbox off`.
     filter: Option<WorkerFilter>,
-    /// The listening TCP socket every worker accepts from (`--tcp on`), at its descriptor 5.
-    tcp: Option<OwnedFd>,
+    /// The listening TCP sockets every worker accepts from, at its descriptors 5 (`--tcp on`)
+    /// and 6 (`--redirect-http`).
+    tcp: TcpListeners,
+    /// The access log every worker writes to (`--access-log`), at its descriptor 7; opened
+    /// again at every reload.
+    access_log: Option<OwnedFd>,
     /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
     /// where the kernel has no Landlock.
     domain: Option<OwnedFd>,
@@ -182,7 +202,11 @@ impl Supervisor {
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile(
                 cfg.args.forward == crate::config::ForwardMode::Reuseport,
-                cfg.args.tcp_on(),
+                sandbox::Shared {
+                    tcp: cfg.args.tcp_on(),
+                    redirect: cfg.args.redirect_http.is_some(),
+                    access_log: cfg.access_log() != crate::config::AccessLog::Off,
+                },
             )?),
             crate::config::Toggle::Off => None,
         };
@@ -205,10 +229,12 @@ impl Supervisor {
                 return Err(anyhow::anyhow!(e).context("creating the workers' Landlock ruleset"))
             }
         };
+        let access_log = cfg.access_log().open()?;
         Ok(Supervisor {
             filter,
             domain,
-            tcp: None,
+            tcp: TcpListeners::default(),
+            access_log,
             next_sweep: Instant::now() + ORPHAN_SWEEP,
             policy: Policy::new(limits, n, Instant::now()),
             workers: (0..lanes).map(|_| Worker::default()).collect(),
@@ -230,16 +256,19 @@ impl Supervisor {
         })
     }
 
-    /// Every worker started from now on gets `listener`, the listening TCP socket, as its
-    /// descriptor 5 (`--tcp on`); the supervisor keeps it for as long as it runs.
-    pub fn serve_tcp(&mut self, listener: OwnedFd) {
-        self.tcp = Some(listener);
+    /// Every worker started from now on gets `listeners` as its descriptors 5 and 6; the
+    /// supervisor keeps them for as long as it runs.
+    pub fn serve_tcp(&mut self, listeners: TcpListeners) {
+        self.tcp = listeners;
     }
 
-    /// The listening TCP socket's number, for a new process image.
-    pub fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+    /// The listening TCP sockets' numbers, for a new process image.
+    pub fn tcp_fds(&self) -> TcpFds {
         use std::os::fd::AsRawFd;
-        self.tcp.as_ref().map(|t| t.as_raw_fd())
+        TcpFds {
+            https: self.tcp.https.as_ref().map(|t| t.as_raw_fd()),
+            redirect: self.tcp.redirect.as_ref().map(|t| t.as_raw_fd()),
+        }
     }
 
     /// Starts every worker with its initial descriptors and waits until each has reported ready
@@ -605,6 +634,17 @@ impl Supervisor {
             }
         }
         let actions = self.policy.on(Instant::now(), policy::Event::Reload);
+        if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
+            // The new generation writes to the access log's path as it is now: a log rotated
+            // away is let go by the workers of the old generation as they exit.
+            match self.cfg.access_log().open() {
+                Ok(log) => self.access_log = log,
+                Err(e) => tracing::warn!(
+                    error = %format!("{e:#}"),
+                    "the access log did not open again; the new generation writes to the one open"
+                ),
+            }
+        }
         if let Some(Action::ReloadRefused(r)) = actions.first() {
             let why = match r {
                 Refusal::Starting { generation } => format!(
@@ -901,7 +941,9 @@ impl Supervisor {
             control: theirs.as_fd(),
             public: socket.as_fd(),
             handoff: &handoff,
-            tcp: self.tcp.as_ref().map(|t| t.as_fd()),
+            tcp: self.tcp.https.as_ref().map(|t| t.as_fd()),
+            redirect: self.tcp.redirect.as_ref().map(|t| t.as_fd()),
+            access_log: self.access_log.as_ref().map(|t| t.as_fd()),
             domain: self.domain.as_ref().map(|d| d.as_fd()),
             cpu: h.cpu,
             filter: self.filter.clone(),

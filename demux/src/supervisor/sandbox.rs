@@ -16,6 +16,7 @@
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
 //! | outliving the demux, being read | `prctl` outside an allow-list ([`PRCTLS_ALLOWED`]): above all `PR_SET_PDEATHSIG` with anything but SIGKILL (0 would disarm it), `PR_SET_DUMPABLE` 1, `PR_SET_PTRACER`, `PR_SET_CHILD_SUBREAPER` |
 //! | its sending socket (descriptor 4; every mode but `reuseport`) | the worker's own socket in the public address's group, which never receives: receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `recvmsg`, `recvmmsg`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`). None of it could reach another worker's clients any more (the socket the demux receives on never leaves the demux); it stays refused as a second wall |
+//! | the shared descriptors (5, 6: the HTTPS and plain-HTTP listeners; 7: the access log; each when held, [`Shared`]) | everything on a listener but accepting: `shutdown`, `setsockopt`, `connect`, `bind`, duplicating it; on all three, their status flags (`fcntl` `F_SETFL`, `ioctl` `FIONBIO`: clearing `O_NONBLOCK` would block the others' accepts, clearing `O_APPEND` overwrite their lines), and on the access log `ftruncate` and `fallocate`; like 3 and 4, they are held to their numbers |
 //! | freeing or renumbering 3 and 4 | `close`, `close_range` over them (with `CLOSE_RANGE_CLOEXEC` too), `dup2`/`dup3` onto them, `fcntl` `F_SETFD`, `ioctl` `FIOCLEX`/`FIONCLEX` on them: any of these and an `execve` would free the number for a socket of the worker's own |
 //! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but a lane's own UDP socket (every descriptor a worker gets is in place before exec), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; `ioctl` outside an allow-list ([`IOCTLS_ALLOWED`]: non-blocking mode, queue sizes, terminal and interface queries); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
 //! | the group | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group), `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams), `SO_BINDTODEVICE`/`SO_BINDTOIFINDEX` (the kernel takes a socket bound to a device out of its group, as a better match for everything arriving on that device) |
@@ -47,6 +48,42 @@ pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
 
 /// The descriptor of the listening TCP socket every worker shares (`--tcp on`).
 pub const TCP_FD: u64 = ringmux_proto::TCP_FD as u64;
+/// The descriptor of the listening socket for plain HTTP (`--redirect-http`).
+pub const REDIRECT_FD: u64 = ringmux_proto::REDIRECT_FD as u64;
+/// The descriptor of the access log (`--access-log`).
+pub const ACCESS_LOG_FD: u64 = ringmux_proto::ACCESS_LOG_FD as u64;
+
+/// Which of the descriptors every worker shares with the others and the demux (5 to 7) a
+/// worker holds. Only a descriptor held is named by the filter: otherwise its number is any
+/// descriptor of the worker's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shared {
+    /// The HTTPS listener at 5 (`--tcp on`).
+    pub tcp: bool,
+    /// The plain-HTTP listener at 6 (`--redirect-http`).
+    pub redirect: bool,
+    /// The access log at 7 (`--access-log`).
+    pub access_log: bool,
+}
+
+impl Shared {
+    /// The listening sockets held.
+    fn listeners(self) -> Vec<u64> {
+        [(self.tcp, TCP_FD), (self.redirect, REDIRECT_FD)]
+            .into_iter()
+            .filter_map(|(held, fd)| held.then_some(fd))
+            .collect()
+    }
+
+    /// Every shared descriptor held.
+    fn fds(self) -> Vec<u64> {
+        let mut fds = self.listeners();
+        if self.access_log {
+            fds.push(ACCESS_LOG_FD);
+        }
+        fds
+    }
+}
 
 /// `ioctl` `FIONBIO`: non-blocking mode, allowed but on the shared listener.
 const FIONBIO: u64 = 0x5421;
@@ -143,15 +180,15 @@ pub enum SandboxError {
 impl WorkerFilter {
     /// Compiles the filter for the architecture this demux runs on. `own_socket`: descriptor
     /// 4 is the worker's own socket (`--forward reuseport`), not the demux's public socket.
-    /// `tcp`: descriptor 5 is the listening TCP socket every worker shares (`--tcp on`).
-    pub fn compile(own_socket: bool, tcp: bool) -> Result<Self, SandboxError> {
+    /// `shared`: which of the descriptors 5 to 7 every worker shares it holds.
+    pub fn compile(own_socket: bool, shared: Shared) -> Result<Self, SandboxError> {
         let arch = match std::env::consts::ARCH {
             "x86_64" => TargetArch::x86_64,
             "aarch64" => TargetArch::aarch64,
             other => return Err(SandboxError::Architecture(other)),
         };
         let refusals = SeccompFilter::new(
-            refusals(own_socket, tcp)?,
+            refusals(own_socket, shared)?,
             SeccompAction::Allow,
             SeccompAction::Errno(libc::EPERM as u32),
             arch,
@@ -196,22 +233,19 @@ fn always() -> Vec<SeccompRule> {
 /// Syscall number → rules (any rule matching refuses; no rule at all refuses always).
 fn refusals(
     own_socket: bool,
-    tcp: bool,
+    held: Shared,
 ) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
     use SeccompCmpOp::{Eq, MaskedEq, Ne};
     let mut r: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     let not_self = |arg| arg32(arg, Ne, u64::from(SELF_PID));
     let not_zero = |arg| arg32(arg, Ne, 0);
     let on_public = |arg| arg32(arg, Eq, PUBLIC_FD);
-    // The descriptors nothing may duplicate, reconfigure or shut down: 4, and the shared TCP
-    // listener at 5 (`--tcp on`), whose file description, options and accept queue every
-    // worker shares. (Only with `--tcp on` is 5 named: otherwise it is any socket of the
-    // worker's own.)
-    let shared: &[u64] = if tcp {
-        &[PUBLIC_FD, TCP_FD]
-    } else {
-        &[PUBLIC_FD]
-    };
+    // The descriptors nothing may duplicate, reconfigure or shut down: 4, and those at 5 to 7
+    // it holds (the listeners, whose file description, options and accept queue every worker
+    // shares, and the access log, whose file description and file every worker shares).
+    let listeners = held.listeners();
+    let shared: Vec<u64> = std::iter::once(PUBLIC_FD).chain(held.fds()).collect();
+    let shared = shared.as_slice();
 
     // Signals: to the worker itself only. `kill(0)` (its process group, which is the demux's)
     // and `kill(-1)` are "not self" too.
@@ -322,8 +356,8 @@ fn refusals(
     if !own_socket {
         setsockopt.push(all(vec![on_public(0)])?);
     }
-    if tcp {
-        setsockopt.push(all(vec![arg32(0, Eq, TCP_FD)])?);
+    for &fd in &listeners {
+        setsockopt.push(all(vec![arg32(0, Eq, fd)])?);
     }
     for name in [
         SO_BINDTODEVICE,
@@ -365,11 +399,8 @@ fn refusals(
     // (`fcntl`, `ioctl`, `close_range`, `dup3`), after which an `execve` would free the number
     // for a socket of the worker's own and every rule below would bind that socket instead.
     let control = ringmux_proto::CONTROL_FD as u64;
-    let kept: &[u64] = if tcp {
-        &[control, PUBLIC_FD, TCP_FD]
-    } else {
-        &[control, PUBLIC_FD]
-    };
+    let kept: Vec<u64> = [control, PUBLIC_FD].into_iter().chain(held.fds()).collect();
+    let kept = kept.as_slice();
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
         let rules = if own_socket {
             vec![all(vec![arg32(0, Ne, PUBLIC_FD)])?]
@@ -420,11 +451,11 @@ fn refusals(
             fcntl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, cmd as u64)])?);
         }
     }
-    if tcp {
-        // Its status flags are every worker's and the demux's: clearing O_NONBLOCK would make
-        // the others' accepts block.
+    for fd in held.fds() {
+        // Their status flags are every worker's and the demux's: clearing O_NONBLOCK would
+        // make the others' accepts block, clearing O_APPEND the others' lines overwrite.
         fcntl.push(all(vec![
-            arg32(0, Eq, TCP_FD),
+            arg32(0, Eq, fd),
             arg32(1, Eq, libc::F_SETFL as u64),
         ])?);
     }
@@ -450,8 +481,14 @@ fn refusals(
             ioctl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, request)])?);
         }
     }
-    if tcp {
-        ioctl.push(all(vec![arg32(0, Eq, TCP_FD), arg32(1, Eq, FIONBIO)])?);
+    for fd in held.fds() {
+        ioctl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, FIONBIO)])?);
+    }
+    // The access log is every worker's: none may cut it short.
+    if held.access_log {
+        for nr in [libc::SYS_ftruncate, libc::SYS_fallocate] {
+            r.insert(nr, vec![all(vec![arg32(0, Eq, ACCESS_LOG_FD)])?]);
+        }
     }
     r.insert(libc::SYS_ioctl, ioctl);
     // prctl: an allow-list of options. Above all `PR_SET_PDEATHSIG` with anything but SIGKILL
@@ -517,13 +554,18 @@ mod tests {
     fn the_placeholder_is_no_other_constant_and_is_replaced() {
         for own_socket in [false, true] {
             for tcp in [false, true] {
-                placeholder_replaced(own_socket, tcp);
+                let shared = Shared {
+                    tcp,
+                    redirect: tcp,
+                    access_log: tcp,
+                };
+                placeholder_replaced(own_socket, shared);
             }
         }
     }
 
-    fn placeholder_replaced(own_socket: bool, tcp: bool) {
-        let compiled = WorkerFilter::compile(own_socket, tcp).unwrap();
+    fn placeholder_replaced(own_socket: bool, shared: Shared) {
+        let compiled = WorkerFilter::compile(own_socket, shared).unwrap();
         // Instructions that carry the placeholder: one per "not self" condition.
         let count = |f: &WorkerFilter, k| f.programs().flatten().filter(|i| i.k == k).count();
         let placeholders = count(&compiled, SELF_PID);

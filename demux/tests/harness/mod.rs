@@ -787,3 +787,11 @@ pub fn sha256_hex(data: &[u8]) -> String {
 pub fn upload_byte(offset: u64) -> u8 {
     (offset * 7 % 253) as u8
 }
+
+/// A loopback TCP address nothing listens on at the moment (for a listener ringmux makes,
+/// such as `--redirect-http`'s): the port the kernel gave a socket just closed.
+pub fn unused_tcp_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a loopback port")
+}

@@ -929,6 +929,47 @@ fn tcp_listener(out: &mut Outcomes) {
     });
     // SAFETY: descriptors and integers, or an int of ours and its size.
     attempt("listener-close", &|| unsafe { libc::close(TCP).into() });
+    // The plain-HTTP listener (`--redirect-http`) and the access log (`--access-log`), when
+    // held: shared like the HTTPS listener.
+    const REDIRECT: i32 = ringmux_proto::REDIRECT_FD;
+    const LOG: i32 = ringmux_proto::ACCESS_LOG_FD;
+    // SAFETY: descriptors and integers.
+    attempt("redirect-shutdown", &|| unsafe {
+        libc::shutdown(REDIRECT, libc::SHUT_RDWR).into()
+    });
+    // SAFETY: descriptors and integers.
+    attempt("redirect-clear-nonblock", &|| unsafe {
+        libc::fcntl(REDIRECT, libc::F_SETFL, 0).into()
+    });
+    // SAFETY: descriptors and integers.
+    attempt("redirect-dup", &|| unsafe { libc::dup(REDIRECT).into() });
+    // SAFETY: a line of ours and its length.
+    attempt("log-write", &|| unsafe {
+        let line = b"a line from the fault worker\n";
+        libc::write(LOG, line.as_ptr().cast(), line.len()) as libc::c_long
+    });
+    // SAFETY: descriptors and integers.
+    attempt("log-truncate", &|| unsafe {
+        libc::ftruncate(LOG, 0).into()
+    });
+    // SAFETY: descriptors and integers.
+    attempt("log-fallocate", &|| unsafe {
+        libc::fallocate(
+            LOG,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            4096,
+        )
+        .into()
+    });
+    // SAFETY: descriptors and integers.
+    attempt("log-clear-append", &|| unsafe {
+        libc::fcntl(LOG, libc::F_SETFL, 0).into()
+    });
+    // SAFETY: descriptors and integers.
+    attempt("log-dup", &|| unsafe { libc::dup(LOG).into() });
+    // SAFETY: descriptors and integers.
+    attempt("log-close", &|| unsafe { libc::close(LOG).into() });
     // A listener of its own: std binds, then listens.
     out.push((
         "listen-elsewhere",

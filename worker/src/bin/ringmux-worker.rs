@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use ringmux_worker::access_log::AccessLog;
 use ringmux_worker::files::{DocRoot, FileOptions};
 use ringmux_worker::http::{serve_with, ServerStats, Site};
 use ringmux_worker::proxy::Upstream;
@@ -64,8 +65,16 @@ async fn serve(worker: Worker) -> Result<()> {
         .upstream
         .as_ref()
         .map(|url| Arc::new(Upstream::new(url, builtin.upstream_timeout)));
+    let access_log = match worker.access_log() {
+        Some(file) => Some(
+            AccessLog::start(file, worker.instance())
+                .context("starting the access log's thread")?,
+        ),
+        None => None,
+    };
     let reported = stats.clone();
     let reported_upstream = upstream.clone();
+    let reported_log = access_log.clone();
     worker.set_report(move |r| {
         r.connections_total = reported.connections_accepted.load(Ordering::Relaxed);
         r.requests_total = reported.requests_total.load(Ordering::Relaxed);
@@ -82,6 +91,10 @@ async fn serve(worker: Worker) -> Result<()> {
             r.tcp_errors_rapid_reset,
             r.tcp_errors_protocol,
         ] = std::array::from_fn(|i| reported.tcp_errors[i].load(Ordering::Relaxed));
+        if let Some(log) = &reported_log {
+            r.access_log_lines = log.written();
+            r.access_log_dropped = log.dropped();
+        }
         if let Some(up) = &reported_upstream {
             [
                 r.upstream_errors_connect,
@@ -117,10 +130,13 @@ async fn serve(worker: Worker) -> Result<()> {
         root,
         max_bytes: builtin.max_bytes,
         upstream,
+        access_log: access_log.clone(),
     });
     // HTTPS over TCP beside HTTP/3 (`--tcp on`), through the same site.
+    let mut https_port = None;
     let tcp = match worker.tcp_listener() {
         Some(listener) => {
+            https_port = Some(listener.local_addr()?.port());
             let listener = tokio::net::TcpListener::from_std(listener)
                 .context("registering the TCP listener")?;
             let tls = Arc::new(worker.tcp_tls_config()?);
@@ -146,6 +162,23 @@ async fn serve(worker: Worker) -> Result<()> {
         }
         None => None,
     };
+    // Plain HTTP answered with redirects to the HTTPS port (`--redirect-http`).
+    let redirects = match (worker.redirect_listener(), https_port) {
+        (Some(listener), Some(port)) => {
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .context("registering the plain-HTTP listener")?;
+            tracing::info!("answering plain HTTP with redirects to HTTPS");
+            Some(ringmux_worker::tcp::serve_redirects(
+                listener,
+                port,
+                site.clone(),
+                stats.clone(),
+                worker.drain_signal().into_receiver(),
+                TcpOptions::default(),
+            ))
+        }
+        _ => None,
+    };
     let h3 = serve_with(
         endpoint.clone(),
         site,
@@ -153,13 +186,18 @@ async fn serve(worker: Worker) -> Result<()> {
         worker.drain_signal().into_receiver(),
         &opts,
     );
-    match tcp {
-        Some(tcp) => {
-            tokio::join!(h3, tcp);
-        }
-        None => h3.await,
-    }
+    tokio::join!(h3, optional(tcp), optional(redirects));
     let _ = tokio::time::timeout(DRAIN_WAIT, endpoint.wait_idle()).await;
+    if let Some(log) = &access_log {
+        log.flush(DRAIN_WAIT);
+    }
     tracing::info!("drained; exiting");
     Ok(())
+}
+
+/// Runs `f`, if there is one.
+async fn optional(f: Option<impl std::future::Future<Output = ()>>) {
+    if let Some(f) = f {
+        f.await
+    }
 }

@@ -1,0 +1,337 @@
+//! The access log (`ringmux --access-log PATH|stderr`): one line per request, over TCP and
+//! HTTP/3, written off the request path.
+//!
+//! A request formats its line and hands it to a bounded queue ([`QUEUE_LINES`]); a thread of its
+//! own writes what is queued, a whole number of lines per `write` and at most [`BATCH_BYTES`]
+//! at once, so that the lines of the workers sharing the file (opened for appending) or
+//! standard error (a pipe: writes of up to 4096 bytes are atomic) never interleave. A request
+//! never waits: when the queue is full its line is dropped and counted
+//! ([`AccessLog::dropped`], `ringmux_worker_access_log_dropped_total`).
+//!
+//! A line, fields separated by one space:
+//!
+//! ```text
+//! 2026-12-06T01:02:03.456Z 192.0.2.7:50123 h3 GET example.com /index.html 200 5120 0.000312 1
+//! ```
+//!
+//! time (UTC, milliseconds), client address and port, protocol (`h1`, `h2`, `h3`), method,
+//! authority (`-` when the request named none), path with query, status (`-` when no response
+//! went out: the client went away, or the exchange broke off before the head), response body
+//! bytes sent, duration in seconds (from the request head to the end of the response), instance.
+//! Bytes outside printable ASCII, and spaces, are written as `%XX`; an authority is cut at 256
+//! bytes and a path at 2048.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tracing::warn;
+
+/// Lines a worker may have waiting to be written; one more is dropped.
+pub const QUEUE_LINES: usize = 16 * 1024;
+
+/// Most bytes one `write` carries (the atomic size of a pipe write, `PIPE_BUF`).
+pub const BATCH_BYTES: usize = 4096;
+
+const MAX_AUTHORITY: usize = 256;
+const MAX_PATH: usize = 2048;
+
+/// One worker's access log: the queue and its writer thread.
+#[derive(Debug)]
+pub struct AccessLog {
+    tx: SyncSender<String>,
+    instance: u8,
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    queued: AtomicU64,
+    written: AtomicU64,
+    dropped: AtomicU64,
+    /// Of `dropped`, lines whose write failed.
+    failed: AtomicU64,
+    /// A write failed and was logged; cleared by the next that succeeds.
+    failing: AtomicBool,
+}
+
+/// What one line says.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    /// When the request head arrived.
+    pub time: SystemTime,
+    pub client: SocketAddr,
+    /// `h1`, `h2` or `h3`.
+    pub protocol: &'static str,
+    pub method: &'a str,
+    pub authority: Option<&'a str>,
+    pub path: &'a str,
+    /// `None`: no response went out.
+    pub status: Option<u16>,
+    pub bytes: u64,
+    pub duration: Duration,
+}
+
+impl AccessLog {
+    /// Starts the writer thread on `out` (opened for appending, or a pipe) for instance
+    /// `instance`'s lines.
+    pub fn start(out: std::fs::File, instance: u8) -> std::io::Result<Arc<AccessLog>> {
+        let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
+        std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || write_lines(out, rx, &c))?;
+        Ok(Arc::new(AccessLog {
+            tx,
+            instance,
+            counts,
+        }))
+    }
+
+    /// Queues the line of `e`; drops and counts it if the queue is full.
+    pub fn record(&self, e: &Entry<'_>) {
+        let line = format_line(e, self.instance);
+        match self.tx.try_send(line) {
+            Ok(()) => {
+                self.counts.queued.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.counts.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Lines written so far.
+    pub fn written(&self) -> u64 {
+        self.counts.written.load(Ordering::Relaxed)
+    }
+
+    /// Lines dropped so far: the queue was full, or writing them failed.
+    pub fn dropped(&self) -> u64 {
+        self.counts.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits up to `limit` for the lines queued so far to be written (or dropped): for a
+    /// worker about to exit.
+    pub fn flush(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let queued = self.counts.queued.load(Ordering::Relaxed);
+        while Instant::now() < deadline {
+            let done = self.counts.written.load(Ordering::Relaxed) + self.counts.failed_writes();
+            if done >= queued {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Counts {
+    /// Lines taken from the queue whose write failed (counted in `dropped` with the full
+    /// queue's; told apart here by what is left).
+    fn failed_writes(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// The writer thread: until every sender is gone, takes what is queued and writes it in
+/// batches of whole lines.
+fn write_lines(mut out: std::fs::File, rx: Receiver<String>, counts: &Counts) {
+    let mut batch = String::with_capacity(BATCH_BYTES);
+    let mut lines = 0u64;
+    while let Ok(first) = rx.recv() {
+        batch.push_str(&first);
+        lines += 1;
+        while let Ok(line) = rx.try_recv() {
+            if batch.len() + line.len() > BATCH_BYTES {
+                write_batch(&mut out, &batch, lines, counts);
+                batch.clear();
+                lines = 0;
+            }
+            batch.push_str(&line);
+            lines += 1;
+        }
+        write_batch(&mut out, &batch, lines, counts);
+        batch.clear();
+        lines = 0;
+    }
+}
+
+fn write_batch(out: &mut std::fs::File, batch: &str, lines: u64, counts: &Counts) {
+    match out.write_all(batch.as_bytes()) {
+        Ok(()) => {
+            counts.written.fetch_add(lines, Ordering::Relaxed);
+            counts.failing.store(false, Ordering::Relaxed);
+        }
+        Err(e) => {
+            counts.dropped.fetch_add(lines, Ordering::Relaxed);
+            counts.failed.fetch_add(lines, Ordering::Relaxed);
+            if !counts.failing.swap(true, Ordering::Relaxed) {
+                warn!(error = %e, "writing the access log failed; its lines are counted as dropped until a write succeeds");
+            }
+        }
+    }
+}
+
+/// The line of `e`, newline included.
+fn format_line(e: &Entry<'_>, instance: u8) -> String {
+    let mut line = String::with_capacity(128 + e.path.len().min(MAX_PATH));
+    rfc3339_millis(e.time, &mut line);
+    let _ = write!(line, " {} {} ", e.client, e.protocol);
+    escaped(e.method, 32, &mut line);
+    line.push(' ');
+    match e.authority {
+        Some(a) if !a.is_empty() => escaped(a, MAX_AUTHORITY, &mut line),
+        _ => line.push('-'),
+    }
+    line.push(' ');
+    escaped(e.path, MAX_PATH, &mut line);
+    match e.status {
+        Some(s) => {
+            let _ = write!(line, " {s}");
+        }
+        None => line.push_str(" -"),
+    }
+    let _ = writeln!(
+        line,
+        " {} {:.6} {}",
+        e.bytes,
+        e.duration.as_secs_f64(),
+        instance
+    );
+    line
+}
+
+/// `s` with bytes outside printable ASCII, spaces and `%` as `%XX`, cut at `max` bytes of input.
+fn escaped(s: &str, max: usize, out: &mut String) {
+    for &b in s.as_bytes().iter().take(max) {
+        if b.is_ascii_graphic() && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+}
+
+/// `t` as `YYYY-MM-DDThh:mm:ss.mmmZ` (UTC).
+fn rfc3339_millis(t: SystemTime, out: &mut String) {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    let _ = write!(
+        out,
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    );
+}
+
+/// The proleptic Gregorian date of `days` since 1970-01-01 (Howard Hinnant's algorithm,
+/// "chrono-Compatible Low-Level Date Algorithms").
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_gregorian() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(11_017), (2000, 3, 1));
+        assert_eq!(civil_from_days(20_793), (2026, 12, 6));
+        let mut s = String::new();
+        rfc3339_millis(
+            SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_518_923_456),
+            &mut s,
+        );
+        assert_eq!(s, "2026-12-06T01:02:03.456Z");
+    }
+
+    #[test]
+    fn a_line_has_every_field_and_escapes_what_is_not_printable() {
+        let e = Entry {
+            time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_518_923_456),
+            client: "192.0.2.7:50123".parse().unwrap(),
+            protocol: "h2",
+            method: "GET",
+            authority: Some("example.com"),
+            path: "/a b%\u{1}/é?x=1",
+            status: Some(200),
+            bytes: 5120,
+            duration: Duration::from_micros(312),
+        };
+        assert_eq!(
+            format_line(&e, 1),
+            "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
+             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1\n"
+        );
+        let e = Entry {
+            authority: None,
+            status: None,
+            path: &format!("/{}", "x".repeat(5000)),
+            ..e
+        };
+        let line = format_line(&e, 0);
+        assert!(line.contains(" h2 GET - /xxx"), "{line}");
+        assert!(line.ends_with(" - 5120 0.000312 0\n"), "{line}");
+        assert!(line.len() < BATCH_BYTES, "{}", line.len());
+    }
+
+    #[test]
+    fn lines_are_written_whole_and_a_full_queue_drops_and_counts() {
+        let dir = std::env::temp_dir().join(format!("ringmux-access-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("access.log");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let log = AccessLog::start(file, 3).unwrap();
+        let e = Entry {
+            time: SystemTime::now(),
+            client: "[2001:db8::1]:443".parse().unwrap(),
+            protocol: "h3",
+            method: "GET",
+            authority: Some("localhost"),
+            path: "/hello.txt",
+            status: Some(200),
+            bytes: 19,
+            duration: Duration::from_millis(1),
+        };
+        let n = 3 * QUEUE_LINES as u64;
+        for _ in 0..n {
+            log.record(&e);
+        }
+        log.flush(Duration::from_secs(30));
+        let (written, dropped) = (log.written(), log.dropped());
+        assert_eq!(written + dropped, n, "every line written or counted");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count() as u64, written);
+        assert!(text
+            .lines()
+            .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3")));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
