@@ -441,8 +441,15 @@ impl Conn {
         &self,
         incoming: quinn::Incoming,
     ) -> Result<(quinn::Connection, HandshakeDone), quinn::ConnectionError> {
-        let connecting = incoming.accept()?;
+        let mut connecting = incoming.accept()?;
         if self.early_requests {
+            // The whole ClientHello first: until it is read the client's transport parameters
+            // are not, and a ClientHello in two Initials (Chromium's, with its post-quantum key
+            // share, is about 1 950 bytes) would hand us the connection after the first with a
+            // peer stream limit of 0. h3 then waits to open its control stream, and quinn does
+            // not wake that wait when the limits arrive: the connection never gets its
+            // SETTINGS (found with headless Chromium, `demux/tests/browser.rs`).
+            connecting.handshake_data().await?;
             // Server side `into_0rtt` always succeeds: streams opened in 0-RTT are handed to us
             // now and our responses go out as 0.5-RTT data.
             match connecting.into_0rtt() {
