@@ -58,6 +58,7 @@ readonly SETTINGS=(
   "TCP|--tcp|value|on"
   "TCP_LISTEN|--tcp-listen|value|--listen's address and port"
   "ALT_SVC|--alt-svc|value|auto"
+  "TCP_MAX_CONNECTIONS|--tcp-max-connections|value|4096"
   "REDIRECT_HTTP|--redirect-http|value|none"
   "ACCESS_LOG|--access-log|value|off"
   "INSTANCES|--instances|value|2"

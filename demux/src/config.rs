@@ -126,6 +126,11 @@ pub struct RunArgs {
     /// when a balancer maps the public port, or `off` for none.
     #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
     pub alt_svc: String,
+    /// TCP connections each worker serves at once (HTTPS and plain HTTP each); a connection
+    /// past that is closed as soon as it is accepted, and counted
+    /// (ringmux_worker_tcp_errors_total{kind="over_cap"}).
+    #[arg(long, env = "RINGMUX_TCP_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub tcp_max_connections: u32,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
     /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
@@ -534,6 +539,12 @@ impl RunArgs {
             bail!(
                 "--alt-svc / RINGMUX_ALT_SVC={av:?} is not valid: expected auto, off, or a header \
                  value of printable ASCII, e.g. 'h3=\":443\"; ma=86400'"
+            );
+        }
+        if self.tcp_max_connections == 0 {
+            bail!(
+                "--tcp-max-connections / RINGMUX_TCP_MAX_CONNECTIONS=0 is not valid: expected at \
+                 least 1 connection per worker (or --tcp off)"
             );
         }
         if self.redirect_http.is_some() && !self.tcp_on() {

@@ -172,6 +172,7 @@ fn template(
             retry: false,
             idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
             alt_svc: cfg.alt_svc(public_addr.port()),
+            tcp_max_connections: cfg.args.tcp_max_connections,
             sink: cfg.args.worker_mode == config::WorkerMode::Sink,
         },
     }

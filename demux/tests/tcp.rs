@@ -407,6 +407,19 @@ async fn oversized_heads_and_rapid_resets_are_refused_and_counted() {
         let tls = tls_connect(tcp_addr(&rm), b"h2").await.unwrap();
         let (mut client, connection) = h2::client::handshake(tls).await.unwrap();
         let connection = tokio::spawn(connection);
+        // The stream limit the server announced (SETTINGS_MAX_CONCURRENT_STREAMS), once its
+        // SETTINGS arrived.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        client = client.ready().await.unwrap();
+        while client.current_max_send_streams() != 128 {
+            assert!(
+                Instant::now() < deadline,
+                "max concurrent streams {}",
+                client.current_max_send_streams()
+            );
+            tokio::task::yield_now().await;
+            client = client.ready().await.unwrap();
+        }
         let mut sent = 0;
         for _ in 0..10_000 {
             let Ok(ready) = client.ready().await else {
@@ -621,6 +634,46 @@ async fn redirects_to_https_and_an_access_log_of_every_request() {
             std::fs::read_to_string(&rotated).unwrap().lines().count(),
             5
         );
+    })
+    .await;
+}
+
+/// `--tcp-max-connections`: past the cap a worker closes a new connection as soon as it accepts
+/// it (counted as `over_cap`), and takes connections again once it has room.
+#[tokio::test]
+async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(1, Forward::Shm, &["--tcp-max-connections", "2"]);
+        let held = [
+            TcpConn::connect(tcp_addr(&rm), Version::Http1)
+                .await
+                .unwrap(),
+            TcpConn::connect(tcp_addr(&rm), Version::Http2)
+                .await
+                .unwrap(),
+        ];
+        assert!(
+            tls_connect(tcp_addr(&rm), b"h2").await.is_err(),
+            "a third connection was served"
+        );
+        rm.wait_for("the refusal counted", Duration::from_secs(20), |m| {
+            m.sum_where(names::WORKER_TCP_ERRORS, "kind", "over_cap") >= 1.0
+        })
+        .await;
+        // HTTP/3 is not TCP's cap.
+        let conn = rm.connect(&rm.client()).await;
+        check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
+        drop(held);
+        // Served again once the worker has seen the two connections end.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tls_connect(tcp_addr(&rm), b"h2").await.is_err() {
+            assert!(Instant::now() < deadline, "never served again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
     })
     .await;
 }

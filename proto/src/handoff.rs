@@ -121,6 +121,8 @@ pub struct ServeOptions {
     /// The `alt-svc` field value of every response over TCP (`h3=":PORT"; ma=86400`); `None`:
     /// none.
     pub alt_svc: Option<String>,
+    /// TCP connections each worker serves at once; more are closed at accept.
+    pub tcp_max_connections: u32,
     /// Benchmark sink: drain and count (checking each datagram's connection ID), no QUIC.
     pub sink: bool,
 }
@@ -143,7 +145,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 31] = [
+pub const KEYS: [&str; 32] = [
     "protocol",
     "instance",
     "instances",
@@ -170,6 +172,7 @@ pub const KEYS: [&str; 31] = [
     "retry",
     "idle_timeout_ms",
     "alt_svc",
+    "tcp_max_connections",
     "cpu",
     "cert_pem",
     "key_pem",
@@ -237,6 +240,7 @@ impl Handoff {
             flag(self.serve.retry).to_string(),
             millis(self.serve.idle_timeout).to_string(),
             hex::encode(self.serve.alt_svc.as_deref().unwrap_or("").as_bytes()),
+            self.serve.tcp_max_connections.to_string(),
             self.cpu.map_or(String::new(), |c| c.to_string()),
             hex::encode(self.cert_pem.as_bytes()),
             hex::encode(self.key_pem.as_bytes()),
@@ -348,6 +352,7 @@ impl Handoff {
                     get("idle_timeout_ms")?,
                 )?),
                 alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
+                tcp_max_connections: num("tcp_max_connections", get("tcp_max_connections")?)?,
                 sink: flag("sink")?,
             },
         })
@@ -415,6 +420,7 @@ mod tests {
                 retry: false,
                 idle_timeout: Duration::from_secs(30),
                 alt_svc: Some("h3=\":4433\"; ma=86400".into()),
+                tcp_max_connections: 4096,
                 sink: false,
             },
         }

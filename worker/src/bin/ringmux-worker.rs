@@ -156,6 +156,7 @@ async fn serve(worker: Worker) -> Result<()> {
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
                     alt_svc,
+                    max_connections: builtin.tcp_max_connections as usize,
                     ..TcpOptions::default()
                 },
             ))
@@ -174,7 +175,10 @@ async fn serve(worker: Worker) -> Result<()> {
                 site.clone(),
                 stats.clone(),
                 worker.drain_signal().into_receiver(),
-                TcpOptions::default(),
+                TcpOptions {
+                    max_connections: builtin.tcp_max_connections as usize,
+                    ..TcpOptions::default()
+                },
             ))
         }
         _ => None,
