@@ -299,6 +299,16 @@ impl InFlight {
     }
 }
 
+/// `HOST:PORT` for `:authority`, an IPv6 address in brackets (RFC 3986 §3.2.2): `::1` and 443
+/// make `[::1]:443`.
+fn authority(host: &str, port: u16) -> String {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// An HTTP/3 connection. Request methods take `&self`, so one connection can carry many
 /// concurrent requests (each is its own stream).
 pub struct H3Conn {
@@ -323,7 +333,7 @@ impl H3Conn {
             quic,
             send,
             driver,
-            authority: format!("{server_name}:{}", addr.port()),
+            authority: authority(server_name, addr.port()),
         })
     }
 
@@ -542,6 +552,17 @@ impl ServerCertVerifier for AcceptAnyCert {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv6_authority_is_bracketed() {
+        assert_eq!(authority("::1", 4433), "[::1]:4433");
+        assert_eq!(authority("127.0.0.1", 4433), "127.0.0.1:4433");
+        assert_eq!(authority("localhost", 443), "localhost:443");
+        let uri: http::Uri = format!("https://{}/hello.txt", authority("2001:db8::1", 8443))
+            .parse()
+            .unwrap();
+        assert_eq!(uri.port_u16(), Some(8443));
+    }
 
     #[test]
     fn fnv_vectors() {

@@ -278,8 +278,45 @@ async fn specific_ipv6_listen_serves_every_instance() {
         let m = rm.wait_balanced(Duration::from_secs(5)).await;
         assert!(m.instance(names::FORWARDED, 0) > 0.0);
         assert!(m.instance(names::FORWARDED, 1) > 0.0);
+        // The load generator over IPv6 too: its `:authority` is `[::1]:PORT`.
+        let url = format!("https://[::1]:{}/bytes/1000", rm.listen.port());
+        let report = run_probe(&url, &["-c", "4", "-s", "4", "-n", "200"]).await;
+        assert_eq!(report["errors"]["total"].as_u64(), Some(0), "{report}");
+        assert!(report["requests"].as_u64().unwrap() >= 200, "{report}");
     })
     .await;
+}
+
+/// Runs h3-probe against `url` (any certificate, bodies of 1000 bytes) with `args`, at most 60
+/// seconds, and returns its JSON report; fails the test if it fails.
+async fn run_probe(url: &str, args: &[&str]) -> serde_json::Value {
+    let dir = harness::TempDir::new("ringmux-probe");
+    let json = dir.path().join("probe.json");
+    let probe = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
+    assert!(
+        probe.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` before these tests",
+        probe.display()
+    );
+    let out = tokio::process::Command::new(&probe)
+        .args(["--url", url, "--insecure", "--expect-len", "1000"])
+        .args(args)
+        .args(["--seconds", "60", "--json"])
+        .arg(&json)
+        .output()
+        .await
+        .expect("running h3-probe");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "h3-probe failed: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("the --json report")).unwrap();
+    report["stdout"] = stdout.into_owned().into();
+    report
 }
 
 /// `--ecn off`: the demux asks for no ECN bits; every instance still serves.
@@ -299,37 +336,13 @@ async fn ecn_off_still_serves() {
 async fn h3_probe_merges_its_processes() {
     bounded(Duration::from_secs(90), async {
         let rm = Ringmux::start(2, Forward::Shm, &[]);
-        let dir = harness::TempDir::new("ringmux-probe");
-        let json = dir.path().join("probe.json");
-        let probe = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
-        assert!(
-            probe.is_file(),
-            "{} is missing: run `cargo build --workspace --bins` before these tests",
-            probe.display()
-        );
         let url = format!("https://127.0.0.1:{}/bytes/1000", rm.listen.port());
-        let out = tokio::process::Command::new(&probe)
-            .args(["--url", &url, "--insecure", "--expect-len", "1000"])
-            .args(["-c", "2", "-s", "2", "-p", "2"])
-            .args(["-n", "40", "--seconds", "60"])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .await
-            .expect("running h3-probe");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "h3-probe failed: {}\n{stdout}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let report = run_probe(&url, &["-c", "2", "-s", "2", "-p", "2", "-n", "40"]).await;
+        let stdout = report["stdout"].as_str().unwrap_or_default();
         assert!(
             stdout.contains("2 processes x 2 connections x 2 streams"),
             "{stdout}"
         );
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&json).expect("the --json report")).unwrap();
         let requests = report["requests"].as_u64().unwrap();
         // Each process stops once it has counted its own 40 (a few more may be in flight).
         assert!((80..=100).contains(&requests), "{report}");

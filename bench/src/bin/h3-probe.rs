@@ -120,6 +120,13 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// First pause after a failed request; each further consecutive failure adds as much.
+const BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause after failed requests.
+const MAX_BACKOFF: Duration = Duration::from_millis(200);
+/// How long connections get to end after the run's deadline.
+const FINISH_WAIT: Duration = Duration::from_secs(5);
+
 async fn run(args: Args) -> anyhow::Result<bool> {
     for (name, v) in [
         ("--seconds", args.seconds),
@@ -215,11 +222,24 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         eprintln!("interrupted: reporting what was measured");
     }
 
+    // `--seconds` is a hard bound: connections get FINISH_WAIT to close and report, then
+    // whatever has not ended is cut off (its counts are lost, and said so).
     let mut total = ProbeStats::new();
-    while let Some(r) = tasks.join_next().await {
-        match r {
-            Ok(stats) => total.merge(&stats),
-            Err(e) => eprintln!("connection task failed: {e}"),
+    let finish = tokio::time::Instant::now() + FINISH_WAIT;
+    loop {
+        match tokio::time::timeout_at(finish, tasks.join_next()).await {
+            Ok(Some(Ok(stats))) => total.merge(&stats),
+            Ok(Some(Err(e))) => eprintln!("connection task failed: {e}"),
+            Ok(None) => break,
+            Err(_) => {
+                eprintln!(
+                    "{} connections did not end within {FINISH_WAIT:?} of the deadline: cut off, \
+                     their requests not counted",
+                    tasks.len()
+                );
+                tasks.abort_all();
+                break;
+            }
         }
     }
     if let Some(path) = &args.shard_out {
@@ -303,7 +323,18 @@ async fn stream_loop(
     stop_tx: Arc<watch::Sender<bool>>,
 ) -> ProbeStats {
     let mut stats = ProbeStats::new();
+    // Consecutive failed requests on this slot: each waits a little longer before the next
+    // (up to MAX_BACKOFF), so a request that fails at once never becomes a busy loop that
+    // starves the runtime (and with it the timer that ends the run).
+    let mut failures = 0u32;
     loop {
+        if failures > 0 {
+            let pause = (BACKOFF * failures).min(MAX_BACKOFF);
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = stop.wait_for(|s| *s) => return stats,
+            }
+        }
         let t0 = Instant::now();
         let result = tokio::select! {
             r = tokio::time::timeout(plan.timeout, conn.get(&plan.path)) => r,
@@ -314,6 +345,7 @@ async fn stream_loop(
         let counted = done >= plan.measure_from;
         match result {
             Ok(Ok(resp)) => {
+                failures = 0;
                 let kind = if !resp.status.is_success() {
                     Some(format!("status_{}", resp.status.as_u16()))
                 } else if plan.expect_len.is_some_and(|n| n != resp.body_len) {
@@ -336,6 +368,7 @@ async fn stream_loop(
                 return stats;
             }
             Ok(Err(e)) => {
+                failures = failures.saturating_add(1);
                 if counted {
                     count_error(&plan, &mut stats, &e, &stop_tx);
                 }
@@ -344,6 +377,7 @@ async fn stream_loop(
                 }
             }
             Err(_) => {
+                failures = failures.saturating_add(1);
                 if counted {
                     stats.record_error("request_timeout");
                     count(&plan, &stop_tx);
