@@ -78,6 +78,17 @@ impl Default for Site {
     }
 }
 
+/// The authority a request names: its URI's (HTTP/2, HTTP/3 `:authority`), else its `host`
+/// field (HTTP/1.1).
+pub(crate) fn authority_of(parts: &http::request::Parts) -> Option<&str> {
+    parts.uri.authority().map(|a| a.as_str()).or_else(|| {
+        parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+    })
+}
+
 /// A request's access-log line, begun when its head arrived ([`Site::access_log`]).
 pub(crate) struct Logged {
     log: Arc<AccessLog>,
@@ -99,17 +110,7 @@ impl Logged {
         parts: &http::request::Parts,
     ) -> Option<Logged> {
         let log = site.access_log.clone()?;
-        let authority = parts
-            .uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .or_else(|| {
-                parts
-                    .headers
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_owned)
-            });
+        let authority = authority_of(parts).map(str::to_owned);
         Some(Logged {
             log,
             time: SystemTime::now(),

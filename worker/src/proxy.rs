@@ -271,17 +271,7 @@ impl Upstream {
         early: bool,
     ) -> Request<ProxyBody> {
         let (mut parts, body) = request.into_parts();
-        let authority = parts
-            .uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .or_else(|| {
-                parts
-                    .headers
-                    .get(header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_owned)
-            });
+        let authority = crate::http::authority_of(&parts).map(str::to_owned);
         let path = parts
             .uri
             .path_and_query()

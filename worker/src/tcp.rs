@@ -39,7 +39,9 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
-use crate::http::{fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK};
+use crate::http::{
+    authority_of, fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK,
+};
 use crate::proxy::{ClientGone, Exchange, Upstream};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -458,12 +460,7 @@ async fn redirect(
     stats.requests_h1.fetch_add(1, Ordering::Relaxed);
     let (parts, _body) = req.into_parts();
     let logged = Logged::begin(&site, remote, "h1", &parts);
-    let host = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()))
-        .and_then(|h| h.parse::<http::uri::Authority>().ok());
+    let host = authority_of(&parts).and_then(|h| h.parse::<http::uri::Authority>().ok());
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let location = host.and_then(|host| {
         let port = if https_port == 443 {
