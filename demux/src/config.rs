@@ -98,6 +98,13 @@ pub enum WorkerMode {
     Sink,
 }
 
+/// How a worker's spin before sleeping adapts (`--spin`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinMode {
+    Adaptive,
+    Fixed,
+}
+
 /// An on/off setting.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Toggle {
@@ -206,9 +213,17 @@ pub struct RunArgs {
     /// Bytes per slot, 64-byte descriptor included: a multiple of 64 from 1280 to 65600.
     #[arg(long, env = "RINGMUX_SLOT_BYTES", default_value_t = RingConfig::default().slot_bytes)]
     pub slot_bytes: u32,
-    /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000).
+    /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000):
+    /// the most, with --spin adaptive.
     #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
     pub spin_us: u32,
+    /// How a worker's spin adapts: `adaptive` spins about four typical short gaps between
+    /// datagrams (at most --spin-us), and not at all when the gaps are mostly longer than
+    /// --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would not: less
+    /// CPU for the box, somewhat more wake-ups at moderate rates. `fixed` always spins
+    /// --spin-us: the shortest tail, the most CPU (bench/RESULTS.md has both).
+    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "adaptive")]
+    pub spin: SpinMode,
     /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
     #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]
     pub recv_batch: usize,

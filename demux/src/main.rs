@@ -146,6 +146,7 @@ fn template(
         // Both set per worker from its ingress descriptors.
         ingress: IngressKind::Shm,
         spin_us: cfg.ring.spin_us,
+        spin_adaptive: cfg.args.spin == config::SpinMode::Adaptive,
         public_addr,
         tcp: cfg.args.tcp_on(),
         redirect: cfg.args.redirect_http.is_some(),

@@ -68,6 +68,9 @@ pub struct Handoff {
     pub ingress: IngressKind,
     /// How long an idle worker polls its ring before sleeping on its doorbell, µs.
     pub spin_us: u32,
+    /// The spin adapts to the gaps between datagrams (at most `spin_us`); `false`: always
+    /// `spin_us`.
+    pub spin_adaptive: bool,
     /// The public address clients send to (the worker's `local_addr`).
     pub public_addr: SocketAddr,
     /// The demux's listening TCP socket is at [`crate::TCP_FD`] (HTTPS over TCP beside HTTP/3,
@@ -145,7 +148,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 32] = [
+pub const KEYS: [&str; 33] = [
     "protocol",
     "instance",
     "instances",
@@ -153,6 +156,7 @@ pub const KEYS: [&str; 32] = [
     "worker_generation",
     "ingress",
     "spin_us",
+    "spin_adaptive",
     "public_addr",
     "tcp",
     "redirect",
@@ -216,6 +220,7 @@ impl Handoff {
             self.worker_generation.to_string(),
             self.ingress.as_str().to_string(),
             self.spin_us.to_string(),
+            flag(self.spin_adaptive).to_string(),
             self.public_addr.to_string(),
             flag(self.tcp).to_string(),
             flag(self.redirect).to_string(),
@@ -313,6 +318,7 @@ impl Handoff {
                 other => return Err(field("ingress", format!("unknown {other:?}"))),
             },
             spin_us: num("spin_us", get("spin_us")?)?,
+            spin_adaptive: flag("spin_adaptive")?,
             public_addr: num("public_addr", get("public_addr")?)?,
             tcp: flag("tcp")?,
             redirect: flag("redirect")?,
@@ -397,6 +403,7 @@ mod tests {
             worker_generation: 6,
             ingress: IngressKind::Shm,
             spin_us: 50,
+            spin_adaptive: true,
             public_addr: "[::]:4433".parse().unwrap(),
             tcp: true,
             redirect: true,

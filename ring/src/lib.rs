@@ -22,6 +22,7 @@ pub mod layout;
 mod ring;
 #[cfg(not(loom))]
 mod shm;
+pub mod spin;
 mod sync;
 
 pub use config::{ConfigError, RingConfig};
@@ -35,6 +36,7 @@ pub use shm::{
     AttachError, Consumer, ConsumerHandles, Producer, ProducerFds, ProducerState, RingStats,
     WaitError,
 };
+pub use spin::AdaptiveSpin;
 
 /// The algorithm's halves over arbitrary memory, for the loom model (`tests/loom.rs`).
 #[cfg(loom)]

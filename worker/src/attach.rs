@@ -63,7 +63,7 @@ use ringmux_proto::{
     Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV,
 };
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
-use ringmux_ring::Consumer;
+use ringmux_ring::{AdaptiveSpin, Consumer};
 use tokio::sync::watch;
 
 use crate::control::{self, ControlError};
@@ -287,10 +287,12 @@ impl Worker {
             IngressKind::Shm => Some({
                 let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
                 let spin = Duration::from_micros(u64::from(h.spin_us));
-                Ingress::Ring(
-                    Consumer::attach(ring, page, bell, h.generation, spin)
-                        .map_err(|e| bad("ring", e.to_string()))?,
-                )
+                let mut consumer = Consumer::attach(ring, page, bell, h.generation, spin)
+                    .map_err(|e| bad("ring", e.to_string()))?;
+                if !h.spin_adaptive {
+                    *consumer.spin_mut() = AdaptiveSpin::fixed(spin);
+                }
+                Ingress::Ring(consumer)
             }),
             IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
         };

@@ -40,6 +40,8 @@ impl Tally {
 }
 
 /// What the sink drains.
+// One per sink worker, made once.
+#[allow(clippy::large_enum_variant)]
 pub enum Source {
     /// A ring or unix ingress (the demux forwards).
     Ingress(Ingress),

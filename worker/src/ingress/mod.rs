@@ -23,6 +23,8 @@ use tokio::io::unix::AsyncFd;
 pub use unix::{recv_unix, UnixRecv};
 
 /// Where datagrams come from.
+// One per worker, made once: the ring consumer's size never moves in the hot path.
+#[allow(clippy::large_enum_variant)]
 pub enum Ingress {
     /// The shared-memory ring.
     Ring(Consumer),

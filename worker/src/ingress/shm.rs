@@ -67,7 +67,10 @@ pub(crate) fn poll_recv(
             stats.dropped.fetch_add(dropped, Ordering::Relaxed);
         }
         if drained.slots > 0 {
-            st.spin_started = None;
+            // The idle period (spin, and sleep if any) ends with this datagram.
+            if let Some(started) = st.spin_started.take() {
+                consumer.spin_mut().idle_ended(started.elapsed());
+            }
             if st.sleeping {
                 st.sleeping = false;
                 consumer.end_sleep();
@@ -84,7 +87,8 @@ pub(crate) fn poll_recv(
                     guard.clear_ready();
                     st.sleeping = false;
                     consumer.end_sleep();
-                    st.spin_started = Some(Instant::now());
+                    // The idle period goes on until a datagram is drained (a spurious wake
+                    // finds its spin over and sleeps again).
                     continue;
                 }
                 Poll::Ready(Err(e)) => {

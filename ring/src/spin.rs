@@ -1,0 +1,172 @@
+//! How long an idle consumer spins before it sleeps on the doorbell, adapted to what arrivals
+//! and wake-ups cost. Sans I/O: the consumer reports how long each idle period lasted (from
+//! the ring found empty to the next datagram, whether it came during the spin or woke a sleep)
+//! and reads the next budget.
+//!
+//! A spin pays when the next datagram comes before it ends: the consumer takes it at once,
+//! where a sleep costs a doorbell write and a wake-up, about 20 µs of CPU on the two sides
+//! together ([`WAKE_COST`]). A spin that ends empty is pure waste, its whole budget burned before
+//! the sleep that follows anyway. So the consumer keeps two running averages over its idle
+//! periods: the share of them shorter than the configured maximum (`RINGMUX_SPIN_US`), and how
+//! long those short ones last. It spins for four typical short gaps, and only when that
+//! pays on average: when `share × WAKE_COST` exceeds `(1 − share) × budget`, the wake-ups saved
+//! against the spins that end empty. Otherwise it sleeps at once.
+//!
+//! * Datagrams close together (a busy consumer): every gap is short, the budget stays at up to
+//!   the maximum, as the fixed spin of old.
+//! * Trains of datagrams (GSO) separated by longer gaps than the maximum: the gaps between
+//!   trains are long and nothing arrives during a spin; the share falls and the consumer sleeps
+//!   at once, as a socket's reader would.
+//! * Bursts with short gaps inside and long ones between: the budget shrinks to what catches
+//!   the short gaps, and no more is burned on each long one.
+//!
+//! The price: a gap longer than four typical ones but shorter than the maximum now costs a
+//! wake-up the fixed spin would have saved, so at moderate rates a few more datagrams wait for
+//! one (bench/RESULTS.md). [`AdaptiveSpin::fixed`] keeps the fixed spin (`--spin fixed`).
+
+use std::time::Duration;
+
+/// What one sleep and wake-up cost the box: the producer's doorbell write and the sleeper's
+/// wake-up together (an eventfd write that wakes a sleeper on the other CPU costs the writer
+/// about 11 µs and the sleeper about 9 µs on the 2-CPU virtual machines ringmux is measured on).
+pub const WAKE_COST: Duration = Duration::from_micros(20);
+
+/// The spin budget of one consumer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptiveSpin {
+    /// `false`: always `max` (`fixed`).
+    adapts: bool,
+    max: Duration,
+    budget: Duration,
+    /// Running average of the share of idle periods shorter than `max`.
+    short_share: f64,
+    /// Running average of the length of those, ns.
+    short_gap_ns: f64,
+}
+
+/// Weight of the newest idle period in the share (1/16) and in the short-gap length (1/8).
+const SHARE_WEIGHT: f64 = 1.0 / 16.0;
+const GAP_WEIGHT: f64 = 1.0 / 8.0;
+
+/// The budget in typical short gaps: enough to catch most of the short gaps, whose lengths
+/// spread around their average.
+const GAPS: f64 = 4.0;
+
+impl AdaptiveSpin {
+    /// Starts as the fixed spin of old: the whole maximum.
+    pub fn new(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin {
+            adapts: true,
+            max,
+            budget: max,
+            short_share: 1.0,
+            short_gap_ns: max.as_nanos() as f64 / 2.0,
+        }
+    }
+
+    /// Always spins `max`: the fixed spin, for the shortest tail.
+    pub fn fixed(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin {
+            adapts: false,
+            ..AdaptiveSpin::new(max)
+        }
+    }
+
+    /// How long the next idle period spins.
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// The configured maximum.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// An idle period ended after `gap`: the next datagram came (during the spin, or by
+    /// waking the sleep).
+    pub fn idle_ended(&mut self, gap: Duration) {
+        if !self.adapts {
+            return;
+        }
+        let short = gap < self.max;
+        self.short_share += (f64::from(u8::from(short)) - self.short_share) * SHARE_WEIGHT;
+        if short {
+            self.short_gap_ns += (gap.as_nanos() as f64 - self.short_gap_ns) * GAP_WEIGHT;
+        }
+        let budget = Duration::from_nanos((GAPS * self.short_gap_ns) as u64).min(self.max);
+        let saved = self.short_share * WAKE_COST.as_nanos() as f64;
+        let burned = (1.0 - self.short_share) * budget.as_nanos() as f64;
+        self.budget = if saved > burned {
+            budget
+        } else {
+            Duration::ZERO
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: Duration = Duration::from_micros(50);
+
+    fn after(gaps: &[u64]) -> AdaptiveSpin {
+        let mut s = AdaptiveSpin::new(MAX);
+        for _ in 0..200 {
+            for &g in gaps {
+                s.idle_ended(Duration::from_micros(g));
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn close_arrivals_spin_four_of_their_gaps() {
+        assert_eq!(AdaptiveSpin::new(MAX).budget(), MAX);
+        let b = after(&[5]).budget();
+        assert!(
+            (Duration::from_micros(19)..=Duration::from_micros(21)).contains(&b),
+            "{b:?}"
+        );
+        assert_eq!(after(&[40]).budget(), MAX, "capped at the maximum");
+    }
+
+    #[test]
+    fn long_gaps_only_mean_no_spin() {
+        assert_eq!(after(&[200]).budget(), Duration::ZERO);
+        // GSO trains: a long gap between trains, nothing short in between.
+        assert_eq!(after(&[130, 130, 130]).budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn bursts_keep_a_spin_that_catches_their_short_gaps() {
+        // Four short gaps of 8 µs, then a long one: a spin of ~32 µs saves four wake-ups and
+        // burns 32 µs once.
+        let b = after(&[8, 8, 8, 8, 1000]).budget();
+        assert!(
+            (Duration::from_micros(28)..=Duration::from_micros(36)).contains(&b),
+            "{b:?}"
+        );
+        // One short gap in ten: not worth spinning for.
+        assert_eq!(
+            after(&[8, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000, 1000]).budget(),
+            Duration::ZERO
+        );
+    }
+
+    #[test]
+    fn a_fixed_spin_stays() {
+        let mut s = AdaptiveSpin::fixed(MAX);
+        for _ in 0..100 {
+            s.idle_ended(Duration::from_millis(1));
+        }
+        assert_eq!(s.budget(), MAX);
+    }
+
+    #[test]
+    fn zero_maximum_never_spins() {
+        let mut s = AdaptiveSpin::new(Duration::ZERO);
+        s.idle_ended(Duration::from_micros(3));
+        assert_eq!(s.budget(), Duration::ZERO);
+    }
+}
