@@ -75,7 +75,7 @@ readonly SETTINGS=(
   "RING_SLOTS|--ring-slots|value|4096"
   "SLOT_BYTES|--slot-bytes|value|2048"
   "SPIN_US|--spin-us|value|50"
-  "SPIN|--spin|value|adaptive"
+  "SPIN|--spin|value|fixed"
   "ECN|--ecn|value|on"
   "RECV_BATCH|--recv-batch|value|32"
   "RCVBUF|--rcvbuf|value|33554432"

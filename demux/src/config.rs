@@ -217,12 +217,13 @@ pub struct RunArgs {
     /// the most, with --spin adaptive.
     #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
     pub spin_us: u32,
-    /// How a worker's spin adapts: `adaptive` spins about four typical short gaps between
-    /// datagrams (at most --spin-us), and not at all when the gaps are mostly longer than
-    /// --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would not: less
-    /// CPU for the box, somewhat more wake-ups at moderate rates. `fixed` always spins
-    /// --spin-us: the shortest tail, the most CPU (bench/RESULTS.md has both).
-    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "adaptive")]
+    /// How a worker's spin adapts: `fixed` (the default) always spins --spin-us: the shortest
+    /// tail and the cheapest demux under saturation. `adaptive` spins about four typical short
+    /// gaps between datagrams (at most --spin-us), and not at all when the gaps are mostly
+    /// longer than --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would
+    /// not: up to a third less CPU for the box at moderate rates, more wake-ups and a longer
+    /// p99 there, and a dearer demux under saturation (bench/RESULTS.md has the figures).
+    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "fixed")]
     pub spin: SpinMode,
     /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
     #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]

@@ -604,7 +604,9 @@ impl Consumer {
             // of them between looks only delays the pick-up (measured: p50 latency doubled with
             // 32). The clock is read every 64 looks.
             if self.core.available()? > 0 {
-                self.spin.idle_ended(start.elapsed());
+                if self.spin.adapts() {
+                    self.spin.idle_ended(start.elapsed());
+                }
                 return Ok(true);
             }
             spins = spins.wrapping_add(1);
@@ -620,7 +622,7 @@ impl Consumer {
         self.core.end_sleep();
         waited?;
         let ready = self.core.available()? > 0;
-        if ready {
+        if ready && self.spin.adapts() {
             self.spin.idle_ended(start.elapsed());
         }
         Ok(ready)

@@ -72,6 +72,12 @@ impl AdaptiveSpin {
         }
     }
 
+    /// Whether the budget adapts (else [`AdaptiveSpin::idle_ended`] does nothing, and a caller
+    /// may skip measuring the gap).
+    pub fn adapts(&self) -> bool {
+        self.adapts
+    }
+
     /// How long the next idle period spins.
     pub fn budget(&self) -> Duration {
         self.budget

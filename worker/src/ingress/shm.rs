@@ -69,7 +69,9 @@ pub(crate) fn poll_recv(
         if drained.slots > 0 {
             // The idle period (spin, and sleep if any) ends with this datagram.
             if let Some(started) = st.spin_started.take() {
-                consumer.spin_mut().idle_ended(started.elapsed());
+                if consumer.spin_mut().adapts() {
+                    consumer.spin_mut().idle_ended(started.elapsed());
+                }
             }
             if st.sleeping {
                 st.sleeping = false;
