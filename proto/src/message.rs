@@ -61,151 +61,79 @@ impl Message {
     }
 }
 
-/// Worker → demux statistics. Every field is a `u64`; on the wire `STATS k=v k=v …`, where
-/// unknown keys are ignored and missing ones stay 0, so either side may add a counter without a
-/// version bump.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WorkerReport {
-    pub connections_active: u64,
-    pub connections_total: u64,
-    pub requests_total: u64,
-    /// Requests by protocol: HTTP/1.1 and HTTP/2 over TCP, HTTP/3. A program that reports only
-    /// `requests_total` leaves them 0.
-    pub requests_h1: u64,
-    pub requests_h2: u64,
-    pub requests_h3: u64,
-    pub datagrams_in: u64,
-    pub datagrams_dropped: u64,
-    /// Sink mode: datagrams whose connection ID does not belong to this instance.
-    pub bad_cid: u64,
-    /// Sink mode: ring latency (receive timestamp to dequeue), ns.
-    pub lat_p50_ns: u64,
-    pub lat_p99_ns: u64,
-    pub lat_p999_ns: u64,
-    /// Reverse proxy: upstream failures per kind (connect, reset, timeout, protocol).
-    pub upstream_errors_connect: u64,
-    pub upstream_errors_reset: u64,
-    pub upstream_errors_timeout: u64,
-    pub upstream_errors_protocol: u64,
-    /// HTTPS over TCP: connections accepted, and those refused or ended for bad input or
-    /// overload, per kind.
-    pub tcp_connections: u64,
-    pub tcp_errors_over_cap: u64,
-    pub tcp_errors_tls_failed: u64,
-    pub tcp_errors_tls_timeout: u64,
-    pub tcp_errors_header_timeout: u64,
-    pub tcp_errors_too_large: u64,
-    pub tcp_errors_rapid_reset: u64,
-    pub tcp_errors_protocol: u64,
-    /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
-    pub access_log_lines: u64,
-    pub access_log_dropped: u64,
-    /// CPU time this worker used (user + system), ns.
-    pub cpu_ns: u64,
-    pub pid: u64,
+/// Declares [`WorkerReport`], [`STATS_KEYS`] and the field accessors from one list: a counter
+/// is added by one line here (plus its row in `control-protocol.md`, "STATS keys", which
+/// `tests/doc.rs` holds to [`STATS_KEYS`]).
+macro_rules! worker_report {
+    ($($(#[doc = $doc:literal])* $name:ident,)*) => {
+        /// Worker → demux statistics. Every field is a `u64`; on the wire `STATS k=v k=v …`,
+        /// where unknown keys are ignored and missing ones stay 0, so either side may add a
+        /// counter without a version bump.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct WorkerReport {
+            $($(#[doc = $doc])* pub $name: u64,)*
+        }
+
+        /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
+        pub const STATS_KEYS: [&str; [$(stringify!($name)),*].len()] = [$(stringify!($name)),*];
+
+        impl WorkerReport {
+            /// The fields, in [`STATS_KEYS`] order.
+            pub fn fields(&self) -> [u64; STATS_KEYS.len()] {
+                [$(self.$name),*]
+            }
+
+            fn field_mut(&mut self, key: &str) -> Option<&mut u64> {
+                match key {
+                    $(stringify!($name) => Some(&mut self.$name),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-/// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
-pub const STATS_KEYS: [&str; 28] = [
-    "connections_active",
-    "connections_total",
-    "requests_total",
-    "requests_h1",
-    "requests_h2",
-    "requests_h3",
-    "datagrams_in",
-    "datagrams_dropped",
-    "bad_cid",
-    "lat_p50_ns",
-    "lat_p99_ns",
-    "lat_p999_ns",
-    "upstream_errors_connect",
-    "upstream_errors_reset",
-    "upstream_errors_timeout",
-    "upstream_errors_protocol",
-    "tcp_connections",
-    "tcp_errors_over_cap",
-    "tcp_errors_tls_failed",
-    "tcp_errors_tls_timeout",
-    "tcp_errors_header_timeout",
-    "tcp_errors_too_large",
-    "tcp_errors_rapid_reset",
-    "tcp_errors_protocol",
-    "access_log_lines",
-    "access_log_dropped",
-    "cpu_ns",
-    "pid",
-];
+worker_report! {
+    connections_active,
+    connections_total,
+    requests_total,
+    /// Requests by protocol: HTTP/1.1 and HTTP/2 over TCP, HTTP/3. A program that reports only
+    /// `requests_total` leaves them 0.
+    requests_h1,
+    requests_h2,
+    requests_h3,
+    datagrams_in,
+    datagrams_dropped,
+    /// Sink mode: datagrams whose connection ID does not belong to this instance.
+    bad_cid,
+    /// Sink mode: ring latency (receive timestamp to dequeue), ns.
+    lat_p50_ns,
+    lat_p99_ns,
+    lat_p999_ns,
+    /// Reverse proxy: upstream failures per kind (connect, reset, timeout, protocol).
+    upstream_errors_connect,
+    upstream_errors_reset,
+    upstream_errors_timeout,
+    upstream_errors_protocol,
+    /// HTTPS over TCP: connections accepted, and those refused or ended for bad input or
+    /// overload, per kind.
+    tcp_connections,
+    tcp_errors_over_cap,
+    tcp_errors_tls_failed,
+    tcp_errors_tls_timeout,
+    tcp_errors_header_timeout,
+    tcp_errors_too_large,
+    tcp_errors_rapid_reset,
+    tcp_errors_protocol,
+    /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
+    access_log_lines,
+    access_log_dropped,
+    /// CPU time this worker used (user + system), ns.
+    cpu_ns,
+    pid,
+}
 
 impl WorkerReport {
-    /// The fields, in [`STATS_KEYS`] order.
-    pub fn fields(&self) -> [u64; STATS_KEYS.len()] {
-        [
-            self.connections_active,
-            self.connections_total,
-            self.requests_total,
-            self.requests_h1,
-            self.requests_h2,
-            self.requests_h3,
-            self.datagrams_in,
-            self.datagrams_dropped,
-            self.bad_cid,
-            self.lat_p50_ns,
-            self.lat_p99_ns,
-            self.lat_p999_ns,
-            self.upstream_errors_connect,
-            self.upstream_errors_reset,
-            self.upstream_errors_timeout,
-            self.upstream_errors_protocol,
-            self.tcp_connections,
-            self.tcp_errors_over_cap,
-            self.tcp_errors_tls_failed,
-            self.tcp_errors_tls_timeout,
-            self.tcp_errors_header_timeout,
-            self.tcp_errors_too_large,
-            self.tcp_errors_rapid_reset,
-            self.tcp_errors_protocol,
-            self.access_log_lines,
-            self.access_log_dropped,
-            self.cpu_ns,
-            self.pid,
-        ]
-    }
-
-    fn field_mut(&mut self, key: &str) -> Option<&mut u64> {
-        Some(match key {
-            "connections_active" => &mut self.connections_active,
-            "connections_total" => &mut self.connections_total,
-            "requests_total" => &mut self.requests_total,
-            "requests_h1" => &mut self.requests_h1,
-            "requests_h2" => &mut self.requests_h2,
-            "requests_h3" => &mut self.requests_h3,
-            "datagrams_in" => &mut self.datagrams_in,
-            "datagrams_dropped" => &mut self.datagrams_dropped,
-            "bad_cid" => &mut self.bad_cid,
-            "lat_p50_ns" => &mut self.lat_p50_ns,
-            "lat_p99_ns" => &mut self.lat_p99_ns,
-            "lat_p999_ns" => &mut self.lat_p999_ns,
-            "upstream_errors_connect" => &mut self.upstream_errors_connect,
-            "upstream_errors_reset" => &mut self.upstream_errors_reset,
-            "upstream_errors_timeout" => &mut self.upstream_errors_timeout,
-            "upstream_errors_protocol" => &mut self.upstream_errors_protocol,
-            "tcp_connections" => &mut self.tcp_connections,
-            "tcp_errors_over_cap" => &mut self.tcp_errors_over_cap,
-            "tcp_errors_tls_failed" => &mut self.tcp_errors_tls_failed,
-            "tcp_errors_tls_timeout" => &mut self.tcp_errors_tls_timeout,
-            "tcp_errors_header_timeout" => &mut self.tcp_errors_header_timeout,
-            "tcp_errors_too_large" => &mut self.tcp_errors_too_large,
-            "tcp_errors_rapid_reset" => &mut self.tcp_errors_rapid_reset,
-            "tcp_errors_protocol" => &mut self.tcp_errors_protocol,
-            "access_log_lines" => &mut self.access_log_lines,
-            "access_log_dropped" => &mut self.access_log_dropped,
-            "cpu_ns" => &mut self.cpu_ns,
-            "pid" => &mut self.pid,
-            _ => return None,
-        })
-    }
-
     fn encode(&self) -> String {
         let mut s = String::from(WORDS[1]);
         for (k, v) in STATS_KEYS.iter().zip(self.fields()) {
