@@ -214,19 +214,12 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         _ => CertPem::self_signed()?,
     };
 
-    let public =
-        dataplane::PublicSocket::new(bind_public(&cfg)?, cfg.args.ecn == config::Toggle::On)
-            .context("configuring the public socket")?;
+    let (udp, https) = bind_public_and_tcp(&cfg)?;
+    let public = dataplane::PublicSocket::new(udp, cfg.args.ecn == config::Toggle::On)
+        .context("configuring the public socket")?;
     let public_addr = public.socket().local_addr()?;
     let tcp = supervisor::TcpListeners {
-        https: match cfg.tcp_addr(public_addr) {
-            Some(addr) => Some(
-                sys::tcp_listener(addr)
-                    .with_context(|| format!("listening on TCP {addr} (--tcp-listen / --listen)"))?
-                    .into(),
-            ),
-            None => None,
-        },
+        https,
         redirect: match cfg.args.redirect_http {
             Some(addr) => Some(
                 sys::tcp_listener(addr)
@@ -691,6 +684,36 @@ fn hand_over<F: Forward>(
 
 /// Binds the public socket: dual-stack for `[::]`, large buffers (forced past the sysctl limits
 /// when privileged), non-blocking.
+/// The public UDP socket and, with `--tcp on`, the HTTPS listener on the same port (or on
+/// `--tcp-listen`). With `--listen` at port 0 the kernel picks a port free for UDP, which a
+/// TCP socket may hold already: then both are tried again on another port (a few times).
+fn bind_public_and_tcp(
+    cfg: &Config,
+) -> Result<(std::net::UdpSocket, Option<std::os::fd::OwnedFd>)> {
+    const ATTEMPTS: usize = 16;
+    let same_port = cfg.args.listen.port() == 0 && cfg.args.tcp_listen.is_none();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let udp = bind_public(cfg)?;
+        let Some(addr) = cfg.tcp_addr(udp.local_addr()?) else {
+            return Ok((udp, None));
+        };
+        match sys::tcp_listener(addr) {
+            Ok(l) => return Ok((udp, Some(l.into()))),
+            Err(e)
+                if same_port && attempt < ATTEMPTS && e.kind() == std::io::ErrorKind::AddrInUse =>
+            {
+                continue
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("listening on TCP {addr} (--tcp-listen / --listen)")))
+            }
+        }
+    }
+}
+
 fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     let addr: SocketAddr = cfg.args.listen;
     let s = sys::udp_socket(addr)
