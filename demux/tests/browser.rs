@@ -237,6 +237,32 @@ async fn metrics_after_chromium(rm: &Ringmux) -> harness::Metrics {
     .await
 }
 
+/// Chromium loads a page from a fresh ringmux (`quic`: with QUIC forced for its origin) and
+/// sends every request over `protocol`, none over the other two.
+async fn chromium_loads_a_page(quic: bool, protocol: &str) {
+    let marker = marker();
+    let root = site(&marker);
+    let root_arg = root.path().to_string_lossy().into_owned();
+    let rm = Ringmux::start(1, Forward::Shm, &["--root", &root_arg]);
+    let (name, flags, url) = if quic {
+        let flags = vec![
+            "--enable-quic".to_string(),
+            format!("--origin-to-force-quic-on={}", rm.listen),
+        ];
+        ("quic", flags, format!("https://{}/", rm.listen))
+    } else {
+        ("tcp", Vec::new(), format!("https://{}/", tcp_addr(&rm)))
+    };
+    let dump = chromium(&rm, name, &flags, &url).await;
+    assert_page(&dump, &marker, &format!("over {protocol}"));
+
+    let m = metrics_after_chromium(&rm).await;
+    assert!(requests(&m, protocol) >= 1.0, "no {protocol} request:\n{m}");
+    for other in ["h1", "h2", "h3"].into_iter().filter(|p| *p != protocol) {
+        assert_eq!(requests(&m, other), 0.0, "Chromium spoke {other}:\n{m}");
+    }
+}
+
 /// No QUIC flag: Chromium loads the page over HTTPS on TCP, HTTP/2 by ALPN, and sends nothing
 /// over HTTP/3.
 #[tokio::test]
@@ -244,21 +270,7 @@ async fn chromium_loads_a_page_over_tcp_with_http2() {
     if !have_chromium() {
         return;
     }
-    bounded(Duration::from_secs(90), async {
-        let marker = marker();
-        let root = site(&marker);
-        let root_arg = root.path().to_string_lossy().into_owned();
-        let rm = Ringmux::start(1, Forward::Shm, &["--root", &root_arg]);
-        let url = format!("https://{}/", tcp_addr(&rm));
-        let dump = chromium(&rm, "tcp", &[], &url).await;
-        assert_page(&dump, &marker, "over TCP");
-
-        let m = metrics_after_chromium(&rm).await;
-        assert!(requests(&m, "h2") >= 1.0, "no HTTP/2 request:\n{m}");
-        assert_eq!(requests(&m, "h1"), 0.0, "Chromium spoke HTTP/1.1:\n{m}");
-        assert_eq!(requests(&m, "h3"), 0.0, "Chromium spoke HTTP/3:\n{m}");
-    })
-    .await;
+    bounded(Duration::from_secs(90), chromium_loads_a_page(false, "h2")).await;
 }
 
 /// QUIC forced for ringmux's origin: Chromium loads the page over HTTP/3 and sends nothing over
@@ -268,23 +280,5 @@ async fn chromium_loads_a_page_over_http3_when_quic_is_forced() {
     if !have_chromium() {
         return;
     }
-    bounded(Duration::from_secs(90), async {
-        let marker = marker();
-        let root = site(&marker);
-        let root_arg = root.path().to_string_lossy().into_owned();
-        let rm = Ringmux::start(1, Forward::Shm, &["--root", &root_arg]);
-        let flags = [
-            "--enable-quic".to_string(),
-            format!("--origin-to-force-quic-on={}", rm.listen),
-        ];
-        let url = format!("https://{}/", rm.listen);
-        let dump = chromium(&rm, "quic", &flags, &url).await;
-        assert_page(&dump, &marker, "over HTTP/3");
-
-        let m = metrics_after_chromium(&rm).await;
-        assert!(requests(&m, "h3") >= 1.0, "no HTTP/3 request:\n{m}");
-        assert_eq!(requests(&m, "h2"), 0.0, "Chromium spoke HTTP/2:\n{m}");
-        assert_eq!(requests(&m, "h1"), 0.0, "Chromium spoke HTTP/1.1:\n{m}");
-    })
-    .await;
+    bounded(Duration::from_secs(90), chromium_loads_a_page(true, "h3")).await;
 }
