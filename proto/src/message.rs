@@ -134,6 +134,28 @@ worker_report! {
 }
 
 impl WorkerReport {
+    /// The fields whose key starts with `prefix` (`tcp_errors_`, `upstream_errors_`), in
+    /// [`STATS_KEYS`] order: the rest of the key (a metric label) and the value.
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+        STATS_KEYS
+            .iter()
+            .zip(self.fields())
+            .filter_map(move |(k, v)| Some((k.strip_prefix(prefix)?, v)))
+    }
+
+    /// Sets the fields whose key starts with `prefix`, in [`STATS_KEYS`] order, from `values`.
+    pub fn set_with_prefix(&mut self, prefix: &str, values: impl IntoIterator<Item = u64>) {
+        let keys = STATS_KEYS.iter().filter(|k| k.starts_with(prefix));
+        for (k, v) in keys.zip(values) {
+            if let Some(f) = self.field_mut(k) {
+                *f = v;
+            }
+        }
+    }
+
     fn encode(&self) -> String {
         let mut s = String::from(WORDS[1]);
         for (k, v) in STATS_KEYS.iter().zip(self.fields()) {
@@ -184,6 +206,23 @@ mod tests {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
         assert_eq!(report().fields(), std::array::from_fn(|i| i as u64 + 1));
+    }
+
+    #[test]
+    fn fields_by_prefix() {
+        let mut r = WorkerReport::default();
+        r.set_with_prefix("upstream_errors_", [1, 2, 3, 4]);
+        assert_eq!(r.upstream_errors_timeout, 3);
+        let got: Vec<_> = r.with_prefix("upstream_errors_").collect();
+        assert_eq!(
+            got,
+            [
+                ("connect", 1),
+                ("reset", 2),
+                ("timeout", 3),
+                ("protocol", 4)
+            ]
+        );
     }
 
     #[test]

@@ -196,26 +196,15 @@ impl InstanceCounters {
         set(&self.sink_lat_p50_ns, r.lat_p50_ns);
         set(&self.sink_lat_p99_ns, r.lat_p99_ns);
         set(&self.sink_lat_p999_ns, r.lat_p999_ns);
-        let upstream = [
-            r.upstream_errors_connect,
-            r.upstream_errors_reset,
-            r.upstream_errors_timeout,
-            r.upstream_errors_protocol,
-        ];
-        for (c, v) in self.upstream_errors.iter().zip(upstream) {
+        for (c, (_, v)) in self
+            .upstream_errors
+            .iter()
+            .zip(r.with_prefix("upstream_errors_"))
+        {
             set(c, v);
         }
         set(&self.tcp_connections, r.tcp_connections);
-        let tcp = [
-            r.tcp_errors_over_cap,
-            r.tcp_errors_tls_failed,
-            r.tcp_errors_tls_timeout,
-            r.tcp_errors_header_timeout,
-            r.tcp_errors_too_large,
-            r.tcp_errors_rapid_reset,
-            r.tcp_errors_protocol,
-        ];
-        for (c, v) in self.tcp_errors.iter().zip(tcp) {
+        for (c, (_, v)) in self.tcp_errors.iter().zip(r.with_prefix("tcp_errors_")) {
             set(c, v);
         }
         set(&self.access_log_lines, r.access_log_lines);
@@ -367,5 +356,20 @@ impl Counters {
             .iter()
             .map(|i| i.forwarded.load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metric labels are the worker report's keys after their prefix, in the same order:
+    /// `record_report` stores them by position.
+    #[test]
+    fn kind_labels_follow_the_report_keys() {
+        let r = ringmux_proto::WorkerReport::default();
+        let labels = |prefix| r.with_prefix(prefix).map(|(l, _)| l).collect::<Vec<_>>();
+        assert_eq!(labels("tcp_errors_"), TCP_ERROR_KINDS);
+        assert_eq!(labels("upstream_errors_"), UPSTREAM_ERROR_KINDS);
     }
 }

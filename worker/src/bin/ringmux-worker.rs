@@ -82,26 +82,19 @@ async fn serve(worker: Worker) -> Result<()> {
         r.requests_h2 = reported.requests_h2.load(Ordering::Relaxed);
         r.requests_h3 = reported.requests_h3.load(Ordering::Relaxed);
         r.tcp_connections = reported.tcp_connections.load(Ordering::Relaxed);
-        [
-            r.tcp_errors_over_cap,
-            r.tcp_errors_tls_failed,
-            r.tcp_errors_tls_timeout,
-            r.tcp_errors_header_timeout,
-            r.tcp_errors_too_large,
-            r.tcp_errors_rapid_reset,
-            r.tcp_errors_protocol,
-        ] = std::array::from_fn(|i| reported.tcp_errors[i].load(Ordering::Relaxed));
+        r.set_with_prefix(
+            "tcp_errors_",
+            reported
+                .tcp_errors
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed)),
+        );
         if let Some(log) = &reported_log {
             r.access_log_lines = log.written();
             r.access_log_dropped = log.dropped();
         }
         if let Some(up) = &reported_upstream {
-            [
-                r.upstream_errors_connect,
-                r.upstream_errors_reset,
-                r.upstream_errors_timeout,
-                r.upstream_errors_protocol,
-            ] = up.errors();
+            r.set_with_prefix("upstream_errors_", up.errors());
         }
     });
     match &builtin.upstream {
