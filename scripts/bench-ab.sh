@@ -113,7 +113,7 @@ summary() {
 median() { summary "$@" | awk '{ print $1 }'; }
 
 tsv=$out/rounds.tsv
-printf 'round\tmode\treq_per_s\tp50_us\tp99_us\terrors\tdemux_ns_per_datagram\tprocess_ns_per_datagram\tworker_us_per_request\tdoorbells_per_datagram\tdatagrams\tloadavg\tbox_us_per_request\n' >"$tsv"
+printf 'round\tmode\treq_per_s\tp50_us\tp99_us\terrors\tdemux_ns_per_datagram\tprocess_ns_per_datagram\tworker_us_per_request\tdoorbells_per_datagram\tdatagrams\tloadavg\tbox_us_per_request\tp999_us\n' >"$tsv"
 plaintext=()
 [[ " $modes " == *" reuseport "* ]] && plaintext=(--plaintext-cids)
 echo "== A/B: modes [$modes], $rounds rounds, $connections connections x $streams streams, ${duration}s, $instances instances, $url_path; load: $(cat /proc/loadavg)"
@@ -164,11 +164,12 @@ for ((round = 1; round <= rounds; round++)); do
 
     if [[ ! -s $json ]]; then
       echo "round $round $mode: h3-probe wrote no report; see $out/probe-$mode-$round.txt" >&2
-      rps=0 p50=0 p99=0 errors=1 requests=0
+      rps=0 p50=0 p99=0 p999=0 errors=1 requests=0
     else
       rps=$(jq -r '.requests_per_s' "$json")
       p50=$(jq -r '.latency_us.p50' "$json")
       p99=$(jq -r '.latency_us.p99' "$json")
+      p999=$(jq -r '.latency_us.p999' "$json")
       errors=$(jq -r '.errors.total // 0' "$json")
       requests=$(jq -r '.requests' "$json")
     fi
@@ -178,10 +179,10 @@ for ((round = 1; round <= rounds; round++)); do
     dpd=$(awk -v b=$((b1 - b0)) -v d="$dg" 'BEGIN { printf "%.4f", d ? b / d : 0 }')
     wus=$(awk -v c=$((w1 - w0)) -v r="$requests" 'BEGIN { printf "%.2f", r ? c / r / 1000 : 0 }')
     bus=$(awk -v c=$((x1 - x0)) -v r="$requests" 'BEGIN { printf "%.2f", r ? c / r / 1000 : 0 }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$mode" "$rps" "$p50" "$p99" \
-      "$errors" "$dns" "$pns" "$wus" "$dpd" "$dg" "$(cut -d' ' -f1-3 /proc/loadavg)" "$bus" >>"$tsv"
-    printf 'round %d %-4s: %8.0f req/s  p50 %6s us  p99 %6s us  errors %s  demux %6s ns/datagram (process %s)  workers %s us/request  box %s us/request  doorbells/datagram %s  %s datagrams\n' \
-      "$round" "$mode" "$rps" "$p50" "$p99" "$errors" "$dns" "$pns" "$wus" "$bus" "$dpd" "$dg"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$mode" "$rps" "$p50" "$p99" \
+      "$errors" "$dns" "$pns" "$wus" "$dpd" "$dg" "$(cut -d' ' -f1-3 /proc/loadavg)" "$bus" "$p999" >>"$tsv"
+    printf 'round %d %-4s: %8.0f req/s  p50 %6s us  p99 %6s us  p99.9 %6s us  errors %s  demux %6s ns/datagram (process %s)  workers %s us/request  box %s us/request  doorbells/datagram %s  %s datagrams\n' \
+      "$round" "$mode" "$rps" "$p50" "$p99" "$p999" "$errors" "$dns" "$pns" "$wus" "$bus" "$dpd" "$dg"
   done
 done
 
@@ -190,11 +191,11 @@ col() { awk -F'\t' -v m="$1" -v c="$2" 'NR > 1 && $2 == m { print $c }' "$tsv"; 
   echo
   echo "End-to-end A/B ($rounds rounds, $connections x $streams, ${duration}s, $instances instances, $url_path; load after: $(cat /proc/loadavg))"
   echo
-  echo "| mode | req/s | p50 µs | p99 µs | errors | demux ns/datagram | process ns/datagram | worker µs/request | box µs/request | doorbells/datagram |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| mode | req/s | p50 µs | p99 µs | p99.9 µs | errors | demux ns/datagram | process ns/datagram | worker µs/request | box µs/request | doorbells/datagram |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
   for mode in $modes; do
     # shellcheck disable=SC2046 # one number per line, split on purpose
-    echo "| $mode | $(summary $(col "$mode" 3)) | $(summary $(col "$mode" 4)) | $(summary $(col "$mode" 5)) | $(summary $(col "$mode" 6)) | $(summary $(col "$mode" 7)) | $(summary $(col "$mode" 8)) | $(summary $(col "$mode" 9)) | $(summary $(col "$mode" 13)) | $(summary $(col "$mode" 10)) |"
+    echo "| $mode | $(summary $(col "$mode" 3)) | $(summary $(col "$mode" 4)) | $(summary $(col "$mode" 5)) | $(summary $(col "$mode" 14)) | $(summary $(col "$mode" 6)) | $(summary $(col "$mode" 7)) | $(summary $(col "$mode" 8)) | $(summary $(col "$mode" 9)) | $(summary $(col "$mode" 13)) | $(summary $(col "$mode" 10)) |"
   done
 } | tee "$out/summary.md"
 
@@ -209,8 +210,8 @@ ratios() {
 
 if [[ " $modes " == *" shm "* && " $modes " == *" reuseport "* ]]; then
   # shellcheck disable=SC2046 # one number per line, split on purpose
-  printf '\nWithin-round ratios shm/reuseport (median, min–max): req/s %s, p99 %s, box µs/request %s\n' \
-    "$(summary $(ratios 3 reuseport))" "$(summary $(ratios 5 reuseport))" "$(summary $(ratios 13 reuseport))" |
+  printf '\nWithin-round ratios shm/reuseport (median, min–max): req/s %s, p99 %s, p99.9 %s, box µs/request %s\n' \
+    "$(summary $(ratios 3 reuseport))" "$(summary $(ratios 5 reuseport))" "$(summary $(ratios 14 reuseport))" "$(summary $(ratios 13 reuseport))" |
     tee -a "$out/summary.md"
 fi
 
