@@ -89,8 +89,17 @@ pub(crate) fn poll_recv(
                     guard.clear_ready();
                     st.sleeping = false;
                     consumer.end_sleep();
-                    // The idle period goes on until a datagram is drained (a spurious wake
-                    // finds its spin over and sleeps again).
+                    if !consumer.spin_mut().adapts() {
+                        // The fixed spin starts again after every wake-up, the datagram-less
+                        // ones included. Those are mostly the reactor reporting a ring that a
+                        // drain already answered; the fresh spin then catches the next
+                        // datagram of a request/response exchange that a sleep would have
+                        // waited for (one request at a time: 0.97 doorbells per datagram
+                        // without it, bench/RESULTS.md).
+                        st.spin_started = Some(Instant::now());
+                    }
+                    // With the adaptive spin, the idle period goes on until a datagram is
+                    // drained, so that its length is measured whole.
                     continue;
                 }
                 Poll::Ready(Err(e)) => {
