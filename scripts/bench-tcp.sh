@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# HTTPS over TCP beside HTTP/3, measured side by side in one run: for each round, ringmux over
-# TCP (h2load, HTTP/2), Caddy over TCP (h2load, HTTP/2) and ringmux over HTTP/3 (h3-probe),
-# each on the same small file and the same 1 MiB file from a document root, one after the
-# other. Reports per target and file the median (min-max) over rounds of requests/s, latency
-# p99 and the server's CPU per request (ringmux: its workers; Caddy: its process), and the
-# ringmux/Caddy req/s ratio within each round.
+# ringmux and Caddy, over TCP and over HTTP/3, measured side by side in one run: for each
+# round, ringmux over TCP (h2load, HTTP/2), Caddy over TCP (h2load, HTTP/2), ringmux over HTTP/3
+# and Caddy over HTTP/3 (h3-probe), each on the same small file and the same 1 MiB file from a
+# document root, one after the other. Reports per target and file the median (min-max) over
+# rounds of requests/s, latency p99 and the server's CPU per request (ringmux: its workers;
+# Caddy: its process), and the ringmux/Caddy req/s ratios within each round, per transport.
+# --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only).
 #
 # Needs Debian's nghttp2-client (h2load), caddy and openssl; jq for h3-probe's JSON. The client
 # shares the machine with the servers: compare targets within a run, not across machines.
 #
 # Usage: scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
-#          [--instances K] [--out DIR] [--no-build]
+#          [--instances K] [--out DIR] [--no-build] [--no-caddy-h3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,6 +22,7 @@ streams=8
 instances=2
 out=""
 build=1
+caddy_h3=1
 while (($#)); do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -30,6 +32,7 @@ while (($#)); do
     --instances) instances=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
+    --no-caddy-h3) caddy_h3=0; shift ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -66,13 +69,21 @@ chmod 644 "$work/key.pem" "$work/cert.pem"
 
 rm_port=4440
 caddy_port=4441
+caddy_protocols="h1 h2"
+targets="ringmux-tcp caddy-tcp ringmux-h3"
+if ((caddy_h3)); then
+  # Caddy's HTTP/3 (quic-go) listens on the same port over UDP; default_sni lets a client that
+  # names an IP literal (h3-probe, h2load) get the certificate.
+  caddy_protocols="h1 h2 h3"
+  targets="$targets caddy-h3"
+fi
 cat >"$work/Caddyfile" <<EOF
 {
 	admin off
 	auto_https disable_redirects
 	default_sni 127.0.0.1
 	servers {
-		protocols h1 h2
+		protocols $caddy_protocols
 	}
 }
 https://127.0.0.1:$caddy_port {
@@ -106,7 +117,7 @@ run_h2load() {
 
 tsv=$out/bench-tcp.tsv
 printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\n' >"$tsv"
-echo "== HTTPS over TCP vs Caddy vs HTTP/3: $rounds rounds, ${connections}x$streams, ${duration}s; load $(cat /proc/loadavg)"
+echo "== ringmux and Caddy over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; load $(cat /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   "$bin/ringmux" --listen "127.0.0.1:$rm_port" --instances "$instances" --root "$work/root" \
     --cert "$work/cert.pem" --key "$work/key.pem" --metrics 127.0.0.1:0 \
@@ -118,15 +129,16 @@ for round in $(seq 1 "$rounds"); do
   caddy_pid=$!
   for _ in $(seq 1 100); do curl -sk -o /dev/null "https://127.0.0.1:$caddy_port/small.bin" && break; sleep 0.1; done
   for file in small big; do
-    for target in ringmux-tcp caddy-tcp ringmux-h3; do
+    for target in $targets; do
       log=$work/$target-$file-$round.log
       case $target in
         ringmux-tcp) pids=("${workers[@]}"); port=$rm_port ;;
         caddy-tcp) pids=("$caddy_pid"); port=$caddy_port ;;
         ringmux-h3) pids=("${workers[@]}"); port=$rm_port ;;
+        caddy-h3) pids=("$caddy_pid"); port=$caddy_port ;;
       esac
       c0=$(cpu_ns "${pids[@]}")
-      if [[ $target == ringmux-h3 ]]; then
+      if [[ $target == *-h3 ]]; then
         "$bin/h3-probe" --url "https://127.0.0.1:$port/$file.bin" --insecure -c "$connections" \
           -s "$streams" -d "$duration" --warmup 1 --json "$log.json" >/dev/null 2>&1
         rps=$(jq -r '.requests_per_s' "$log.json")
@@ -160,15 +172,21 @@ def f(v):
 print("| target | file | req/s | p99 µs | server µs/request |")
 print("|---|---|---|---|---|")
 for file in ("small", "big"):
-    for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3"):
+    for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
+        if not sel:
+            continue
         cell = lambda k: "%.0f (%.0f–%.0f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
         cellf = lambda k: "%.1f (%.1f–%.1f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
         print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} |")
-for file in ("small", "big"):
-    ratios = []
-    for rnd in sorted({r["round"] for r in rows}):
-        get = lambda t: next(f(r["req_per_s"]) for r in rows if r["round"] == rnd and r["target"] == t and r["file"] == file)
-        ratios.append(get("ringmux-tcp") / get("caddy-tcp"))
-    print(f"- {file}: ringmux over TCP / Caddy over TCP, req/s: median {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
+targets = {r["target"] for r in rows}
+for ours, theirs, what in (("ringmux-tcp", "caddy-tcp", "over TCP"), ("ringmux-h3", "caddy-h3", "over HTTP/3")):
+    if theirs not in targets:
+        continue
+    for file in ("small", "big"):
+        ratios = []
+        for rnd in sorted({r["round"] for r in rows}):
+            get = lambda t: next(f(r["req_per_s"]) for r in rows if r["round"] == rnd and r["target"] == t and r["file"] == file)
+            ratios.append(get(ours) / get(theirs) if get(theirs) > 0 else float("nan"))
+        print(f"- {file}: ringmux / Caddy {what}, req/s: median {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
 PY
