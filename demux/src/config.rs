@@ -66,6 +66,20 @@ pub enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Print the configuration of a load balancer in front of several ringmux nodes (boxes),
+    /// each with its own --node-id, that routes every packet carrying one of the nodes'
+    /// connection IDs to the node that issued it, so that a client that moves (a new address
+    /// or port) keeps its connection. README "More than one box".
+    LbConfig {
+        #[command(subcommand)]
+        balancer: crate::lbconfig::Balancer,
+    },
+    /// Write a new key file with fresh random keys (mode 0600; an existing file is never
+    /// overwritten), to give to every ringmux node behind one load balancer (--key-file).
+    NewKeyFile {
+        /// Where to write it.
+        path: PathBuf,
+    },
     /// Prints what this binary speaks to a running demux that asks whether it may hand over
     /// to it (`ringmux upgrade` runs it).
     #[command(hide = true)]
@@ -438,19 +452,16 @@ impl RunArgs {
                 quinn_udp::BATCH_SIZE
             );
         }
-        let node_id = hex::decode(self.node_id.trim().trim_start_matches("0x")).ok().with_context(|| {
-            format!("--node-id / RINGMUX_NODE_ID={:?} is not valid: expected hex bytes, e.g. 00 or 0a1b", self.node_id)
+        let node_id = node_id_bytes(&self.node_id).with_context(|| {
+            format!(
+                "--node-id / RINGMUX_NODE_ID={:?} is not valid: expected at least one hex byte \
+                 (an optional 0x before them), e.g. 00 or 0a1b",
+                self.node_id
+            )
         })?;
-        if node_id.is_empty() {
-            bail!("--node-id / RINGMUX_NODE_ID is empty: expected at least one hex byte, e.g. 00");
-        }
-        // server ID = node ID ‖ instance byte; default nonce fills one AES block.
-        let sid = node_id.len() + 1;
-        let nonce_len = match self.nonce_len {
-            Some(n) => n,
-            None if sid <= 12 => (16 - sid) as u8,
-            None => 4,
-        };
+        let nonce_len = self
+            .nonce_len
+            .unwrap_or_else(|| default_nonce_len(node_id.len()));
         if !(1..=100).contains(&self.initial_shed_at) {
             bail!(
                 "--initial-shed-at / RINGMUX_INITIAL_SHED_AT={} is not valid: expected 1 to 100 (percent of a ring's slots; 100: never shed)",
@@ -624,6 +635,30 @@ impl RunArgs {
             worker_user,
             args: self,
         })
+    }
+}
+
+/// A node ID as `--node-id` takes it: hex bytes, at least one, with or without `0x` (so that
+/// an 8-byte QUIC server ID written `0x` + 16 hex digits is taken as it is). `None` if it is
+/// not that.
+pub fn node_id_bytes(text: &str) -> Option<Vec<u8>> {
+    let text = text.trim();
+    let digits = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    hex::decode(digits).ok().filter(|b| !b.is_empty())
+}
+
+/// The nonce length when `--nonce-len` is not given, for a node ID of `node_id_len` bytes: the
+/// server ID (node ID and instance byte) and the nonce fill one AES block (16 bytes, single-pass
+/// encryption, 17-byte CIDs); past a 11-byte node ID, the shortest nonce (4 bytes). Every node
+/// behind one balancer, and `ringmux lb-config`, derive it the same way.
+pub fn default_nonce_len(node_id_len: usize) -> u8 {
+    let server_id = node_id_len + 1;
+    match 16usize.checked_sub(server_id) {
+        Some(n) if n >= ringmux_quic_lb::MIN_NONCE_LEN => n as u8,
+        _ => ringmux_quic_lb::MIN_NONCE_LEN as u8,
     }
 }
 
@@ -921,6 +956,35 @@ mod tests {
                 assert!(e.contains(w), "{args:?}: {e:?} does not name {w:?}");
             }
         }
+    }
+
+    /// Node IDs of 1 to 8 bytes (8: an AWS NLB QUIC server ID, written as NLB gives it, with
+    /// 0x) make a QUIC-LB configuration the codec accepts, with the default nonce filling one
+    /// AES block; the longest node ID leaves the shortest nonce in a 20-byte CID.
+    #[test]
+    fn node_ids_of_1_to_8_bytes_and_the_default_nonce() {
+        for len in 1..=8usize {
+            let hex = format!("0x{}", "a5".repeat(len));
+            let c = check(&["--node-id", &hex, "--plaintext-cids"]).unwrap();
+            assert_eq!(c.node_id, vec![0xa5; len]);
+            assert_eq!(usize::from(c.nonce_len), 16 - len - 1, "{len}");
+            let lb = ringmux_quic_lb::QuicLbConfig {
+                config_id: c.args.config_id,
+                node_id: c.node_id.clone(),
+                instance_count: c.instances,
+                nonce_len: c.nonce_len,
+                key: None,
+            };
+            lb.validate().unwrap();
+            assert_eq!(lb.cid_len(), 17);
+        }
+        assert_eq!(default_nonce_len(11), 4);
+        assert_eq!(default_nonce_len(14), 4);
+        let e = refused(&["--node-id", "0x"]);
+        assert!(
+            e.contains("--node-id") && e.contains("at least one hex byte"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! * [`sys`]: every system call of the demux, wrapped once.
 //! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
 //! * [`alloc`]: the counting allocator behind `ringmux_dataplane_allocations_total`.
+//! * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several boxes.
 //!
 //! The demux never links the worker library, quinn's connection layer or HTTP: what it shares
 //! with workers is the contract crate `ringmux-proto`.
@@ -27,6 +28,7 @@ pub mod certs;
 pub mod config;
 pub mod dataplane;
 pub mod forward;
+pub mod lbconfig;
 pub mod metrics;
 pub mod sessions;
 pub mod supervisor;

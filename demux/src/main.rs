@@ -24,7 +24,7 @@ use ringmux_demux::metrics::{self, Counters};
 use ringmux_demux::sessions::Sessions;
 use ringmux_demux::supervisor::control;
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
-use ringmux_demux::{alloc, supervisor, sys, upgrade};
+use ringmux_demux::{alloc, lbconfig, supervisor, sys, upgrade};
 
 #[global_allocator]
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -60,6 +60,12 @@ fn main() -> ExitCode {
             control::Request::Upgrade,
             Duration::from_secs(timeout),
         ),
+        Some(Command::LbConfig {
+            balancer: lbconfig::Balancer::Nftables(args),
+        }) => args
+            .validate()
+            .map(|plan| print!("{}", lbconfig::nftables(&plan))),
+        Some(Command::NewKeyFile { path }) => new_key_file(&path),
         Some(Command::UpgradeCheck) => {
             println!("{}", upgrade::Compat::ours().line());
             Ok(())
@@ -73,6 +79,35 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `ringmux new-key-file PATH`: fresh keys, written with mode 0600 to a file that must not
+/// exist yet (a key file in use is never replaced by accident).
+fn new_key_file(path: &std::path::Path) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let keys = KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "creating the key file {} (it must not exist yet: remove it first to replace it, \
+                 and its folder must exist)",
+                path.display()
+            )
+        })?;
+    file.write_all(keys.to_key_file().as_bytes())
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing the key file {}", path.display()))?;
+    eprintln!(
+        "ringmux: wrote {} (mode 0600); give the same file to every node behind one balancer \
+         (--key-file)",
+        path.display()
+    );
+    Ok(())
 }
 
 fn run(cfg: Config) -> Result<()> {

@@ -1,0 +1,748 @@
+//! `ringmux lb-config`: the configuration of a load balancer in front of several ringmux nodes.
+//!
+//! A node is one box running `ringmux` with its own `--node-id`; every connection ID its workers
+//! issue is `first octet ‖ node ID ‖ instance byte ‖ nonce` (QUIC-LB, draft-ietf-quic-load-
+//! balancers-21 §5.2, see `quic-lb/src/config.rs`). A balancer that reads the node ID sends every
+//! packet of a connection to the box that holds it, also after the client moved to a new
+//! address or port, which a 4-tuple hash cannot do.
+//!
+//! This module owns turning a checked description of the nodes ([`NftPlan`]) into an nftables
+//! ruleset ([`nftables`]) for a Linux box in front of them: a pure function, tested on its text
+//! here and on real packets by `scripts/cluster.sh test`. It never runs `nft` itself and never
+//! touches the network. Plaintext CIDs only: nftables reads bytes at fixed offsets and cannot
+//! decrypt a CID; an encrypted configuration needs a balancer that holds the QUIC-LB key.
+//!
+//! The rules, for the first packet of every UDP 4-tuple to the virtual address (netfilter's
+//! connection tracking NATs the later packets of a 4-tuple as it did the first, so a 4-tuple
+//! stays on the node where it started):
+//!
+//! 1. A short header (RFC 8999 §5.2: form bit 0, the DCID from byte 1) whose DCID is one of
+//!    ours (the configuration's first octet, a datagram long enough for the whole CID) goes to
+//!    the node its node ID names. One that names no node here is dropped and counted: the
+//!    connection is on no other node, and another node's stateless reset would end it (and
+//!    make every node an oracle for the others' reset tokens, draft-21 §"Stateless Reset
+//!    Oracle").
+//! 2. A long header (RFC 8999 §5.1: DCID length at byte 5, the DCID from byte 6) whose DCID is
+//!    one of ours (that length and first octet) goes to its node; naming no node here, it is
+//!    hashed (3): an Initial after a Retry, whose token every node accepts, is served anywhere.
+//! 3. Anything else (Initials and 0-RTT with a client-chosen DCID, other versions, garbage) is
+//!    hashed by source address and port over the nodes that are not draining (draft-21
+//!    §"Load Balancer Forwarding", its fallback "a pure function of the 4-tuple").
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::{bail, Context, Result};
+use ringmux_quic_lb::{CidCodec, QuicLbConfig};
+
+use crate::config::{default_nonce_len, node_id_bytes};
+
+/// The balancers `ringmux lb-config` configures.
+#[derive(clap::Subcommand, Debug)]
+pub enum Balancer {
+    /// An nftables ruleset (Linux netfilter) for the box in front of the nodes: apply it with
+    /// `nft -f FILE` there, with IP forwarding on and the nodes' routes to clients through that
+    /// box (their replies must pass its connection tracking). Packets carrying a node's
+    /// connection ID go to that node (the ID is read in clear: the nodes must run with
+    /// --plaintext-cids, since nftables cannot decrypt CIDs); new connections are hashed by
+    /// source address and port; every 4-tuple stays on the node where it started; a short
+    /// header whose connection ID names no listed node is dropped and counted (counter
+    /// unknown_node). One address family per ruleset (table ip or ip6): run it once per VIP.
+    /// The ruleset replaces its table as a whole in one transaction: generate it again and
+    /// apply it to add, drain or remove a node (connections already on a node stay there).
+    Nftables(NftablesArgs),
+}
+
+/// `ringmux lb-config nftables`: the nodes, and the QUIC-LB settings they all run with.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NftablesArgs {
+    /// The virtual address and UDP port clients connect to, on the balancer: IPv4 or IPv6
+    /// (`[ADDR]:PORT`).
+    #[arg(long, env = "RINGMUX_LB_VIP", value_name = "ADDR:PORT")]
+    pub vip: SocketAddr,
+    /// A node: its --node-id (hex, the same length for every node) and the address its ringmux
+    /// listens on, of the VIP's family; the port defaults to the VIP's. Repeat for every node,
+    /// or separate them with commas.
+    #[arg(
+        long = "node",
+        env = "RINGMUX_LB_NODES",
+        value_name = "ID=ADDR[:PORT]",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub nodes: Vec<String>,
+    /// Node IDs (of --node) that take no new connections: their connection IDs still reach
+    /// them, hashing skips them. Drain a node this way before removing it from --node.
+    #[arg(
+        long = "drain",
+        env = "RINGMUX_LB_DRAIN",
+        value_name = "ID",
+        value_delimiter = ','
+    )]
+    pub drain: Vec<String>,
+    /// QUIC-LB config rotation codepoint the nodes run with (their --config-id, 0–6).
+    #[arg(long, env = "RINGMUX_CONFIG_ID", default_value_t = 0)]
+    pub config_id: u8,
+    /// QUIC-LB nonce length the nodes run with (their --nonce-len). Default: what ringmux
+    /// derives from the node-ID length (16 − node-ID length − 1, at least 4).
+    #[arg(long, env = "RINGMUX_NONCE_LEN")]
+    pub nonce_len: Option<u8>,
+    /// Say that the nodes run with --plaintext-cids (required): nftables reads the node ID in
+    /// clear and cannot decrypt encrypted CIDs.
+    #[arg(long, env = "RINGMUX_PLAINTEXT_CIDS")]
+    pub plaintext_cids: bool,
+    /// Name of the nftables table the ruleset owns (and replaces whole when applied again).
+    #[arg(long, env = "RINGMUX_LB_TABLE", default_value = "ringmux")]
+    pub table: String,
+    /// Seed of the hash that spreads new connections (hex, up to 8 digits). Default: a fresh
+    /// random one (clients then cannot aim new connections at one node by their port).
+    #[arg(long, env = "RINGMUX_LB_HASH_SEED", value_name = "HEX")]
+    pub hash_seed: Option<String>,
+}
+
+/// A checked balancer configuration: everything [`nftables`] needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftPlan {
+    /// nftables table name.
+    pub table: String,
+    /// Where clients send.
+    pub vip: SocketAddr,
+    /// The nodes, in the order given.
+    pub nodes: Vec<NftNode>,
+    /// The first octet of every CID the nodes issue (config rotation and length).
+    pub first_octet: u8,
+    /// Node-ID length, the same for every node.
+    pub node_id_len: usize,
+    /// Length of every CID the nodes issue.
+    pub cid_len: usize,
+    /// jhash seed.
+    pub seed: u32,
+}
+
+/// One node behind the balancer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NftNode {
+    /// Its `--node-id`.
+    pub id: Vec<u8>,
+    /// Where its ringmux listens.
+    pub addr: SocketAddr,
+    /// Takes no new connections (`--drain`).
+    pub draining: bool,
+}
+
+impl NftablesArgs {
+    /// Checks the arguments; every refusal names the option, the value and what would work.
+    pub fn validate(&self) -> Result<NftPlan> {
+        if !self.plaintext_cids {
+            bail!(
+                "--plaintext-cids / RINGMUX_PLAINTEXT_CIDS is not set: the rules read the node ID \
+                 in clear, so every node must run ringmux with --plaintext-cids (encrypted CIDs \
+                 need a balancer that holds the QUIC-LB key, which nftables cannot be). Run the \
+                 nodes with --plaintext-cids and pass it here too"
+            );
+        }
+        if !valid_name(&self.table) {
+            bail!(
+                "--table / RINGMUX_LB_TABLE={:?} is not valid: expected a letter, then letters, \
+                 digits or _ (at most 64), e.g. ringmux",
+                self.table
+            );
+        }
+        let seed = match &self.hash_seed {
+            Some(hex) => u32::from_str_radix(hex.trim().trim_start_matches("0x"), 16)
+                .ok()
+                .with_context(|| {
+                    format!(
+                        "--hash-seed / RINGMUX_LB_HASH_SEED={hex:?} is not valid: expected up to \
+                         8 hex digits, e.g. 5eed1234"
+                    )
+                })?,
+            None => {
+                let mut b = [0u8; 4];
+                getrandom::fill(&mut b)
+                    .map_err(|e| anyhow::anyhow!("a random --hash-seed: {e}"))?;
+                u32::from_be_bytes(b)
+            }
+        };
+        let mut nodes: Vec<NftNode> = Vec::with_capacity(self.nodes.len());
+        for spec in &self.nodes {
+            let node = parse_node(spec, self.vip)?;
+            if let Some(first) = nodes.first() {
+                if first.id.len() != node.id.len() {
+                    bail!(
+                        "--node {spec:?}: its node ID is {} bytes, the first node's ({}) is {}: \
+                         every node behind one balancer needs a node ID of the same length (the \
+                         rules read that many bytes of every CID)",
+                        node.id.len(),
+                        hex::encode(&first.id),
+                        first.id.len()
+                    );
+                }
+            }
+            if nodes.iter().any(|n| n.id == node.id) {
+                bail!(
+                    "--node {spec:?}: node ID {} is given twice; every node needs its own",
+                    hex::encode(&node.id)
+                );
+            }
+            nodes.push(node);
+        }
+        let Some(node_id_len) = nodes.first().map(|n| n.id.len()) else {
+            bail!("no --node given: name every node as --node ID=ADDR, e.g. --node 0a=10.0.0.2");
+        };
+        for d in &self.drain {
+            let id = node_id_bytes(d);
+            let Some(node) = nodes.iter_mut().find(|n| Some(&n.id) == id.as_ref()) else {
+                bail!(
+                    "--drain / RINGMUX_LB_DRAIN={d:?} names no --node: give the node ID of one \
+                     of the nodes (hex, as in --node ID=ADDR)"
+                );
+            };
+            node.draining = true;
+        }
+        if nodes.iter().all(|n| n.draining) {
+            bail!(
+                "--drain names every node: new connections would have nowhere to go; keep at \
+                 least one node out of --drain"
+            );
+        }
+        let nonce_len = self
+            .nonce_len
+            .unwrap_or_else(|| default_nonce_len(node_id_len));
+        let lb = QuicLbConfig {
+            config_id: self.config_id,
+            node_id: nodes[0].id.clone(),
+            instance_count: 1,
+            nonce_len,
+            key: None,
+        };
+        lb.validate().map_err(|e| {
+            anyhow::anyhow!(
+                "the nodes' QUIC-LB configuration (--config-id, --nonce-len, the node-ID length \
+                 of --node) is not one ringmux runs with: {e}"
+            )
+        })?;
+        let codec = CidCodec::new(
+            lb.config_id,
+            lb.server_id_len(),
+            usize::from(lb.nonce_len),
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!("the nodes' QUIC-LB configuration: {e}"))?;
+        Ok(NftPlan {
+            table: self.table.clone(),
+            vip: self.vip,
+            nodes,
+            first_octet: codec.first_octet(),
+            node_id_len,
+            cid_len: codec.cid_len(),
+            seed,
+        })
+    }
+}
+
+/// One `--node ID=ADDR[:PORT]`, the port defaulting to the VIP's.
+fn parse_node(spec: &str, vip: SocketAddr) -> Result<NftNode> {
+    let Some((id, addr)) = spec.split_once('=') else {
+        bail!(
+            "--node / RINGMUX_LB_NODES={spec:?} is not valid: expected ID=ADDR[:PORT], e.g. \
+             0a=10.0.0.2 or 0a=[fd00::2]:443"
+        );
+    };
+    let id = node_id_bytes(id).with_context(|| {
+        format!(
+            "--node {spec:?}: node ID {id:?} is not valid: expected hex bytes as the node's \
+             --node-id, e.g. 0a or 0x0102030405060708"
+        )
+    })?;
+    let addr = addr.trim();
+    let addr = match addr.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => match addr.trim_matches(['[', ']']).parse::<IpAddr>() {
+            Ok(ip) => SocketAddr::new(ip, vip.port()),
+            Err(_) => bail!(
+                "--node {spec:?}: address {addr:?} is not valid: expected ADDR or ADDR:PORT, \
+                 e.g. 10.0.0.2, 10.0.0.2:443 or [fd00::2]:443"
+            ),
+        },
+    };
+    if addr.is_ipv4() != vip.is_ipv4() {
+        bail!(
+            "--node {spec:?}: address {addr} is not of the family of --vip {vip}: the ruleset \
+             translates addresses of one family (run lb-config once per family, each with its \
+             VIP and the nodes' addresses of that family)"
+        );
+    }
+    if addr.port() == 0 {
+        bail!("--node {spec:?}: port 0 is not valid: give the port the node's ringmux listens on");
+    }
+    Ok(NftNode {
+        id,
+        addr,
+        draining: false,
+    })
+}
+
+/// An nftables identifier we are sure of: a letter, then letters, digits or `_`.
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+}
+
+impl NftPlan {
+    /// `ip` or `ip6`: the family of the table and of every address in it.
+    pub fn family(&self) -> &'static str {
+        if self.vip.is_ipv4() {
+            "ip"
+        } else {
+            "ip6"
+        }
+    }
+
+    /// Shortest UDP payload of a short header that holds one of our CIDs whole.
+    pub fn short_min_payload(&self) -> usize {
+        1 + self.cid_len
+    }
+
+    /// Shortest UDP payload of a long header that holds one of our CIDs whole and the SCID
+    /// length octet after it.
+    pub fn long_min_payload(&self) -> usize {
+        6 + self.cid_len + 1
+    }
+
+    /// The nodes new connections are hashed over, in order.
+    pub fn hashed_nodes(&self) -> impl Iterator<Item = &NftNode> {
+        self.nodes.iter().filter(|n| !n.draining)
+    }
+}
+
+impl NftNode {
+    /// The name of its chains and counters: `cid_ID` (sent to it by a CID), `hash_ID` (hashed
+    /// to it).
+    fn label(&self) -> String {
+        hex::encode(&self.id)
+    }
+
+    /// Its address as nftables writes a NAT target.
+    fn target(&self) -> String {
+        match self.addr {
+            SocketAddr::V4(a) => a.to_string(),
+            SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+        }
+    }
+}
+
+/// Bit offset of UDP payload byte `n` in nftables' raw payload expression `@th,OFFSET,LEN`
+/// (offsets count from the transport header; the UDP header is 8 bytes).
+const fn payload_bit(n: usize) -> usize {
+    (8 + n) * 8
+}
+
+/// The nftables ruleset for `plan` (`nft -f`): its own table, deleted and made again in one
+/// transaction, with a NAT chain at prerouting. Module docs say what the rules do.
+pub fn nftables(plan: &NftPlan) -> String {
+    let fam = plan.family();
+    let table = &plan.table;
+    let id_bits = plan.node_id_len * 8;
+    let first = plan.first_octet;
+    let cid_len = plan.cid_len;
+    let hashed: Vec<&NftNode> = plan.hashed_nodes().collect();
+    let vip_ip = match plan.vip {
+        SocketAddr::V4(a) => a.ip().to_string(),
+        SocketAddr::V6(a) => a.ip().to_string(),
+    };
+    let vip_port = plan.vip.port();
+    let mut o = String::new();
+    // `writeln!` to a String cannot fail.
+    macro_rules! line {
+        ($($arg:tt)*) => { let _ = writeln!(o, $($arg)*); };
+    }
+    line!("#!/usr/sbin/nft -f");
+    line!(
+        "# ringmux lb-config nftables (ringmux {}): the balancer in front of {} ringmux node(s).",
+        env!("CARGO_PKG_VERSION"),
+        plan.nodes.len()
+    );
+    line!("# Apply with `nft -f FILE`: one transaction that replaces table {fam} {table} whole;");
+    line!("# generate and apply again to add, drain or remove a node (connection tracking keeps");
+    line!(
+        "# every 4-tuple on the node where it started). Needs IP forwarding on this box, and the"
+    );
+    line!(
+        "# nodes' replies routed back through it (it rewrites their source to {}).",
+        plan.vip
+    );
+    line!("#");
+    line!("# PLAINTEXT CIDs ONLY: every node runs ringmux with --plaintext-cids, the same");
+    line!("# --config-id and --nonce-len, the same --key-file, and its own --node-id of");
+    line!(
+        "# {} byte(s). Their CIDs are {cid_len} bytes: first octet {first:#04x}, node ID (bytes 1 to {}),",
+        plan.node_id_len,
+        plan.node_id_len
+    );
+    line!("# the instance byte, the nonce. Encrypted CIDs need a balancer that holds the QUIC-LB key.");
+    line!("#");
+    line!(
+        "# For the first packet of each UDP 4-tuple to {}:",
+        plan.vip
+    );
+    line!("#  1. short header with one of our CIDs: to the node its node ID names; naming no node");
+    line!(
+        "#     here: dropped, counted by counter unknown_node (no other node has the connection,"
+    );
+    line!("#     and its stateless reset would end it);");
+    line!("#  2. long header with one of our CIDs: to its node; naming no node here: hashed (3);");
+    line!("#  3. anything else (new connections' Initials, garbage): hashed by source address and");
+    line!("#     port over the nodes not draining.");
+    line!("# Counters cid_ID and hash_ID count the 4-tuples each node got by 1-2 and by 3.");
+    line!("table {fam} {table}");
+    line!("delete table {fam} {table}");
+    line!("table {fam} {table} {{");
+    line!("\tcounter unknown_node {{");
+    line!("\t}}");
+    for n in &plan.nodes {
+        let l = n.label();
+        line!("\tcounter cid_{l} {{");
+        line!("\t}}");
+        line!("\tcounter hash_{l} {{");
+        line!("\t}}");
+    }
+    line!("");
+    line!("\t# Node ID -> that node; draining nodes too (their connections go on).");
+    line!("\tmap cid_node {{");
+    line!("\t\ttypeof @th,{},{id_bits} : verdict", payload_bit(2));
+    let elements: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|n| format!("0x{} : goto cid_{}", n.label(), n.label()))
+        .collect();
+    line!("\t\telements = {{ {} }}", elements.join(", "));
+    line!("\t}}");
+    for n in &plan.nodes {
+        let l = n.label();
+        let drain = if n.draining { " (draining)" } else { "" };
+        line!("");
+        line!("\t# Node {l}{drain}.");
+        line!("\tchain cid_{l} {{");
+        line!(
+            "\t\tmeta l4proto udp counter name \"cid_{l}\" dnat to {}",
+            n.target()
+        );
+        line!("\t}}");
+        line!("\tchain hash_{l} {{");
+        line!(
+            "\t\tmeta l4proto udp counter name \"hash_{l}\" dnat to {}",
+            n.target()
+        );
+        line!("\t}}");
+    }
+    line!("");
+    line!("\tchain prerouting {{");
+    line!("\t\ttype nat hook prerouting priority dstnat; policy accept;");
+    line!("\t\t{fam} daddr {vip_ip} udp dport {vip_port} jump quic");
+    line!("\t}}");
+    line!("");
+    line!("\tchain quic {{");
+    line!(
+        "\t\t# 1. Short header (form bit 0), first CID octet {first:#04x} at byte 1, node ID from byte 2."
+    );
+    let short_guard = format!(
+        "udp length >= {} @th,{},1 0 @th,{},8 {first:#04x}",
+        8 + plan.short_min_payload(),
+        payload_bit(0),
+        payload_bit(1),
+    );
+    line!(
+        "\t\t{short_guard} @th,{},{id_bits} vmap @cid_node",
+        payload_bit(2)
+    );
+    line!("\t\t{short_guard} counter name \"unknown_node\" drop");
+    line!(
+        "\t\t# 2. Long header (form bit 1), DCID length {cid_len} at byte 5, first CID octet at byte 6,"
+    );
+    line!("\t\t#    node ID from byte 7.");
+    line!(
+        "\t\tudp length >= {} @th,{},1 1 @th,{},8 {cid_len} @th,{},8 {first:#04x} @th,{},{id_bits} vmap @cid_node",
+        8 + plan.long_min_payload(),
+        payload_bit(0),
+        payload_bit(5),
+        payload_bit(6),
+        payload_bit(7),
+    );
+    line!("\t\t# 3. Everything else: hashed by source address and port.");
+    let buckets: Vec<String> = hashed
+        .iter()
+        .enumerate()
+        .map(|(i, n)| format!("{i} : goto hash_{}", n.label()))
+        .collect();
+    line!(
+        "\t\tjhash {fam} saddr . udp sport mod {} seed {:#010x} vmap {{ {} }}",
+        hashed.len(),
+        plan.seed,
+        buckets.join(", ")
+    );
+    line!("\t}}");
+    line!("}}");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        balancer: Balancer,
+    }
+
+    fn args(extra: &[&str]) -> NftablesArgs {
+        let mut argv = vec!["lb-config", "nftables"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{extra:?}: {e}")) {
+            Cli {
+                balancer: Balancer::Nftables(a),
+            } => a,
+        }
+    }
+
+    fn plan(extra: &[&str]) -> Result<NftPlan> {
+        let mut all = vec!["--plaintext-cids"];
+        if !extra.contains(&"--hash-seed") {
+            all.extend(["--hash-seed", "5eed"]);
+        }
+        all.extend_from_slice(extra);
+        args(&all).validate()
+    }
+
+    fn refused(extra: &[&str]) -> String {
+        format!("{:#}", plan(extra).expect_err("accepted"))
+    }
+
+    const THREE: [&str; 8] = [
+        "--vip",
+        "10.77.0.1:443",
+        "--node",
+        "0a01=10.77.1.2",
+        "--node",
+        "0a02=10.77.2.2:4433",
+        "--node",
+        "0a03=10.77.3.2",
+    ];
+
+    #[test]
+    fn three_nodes_route_by_their_two_byte_ids() {
+        let p = plan(&THREE).unwrap();
+        // Node ID 2 bytes, instance byte, default nonce 16 - 3 = 13: CIDs of 17 bytes, first
+        // octet config 0 and 16 bytes to follow.
+        assert_eq!((p.node_id_len, p.cid_len, p.first_octet), (2, 17, 0x10));
+        let text = nftables(&p);
+        for want in [
+            "table ip ringmux\ndelete table ip ringmux\ntable ip ringmux {",
+            "typeof @th,80,16 : verdict",
+            "elements = { 0x0a01 : goto cid_0a01, 0x0a02 : goto cid_0a02, 0x0a03 : goto cid_0a03 }",
+            "chain cid_0a02 {\n\t\tmeta l4proto udp counter name \"cid_0a02\" dnat to 10.77.2.2:4433",
+            "chain hash_0a01 {\n\t\tmeta l4proto udp counter name \"hash_0a01\" dnat to 10.77.1.2:443",
+            "ip daddr 10.77.0.1 udp dport 443 jump quic",
+            // Short: 8 + 1 + 17 bytes, form bit at payload bit 0 (64), first octet at byte 1.
+            "udp length >= 26 @th,64,1 0 @th,72,8 0x10 @th,80,16 vmap @cid_node",
+            "udp length >= 26 @th,64,1 0 @th,72,8 0x10 counter name \"unknown_node\" drop",
+            // Long: 8 + 6 + 17 + 1; DCID length at byte 5 (bit 104), CID at byte 6 (112).
+            "udp length >= 32 @th,64,1 1 @th,104,8 17 @th,112,8 0x10 @th,120,16 vmap @cid_node",
+            "jhash ip saddr . udp sport mod 3 seed 0x00005eed vmap { 0 : goto hash_0a01, 1 : goto hash_0a02, 2 : goto hash_0a03 }",
+            "PLAINTEXT CIDs ONLY",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
+        // The drop comes after the map lookup that would have routed it, the hash last.
+        let at = |s: &str| text.find(s).unwrap();
+        let drop = at("counter name \"unknown_node\" drop");
+        assert!(at("vmap @cid_node") < drop && drop < at("jhash ip saddr"));
+    }
+
+    /// The offsets and widths for node IDs of every length ringmux nodes can have behind an
+    /// nftables balancer, computed here from the packet layout, not from the generator.
+    #[test]
+    fn node_ids_of_1_to_14_bytes_read_their_bytes() {
+        for len in 1..=14usize {
+            let id = "ab".repeat(len);
+            let p = plan(&[
+                "--vip",
+                "192.0.2.1:443",
+                "--node",
+                &format!("{id}=192.0.2.10"),
+            ])
+            .unwrap_or_else(|e| panic!("{len} bytes: {e:#}"));
+            let nonce = if len <= 11 { 16 - len - 1 } else { 4 };
+            let cid = 1 + len + 1 + nonce;
+            assert_eq!(p.cid_len, cid, "{len}");
+            assert_eq!(usize::from(p.first_octet), cid - 1, "config 0: length only");
+            let text = nftables(&p);
+            let bits = len * 8;
+            for want in [
+                format!("typeof @th,80,{bits} : verdict"),
+                format!("elements = {{ 0x{id} : goto cid_{id} }}"),
+                format!("udp length >= {} @th,64,1 0 @th,72,8 {:#04x} @th,80,{bits} vmap", 9 + cid, cid - 1),
+                format!(
+                    "udp length >= {} @th,64,1 1 @th,104,8 {cid} @th,112,8 {:#04x} @th,120,{bits} vmap",
+                    15 + cid,
+                    cid - 1
+                ),
+            ] {
+                assert!(text.contains(&want), "{len} bytes: no {want:?} in\n{text}");
+            }
+        }
+    }
+
+    #[test]
+    fn config_id_and_nonce_shape_the_first_octet() {
+        let p = plan(&[
+            "--vip",
+            "10.0.0.1:443",
+            "--node",
+            "0102030405060708=10.0.0.2",
+            "--config-id",
+            "2",
+            "--nonce-len",
+            "4",
+        ])
+        .unwrap();
+        // 1 + 8 + 1 + 4 = 14 bytes; first octet 0b010 << 5 | 13.
+        assert_eq!((p.cid_len, p.first_octet), (14, 0x4d));
+        assert!(nftables(&p).contains("@th,72,8 0x4d @th,80,64 vmap"));
+        // An 8-byte ID written as NLB does, 0x and 16 hex digits.
+        let p = plan(&[
+            "--vip",
+            "10.0.0.1:443",
+            "--node",
+            "0x0102030405060708=10.0.0.2",
+        ])
+        .unwrap();
+        assert_eq!(p.nodes[0].id, [1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn a_draining_node_keeps_its_cids_and_gets_no_hash() {
+        let mut a = THREE.to_vec();
+        a.extend(["--drain", "0a02"]);
+        let text = nftables(&plan(&a).unwrap());
+        assert!(text.contains("0x0a02 : goto cid_0a02"), "{text}");
+        assert!(
+            text.contains("mod 2 seed 0x00005eed vmap { 0 : goto hash_0a01, 1 : goto hash_0a03 }")
+        );
+        assert!(text.contains("# Node 0a02 (draining)."));
+    }
+
+    #[test]
+    fn ipv6_uses_ip6_everywhere() {
+        let p = plan(&[
+            "--vip",
+            "[fd77::1]:443",
+            "--node",
+            "01=fd77:1::2",
+            "--node",
+            "02=[fd77:2::2]:8443",
+        ])
+        .unwrap();
+        let text = nftables(&p);
+        for want in [
+            "table ip6 ringmux {",
+            "ip6 daddr fd77::1 udp dport 443 jump quic",
+            "dnat to [fd77:1::2]:443",
+            "dnat to [fd77:2::2]:8443",
+            "jhash ip6 saddr . udp sport mod 2",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
+        assert!(!text.contains(" ip saddr") && !text.contains("table ip "));
+    }
+
+    #[test]
+    fn a_random_seed_by_default() {
+        let a = args(&[
+            "--plaintext-cids",
+            "--vip",
+            "10.0.0.1:1",
+            "--node",
+            "01=10.0.0.2",
+        ]);
+        let seeds: std::collections::HashSet<u32> =
+            (0..4).map(|_| a.validate().unwrap().seed).collect();
+        assert!(seeds.len() > 1, "{seeds:?}");
+    }
+
+    #[test]
+    fn refusals_name_the_value_and_the_fix() {
+        let base = ["--vip", "10.0.0.1:443"];
+        let with = |more: &[&'static str]| -> Vec<&'static str> {
+            let mut v = base.to_vec();
+            v.extend_from_slice(more);
+            v
+        };
+        for (a, wants) in [
+            (with(&["--node", "0a"]), &["0a", "ID=ADDR"][..]),
+            (with(&["--node", "zz=10.0.0.2"]), &["zz", "hex"]),
+            (with(&["--node", "=10.0.0.2"]), &["node ID", "hex"]),
+            (with(&["--node", "0a=nowhere"]), &["nowhere", "ADDR:PORT"]),
+            (
+                with(&["--node", "0a=[fd00::2]:443"]),
+                &["fd00::2", "family"],
+            ),
+            (with(&["--node", "0a=10.0.0.2:0"]), &["port 0"]),
+            (
+                with(&["--node", "0a=10.0.0.2", "--node", "0a0b=10.0.0.3"]),
+                &["0a0b", "2 bytes", "same length"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--node", "0A=10.0.0.3"]),
+                &["0a", "twice"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--drain", "0b"]),
+                &["0b", "--drain", "names no --node"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--drain", "0a"]),
+                &["every node"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--config-id", "7"]),
+                &["--config-id", "config_id = 7"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--nonce-len", "3"]),
+                &["--nonce-len", "nonce_len = 3"],
+            ),
+            (
+                with(&["--node", "0102030405060708090a0b0c0d0e0f=10.0.0.2"]),
+                &["node_id is 15 bytes", "1..=14"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--table", "1bad"]),
+                &["--table", "1bad"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--hash-seed", "xyz"]),
+                &["--hash-seed", "xyz"],
+            ),
+        ] {
+            let e = refused(&a);
+            for w in wants {
+                assert!(e.contains(w), "{a:?}: {e:?} does not name {w:?}");
+            }
+        }
+        let e = format!(
+            "{:#}",
+            args(&["--vip", "10.0.0.1:443", "--node", "0a=10.0.0.2"])
+                .validate()
+                .unwrap_err()
+        );
+        assert!(
+            e.contains("--plaintext-cids") && e.contains("encrypted"),
+            "{e}"
+        );
+    }
+}
