@@ -6,7 +6,7 @@
 //! `fwd-bench blast` only sends and `fwd-bench keygen` writes a key file (for
 //! scripts/profile.sh).
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -144,6 +144,10 @@ struct RunArgs {
     /// Keep the temporary directory (ringmux logs, key file, reference build).
     #[arg(long)]
     keep_temp: bool,
+    /// Run over IPv6: ringmux listens on [::1] and the sender sends from [::1] (default:
+    /// 127.0.0.1). The C reference binds IPv4 only, so not with --reference.
+    #[arg(long)]
+    ipv6: bool,
 }
 
 #[derive(Debug, Args)]
@@ -255,6 +259,9 @@ struct Document<'a> {
 }
 
 fn run(a: RunArgs) -> Result<()> {
+    if a.ipv6 && a.reference.is_some() {
+        bail!("--ipv6 with --reference: the C reference forwarder binds IPv4 only; drop one of the two");
+    }
     for m in &a.modes {
         if !["shm", "unix", "drop", "reuseport"].contains(&m.as_str()) {
             bail!("--modes: {m:?} is not one of shm, unix, drop, reuseport");
@@ -399,6 +406,11 @@ fn run(a: RunArgs) -> Result<()> {
                     rcvbuf: a.rcvbuf,
                     cpus: cpus.clone(),
                     key_file: key_file.clone(),
+                    loopback: if a.ipv6 {
+                        Ipv6Addr::LOCALHOST.into()
+                    } else {
+                        Ipv4Addr::LOCALHOST.into()
+                    },
                     log: tmp.join(format!("ringmux-{mode}-{round}.log")),
                     extra: [
                         vec!["--spin-us".to_string(), a.spin_us.to_string()],

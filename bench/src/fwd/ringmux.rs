@@ -3,7 +3,7 @@
 //! stopped (SIGTERM, then SIGKILL if it lingers; also on drop, so a failing run leaves nothing).
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -28,6 +28,8 @@ pub struct Spec {
     /// `--cpus`: demux first, then instances.
     pub cpus: Option<String>,
     pub key_file: PathBuf,
+    /// The loopback address ringmux listens on (`127.0.0.1` or `::1`); the sender follows.
+    pub loopback: IpAddr,
     /// Where ringmux's stderr goes.
     pub log: PathBuf,
     /// Anything else (`--spin-us 50`, `--ring-slots 4096`, ...).
@@ -52,7 +54,9 @@ impl Ringmux {
         let log = std::fs::File::create(&spec.log)
             .with_context(|| format!("creating {}", spec.log.display()))?;
         let mut cmd = Command::new(&spec.ringmux);
-        cmd.args(["--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"])
+        cmd.arg("--listen")
+            .arg(SocketAddr::new(spec.loopback, 0).to_string())
+            .args(["--metrics", "127.0.0.1:0"])
             .args(["--instances", &spec.instances.to_string()])
             .args(["--forward", &spec.forward])
             .args(["--worker-mode", &spec.worker_mode])
