@@ -144,7 +144,7 @@ struct RunArgs {
     /// Keep the temporary directory (ringmux logs, key file, reference build).
     #[arg(long)]
     keep_temp: bool,
-    /// Run over IPv6: ringmux listens on [::1] and the sender sends from [::1] (default:
+    /// Run over IPv6: ringmux listens on `[::1]` and the sender sends from `[::1]` (default:
     /// 127.0.0.1). The C reference binds IPv4 only, so not with --reference.
     #[arg(long)]
     ipv6: bool,
