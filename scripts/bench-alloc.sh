@@ -35,7 +35,7 @@ command -v perf >/dev/null || { echo "bench-alloc.sh: perf is required (apt-get 
 command -v jq >/dev/null || { echo "bench-alloc.sh: jq is required (apt-get install jq)" >&2; exit 1; }
 ((requests >= 100)) || { echo "bench-alloc.sh: --requests $requests: give at least 100" >&2; exit 2; }
 if ((build)); then
-  cargo build --release -p ringmux-demux -p ringmux-worker -p ringmux-bench --bins
+  cargo build --release -p ringmux-demux -p ringmux-server -p ringmux-bench --bins
 fi
 
 libc=$(ldd "$bin/ringmux-worker" | awk '/libc\.so/ { print $3 }')

@@ -46,7 +46,7 @@ done
 target=${CARGO_TARGET_DIR:-target}
 bin=$target/release
 if ((build)); then
-  cargo build --release -p ringmux-demux -p ringmux-worker -p ringmux-bench --bins
+  cargo build --release -p ringmux-demux -p ringmux-server -p ringmux-bench --bins
 fi
 out=${out:-$(mktemp -d /tmp/bench-proxy.XXXXXX)}
 mkdir -p "$out"

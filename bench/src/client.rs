@@ -397,8 +397,9 @@ impl H3Conn {
         }
         match stream.finish().await {
             Ok(()) => {}
-            // G9: a server that has already answered may have stopped our request side
-            // (STOP_SENDING 0); the response can still be complete.
+            // A server that has already answered may have stopped our request side
+            // (STOP_SENDING 0, as quinn does for a stream dropped before its FIN was read);
+            // the response can still be complete.
             Err(StreamError::RemoteTerminate { .. }) => {}
             Err(e) => return Err(e.into()),
         }

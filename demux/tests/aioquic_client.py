@@ -5,7 +5,7 @@
 
 Prints exactly one JSON object on stdout: {"ok": bool, "error": str|null, "bodies": [...], ...}.
 Each entry of "bodies" is "PATH STATUS LENGTH FNV1A64HEX"; the Rust test checks them against
-ringmux_worker::http::fill_pattern, so this script holds no copy of the pattern. Large bodies
+ringmux_server::http::fill_pattern, so this script holds no copy of the pattern. Large bodies
 ("download") are written to DIR instead. Exit status is 0 whenever the JSON was printed.
 
 Scenarios: get, paths (GET each --path), upload (POST --upload-bytes to each --path), many (100 requests, one connection), conns (20 parallel connections), migrate

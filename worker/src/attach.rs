@@ -379,7 +379,7 @@ impl Worker {
     /// The access log, when ringmux runs with `--access-log`: a file open for appending (or
     /// the demux's standard error) that every worker shares. Write whole lines, each `write` a
     /// whole number of lines of at most 4096 bytes together (so that lines of different
-    /// workers never interleave); [`crate::access_log::AccessLog`] does. Its flags, its length
+    /// workers never interleave); the built-in server's `ringmux_server::access_log::AccessLog` does. Its flags, its length
     /// and its number are every worker's: the filter refuses changing them. `None` without
     /// it, and after the first call.
     pub fn access_log(&self) -> Option<std::fs::File> {
@@ -547,10 +547,11 @@ impl Worker {
         *self.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
     }
 
-    /// Runs the benchmark sink instead of QUIC (`--worker-mode sink`): drains the ingress,
-    /// checks that every datagram's connection ID is this instance's, and reports counts and
-    /// ring latency, until the demux says to stop.
-    pub fn run_sink(self) -> Result<(), AttachError> {
+    /// For a worker that reads its datagrams itself, without quinn (ringmux's benchmark sink,
+    /// `--worker-mode sink`): tells the demux this worker is ready and hands over the ingress,
+    /// the worker's own socket, the router that says which connection IDs are this worker's,
+    /// and the control socket, on which the caller reports (`STATS`) and hears `SHUTDOWN`.
+    pub fn into_raw(self) -> Result<RawParts, AttachError> {
         let parts = self
             .parts
             .lock()
@@ -562,17 +563,50 @@ impl Worker {
                 what: "QUIC-LB parameters",
                 problem: e.to_string(),
             })?;
-        let io = |what| move |source| AttachError::Io { what, source };
-        control::send(parts.control.as_fd(), &Message::Ready).map_err(io("reporting ready"))?;
+        control::send(parts.control.as_fd(), &Message::Ready).map_err(|source| {
+            AttachError::Io {
+                what: "reporting ready",
+                source,
+            }
+        })?;
         let lane = router.lane(
             self.instance,
             ringmux_proto::generation_slot(self.worker_generation),
         );
-        let source = match parts.ingress {
-            Some(ingress) => crate::sink::Source::Ingress(ingress),
-            None => crate::sink::Source::Socket(parts.public),
-        };
-        crate::sink::run(source, router, lane, parts.control).map_err(io("sink"))
+        Ok(RawParts {
+            ingress: parts.ingress,
+            socket: parts.public,
+            router,
+            lane,
+            control: parts.control,
+        })
+    }
+}
+
+/// What [`Worker::into_raw`] hands over.
+pub struct RawParts {
+    /// Where the demux forwards this worker's datagrams; `None` under kernel steering
+    /// (`--forward reuseport`), where they arrive on `socket`.
+    pub ingress: Option<Ingress>,
+    /// The worker's own UDP socket (descriptor 4): it sends, and under kernel steering it
+    /// receives too.
+    pub socket: OwnedFd,
+    /// Routes connection IDs; a datagram is this worker's when it routes to
+    /// `Route::Owned(lane)`.
+    pub router: Router,
+    /// This worker's lane (its instance in its generation slot).
+    pub lane: u8,
+    /// The control socket, non-blocking use only through [`crate::control`].
+    pub control: OwnedFd,
+}
+
+impl fmt::Debug for RawParts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawParts")
+            .field("lane", &self.lane)
+            .field("socket", &self.socket)
+            .field("control", &self.control)
+            .finish_non_exhaustive()
     }
 }
 

@@ -41,39 +41,34 @@
 //! `worker/examples/` has this echo server and a small h3 application; [`Worker`]'s docs say
 //! what the library shares between instances and what stays the application's.
 //!
-//! The modules below are what ringmux's own built-in worker is made of:
+//! The modules below are the library; ringmux's own built-in server (HTTP/3 and HTTPS over
+//! TCP, static files, the reverse proxy, the benchmark sink) is built on them in the
+//! `ringmux-server` package, which also makes the `ringmux-worker` program:
 //!
 //! * [`attach`]: [`Worker`], the attachment to the demux.
 //! * [`tls`]: certificate chain, shared session-ticket key, rustls server config.
 //! * [`quic`]: quinn endpoint/server configuration with the keys shared by all instances.
-//! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
-//! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`).
-//! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`socket`]: [`socket::RingSocket`], a quinn `AsyncUdpSocket` over a ringmux ingress.
 //! * [`ingress`]: where datagrams come from (ring or unix socket), and the unix framing decoder.
 //! * [`control`]: the worker's end of the control socket (messages from `ringmux-proto`).
 //! * [`sessions`]: the TLS session store every instance shares, held by the demux.
-//! * [`sink`]: the count-only benchmark worker (no quinn).
-//! * [`sys`]: every system call of this crate, wrapped once.
+//!
+//! Every system call of this crate is wrapped once, in a private module; [`cpu_time`] and
+//! [`poll_readable`] are the two a worker that reads its ingress itself needs.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod access_log;
 pub mod attach;
 pub mod control;
-pub mod files;
-pub mod http;
 pub mod ingress;
-pub mod proxy;
 pub mod quic;
 pub mod sessions;
-pub mod sink;
 pub mod socket;
-pub mod sys;
-pub mod tcp;
+mod sys;
 pub mod tls;
 
-pub use attach::{AttachError, BuiltinOptions, Drain, Worker};
+pub use attach::{AttachError, BuiltinOptions, Drain, RawParts, Worker};
+pub use sys::{cpu_time, poll_readable};
 
 // The contract and the CID codec must agree on how many generations a CID tells apart.
 const _: () = assert!(ringmux_proto::GENERATION_SLOTS == ringmux_quic_lb::GENERATION_SLOTS);

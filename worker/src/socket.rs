@@ -1,6 +1,7 @@
 //! [`RingSocket`]: a quinn [`AsyncUdpSocket`] whose receive side is a ringmux ingress (the shared
-//! memory ring, or the baseline unix `SOCK_SEQPACKET` socket) and whose send side is this
-//! process's own descriptor of the public UDP socket. Put any quinn application behind ringmux
+//! memory ring, or the baseline unix `SOCK_SEQPACKET` socket) and whose send side is the
+//! worker's own sending socket (descriptor 4: bound by the demux to the public address, a member
+//! of the public socket's `SO_REUSEPORT` group that never receives). Put any quinn application behind ringmux
 //! by building its endpoint with `Endpoint::new_with_abstract_socket(.., Arc::new(ring_socket), ..)`.
 //!
 //! Receive: datagrams are copied from ring slots into quinn's buffers (quinn copies once more
@@ -8,15 +9,14 @@
 //! `Pending` after waking itself, so timers and sends still run) for the configured spin time,
 //! then announces a sleep and waits on the doorbell pipe through tokio's reactor.
 //!
-//! Send: `quinn::udp::UdpSocketState::send` with GSO on the public socket. The socket's options
+//! Send: `quinn::udp::UdpSocketState::send` with GSO on the sending socket. The socket's options
 //! belong to the demux and are never changed here (the send state is probed on a scratch
-//! socket, see `send_state`). The descriptor is never registered with the reactor: every worker
-//! shares the socket's file description, and a registration for writability would wake every
-//! worker after any worker's send (the kernel's write-space callback wakes every waiter on the
-//! shared socket). `poll_writable` is always ready unless the last
-//! send hit `EAGAIN`, after which it waits a short timer. Only `WouldBlock` ever reaches quinn: any other send
-//! error ends that connection's driver (quinn 0.11 `connection.rs`). Errors from `poll_recv`
-//! would kill the whole endpoint, so malformed ingress is dropped and counted, never returned.
+//! socket, see `send_state`). The descriptor is not registered with the reactor: it never
+//! receives, and it is writable unless its send buffer is full, so `poll_writable` is always
+//! ready unless the last send hit `EAGAIN`, after which it waits a short timer. Only
+//! `WouldBlock` ever reaches quinn: any other send error ends that connection's driver (quinn
+//! 0.11). Errors from `poll_recv` would kill the whole endpoint, so malformed ingress is dropped
+//! and counted, never returned.
 
 use std::fmt;
 use std::future::Future;
@@ -124,7 +124,7 @@ impl AsyncUdpSocket for RingSocket {
 
     fn try_send(&self, transmit: &Transmit<'_>) -> io::Result<()> {
         // `send`, not `try_send`: only WouldBlock escapes; EMSGSIZE, ECONNREFUSED etc. are logged
-        // and swallowed so that quinn never freezes a connection over them (G3).
+        // and swallowed, since quinn 0.11 ends a connection's driver on any other send error.
         match self.tx_state.send(UdpSockRef::from(&self.tx), transmit) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 self.send_blocked.store(true, Ordering::Relaxed);
@@ -166,7 +166,8 @@ impl AsyncUdpSocket for RingSocket {
     }
 }
 
-/// Send readiness without registering the shared descriptor (G2).
+/// Send readiness without registering the descriptor with the reactor: ready, or a short
+/// timer after a send that hit `EAGAIN` (module documentation).
 struct SendPoller {
     socket: Arc<RingSocket>,
     backoff: Option<Pin<Box<tokio::time::Sleep>>>,

@@ -5,7 +5,8 @@
 //! * [`unix`]: the baseline, one `SOCK_SEQPACKET` message per datagram, and the one decoder
 //!   of its framing.
 //!
-//! [`crate::socket::RingSocket`] (quinn) and [`crate::sink`] (benchmarks) read from an
+//! [`crate::socket::RingSocket`] (quinn) and [`crate::Worker::into_raw`] (a worker without quinn,
+//! such as ringmux's benchmark sink) read from an
 //! [`Ingress`].
 
 pub mod shm;

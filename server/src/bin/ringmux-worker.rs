@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ringmux_worker::access_log::AccessLog;
-use ringmux_worker::files::{DocRoot, FileOptions};
-use ringmux_worker::http::{serve_with, ServerStats, Site};
-use ringmux_worker::proxy::Upstream;
+use ringmux_server::access_log::AccessLog;
+use ringmux_server::files::{DocRoot, FileOptions};
+use ringmux_server::http::{serve_with, ServerStats, Site};
+use ringmux_server::proxy::Upstream;
+use ringmux_server::sink;
+use ringmux_server::tcp::TcpOptions;
 use ringmux_worker::quic::ServerOptions;
-use ringmux_worker::tcp::TcpOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
@@ -43,7 +44,12 @@ fn run() -> Result<()> {
     let _span = tracing::info_span!("worker", instance = worker.instance()).entered();
     if worker.builtin_options().sink {
         tracing::info!("sink running");
-        return worker.run_sink().context("sink");
+        let raw = worker.into_raw().context("sink")?;
+        let source = match raw.ingress {
+            Some(ingress) => sink::Source::Ingress(ingress),
+            None => sink::Source::Socket(raw.socket),
+        };
+        return sink::run(source, raw.router, raw.lane, raw.control).context("sink");
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -141,7 +147,7 @@ async fn serve(worker: Worker) -> Result<()> {
                 None => None,
             };
             tracing::info!("serving HTTPS over TCP too");
-            Some(ringmux_worker::tcp::serve(
+            Some(ringmux_server::tcp::serve(
                 listener,
                 tls,
                 site.clone(),
@@ -162,7 +168,7 @@ async fn serve(worker: Worker) -> Result<()> {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .context("registering the plain-HTTP listener")?;
             tracing::info!("answering plain HTTP with redirects to HTTPS");
-            Some(ringmux_worker::tcp::serve_redirects(
+            Some(ringmux_server::tcp::serve_redirects(
                 listener,
                 port,
                 site.clone(),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""aioquic HTTP/3 client for the static-file tests in worker/tests/http.rs.
+"""aioquic HTTP/3 client for the static-file tests in server/tests/http.rs.
 
     aioquic_files.py HOST PORT REQUEST...
 

@@ -13,9 +13,9 @@ use ringmux_proto::{Message, WorkerReport};
 use ringmux_quic_lb::{Route, Router};
 use ringmux_ring::monotonic_ns;
 
-use crate::control;
-use crate::ingress::{recv_unix, Ingress, UnixRecv};
-use crate::sys;
+use ringmux_worker::control;
+use ringmux_worker::ingress::{recv_unix, Ingress, UnixRecv};
+use ringmux_worker::{cpu_time, poll_readable};
 
 struct Tally {
     received: u64,
@@ -78,7 +78,7 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
                     match own.recv(fd, |seg| t.count(&router, lane, seg)) {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                            sys::poll_readable(fd, Some(Duration::from_millis(100)))?;
+                            poll_readable(fd, Some(Duration::from_millis(100)))?;
                         }
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(e) => return Err(e),
@@ -117,7 +117,7 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
                 Ok(UnixRecv::Dropped) => t.dropped += 1,
                 Ok(UnixRecv::Closed) => return Ok(()), // the demux closed it
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    sys::poll_readable(fd.as_fd(), Some(Duration::from_millis(100)))?;
+                    poll_readable(fd.as_fd(), Some(Duration::from_millis(100)))?;
                 }
                 Err(e) => return Err(e),
             },
@@ -191,5 +191,5 @@ impl OwnSocket {
 
 /// CPU time of this process (user + system), ns.
 pub fn cpu_ns() -> u64 {
-    u64::try_from(sys::cpu_time().as_nanos()).unwrap_or(u64::MAX)
+    u64::try_from(cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }

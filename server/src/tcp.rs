@@ -7,7 +7,7 @@
 //! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
 //! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN).
 //! Connections come from the demux's listening socket, which every worker accepts from
-//! ([`crate::Worker::tcp_listener`]).
+//! ([`ringmux_worker::Worker::tcp_listener`]).
 //!
 //! Bad input and overload: a TLS handshake must finish within [`TcpOptions::handshake_timeout`]
 //! (idle or half-open connections never pile up), an HTTP/1.1 request head within

@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::access_log::{AccessLog, Entry};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::proxy::{proxy_h3, Outcome, Upstream};
-use crate::quic::ServerOptions;
+use ringmux_worker::quic::ServerOptions;
 
 /// Request stream type of the h3 server over quinn.
 type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
@@ -257,7 +257,7 @@ pub async fn serve(
 /// endpoint.
 ///
 /// `opts.retry` and `opts.early_requests` are read here; the other options belong to
-/// [`crate::quic::server_config`].
+/// [`ringmux_worker::quic::server_config`].
 pub async fn serve_with(
     endpoint: quinn::Endpoint,
     site: Arc<Site>,
@@ -697,7 +697,7 @@ impl Req {
             self.send_body(stream, reply.body).await?;
         }
         stream.finish().await?;
-        // G9: read the request side to its end so quinn does not answer the client's FIN with
+        // Read the request side to its end so quinn does not answer the client's FIN with
         // STOP_SENDING(0), which a client that finishes late sees as "Remote reset: 0".
         drain(stream).await?;
         Ok((status, bytes))

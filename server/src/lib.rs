@@ -1,0 +1,21 @@
+//! `ringmux-server`: ringmux's built-in server, and the `ringmux-worker` program ringmux starts
+//! by default. Built on the `ringmux-worker` library like any other application behind
+//! ringmux: it attaches to the demux, serves HTTP/3 on the endpoint the library hands it, and
+//! HTTPS over TCP on the listener the demux shares.
+//!
+//! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
+//! * [`tcp`]: HTTPS over TCP (HTTP/1.1 and HTTP/2 by ALPN) with `alt-svc`, and the plain-HTTP
+//!   redirects.
+//! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
+//! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), for both transports.
+//! * [`access_log`]: one line per request, written off the request path.
+//! * [`sink`]: the count-only benchmark worker (no quinn).
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod access_log;
+pub mod files;
+pub mod http;
+pub mod proxy;
+pub mod sink;
+pub mod tcp;
