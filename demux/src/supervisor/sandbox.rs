@@ -231,22 +231,51 @@ fn always() -> Vec<SeccompRule> {
 }
 
 /// Syscall number → rules (any rule matching refuses; no rule at all refuses always).
-fn refusals(
+type Refusals = BTreeMap<i64, Vec<SeccompRule>>;
+
+/// The descriptor numbers the rules protect.
+struct Fds {
+    /// The worker has a lane socket of its own (kernel steering) rather than an ingress.
     own_socket: bool,
     held: Shared,
-) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
-    use SeccompCmpOp::{Eq, MaskedEq, Ne};
-    let mut r: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
-    let not_self = |arg| arg32(arg, Ne, u64::from(SELF_PID));
-    let not_zero = |arg| arg32(arg, Ne, 0);
-    let on_public = |arg| arg32(arg, Eq, PUBLIC_FD);
-    // The descriptors nothing may duplicate, reconfigure or shut down: 4, and those at 5 to 7
-    // it holds (the listeners, whose file description, options and accept queue every worker
-    // shares, and the access log, whose file description and file every worker shares).
-    let listeners = held.listeners();
-    let shared: Vec<u64> = std::iter::once(PUBLIC_FD).chain(held.fds()).collect();
-    let shared = shared.as_slice();
+    /// Nothing may duplicate, reconfigure or shut down these: 4, and those at 5 to 7 it holds
+    /// (the listeners, whose file description, options and accept queue every worker shares,
+    /// and the access log, whose file description and file every worker shares).
+    shared: Vec<u64>,
+    /// These stay what the demux made them for the life of the process and every image it
+    /// executes: 3, 4 and the held ones.
+    kept: Vec<u64>,
+}
 
+/// Every refusal of the filter, by what it protects.
+fn refusals(own_socket: bool, held: Shared) -> Result<Refusals, seccompiler::BackendError> {
+    let fds = Fds {
+        own_socket,
+        held,
+        shared: std::iter::once(PUBLIC_FD).chain(held.fds()).collect(),
+        kept: [ringmux_proto::CONTROL_FD as u64, PUBLIC_FD]
+            .into_iter()
+            .chain(held.fds())
+            .collect(),
+    };
+    let mut r = Refusals::new();
+    other_processes(&mut r)?;
+    sockets(&mut r, &fds)?;
+    descriptors(&mut r, &fds)?;
+    process_settings(&mut r)?;
+    Ok(r)
+}
+
+/// `arg` (32 bits) is not the caller's PID (0 stands for the caller where the call allows it).
+fn not_self(arg: u8) -> SeccompCondition {
+    arg32(arg, SeccompCmpOp::Ne, u64::from(SELF_PID))
+}
+
+/// Other processes: signals, tracing, scheduling and limits of anything but the worker
+/// itself; new processes; the kernel interfaces a worker has no use for.
+fn other_processes(r: &mut Refusals) -> Result<(), seccompiler::BackendError> {
+    use SeccompCmpOp::{MaskedEq, Ne};
+    let not_zero = |arg| arg32(arg, Ne, 0);
     // Signals: to the worker itself only. `kill(0)` (its process group, which is the demux's)
     // and `kill(-1)` are "not self" too.
     r.insert(libc::SYS_kill, vec![all(vec![not_self(0)])?]);
@@ -309,6 +338,17 @@ fn refusals(
         libc::SYS_clone,
         vec![all(vec![arg32(0, MaskedEq(libc::CLONE_THREAD as u64), 0)])?],
     );
+    Ok(())
+}
+
+/// Sockets: none that reads the wire; on the public socket (or the lane's own) no receive,
+/// change or copy; on every socket, no move within the public socket's group.
+fn sockets(r: &mut Refusals, fds: &Fds) -> Result<(), seccompiler::BackendError> {
+    use SeccompCmpOp::{Eq, MaskedEq, Ne};
+    let own_socket = fds.own_socket;
+    let on_public = |arg| arg32(arg, Eq, PUBLIC_FD);
+    let listeners = fds.held.listeners();
+    let shared = fds.shared.as_slice();
     // Sockets that would read the wire.
     const SOCK_TYPE_MASK: u64 = 0xf;
     r.insert(
@@ -398,9 +438,6 @@ fn refusals(
     // and every image it executes: they cannot be closed, replaced, or marked close-on-exec
     // (`fcntl`, `ioctl`, `close_range`, `dup3`), after which an `execve` would free the number
     // for a socket of the worker's own and every rule below would bind that socket instead.
-    let control = ringmux_proto::CONTROL_FD as u64;
-    let kept: Vec<u64> = [control, PUBLIC_FD].into_iter().chain(held.fds()).collect();
-    let kept = kept.as_slice();
     for nr in [libc::SYS_recvmsg, libc::SYS_recvmmsg] {
         let rules = if own_socket {
             vec![all(vec![arg32(0, Ne, PUBLIC_FD)])?]
@@ -409,6 +446,15 @@ fn refusals(
         };
         r.insert(nr, rules);
     }
+    // sendfile(out, in): from the public socket.
+    r.insert(libc::SYS_sendfile, vec![all(vec![on_public(1)])?]);
+    Ok(())
+}
+
+/// Descriptors 3, 4 and the held ones: not closed, replaced, copied, re-flagged or cut short.
+fn descriptors(r: &mut Refusals, fds: &Fds) -> Result<(), seccompiler::BackendError> {
+    use SeccompCmpOp::{Eq, Ne};
+    let (held, shared, kept) = (fds.held, fds.shared.as_slice(), fds.kept.as_slice());
     let mut close = Vec::new();
     let mut close_range = Vec::new();
     for &fd in kept {
@@ -434,8 +480,6 @@ fn refusals(
         }
         r.insert(nr, rules);
     }
-    // sendfile(out, in): from the public socket.
-    r.insert(libc::SYS_sendfile, vec![all(vec![on_public(1)])?]);
     // fcntl: duplicating or re-flagging descriptor 4; close-on-exec on 3; I/O signals to another
     // process (for any descriptor).
     // include/uapi/asm-generic/fcntl.h and sockios.h; the same on x86_64 and aarch64.
@@ -491,6 +535,12 @@ fn refusals(
         }
     }
     r.insert(libc::SYS_ioctl, ioctl);
+    Ok(())
+}
+
+/// The worker's own process settings that protect it: an allow-list of `prctl` options.
+fn process_settings(r: &mut Refusals) -> Result<(), seccompiler::BackendError> {
+    use SeccompCmpOp::{Eq, Ne};
     // prctl: an allow-list of options. Above all `PR_SET_PDEATHSIG` with anything but SIGKILL
     // (0 disarms it: the worker would outlive a killed demux, holding its socket) and
     // `PR_SET_DUMPABLE` 1 (its memory open to any process of its user again).
@@ -508,7 +558,7 @@ fn refusals(
             all(vec![arg32(0, Eq, PR_SET_DUMPABLE), arg32(1, Ne, 0)])?,
         ],
     );
-    Ok(r)
+    Ok(())
 }
 
 /// `clone3` → `ENOSYS` (glibc then uses `clone`, whose flags the refusals can read); on x86_64
