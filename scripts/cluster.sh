@@ -1,0 +1,601 @@
+#!/usr/bin/env bash
+# scripts/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
+# made by `ringmux lb-config nftables`, all on this machine in network namespaces (README
+# "More than one box"). Needs root, iproute2 (`ip netns`), nftables, and for `test`
+# gtlsclient (ngtcp2-client), curl and python3.
+#
+#   rmx-client 10.77.0.2, fd77::2 ──veth── rmx-lb 10.77.0.1 = the VIP, fd77::1 = the IPv6 VIP
+#                                          │  nftables: CIDs to their node, new 4-tuples hashed
+#                            ┌──veth───────┼──────veth──┬──────veth──┐
+#                  rmx-n1 10.77.1.2    rmx-n2 10.77.2.2     rmx-n3 10.77.3.2   (fd77:N::2)
+#
+# Each node runs DIR/ringmux (default target/debug) on [::]:443 with its own 8-byte --node-id,
+# --plaintext-cids and one shared key file; its default route goes back through rmx-lb, whose
+# connection tracking gives the replies the VIP's address. Addresses exist only inside these
+# namespaces.
+#
+#   up    clean up leftovers, then build the namespaces, start the nodes, apply the rules
+#   test  up (nodes with --retry always), then: every packet length through the rules, 60+
+#         connections spread over the nodes, a NEW_TOKEN token of one node taken by another,
+#         active migration and NAT rebinding, `ringmux upgrade` of a node under load, a drained
+#         and a removed node, IPv6; then down (also on failure). Exit 0 only if all passed.
+#   down  stop the nodes, delete the namespaces and the state folder
+#
+# Every wait polls for an outcome with a bound; nothing sleeps in its place.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() {
+  echo "usage: $0 up|test|down [--bin DIR] [--retry auto|always|never]" >&2
+  exit 2
+}
+(($# >= 1)) || usage
+CMD=$1
+shift
+BIN=${RINGMUX_CLUSTER_BIN:-target/debug}
+RETRY=auto
+while (($#)); do
+  case $1 in
+    --bin) BIN=${2:?--bin needs a folder}; shift 2 ;;
+    --retry) RETRY=${2:?--retry needs a mode}; shift 2 ;;
+    *) usage ;;
+  esac
+done
+BIN=$(cd "$BIN" && pwd)
+STATE=${RMX_CLUSTER_DIR:-/tmp/rmx-cluster}
+NS_CLIENT=rmx-client
+NS_LB=rmx-lb
+NODES=(1 2 3)
+# 8-byte node IDs ("ringmux" and the node's number): what AWS NLB's QuicServerId would hold.
+node_id() { printf '72696e676d7578%02x' "$1"; }
+VIP=10.77.0.1
+VIP6=fd77::1
+PORT=443
+TABLE=ringmux
+URL="https://$VIP:$PORT"
+
+say() { echo "== cluster: $*"; }
+fail() {
+  echo "cluster: FAILED: $*" >&2
+  exit 1
+}
+in_ns() {
+  local ns=$1
+  shift
+  ip netns exec "$ns" "$@"
+}
+
+# ---------------------------------------------------------------------------------------------
+# down / up
+
+down() {
+  local ns pid
+  for n in "${NODES[@]}"; do
+    if [[ -f $STATE/n$n.pid ]]; then
+      pid=$(cat "$STATE/n$n.pid")
+      # Only our own demux: the process whose command line is the ringmux we started.
+      if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "--node-id $(node_id "$n")"; then
+        kill "$pid" 2>/dev/null || true
+      fi
+    fi
+  done
+  for ns in "$NS_CLIENT" "$NS_LB" "${NODES[@]/#/rmx-n}"; do
+    if ip netns list | grep -qw "^$ns"; then
+      # Whatever is left inside our namespaces is ours (the demuxes' workers, a client).
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        kill -9 "$pid" 2>/dev/null || true
+      done
+      ip netns del "$ns"
+    fi
+  done
+  rm -rf "$STATE"
+}
+
+# Polls `$@` until it succeeds, at most $1 tries of 100 ms: a bound, not a delay.
+poll() {
+  local tries=$1
+  shift
+  local i
+  for ((i = 0; i < tries; i++)); do
+    if "$@"; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+link() { # link NS_A IF_A ADDR_A NS_B IF_B ADDR_B ADDR6_A ADDR6_B
+  ip link add "$2" netns "$1" type veth peer name "$5" netns "$4"
+  in_ns "$1" ip addr add "$3/24" dev "$2"
+  in_ns "$4" ip addr add "$6/24" dev "$5"
+  in_ns "$1" ip -6 addr add "$7/64" dev "$2" nodad
+  in_ns "$4" ip -6 addr add "$8/64" dev "$5" nodad
+  in_ns "$1" ip link set "$2" up
+  in_ns "$4" ip link set "$5" up
+}
+
+# The ruleset for the nodes given as arguments (numbers), plus lb-config options after `--`.
+ruleset() {
+  local args=(lb-config nftables --plaintext-cids --vip "$VIP:$PORT" --table "$TABLE")
+  while (($#)) && [[ $1 != -- ]]; do
+    args+=(--node "$(node_id "$1")=10.77.$1.2")
+    shift
+  done
+  (($#)) && shift
+  "$BIN/ringmux" "${args[@]}" "$@"
+}
+ruleset6() {
+  local args=(lb-config nftables --plaintext-cids --vip "[$VIP6]:$PORT" --table "$TABLE")
+  for n in "${NODES[@]}"; do args+=(--node "$(node_id "$n")=fd77:$n::2"); done
+  "$BIN/ringmux" "${args[@]}"
+}
+apply() { # apply FILE
+  in_ns "$NS_LB" nft -f "$1" || fail "nft -f $1 refused the ruleset"
+}
+
+up() {
+  [[ -x $BIN/ringmux && -x $BIN/ringmux-worker ]] ||
+    fail "$BIN/ringmux and ringmux-worker are missing: cargo build --workspace --bins, or --bin DIR"
+  say "cleaning leftovers"
+  down
+  mkdir -p "$STATE"
+  chmod 700 "$STATE"
+  "$BIN/ringmux" new-key-file "$STATE/keys"
+
+  say "namespaces $NS_CLIENT, $NS_LB, rmx-n1..3 and their veth pairs"
+  for ns in "$NS_CLIENT" "$NS_LB" "${NODES[@]/#/rmx-n}"; do
+    ip netns add "$ns"
+    in_ns "$ns" ip link set lo up
+  done
+  link "$NS_CLIENT" c0 10.77.0.2 "$NS_LB" c0 "$VIP" fd77::2 "$VIP6"
+  in_ns "$NS_CLIENT" ip route add default via "$VIP"
+  in_ns "$NS_CLIENT" ip -6 route add default via "$VIP6"
+  for n in "${NODES[@]}"; do
+    link "rmx-n$n" lb0 "10.77.$n.2" "$NS_LB" "n$n" "10.77.$n.1" "fd77:$n::2" "fd77:$n::1"
+    in_ns "rmx-n$n" ip route add default via "10.77.$n.1"
+    in_ns "rmx-n$n" ip -6 route add default via "fd77:$n::1"
+  done
+  in_ns "$NS_LB" sysctl -q -w net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+  # Clients' own ports from 32768 up: the packet sweeps pick theirs below.
+  in_ns "$NS_CLIENT" sysctl -q -w net.ipv4.ip_local_port_range="32768 60999"
+
+  say "rules: ringmux lb-config nftables (IPv4 and IPv6)"
+  ruleset "${NODES[@]}" >"$STATE/rules.nft"
+  ruleset6 >"$STATE/rules6.nft"
+  apply "$STATE/rules.nft"
+  apply "$STATE/rules6.nft"
+
+  # As root ringmux runs its workers as nobody, who must reach the worker binary.
+  local user_args=()
+  if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -x "$BIN/ringmux-worker" 2>/dev/null; then
+    echo "note: $BIN/ringmux-worker is not executable by nobody: workers run as root (--worker-user root)"
+    user_args=(--worker-user root)
+  fi
+  for n in "${NODES[@]}"; do
+    say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY"
+    mkdir -p "$STATE/n$n"
+    in_ns "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
+      --listen "[::]:$PORT" --tcp off --instances 2 \
+      --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
+      --retry "$RETRY" --metrics 127.0.0.1:9433 \
+      --control-socket "$STATE/n$n/control.sock" "${user_args[@]}" \
+      </dev/null >"$STATE/n$n.log" 2>&1 &
+    echo $! >"$STATE/n$n.pid"
+  done
+  for n in "${NODES[@]}"; do
+    poll 300 grep -q "^ringmux ready" "$STATE/n$n.log" ||
+      { tail -n 30 "$STATE/n$n.log" >&2; fail "node $n did not get ready within 30 s"; }
+  done
+  say "up: VIP $URL and https://[$VIP6]:$PORT; state in $STATE"
+}
+
+# ---------------------------------------------------------------------------------------------
+# test
+
+# The sum of a metric's samples whose line starts with $2 on node $1.
+metric() {
+  in_ns "rmx-n$1" curl -sf --max-time 5 http://127.0.0.1:9433/metrics |
+    awk -v m="$2" 'index($0, m) == 1 { s += $NF } END { printf "%d\n", s }'
+}
+accepted() { metric "$1" 'ringmux_worker_connections_accepted_total{'; }
+accepted_all() { for n in "${NODES[@]}"; do accepted "$n"; done | paste -sd' '; }
+# A balancer counter's packets.
+counter() {
+  in_ns "$NS_LB" nft -j list counter ip "$TABLE" "$1" |
+    python3 -c 'import json,sys; print([o["counter"]["packets"] for o in json.load(sys.stdin)["nftables"] if "counter" in o][0])'
+}
+
+# One gtlsclient run from the client namespace; its log in $STATE/gtls.log.
+gtls() {
+  local host=$VIP
+  if [[ $1 == -6 ]]; then host=$VIP6; shift; fi
+  local path=$1
+  shift
+  local url="https://$host:$PORT$path"
+  [[ $host == *:* ]] && url="https://[$host]:$PORT$path"
+  in_ns "$NS_CLIENT" gtlsclient --exit-on-all-streams-close --no-quic-dump --no-http-dump \
+    --timeout=10s --handshake-timeout=5s "$@" "$host" "$PORT" "$url" >"${GTLS_LOG:-$STATE/gtls.log}" 2>&1 || true
+}
+# gtlsclient exits 0 even on a handshake timeout: success is read from its log. $1 requests
+# (default 1), in log $2.
+gtls_ok() {
+  local want=${1:-1} log=${2:-$STATE/gtls.log}
+  (($(grep -c '\[:status: 200\]' "$log") == want)) &&
+    (($(grep -c 'closed with error code 256' "$log") == want)) &&
+    ! grep -q 'ERR_' "$log"
+}
+gtls_must() { # gtls_must WHAT ARGS...
+  local what=$1
+  shift
+  gtls "$@"
+  gtls_ok || { tail -n 30 "$STATE/gtls.log" >&2; fail "$what: the request did not complete"; }
+}
+
+# A QUIC connection by aioquic that waits for the server's NEW_TOKEN token and prints it as
+# hex: python3 -c "$TOKEN_CLIENT" HOST PORT [TOKEN_HEX to present in its first Initial].
+# (gtlsclient 0.12's --token-file cannot read back the file it writes.)
+TOKEN_CLIENT='
+import asyncio, ssl, sys
+from aioquic.asyncio import connect
+from aioquic.h3.connection import H3_ALPN
+from aioquic.quic.configuration import QuicConfiguration
+
+async def main(host, port, token):
+    got = []
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, server_name="localhost",
+                            verify_mode=ssl.CERT_NONE)
+    if token:
+        cfg.token = bytes.fromhex(token)
+    async with connect(host, port, configuration=cfg, token_handler=got.append) as conn:
+        await conn.ping()
+        for _ in range(100):  # the token comes after the handshake: at most 2 s
+            if got:
+                break
+            await asyncio.sleep(0.02)
+    if not got:
+        sys.exit("no NEW_TOKEN token within 2 s of the handshake")
+    print(got[-1].hex())
+
+asyncio.run(asyncio.wait_for(main(sys.argv[1], int(sys.argv[2]), (sys.argv[3:] or [""])[0]), 15))
+'
+
+# Every UDP payload length from 0 up through the rules: short and long headers with each
+# node's CID, with an unknown node ID, long headers whose DCID length octet lies, and garbage.
+# Each probe comes from a port of its own, counted up from $1 below the client's ephemeral
+# range (a new 4-tuple, so it meets the rules, not a conntrack entry), and must move exactly the balancer counter that the packet layout says:
+# cid_ID of its node, unknown_node, or one hash_ID.
+sweep() { # sweep FIRST_PORT UNKNOWN_ID DRAINING_NODE|0 NODES_IN_MAP...
+  local first_port=$1 unknown=$2 draining=$3
+  shift 3
+  local ids=() n
+  for n in "$@"; do ids+=("$(node_id "$n")"); done
+  local all=()
+  for n in "${NODES[@]}"; do all+=("$(node_id "$n")"); done
+  in_ns "$NS_CLIENT" python3 - "$VIP" "$PORT" "$NS_LB" "$TABLE" "$first_port" "$unknown" "$(node_id "$draining")" \
+    "$(IFS=,; echo "${ids[*]}")" "$(IFS=,; echo "${all[*]}")" <<'PY'
+import json, os, socket, subprocess, sys, time
+
+vip, port, lb_ns, table = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+next_port, unknown, draining = int(sys.argv[5]), bytes.fromhex(sys.argv[6]), sys.argv[7]
+in_map = [bytes.fromhex(i) for i in sys.argv[8].split(",")]
+probe_ids = [bytes.fromhex(i) for i in sys.argv[9].split(",")]
+id_len = len(in_map[0])
+nonce = 16 - id_len - 1 if id_len <= 11 else 4   # ringmux's default --nonce-len
+cid_len = 1 + id_len + 1 + nonce
+first = cid_len - 1                                 # config 0, self-described length
+
+def counters():
+    out = subprocess.run(["ip", "netns", "exec", lb_ns, "nft", "-j", "list", "counters",
+                          "table", "ip", table], check=True, capture_output=True).stdout
+    return {o["counter"]["name"]: o["counter"]["packets"]
+            for o in json.loads(out)["nftables"] if "counter" in o}
+
+def cid(node):
+    return bytes([first]) + node + b"\x05" + os.urandom(nonce)
+
+def short(node):
+    return bytes([0x40 | (os.urandom(1)[0] & 0x3f)]) + cid(node) + os.urandom(24)
+
+def long(node, dcid_len_octet=None):
+    d = cid(node)
+    n = len(d) if dcid_len_octet is None else dcid_len_octet
+    return b"\xc0\x00\x00\x00\x01" + bytes([n]) + d + b"\x08" + os.urandom(8) + os.urandom(16)
+
+def expected(p):
+    """What the rules must do with payload p, from the packet layout alone."""
+    if len(p) >= 1 + cid_len and p[0] & 0x80 == 0 and p[1] == first:
+        node = p[2:2 + id_len]
+        return "cid_" + node.hex() if node in in_map else "unknown_node"
+    if len(p) >= 7 + cid_len and p[0] & 0x80 and p[5] == cid_len and p[6] == first:
+        node = p[7:7 + id_len]
+        if node in in_map:
+            return "cid_" + node.hex()
+    return "hash"
+
+templates = []
+for node in probe_ids + [unknown]:
+    templates += [("short " + node.hex(), short(node)), ("long " + node.hex(), long(node))]
+for lie in (cid_len - 1, cid_len + 1, 20, 0):
+    templates.append(("long, DCID length octet %d" % lie, long(probe_ids[0], lie)))
+templates.append(("garbage", os.urandom(64)))
+
+top = 7 + cid_len + 8
+socks, seen, checked = [], {}, 0
+before = counters()
+for name, full in templates:
+    for length in range(0, top + 1):
+        p = full[:length]
+        want = expected(p)
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", next_port))
+        next_port += 1
+        socks.append(s)
+        s.sendto(p, (vip, port))
+        deadline = time.monotonic() + 5
+        while True:
+            now = counters()
+            moved = {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
+            if sum(moved.values()) >= 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        before = now
+        got = list(moved)[0] if len(moved) == 1 else None
+        ok = (got is not None and moved[got] == 1 and
+              (got == want or (want == "hash" and got.startswith("hash_")
+                               and got != "hash_" + draining)))
+        if not ok:
+            sys.exit("sweep: %s cut to %d bytes (%s): expected %s, counters moved %s"
+                     % (name, length, p.hex(), want, moved or "none within 5 s"))
+        seen[want] = seen.get(want, 0) + 1
+        checked += 1
+for s in socks:
+    s.close()
+print("sweep: %d probes (%d templates x lengths 0..%d) each met the rule its layout asks: %s"
+      % (checked, len(templates), top, ", ".join("%s %d" % kv for kv in sorted(seen.items()))))
+PY
+}
+
+# The nodes' accepted connections (workers report their counters once a second): polls until
+# they add up to $1 more than the space-separated counts in $2, then prints the counts.
+settled() { # settled MORE BEFORE
+  poll 50 adds_up "$1" "$2" ||
+    fail "the nodes' accepted connections did not add up to $1 more than ($2) within 5 s: ($NOW)"
+  echo "$NOW"
+}
+# Whether the nodes' accepted connections (NOW) are $1 more in all than the counts in $2.
+adds_up() {
+  NOW=$(accepted_all)
+  local sum=0 n
+  for n in "${NODES[@]}"; do
+    sum=$((sum + $(cut -d' ' -f"$n" <<<"$NOW") - $(cut -d' ' -f"$n" <<<"$2")))
+  done
+  ((sum == $1))
+}
+# Which node took the one connection between counts $1 and $2.
+took() {
+  local n
+  for n in "${NODES[@]}"; do
+    if (($(cut -d' ' -f"$n" <<<"$2") > $(cut -d' ' -f"$n" <<<"$1"))); then echo "$n"; fi
+  done
+}
+
+# Runs gtlsclient connections, $1 first, then 10 more at a time until every node in $4..
+# got at least $3 new ones (at most $2 in all); each must complete, and the nodes must count
+# exactly that many. Sets SPREAD to the per-node counts.
+spread() { # spread MIN MAX_TOTAL PER_NODE_MIN NODES...
+  local min=$1 max=$2 per=$3
+  shift 3
+  local nodes=("$@") n i=0 batch=$min before now low
+  before=$(accepted_all)
+  while :; do
+    local j
+    for ((j = 0; j < batch; j++)); do
+      i=$((i + 1))
+      gtls_must "connection $i" /hello.txt
+    done
+    now=$(settled "$i" "$before")
+    low=0
+    for n in "${nodes[@]}"; do
+      (($(cut -d' ' -f"$n" <<<"$now") - $(cut -d' ' -f"$n" <<<"$before") >= per)) || low=1
+    done
+    ((low == 1 && i + 10 <= max)) || break
+    batch=10
+  done
+  SPREAD=""
+  for n in "${NODES[@]}"; do
+    SPREAD+=" node$n=$(($(cut -d' ' -f"$n" <<<"$now") - $(cut -d' ' -f"$n" <<<"$before")))"
+  done
+  echo "$i connections:$SPREAD"
+  ((low == 0)) || fail "some node got fewer than $per of $i connections:$SPREAD"
+}
+
+# Connections of 4 requests each, one after the other, until $STATE/stop exists (at most 300):
+# one line ok or FAIL each in $STATE/load$1.results.
+load_loop() {
+  local k=$1 i
+  for ((i = 0; i < 300; i++)); do
+    [[ -e $STATE/stop ]] && break
+    GTLS_LOG=$STATE/load$k.log gtls /hello.txt -n 4
+    if gtls_ok 4 "$STATE/load$k.log"; then
+      echo ok
+    else
+      echo FAIL
+      cp "$STATE/load$k.log" "$STATE/load$k.fail.$i"
+    fi
+  done >"$STATE/load$k.results"
+}
+# Whether every load loop has finished 2 connections.
+loads_running() {
+  local k
+  for k in 1 2 3 4; do
+    [[ -f $STATE/load$k.results ]] && (($(wc -l <"$STATE/load$k.results") >= 2)) || return 1
+  done
+}
+# Whether node $1 has served more requests than $2.
+serves_more() { (($(metric "$1" 'ringmux_worker_requests_total{') > $2)); }
+
+run_test() {
+  command -v gtlsclient >/dev/null || fail "gtlsclient is missing (apt-get install ngtcp2-client)"
+  command -v curl >/dev/null || fail "curl is missing"
+  RETRY=always
+  up
+  local t0=$SECONDS
+
+  say "1. every packet length through the rules"
+  sweep 10000 "$(node_id 9)" 0 "${NODES[@]}"
+
+  say "2. 60 connections (more until each node has 10, at most 150) over the three nodes"
+  spread 60 150 10 "${NODES[@]}"
+  local n retries=() tokens=()
+  for n in "${NODES[@]}"; do
+    retries+=("$(metric "$n" 'ringmux_retries_total{result="sent"}')")
+    tokens+=("$(metric "$n" 'ringmux_tokens_total{result="accepted"}')")
+    ((retries[-1] >= 10 && tokens[-1] >= 10)) ||
+      fail "--retry always: node $n sent ${retries[-1]} Retries and accepted ${tokens[-1]} tokens for its 10+ connections"
+  done
+  echo "--retry always on every node: Retries sent ${retries[*]}, their tokens accepted ${tokens[*]}"
+
+  say "3. a NEW_TOKEN token from one node taken by another (shared token key, no Retry)"
+  python3 -c 'import aioquic' 2>/dev/null || fail "python3's aioquic is missing (pip install aioquic)"
+  local before after first crossed="" i token r0=() t0s=()
+  before=$(accepted_all)
+  token=$(in_ns "$NS_CLIENT" python3 -c "$TOKEN_CLIENT" "$VIP" "$PORT") ||
+    fail "aioquic's first connection failed or got no NEW_TOKEN token"
+  after=$(settled 1 "$before")
+  first=$(took "$before" "$after")
+  for ((i = 0; i < 20; i++)); do
+    r0=() t0s=()
+    for n in "${NODES[@]}"; do
+      r0+=("$(metric "$n" 'ringmux_retries_total{result="sent"}')")
+      t0s+=("$(metric "$n" 'ringmux_tokens_total{result="accepted"}')")
+    done
+    before=$(accepted_all)
+    in_ns "$NS_CLIENT" python3 -c "$TOKEN_CLIENT" "$VIP" "$PORT" "$token" >/dev/null ||
+      fail "aioquic's connection with the saved token failed"
+    after=$(settled 1 "$before")
+    n=$(took "$before" "$after")
+    ((n != first)) || continue
+    local r1 t1
+    r1=$(metric "$n" 'ringmux_retries_total{result="sent"}')
+    t1=$(metric "$n" 'ringmux_tokens_total{result="accepted"}')
+    ((r1 == r0[n - 1] && t1 > t0s[n - 1])) ||
+      fail "node $n took a connection with node $first's token but sent $((r1 - r0[n - 1])) Retries, accepted $((t1 - t0s[n - 1])) tokens"
+    crossed=$n
+    break
+  done
+  [[ -n $crossed ]] || fail "20 connections with the token all landed on node $first"
+  echo "a NEW_TOKEN token node $first issued was accepted by node $crossed, which sent no Retry"
+
+  say "4. active migration and NAT rebinding through the balancer"
+  local cid_before cid_after
+  for mode in migration rebinding; do
+    local extra=(--change-local-addr=100ms --delay-stream=300ms --download="$STATE/dl")
+    [[ $mode == rebinding ]] && extra+=(--nat-rebinding)
+    rm -rf "$STATE/dl"
+    mkdir -p "$STATE/dl"
+    cid_before=0
+    for n in "${NODES[@]}"; do cid_before=$((cid_before + $(counter "cid_$(node_id "$n")"))); done
+    gtls_must "$mode" /bytes/2000000 "${extra[@]}"
+    grep -q "Local address is now" "$STATE/gtls.log" || fail "$mode: gtlsclient did not change its address"
+    [[ $(stat -c %s "$STATE/dl/2000000") == 2000000 ]] || fail "$mode: the download is not 2000000 bytes"
+    cid_after=0
+    for n in "${NODES[@]}"; do cid_after=$((cid_after + $(counter "cid_$(node_id "$n")"))); done
+    ((cid_after > cid_before)) || fail "$mode: no new 4-tuple was routed by its CID"
+    echo "$mode: 2000000 bytes after the address change; $((cid_after - cid_before)) new 4-tuple(s) routed by CID"
+  done
+
+  say "5. ringmux upgrade of every node, one after the other, under load"
+  rm -f "$STATE/stop"
+  local k pids=() load_before
+  load_before=$(accepted_all)
+  for k in 1 2 3 4; do
+    load_loop "$k" &
+    pids+=($!)
+  done
+  mkdir -p "$STATE/big"
+  GTLS_LOG=$STATE/big.log gtls /bytes/40000000 --download="$STATE/big" &
+  pids+=($!)
+  poll 100 loads_running || fail "the load did not get going within 10 s"
+  local served
+  for n in "${NODES[@]}"; do
+    in_ns "rmx-n$n" "$BIN/ringmux" upgrade --control-socket "$STATE/n$n/control.sock" --timeout 30 ||
+      fail "ringmux upgrade of node $n failed"
+    [[ $(metric "$n" 'ringmux_upgrades_total') -ge 1 ]] || fail "node $n counts no upgrade"
+    served=$(metric "$n" 'ringmux_worker_requests_total{')
+    poll 50 serves_more "$n" "$served" || fail "node $n served no request within 5 s of its upgrade"
+  done
+  touch "$STATE/stop"
+  for pid in "${pids[@]}"; do wait "$pid"; done
+  local ok fails
+  ok=$(cat "$STATE"/load*.results | grep -c '^ok' || true)
+  fails=$(cat "$STATE"/load*.results | grep -c '^FAIL' || true)
+  ((fails == 0)) || { tail -n 20 "$STATE"/load*.fail.* >&2; fail "$fails of $((ok + fails)) connections under the upgrades failed"; }
+  if ! gtls_ok 1 "$STATE/big.log" || [[ $(stat -c %s "$STATE/big/40000000") != 40000000 ]]; then
+    tail -n 20 "$STATE/big.log" >&2
+    fail "the 40 MB download across the upgrades did not complete"
+  fi
+  settled $((ok + 1)) "$load_before" >/dev/null
+  echo "3 nodes upgraded under load: $ok connections of 4 requests each and a 40 MB download, none failed"
+
+  say "6. node 3 draining, then removed: no new connections, its CIDs first kept, then dropped"
+  ruleset "${NODES[@]}" -- --drain "$(node_id 3)" >"$STATE/rules-drain.nft"
+  apply "$STATE/rules-drain.nft"
+  spread 20 20 0 1 2
+  [[ $SPREAD == *node3=0* ]] || fail "drained node 3 took new connections:$SPREAD"
+  sweep 12000 "$(node_id 9)" 3 "${NODES[@]}"
+  ruleset 1 2 >"$STATE/rules-removed.nft"
+  apply "$STATE/rules-removed.nft"
+  spread 20 20 0 1 2
+  [[ $SPREAD == *node3=0* ]] || fail "removed node 3 took new connections:$SPREAD"
+  sweep 14000 "$(node_id 9)" 0 1 2
+  apply "$STATE/rules.nft"
+
+  say "7. IPv6 through the ip6 table"
+  local v6=0
+  before=$(counter unknown_node)
+  for ((i = 0; i < 6; i++)); do
+    gtls_must "IPv6 connection $i" -6 /hello.txt
+    v6=$((v6 + 1))
+  done
+  local hashed6=0
+  for n in "${NODES[@]}"; do
+    hashed6=$((hashed6 + $(in_ns "$NS_LB" nft -j list counter ip6 "$TABLE" "hash_$(node_id "$n")" |
+      python3 -c 'import json,sys; print([o["counter"]["packets"] for o in json.load(sys.stdin)["nftables"] if "counter" in o][0])')))
+  done
+  ((hashed6 >= v6)) || fail "$v6 IPv6 connections completed but the ip6 table hashed $hashed6 4-tuples"
+  echo "IPv6: $v6 connections through [$VIP6]:$PORT, $hashed6 4-tuples hashed by the ip6 table"
+
+  say "all passed in $((SECONDS - t0)) s (after up)"
+}
+
+# After `test`, passed or not: the nodes' last log lines on failure, then down.
+on_exit() {
+  local status=$?
+  if ((status != 0)); then
+    for n in "${NODES[@]}"; do
+      [[ -f $STATE/n$n.log ]] || continue
+      echo "--- node $n log (last 20 lines)"
+      tail -n 20 "$STATE/n$n.log"
+    done >&2
+  fi
+  down
+  exit "$status"
+}
+
+case $CMD in
+  up)
+    [[ $(id -u) == 0 ]] || fail "needs root (network namespaces, nftables)"
+    up
+    ;;
+  down)
+    [[ $(id -u) == 0 ]] || fail "needs root (network namespaces)"
+    say "down"
+    down
+    ;;
+  test)
+    [[ $(id -u) == 0 ]] || fail "needs root (network namespaces, nftables)"
+    trap on_exit EXIT
+    trap 'exit 143' TERM INT
+    run_test
+    ;;
+  *) usage ;;
+esac
