@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ringmux_proto::message::STATS_KEYS;
+
 /// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
 /// `ALL[r as usize] == r` for every reason) and the metric label of each.
 macro_rules! drop_reasons {
@@ -119,50 +121,51 @@ pub struct InstanceCounters {
     pub discarded_on_reset: AtomicU64,
     pub restarts: AtomicU64,
     pub violations: AtomicU64,
-    pub connections_active: AtomicU64,
-    pub connections_total: AtomicU64,
-    pub requests_total: AtomicU64,
-    /// Requests by protocol, in [`REQUEST_PROTOCOLS`] order.
-    pub requests_by_protocol: [AtomicU64; REQUEST_PROTOCOLS.len()],
-    pub worker_datagrams_in: AtomicU64,
-    pub worker_datagrams_dropped: AtomicU64,
-    pub worker_bad_cid: AtomicU64,
-    pub worker_cpu_ns: AtomicU64,
+    /// What the lane's worker last reported (`STATS`), by [`ringmux_proto::message::STATS_KEYS`].
+    pub reported: Reported,
     pub worker_pid: AtomicU64,
-    pub sink_lat_p50_ns: AtomicU64,
-    pub sink_lat_p99_ns: AtomicU64,
-    pub sink_lat_p999_ns: AtomicU64,
-    /// Reverse proxy: upstream failures per kind, in [`UPSTREAM_ERROR_KINDS`] order.
-    pub upstream_errors: [AtomicU64; UPSTREAM_ERROR_KINDS.len()],
-    /// HTTPS over TCP: connections accepted, and refused or ended per kind, in
-    /// [`TCP_ERROR_KINDS`] order.
-    pub tcp_connections: AtomicU64,
-    pub tcp_errors: [AtomicU64; TCP_ERROR_KINDS.len()],
-    /// Access log: lines written and dropped.
-    pub access_log_lines: AtomicU64,
-    pub access_log_dropped: AtomicU64,
 }
 
-/// The `protocol` labels of `ringmux_worker_requests_total`, in the order of the
-/// `requests_h*` keys of a worker's `STATS`; requests a worker counted without a protocol are
-/// `unknown`.
-pub const REQUEST_PROTOCOLS: [&str; 3] = ["h1", "h2", "h3"];
+/// A worker's last report, one counter per [`ringmux_proto::message::STATS_KEYS`] entry, stored whole
+/// (a worker reports totals). The metrics built from it are declared once, in
+/// `exposition.rs`'s table of reported metrics.
+#[derive(Debug)]
+pub struct Reported([AtomicU64; STATS_KEYS.len()]);
 
-/// The `kind` labels of `ringmux_worker_upstream_errors_total`, in the order of the
-/// `upstream_errors_*` keys of a worker's `STATS`.
-pub const UPSTREAM_ERROR_KINDS: [&str; 4] = ["connect", "reset", "timeout", "protocol"];
+impl Default for Reported {
+    fn default() -> Self {
+        Reported(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
 
-/// The `kind` labels of `ringmux_worker_tcp_errors_total`, in the order of the `tcp_errors_*`
-/// keys of a worker's `STATS`.
-pub const TCP_ERROR_KINDS: [&str; 7] = [
-    "over_cap",
-    "tls_failed",
-    "tls_timeout",
-    "header_timeout",
-    "too_large",
-    "rapid_reset",
-    "protocol",
-];
+impl Reported {
+    /// The value of `key` (0 for a key the report does not have).
+    pub fn get(&self, key: &str) -> u64 {
+        STATS_KEYS
+            .iter()
+            .position(|k| *k == key)
+            .map_or(0, |i| self.0[i].load(Ordering::Relaxed))
+    }
+
+    /// Sets `key` (nothing for a key the report does not have), as a report would.
+    pub fn set(&self, key: &str, v: u64) {
+        if let Some(i) = STATS_KEYS.iter().position(|k| *k == key) {
+            self.0[i].store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// The keys that start with `prefix`, each with the rest of the key (a metric label) and
+    /// its value, in [`STATS_KEYS`] order.
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
+        STATS_KEYS
+            .iter()
+            .zip(&self.0)
+            .filter_map(move |(k, v)| Some((k.strip_prefix(prefix)?, v.load(Ordering::Relaxed))))
+    }
+}
 
 impl InstanceCounters {
     /// Records which generation holds the lane and what its worker does.
@@ -178,37 +181,9 @@ impl InstanceCounters {
 
     /// Stores what a worker's `STATS` message says.
     pub fn record_report(&self, r: &ringmux_proto::WorkerReport) {
-        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
-        set(&self.connections_active, r.connections_active);
-        set(&self.connections_total, r.connections_total);
-        set(&self.requests_total, r.requests_total);
-        for (c, v) in
-            self.requests_by_protocol
-                .iter()
-                .zip([r.requests_h1, r.requests_h2, r.requests_h3])
-        {
-            set(c, v);
+        for (c, v) in self.reported.0.iter().zip(r.fields()) {
+            c.store(v, Ordering::Relaxed);
         }
-        set(&self.worker_datagrams_in, r.datagrams_in);
-        set(&self.worker_datagrams_dropped, r.datagrams_dropped);
-        set(&self.worker_bad_cid, r.bad_cid);
-        set(&self.worker_cpu_ns, r.cpu_ns);
-        set(&self.sink_lat_p50_ns, r.lat_p50_ns);
-        set(&self.sink_lat_p99_ns, r.lat_p99_ns);
-        set(&self.sink_lat_p999_ns, r.lat_p999_ns);
-        for (c, (_, v)) in self
-            .upstream_errors
-            .iter()
-            .zip(r.with_prefix("upstream_errors_"))
-        {
-            set(c, v);
-        }
-        set(&self.tcp_connections, r.tcp_connections);
-        for (c, (_, v)) in self.tcp_errors.iter().zip(r.with_prefix("tcp_errors_")) {
-            set(c, v);
-        }
-        set(&self.access_log_lines, r.access_log_lines);
-        set(&self.access_log_dropped, r.access_log_dropped);
     }
 }
 
@@ -356,20 +331,5 @@ impl Counters {
             .iter()
             .map(|i| i.forwarded.load(Ordering::Relaxed))
             .sum()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The metric labels are the worker report's keys after their prefix, in the same order:
-    /// `record_report` stores them by position.
-    #[test]
-    fn kind_labels_follow_the_report_keys() {
-        let r = ringmux_proto::WorkerReport::default();
-        let labels = |prefix| r.with_prefix(prefix).map(|(l, _)| l).collect::<Vec<_>>();
-        assert_eq!(labels("tcp_errors_"), TCP_ERROR_KINDS);
-        assert_eq!(labels("upstream_errors_"), UPSTREAM_ERROR_KINDS);
     }
 }

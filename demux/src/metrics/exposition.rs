@@ -14,7 +14,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::counters::LaneState;
-use super::counters::{REQUEST_PROTOCOLS, TCP_ERROR_KINDS, UPSTREAM_ERROR_KINDS};
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
 
@@ -60,7 +59,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     );
 
     type Get = fn(&InstanceCounters) -> u64;
-    let per_instance: [(&str, &str, Get); 10] = [
+    let per_instance: [(&str, &str, Get); 5] = [
         (
             names::FORWARDED,
             "Datagrams forwarded to an instance",
@@ -84,31 +83,6 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
             "Forwarded datagrams discarded unread when a ring was reset",
             |i| i.discarded_on_reset.load(Ordering::Relaxed),
         ),
-        (
-            names::WORKER_CONNECTIONS_ACCEPTED,
-            "QUIC connections accepted (reported by the worker)",
-            |i| i.connections_total.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_DATAGRAMS_DROPPED,
-            "Datagrams the worker dropped at ingress",
-            |i| i.worker_datagrams_dropped.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_DATAGRAMS,
-            "Datagrams the worker took from its ingress",
-            |i| i.worker_datagrams_in.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_BAD_CID,
-            "Sink mode: datagrams whose connection ID is not the instance's",
-            |i| i.worker_bad_cid.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_CPU,
-            "CPU time used by the worker process",
-            |i| i.worker_cpu_ns.load(Ordering::Relaxed),
-        ),
     ];
     // Counters add up over an instance's lanes (every generation of its workers).
     let n = c.instance_count;
@@ -125,28 +99,11 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let active_lane = |i: usize| usize::from(ringmux_proto::generation_slot(active_gen)) * n + i;
 
     // Of the newest generation's worker.
-    let gauges: [(&str, &str, Get); 4] = [
-        (
-            names::WORKER_PID,
-            "Process id of the newest generation's worker",
-            |i| i.worker_pid.load(Ordering::Relaxed),
-        ),
-        (
-            names::SINK_LATENCY_P50,
-            "Sink mode: ring latency p50 (receive to dequeue)",
-            |i| i.sink_lat_p50_ns.load(Ordering::Relaxed),
-        ),
-        (
-            names::SINK_LATENCY_P99,
-            "Sink mode: ring latency p99",
-            |i| i.sink_lat_p99_ns.load(Ordering::Relaxed),
-        ),
-        (
-            names::SINK_LATENCY_P999,
-            "Sink mode: ring latency p99.9",
-            |i| i.sink_lat_p999_ns.load(Ordering::Relaxed),
-        ),
-    ];
+    let gauges: [(&str, &str, Get); 1] = [(
+        names::WORKER_PID,
+        "Process id of the newest generation's worker",
+        |i| i.worker_pid.load(Ordering::Relaxed),
+    )];
     for (name, help, get) in gauges {
         let fam = Family::<Labels, Gauge<i64>>::default();
         for i in 0..n {
@@ -157,18 +114,11 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         reg.register(name, help, fam);
     }
     // Over every generation.
-    let sums: [(&str, &str, Get); 2] = [
-        (
-            names::RING_OCCUPANCY,
-            "Slots published and not yet released",
-            |i| i.occupancy.load(Ordering::Relaxed),
-        ),
-        (
-            names::WORKER_CONNECTIONS,
-            "Open QUIC connections (reported by the worker)",
-            |i| i.connections_active.load(Ordering::Relaxed),
-        ),
-    ];
+    let sums: [(&str, &str, Get); 1] = [(
+        names::RING_OCCUPANCY,
+        "Slots published and not yet released",
+        |i| i.occupancy.load(Ordering::Relaxed),
+    )];
     for (name, help, get) in sums {
         let fam = Family::<Labels, Gauge<i64>>::default();
         for i in 0..n {
@@ -178,90 +128,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         }
         reg.register(name, help, fam);
     }
-    let requests = Family::<Labels, Counter<u64>>::default();
-    for i in 0..n {
-        let mut by_protocol = [0u64; REQUEST_PROTOCOLS.len()];
-        let mut total = 0u64;
-        for (_, l) in c.lanes_of(i) {
-            total += ld(&l.requests_total);
-            for (sum, c) in by_protocol.iter_mut().zip(&l.requests_by_protocol) {
-                *sum += ld(c);
-            }
-        }
-        let known: u64 = by_protocol.iter().sum();
-        for (protocol, v) in REQUEST_PROTOCOLS
-            .iter()
-            .zip(by_protocol)
-            .chain(std::iter::once((&"unknown", total.saturating_sub(known))))
-        {
-            let mut labels = instance(i);
-            labels.push(("protocol".into(), (*protocol).into()));
-            requests.get_or_create(&labels).inc_by(v);
-        }
-    }
-    reg.register(
-        base(names::WORKER_REQUESTS),
-        "HTTP requests served, by protocol: h1 and h2 over TCP, h3; unknown for a program that \
-         reports no protocol (reported by the worker)",
-        requests,
-    );
-    let upstream = Family::<Labels, Counter<u64>>::default();
-    for i in 0..n {
-        for (k, kind) in UPSTREAM_ERROR_KINDS.iter().enumerate() {
-            let mut labels = instance(i);
-            labels.push(("kind".into(), (*kind).into()));
-            let v = c.lanes_of(i).map(|(_, l)| ld(&l.upstream_errors[k])).sum();
-            upstream.get_or_create(&labels).inc_by(v);
-        }
-    }
-    reg.register(
-        base(names::WORKER_UPSTREAM_ERRORS),
-        "Reverse proxy (--upstream): upstream failures by kind (reported by the worker)",
-        upstream,
-    );
-    let tcp = Family::<Labels, Counter<u64>>::default();
-    let tcp_errors = Family::<Labels, Counter<u64>>::default();
-    for i in 0..n {
-        let accepted = c.lanes_of(i).map(|(_, l)| ld(&l.tcp_connections)).sum();
-        tcp.get_or_create(&instance(i)).inc_by(accepted);
-        for (k, kind) in TCP_ERROR_KINDS.iter().enumerate() {
-            let mut labels = instance(i);
-            labels.push(("kind".into(), (*kind).into()));
-            let v = c.lanes_of(i).map(|(_, l)| ld(&l.tcp_errors[k])).sum();
-            tcp_errors.get_or_create(&labels).inc_by(v);
-        }
-    }
-    reg.register(
-        base(names::WORKER_TCP_CONNECTIONS),
-        "HTTPS over TCP: connections accepted (reported by the worker)",
-        tcp,
-    );
-    for (name, help, field) in [
-        (
-            names::WORKER_ACCESS_LOG_LINES,
-            "Access log (--access-log): lines written (reported by the worker)",
-            (|l: &InstanceCounters| &l.access_log_lines) as fn(&InstanceCounters) -> &AtomicU64,
-        ),
-        (
-            names::WORKER_ACCESS_LOG_DROPPED,
-            "Access log (--access-log): lines dropped, the worker's queue full or the write \
-             failed (reported by the worker)",
-            |l: &InstanceCounters| &l.access_log_dropped,
-        ),
-    ] {
-        let family = Family::<Labels, Counter<u64>>::default();
-        for i in 0..n {
-            let v = c.lanes_of(i).map(|(_, l)| ld(field(l))).sum();
-            family.get_or_create(&instance(i)).inc_by(v);
-        }
-        reg.register(base(name), help, family);
-    }
-    reg.register(
-        base(names::WORKER_TCP_ERRORS),
-        "HTTPS over TCP: connections refused or ended for bad input or overload, by kind \
-         (reported by the worker)",
-        tcp_errors,
-    );
+    reported(&mut reg, c, active_lane);
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..n {
         up.get_or_create(&instance(i))
@@ -288,6 +155,200 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut out = String::new();
     let _ = encode_text(&mut out, &reg);
     out
+}
+
+/// How a metric made of a worker-reported value adds up over an instance's lanes.
+#[derive(Clone, Copy)]
+enum Over {
+    /// A counter: the sum over every generation of the instance's workers.
+    Lanes,
+    /// A gauge: the sum over every generation (open connections).
+    LanesNow,
+    /// A gauge: the newest generation's worker only.
+    Newest,
+}
+
+/// The metrics made of what workers report (`STATS`, `ringmux_proto::WorkerReport`): the
+/// report key, or a key prefix whose remainders are the values of one label, with the metric's
+/// name, help and sum. A new worker counter is one line here beside its line in the report.
+const REPORTED: &[(&str, Option<&str>, &str, Over, &str)] = &[
+    (
+        "connections_total",
+        None,
+        names::WORKER_CONNECTIONS_ACCEPTED,
+        Over::Lanes,
+        "QUIC connections accepted (reported by the worker)",
+    ),
+    (
+        "connections_active",
+        None,
+        names::WORKER_CONNECTIONS,
+        Over::LanesNow,
+        "Open QUIC connections (reported by the worker)",
+    ),
+    (
+        "datagrams_dropped",
+        None,
+        names::WORKER_DATAGRAMS_DROPPED,
+        Over::Lanes,
+        "Datagrams the worker dropped at ingress",
+    ),
+    (
+        "datagrams_in",
+        None,
+        names::WORKER_DATAGRAMS,
+        Over::Lanes,
+        "Datagrams the worker took from its ingress",
+    ),
+    (
+        "bad_cid",
+        None,
+        names::WORKER_BAD_CID,
+        Over::Lanes,
+        "Sink mode: datagrams whose connection ID is not the instance's",
+    ),
+    (
+        "cpu_ns",
+        None,
+        names::WORKER_CPU,
+        Over::Lanes,
+        "CPU time used by the worker process",
+    ),
+    (
+        "lat_p50_ns",
+        None,
+        names::SINK_LATENCY_P50,
+        Over::Newest,
+        "Sink mode: ring latency p50 (receive to dequeue)",
+    ),
+    (
+        "lat_p99_ns",
+        None,
+        names::SINK_LATENCY_P99,
+        Over::Newest,
+        "Sink mode: ring latency p99",
+    ),
+    (
+        "lat_p999_ns",
+        None,
+        names::SINK_LATENCY_P999,
+        Over::Newest,
+        "Sink mode: ring latency p99.9",
+    ),
+    (
+        "upstream_errors_",
+        Some("kind"),
+        names::WORKER_UPSTREAM_ERRORS,
+        Over::Lanes,
+        "Reverse proxy (--upstream): upstream failures by kind (reported by the worker)",
+    ),
+    (
+        "tcp_connections",
+        None,
+        names::WORKER_TCP_CONNECTIONS,
+        Over::Lanes,
+        "HTTPS over TCP: connections accepted (reported by the worker)",
+    ),
+    (
+        "tcp_errors_",
+        Some("kind"),
+        names::WORKER_TCP_ERRORS,
+        Over::Lanes,
+        "HTTPS over TCP: connections refused or ended for bad input or overload, by kind \
+      (reported by the worker)",
+    ),
+    (
+        "access_log_lines",
+        None,
+        names::WORKER_ACCESS_LOG_LINES,
+        Over::Lanes,
+        "Access log (--access-log): lines written (reported by the worker)",
+    ),
+    (
+        "access_log_dropped",
+        None,
+        names::WORKER_ACCESS_LOG_DROPPED,
+        Over::Lanes,
+        "Access log (--access-log): lines dropped, the worker's queue full or the write failed \
+      (reported by the worker)",
+    ),
+];
+
+/// Registers [`REPORTED`], and the requests by protocol (`requests_h1`, `_h2`, `_h3`, and
+/// what `requests_total` counts beyond them as `unknown`).
+fn reported(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize) {
+    let n = c.instance_count;
+    // (label value, value) pairs of instance `i`: one unlabelled value, or one per key suffix.
+    let values =
+        |i: usize, key: &str, label: Option<&str>, over: Over| -> Vec<(Option<String>, u64)> {
+            let lanes: Vec<&InstanceCounters> = match over {
+                Over::Newest => c.instances.get(active_lane(i)).into_iter().collect(),
+                Over::Lanes | Over::LanesNow => c.lanes_of(i).map(|(_, l)| l).collect(),
+            };
+            if label.is_none() {
+                return vec![(None, lanes.iter().map(|l| l.reported.get(key)).sum())];
+            }
+            let mut out: Vec<(Option<String>, u64)> = Vec::new();
+            for l in &lanes {
+                for (k, (suffix, v)) in l.reported.with_prefix(key).enumerate() {
+                    match out.get_mut(k) {
+                        Some((_, sum)) => *sum += v,
+                        None => out.push((Some(suffix.to_owned()), v)),
+                    }
+                }
+            }
+            out
+        };
+    for &(key, label, name, over, help) in REPORTED {
+        let labels_of = |i: usize, value: &Option<String>| {
+            let mut labels = instance(i);
+            if let (Some(label), Some(value)) = (label, value) {
+                labels.push((label.into(), value.clone()));
+            }
+            labels
+        };
+        if matches!(over, Over::Lanes) {
+            let family = Family::<Labels, Counter<u64>>::default();
+            for i in 0..n {
+                for (value, v) in values(i, key, label, over) {
+                    family.get_or_create(&labels_of(i, &value)).inc_by(v);
+                }
+            }
+            reg.register(base(name), help, family);
+        } else {
+            let family = Family::<Labels, Gauge<i64>>::default();
+            for i in 0..n {
+                for (value, v) in values(i, key, label, over) {
+                    family
+                        .get_or_create(&labels_of(i, &value))
+                        .set(i64::try_from(v).unwrap_or(i64::MAX));
+                }
+            }
+            reg.register(name, help, family);
+        }
+    }
+    let requests = Family::<Labels, Counter<u64>>::default();
+    for i in 0..n {
+        let total: u64 = values(i, "requests_total", None, Over::Lanes)[0].1;
+        let by_protocol = values(i, "requests_h", Some("protocol"), Over::Lanes);
+        let known: u64 = by_protocol.iter().map(|(_, v)| v).sum();
+        let unknown = (Some("unknown".to_owned()), total.saturating_sub(known));
+        for (suffix, v) in by_protocol.into_iter().chain(std::iter::once(unknown)) {
+            let protocol = match suffix.as_deref() {
+                Some("unknown") | None => "unknown".to_owned(),
+                Some(digit) => format!("h{digit}"),
+            };
+            let mut labels = instance(i);
+            labels.push(("protocol".into(), protocol));
+            requests.get_or_create(&labels).inc_by(v);
+        }
+    }
+    reg.register(
+        base(names::WORKER_REQUESTS),
+        "HTTP requests served, by protocol: h1 and h2 over TCP, h3; unknown for a program that \
+         reports no protocol (reported by the worker)",
+        requests,
+    );
 }
 
 /// The worker generations: which one takes new connections, and per instance, generation and
@@ -319,7 +380,7 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
             .inc_by(i64::from(live.is_up(lane)));
         connections
             .get_or_create(&labels)
-            .inc_by(i64::try_from(ld(&l.connections_active)).unwrap_or(0));
+            .inc_by(i64::try_from(l.reported.get("connections_active")).unwrap_or(0));
     }
     reg.register(
         names::GENERATION_WORKERS,

@@ -175,9 +175,7 @@ mod tests {
         // serves in lanes 2 and 3 (slot 1), instance 0's worker also forwarded 4 datagrams.
         c.instances[0].set_lane(1, LaneState::Draining);
         c.instances[1].set_lane(1, LaneState::Draining);
-        c.instances[1]
-            .connections_active
-            .store(5, Ordering::Relaxed);
+        c.instances[1].reported.set("connections_active", 5);
         c.instances[2].set_lane(2, LaneState::Serving);
         c.instances[3].set_lane(2, LaneState::Serving);
         c.instances[2].forwarded.store(4, Ordering::Relaxed);
