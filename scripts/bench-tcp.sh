@@ -4,7 +4,9 @@
 # and Caddy over HTTP/3 (h3-probe), each on the same small file and the same 1 MiB file from a
 # document root, one after the other. Reports per target and file the median (min-max) over
 # rounds of requests/s, latency p99 and the server's CPU per request (ringmux: its workers;
-# Caddy: its process), and the ringmux/Caddy req/s ratios within each round, per transport.
+# Caddy: its process) and the whole box's busy CPU per request (every CPU, /proc/stat: the
+# client, the server and the kernel), and the ringmux/Caddy req/s ratios within each round, per
+# transport.
 # --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only).
 #
 # Needs Debian's nghttp2-client (h2load), caddy and openssl; jq for h3-probe's JSON. The client
@@ -104,6 +106,11 @@ cpu_ns() {
   echo "$s"
 }
 
+# box_busy_ns: busy time of every CPU since boot (user, nice, system, irq, softirq, steal), ns.
+box_busy_ns() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.0f\n", ($2 + $3 + $4 + $7 + $8 + $9) * 1e9 / hz }' /proc/stat
+}
+
 # p99_us LOGFILE: the 99th percentile of h2load's per-request times (third column, µs).
 p99_us() {
   awk '{ print $3 }' "$1" | sort -n | awk '{ a[NR] = $1 } END { i = int(NR * 0.99); if (i < 1) i = 1; print a[i] }'
@@ -116,7 +123,7 @@ run_h2load() {
 }
 
 tsv=$out/bench-tcp.tsv
-printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\n' >"$tsv"
+printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\tbox_us_per_request\n' >"$tsv"
 echo "== ringmux and Caddy over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; load $(cat /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   "$bin/ringmux" --listen "127.0.0.1:$rm_port" --instances "$instances" --root "$work/root" \
@@ -138,6 +145,7 @@ for round in $(seq 1 "$rounds"); do
         caddy-h3) pids=("$caddy_pid"); port=$caddy_port ;;
       esac
       c0=$(cpu_ns "${pids[@]}")
+      x0=$(box_busy_ns)
       if [[ $target == *-h3 ]]; then
         "$bin/h3-probe" --url "https://127.0.0.1:$port/$file.bin" --insecure -c "$connections" \
           -s "$streams" -d "$duration" --warmup 1 --json "$log.json" >/dev/null 2>&1
@@ -149,10 +157,12 @@ for round in $(seq 1 "$rounds"); do
         p99=$(p99_us "$log")
         n=$(wc -l <"$log")
       fi
+      x1=$(box_busy_ns)
       c1=$(cpu_ns "${pids[@]}")
       per=$(awk -v c=$((c1 - c0)) -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", c / n / 1000; else print "nan" }')
-      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$file" "$rps" "$p99" "$per" >>"$tsv"
-      printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per"
+      box=$(awk -v c=$((x1 - x0)) -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", c / n / 1000; else print "nan" }')
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" >>"$tsv"
+      printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request  box %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box"
     done
   done
   kill -TERM "$rm_pid" "$caddy_pid" 2>/dev/null || true
@@ -169,8 +179,8 @@ def f(v):
         return float(v)
     except ValueError:
         return float("nan")
-print("| target | file | req/s | p99 µs | server µs/request |")
-print("|---|---|---|---|---|")
+print("| target | file | req/s | p99 µs | server µs/request | box µs/request |")
+print("|---|---|---|---|---|---|")
 for file in ("small", "big"):
     for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
@@ -178,7 +188,7 @@ for file in ("small", "big"):
             continue
         cell = lambda k: "%.0f (%.0f–%.0f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
         cellf = lambda k: "%.1f (%.1f–%.1f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
-        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} |")
+        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {cellf('box_us_per_request')} |")
 targets = {r["target"] for r in rows}
 for ours, theirs, what in (("ringmux-tcp", "caddy-tcp", "over TCP"), ("ringmux-h3", "caddy-h3", "over HTTP/3")):
     if theirs not in targets:
