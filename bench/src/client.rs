@@ -140,12 +140,15 @@ pub struct H3Client {
 }
 
 impl H3Client {
-    /// A client bound to `127.0.0.1:0` or `[::1]:0`, matching the family of `target`.
+    /// A client bound to `127.0.0.1:0` or `[::1]:0` for a loopback target, to the family's
+    /// wildcard address for any other (the kernel then picks the source address of the route).
     /// Must be called inside a tokio runtime.
     pub fn new(config: quinn::ClientConfig, target: SocketAddr) -> io::Result<Self> {
-        let bind: SocketAddr = match target {
-            SocketAddr::V4(_) => (Ipv4Addr::LOCALHOST, 0).into(),
-            SocketAddr::V6(_) => (Ipv6Addr::LOCALHOST, 0).into(),
+        let bind: SocketAddr = match (target, target.ip().is_loopback()) {
+            (SocketAddr::V4(_), true) => (Ipv4Addr::LOCALHOST, 0).into(),
+            (SocketAddr::V4(_), false) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+            (SocketAddr::V6(_), true) => (Ipv6Addr::LOCALHOST, 0).into(),
+            (SocketAddr::V6(_), false) => (Ipv6Addr::UNSPECIFIED, 0).into(),
         };
         Self::with_socket(config, UdpSocket::bind(bind)?)
     }
