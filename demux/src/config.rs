@@ -611,6 +611,7 @@ impl RunArgs {
         if let Some(user) = &worker_user {
             let program = Path::new(&worker_cmd[0]);
             if let Err(why) = user.can_execute(program) {
+                let why = crate::one_line(&why);
                 bail!(
                     "the worker program {} cannot be executed by user {} (UID {}), whom the \
                      workers run as: {why}. Install ringmux where that user may read and \
@@ -662,6 +663,24 @@ pub fn default_nonce_len(node_id_len: usize) -> u8 {
     }
 }
 
+/// Why a [`WorkerUser`] may not execute the worker program ([`WorkerUser::can_execute`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Unreachable {
+    /// The program or a folder above it cannot be looked at (by ringmux itself).
+    #[error("{}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The user has no search permission on `folder`.
+    #[error("it may not enter the folder {}", folder.display())]
+    ClosedFolder { folder: PathBuf },
+    /// The user has no execute permission on `program`.
+    #[error("{} is not executable for it", program.display())]
+    NotExecutable { program: PathBuf },
+}
+
 /// Whom the workers of a ringmux running as root run as, unless `--worker-user` says otherwise.
 pub const DEFAULT_WORKER_USER: &str = "nobody";
 
@@ -669,11 +688,20 @@ impl WorkerUser {
     /// `Ok` if this user may execute `program`: search permission on every folder above it and
     /// execute permission on the file itself, by the owner, group and other bits (access
     /// control lists are not read). `Err` names what is closed.
-    pub fn can_execute(&self, program: &Path) -> std::result::Result<(), String> {
+    pub fn can_execute(&self, program: &Path) -> std::result::Result<(), Unreachable> {
         use std::os::unix::fs::MetadataExt;
+        let metadata = |path: &Path| {
+            std::fs::metadata(path).map_err(|source| Unreachable::Unreadable {
+                path: path.to_owned(),
+                source,
+            })
+        };
         let program = program
             .canonicalize()
-            .map_err(|e| format!("{}: {e}", program.display()))?;
+            .map_err(|source| Unreachable::Unreadable {
+                path: program.to_owned(),
+                source,
+            })?;
         let allows = |m: &std::fs::Metadata, bit: u32| {
             let mode = m.mode();
             if m.uid() == self.uid {
@@ -685,14 +713,14 @@ impl WorkerUser {
             }
         };
         for dir in program.ancestors().skip(1) {
-            let m = std::fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            if !allows(&m, 0o1) {
-                return Err(format!("it may not enter the folder {}", dir.display()));
+            if !allows(&metadata(dir)?, 0o1) {
+                return Err(Unreachable::ClosedFolder {
+                    folder: dir.to_owned(),
+                });
             }
         }
-        let m = std::fs::metadata(&program).map_err(|e| format!("{}: {e}", program.display()))?;
-        if !allows(&m, 0o1) {
-            return Err(format!("{} is not executable for it", program.display()));
+        if !allows(&metadata(&program)?, 0o1) {
+            return Err(Unreachable::NotExecutable { program });
         }
         Ok(())
     }
@@ -1026,14 +1054,23 @@ mod tests {
         mode(&base, 0o755);
         mode(&inner, 0o755);
         mode(&program, 0o755);
-        assert_eq!(stranger.can_execute(&program), Ok(()));
+        assert!(stranger.can_execute(&program).is_ok());
         mode(&inner, 0o750);
         let e = stranger.can_execute(&program).unwrap_err();
-        assert!(e.contains("inner"), "{e}");
+        assert!(
+            matches!(&e, Unreachable::ClosedFolder { folder } if *folder == inner.canonicalize().unwrap()),
+            "{e}"
+        );
+        assert!(e.to_string().contains("inner"), "{e}");
         mode(&inner, 0o755);
         mode(&program, 0o754);
-        let e = stranger.can_execute(&program).unwrap_err();
+        let e = stranger.can_execute(&program).unwrap_err().to_string();
         assert!(e.contains("not executable"), "{e}");
+        let gone = stranger
+            .can_execute(&base.join("no-such-program"))
+            .unwrap_err();
+        let e = crate::one_line(&gone);
+        assert!(e.contains("no-such-program: "), "the path, then why: {e}");
         std::fs::remove_dir_all(&base).unwrap();
     }
 

@@ -36,3 +36,17 @@ pub mod sys;
 pub mod tickets;
 pub mod upgrade;
 mod wire;
+
+/// `error` and each of its sources, joined by `: `, as anyhow's `{:#}` shows a chain: one line
+/// for an operator where an error travels as text (a control client's answer, the reason an
+/// upgrade was refused).
+pub fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        line.push_str(": ");
+        line.push_str(&s.to_string());
+        source = s.source();
+    }
+    line
+}

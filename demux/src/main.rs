@@ -338,7 +338,8 @@ fn resume(
     signals: nix::sys::signalfd::SignalFd,
     inherited: upgrade::Inherited,
 ) -> Result<()> {
-    let back = |why: String| -> anyhow::Error {
+    let back = |refusal: upgrade::Refusal| -> anyhow::Error {
+        let why = refusal.reason();
         if inherited.refused.is_some() {
             // Already the previous binary, gone back to: no further back.
             return anyhow::anyhow!("the hand-over state was refused twice: {why}");

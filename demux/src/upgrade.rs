@@ -21,8 +21,8 @@ use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -93,14 +93,9 @@ impl Compat {
     }
 
     /// Why an image of `theirs` cannot take over from one of `self`, if it cannot.
-    pub fn refusal(&self, theirs: &Compat) -> Option<String> {
-        let differs = |what: &str, ours: u32, new: u32| {
-            (ours != new).then(|| {
-                format!(
-                    "the new binary speaks {what} {new}, the running demux {ours}: it cannot take \
-                     the running workers over; restart ringmux to switch"
-                )
-            })
+    pub fn refusal(&self, theirs: &Compat) -> Option<Incompatible> {
+        let differs = |what: &'static str, ours: u32, new: u32| {
+            (ours != new).then_some(Incompatible { what, ours, new })
         };
         differs(
             "hand-over state format",
@@ -110,6 +105,92 @@ impl Compat {
         .or_else(|| differs("worker protocol version", self.protocol, theirs.protocol))
         .or_else(|| differs("ring layout version", self.ring_layout, theirs.ring_layout))
     }
+}
+
+/// Two images that differ in something a hand-over needs them to share ([`Compat`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the new binary speaks {what} {new}, the running demux {ours}: it cannot take the running \
+     workers over; restart ringmux to switch"
+)]
+pub struct Incompatible {
+    /// What differs, in words (`worker protocol version`).
+    pub what: &'static str,
+    /// The running demux's.
+    pub ours: u32,
+    /// The new binary's.
+    pub new: u32,
+}
+
+/// Why a new image cannot use the state it was handed ([`Inherited::parse`], [`State::check`],
+/// [`State::take`]). Its text is what the previous binary, executed again, is told
+/// ([`REFUSED_ENV`]) and passes on to whoever asked for the upgrade.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("the hand-over state does not parse")]
+    Unreadable(#[source] serde_json::Error),
+    #[error(transparent)]
+    Incompatible(#[from] Incompatible),
+    #[error(
+        "the running demux forwards with {running_forward} to {running_instances} instances, \
+         this command line asks for {forward} and {instances}: keep --forward and --instances \
+         for an upgrade"
+    )]
+    OtherConfiguration {
+        running_forward: String,
+        running_instances: u8,
+        forward: String,
+        instances: u8,
+    },
+    #[error("{lanes} lanes for {instances} instances")]
+    LaneCount { lanes: usize, instances: u8 },
+    #[error("a descriptor is named twice")]
+    NamedTwice { fd: RawFd },
+    #[error("descriptor {fd} is not open")]
+    NotOpen { fd: RawFd },
+    #[error("descriptor {fd}")]
+    Untakeable {
+        fd: RawFd,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Refusal {
+    /// The refusal and its sources on one line: what [`REFUSED_ENV`] carries.
+    pub fn reason(&self) -> String {
+        crate::one_line(self)
+    }
+}
+
+/// Why the new binary was not asked, or did not answer, what it speaks ([`preflight`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PreflightError {
+    #[error("the new binary {} does not start", binary.display())]
+    NoStart {
+        binary: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the new binary {} did not answer `upgrade-check` within {timeout:?}",
+        binary.display()
+    )]
+    NoAnswer { binary: PathBuf, timeout: Duration },
+    #[error("waiting for the new binary")]
+    Wait(#[source] io::Error),
+    /// It exited unsuccessfully or printed no [`Compat::line`]; `said` is the last line of its
+    /// standard error, if any.
+    #[error(
+        "the new binary {} failed `upgrade-check` ({status}){}",
+        binary.display(),
+        said.as_deref().map(|s| format!(": {s}")).unwrap_or_default()
+    )]
+    Failed {
+        binary: PathBuf,
+        status: ExitStatus,
+        said: Option<String>,
+    },
 }
 
 /// Everything a new image takes over. Descriptor numbers are open in the new image (their
@@ -284,32 +365,33 @@ impl State {
 
     /// Checks what a new image can check before it touches a descriptor: the format, the mode
     /// and instances it runs, and that every descriptor is open and named once.
-    pub fn check(&self, forward: &str, instances: u8) -> Result<(), String> {
+    pub fn check(&self, forward: &str, instances: u8) -> Result<(), Refusal> {
         if let Some(why) = self.compat.refusal(&Compat::ours()) {
-            return Err(why);
+            return Err(why.into());
         }
         if self.forward != forward || self.instances != instances {
-            return Err(format!(
-                "the running demux forwards with {} to {} instances, this command line asks for \
-                 {forward} and {instances}: keep --forward and --instances for an upgrade",
-                self.forward, self.instances
-            ));
+            return Err(Refusal::OtherConfiguration {
+                running_forward: self.forward.clone(),
+                running_instances: self.instances,
+                forward: forward.to_string(),
+                instances,
+            });
         }
         let lanes = usize::from(instances) * usize::from(ringmux_proto::GENERATION_SLOTS);
         if self.lanes.len() != lanes {
-            return Err(format!(
-                "{} lanes for {instances} instances",
-                self.lanes.len()
-            ));
+            return Err(Refusal::LaneCount {
+                lanes: self.lanes.len(),
+                instances,
+            });
         }
         let mut fds = self.fds();
         fds.sort_unstable();
-        if fds.windows(2).any(|w| w[0] == w[1]) {
-            return Err("a descriptor is named twice".into());
+        if let Some(w) = fds.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Refusal::NamedTwice { fd: w[0] });
         }
         for fd in fds {
             if fd < 3 || fcntl_getfd(fd).is_err() {
-                return Err(format!("descriptor {fd} is not open"));
+                return Err(Refusal::NotOpen { fd });
             }
         }
         Ok(())
@@ -362,12 +444,12 @@ pub enum Ingress {
 impl State {
     /// [`State::check`]s the state, then takes every descriptor it names. On an error nothing
     /// was taken.
-    pub fn take(self, forward: &str, instances: u8) -> Result<Taken, String> {
+    pub fn take(self, forward: &str, instances: u8) -> Result<Taken, Refusal> {
         self.check(forward, instances)?;
-        let take = |fd: RawFd| -> Result<OwnedFd, String> {
+        let take = |fd: RawFd| -> Result<OwnedFd, Refusal> {
             // SAFETY: `check` found every number open and named once, and each is taken here
             // once; nothing else in this image knows these numbers.
-            unsafe { take_fd(fd) }.map_err(|e| format!("descriptor {fd}: {e}"))
+            unsafe { take_fd(fd) }.map_err(|source| Refusal::Untakeable { fd, source })
         };
         let lanes = self
             .lanes
@@ -375,7 +457,7 @@ impl State {
             .map(|l| {
                 let worker = l
                     .worker
-                    .map(|w| -> Result<TakenWorker, String> {
+                    .map(|w| -> Result<TakenWorker, Refusal> {
                         Ok(TakenWorker {
                             pid: w.pid,
                             control: take(w.control_fd)?,
@@ -385,7 +467,7 @@ impl State {
                     .transpose()?;
                 let ingress = l
                     .ingress
-                    .map(|i| -> Result<Ingress, String> {
+                    .map(|i| -> Result<Ingress, Refusal> {
                         Ok(match i {
                             IngressState::Shm { fds, ring } => Ingress::Shm {
                                 fds: ringmux_ring::ProducerFds {
@@ -407,7 +489,7 @@ impl State {
                     ingress,
                 })
             })
-            .collect::<Result<Vec<_>, String>>()?;
+            .collect::<Result<Vec<_>, Refusal>>()?;
         Ok(Taken {
             keys: self.keys,
             cert_pem: self.cert_pem,
@@ -473,9 +555,8 @@ pub struct Inherited {
 
 impl Inherited {
     /// The state.
-    pub fn parse(&self) -> Result<State, String> {
-        serde_json::from_slice(&self.raw)
-            .map_err(|e| format!("the hand-over state does not parse: {e}"))
+    pub fn parse(&self) -> Result<State, Refusal> {
+        serde_json::from_slice(&self.raw).map_err(Refusal::Unreadable)
     }
 }
 
@@ -507,14 +588,17 @@ fn read_inherited(raw: &str) -> Result<Inherited> {
 }
 
 /// The new image, as the old one runs it: the binary and what it says it speaks.
-pub fn preflight(binary: &Path) -> Result<Compat, String> {
+pub fn preflight(binary: &Path) -> Result<Compat, PreflightError> {
     let mut child = Command::new(binary)
         .arg("upgrade-check")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("the new binary {} does not start: {e}", binary.display()))?;
+        .map_err(|source| PreflightError::NoStart {
+            binary: binary.to_owned(),
+            source,
+        })?;
     let deadline = Instant::now() + CHECK_TIMEOUT;
     let status = loop {
         match child.try_wait() {
@@ -523,12 +607,12 @@ pub fn preflight(binary: &Path) -> Result<Compat, String> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "the new binary {} did not answer `upgrade-check` within {CHECK_TIMEOUT:?}",
-                    binary.display()
-                ));
+                return Err(PreflightError::NoAnswer {
+                    binary: binary.to_owned(),
+                    timeout: CHECK_TIMEOUT,
+                });
             }
-            Err(e) => return Err(format!("waiting for the new binary: {e}")),
+            Err(e) => return Err(PreflightError::Wait(e)),
         }
     };
     let mut out = String::new();
@@ -542,14 +626,11 @@ pub fn preflight(binary: &Path) -> Result<Compat, String> {
     let theirs = out.lines().find_map(Compat::parse);
     match theirs {
         Some(c) if status.success() => Ok(c),
-        _ => Err(format!(
-            "the new binary {} failed `upgrade-check` ({status}){}",
-            binary.display(),
-            match err.trim() {
-                "" => String::new(),
-                e => format!(": {}", e.lines().last().unwrap_or(e)),
-            }
-        )),
+        _ => Err(PreflightError::Failed {
+            binary: binary.to_owned(),
+            status,
+            said: err.trim().lines().last().map(str::to_string),
+        }),
     }
 }
 
@@ -701,7 +782,7 @@ mod tests {
             protocol: ours.protocol + 1,
             ..ours
         };
-        let why = ours.refusal(&newer).unwrap();
+        let why = ours.refusal(&newer).unwrap().to_string();
         assert!(why.contains("worker protocol version"), "{why}");
         assert!(why.contains("restart"), "{why}");
     }
@@ -740,15 +821,36 @@ mod tests {
             argv: vec![],
             binary: vec![],
         };
-        assert_eq!(state.check("shm", 1), Ok(()));
-        assert!(state.check("unix", 1).unwrap_err().contains("--forward"));
-        assert!(state.check("shm", 2).unwrap_err().contains("--instances"));
+        let refused = |s: &State, forward: &str, instances: u8| {
+            s.check(forward, instances)
+                .expect_err("a bad state was accepted")
+                .reason()
+        };
+        assert!(state.check("shm", 1).is_ok());
+        let garbled = Inherited {
+            raw: b"{".to_vec(),
+            refused: None,
+        };
+        let why = garbled
+            .parse()
+            .expect_err("parsed a truncated state")
+            .reason();
+        assert!(
+            why.starts_with("the hand-over state does not parse: "),
+            "{why}"
+        );
+        assert!(refused(&state, "unix", 1).contains("--forward"));
+        assert!(refused(&state, "shm", 2).contains("--instances"));
         state.metrics_fd = Some(fd);
-        assert!(state.check("shm", 1).unwrap_err().contains("twice"));
+        assert!(matches!(
+            state.check("shm", 1),
+            Err(Refusal::NamedTwice { fd: twice }) if twice == fd
+        ));
+        assert!(refused(&state, "shm", 1).contains("twice"));
         state.metrics_fd = Some(1 << 20);
-        assert!(state.check("shm", 1).unwrap_err().contains("not open"));
+        assert!(refused(&state, "shm", 1).contains(&format!("descriptor {} is not open", 1 << 20)));
         state.metrics_fd = None;
         state.compat.ring_layout += 1;
-        assert!(state.check("shm", 1).unwrap_err().contains("ring layout"));
+        assert!(refused(&state, "shm", 1).contains("ring layout"));
     }
 }

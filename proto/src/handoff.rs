@@ -346,7 +346,10 @@ impl Handoff {
                 cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
                 upstream: match string("upstream")? {
                     v if v.is_empty() => None,
-                    v => Some(v.parse().map_err(|e| field("upstream", e))?),
+                    v => Some(
+                        v.parse()
+                            .map_err(|e: crate::UpstreamError| field("upstream", e.to_string()))?,
+                    ),
                 },
                 upstream_timeout: Duration::from_millis(num(
                     "upstream_timeout_ms",

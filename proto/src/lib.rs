@@ -26,7 +26,7 @@ pub use handoff::{
     generation_slot, Handoff, HandoffError, IngressKind, ServeOptions, GENERATION_SLOTS,
 };
 pub use message::{Message, MessageError, WorkerReport};
-pub use upstream::UpstreamUrl;
+pub use upstream::{UpstreamError, UpstreamUrl};
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any

@@ -18,37 +18,63 @@ impl std::fmt::Display for UpstreamUrl {
     }
 }
 
+/// Why a text is not an `--upstream` URL. Each message names the text as given, and says what
+/// is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Not a URI at all (what `http` found wrong in it, in words, follows the text).
+    #[error("{given:?} is not a URL ({why}): expected http://HOST:PORT")]
+    NotAUrl { given: String, why: String },
+    #[error(
+        "{given:?}: https upstreams are not supported; the upstream must speak plain HTTP/1.1 \
+         (http://HOST:PORT)"
+    )]
+    Https { given: String },
+    /// Another scheme, none, or no host part.
+    #[error("{given:?}: expected http://HOST:PORT")]
+    NotHttp { given: String },
+    #[error("{given:?}: user information is not supported")]
+    UserInfo { given: String },
+    #[error("{given:?}: the host is empty")]
+    EmptyHost { given: String },
+    #[error(
+        "{given:?}: a path or query is not supported; requests keep their own path \
+         (http://HOST:PORT)"
+    )]
+    PathOrQuery { given: String },
+}
+
 impl std::str::FromStr for UpstreamUrl {
-    type Err = String;
+    type Err = UpstreamError;
 
     /// `http://HOST[:PORT]`, optionally with a trailing `/`. Refuses `https`, paths, queries and
     /// user information, saying why.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, UpstreamError> {
+        let given = || s.to_string();
         let uri: Uri = s
             .parse()
-            .map_err(|e| format!("{s:?} is not a URL ({e}): expected http://HOST:PORT"))?;
+            .map_err(|e: http::uri::InvalidUri| UpstreamError::NotAUrl {
+                given: given(),
+                why: e.to_string(),
+            })?;
         match uri.scheme() {
             Some(sch) if *sch == Scheme::HTTP => {}
             Some(sch) if *sch == Scheme::HTTPS => {
-                return Err(format!(
-                    "{s:?}: https upstreams are not supported; the upstream must speak plain HTTP/1.1 (http://HOST:PORT)"
-                ))
+                return Err(UpstreamError::Https { given: given() })
             }
-            _ => return Err(format!("{s:?}: expected http://HOST:PORT")),
+            _ => return Err(UpstreamError::NotHttp { given: given() }),
         }
         let Some(authority) = uri.authority().cloned() else {
-            return Err(format!("{s:?}: expected http://HOST:PORT"));
+            return Err(UpstreamError::NotHttp { given: given() });
         };
         if authority.as_str().contains('@') {
-            return Err(format!("{s:?}: user information is not supported"));
+            return Err(UpstreamError::UserInfo { given: given() });
         }
         if authority.host().is_empty() {
-            return Err(format!("{s:?}: the host is empty"));
+            return Err(UpstreamError::EmptyHost { given: given() });
         }
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-            return Err(format!(
-                "{s:?}: a path or query is not supported; requests keep their own path (http://HOST:PORT)"
-            ));
+            return Err(UpstreamError::PathOrQuery { given: given() });
         }
         Ok(UpstreamUrl { authority })
     }
@@ -73,7 +99,7 @@ mod tests {
             ("ftp://host", "expected http://HOST:PORT"),
             ("http://", "not a URL"),
         ] {
-            let e = bad.parse::<UpstreamUrl>().unwrap_err();
+            let e = bad.parse::<UpstreamUrl>().unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
             assert!(e.contains(bad), "{bad}: the message names the value: {e}");
         }

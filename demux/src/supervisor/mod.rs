@@ -412,7 +412,7 @@ impl Supervisor {
             );
         }
         if let Err(why) = self.policy.export(Instant::now()) {
-            return refuse(self, why);
+            return refuse(self, why.to_string());
         }
         let n = self.n;
         let half_gone = self.workers.iter().enumerate().find(|(l, w)| {
@@ -435,10 +435,10 @@ impl Supervisor {
         match crate::upgrade::preflight(&binary) {
             Ok(theirs) => {
                 if let Some(why) = crate::upgrade::Compat::ours().refusal(&theirs) {
-                    return refuse(self, why);
+                    return refuse(self, why.to_string());
                 }
             }
-            Err(why) => return refuse(self, why),
+            Err(why) => return refuse(self, crate::one_line(&why)),
         }
         let clients = match (&mut self.upgrade, client) {
             (Some(u), Some(id)) => {

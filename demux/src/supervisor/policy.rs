@@ -131,6 +131,24 @@ pub enum Failure {
     Shutdown,
 }
 
+/// Why the supervisor has nothing to hand over now ([`Policy::export`]): only a settled one
+/// hands over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unsettled {
+    #[error("ringmux is shutting down")]
+    ShuttingDown,
+    #[error(
+        "a reload is under way (generation {generation} is starting); run the upgrade once it \
+         is done"
+    )]
+    Reloading { generation: u64 },
+    #[error(
+        "instance {instance}'s worker (generation {generation}) is starting, restarting or being \
+         stopped; run the upgrade again in a moment"
+    )]
+    LaneBusy { instance: usize, generation: u64 },
+}
+
 /// Why a reload was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -280,16 +298,13 @@ impl Policy {
     /// Every lane's generation and phase for a new process image, or why there is none to
     /// hand over now: only a settled supervisor hands over (no reload, restart or shutdown
     /// under way), so that no decision is lost between the two images.
-    pub fn export(&self, now: Instant) -> Result<Vec<(u64, crate::upgrade::LanePhase)>, String> {
+    pub fn export(&self, now: Instant) -> Result<Vec<(u64, crate::upgrade::LanePhase)>, Unsettled> {
         use crate::upgrade::LanePhase;
         if self.shutdown_deadline.is_some() {
-            return Err("ringmux is shutting down".into());
+            return Err(Unsettled::ShuttingDown);
         }
         if let Some((generation, _)) = self.candidate {
-            return Err(format!(
-                "a reload is under way (generation {generation} is starting); run the upgrade \
-                 once it is done"
-            ));
+            return Err(Unsettled::Reloading { generation });
         }
         self.lanes
             .iter()
@@ -310,12 +325,10 @@ impl Policy {
                     | Phase::Down { .. }
                     | Phase::Abandoned
                     | Phase::Draining { .. } => {
-                        return Err(format!(
-                            "instance {}'s worker (generation {}) is starting, restarting or \
-                             being stopped; run the upgrade again in a moment",
-                            l % self.instances,
-                            lane.generation
-                        ))
+                        return Err(Unsettled::LaneBusy {
+                            instance: l % self.instances,
+                            generation: lane.generation,
+                        })
                     }
                 };
                 Ok((lane.generation, phase))
