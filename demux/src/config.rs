@@ -858,7 +858,7 @@ mod tests {
         let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
-            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .map_err(anyhow::Error::new)?
             .run
             .validate()
     }

@@ -159,6 +159,7 @@ impl NftablesArgs {
                 })?,
             None => {
                 let mut b = [0u8; 4];
+                // getrandom's error is a code with no source to keep (its std traits are off).
                 getrandom::fill(&mut b)
                     .map_err(|e| anyhow::anyhow!("a random --hash-seed: {e}"))?;
                 u32::from_be_bytes(b)
@@ -216,19 +217,17 @@ impl NftablesArgs {
             nonce_len,
             key: None,
         };
-        lb.validate().map_err(|e| {
-            anyhow::anyhow!(
-                "the nodes' QUIC-LB configuration (--config-id, --nonce-len, the node-ID length \
-                 of --node) is not one ringmux runs with: {e}"
-            )
-        })?;
+        lb.validate().context(
+            "the nodes' QUIC-LB configuration (--config-id, --nonce-len, the node-ID length of \
+             --node) is not one ringmux runs with",
+        )?;
         let codec = CidCodec::new(
             lb.config_id,
             lb.server_id_len(),
             usize::from(lb.nonce_len),
             None,
         )
-        .map_err(|e| anyhow::anyhow!("the nodes' QUIC-LB configuration: {e}"))?;
+        .context("the nodes' QUIC-LB configuration")?;
         Ok(NftPlan {
             table: self.table.clone(),
             vip: self.vip,

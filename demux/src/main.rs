@@ -86,7 +86,7 @@ fn main() -> ExitCode {
 fn new_key_file(path: &std::path::Path) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let keys = KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?;
+    let keys = KeySet::generate().context("generating keys")?;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -155,13 +155,9 @@ fn routing(cfg: &Config, keys: &KeySet) -> Result<(QuicLbConfig, Router)> {
         nonce_len: cfg.nonce_len,
         key: (!cfg.args.plaintext_cids).then_some(keys.quic_lb),
     };
-    lb.validate().map_err(|e| {
-        anyhow::anyhow!(
-            "QUIC-LB configuration (--node-id, --config-id, --nonce-len, --instances): {e}"
-        )
-    })?;
-    let router =
-        Router::new(&lb, keys.routing_hash).map_err(|e| anyhow::anyhow!("QUIC-LB router: {e}"))?;
+    lb.validate()
+        .context("QUIC-LB configuration (--node-id, --config-id, --nonce-len, --instances)")?;
+    let router = Router::new(&lb, keys.routing_hash).context("QUIC-LB router")?;
     Ok((lb, router))
 }
 
@@ -238,10 +234,8 @@ fn admission_and_sessions(
 /// A first start: bind, make the rings, start the workers.
 fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
     let keys = match &cfg.args.key_file {
-        Some(p) => {
-            KeySet::load(p).map_err(|e| anyhow::anyhow!("--key-file / RINGMUX_KEY_FILE: {e}"))?
-        }
-        None => KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?,
+        Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
+        None => KeySet::generate().context("generating keys")?,
     };
     let (lb, router) = routing(&cfg, &keys)?;
     let cert = match (&cfg.args.cert, &cfg.args.key) {
@@ -345,10 +339,9 @@ fn resume(
             return anyhow::anyhow!("the hand-over state was refused twice: {why}");
         }
         tracing::error!(reason = %why, "refusing the hand-over; going back to the previous binary");
-        let e = upgrade::go_back(&inherited, &why);
-        anyhow::anyhow!(
-            "refusing the hand-over ({why}); going back to the previous binary failed: {e}"
-        )
+        anyhow::Error::new(upgrade::go_back(&inherited, &why)).context(format!(
+            "refusing the hand-over ({why}); going back to the previous binary failed"
+        ))
     };
     let state = inherited.parse().map_err(back)?;
     let taken = state

@@ -113,6 +113,51 @@ impl IngressHandles {
     }
 }
 
+/// Why the ingresses a previous process image of the demux handed over do not fit this one
+/// (`adopt` of a mode). As an [`io::Error`] its kind is `InvalidData`, or the kind of the
+/// source for a ring that cannot be mapped again.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    #[error("{handed} lanes handed over, {expected} expected")]
+    LaneCount { handed: usize, expected: usize },
+    /// The lane's ingress is of another mode than this image runs.
+    #[error("lane {lane} was handed {handed}, not {expected}")]
+    OtherMode {
+        lane: usize,
+        handed: &'static str,
+        expected: &'static str,
+    },
+    #[error("lane {lane}'s ring")]
+    Ring {
+        lane: usize,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl AdoptError {
+    /// Checks that `handed` lanes came for a mode of `expected` lanes.
+    pub fn check_count(handed: usize, expected: usize) -> Result<(), AdoptError> {
+        if handed == expected {
+            Ok(())
+        } else {
+            Err(AdoptError::LaneCount { handed, expected })
+        }
+    }
+}
+
+impl From<AdoptError> for io::Error {
+    fn from(e: AdoptError) -> io::Error {
+        let kind = match &e {
+            AdoptError::Ring { source, .. } => source.kind(),
+            AdoptError::LaneCount { .. } | AdoptError::OtherMode { .. } => {
+                io::ErrorKind::InvalidData
+            }
+        };
+        io::Error::new(kind, e)
+    }
+}
+
 /// What every mode is built from.
 pub struct Setup<'a> {
     pub instances: u8,

@@ -80,16 +80,13 @@ impl Reuseport {
         let program = self
             .programs
             .get(usize::from(slot))
-            .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+            .ok_or(NoSuch::Slot(slot))?;
         sys::attach_reuseport_program(self.group.public.as_fd(), program)
     }
 
     /// A duplicate of lane `lane`'s socket for its worker.
     fn handle(&self, lane: usize) -> io::Result<IngressHandles> {
-        let sock = self
-            .lanes
-            .get(lane)
-            .ok_or_else(|| io::Error::other(format!("no lane {lane}")))?;
+        let sock = self.lanes.get(lane).ok_or(NoSuch::Lane(lane))?;
         Ok(IngressHandles::Reuseport(sock.try_clone()?))
     }
 }
@@ -124,6 +121,21 @@ impl Forward for Reuseport {
             io::ErrorKind::Unsupported,
             "ringmux upgrade does not take over a --forward reuseport group yet: restart instead",
         ))
+    }
+}
+
+/// A generation slot or lane the group was not made with (a caller's mistake: `InvalidInput`).
+#[derive(Debug, thiserror::Error)]
+enum NoSuch {
+    #[error("no steering program for generation slot {0}")]
+    Slot(u8),
+    #[error("no lane {0}")]
+    Lane(usize),
+}
+
+impl From<NoSuch> for io::Error {
+    fn from(e: NoSuch) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidInput, e)
     }
 }
 

@@ -16,7 +16,7 @@ use ringmux_ring::{Producer, PushError, RingConfig};
 
 use std::os::fd::AsRawFd;
 
-use super::{Forward, Gauges, IngressHandles, Setup};
+use super::{AdoptError, Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
 use crate::upgrade::{Ingress, IngressState};
 
@@ -34,7 +34,7 @@ impl Shm {
         let mut rings: Vec<Option<Producer>> = (0..setup.lanes).map(|_| None).collect();
         let mut handles = Vec::new();
         for ring in rings.iter_mut().take(usize::from(setup.instances)) {
-            let p = Producer::create(setup.ring).map_err(io::Error::other)?;
+            let p = Producer::create(setup.ring)?;
             handles.push(handles_of(&p)?);
             *ring = Some(p);
         }
@@ -55,25 +55,22 @@ impl Shm {
 impl Shm {
     /// The rings a previous process image of the demux handed over, one entry per lane.
     pub fn adopt(setup: &Setup<'_>, lanes: Vec<Option<Ingress>>) -> io::Result<Self> {
-        if lanes.len() != setup.lanes {
-            return Err(io::Error::other(format!(
-                "{} lanes handed over, {} expected",
-                lanes.len(),
-                setup.lanes
-            )));
-        }
+        AdoptError::check_count(lanes.len(), setup.lanes)?;
         let mut rings = Vec::with_capacity(setup.lanes);
         for (lane, ingress) in lanes.into_iter().enumerate() {
             rings.push(match ingress {
                 None => None,
                 Some(Ingress::Shm { fds, ring }) => Some(
                     Producer::adopt(setup.ring, fds, ring)
-                        .map_err(|e| io::Error::other(format!("lane {lane}'s ring: {e}")))?,
+                        .map_err(|source| AdoptError::Ring { lane, source })?,
                 ),
                 Some(Ingress::Unix(_)) => {
-                    return Err(io::Error::other(format!(
-                        "lane {lane} was handed a unix socket, not a ring"
-                    )))
+                    return Err(AdoptError::OtherMode {
+                        lane,
+                        handed: "a unix socket",
+                        expected: "a ring",
+                    }
+                    .into())
                 }
             });
         }

@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ringmux_ring::layout::SlotDesc;
 
-use super::{Forward, IngressHandles, Setup};
+use super::{AdoptError, Forward, IngressHandles, Setup};
 use crate::metrics::DropReason;
 use crate::sys;
 use crate::upgrade::{Ingress, IngressState};
@@ -32,13 +32,7 @@ impl Unix {
 
     /// The sockets a previous process image of the demux handed over, one entry per lane.
     pub fn adopt(setup: &Setup<'_>, lanes: Vec<Option<Ingress>>) -> io::Result<Self> {
-        if lanes.len() != setup.lanes {
-            return Err(io::Error::other(format!(
-                "{} lanes handed over, {} expected",
-                lanes.len(),
-                setup.lanes
-            )));
-        }
+        AdoptError::check_count(lanes.len(), setup.lanes)?;
         let sockets = lanes
             .into_iter()
             .enumerate()
@@ -48,9 +42,12 @@ impl Unix {
                     socket2::SockRef::from(&fd).set_nonblocking(true)?;
                     Ok(Some(fd))
                 }
-                Some(Ingress::Shm { .. }) => Err(io::Error::other(format!(
-                    "lane {lane} was handed a ring, not a unix socket"
-                ))),
+                Some(Ingress::Shm { .. }) => Err(AdoptError::OtherMode {
+                    lane,
+                    handed: "a ring",
+                    expected: "a unix socket",
+                }
+                .into()),
             })
             .collect::<io::Result<_>>()?;
         Ok(Unix { sockets })
@@ -103,4 +100,27 @@ fn pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let _ = socket2::SockRef::from(&ours).set_send_buffer_size(8 << 20);
     let _ = socket2::SockRef::from(&theirs).set_recv_buffer_size(8 << 20);
     Ok((ours, theirs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lanes_handed_over_for_another_count_are_refused_as_invalid_data() {
+        let ring = ringmux_ring::RingConfig::default();
+        let setup = Setup {
+            instances: 1,
+            lanes: 4,
+            ring: &ring,
+            shed_at: u64::MAX,
+            group: None,
+        };
+        let Err(e) = Unix::adopt(&setup, (0..2).map(|_| None).collect()) else {
+            panic!("two lanes adopted where four are expected");
+        };
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert_eq!(e.to_string(), "2 lanes handed over, 4 expected");
+        assert!(Unix::adopt(&setup, (0..4).map(|_| None).collect()).is_ok());
+    }
 }
