@@ -18,10 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quinn_udp::{RecvMeta, Transmit, UdpSockRef, UdpSocketState};
-use ringmux_quic_lb::{starts_connection, Route, RouteCache, Router};
+use ringmux_quic_lb::{RouteCache, Router};
+use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta};
 
-use crate::admission::{Admission, Verdict};
+use crate::admission::Admission;
+use crate::dispatch::{classify, Arrival, Disposition};
 use crate::forward::{Forward, IngressHandles};
 use crate::metrics::{Counters, DropReason};
 use crate::sys::{self, RecvCmsg};
@@ -30,6 +32,19 @@ use crate::sys::{self, RecvCmsg};
 const RECV_BUF: usize = 65536;
 /// How often occupancy and doorbell gauges are refreshed and stalls checked.
 const GAUGE_PERIOD: Duration = Duration::from_millis(100);
+
+/// What one receive brought.
+enum Received {
+    /// This many messages (each a datagram or a GRO train).
+    Batch(usize),
+    /// Nothing after a wait: a moment to refresh the gauges.
+    Idle,
+    /// Nothing, at once (interrupted, or an error, logged): receive again.
+    Again,
+}
+
+/// A reset waiting for its ring: the lane, and where its descriptors go.
+type Deferred = (u8, SyncSender<io::Result<IngressHandles>>);
 
 /// Supervisor → data plane requests. Lanes are numbered as [`Router::lane`] numbers them.
 pub enum Command {
@@ -229,6 +244,8 @@ pub struct DataPlane<F> {
     /// When a previous process image received its last datagram, until this one receives its
     /// first: the upgrade's pause is the difference.
     resumed_after: Option<u64>,
+    /// Receive errors logged so far (the first ten are).
+    errors_logged: u32,
 }
 
 /// Per-lane bookkeeping the loop keeps to itself.
@@ -267,6 +284,7 @@ impl<F: Forward> DataPlane<F> {
             stall,
             active: 0,
             last_recv_ns: 0,
+            errors_logged: 0,
             resumed_after: None,
         }
     }
@@ -320,35 +338,9 @@ impl<F: Forward> DataPlane<F> {
         let now = Instant::now();
         // Buffers above are the loop's only allocations; from here on every allocation on this
         // thread is counted (ringmux_dataplane_allocations_total).
-        let mut local = vec![
-            Local {
-                forwarded: 0,
-                up: false,
-                consumed: 0,
-                consumed_at: now,
-                violated: false,
-                reported: false,
-                crowded: false,
-            };
-            n_lanes
-        ];
-        for (i, l) in local.iter_mut().enumerate() {
-            l.forwarded = self.counters.instances[i].forwarded.load(Ordering::Relaxed);
-        }
-        let mut received = self.counters.received.load(Ordering::Relaxed);
-        let mut recv_calls = self.counters.recv_calls.load(Ordering::Relaxed);
-        let mut dropped = [0u64; DropReason::ALL.len()];
-        for (d, c) in dropped.iter_mut().zip(&self.counters.dropped) {
-            *d = c.load(Ordering::Relaxed);
-        }
-        self.admission.stats = crate::admission::Stats {
-            retries_sent: self.counters.retries_sent.load(Ordering::Relaxed),
-            retries_unsent: self.counters.retries_unsent.load(Ordering::Relaxed),
-            tokens_accepted: self.counters.tokens_accepted.load(Ordering::Relaxed),
-        };
+        let (mut local, mut received, mut recv_calls, mut dropped) = self.resume_counting(now);
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
-        let mut errors_logged = 0u32;
         // The last receive returned fewer messages than it had room for.
         let mut queue_empty = false;
         // Resets waiting for their ring (at most one per lane), and the round's copy.
@@ -357,25 +349,7 @@ impl<F: Forward> DataPlane<F> {
         crate::alloc::count_this_thread();
 
         while !control.stop.load(Ordering::Relaxed) {
-            // A plain load first: the swap (a locked instruction) only when there is work.
-            if control.pending.load(Ordering::Relaxed)
-                && control.pending.swap(false, Ordering::Acquire)
-            {
-                while let Ok(cmd) = control.commands.try_recv() {
-                    self.execute(cmd, &mut local, &mut active, &mut deferred);
-                }
-            }
-            if !deferred.is_empty() {
-                std::mem::swap(&mut retry, &mut deferred);
-                for (lane, reply) in retry.drain(..) {
-                    self.execute(
-                        Command::Reset { lane, reply },
-                        &mut local,
-                        &mut active,
-                        &mut deferred,
-                    );
-                }
-            }
+            self.take_commands(&control, &mut local, &mut active, &mut deferred, &mut retry);
             for (i, l) in local.iter_mut().enumerate() {
                 l.up = !l.violated && control.liveness.is_up(i);
             }
@@ -385,63 +359,20 @@ impl<F: Forward> DataPlane<F> {
             } else {
                 Duration::from_millis(1)
             };
-            if queue_empty {
-                // The last receive came back short: the queue was empty then. Sleep in poll
-                // straight away (it returns at once if datagrams came meanwhile) instead of
-                // paying for a receive that finds nothing: at light load, where each wake-up
-                // brings one batch, that is one system call of three per wake-up.
-                queue_empty = false;
-                if !sys::wait_readable(self.public.socket.as_fd(), wait).unwrap_or(true) {
+            let n = match self.receive(&mut iovs, &mut metas, &mut queue_empty, wait) {
+                Received::Batch(n) => n,
+                Received::Idle => {
                     self.refresh_gauges(&mut local, &control, &mut last_gauges);
                     continue;
                 }
-            }
-            let n = match self.public.state.recv(
-                UdpSockRef::from(&self.public.socket),
-                &mut iovs,
-                &mut metas,
-            ) {
-                Ok(n) => {
-                    queue_empty = n < iovs.len();
-                    n
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let _ = sys::wait_readable(self.public.socket.as_fd(), wait);
-                    self.refresh_gauges(&mut local, &control, &mut last_gauges);
-                    continue;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    if errors_logged < 10 {
-                        tracing::warn!(error = %e, "receive failed");
-                        errors_logged += 1;
-                    }
-                    continue;
-                }
+                Received::Again => continue,
             };
             recv_calls += 1;
             let ts = monotonic_ns();
-            if let Some(before) = self.resumed_after.take() {
-                self.counters
-                    .upgrade_pause_ns
-                    .store(ts.saturating_sub(before), Ordering::Relaxed);
-            }
-            self.last_recv_ns = ts;
+            self.begin_batch(&mut local, ts);
             // Routes are remembered within one batch only: a reset or restart between batches
             // can never see a stale entry (routing is pure anyway).
             let mut cache = RouteCache::new(&self.router);
-            // Once per batch, not per datagram: a batch can overshoot the threshold by its own
-            // size, and the rest of the ring still takes what established connections send.
-            let mut any_crowded = false;
-            for (i, l) in local.iter_mut().enumerate() {
-                l.crowded = self.forward.crowded(i);
-                any_crowded |= l.crowded;
-            }
-            // A crowded ring is pressure for the whole box: new connections to any instance
-            // then meet a Retry first.
-            if any_crowded {
-                self.admission.crowded(ts);
-            }
             for (meta, iov) in metas.iter().zip(iovs.iter()).take(n) {
                 let data = &iov[..meta.len.min(iov.len())];
                 let stride = if meta.stride == 0 {
@@ -469,87 +400,37 @@ impl<F: Forward> DataPlane<F> {
                 // Each GRO segment is routed on its own: one train can carry several DCIDs.
                 for seg in data.chunks(stride) {
                     received += 1;
-                    let route = cache.route(&self.router, seg);
-                    let inst = match route {
-                        Route::Owned(lane) => lane as usize,
-                        Route::Hashed(i) => active + i as usize,
-                        Route::Malformed(_) => {
-                            dropped[DropReason::Malformed as usize] += 1;
-                            continue;
+                    let arrival = Arrival {
+                        bytes: seg,
+                        remote: meta.addr,
+                        now_ns: ts,
+                    };
+                    let disposition = classify(
+                        &self.router,
+                        &mut cache,
+                        &mut self.admission,
+                        arrival,
+                        active,
+                        |lane| local[lane].crowded,
+                    );
+                    let reason = match disposition {
+                        Disposition::Forward { lane } => {
+                            match self.push(&mut local[lane], lane, &desc, seg) {
+                                Ok(()) => continue,
+                                Err(reason) => reason,
+                            }
+                        }
+                        Disposition::Drop(reason) => reason,
+                        Disposition::Retry => {
+                            self.send_retry(meta.addr, meta.dst_ip.or(fixed_local_ip));
+                            DropReason::Retry
                         }
                     };
-                    let l = &mut local[inst];
-                    // A packet that opens a connection (an Initial, or 0-RTT) meets admission;
-                    // established traffic (short headers) pays one test of its first octet.
-                    if starts_connection(seg) {
-                        let verdict = self.admission.decide(
-                            seg,
-                            meta.addr,
-                            inst as u8,
-                            matches!(route, Route::Hashed(_)),
-                            l.crowded,
-                            ts,
-                        );
-                        let reason = match verdict {
-                            Verdict::Forward => None,
-                            Verdict::Shed => Some(DropReason::InitialShed),
-                            Verdict::TokenRefused => Some(DropReason::TokenRefused),
-                            Verdict::OverBudget => Some(DropReason::PrefixBudget),
-                            Verdict::Retry => {
-                                let retry = Transmit {
-                                    destination: meta.addr,
-                                    ecn: None,
-                                    contents: self.admission.retry_packet(),
-                                    segment_size: None,
-                                    src_ip: meta.dst_ip.or(fixed_local_ip),
-                                };
-                                let sock = UdpSockRef::from(&self.public.socket);
-                                match self.public.state.send(sock, &retry) {
-                                    Ok(()) => self.admission.stats.retries_sent += 1,
-                                    Err(_) => self.admission.stats.retries_unsent += 1,
-                                }
-                                Some(DropReason::Retry)
-                            }
-                        };
-                        if let Some(reason) = reason {
-                            dropped[reason as usize] += 1;
-                            continue;
-                        }
-                    }
-                    let pushed = if F::DELIVERS && !l.up {
-                        Err(DropReason::InstanceDown)
-                    } else {
-                        self.forward.push(inst, &desc, seg)
-                    };
-                    match pushed {
-                        Ok(()) => l.forwarded += 1,
-                        Err(reason) => {
-                            if reason == DropReason::RingViolation {
-                                // Stop pushing at once; the supervisor hears of it at the
-                                // next gauge refresh.
-                                l.violated = true;
-                                l.up = false;
-                            }
-                            dropped[reason as usize] += 1;
-                        }
-                    }
+                    dropped[reason as usize] += 1;
                 }
             }
             self.forward.publish();
-            // Publish counters: single writer, plain stores.
-            self.counters.received.store(received, Ordering::Relaxed);
-            self.counters
-                .recv_calls
-                .store(recv_calls, Ordering::Relaxed);
-            for (i, d) in dropped.iter().enumerate() {
-                self.counters.dropped[i].store(*d, Ordering::Relaxed);
-            }
-            for (i, l) in local.iter().enumerate() {
-                self.counters.instances[i]
-                    .forwarded
-                    .store(l.forwarded, Ordering::Relaxed);
-            }
-            self.publish_admission(ts);
+            self.publish_counters(received, recv_calls, &dropped, &local, ts);
             // Reuses the batch's receive timestamp: no second clock read per batch.
             if ts.saturating_sub(last_gauges_ns) >= GAUGE_PERIOD.as_nanos() as u64 {
                 last_gauges_ns = ts;
@@ -573,7 +454,7 @@ impl<F: Forward> DataPlane<F> {
         cmd: Command,
         local: &mut [Local],
         active: &mut usize,
-        deferred: &mut Vec<(u8, SyncSender<io::Result<IngressHandles>>)>,
+        deferred: &mut Vec<Deferred>,
     ) {
         match cmd {
             Command::Activate { slot, reply } => {
@@ -613,6 +494,195 @@ impl<F: Forward> DataPlane<F> {
 
     /// Occupancy and doorbell gauges; stall and violation reports.
     /// Publishes what admission counted, and whether it is under pressure at `now_ns`.
+    /// One receive (after a wait in `poll` when the last one came back short, the queue empty
+    /// then), waiting at most `wait` when nothing is queued.
+    fn receive(
+        &mut self,
+        iovs: &mut [IoSliceMut<'_>],
+        metas: &mut [RecvMeta],
+        queue_empty: &mut bool,
+        wait: Duration,
+    ) -> Received {
+        if std::mem::take(queue_empty) {
+            // Sleep in poll straight away (it returns at once if datagrams came meanwhile)
+            // instead of paying for a receive that finds nothing: at light load, where each
+            // wake-up brings one batch, that is one system call of three per wake-up.
+            if !sys::wait_readable(self.public.socket.as_fd(), wait).unwrap_or(true) {
+                return Received::Idle;
+            }
+        }
+        match self
+            .public
+            .state
+            .recv(UdpSockRef::from(&self.public.socket), iovs, metas)
+        {
+            Ok(n) => {
+                *queue_empty = n < iovs.len();
+                Received::Batch(n)
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let _ = sys::wait_readable(self.public.socket.as_fd(), wait);
+                Received::Idle
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Received::Again,
+            Err(e) => {
+                if self.errors_logged < 10 {
+                    tracing::warn!(error = %e, "receive failed");
+                    self.errors_logged += 1;
+                }
+                Received::Again
+            }
+        }
+    }
+
+    /// What a batch received at `now_ns` starts with: the upgrade pause (the first batch of a
+    /// new image), and which rings are crowded. Once per batch, not per datagram: a batch can
+    /// overshoot the threshold by its own size, and the rest of the ring still takes what
+    /// established connections send. A crowded ring is pressure for the whole box: new
+    /// connections to any instance then meet a Retry first.
+    fn begin_batch(&mut self, local: &mut [Local], now_ns: u64) {
+        if let Some(before) = self.resumed_after.take() {
+            self.counters
+                .upgrade_pause_ns
+                .store(now_ns.saturating_sub(before), Ordering::Relaxed);
+        }
+        self.last_recv_ns = now_ns;
+        let mut any_crowded = false;
+        for (i, l) in local.iter_mut().enumerate() {
+            l.crowded = self.forward.crowded(i);
+            any_crowded |= l.crowded;
+        }
+        if any_crowded {
+            self.admission.crowded(now_ns);
+        }
+    }
+
+    /// Pushes a datagram [`classify`] forwarded to `lane`, unless its worker is down.
+    #[inline]
+    fn push(
+        &mut self,
+        l: &mut Local,
+        lane: usize,
+        desc: &SlotDesc,
+        seg: &[u8],
+    ) -> Result<(), DropReason> {
+        if F::DELIVERS && !l.up {
+            return Err(DropReason::InstanceDown);
+        }
+        match self.forward.push(lane, desc, seg) {
+            Ok(()) => {
+                l.forwarded += 1;
+                Ok(())
+            }
+            Err(DropReason::RingViolation) => {
+                // Stop pushing at once; the supervisor hears of it at the next gauge refresh.
+                l.violated = true;
+                l.up = false;
+                Err(DropReason::RingViolation)
+            }
+            Err(reason) => Err(reason),
+        }
+    }
+
+    /// The loop's per-lane state and its running totals, taken up from the counters (which
+    /// go on from what a previous run or process image counted).
+    fn resume_counting(
+        &mut self,
+        now: Instant,
+    ) -> (Vec<Local>, u64, u64, [u64; DropReason::ALL.len()]) {
+        let mut local = vec![
+            Local {
+                forwarded: 0,
+                up: false,
+                consumed: 0,
+                consumed_at: now,
+                violated: false,
+                reported: false,
+                crowded: false,
+            };
+            self.router.lanes()
+        ];
+        for (i, l) in local.iter_mut().enumerate() {
+            l.forwarded = self.counters.instances[i].forwarded.load(Ordering::Relaxed);
+        }
+        let received = self.counters.received.load(Ordering::Relaxed);
+        let recv_calls = self.counters.recv_calls.load(Ordering::Relaxed);
+        let mut dropped = [0u64; DropReason::ALL.len()];
+        for (d, c) in dropped.iter_mut().zip(&self.counters.dropped) {
+            *d = c.load(Ordering::Relaxed);
+        }
+        self.admission.stats = crate::admission::Stats {
+            retries_sent: self.counters.retries_sent.load(Ordering::Relaxed),
+            retries_unsent: self.counters.retries_unsent.load(Ordering::Relaxed),
+            tokens_accepted: self.counters.tokens_accepted.load(Ordering::Relaxed),
+        };
+        (local, received, recv_calls, dropped)
+    }
+
+    /// Carries out the supervisor's commands, if any came (one relaxed load when none did),
+    /// and tries again the resets that wait for their ring.
+    fn take_commands(
+        &mut self,
+        control: &Control,
+        local: &mut [Local],
+        active: &mut usize,
+        deferred: &mut Vec<Deferred>,
+        retry: &mut Vec<Deferred>,
+    ) {
+        // A plain load first: the swap (a locked instruction) only when there is work.
+        if control.pending.load(Ordering::Relaxed) && control.pending.swap(false, Ordering::Acquire)
+        {
+            while let Ok(cmd) = control.commands.try_recv() {
+                self.execute(cmd, local, active, deferred);
+            }
+        }
+        if !deferred.is_empty() {
+            std::mem::swap(retry, deferred);
+            for (lane, reply) in retry.drain(..) {
+                self.execute(Command::Reset { lane, reply }, local, active, deferred);
+            }
+        }
+    }
+
+    /// Publishes the batch's totals: single writer, plain stores.
+    fn publish_counters(
+        &self,
+        received: u64,
+        recv_calls: u64,
+        dropped: &[u64],
+        local: &[Local],
+        now_ns: u64,
+    ) {
+        self.counters.received.store(received, Ordering::Relaxed);
+        self.counters
+            .recv_calls
+            .store(recv_calls, Ordering::Relaxed);
+        for (c, d) in self.counters.dropped.iter().zip(dropped) {
+            c.store(*d, Ordering::Relaxed);
+        }
+        for (c, l) in self.counters.instances.iter().zip(local) {
+            c.forwarded.store(l.forwarded, Ordering::Relaxed);
+        }
+        self.publish_admission(now_ns);
+    }
+
+    /// Answers `to` with the admission's Retry, from `src_ip` (counted sent, or unsent when
+    /// the socket's send buffer is full).
+    fn send_retry(&mut self, to: SocketAddr, src_ip: Option<IpAddr>) {
+        let retry = Transmit {
+            destination: to,
+            ecn: None,
+            contents: self.admission.retry_packet(),
+            segment_size: None,
+            src_ip,
+        };
+        let sock = UdpSockRef::from(&self.public.socket);
+        match self.public.state.send(sock, &retry) {
+            Ok(()) => self.admission.stats.retries_sent += 1,
+            Err(_) => self.admission.stats.retries_unsent += 1,
+        }
+    }
+
     fn publish_admission(&self, now_ns: u64) {
         let st = &self.admission.stats;
         let c = &self.counters;

@@ -27,6 +27,7 @@ pub mod alloc;
 pub mod certs;
 pub mod config;
 pub mod dataplane;
+pub mod dispatch;
 pub mod forward;
 pub mod lbconfig;
 pub mod metrics;
