@@ -12,7 +12,7 @@ use crate::admission::RetryMode;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use ringmux_proto::UpstreamUrl;
-use ringmux_ring::RingConfig;
+use ringmux_ring::{RingConfig, RingField};
 
 /// Spreads one public QUIC/HTTP-3 UDP port over several worker processes.
 ///
@@ -221,16 +221,8 @@ pub struct RunArgs {
     /// CPUs to pin to: the first for the demux, then one per instance in order (e.g. `0,1,2`).
     #[arg(long, env = "RINGMUX_CPUS", value_delimiter = ',')]
     pub cpus: Vec<usize>,
-    /// Slots per ring: a power of two from 4 to 1048576.
-    #[arg(long, env = "RINGMUX_RING_SLOTS", default_value_t = RingConfig::default().slots)]
-    pub ring_slots: u32,
-    /// Bytes per slot, 64-byte descriptor included: a multiple of 64 from 1280 to 65600.
-    #[arg(long, env = "RINGMUX_SLOT_BYTES", default_value_t = RingConfig::default().slot_bytes)]
-    pub slot_bytes: u32,
-    /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000):
-    /// the most, with --spin adaptive.
-    #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
-    pub spin_us: u32,
+    #[command(flatten)]
+    pub ring: RingArgs,
     /// How a worker's spin adapts: `fixed` (the default) always spins --spin-us: the shortest
     /// tail and the cheapest demux under saturation. `adaptive` spins about four typical short
     /// gaps between datagrams (at most --spin-us), and not at all when the gaps are mostly
@@ -346,6 +338,43 @@ pub struct RunArgs {
     pub stall_secs: u64,
 }
 
+/// The rings' geometry and the workers' spin budget: the one place that names their flags and
+/// variables; [`RingArgs::validate`] makes the [`RingConfig`] the rings are built from.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RingArgs {
+    /// Slots per ring: a power of two from 4 to 1048576.
+    #[arg(long, env = "RINGMUX_RING_SLOTS", default_value_t = RingConfig::default().slots)]
+    pub ring_slots: u32,
+    /// Bytes per slot, 64-byte descriptor included: a multiple of 64 from 1280 to 65600.
+    #[arg(long, env = "RINGMUX_SLOT_BYTES", default_value_t = RingConfig::default().slot_bytes)]
+    pub slot_bytes: u32,
+    /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000):
+    /// the most, with --spin adaptive.
+    #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
+    pub spin_us: u32,
+}
+
+impl RingArgs {
+    /// The ring's settings, checked against the ring's bounds; a refusal names the flag, its
+    /// variable, the value and the accepted range.
+    pub fn validate(&self) -> Result<RingConfig> {
+        let ring = RingConfig {
+            slots: self.ring_slots,
+            slot_bytes: self.slot_bytes,
+            spin_us: self.spin_us,
+        };
+        ring.validate().map_err(|e| {
+            let flag = match e.field {
+                RingField::Slots => "--ring-slots / RINGMUX_RING_SLOTS",
+                RingField::SlotBytes => "--slot-bytes / RINGMUX_SLOT_BYTES",
+                RingField::SpinUs => "--spin-us / RINGMUX_SPIN_US",
+            };
+            anyhow::anyhow!("{flag}={} is not valid: expected {}", e.value, e.expected)
+        })?;
+        Ok(ring)
+    }
+}
+
 /// Validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -418,19 +447,7 @@ impl RunArgs {
     }
 
     pub fn validate(self) -> Result<Config> {
-        let ring = RingConfig {
-            slots: self.ring_slots,
-            slot_bytes: self.slot_bytes,
-            spin_us: self.spin_us,
-        };
-        ring.validate().map_err(|e| {
-            let flag = match e.name {
-                "RINGMUX_RING_SLOTS" => "--ring-slots",
-                "RINGMUX_SLOT_BYTES" => "--slot-bytes",
-                _ => "--spin-us",
-            };
-            anyhow::anyhow!("{flag} / {e}")
-        })?;
+        let ring = self.ring.validate()?;
         if self.forward == ForwardMode::Reuseport && !self.plaintext_cids {
             bail!(
                 "--forward reuseport / RINGMUX_FORWARD=reuseport needs --plaintext-cids \
@@ -919,7 +936,20 @@ mod tests {
             ),
             (
                 &["--ring-slots", "1000"],
-                &["--ring-slots", "RINGMUX_RING_SLOTS", "1000"],
+                &["--ring-slots", "RINGMUX_RING_SLOTS", "1000", "power of two"],
+            ),
+            (
+                &["--slot-bytes", "1500"],
+                &[
+                    "--slot-bytes",
+                    "RINGMUX_SLOT_BYTES",
+                    "1500",
+                    "multiple of 64",
+                ],
+            ),
+            (
+                &["--spin-us", "2000000"],
+                &["--spin-us", "RINGMUX_SPIN_US", "2000000", "0 to 1000000"],
             ),
             (
                 &["--worker-cmd", "'unbalanced"],

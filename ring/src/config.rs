@@ -1,6 +1,7 @@
-//! Ring geometry and tuning: [`RingConfig`], its defaults, its bounds, and the `RINGMUX_*`
-//! environment variables that override it. Every bad value is refused with an error that names
-//! the variable, the value and the accepted range.
+//! Ring geometry and tuning: [`RingConfig`], its defaults and its bounds. Every bad value is
+//! refused with an error that names the field, the value and the accepted range. Where the
+//! values come from (the demux's `--ring-slots`, `--slot-bytes` and `--spin-us`, or their
+//! `RINGMUX_*` variables) is the caller's business: it names its own flag from [`RingField`].
 
 use std::time::Duration;
 
@@ -37,14 +38,32 @@ impl Default for RingConfig {
     }
 }
 
-/// A tuning value outside its accepted range.
+/// A field of [`RingConfig`], as a [`ConfigError`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingField {
+    Slots,
+    SlotBytes,
+    SpinUs,
+}
+
+impl RingField {
+    /// The field's name in [`RingConfig`].
+    pub fn name(self) -> &'static str {
+        match self {
+            RingField::Slots => "slots",
+            RingField::SlotBytes => "slot_bytes",
+            RingField::SpinUs => "spin_us",
+        }
+    }
+}
+
+/// A field of [`RingConfig`] outside its accepted range.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("{name}={value:?} is not valid: expected {expected}")]
+#[error("{}={value} is not valid: expected {expected}", field.name())]
 pub struct ConfigError {
-    /// The variable or field, e.g. `RINGMUX_RING_SLOTS`.
-    pub name: &'static str,
-    /// The value as given.
-    pub value: String,
+    pub field: RingField,
+    /// The value given.
+    pub value: u32,
     /// The accepted range, in words.
     pub expected: &'static str,
 }
@@ -59,45 +78,22 @@ impl RingConfig {
         "a multiple of 64 from 1280 (64-byte descriptor + 1216-byte payload, QUIC's 1200-byte minimum with room) to 65600";
     const SPIN_EXPECTED: &'static str = "microseconds from 0 to 1000000";
 
-    /// The defaults, overridden by `RINGMUX_RING_SLOTS`, `RINGMUX_SLOT_BYTES`, `RINGMUX_SPIN_US`.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::default().with_overrides(|name| std::env::var(name).ok())
-    }
-
-    /// Applies overrides looked up by variable name (the environment, or a test's map).
-    pub fn with_overrides(
-        mut self,
-        lookup: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, ConfigError> {
-        if let Some(v) = lookup("RINGMUX_RING_SLOTS") {
-            self.slots = parse_u32("RINGMUX_RING_SLOTS", &v, Self::SLOTS_EXPECTED)?;
-        }
-        if let Some(v) = lookup("RINGMUX_SLOT_BYTES") {
-            self.slot_bytes = parse_u32("RINGMUX_SLOT_BYTES", &v, Self::SLOT_BYTES_EXPECTED)?;
-        }
-        if let Some(v) = lookup("RINGMUX_SPIN_US") {
-            self.spin_us = parse_u32("RINGMUX_SPIN_US", &v, Self::SPIN_EXPECTED)?;
-        }
-        self.validate()?;
-        Ok(self)
-    }
-
     /// Checks every field against its range.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let (lo, hi) = Self::SLOTS_RANGE;
         if !self.slots.is_power_of_two() || self.slots < lo || self.slots > hi {
-            return Err(err("RINGMUX_RING_SLOTS", self.slots, Self::SLOTS_EXPECTED));
+            return Err(err(RingField::Slots, self.slots, Self::SLOTS_EXPECTED));
         }
         let (lo, hi) = Self::SLOT_BYTES_RANGE;
         if !self.slot_bytes.is_multiple_of(64) || self.slot_bytes < lo || self.slot_bytes > hi {
             return Err(err(
-                "RINGMUX_SLOT_BYTES",
+                RingField::SlotBytes,
                 self.slot_bytes,
                 Self::SLOT_BYTES_EXPECTED,
             ));
         }
         if self.spin_us > Self::SPIN_US_MAX {
-            return Err(err("RINGMUX_SPIN_US", self.spin_us, Self::SPIN_EXPECTED));
+            return Err(err(RingField::SpinUs, self.spin_us, Self::SPIN_EXPECTED));
         }
         Ok(())
     }
@@ -113,18 +109,10 @@ impl RingConfig {
     }
 }
 
-fn parse_u32(name: &'static str, value: &str, expected: &'static str) -> Result<u32, ConfigError> {
-    value.trim().parse::<u32>().map_err(|_| ConfigError {
-        name,
-        value: value.to_owned(),
-        expected,
-    })
-}
-
-fn err(name: &'static str, value: u32, expected: &'static str) -> ConfigError {
+fn err(field: RingField, value: u32, expected: &'static str) -> ConfigError {
     ConfigError {
-        name,
-        value: value.to_string(),
+        field,
+        value,
         expected,
     }
 }
@@ -132,57 +120,74 @@ fn err(name: &'static str, value: u32, expected: &'static str) -> ConfigError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-
-    fn with(vars: &[(&str, &str)]) -> Result<RingConfig, ConfigError> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        RingConfig::default().with_overrides(|k| map.get(k).cloned())
-    }
 
     #[test]
     fn defaults_are_valid_and_hold_an_ethernet_frame() {
-        let c = with(&[]).unwrap();
-        assert_eq!(c, RingConfig::default());
+        let c = RingConfig::default();
+        assert_eq!(c.validate(), Ok(()));
         assert!(c.payload_capacity() >= 1500);
+        let small = RingConfig {
+            slots: 1024,
+            slot_bytes: 1600,
+            spin_us: 0,
+        };
+        assert_eq!(small.validate(), Ok(()));
     }
 
     #[test]
-    fn overrides_apply() {
-        let c = with(&[
-            ("RINGMUX_RING_SLOTS", "1024"),
-            ("RINGMUX_SLOT_BYTES", "1600"),
-            ("RINGMUX_SPIN_US", "0"),
-        ])
-        .unwrap();
-        assert_eq!(
-            c,
-            RingConfig {
-                slots: 1024,
-                slot_bytes: 1600,
-                spin_us: 0
-            }
-        );
-    }
-
-    #[test]
-    fn bad_values_name_the_variable_value_and_range() {
-        for (var, val) in [
-            ("RINGMUX_RING_SLOTS", "1000"),
-            ("RINGMUX_RING_SLOTS", "2"),
-            ("RINGMUX_RING_SLOTS", "lots"),
-            ("RINGMUX_SLOT_BYTES", "1500"),
-            ("RINGMUX_SLOT_BYTES", "64"),
-            ("RINGMUX_SPIN_US", "-1"),
-            ("RINGMUX_SPIN_US", "2000000"),
+    fn bad_values_name_the_field_value_and_range() {
+        let d = RingConfig::default();
+        for (bad, field, value) in [
+            (RingConfig { slots: 1000, ..d }, RingField::Slots, 1000),
+            (RingConfig { slots: 2, ..d }, RingField::Slots, 2),
+            (
+                RingConfig {
+                    slots: 1 << 21,
+                    ..d
+                },
+                RingField::Slots,
+                1 << 21,
+            ),
+            (
+                RingConfig {
+                    slot_bytes: 1500,
+                    ..d
+                },
+                RingField::SlotBytes,
+                1500,
+            ),
+            (
+                RingConfig {
+                    slot_bytes: 64,
+                    ..d
+                },
+                RingField::SlotBytes,
+                64,
+            ),
+            (
+                RingConfig {
+                    slot_bytes: 65664,
+                    ..d
+                },
+                RingField::SlotBytes,
+                65664,
+            ),
+            (
+                RingConfig {
+                    spin_us: 2_000_000,
+                    ..d
+                },
+                RingField::SpinUs,
+                2_000_000,
+            ),
         ] {
-            let e = with(&[(var, val)]).unwrap_err();
-            assert_eq!(e.name, var);
+            let e = bad.validate().unwrap_err();
+            assert_eq!((e.field, e.value), (field, value), "{bad:?}");
             let msg = e.to_string();
             assert!(
-                msg.contains(var) && msg.contains(val) && msg.contains("expected"),
+                msg.contains(field.name())
+                    && msg.contains(&value.to_string())
+                    && msg.contains("expected"),
                 "{msg}"
             );
         }

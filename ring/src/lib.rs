@@ -8,7 +8,7 @@
 //!
 //! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
 //! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (pipe), `config.rs`
-//! (geometry and `RINGMUX_*` tuning).
+//! (geometry, the spin budget and their bounds).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -25,7 +25,7 @@ mod shm;
 pub mod spin;
 mod sync;
 
-pub use config::{ConfigError, RingConfig};
+pub use config::{ConfigError, RingConfig, RingField};
 pub use doorbell::{Doorbell, DoorbellReader};
 pub use ring::{
     decode_desc, encode_desc, ConsumerViolation, Datagram, DatagramMeta, Drained, InvalidSlot,

@@ -7,7 +7,7 @@
 //! where a sleep costs a doorbell write and a wake-up, about 20 µs of CPU on the two sides
 //! together ([`WAKE_COST`]). A spin that ends empty is pure waste, its whole budget burned before
 //! the sleep that follows anyway. So the consumer keeps two running averages over its idle
-//! periods: the share of them shorter than the configured maximum (`RINGMUX_SPIN_US`), and how
+//! periods: the share of them shorter than the configured maximum (`RingConfig::spin_us`), and how
 //! long those short ones last. It spins for four typical short gaps, and only when that
 //! pays on average: when `share × WAKE_COST` exceeds `(1 − share) × budget`, the wake-ups saved
 //! against the spins that end empty. Otherwise it sleeps at once.
