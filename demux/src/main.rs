@@ -237,16 +237,11 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
         None => KeySet::generate().context("generating keys")?,
     };
-    let (lb, router) = routing(&cfg, &keys)?;
     let cert = match (&cfg.args.cert, &cfg.args.key) {
         (Some(c), Some(k)) => CertPem::load(c, k)?,
         _ => CertPem::self_signed()?,
     };
-
     let (udp, https) = bind_public_and_tcp(&cfg)?;
-    let public = dataplane::PublicSocket::new(udp, cfg.args.ecn == config::Toggle::On)
-        .context("configuring the public socket")?;
-    let public_addr = public.socket().local_addr()?;
     let tcp = supervisor::TcpListeners {
         https,
         redirect: match cfg.args.redirect_http {
@@ -258,71 +253,12 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
             None => None,
         },
     };
-
-    let lanes = router.lanes();
-    let counters = Arc::new(Counters::new(cfg.instances, lanes));
-    let liveness = Liveness::new(lanes);
-    if let Ok(mut p) = counters.program.write() {
-        *p = cfg.worker_cmd.join(" ");
-    }
-    let template = template(&cfg, &lb, &keys, cert, public_addr);
-    let metrics_listener = match cfg.metrics {
+    let demux = Demux::new(cfg, signals, keys, cert, udp)?;
+    let metrics = match demux.cfg.metrics {
         Some(addr) => Some(metrics::exposition::bind(addr)?),
         None => None,
     };
-    let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
-    // Kernel steering: the lanes' sockets join the public socket's group, after it.
-    let group = match cfg.args.forward {
-        config::ForwardMode::Reuseport => Some(forward::reuseport::Group {
-            public: public.socket().try_clone()?.into(),
-            addr: public_addr,
-            plan: forward::steering::SteeringPlan::new(&router, 0, 1),
-            rcvbuf: cfg.args.rcvbuf,
-            sndbuf: cfg.args.sndbuf,
-        }),
-        _ => None,
-    };
-    let setup = forward::Setup {
-        instances: cfg.instances,
-        lanes,
-        ring: &cfg.ring,
-        shed_at: cfg.shed_at_slots(),
-        group,
-    };
-    let mode = cfg.args.forward;
-    let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
-    let serve = Serve {
-        cfg: cfg.clone(),
-        template,
-        public,
-        router,
-        counters,
-        liveness,
-        signals,
-        metrics_addr,
-        metrics_listener,
-        keys: hex::encode(keys.to_bytes()),
-        admission,
-        sessions,
-        resume: None,
-        tcp,
-    };
-    forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
-}
-
-/// Serves the metrics on `listener`, keeping a duplicate of it to hand over on an upgrade.
-fn serve_metrics(
-    listener: Option<std::net::TcpListener>,
-    counters: &Arc<Counters>,
-    liveness: &Arc<Liveness>,
-) -> Result<(Option<SocketAddr>, Option<std::net::TcpListener>)> {
-    let Some(listener) = listener else {
-        return Ok((None, None));
-    };
-    let kept = listener.try_clone()?;
-    let bound = metrics::exposition::serve_on(listener, counters.clone(), liveness.clone())?;
-    tracing::info!(%bound, "metrics at http://{bound}/metrics");
-    Ok((Some(bound), Some(kept)))
+    demux.serve(metrics, tcp, Start::Fresh)
 }
 
 /// A start by `ringmux upgrade`: take over what the previous image handed over. A state this
@@ -352,19 +288,13 @@ fn resume(
         .ok()
         .and_then(|b| KeySet::from_bytes(&b).ok())
         .context("the hand-over's keys")?;
-    let (lb, router) = routing(&cfg, &keys)?;
     let cert = CertPem {
         chain: taken.cert_pem,
         key: taken.key_pem,
     };
-    let public = dataplane::PublicSocket::new(
-        std::net::UdpSocket::from(taken.public),
-        cfg.args.ecn == config::Toggle::On,
-    )
-    .context("configuring the public socket")?;
-    let public_addr = public.socket().local_addr()?;
+    let udp = std::net::UdpSocket::from(taken.public);
     // The same command line runs again: a difference means another configuration after all.
-    if taken.tcp.is_some() != cfg.tcp_addr(public_addr).is_some() {
+    if taken.tcp.is_some() != cfg.tcp_addr(udp.local_addr()?).is_some() {
         anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
     }
     if taken.redirect.is_some() != cfg.args.redirect_http.is_some() {
@@ -376,34 +306,28 @@ fn resume(
         https: taken.tcp,
         redirect: taken.redirect,
     };
-    let lanes = router.lanes();
-    let counters = Arc::new(Counters::new(cfg.instances, lanes));
+    let demux = Demux::new(cfg, signals, keys, cert, udp)?;
+    let counters = &demux.counters;
     counters.restore(&taken.counters);
     match &inherited.refused {
         None => counters.upgrades.fetch_add(1, Ordering::Relaxed),
         Some(_) => counters.upgrades_failed.fetch_add(1, Ordering::Relaxed),
     };
     counters.upgrade_queued_bytes.store(
-        sys::queued_bytes(public.socket().as_fd()).unwrap_or(0),
+        sys::queued_bytes(demux.public.socket().as_fd()).unwrap_or(0),
         Ordering::Relaxed,
     );
-    let liveness = Liveness::new(lanes);
-    if let Ok(mut p) = counters.program.write() {
-        *p = cfg.worker_cmd.join(" ");
-    }
-    let template = template(&cfg, &lb, &keys, cert, public_addr);
-    let metrics_listener = match (taken.metrics, cfg.metrics) {
+    let metrics = match (taken.metrics, demux.cfg.metrics) {
         (Some(fd), _) => Some(std::net::TcpListener::from(fd)),
         (None, Some(addr)) => Some(metrics::exposition::bind(addr)?),
         (None, None) => None,
     };
-    let (metrics_addr, metrics_listener) = serve_metrics(metrics_listener, &counters, &liveness)?;
-    let mut ingress = Vec::with_capacity(lanes);
-    let mut workers = Vec::with_capacity(lanes);
+    let mut ingress = Vec::with_capacity(demux.lanes());
+    let mut workers = Vec::with_capacity(demux.lanes());
     for (lane, l) in taken.lanes.into_iter().enumerate() {
         // Up before the data plane starts, which is before the supervisor is set up.
         if l.phase != upgrade::LanePhase::Idle {
-            liveness.set_up(lane, true);
+            demux.liveness.set_up(lane, true);
         }
         ingress.push(l.ingress);
         workers.push((l.generation, l.phase, l.worker));
@@ -419,9 +343,13 @@ fn resume(
             ))
         })
         .collect();
-    let control = taken
-        .control
-        .map(|l| (l, cfg.args.control_socket.clone().into(), taken.answers));
+    let control = taken.control.map(|l| {
+        (
+            l,
+            demux.cfg.args.control_socket.clone().into(),
+            taken.answers,
+        )
+    });
     let answer = match &inherited.refused {
         None => format!(
             "ok upgraded: pid {} serves with {}",
@@ -443,32 +371,148 @@ fn resume(
         answer,
         last_recv_ns: taken.last_recv_ns,
     };
-    let setup = forward::Setup {
-        instances: cfg.instances,
-        lanes,
-        ring: &cfg.ring,
-        shed_at: cfg.shed_at_slots(),
-        group: None,
+    demux.serve(metrics, tcp, Start::Resume(ingress, resumed))
+}
+
+/// What a first start and a start by `ringmux upgrade` build alike, around the keys, the
+/// certificate and the public socket each came by its own way: the routing, the counters and
+/// liveness, the workers' template. [`Demux::serve`] builds the rest and runs.
+struct Demux {
+    cfg: Config,
+    signals: nix::sys::signalfd::SignalFd,
+    keys: KeySet,
+    router: Router,
+    template: Handoff,
+    public: dataplane::PublicSocket,
+    counters: Arc<Counters>,
+    liveness: Arc<Liveness>,
+}
+
+/// How [`Demux::serve`] comes by the forwarding mode's ingresses.
+enum Start {
+    /// Made anew, with the workers to start on them.
+    Fresh,
+    /// Handed over by the previous image (one entry per lane), its workers running on them.
+    Resume(Vec<Option<upgrade::Ingress>>, Resumed),
+}
+
+impl Demux {
+    fn new(
+        cfg: Config,
+        signals: nix::sys::signalfd::SignalFd,
+        keys: KeySet,
+        cert: CertPem,
+        udp: std::net::UdpSocket,
+    ) -> Result<Demux> {
+        let (lb, router) = routing(&cfg, &keys)?;
+        let public = dataplane::PublicSocket::new(udp, cfg.args.ecn == config::Toggle::On)
+            .context("configuring the public socket")?;
+        let public_addr = public.socket().local_addr()?;
+        let lanes = router.lanes();
+        let counters = Arc::new(Counters::new(cfg.instances, lanes));
+        if let Ok(mut p) = counters.program.write() {
+            *p = cfg.worker_cmd.join(" ");
+        }
+        let template = template(&cfg, &lb, &keys, cert, public_addr);
+        Ok(Demux {
+            signals,
+            keys,
+            router,
+            template,
+            public,
+            counters,
+            liveness: Liveness::new(lanes),
+            cfg,
+        })
+    }
+
+    /// Lanes in all (instances × generation slots).
+    fn lanes(&self) -> usize {
+        self.router.lanes()
+    }
+
+    /// Serves the metrics on `metrics`, builds the forwarding mode (`start`) and runs
+    /// everything on it until shutdown.
+    fn serve(
+        self,
+        metrics: Option<std::net::TcpListener>,
+        tcp: supervisor::TcpListeners,
+        start: Start,
+    ) -> Result<()> {
+        let Demux {
+            cfg,
+            signals,
+            keys,
+            router,
+            template,
+            public,
+            counters,
+            liveness,
+        } = self;
+        let (metrics_addr, metrics_listener) = serve_metrics(metrics, &counters, &liveness)?;
+        // Kernel steering: the lanes' sockets join the public socket's group, after it.
+        let group = match (&start, cfg.args.forward) {
+            (Start::Fresh, config::ForwardMode::Reuseport) => Some(forward::reuseport::Group {
+                public: public.socket().try_clone()?.into(),
+                addr: public.socket().local_addr()?,
+                plan: forward::steering::SteeringPlan::new(&router, 0, 1),
+                rcvbuf: cfg.args.rcvbuf,
+                sndbuf: cfg.args.sndbuf,
+            }),
+            _ => None,
+        };
+        let setup = forward::Setup {
+            instances: cfg.instances,
+            lanes: router.lanes(),
+            ring: &cfg.ring,
+            shed_at: cfg.shed_at_slots(),
+            group,
+        };
+        let mode = cfg.args.forward;
+        let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
+        let (ingress, resume) = match start {
+            Start::Fresh => (None, None),
+            Start::Resume(ingress, resumed) => (Some(ingress), Some(resumed)),
+        };
+        let serve = Serve {
+            cfg: cfg.clone(),
+            template,
+            public,
+            router,
+            counters,
+            liveness,
+            signals,
+            metrics_addr,
+            metrics_listener,
+            keys: hex::encode(keys.to_bytes()),
+            admission,
+            sessions,
+            resume,
+            tcp,
+        };
+        match ingress {
+            None => forward::start(mode, setup, serve)
+                .context("creating the forwarding mode's ingress")?,
+            Some(ingress) => {
+                forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
+            }
+        }
+    }
+}
+
+/// Serves the metrics on `listener`, keeping a duplicate of it to hand over on an upgrade.
+fn serve_metrics(
+    listener: Option<std::net::TcpListener>,
+    counters: &Arc<Counters>,
+    liveness: &Arc<Liveness>,
+) -> Result<(Option<SocketAddr>, Option<std::net::TcpListener>)> {
+    let Some(listener) = listener else {
+        return Ok((None, None));
     };
-    let mode = cfg.args.forward;
-    let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
-    let serve = Serve {
-        cfg: cfg.clone(),
-        template,
-        public,
-        router,
-        counters,
-        liveness,
-        signals,
-        metrics_addr,
-        metrics_listener,
-        keys: taken.keys,
-        admission,
-        sessions,
-        resume: Some(resumed),
-        tcp,
-    };
-    forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
+    let kept = listener.try_clone()?;
+    let bound = metrics::exposition::serve_on(listener, counters.clone(), liveness.clone())?;
+    tracing::info!(%bound, "metrics at http://{bound}/metrics");
+    Ok((Some(bound), Some(kept)))
 }
 
 /// What a resumed image does differently.
