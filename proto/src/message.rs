@@ -133,6 +133,15 @@ worker_report! {
     pid,
 }
 
+/// The [`STATS_KEYS`] that start with `prefix`, in order: each key's index and the rest of the
+/// key after `prefix` (a metric label).
+pub fn keys_with_prefix(prefix: &str) -> impl Iterator<Item = (usize, &'static str)> + '_ {
+    STATS_KEYS
+        .iter()
+        .enumerate()
+        .filter_map(move |(i, k)| Some((i, k.strip_prefix(prefix)?)))
+}
+
 impl WorkerReport {
     /// The fields whose key starts with `prefix` (`tcp_errors_`, `upstream_errors_`), in
     /// [`STATS_KEYS`] order: the rest of the key (a metric label) and the value.
@@ -140,10 +149,8 @@ impl WorkerReport {
         &'a self,
         prefix: &'a str,
     ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
-        STATS_KEYS
-            .iter()
-            .zip(self.fields())
-            .filter_map(move |(k, v)| Some((k.strip_prefix(prefix)?, v)))
+        let fields = self.fields();
+        keys_with_prefix(prefix).map(move |(i, rest)| (rest, fields[i]))
     }
 
     /// Sets the fields whose key starts with `prefix`, in [`STATS_KEYS`] order, from `values`.

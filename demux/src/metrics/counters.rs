@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ringmux_proto::message::STATS_KEYS;
+use ringmux_proto::message::{keys_with_prefix, STATS_KEYS};
 
 /// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
 /// `ALL[r as usize] == r` for every reason) and the metric label of each.
@@ -160,10 +160,7 @@ impl Reported {
         &'a self,
         prefix: &'a str,
     ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
-        STATS_KEYS
-            .iter()
-            .zip(&self.0)
-            .filter_map(move |(k, v)| Some((k.strip_prefix(prefix)?, v.load(Ordering::Relaxed))))
+        keys_with_prefix(prefix).map(|(i, rest)| (rest, self.0[i].load(Ordering::Relaxed)))
     }
 }
 
