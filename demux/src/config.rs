@@ -375,6 +375,13 @@ impl RingArgs {
     }
 }
 
+/// The QUIC-LB settings of the command line, checked ([`Config`] keeps them).
+struct QuicLbSettings {
+    instances: u8,
+    node_id: Vec<u8>,
+    nonce_len: u8,
+}
+
 /// Validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -448,6 +455,34 @@ impl RunArgs {
 
     pub fn validate(self) -> Result<Config> {
         let ring = self.ring.validate()?;
+        let QuicLbSettings {
+            instances,
+            node_id,
+            nonce_len,
+        } = self.quic_lb()?;
+        self.data_plane()?;
+        self.supervision()?;
+        let metrics = self.metrics_addr()?;
+        let worker_cmd = self.worker_program()?;
+        let upstream = self.serving()?;
+        self.tcp_and_logs()?;
+        let worker_user = self.worker_user(&worker_cmd)?;
+        Ok(Config {
+            ring,
+            node_id,
+            nonce_len,
+            metrics,
+            worker_cmd,
+            instances,
+            upstream,
+            worker_user,
+            args: self,
+        })
+    }
+
+    /// The QUIC-LB settings: the instance count, the node ID and the nonce length, and whether
+    /// the forwarding mode can read the connection IDs they make.
+    fn quic_lb(&self) -> Result<QuicLbSettings> {
         if self.forward == ForwardMode::Reuseport && !self.plaintext_cids {
             bail!(
                 "--forward reuseport / RINGMUX_FORWARD=reuseport needs --plaintext-cids \
@@ -462,13 +497,6 @@ impl RunArgs {
                 self.instances
             );
         }
-        if !(1..=quinn_udp::BATCH_SIZE).contains(&self.recv_batch) {
-            bail!(
-                "--recv-batch / RINGMUX_RECV_BATCH={} is not valid: expected 1 to {}",
-                self.recv_batch,
-                quinn_udp::BATCH_SIZE
-            );
-        }
         let node_id = node_id_bytes(&self.node_id).with_context(|| {
             format!(
                 "--node-id / RINGMUX_NODE_ID={:?} is not valid: expected at least one hex byte \
@@ -479,6 +507,23 @@ impl RunArgs {
         let nonce_len = self
             .nonce_len
             .unwrap_or_else(|| default_nonce_len(node_id.len()));
+        Ok(QuicLbSettings {
+            instances: self.instances as u8,
+            node_id,
+            nonce_len,
+        })
+    }
+
+    /// The data plane's receive batch and its admission of new connections (shedding, the
+    /// source prefixes, the Retry threshold).
+    fn data_plane(&self) -> Result<()> {
+        if !(1..=quinn_udp::BATCH_SIZE).contains(&self.recv_batch) {
+            bail!(
+                "--recv-batch / RINGMUX_RECV_BATCH={} is not valid: expected 1 to {}",
+                self.recv_batch,
+                quinn_udp::BATCH_SIZE
+            );
+        }
         if !(1..=100).contains(&self.initial_shed_at) {
             bail!(
                 "--initial-shed-at / RINGMUX_INITIAL_SHED_AT={} is not valid: expected 1 to 100 (percent of a ring's slots; 100: never shed)",
@@ -502,15 +547,33 @@ impl RunArgs {
                 "--retry-above / RINGMUX_RETRY_ABOVE=0 is not valid: expected at least 1 (packets per second); for a Retry on every connection use --retry always"
             );
         }
+        Ok(())
+    }
+
+    /// The supervisor's timeouts.
+    fn supervision(&self) -> Result<()> {
         if self.grace == 0 {
             bail!("--grace / RINGMUX_GRACE=0 is not valid: expected at least 1 second");
         }
+        if self.ready_timeout == 0 {
+            bail!("--ready-timeout / RINGMUX_READY_TIMEOUT=0 is not valid: expected at least 1 second");
+        }
+        Ok(())
+    }
+
+    /// Where the metrics are served (`None`: off).
+    fn metrics_addr(&self) -> Result<Option<SocketAddr>> {
         let metrics = match self.metrics.as_str() {
             "off" | "" => None,
             a => Some(a.parse().with_context(|| {
                 format!("--metrics / RINGMUX_METRICS={a:?} is not valid: expected ADDR:PORT or off")
             })?),
         };
+        Ok(metrics)
+    }
+
+    /// The program every instance runs, then its arguments.
+    fn worker_program(&self) -> Result<Vec<String>> {
         let worker_cmd = match &self.worker_cmd {
             Some(cmd) => {
                 let words = shlex::split(cmd).filter(|w| !w.is_empty()).with_context(|| {
@@ -539,9 +602,12 @@ impl RunArgs {
                 vec![worker_bin.display().to_string()]
             }
         };
-        if self.ready_timeout == 0 {
-            bail!("--ready-timeout / RINGMUX_READY_TIMEOUT=0 is not valid: expected at least 1 second");
-        }
+        Ok(worker_cmd)
+    }
+
+    /// What the built-in server serves: the files, the proxy's upstream (returned, checked) and
+    /// the headers it adds.
+    fn serving(&self) -> Result<Option<UpstreamUrl>> {
         if let Some(root) = &self.root {
             if !root.is_dir() {
                 bail!(
@@ -585,6 +651,11 @@ impl RunArgs {
                  value of printable ASCII, e.g. 'h3=\":443\"; ma=86400'"
             );
         }
+        Ok(upstream)
+    }
+
+    /// HTTPS over TCP, its redirects and the access log.
+    fn tcp_and_logs(&self) -> Result<()> {
         if self.tcp_max_connections == 0 {
             bail!(
                 "--tcp-max-connections / RINGMUX_TCP_MAX_CONNECTIONS=0 is not valid: expected at \
@@ -608,6 +679,12 @@ impl RunArgs {
                  --tcp off (TCP is on by default), or drop --tcp-listen"
             );
         }
+        Ok(())
+    }
+
+    /// The user the workers run as, if not the demux's own, and that it can execute
+    /// `worker_cmd`'s program.
+    fn worker_user(&self, worker_cmd: &[String]) -> Result<Option<WorkerUser>> {
         // Root that may switch users (a root without CAP_SETUID/CAP_SETGID, in a container
         // say, cannot: its workers stay of its own user, as any unprivileged ringmux's do).
         let root = crate::sys::may_switch_user();
@@ -641,18 +718,7 @@ impl RunArgs {
                 );
             }
         }
-        let instances = self.instances as u8;
-        Ok(Config {
-            ring,
-            node_id,
-            nonce_len,
-            metrics,
-            worker_cmd,
-            instances,
-            upstream,
-            worker_user,
-            args: self,
-        })
+        Ok(worker_user)
     }
 }
 
