@@ -4,6 +4,7 @@
 //! Every test body runs under a timeout, and every wait is on an event (a response, a task
 //! ending), never a sleep.
 
+use ringmux_test_support::TempDir;
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -1452,32 +1453,5 @@ fn root_site(root: &Path, opts: FileOptions) -> Site {
     Site {
         root: Some(DocRoot::open(root, opts).expect("opening the document root")),
         ..Site::default()
-    }
-}
-
-/// A directory under the system temp dir, removed on drop (also when a test panics).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
-            "ringmux-worker-test-{}-{tag}-{n}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -601,30 +601,7 @@ pub fn open_to_others(path: &Path) -> bool {
         .all(|p| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(prefix: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!(
-            "{prefix}-{}-{:016x}",
-            std::process::id(),
-            random_u64()
-        ));
-        std::fs::create_dir_all(&path).expect("creating a temp dir");
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use ringmux_test_support::TempDir;
 
 /// 0-RTT across instances: a first connection, pinned to instance `first`, GETs `first_path`
 /// and so receives a session ticket; a second connection, pinned to instance `second`, sends
