@@ -684,32 +684,7 @@ impl Supervisor {
         let mut queue = std::collections::VecDeque::from(actions);
         while let Some(action) = queue.pop_front() {
             match action {
-                Action::Kill(i, why) => {
-                    if why == policy::Why::NotReady {
-                        tracing::error!(
-                            instance = i % self.n,
-                            program = self.cfg.worker_program(),
-                            timeout = ?self.cfg.ready_timeout(),
-                            "worker did not report READY in time (a worker must call \
-                             Worker::attach and create its endpoint); killing it"
-                        );
-                    }
-                    match why {
-                        policy::Why::GraceOver => tracing::warn!(
-                            instance = i % self.n,
-                            grace = ?self.cfg.grace(),
-                            "replaced worker still draining at the end of --grace: killing it"
-                        ),
-                        policy::Why::Abandoned => tracing::info!(
-                            instance = i % self.n,
-                            "stopping a worker of the abandoned generation"
-                        ),
-                        _ => {}
-                    }
-                    if let Some(c) = self.workers[i].child.as_mut() {
-                        let _ = c.kill();
-                    }
-                }
+                Action::Kill(i, why) => self.kill(i, why),
                 Action::Close(l) => {
                     self.workers[l].handles = None;
                     self.link.close(l as u8);
@@ -729,94 +704,14 @@ impl Supervisor {
                         .store(generation, Ordering::Relaxed);
                     tracing::info!(generation, "new connections go to the new generation");
                 }
-                Action::Reloaded { generation } => {
-                    self.counters.reloads.fetch_add(1, Ordering::Relaxed);
-                    let old = generation - 1;
-                    tracing::info!(generation, draining = old, "reload done");
-                    self.tell_waiters(
-                        &format!("ok generation={generation} (generation {old} drains)"),
-                        true,
-                    );
-                }
-                Action::ReloadFailed {
-                    generation,
-                    instance,
-                    why,
-                } => {
-                    self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                    let lane = self.policy.lanes_of(generation).start + instance;
-                    let program = self.cfg.worker_program();
-                    let why = match why {
-                        Failure::Exited => format!(
-                            "instance {instance}'s new worker ({program}) exited before it \
-                             reported READY (see its log)"
-                        ),
-                        Failure::NotReady => format!(
-                            "instance {instance}'s new worker ({program}) did not report READY \
-                             within {:?} (--ready-timeout)",
-                            self.cfg.ready_timeout()
-                        ),
-                        Failure::StartFailed => format!(
-                            "instance {instance}'s new worker could not be started: {}",
-                            self.start_errors[lane].clone().unwrap_or_default()
-                        ),
-                        Failure::Shutdown => "a shutdown came first".to_string(),
-                    };
-                    let active = self.policy.active();
-                    tracing::error!(generation, reason = %why, serving = active, "reload failed");
-                    self.tell_waiters(
-                        &format!(
-                            "error: generation {generation} abandoned: {why}; generation \
-                             {active} serves on"
-                        ),
-                        true,
-                    );
-                }
-                Action::ReloadWaits {
-                    generation,
-                    draining,
-                } => {
-                    tracing::info!(
-                        generation,
-                        draining,
-                        "reload waits for a generation to drain"
-                    );
-                    self.tell_waiters(
-                        &format!(
-                            "waiting: generation {generation} needs the connection-ID slot of \
-                             generation {draining}, which is still draining (at most --grace)"
-                        ),
-                        false,
-                    );
-                }
+                a @ (Action::Reloaded { .. }
+                | Action::ReloadFailed { .. }
+                | Action::ReloadWaits { .. }) => self.report_reload(a),
                 Action::ReloadRefused(_) => {}
                 Action::RequestReset(i) => {
                     self.workers[i].reset_reply = Some(self.link.request_reset(i as u8));
                 }
-                Action::Start(i) => {
-                    let Some(h) = self.workers[i].handles.take() else {
-                        continue;
-                    };
-                    let (generation, _) = self.policy.lane(i);
-                    if generation == self.policy.active() {
-                        self.counters.instances[i]
-                            .restarts
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    let event = match self.spawn(i as u8, h) {
-                        Ok(()) => {
-                            self.start_errors[i] = None;
-                            policy::Event::Started(i)
-                        }
-                        Err(e) => {
-                            let why = format!("{e:#}");
-                            tracing::error!(instance = i % self.n, generation, error = %why, "starting a worker failed");
-                            self.start_errors[i] = Some(why);
-                            policy::Event::StartFailed(i)
-                        }
-                    };
-                    queue.extend(self.policy.on(Instant::now(), event));
-                }
+                Action::Start(i) => queue.extend(self.start(i)),
                 Action::Drain(i) => {
                     if !self.policy.shutting_down() {
                         tracing::info!(
@@ -829,28 +724,7 @@ impl Supervisor {
                         let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
                     }
                 }
-                Action::Died(d) => {
-                    let program = self.cfg.worker_program();
-                    let (i, uptime, restart_in) = (d.instance, d.uptime, d.restart_in);
-                    if d.crashes >= 3 {
-                        tracing::warn!(
-                            instance = i,
-                            program,
-                            crashes = d.crashes,
-                            ?restart_in,
-                            "worker is crash-looping; restarts throttled"
-                        );
-                    } else if !d.was_ready {
-                        tracing::warn!(
-                            instance = i,
-                            program,
-                            ?uptime,
-                            "worker exited before it reported READY; restarting"
-                        );
-                    } else {
-                        tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
-                    }
-                }
+                Action::Died(d) => self.log_death(&d),
                 Action::Finish => {
                     tracing::info!("all workers exited");
                     self.tell_waiters("error: ringmux is shutting down", true);
@@ -872,6 +746,151 @@ impl Supervisor {
             }
         }
         Ok(false)
+    }
+
+    /// Kills lane `i`'s worker, saying why when it is news.
+    fn kill(&mut self, i: usize, why: policy::Why) {
+        if why == policy::Why::NotReady {
+            tracing::error!(
+                instance = i % self.n,
+                program = self.cfg.worker_program(),
+                timeout = ?self.cfg.ready_timeout(),
+                "worker did not report READY in time (a worker must call \
+                 Worker::attach and create its endpoint); killing it"
+            );
+        }
+        match why {
+            policy::Why::GraceOver => tracing::warn!(
+                instance = i % self.n,
+                grace = ?self.cfg.grace(),
+                "replaced worker still draining at the end of --grace: killing it"
+            ),
+            policy::Why::Abandoned => tracing::info!(
+                instance = i % self.n,
+                "stopping a worker of the abandoned generation"
+            ),
+            _ => {}
+        }
+        if let Some(c) = self.workers[i].child.as_mut() {
+            let _ = c.kill();
+        }
+    }
+
+    /// Starts lane `i`'s worker on the ingress reset for it; what the policy answers.
+    fn start(&mut self, i: usize) -> Vec<Action> {
+        let Some(h) = self.workers[i].handles.take() else {
+            return Vec::new();
+        };
+        let (generation, _) = self.policy.lane(i);
+        if generation == self.policy.active() {
+            self.counters.instances[i]
+                .restarts
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let event = match self.spawn(i as u8, h) {
+            Ok(()) => {
+                self.start_errors[i] = None;
+                policy::Event::Started(i)
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                tracing::error!(instance = i % self.n, generation, error = %why, "starting a worker failed");
+                self.start_errors[i] = Some(why);
+                policy::Event::StartFailed(i)
+            }
+        };
+        self.policy.on(Instant::now(), event)
+    }
+
+    /// Logs a worker's death as the policy judged it.
+    fn log_death(&self, d: &policy::Death) {
+        let program = self.cfg.worker_program();
+        let (i, uptime, restart_in) = (d.instance, d.uptime, d.restart_in);
+        if d.crashes >= 3 {
+            tracing::warn!(
+                instance = i,
+                program,
+                crashes = d.crashes,
+                ?restart_in,
+                "worker is crash-looping; restarts throttled"
+            );
+        } else if !d.was_ready {
+            tracing::warn!(
+                instance = i,
+                program,
+                ?uptime,
+                "worker exited before it reported READY; restarting"
+            );
+        } else {
+            tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
+        }
+    }
+
+    /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
+    fn report_reload(&mut self, action: Action) {
+        match action {
+            Action::Reloaded { generation } => {
+                self.counters.reloads.fetch_add(1, Ordering::Relaxed);
+                let old = generation - 1;
+                tracing::info!(generation, draining = old, "reload done");
+                self.tell_waiters(
+                    &format!("ok generation={generation} (generation {old} drains)"),
+                    true,
+                );
+            }
+            Action::ReloadFailed {
+                generation,
+                instance,
+                why,
+            } => {
+                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                let lane = self.policy.lanes_of(generation).start + instance;
+                let program = self.cfg.worker_program();
+                let why = match why {
+                    Failure::Exited => format!(
+                        "instance {instance}'s new worker ({program}) exited before it \
+                     reported READY (see its log)"
+                    ),
+                    Failure::NotReady => format!(
+                        "instance {instance}'s new worker ({program}) did not report READY \
+                     within {:?} (--ready-timeout)",
+                        self.cfg.ready_timeout()
+                    ),
+                    Failure::StartFailed => format!(
+                        "instance {instance}'s new worker could not be started: {}",
+                        self.start_errors[lane].clone().unwrap_or_default()
+                    ),
+                    Failure::Shutdown => "a shutdown came first".to_string(),
+                };
+                let active = self.policy.active();
+                tracing::error!(generation, reason = %why, serving = active, "reload failed");
+                self.tell_waiters(
+                    &format!(
+                        "error: generation {generation} abandoned: {why}; generation \
+                     {active} serves on"
+                    ),
+                    true,
+                );
+            }
+            Action::ReloadWaits {
+                generation,
+                draining,
+            } => {
+                tracing::info!(
+                    generation,
+                    draining,
+                    "reload waits for a generation to drain"
+                );
+                self.tell_waiters(
+                    &format!(
+                        "waiting: generation {generation} needs the connection-ID slot of \
+                     generation {draining}, which is still draining (at most --grace)"
+                    ),
+                    false,
+                );
+            }
+            _ => {}
+        }
     }
 
     fn spawn(&mut self, lane: u8, handles: IngressHandles) -> Result<()> {
