@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use ringmux_bench::fwd::datagrams;
 use ringmux_bench::fwd::measure::{self, Plan, Regime, Round};
 use ringmux_bench::fwd::os;
-use ringmux_bench::fwd::reference::{RefRound, Reference};
+use ringmux_bench::fwd::reference::{RefRound, Reference, Variant};
 use ringmux_bench::fwd::report;
 use ringmux_bench::fwd::ringmux::Spec;
 use ringmux_bench::fwd::sender::{Blaster, SendShape};
@@ -135,6 +135,13 @@ struct RunArgs {
     /// a copy and run it beside each mode in the same alternation.
     #[arg(long)]
     reference: Option<PathBuf>,
+    /// With --reference: also build bench.c made to read every datagram's ECN bits as ringmux
+    /// does with --ecn on (IP_RECVTOS on its socket, a control buffer on every recvmmsg entry,
+    /// the IP_TOS control message read per datagram and its ECN bits stored with the datagram
+    /// in the ring slot or SEQPACKET header), by checked substitutions of a copy of its text,
+    /// and run it beside each mode too: ratios against both, like for like and as shipped.
+    #[arg(long, requires = "reference")]
+    reference_ecn: bool,
     /// The ringmux binary. Default: next to this executable.
     #[arg(long)]
     ringmux: Option<PathBuf>,
@@ -253,6 +260,9 @@ struct Document<'a> {
         &'a std::collections::BTreeMap<String, std::collections::BTreeMap<String, report::Stat>>,
     reference_summary:
         &'a std::collections::BTreeMap<String, std::collections::BTreeMap<String, report::Stat>>,
+    /// The reference reading ECN (`--reference-ecn`), by mode; empty without it.
+    reference_ecn_summary:
+        &'a std::collections::BTreeMap<String, std::collections::BTreeMap<String, report::Stat>>,
     ratios: &'a std::collections::BTreeMap<String, report::Stat>,
     checks: &'a [report::Check],
     table_markdown: &'a str,
@@ -353,13 +363,16 @@ fn run(a: RunArgs) -> Result<()> {
     let key_file = tmp.join("keys");
     let keys = datagrams::write_key_file(&key_file)?;
     let conns = datagrams::connections(&keys, a.instances, a.sockets, plaintext)?;
-    let reference = match &a.reference {
-        Some(dir) => {
-            eprintln!("== building the C reference from {}", dir.display());
-            Some(Reference::build(dir, &tmp)?)
+    // The C reference as shipped and, with --reference-ecn, reading ECN.
+    let mut references = Vec::new();
+    if let Some(dir) = &a.reference {
+        eprintln!("== building the C reference from {}", dir.display());
+        references.push(Reference::build(dir, &tmp, Variant::Shipped)?);
+        if a.reference_ecn {
+            eprintln!("== building the C reference reading ECN (a substituted copy of bench.c)");
+            references.push(Reference::build(dir, &tmp, Variant::Ecn)?);
         }
-        None => None,
-    };
+    }
     let mut plan = Plan {
         regime: a.regime,
         shape: shape(a.gro),
@@ -426,12 +439,19 @@ fn run(a: RunArgs) -> Result<()> {
                 r.mode = labelled(mode, step);
                 print_round(&r);
                 rounds.push(r);
-                if let Some(reference) = &reference {
+                // The two builds of the reference alternate which runs first, so neither
+                // always follows ringmux.
+                let mut order: Vec<&Reference> = references.iter().collect();
+                if round % 2 == 0 {
+                    order.reverse();
+                }
+                for reference in order {
                     if let Some(mut rr) = reference.run(&plan, mode, round)? {
                         rr.mode = labelled(mode, step);
                         eprintln!(
-                        "round {round} C reference {:>4}: demux {:7.1} ns/datagram  consumer {}  rx {:.2} M/s  ok={}",
+                        "round {round} C reference {:>4}{}: demux {:7.1} ns/datagram  consumer {}  rx {:.2} M/s  ok={}",
                         rr.fwd,
+                        rr.variant.label(),
                         rr.demux_ns_per_datagram,
                         rr.consumer_ns_per_datagram
                             .map_or("—".into(), |c| format!("{c:.1} ns")),
@@ -446,10 +466,18 @@ fn run(a: RunArgs) -> Result<()> {
     }
 
     let summary = report::summarise(&rounds, &labels);
-    let reference_summary = report::summarise_reference(&refs);
+    let reference_summary = report::summarise_reference(&refs, Variant::Shipped);
+    let reference_ecn_summary = report::summarise_reference(&refs, Variant::Ecn);
     let ratios = report::ratios(&rounds, &refs);
     let checks = report::checks(a.regime, plan.shape, &ratios, &summary);
-    let mut table = report::markdown(&labels, &summary, &reference_summary, &ratios, &checks);
+    let mut table = report::markdown(
+        &labels,
+        &summary,
+        &reference_summary,
+        &reference_ecn_summary,
+        &ratios,
+        &checks,
+    );
     if !a.sweep.is_empty() {
         table.push_str(&report::sweep_markdown(
             &a.modes,
@@ -516,6 +544,7 @@ fn run(a: RunArgs) -> Result<()> {
             reference_rounds: &refs,
             summary: &summary,
             reference_summary: &reference_summary,
+            reference_ecn_summary: &reference_ecn_summary,
             ratios: &ratios,
             checks: &checks,
             table_markdown: &table,

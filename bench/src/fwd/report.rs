@@ -12,7 +12,7 @@ use anyhow::{anyhow, Result};
 use serde::Serialize;
 
 use super::measure::{Regime, Round};
-use super::reference::RefRound;
+use super::reference::{RefRound, Variant};
 use super::sender::SendShape;
 
 /// Median, minimum and maximum of one figure over the rounds.
@@ -100,12 +100,16 @@ pub fn summarise(rounds: &[Round], modes: &[String]) -> BTreeMap<String, BTreeMa
     out
 }
 
-/// `reference_summary[mode]` for the reference's figures.
-pub fn summarise_reference(refs: &[RefRound]) -> BTreeMap<String, BTreeMap<String, Stat>> {
+/// `reference_summary[mode]` for the figures of the reference's `variant`.
+pub fn summarise_reference(
+    refs: &[RefRound],
+    variant: Variant,
+) -> BTreeMap<String, BTreeMap<String, Stat>> {
     let mut out: BTreeMap<String, BTreeMap<String, Stat>> = BTreeMap::new();
+    let refs: Vec<&RefRound> = refs.iter().filter(|r| r.variant == variant).collect();
     let modes: Vec<String> = refs.iter().map(|r| r.mode.clone()).collect();
     for mode in modes {
-        let rs: Vec<&RefRound> = refs.iter().filter(|r| r.mode == mode).collect();
+        let rs: Vec<&RefRound> = refs.iter().copied().filter(|r| r.mode == mode).collect();
         let mut per = BTreeMap::new();
         let d: Vec<f64> = rs.iter().map(|r| r.demux_ns_per_datagram).collect();
         let c: Vec<f64> = rs
@@ -129,7 +133,10 @@ pub fn summarise_reference(refs: &[RefRound]) -> BTreeMap<String, BTreeMap<Strin
     out
 }
 
-/// Within-round ratios, summarised.
+/// Within-round ratios, summarised. Against the C reference: as shipped
+/// (`shm_over_reference_ring_demux`, ...) and, where it ran (`--reference-ecn`), against the
+/// variant that reads every datagram's ECN bits as ringmux does (`shm_over_reference_ecn_ring_demux`,
+/// ...), and what reading them costs bench.c (`reference_ecn_over_shipped_ring_demux`, ...).
 pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
     let mut per: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let round_ids: Vec<u32> = {
@@ -139,7 +146,11 @@ pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
     };
     for id in round_ids {
         let get = |m: &str| rounds.iter().find(|r| r.round == id && r.mode == m);
-        let rget = |m: &str| refs.iter().find(|r| r.round == id && r.mode == m);
+        let rget_variant = |m: &str, v: Variant| {
+            refs.iter()
+                .find(|r| r.round == id && r.mode == m && r.variant == v)
+        };
+        let rget = |m: &str| rget_variant(m, Variant::Shipped);
         let mut push = |k: &str, v: Option<f64>| {
             if let Some(v) = v.filter(|v| v.is_finite() && *v > 0.0) {
                 per.entry(k.to_string()).or_default().push(v);
@@ -162,6 +173,17 @@ pub fn ratios(rounds: &[Round], refs: &[RefRound]) -> BTreeMap<String, Stat> {
         push("drop_over_reference_none_demux", div(d(drop), rd("drop")));
         push("reference_seq_over_ring_demux", div(rd("unix"), rd("shm")));
         push("reference_ring_over_none_demux", div(rd("shm"), rd("drop")));
+        let re = |m: &str| rget_variant(m, Variant::Ecn).map(|r| r.demux_ns_per_datagram);
+        for (mode, fwd) in [("shm", "ring"), ("unix", "seq"), ("drop", "none")] {
+            push(
+                &format!("{mode}_over_reference_ecn_{fwd}_demux"),
+                div(d(get(mode)), re(mode)),
+            );
+            push(
+                &format!("reference_ecn_over_shipped_{fwd}_demux"),
+                div(re(mode), rd(mode)),
+            );
+        }
         // Kernel steering against the rings: what each costs the whole box per datagram
         // delivered (live regime).
         let bx = |r: Option<&Round>| r.and_then(|r| r.box_ns_per_delivered);
@@ -272,6 +294,20 @@ pub fn checks(
             r("shm_over_reference_ring_demux"),
             |v| v <= 1.15,
         );
+        if regime == Regime::Saturated {
+            add(
+                "shm demux <= 1.05x the C reference ring as shipped (saturated)",
+                r("shm_over_reference_ring_demux"),
+                |v| v <= 1.05,
+            );
+        }
+    }
+    if regime == Regime::Saturated && ratios.contains_key("shm_over_reference_ecn_ring_demux") {
+        add(
+            "shm demux <= 1.05x the C reference ring reading ECN as ringmux does (saturated)",
+            r("shm_over_reference_ecn_ring_demux"),
+            |v| v <= 1.05,
+        );
     }
     out
 }
@@ -319,6 +355,7 @@ pub fn markdown(
     modes: &[String],
     summary: &BTreeMap<String, BTreeMap<String, Stat>>,
     reference: &BTreeMap<String, BTreeMap<String, Stat>>,
+    reference_ecn: &BTreeMap<String, BTreeMap<String, Stat>>,
     ratios: &BTreeMap<String, Stat>,
     checks: &[Check],
 ) -> String {
@@ -342,20 +379,13 @@ pub fn markdown(
             fmt_stat(m.get("latency_p99_us"), us),
         );
     }
-    for mode in modes {
-        let Some(m) = reference.get(mode) else {
-            continue;
-        };
-        let base = mode.split('@').next().unwrap_or(mode);
-        let name = super::reference::fwd_for(base).unwrap_or("?");
-        let _ = writeln!(
-            o,
-            "| C reference `{name}` | {} | {} | — | {} (rx/s) | — | {} | — |",
-            fmt_stat(m.get("demux_ns_per_datagram"), ns),
-            fmt_stat(m.get("consumer_ns_per_datagram"), ns),
-            fmt_stat(m.get("rx_per_s"), rate),
-            fmt_stat(m.get("doorbells_per_datagram"), frac),
-        );
+    for (variant, table) in [(Variant::Shipped, reference), (Variant::Ecn, reference_ecn)] {
+        for mode in modes {
+            let Some(m) = table.get(mode) else {
+                continue;
+            };
+            reference_row(&mut o, mode, variant, m);
+        }
     }
     if !ratios.is_empty() {
         let _ = writeln!(o, "\nWithin-round ratios (median, min–max):\n");
@@ -376,6 +406,21 @@ pub fn markdown(
         }
     }
     o
+}
+
+/// One C reference row of the Markdown table.
+fn reference_row(o: &mut String, mode: &str, variant: Variant, m: &BTreeMap<String, Stat>) {
+    let base = mode.split('@').next().unwrap_or(mode);
+    let name = super::reference::fwd_for(base).unwrap_or("?");
+    let _ = writeln!(
+        o,
+        "| C reference `{name}`{} | {} | {} | — | {} (rx/s) | — | {} | — |",
+        variant.label(),
+        fmt_stat(m.get("demux_ns_per_datagram"), ns),
+        fmt_stat(m.get("consumer_ns_per_datagram"), ns),
+        fmt_stat(m.get("rx_per_s"), rate),
+        fmt_stat(m.get("doorbells_per_datagram"), frac),
+    );
 }
 
 /// Per-round demux cost (left) and demux + consumer cost (right), one line per mode, the C
@@ -454,26 +499,40 @@ pub fn svg(path: &Path, title: &str, rounds: &[Round], refs: &[RefRound]) -> Res
                 .collect(),
         ));
         let fwd = super::reference::fwd_for(m).unwrap_or("?");
-        let rr: Vec<&RefRound> = refs.iter().filter(|r| &r.mode == m).collect();
-        demux.push((
-            format!("C reference {fwd}"),
-            color(m, true),
-            rr.iter()
-                .map(|r| (r.round as f64, r.demux_ns_per_datagram))
-                .collect(),
-        ));
-        total.push((
-            format!("C reference {fwd}"),
-            color(m, true),
-            rr.iter()
-                .filter_map(|r| {
-                    Some((
-                        r.round as f64,
-                        r.demux_ns_per_datagram + r.consumer_ns_per_datagram?,
-                    ))
-                })
-                .collect(),
-        ));
+        for variant in [Variant::Shipped, Variant::Ecn] {
+            let rr: Vec<&RefRound> = refs
+                .iter()
+                .filter(|r| &r.mode == m && r.variant == variant)
+                .collect();
+            if rr.is_empty() {
+                continue;
+            }
+            // The variant reading ECN: the shipped one's colour, darker.
+            let c = match (variant, color(m, true)) {
+                (Variant::Shipped, c) => c,
+                (Variant::Ecn, c) => RGBColor(c.0 / 4 * 3, c.1 / 4 * 3, c.2 / 4 * 3),
+            };
+            let label = format!("C reference {fwd}{}", variant.label());
+            demux.push((
+                label.clone(),
+                c,
+                rr.iter()
+                    .map(|r| (r.round as f64, r.demux_ns_per_datagram))
+                    .collect(),
+            ));
+            total.push((
+                label,
+                c,
+                rr.iter()
+                    .filter_map(|r| {
+                        Some((
+                            r.round as f64,
+                            r.demux_ns_per_datagram + r.consumer_ns_per_datagram?,
+                        ))
+                    })
+                    .collect(),
+            ));
+        }
     }
     panel(&left, "demux CPU per datagram", demux)?;
     panel(&right, "demux + consumer CPU per datagram", total)?;
