@@ -30,11 +30,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
-use ringmux_quic_lb::Router;
+use ringmux_quic_lb::{LongHeader, Reader, Router, QUIC_V1};
 use siphasher::sip::SipHasher13;
 
 use crate::tickets::HelloInspector;
-use crate::wire::{Initial, Reader, V1};
 
 /// RFC 9001 §5.8: the Retry integrity key and nonce of QUIC v1.
 const RETRY_KEY_V1: [u8; 16] = [
@@ -183,8 +182,8 @@ impl Admission {
         now_ns < self.pressure_until_ns
     }
 
-    /// Decides for `seg`, a packet that opens a connection ([`ringmux_quic_lb::starts_connection`])
-    /// from `remote`, headed for `lane`. `hashed`: its DCID is no instance's (the client chose
+    /// Decides for a datagram from `remote`, headed for `lane`, whose first packet opens a
+    /// connection: `header` ([`LongHeader::starts_connection`]), as the dispatcher read it. `hashed`: its DCID is no instance's (the client chose
     /// it), so it is a new connection; otherwise it carries one of our CIDs (the Initial after
     /// a Retry, one of a handshake in progress, or one sent to a CID learned elsewhere).
     /// `crowded`: the lane's ring is past `--initial-shed-at`.
@@ -197,14 +196,14 @@ impl Admission {
     /// (and under `auto` while under pressure).
     pub fn decide(
         &mut self,
-        seg: &[u8],
+        header: &LongHeader<'_>,
         remote: SocketAddr,
         lane: u8,
         hashed: bool,
         crowded: bool,
         now_ns: u64,
     ) -> Verdict {
-        let Some(initial) = Initial::parse(seg) else {
+        if !header.is_v1_initial() {
             if !hashed {
                 // 0-RTT (or a QUIC v2 Initial) to one of our CIDs. Such a packet cannot open
                 // a connection: a server creates one only for a client Initial (RFC 9000
@@ -222,18 +221,18 @@ impl Admission {
             } else {
                 Verdict::Forward
             };
-        };
+        }
         if hashed {
             self.count(crowded, now_ns);
         }
         // A token of ours decides alone, whatever the DCID: a good one admits (the Initial after
         // our Retry, whose ClientHello the inspector reads), a refused one never costs a worker
         // anything.
-        match self.check_token(initial.token, remote) {
+        match self.check_token(header.token(), remote) {
             TokenCheck::Refused => return Verdict::TokenRefused,
             // A validated address: let it in past the shedding threshold (the ring still has
             // room, and this is who the room is kept for).
-            TokenCheck::Valid => return self.admit(seg, remote, lane, now_ns),
+            TokenCheck::Valid => return self.admit(header, remote, lane, now_ns),
             TokenCheck::Unvalidated => {}
         }
         if !hashed {
@@ -258,7 +257,7 @@ impl Admission {
             RetryMode::Auto => self.under_pressure(now_ns),
             RetryMode::Always => true,
         };
-        if retry && self.mint_retry(&initial, remote, lane) {
+        if retry && self.mint_retry(header, remote, lane) {
             return Verdict::Retry;
         }
         if crowded {
@@ -267,24 +266,30 @@ impl Admission {
         match self.budgeted(remote, now_ns) {
             // A token-less Initial to our CID is a later one of a handshake, whose ClientHello
             // was read with its first Initial: not read again.
-            Verdict::Forward if !hashed && initial.token.is_empty() => Verdict::Forward,
-            Verdict::Forward => self.observe(seg, lane, now_ns),
+            Verdict::Forward if !hashed && header.token().is_empty() => Verdict::Forward,
+            Verdict::Forward => self.observe(header, lane, now_ns),
             refused => refused,
         }
     }
 
     /// [`Admission::budgeted`]; an Initial let in is shown to the ClientHello inspector.
-    fn admit(&mut self, seg: &[u8], remote: SocketAddr, lane: u8, now_ns: u64) -> Verdict {
+    fn admit(
+        &mut self,
+        header: &LongHeader<'_>,
+        remote: SocketAddr,
+        lane: u8,
+        now_ns: u64,
+    ) -> Verdict {
         match self.budgeted(remote, now_ns) {
-            Verdict::Forward => self.observe(seg, lane, now_ns),
+            Verdict::Forward => self.observe(header, lane, now_ns),
             refused => refused,
         }
     }
 
     /// Shows an Initial headed for `lane` to the ClientHello inspector; [`Verdict::Forward`].
-    fn observe(&mut self, seg: &[u8], lane: u8, now_ns: u64) -> Verdict {
+    fn observe(&mut self, header: &LongHeader<'_>, lane: u8, now_ns: u64) -> Verdict {
         let instance = lane % self.router.instance_count().max(1);
-        self.hellos.observe(seg, instance, now_ns);
+        self.hellos.observe_header(header, instance, now_ns);
         Verdict::Forward
     }
 
@@ -336,14 +341,14 @@ impl Admission {
     /// client's SCID, a token for `remote` carrying the Initial's DCID as the original one
     /// (whoever chose it: the client, or one of our CIDs, which quinn's workers accept the
     /// same), the integrity tag (RFC 9001 §5.8). `false` if randomness is unavailable.
-    fn mint_retry(&mut self, initial: &Initial<'_>, remote: SocketAddr, lane: u8) -> bool {
+    fn mint_retry(&mut self, initial: &LongHeader<'_>, remote: SocketAddr, lane: u8) -> bool {
         let mut random = [0u8; 1 + TOKEN_NONCE + 20];
         if getrandom::fill(&mut random).is_err() {
             return false;
         }
         let (first_bits, rest) = random.split_at_mut(1);
         let (token_nonce, cid_nonce) = rest.split_at_mut(TOKEN_NONCE);
-        let odcid = initial.dcid;
+        let (odcid, client_scid) = (initial.dcid(), initial.scid());
         let nonce_len = self.router.codec().nonce_len();
         let Some(nonce) = cid_nonce.get_mut(..nonce_len) else {
             return false;
@@ -375,9 +380,9 @@ impl Admission {
         let start = w.at;
         // Long header, fixed bit, type Retry (0b11), four unused random bits.
         w.put(&[0xf0 | (first_bits[0] & 0x0f)]);
-        w.put(&V1.to_be_bytes());
-        w.put(&[initial.scid.len() as u8]);
-        w.put(initial.scid);
+        w.put(&QUIC_V1.to_be_bytes());
+        w.put(&[client_scid.len() as u8]);
+        w.put(client_scid);
         w.put(&[scid.len() as u8]);
         w.put(&scid);
         // The token: plaintext, sealed in place, tag, nonce.
@@ -497,7 +502,7 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
     else {
         return TokenCheck::Unvalidated;
     };
-    let mut r = Reader(plain);
+    let mut r = Reader::new(plain);
     let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let fresh =
         |issued: u64, lifetime: Duration| issued.saturating_add(lifetime.as_secs()) >= now_secs;
@@ -505,15 +510,14 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
         Some(0) => {
             let parsed = (|| {
                 let ip = token_ip(&mut r)?;
-                let port = u16::from_be_bytes(r.take(2)?.try_into().ok()?);
+                let port = r.u16()?;
                 let odcid_len = usize::from(r.u8()?);
                 if odcid_len > 20 {
                     return None;
                 }
                 r.take(odcid_len)?;
-                let issued = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
-                r.0.is_empty()
-                    .then_some((SocketAddr::new(ip, port), issued))
+                let issued = r.u64()?;
+                r.is_empty().then_some((SocketAddr::new(ip, port), issued))
             })();
             match parsed {
                 None => TokenCheck::Unvalidated,
@@ -526,8 +530,8 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
         Some(1) => {
             let parsed = (|| {
                 let ip = token_ip(&mut r)?;
-                let issued = u64::from_be_bytes(r.take(8)?.try_into().ok()?);
-                r.0.is_empty().then_some((ip, issued))
+                let issued = r.u64()?;
+                r.is_empty().then_some((ip, issued))
             })();
             // The worker also checks that it was not used before (a log the demux lacks);
             // here it only earns its address the room a validated one gets.
@@ -547,8 +551,8 @@ fn open_token(prk: &hkdf::Prk, token: &[u8], remote: SocketAddr, now: SystemTime
 /// An address in a token: `0x00 ‖ 4 octets` or `0x01 ‖ 16 octets`.
 fn token_ip(r: &mut Reader<'_>) -> Option<IpAddr> {
     match r.u8()? {
-        0 => Some(IpAddr::from(<[u8; 4]>::try_from(r.take(4)?).ok()?)),
-        1 => Some(IpAddr::from(<[u8; 16]>::try_from(r.take(16)?).ok()?)),
+        0 => Some(IpAddr::from(r.array::<4>()?)),
+        1 => Some(IpAddr::from(r.array::<16>()?)),
         _ => None,
     }
 }
@@ -643,6 +647,11 @@ mod tests {
         )
     }
 
+    /// The header of `packet` as the dispatcher hands it over.
+    fn header(packet: &[u8]) -> LongHeader<'_> {
+        LongHeader::parse(packet).expect("a long header")
+    }
+
     fn initial(dcid: &[u8], scid: &[u8], token: &[u8]) -> Vec<u8> {
         let mut p = vec![0xc3, 0, 0, 0, 1, dcid.len() as u8];
         p.extend_from_slice(dcid);
@@ -690,7 +699,14 @@ mod tests {
         let remote: SocketAddr = CLIENT.parse().unwrap();
         let odcid = [0x11; 8];
         let scid = [0x22; 5];
-        let v = a.decide(&initial(&odcid, &scid, &[]), remote, 3, true, false, 1);
+        let v = a.decide(
+            &header(&initial(&odcid, &scid, &[])),
+            remote,
+            3,
+            true,
+            false,
+            1,
+        );
         assert_eq!(v, Verdict::Retry);
         let retry = a.retry_packet().to_vec();
         assert_eq!(retry[0] & 0xf0, 0xf0, "a v1 Retry");
@@ -717,21 +733,24 @@ mod tests {
         // The client's next Initial, to the new CID with the token: forwarded and counted.
         let again = initial(new_cid, &scid, token);
         assert_eq!(
-            a.decide(&again, remote, 3, false, true, 2),
+            a.decide(&header(&again), remote, 3, false, true, 2),
             Verdict::Forward
         );
         assert_eq!(a.stats.tokens_accepted, 1);
         // From another address: refused, and never forwarded.
         let other: SocketAddr = "192.0.2.8:4433".parse().unwrap();
         assert_eq!(
-            a.decide(&again, other, 3, false, false, 3),
+            a.decide(&header(&again), other, 3, false, false, 3),
             Verdict::TokenRefused
         );
         assert_eq!(a.stats.tokens_accepted, 1);
         // A token sealed with another key is nobody's: treated as none (another Retry).
         let mut b = admission(RetryMode::Always, 0);
         b.token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&[1; 64]);
-        assert_eq!(b.decide(&again, remote, 3, true, false, 4), Verdict::Retry);
+        assert_eq!(
+            b.decide(&header(&again), remote, 3, true, false, 4),
+            Verdict::Retry
+        );
         assert_eq!(b.stats.tokens_accepted, 0);
     }
 
@@ -785,33 +804,48 @@ mod tests {
         let p = initial(&[0x33; 8], &[0x44; 8], &[]);
         // 1000/s is 100 per 100 ms window: the 101st within a window is pressure.
         for _ in 0..100 {
-            assert_eq!(a.decide(&p, remote, 0, true, false, 10), Verdict::Forward);
+            assert_eq!(
+                a.decide(&header(&p), remote, 0, true, false, 10),
+                Verdict::Forward
+            );
         }
-        assert_eq!(a.decide(&p, remote, 0, true, false, 11), Verdict::Retry);
+        assert_eq!(
+            a.decide(&header(&p), remote, 0, true, false, 11),
+            Verdict::Retry
+        );
         // Pressure holds for a second after the last sign.
         let later = 11 + PRESSURE_HOLD_NS - 1;
-        assert_eq!(a.decide(&p, remote, 0, true, false, later), Verdict::Retry);
+        assert_eq!(
+            a.decide(&header(&p), remote, 0, true, false, later),
+            Verdict::Retry
+        );
         let quiet = later + PRESSURE_HOLD_NS + 1;
         assert_eq!(
-            a.decide(&p, remote, 0, true, false, quiet),
+            a.decide(&header(&p), remote, 0, true, false, quiet),
             Verdict::Forward
         );
         // A crowded ring is pressure at once, for the packets to any ring.
         assert_eq!(
-            a.decide(&p, remote, 0, true, true, quiet + 1),
+            a.decide(&header(&p), remote, 0, true, true, quiet + 1),
             Verdict::Retry
         );
         let calm = quiet + 1 + PRESSURE_HOLD_NS;
-        assert_eq!(a.decide(&p, remote, 0, true, false, calm), Verdict::Forward);
+        assert_eq!(
+            a.decide(&header(&p), remote, 0, true, false, calm),
+            Verdict::Forward
+        );
         a.crowded(calm + 1);
         assert_eq!(
-            a.decide(&p, remote, 0, true, false, calm + 2),
+            a.decide(&header(&p), remote, 0, true, false, calm + 2),
             Verdict::Retry
         );
         let mut never = admission(RetryMode::Never, 0);
-        assert_eq!(never.decide(&p, remote, 0, true, true, 1), Verdict::Shed);
         assert_eq!(
-            never.decide(&p, remote, 0, true, false, 2),
+            never.decide(&header(&p), remote, 0, true, true, 1),
+            Verdict::Shed
+        );
+        assert_eq!(
+            never.decide(&header(&p), remote, 0, true, false, 2),
             Verdict::Forward
         );
     }
@@ -825,7 +859,10 @@ mod tests {
         let other: SocketAddr = "198.51.100.1:1000".parse().unwrap();
         // Not under pressure: no budget.
         for _ in 0..50 {
-            assert_eq!(a.decide(&p, greedy, 0, true, false, 1), Verdict::Forward);
+            assert_eq!(
+                a.decide(&header(&p), greedy, 0, true, false, 1),
+                Verdict::Forward
+            );
         }
         // Under pressure (a crowded ring sheds; a valid token would pass it): a second's worth
         // (10) then refusals, shared by the whole /24.
@@ -858,13 +895,20 @@ mod tests {
             if let Some(b) = p.first_mut() {
                 *b = 0xc0 | (*b & 0x0f);
             }
+            // What the dispatcher would hand over: a long header that parses.
+            let Some(h) = LongHeader::parse(&p) else {
+                continue;
+            };
             for hashed in [false, true] {
-                let _ = a.decide(&p, remote, 1, hashed, len % 2 == 0, len as u64);
+                let _ = a.decide(&h, remote, 1, hashed, len % 2 == 0, len as u64);
             }
         }
         // Maximal lengths: 20-octet CIDs, a 63-octet token.
         let p = initial(&[1; 20], &[2; 20], &[3; 63]);
-        assert_eq!(a.decide(&p, remote, 1, true, false, 1), Verdict::Retry);
+        assert_eq!(
+            a.decide(&header(&p), remote, 1, true, false, 1),
+            Verdict::Retry
+        );
         assert!(a.retry_packet().len() < 256);
     }
 
@@ -917,7 +961,10 @@ mod tests {
         let scid = [0x22; 8];
         for t in 1..=20 {
             let p = initial(&ours, &scid, &[]);
-            assert_eq!(a.decide(&p, remote, 1, false, false, t), Verdict::Retry);
+            assert_eq!(
+                a.decide(&header(&p), remote, 1, false, false, t),
+                Verdict::Retry
+            );
         }
         let retry = a.retry_packet().to_vec();
         let (new_cid, token) = parse_retry(&retry, &scid);
@@ -947,7 +994,7 @@ mod tests {
         // The client's next Initial, with the token: let in.
         let again = initial(&new_cid, &scid, &token);
         assert_eq!(
-            a.decide(&again, remote, 1, false, false, 21),
+            a.decide(&header(&again), remote, 1, false, false, 21),
             Verdict::Forward
         );
         assert_eq!(a.stats.tokens_accepted, 1);
@@ -955,7 +1002,7 @@ mod tests {
         let mut zero_rtt = initial(&ours, &scid, &[]);
         zero_rtt[0] = 0xd3;
         assert_eq!(
-            a.decide(&zero_rtt, remote, 1, false, false, 22),
+            a.decide(&header(&zero_rtt), remote, 1, false, false, 22),
             Verdict::Forward
         );
     }
@@ -973,7 +1020,7 @@ mod tests {
         foreign.token_prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&[1; 64]);
         let hashed = initial(&[0x11; 8], &scid, &[]);
         assert_eq!(
-            foreign.decide(&hashed, remote, 0, true, false, 1),
+            foreign.decide(&header(&hashed), remote, 0, true, false, 1),
             Verdict::Retry
         );
         let (_, foreign_token) = parse_retry(foreign.retry_packet(), &scid);
@@ -984,7 +1031,7 @@ mod tests {
         ] {
             let p = initial(&ours, &scid, &token);
             assert_eq!(
-                a.decide(&p, remote, 0, false, false, 2),
+                a.decide(&header(&p), remote, 0, false, false, 2),
                 Verdict::Retry,
                 "{what}"
             );
@@ -997,15 +1044,21 @@ mod tests {
             "the data plane counts what it sends"
         );
         // Ours, for another address: refused, not retried.
-        assert_eq!(a.decide(&hashed, remote, 0, true, false, 3), Verdict::Retry);
+        assert_eq!(
+            a.decide(&header(&hashed), remote, 0, true, false, 3),
+            Verdict::Retry
+        );
         let (cid, token) = parse_retry(a.retry_packet(), &scid);
         let other: SocketAddr = "192.0.2.8:4433".parse().unwrap();
         let back = initial(&cid, &scid, &token);
         assert_eq!(
-            a.decide(&back, other, 0, false, false, 4),
+            a.decide(&header(&back), other, 0, false, false, 4),
             Verdict::TokenRefused
         );
-        assert_eq!(a.decide(&back, remote, 0, false, true, 5), Verdict::Forward);
+        assert_eq!(
+            a.decide(&header(&back), remote, 0, false, true, 5),
+            Verdict::Forward
+        );
     }
 
     /// Under `auto`, token-less Initials to our CIDs (a handshake's later Initials, or a
@@ -1021,24 +1074,33 @@ mod tests {
         // 1000/s is 100 per 100 ms window: these 100 fill it.
         for i in 0..100 {
             let p = if i % 2 == 0 { &ours } else { &garbage };
-            assert_eq!(a.decide(p, remote, 1, false, false, 10), Verdict::Forward);
+            assert_eq!(
+                a.decide(&header(p), remote, 1, false, false, 10),
+                Verdict::Forward
+            );
         }
         assert!(!a.under_pressure(10));
         // The 101st, a new connection's: pressure.
-        assert_eq!(a.decide(&new, remote, 0, true, false, 11), Verdict::Retry);
-        assert_eq!(a.decide(&ours, remote, 1, false, false, 12), Verdict::Retry);
         assert_eq!(
-            a.decide(&garbage, remote, 1, false, false, 13),
+            a.decide(&header(&new), remote, 0, true, false, 11),
+            Verdict::Retry
+        );
+        assert_eq!(
+            a.decide(&header(&ours), remote, 1, false, false, 12),
+            Verdict::Retry
+        );
+        assert_eq!(
+            a.decide(&header(&garbage), remote, 1, false, false, 13),
             Verdict::Retry
         );
         // After the hold, forwarded again; a crowded ring is pressure at once.
         let quiet = 13 + PRESSURE_HOLD_NS;
         assert_eq!(
-            a.decide(&ours, remote, 1, false, false, quiet),
+            a.decide(&header(&ours), remote, 1, false, false, quiet),
             Verdict::Forward
         );
         assert_eq!(
-            a.decide(&ours, remote, 1, false, true, quiet + 1),
+            a.decide(&header(&ours), remote, 1, false, true, quiet + 1),
             Verdict::Retry
         );
         assert!(a.under_pressure(quiet + 2));
@@ -1054,7 +1116,7 @@ mod tests {
         let other: SocketAddr = "198.51.100.1:1000".parse().unwrap();
         for _ in 0..100 {
             assert_eq!(
-                a.decide(&ours, greedy, 0, false, false, 1),
+                a.decide(&header(&ours), greedy, 0, false, false, 1),
                 Verdict::Forward
             );
         }
@@ -1062,14 +1124,20 @@ mod tests {
         // The 101st in the window is pressure; the budget (10 a second, burst 10) applies.
         let mut passed = 0;
         for _ in 0..50 {
-            match a.decide(&ours, greedy, 0, false, false, 2) {
+            match a.decide(&header(&ours), greedy, 0, false, false, 2) {
                 Verdict::Forward => passed += 1,
                 v => assert_eq!(v, Verdict::OverBudget),
             }
         }
         assert!(a.under_pressure(2));
         assert_eq!(passed, 10);
-        assert_eq!(a.decide(&ours, other, 0, false, false, 3), Verdict::Forward);
-        assert_eq!(a.decide(&ours, other, 0, false, true, 4), Verdict::Shed);
+        assert_eq!(
+            a.decide(&header(&ours), other, 0, false, false, 3),
+            Verdict::Forward
+        );
+        assert_eq!(
+            a.decide(&header(&ours), other, 0, false, true, 4),
+            Verdict::Shed
+        );
     }
 }

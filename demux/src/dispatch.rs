@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use ringmux_quic_lb::{starts_connection, Route, RouteCache, Router};
+use ringmux_quic_lb::{Header, Route, RouteCache, Router};
 
 use crate::admission::{Admission, Verdict};
 use crate::metrics::DropReason;
@@ -34,7 +34,8 @@ pub struct Arrival<'a> {
 /// Decides what becomes of `d`. `active` is the first lane of the generation new connections
 /// go to; `crowded(lane)` says whether that lane's ingress was past `--initial-shed-at` when the
 /// batch began. Established traffic (a short header) pays the route and one test of its first
-/// octet.
+/// octet. The header is read once ([`Router::parse`]): the route takes its DCID, and admission
+/// the same parsed view.
 #[inline]
 pub fn classify(
     router: &Router,
@@ -44,25 +45,23 @@ pub fn classify(
     active: usize,
     crowded: impl Fn(usize) -> bool,
 ) -> Disposition {
-    let route = cache.route(router, d.bytes);
+    let Ok(header) = router.parse(d.bytes) else {
+        return Disposition::Drop(DropReason::Malformed);
+    };
+    let route = cache.route_header(router, &header);
     let lane = match route {
         Route::Owned(lane) => usize::from(lane),
         Route::Hashed(i) => active + usize::from(i),
+        // Not from a header that parsed; kept apart all the same.
         Route::Malformed(_) => return Disposition::Drop(DropReason::Malformed),
     };
-    if !starts_connection(d.bytes) {
-        return Disposition::Forward { lane };
-    }
+    let opens = match header {
+        Header::Long(ref long) if long.starts_connection() => long,
+        _ => return Disposition::Forward { lane },
+    };
     let hashed = matches!(route, Route::Hashed(_));
     // A lane number fits a byte: the router numbers at most 256 lanes.
-    let verdict = admission.decide(
-        d.bytes,
-        d.remote,
-        lane as u8,
-        hashed,
-        crowded(lane),
-        d.now_ns,
-    );
+    let verdict = admission.decide(opens, d.remote, lane as u8, hashed, crowded(lane), d.now_ns);
     match verdict {
         Verdict::Forward => Disposition::Forward { lane },
         Verdict::Shed => Disposition::Drop(DropReason::InitialShed),
@@ -181,6 +180,44 @@ mod tests {
                 "{bytes:02x?}"
             );
         }
+    }
+
+    /// The header is read once: a long header that opens no connection (Handshake, version
+    /// negotiation) is forwarded without admission, and an Initial whose Length runs past the
+    /// datagram is malformed, not admission's to judge.
+    #[test]
+    fn long_headers_that_open_nothing_pass_and_cut_initials_are_malformed() {
+        let (router, mut admission, _) = parts(RetryMode::Always);
+        let mut cache = RouteCache::new(&router);
+        let mut classify = |bytes: &[u8]| {
+            classify(
+                &router,
+                &mut cache,
+                &mut admission,
+                arrival(bytes),
+                2,
+                |_| false,
+            )
+        };
+        let mut handshake = initial(&[4; 8]);
+        handshake[0] = 0xe3;
+        // Handshake: no token field, so the Length is the octet after the SCID.
+        let at = 6 + 8 + 9;
+        handshake.splice(at..at + 3, [0x40, 0x10]);
+        assert!(matches!(
+            classify(&handshake),
+            Disposition::Forward { lane: 2 | 3 }
+        ));
+        let mut negotiation = initial(&[4; 8]);
+        negotiation[1..5].copy_from_slice(&[0; 4]);
+        assert!(matches!(
+            classify(&negotiation),
+            Disposition::Forward { lane: 2 | 3 }
+        ));
+        assert_eq!(classify(&initial(&[4; 8])), Disposition::Retry);
+        let mut cut = initial(&[4; 8]);
+        cut.truncate(0x400 + 6 + 8 + 9 + 3 - 1);
+        assert_eq!(classify(&cut), Disposition::Drop(DropReason::Malformed));
     }
 
     #[test]

@@ -36,7 +36,6 @@ pub mod supervisor;
 pub mod sys;
 pub mod tickets;
 pub mod upgrade;
-mod wire;
 
 /// `error` and each of its sources, joined by `: `, as anyhow's `{:#}` shows a chain: one line
 /// for an operator where an error travels as text (a control client's answer, the reason an

@@ -55,9 +55,8 @@ use std::time::Duration;
 use ring::aead::quic::{HeaderProtectionKey, AES_128};
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::hkdf;
+use ringmux_quic_lb::{LongHeader, Reader};
 use siphasher::sip::SipHasher13;
-
-use crate::wire::{Initial, Reader};
 
 /// Words in the binding table (32 KiB).
 pub const BINDING_SLOTS: usize = 4096;
@@ -82,7 +81,7 @@ const INITIAL_SALT_V1: [u8; 20] = [
     0xcc, 0xbb, 0x7f, 0x0a,
 ];
 /// RFC 8446 §4.2.11.
-const EXT_PRE_SHARED_KEY: usize = 41;
+const EXT_PRE_SHARED_KEY: u16 = 41;
 const HANDSHAKE_CLIENT_HELLO: u8 = 1;
 const TAG_LEN: usize = 16;
 
@@ -297,41 +296,55 @@ impl HelloInspector {
     /// segment), forwarded to `instance` at `now_ns` (`CLOCK_MONOTONIC`), and binds the
     /// identities of any ClientHello they complete.
     pub fn observe(&mut self, datagram: &[u8], instance: u8, now_ns: u64) {
-        let mut rest = datagram;
-        // Coalesced packets (RFC 9000 §12.2): Initials come first; stop at anything else.
-        while let Some(len) = self.observe_packet(rest, instance, now_ns) {
-            rest = &rest[len.min(rest.len())..];
+        if let Some(first) = LongHeader::parse(datagram) {
+            self.observe_header(&first, instance, now_ns);
         }
     }
 
-    /// Reads one Initial at the start of `data`; its length if the next packet may be read.
-    fn observe_packet(&mut self, data: &[u8], instance: u8, now_ns: u64) -> Option<usize> {
-        let header = InitialHeader::parse(data)?;
-        let len = header.end;
-        let stats = &mut self.hellos.stats;
-        if len > MAX_PACKET {
-            stats.unopened += 1;
-            return Some(len);
+    /// [`HelloInspector::observe`] of a datagram whose first header is already read (admission
+    /// read it): `first`'s packet, then those coalesced after it.
+    pub fn observe_header(&mut self, first: &LongHeader<'_>, instance: u8, now_ns: u64) {
+        let mut header = Some(*first);
+        // Coalesced packets (RFC 9000 §12.2): Initials come first; stop at anything else.
+        while let Some(h) = header {
+            let Some(end) = self.observe_packet(&h, instance, now_ns) else {
+                break;
+            };
+            header = h.bytes().get(end..).and_then(LongHeader::parse);
         }
-        let packet = &mut self.scratch[..len];
-        packet.copy_from_slice(&data[..len]);
-        let Some(plain) = unprotect(packet, &header, &self.salt) else {
+    }
+
+    /// Reads the Initial `header` begins; its end if the next packet may be read.
+    fn observe_packet(
+        &mut self,
+        header: &LongHeader<'_>,
+        instance: u8,
+        now_ns: u64,
+    ) -> Option<usize> {
+        let initial = InitialSpan::of(header)?;
+        let len = initial.end;
+        let stats = &mut self.hellos.stats;
+        let (Some(packet), Some(data)) = (self.scratch.get_mut(..len), header.bytes().get(..len))
+        else {
+            // Longer than the inspector reads.
             stats.unopened += 1;
             return Some(len);
         };
-        let dcid = header.dcid;
-        let mut frames = Reader(plain);
+        packet.copy_from_slice(data);
+        let Some(plain) = unprotect(packet, header.dcid(), &initial, &self.salt) else {
+            stats.unopened += 1;
+            return Some(len);
+        };
+        let dcid = header.dcid();
+        let mut frames = Reader::new(plain);
         while let Some(kind) = frames.varint() {
             match kind {
                 // PADDING: clients pad their Initials to 1 200 octets with hundreds of them,
                 // so a run is skipped at once.
                 0x00 => {
-                    let run = frames
-                        .0
-                        .iter()
-                        .position(|&b| b != 0)
-                        .unwrap_or(frames.0.len());
-                    frames.0 = &frames.0[run..];
+                    let rest = frames.rest();
+                    let run = rest.iter().position(|&b| b != 0).unwrap_or(rest.len());
+                    frames.take(run);
                 }
                 // PING.
                 0x01 => {}
@@ -472,47 +485,48 @@ fn covered(have: &[u64; MAX_HELLO / 64], n: usize) -> bool {
         && (part == 0 || have[whole] & ((1u64 << part) - 1) == (1u64 << part) - 1)
 }
 
-/// Where the parts of a v1 Initial are: its DCID, packet number, end.
-struct InitialHeader<'a> {
-    dcid: &'a [u8],
+/// Where the packet number and the end of a v1 Initial are, in the bytes its [`LongHeader`]
+/// was read from.
+struct InitialSpan {
     /// Offset of the (protected) packet number.
     pn_at: usize,
     /// Offset just past the packet (the Length field counts from `pn_at`).
     end: usize,
 }
 
-impl<'a> InitialHeader<'a> {
-    fn parse(data: &'a [u8]) -> Option<InitialHeader<'a>> {
-        let initial = Initial::parse(data)?;
-        let mut r = Reader(initial.rest);
-        let length = usize::try_from(r.varint()?).ok()?;
-        let pn_at = data.len() - r.0.len();
-        let end = pn_at.checked_add(length)?;
-        // Header protection samples 16 octets from 4 past the packet number (RFC 9001
-        // §5.4.2).
-        if end > data.len() || length < 4 + 16 {
+impl InitialSpan {
+    /// The span of a v1 Initial long enough to open: `None` for any other packet.
+    fn of(header: &LongHeader<'_>) -> Option<InitialSpan> {
+        if !header.is_v1_initial() {
             return None;
         }
-        Some(InitialHeader {
-            dcid: initial.dcid,
-            pn_at,
-            end,
-        })
+        let (pn_at, end) = (header.packet_number_at()?, header.packet_end()?);
+        // Header protection samples 16 octets from 4 past the packet number (RFC 9001
+        // §5.4.2).
+        (end.checked_sub(pn_at)? >= 4 + 16).then_some(InitialSpan { pn_at, end })
     }
 }
 
-/// Removes the protection of the client Initial `packet` (its own copy, opened in place);
-/// the plaintext frames, or `None` if it does not open with its DCID's keys.
-fn unprotect<'a>(packet: &'a mut [u8], h: &InitialHeader, salt: &hkdf::Salt) -> Option<&'a [u8]> {
-    let keys = ClientInitialKeys::derive(salt, h.dcid)?;
-    let sample = &packet[h.pn_at + 4..][..16];
+/// Removes the protection of the client Initial `packet` (its own copy of the packet `at`
+/// spans, opened in place) sent to `dcid`; the plaintext frames, or `None` if it does not open
+/// with its DCID's keys.
+fn unprotect<'a>(
+    packet: &'a mut [u8],
+    dcid: &[u8],
+    at: &InitialSpan,
+    salt: &hkdf::Salt,
+) -> Option<&'a [u8]> {
+    let keys = ClientInitialKeys::derive(salt, dcid)?;
+    let sample = packet.get(at.pn_at + 4..at.pn_at + 4 + 16)?;
     let mask = keys.hp.new_mask(sample).ok()?;
-    packet[0] ^= mask[0] & 0x0f;
-    let pn_len = usize::from(packet[0] & 0x03) + 1;
+    let first = packet.first_mut()?;
+    *first ^= mask[0] & 0x0f;
+    let pn_len = usize::from(*first & 0x03) + 1;
     let mut pn = 0u64;
-    for (i, m) in mask[1..=pn_len].iter().enumerate() {
-        packet[h.pn_at + i] ^= m;
-        pn = (pn << 8) | u64::from(packet[h.pn_at + i]);
+    let pn_bytes = packet.get_mut(at.pn_at..at.pn_at + pn_len)?;
+    for (b, m) in pn_bytes.iter_mut().zip(&mask[1..]) {
+        *b ^= m;
+        pn = (pn << 8) | u64::from(*b);
     }
     // A client's first Initials are numbered from 0, so the truncated number is the number
     // (RFC 9000 §17.1 decoding with no packet received yet).
@@ -520,7 +534,9 @@ fn unprotect<'a>(packet: &'a mut [u8], h: &InitialHeader, salt: &hkdf::Salt) -> 
     for (n, p) in nonce[4..].iter_mut().zip(pn.to_be_bytes()) {
         *n ^= p;
     }
-    let (header, payload) = packet[..h.end].split_at_mut(h.pn_at + pn_len);
+    let (header, payload) = packet
+        .get_mut(..at.end)?
+        .split_at_mut_checked(at.pn_at + pn_len)?;
     if payload.len() < TAG_LEN {
         return None;
     }
@@ -579,35 +595,35 @@ fn expand_label(prk: &hkdf::Prk, label: &[u8], out: &mut [u8]) -> Option<()> {
 /// `out`; how many, or `None` if it does not parse. A ClientHello without the extension has
 /// none; identities past [`MAX_IDENTITIES`] are left out.
 fn psk_identities<'a>(body: &'a [u8], out: &mut [&'a [u8]; MAX_IDENTITIES]) -> Option<usize> {
-    let mut r = Reader(body);
+    let mut r = Reader::new(body);
     r.take(2 + 32)?; // legacy_version, random
     let n = usize::from(r.u8()?);
     r.take(n)?; // legacy_session_id
     let n = r.u16()?;
-    r.take(n)?; // cipher_suites
+    r.take(usize::from(n))?; // cipher_suites
     let n = usize::from(r.u8()?);
     r.take(n)?; // legacy_compression_methods
-    if r.0.is_empty() {
+    if r.is_empty() {
         return Some(0);
     }
     let n = r.u16()?;
-    let mut exts = Reader(r.take(n)?);
-    while !exts.0.is_empty() {
+    let mut exts = Reader::new(r.take(usize::from(n))?);
+    while !exts.is_empty() {
         let kind = exts.u16()?;
         let n = exts.u16()?;
-        let data = exts.take(n)?;
+        let data = exts.take(usize::from(n))?;
         if kind != EXT_PRE_SHARED_KEY {
             continue;
         }
         // OfferedPsks: identities<7..2^16-1> (identity<1..2^16-1>, obfuscated_ticket_age
         // u32), then the binders, which are not needed here.
-        let mut psk = Reader(data);
+        let mut psk = Reader::new(data);
         let n = psk.u16()?;
-        let mut ids = Reader(psk.take(n)?);
+        let mut ids = Reader::new(psk.take(usize::from(n))?);
         let mut count = 0;
-        while !ids.0.is_empty() {
+        while !ids.is_empty() {
             let n = ids.u16()?;
-            let id = ids.take(n)?;
+            let id = ids.take(usize::from(n))?;
             ids.take(4)?;
             if count < MAX_IDENTITIES && !id.is_empty() {
                 out[count] = id;

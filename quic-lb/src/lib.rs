@@ -5,9 +5,12 @@
 //!   `node_id ‖ instance ‖ nonce`, so an external QUIC-LB load balancer configured with the
 //!   node-ID length routes to the right box and the demux, reading one byte more, to the right
 //!   process.
-//! - [`Router`] (demux side) parses a datagram's QUIC invariant header and decides
-//!   [`Route::Owned`], [`Route::Hashed`] or [`Route::Malformed`], as a pure function of the
-//!   Destination Connection ID, without allocating.
+//! - [`Header`] (demux side) reads a datagram's QUIC packet header once, with the
+//!   bounds-checked [`Reader`] and its varint: the one parser of QUIC headers that routing,
+//!   admission and the demux's ClientHello inspector share.
+//! - [`Router`] (demux side) decides [`Route::Owned`], [`Route::Hashed`] or
+//!   [`Route::Malformed`] for a datagram, as a pure function of the Destination Connection ID
+//!   [`Header`] read, without allocating.
 //! - [`KeySet`] holds the secrets all instances share, generated or loaded from a key file.
 //! - [`CidCodec`] is the draft's codec itself (plaintext, single-pass AES, four-pass Feistel).
 //!
@@ -20,6 +23,7 @@
 mod codec;
 mod config;
 mod generator;
+mod header;
 mod keys;
 mod router;
 
@@ -32,8 +36,9 @@ pub use config::{
     MAX_INSTANCES, MAX_NODE_ID_LEN,
 };
 pub use generator::CidGenerator;
+pub use header::{Header, LongHeader, MalformedReason, PacketType, Reader, QUIC_V1, QUIC_V2};
 pub use keys::{KeyError, KeyFileError, KeySet, BINARY_LEN as KEYSET_BINARY_LEN};
-pub use router::{destination_cid, starts_connection, MalformedReason, Route, RouteCache, Router};
+pub use router::{Route, RouteCache, Router};
 
 /// Re-exported so users name the same trait and types this crate implements.
 pub use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};

@@ -1,10 +1,10 @@
 //! The demux side: which instance owns a datagram.
 //!
-//! This module owns the per-datagram decision: parse the QUIC invariant header (RFC 8999) plus
-//! the QUIC v1 long-header types (RFC 9000 §17.2) far enough to find the Destination Connection
-//! ID, then decode that DCID or hash it. It never allocates, never panics on any input, keeps no
-//! state between datagrams and never looks at addresses, so connection migration and NAT
-//! rebinding need nothing special.
+//! This module owns the per-datagram decision: take the Destination Connection ID of the header
+//! [`Header::parse`] read (the QUIC invariant header of RFC 8999, plus the QUIC v1 long-header
+//! types of RFC 9000 §17.2), then decode that DCID or hash it. It never allocates, never panics
+//! on any input, keeps no state between datagrams and never looks at addresses, so connection
+//! migration and NAT rebinding need nothing special.
 //!
 //! GRO: a coalesced receive buffer is several datagrams. The caller splits it at the segment
 //! size and calls [`Router::route`] once per segment; segments of one train may carry different
@@ -14,6 +14,7 @@ use siphasher::sip::SipHasher13;
 
 use crate::codec::{CidCodec, MAX_CID_LEN, MAX_PLAINTEXT_LEN};
 use crate::config::{ConfigError, QuicLbConfig, GENERATION_SLOTS, MAX_INSTANCES};
+use crate::header::{Header, MalformedReason};
 use crate::ConnectionId;
 
 /// Where a datagram goes.
@@ -32,20 +33,6 @@ pub enum Route {
     Malformed(MalformedReason),
 }
 
-/// Why a datagram was not routable at all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MalformedReason {
-    /// Zero-length datagram.
-    Empty,
-    /// Short header shorter than 1 + the configured CID length.
-    ShortHeaderTruncated,
-    /// Long header cut inside the version, CID lengths, CIDs, or (QUIC v1) the token or Length
-    /// field, or a v1 Length larger than the datagram.
-    LongHeaderTruncated,
-    /// Long-header DCID length above 20 (RFC 9000 §17.2; quinn cannot parse those either).
-    DcidTooLong,
-}
-
 /// The demux's routing function for one node: a precomputed AES key schedule, the node ID, the
 /// instance count and a SipHash-1-3 key. `route` is a pure function of the datagram's DCID.
 #[derive(Clone)]
@@ -55,32 +42,6 @@ pub struct Router {
     node_id_len: usize,
     instance_count: u8,
     hasher: SipHasher13,
-}
-
-impl MalformedReason {
-    /// A snake_case label for metrics.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            MalformedReason::Empty => "empty",
-            MalformedReason::ShortHeaderTruncated => "short_header_truncated",
-            MalformedReason::LongHeaderTruncated => "long_header_truncated",
-            MalformedReason::DcidTooLong => "dcid_too_long",
-        }
-    }
-
-    /// Every reason, for registering metric labels up front.
-    pub const ALL: [MalformedReason; 4] = [
-        MalformedReason::Empty,
-        MalformedReason::ShortHeaderTruncated,
-        MalformedReason::LongHeaderTruncated,
-        MalformedReason::DcidTooLong,
-    ];
-}
-
-impl std::fmt::Display for MalformedReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 impl Route {
@@ -121,10 +82,18 @@ impl Router {
     /// The fixed bit (0x40) is ignored: quinn greases it and clients follow (RFC 9287).
     #[inline]
     pub fn route(&self, datagram: &[u8]) -> Route {
-        match destination_cid(datagram, self.codec.cid_len()) {
-            Ok(dcid) => self.route_dcid(dcid),
+        match self.parse(datagram) {
+            Ok(header) => self.route_dcid(header.dcid()),
             Err(reason) => Route::Malformed(reason),
         }
+    }
+
+    /// [`Header::parse`] with this router's CID length, for a caller that reads more of the
+    /// header than its DCID (route it with [`RouteCache::route_header`] or
+    /// [`Router::route_dcid`]).
+    #[inline]
+    pub fn parse<'a>(&self, datagram: &'a [u8]) -> Result<Header<'a>, MalformedReason> {
+        Header::parse(datagram, self.codec.cid_len())
     }
 
     /// The decision for a DCID already cut out of a header: `Owned` (a lane) if it decodes to
@@ -215,114 +184,6 @@ impl std::fmt::Debug for Router {
     }
 }
 
-/// The QUIC v1 version number (RFC 9000 §15).
-const QUIC_V1: u32 = 1;
-/// Header form bit: 1 = long header (RFC 8999 §5.1).
-const LONG_HEADER: u8 = 0x80;
-
-/// The QUIC v2 version number (RFC 9369 §3.1).
-const QUIC_V2: u32 = 0x6b33_43cf;
-
-/// Whether a datagram's first packet is one a client opens a connection with: an Initial or a
-/// 0-RTT packet of QUIC v1 (RFC 9000 §17.2) or v2 (RFC 9369 §3.2, where the type bits differ).
-/// Short headers, Handshake and Retry packets, other versions and garbage are not. Reads the
-/// first five bytes only; the router has already checked the rest.
-#[inline]
-pub fn starts_connection(datagram: &[u8]) -> bool {
-    let Some(&[first, a, b, c, d]) = datagram.get(..5) else {
-        return false;
-    };
-    if first & LONG_HEADER == 0 {
-        return false;
-    }
-    let kind = (first >> 4) & 0x3;
-    match u32::from_be_bytes([a, b, c, d]) {
-        QUIC_V1 => kind <= 1,
-        QUIC_V2 => kind == 1 || kind == 2,
-        _ => false,
-    }
-}
-
-/// Cuts the Destination Connection ID out of a datagram's first packet.
-///
-/// - Short header (first bit 0): `datagram[1..1 + short_header_cid_len]`; a short header carries
-///   no length, so the server's fixed CID length is needed.
-/// - Long header: `first(1) version(4) dcid_len(1) dcid scid_len(1) scid` (RFC 8999 §5.1), with
-///   `dcid_len ≤ 20`. Any version is accepted, including 0 (version negotiation). For QUIC v1 the
-///   type-specific fields are checked as quinn does before it would process the packet: Initial
-///   token and Length, 0-RTT/Handshake Length, and Length within the datagram.
-pub fn destination_cid(
-    datagram: &[u8],
-    short_header_cid_len: usize,
-) -> Result<&[u8], MalformedReason> {
-    let Some(&first) = datagram.first() else {
-        return Err(MalformedReason::Empty);
-    };
-    if first & LONG_HEADER == 0 {
-        return datagram
-            .get(1..short_header_cid_len.saturating_add(1))
-            .ok_or(MalformedReason::ShortHeaderTruncated);
-    }
-    use MalformedReason::LongHeaderTruncated as Truncated;
-    let version = match datagram.get(1..5) {
-        Some(&[a, b, c, d]) => u32::from_be_bytes([a, b, c, d]),
-        _ => return Err(Truncated),
-    };
-    let dcid_len = usize::from(*datagram.get(5).ok_or(Truncated)?);
-    if dcid_len > MAX_CID_LEN {
-        return Err(MalformedReason::DcidTooLong);
-    }
-    let dcid = datagram.get(6..6 + dcid_len).ok_or(Truncated)?;
-    let scid_len_at = 6 + dcid_len;
-    let scid_len = usize::from(*datagram.get(scid_len_at).ok_or(Truncated)?);
-    let rest = datagram
-        .get(scid_len_at + 1 + scid_len..)
-        .ok_or(Truncated)?;
-    if version == QUIC_V1 {
-        check_v1_long_header(first, rest).ok_or(Truncated)?;
-    }
-    Ok(dcid)
-}
-
-/// RFC 9000 §17.2: the fields after the SCID for each v1 long-header type. `None` if they are
-/// cut short or the Length field points past the datagram (quinn drops such packets: "packet too
-/// short to contain payload length").
-fn check_v1_long_header(first: u8, rest: &[u8]) -> Option<()> {
-    const INITIAL: u8 = 0;
-    const ZERO_RTT: u8 = 1;
-    const HANDSHAKE: u8 = 2;
-    let mut rest = rest;
-    match (first >> 4) & 0x3 {
-        INITIAL => {
-            let token_len = read_varint(&mut rest)?;
-            let token_len = usize::try_from(token_len).ok()?;
-            rest = rest.get(token_len..)?;
-            check_length(&mut rest)
-        }
-        ZERO_RTT | HANDSHAKE => check_length(&mut rest),
-        // Retry: Retry Token and Integrity Tag, no length field.
-        _ => Some(()),
-    }
-}
-
-fn check_length(rest: &mut &[u8]) -> Option<()> {
-    let len = read_varint(rest)?;
-    (len <= rest.len() as u64).then_some(())
-}
-
-/// RFC 9000 §16 variable-length integer.
-fn read_varint(buf: &mut &[u8]) -> Option<u64> {
-    let (&first, _) = buf.split_first()?;
-    let len = 1usize << (first >> 6);
-    let bytes = buf.get(..len)?;
-    let mut value = u64::from(first & 0x3f);
-    for &b in &bytes[1..] {
-        value = (value << 8) | u64::from(b);
-    }
-    *buf = &buf[len..];
-    Some(value)
-}
-
 /// The route of the last short-header DCID seen. Under load consecutive datagrams mostly belong
 /// to one connection (always within a GRO train), so an exact DCID match saves the AES decode.
 /// Only short headers are cached: their DCID is at a fixed place and routing depends on it alone.
@@ -330,7 +191,7 @@ fn read_varint(buf: &mut &[u8]) -> Option<u64> {
 /// of the DCID anyway).
 pub struct RouteCache {
     cid_len: usize,
-    dcid: [u8; 20],
+    dcid: [u8; MAX_CID_LEN],
     route: Option<Route>,
 }
 
@@ -338,8 +199,8 @@ impl RouteCache {
     /// An empty cache for `router`'s connection-ID length.
     pub fn new(router: &Router) -> Self {
         RouteCache {
-            cid_len: router.cid_len().min(20),
-            dcid: [0; 20],
+            cid_len: router.cid_len().min(MAX_CID_LEN),
+            dcid: [0; MAX_CID_LEN],
             route: None,
         }
     }
@@ -348,18 +209,28 @@ impl RouteCache {
     /// with the same DCID as the last one cached.
     #[inline]
     pub fn route(&mut self, router: &Router, seg: &[u8]) -> Route {
-        let n = self.cid_len;
-        let short = seg.first().is_some_and(|b| b & 0x80 == 0) && seg.len() > n;
-        if !short {
-            return router.route(seg);
+        match router.parse(seg) {
+            Ok(header) => self.route_header(router, &header),
+            Err(reason) => Route::Malformed(reason),
         }
-        let dcid = &seg[1..1 + n];
+    }
+
+    /// The route of a header `router` parsed ([`Router::parse`]): `Owned` or `Hashed`, as
+    /// [`Router::route_dcid`] answers for its DCID, without the AES decode when it is a short
+    /// header with the same DCID as the last one cached.
+    #[inline]
+    pub fn route_header(&mut self, router: &Router, header: &Header<'_>) -> Route {
+        let n = self.cid_len;
+        let dcid = match *header {
+            Header::Short { dcid } if dcid.len() == n => dcid,
+            _ => return router.route_dcid(header.dcid()),
+        };
         if let Some(r) = self.route {
             if same_bytes(dcid, &self.dcid[..n]) {
                 return r;
             }
         }
-        let r = router.route(seg);
+        let r = router.route_dcid(dcid);
         self.dcid[..n].copy_from_slice(dcid);
         self.route = Some(r);
         r
@@ -388,6 +259,7 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::header::QUIC_V2;
     use crate::CidGenerator;
     use quinn_proto::ConnectionIdGenerator;
 
@@ -413,6 +285,14 @@ mod tests {
         d.extend_from_slice(&[0x40 | (payload >> 8) as u8, payload as u8]);
         d.extend(std::iter::repeat_n(0x5a, payload));
         d
+    }
+
+    /// What the dispatcher asks of a datagram: a long header that opens a connection.
+    fn starts_connection(datagram: &[u8]) -> bool {
+        Header::parse(datagram, 17)
+            .ok()
+            .and_then(|h| h.long().map(|l| l.starts_connection()))
+            .unwrap_or(false)
     }
 
     #[test]
@@ -584,27 +464,6 @@ mod tests {
         );
         assert_eq!(Route::Malformed(MalformedReason::Empty).instance(), None);
         assert_eq!(Route::Hashed(3).instance(), Some(3));
-    }
-
-    #[test]
-    fn varints() {
-        for (bytes, v) in [
-            (&[0x25][..], 37u64),
-            (&[0x7b, 0xbd], 15293),
-            (&[0x9d, 0x7f, 0x3e, 0x7d], 494878333),
-            (
-                &[0xc2, 0x19, 0x7c, 0x5e, 0xff, 0x14, 0xe8, 0x8c],
-                151288809941952652,
-            ),
-        ] {
-            let mut b = bytes;
-            assert_eq!(read_varint(&mut b), Some(v));
-            assert!(b.is_empty());
-            let mut cut = &bytes[..bytes.len() - 1];
-            if !cut.is_empty() {
-                assert_eq!(read_varint(&mut cut), None);
-            }
-        }
     }
 
     /// Every generation slot of every instance has its own lane, in both CID modes; a CID of

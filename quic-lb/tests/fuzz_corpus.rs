@@ -61,6 +61,8 @@ fn seeds() -> Vec<(&'static str, Vec<u8>, Option<Route>)> {
     let own = cid(0, 2, 0x11);
     let mut initial_fields = vec![0x00]; // token length 0
     initial_fields.extend_from_slice(&varint2(1162));
+    let mut token_fields = vec![0x05, 0x74, 0x6f, 0x6b, 0x65, 0x6e]; // token "token"
+    token_fields.extend_from_slice(&varint2(1150));
     let mut coalesced = long(0xe1, 1, &own, &varint2(40), 40);
     coalesced.extend(
         long(0xc1, 1, &own, &initial_fields, 1162)
@@ -104,6 +106,16 @@ fn seeds() -> Vec<(&'static str, Vec<u8>, Option<Route>)> {
             "coalesced-handshake-initial",
             coalesced,
             Some(Route::Owned(2)),
+        ),
+        (
+            "initial-with-token",
+            long(0xc2, 1, &CLIENT_DCID, &token_fields, 1150),
+            None,
+        ),
+        (
+            "v2-initial",
+            long(0xd3, 0x6b33_43cf, &CLIENT_DCID, &initial_fields, 1162),
+            None,
         ),
         (
             "retry",

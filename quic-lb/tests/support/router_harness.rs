@@ -10,7 +10,8 @@
 use std::sync::OnceLock;
 
 use ringmux_quic_lb::{
-    destination_cid, CidGenerator, ConnectionId, ConnectionIdGenerator, QuicLbConfig, Route, Router,
+    CidGenerator, ConnectionId, ConnectionIdGenerator, Header, LongHeader, QuicLbConfig, Reader,
+    Route, RouteCache, Router,
 };
 
 /// One configuration under test: its router and one generator per instance.
@@ -68,7 +69,9 @@ pub fn cases() -> &'static [Case] {
 
 /// Routes `data` through every case and checks the invariants:
 /// - the decision is total and pure (same answer twice), with a lane or instance in range;
-/// - it agrees with [`destination_cid`] + [`Router::route_dcid`];
+/// - it agrees with [`Header::parse`] + [`Router::route_dcid`], and with a [`RouteCache`];
+/// - a parsed long header's fields lie within `data`, in order ([`check_long_header`]), and
+///   [`LongHeader::parse`] reads the same one;
 /// - `Owned(i)` exactly when instance `i`'s generator validates the DCID;
 /// - `validate` on the first ≤ 20 bytes of `data` never panics and agrees with the router.
 pub fn exercise(data: &[u8]) {
@@ -81,10 +84,24 @@ pub fn exercise(data: &[u8]) {
             Route::Hashed(i) => assert!(i < router.instance_count(), "{}", case.name),
             Route::Malformed(_) => {}
         }
-        match destination_cid(data, router.cid_len()) {
+        let mut cache = RouteCache::new(router);
+        assert_eq!(cache.route(router, data), route, "{}: cache", case.name);
+        assert_eq!(cache.route(router, data), route, "{}: cached", case.name);
+        match router.parse(data) {
             Err(reason) => assert_eq!(route, Route::Malformed(reason), "{}", case.name),
-            Ok(dcid) => {
+            Ok(header) => {
+                let dcid = header.dcid();
                 assert_eq!(route, router.route_dcid(dcid), "{}", case.name);
+                match header {
+                    Header::Long(long) => {
+                        check_long_header(data, &long);
+                        assert_eq!(LongHeader::parse(data), Some(long), "{}", case.name);
+                    }
+                    Header::Short { dcid } => {
+                        assert_eq!(dcid.len(), router.cid_len(), "{}", case.name);
+                        assert_eq!(LongHeader::parse(data), None, "{}", case.name);
+                    }
+                }
                 let cid = ConnectionId::new(dcid);
                 for generator in &case.generators {
                     let own = generator.validate(&cid).is_ok();
@@ -105,5 +122,54 @@ pub fn exercise(data: &[u8]) {
                 );
             }
         }
+    }
+}
+
+/// The invariants of a long header read from `data`: every field a part of `data`, in wire
+/// order, the DCID within 20 octets, the packet number and end (v1) within the datagram; and
+/// the cursor's reads over the rest never panic nor run past it.
+pub fn check_long_header(data: &[u8], long: &LongHeader<'_>) {
+    let base = data.as_ptr() as usize;
+    let at = |field: &[u8]| {
+        let start = field.as_ptr() as usize - base;
+        assert!(
+            start + field.len() <= data.len(),
+            "field outside the datagram"
+        );
+        start
+    };
+    assert_eq!(long.bytes(), data);
+    assert!(long.dcid().len() <= 20);
+    assert_eq!(at(long.dcid()), 6);
+    assert_eq!(at(long.scid()), 7 + long.dcid().len());
+    if !long.token().is_empty() {
+        assert!(at(long.token()) > at(long.scid()) + long.scid().len());
+    }
+    match (long.packet_number_at(), long.packet_end()) {
+        (Some(pn), Some(end)) => {
+            assert_eq!(long.version(), 1);
+            assert!(pn >= 7 + long.dcid().len() + long.scid().len() + long.token().len());
+            assert!(
+                pn <= end && end <= data.len(),
+                "{pn}..{end} of {}",
+                data.len()
+            );
+        }
+        (None, None) => {}
+        other => panic!("packet number and end apart: {other:?}"),
+    }
+    if long.is_v1_initial() {
+        assert!(long.starts_connection() && long.scid().len() <= 20);
+    }
+    // Whatever follows the header, read as varints until they run out.
+    let mut r = Reader::new(
+        long.bytes()
+            .get(long.packet_end().unwrap_or(0)..)
+            .unwrap_or(&[]),
+    );
+    let mut last = r.offset();
+    while r.varint().is_some() {
+        assert!(r.offset() > last && r.offset() <= data.len());
+        last = r.offset();
     }
 }
