@@ -315,7 +315,7 @@ impl<F: Forward> DataPlane<F> {
         &mut self,
     ) -> io::Result<(
         std::os::fd::RawFd,
-        Vec<Option<crate::upgrade::IngressState>>,
+        Vec<Option<crate::forward::handover::IngressState>>,
     )> {
         use std::os::fd::AsRawFd;
         self.forward.publish();

@@ -175,7 +175,7 @@ fn template(
         generation: 1,
         worker_generation: 1,
         // Both set per worker from its ingress descriptors.
-        ingress: IngressKind::Shm,
+        ingress: IngressKind::default(),
         spin_us: cfg.ring.spin_us,
         spin_adaptive: cfg.args.spin == config::SpinMode::Adaptive,
         public_addr,
@@ -220,7 +220,11 @@ fn admission_and_sessions(
     counters: &Arc<Counters>,
 ) -> (Admission, Sessions) {
     let tickets = Arc::new(TicketBindings::new());
-    let gated = (cfg.args.forward != config::ForwardMode::Reuseport).then(|| tickets.clone());
+    let gated = cfg
+        .args
+        .forward
+        .demux_sees_handshakes()
+        .then(|| tickets.clone());
     let sessions = Sessions::new(gated, counters.clone());
     let admission = Admission::new(
         cfg.admission(),
@@ -450,23 +454,17 @@ impl Demux {
             liveness,
         } = self;
         let (metrics_addr, metrics_listener) = serve_metrics(metrics, &counters, &liveness)?;
-        // Kernel steering: the lanes' sockets join the public socket's group, after it.
-        let group = match (&start, cfg.args.forward) {
-            (Start::Fresh, config::ForwardMode::Reuseport) => Some(forward::reuseport::Group {
-                public: public.socket().try_clone()?.into(),
-                addr: public.socket().local_addr()?,
-                plan: forward::steering::SteeringPlan::new(&router, 0, 1),
-                rcvbuf: cfg.args.rcvbuf,
-                sndbuf: cfg.args.sndbuf,
-            }),
-            _ => None,
-        };
         let setup = forward::Setup {
             instances: cfg.instances,
             lanes: router.lanes(),
             ring: &cfg.ring,
             shed_at: cfg.shed_at_slots(),
-            group,
+            public: Some(forward::Public {
+                socket: public.socket().try_clone()?.into(),
+                router: router.clone(),
+                rcvbuf: cfg.args.rcvbuf,
+                sndbuf: cfg.args.sndbuf,
+            }),
         };
         let mode = cfg.args.forward;
         let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
@@ -809,7 +807,7 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     }
     s.bind(&addr.into())
         .with_context(|| format!("binding {addr} (--listen / RINGMUX_LISTEN)"))?;
-    if cfg.args.forward != config::ForwardMode::Reuseport {
+    if !cfg.args.forward.workers_receive() {
         sys::attach_reuseport_program(s.as_fd(), &sys::NEVER_STEER_PROGRAM)
             .context("attaching the public socket's steering program")?;
         // Neither a socket filter nor another steering program, ever, through this socket.

@@ -29,6 +29,8 @@ use anyhow::{bail, Context, Result};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use serde::{Deserialize, Serialize};
 
+pub use crate::forward::handover::{Ingress, IngressState};
+
 /// The environment variable naming the state memfd in a new image.
 pub const STATE_ENV: &str = "RINGMUX_UPGRADE_STATE_FD";
 /// The descriptor of the binary that wrote the state, to go back to if the new one refuses it.
@@ -283,64 +285,6 @@ pub struct WorkerState {
     pub sessions_fd: RawFd,
 }
 
-/// A lane's ingress, as its forwarding mode exported it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub enum IngressState {
-    /// Region, consumer page, doorbell read end, doorbell write end; the producer's numbers.
-    Shm { fds: [RawFd; 4], ring: RingState },
-    /// The demux's end of the socket.
-    Unix { fd: RawFd },
-}
-
-/// `ringmux_ring::ProducerState`, serialisable.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingState {
-    pub slots: u32,
-    pub slot_bytes: u32,
-    pub generation: u64,
-    pub tail: u64,
-    pub head: u64,
-    pub last_rung: u32,
-    pub doorbells: u64,
-    pub dropped_full: u64,
-    pub carried_published: u64,
-    pub carried_doorbells: u64,
-}
-
-impl From<ringmux_ring::ProducerState> for RingState {
-    fn from(s: ringmux_ring::ProducerState) -> Self {
-        RingState {
-            slots: s.slots,
-            slot_bytes: s.slot_bytes,
-            generation: s.generation,
-            tail: s.tail,
-            head: s.head,
-            last_rung: s.last_rung,
-            doorbells: s.doorbells,
-            dropped_full: s.dropped_full,
-            carried_published: s.carried_published,
-            carried_doorbells: s.carried_doorbells,
-        }
-    }
-}
-
-impl From<RingState> for ringmux_ring::ProducerState {
-    fn from(s: RingState) -> Self {
-        ringmux_ring::ProducerState {
-            slots: s.slots,
-            slot_bytes: s.slot_bytes,
-            generation: s.generation,
-            tail: s.tail,
-            head: s.head,
-            last_rung: s.last_rung,
-            doorbells: s.doorbells,
-            dropped_full: s.dropped_full,
-            carried_published: s.carried_published,
-            carried_doorbells: s.carried_doorbells,
-        }
-    }
-}
-
 impl State {
     /// Every descriptor number the state names.
     pub fn fds(&self) -> Vec<RawFd> {
@@ -354,10 +298,8 @@ impl State {
             if let Some(w) = &lane.worker {
                 fds.extend([w.control_fd, w.sessions_fd]);
             }
-            match &lane.ingress {
-                Some(IngressState::Shm { fds: f, .. }) => fds.extend(f),
-                Some(IngressState::Unix { fd }) => fds.push(*fd),
-                None => {}
+            if let Some(ingress) = &lane.ingress {
+                ingress.fds(&mut fds);
             }
         }
         fds
@@ -432,15 +374,6 @@ pub struct TakenWorker {
     pub sessions: OwnedFd,
 }
 
-/// A lane's ingress with its descriptors owned.
-pub enum Ingress {
-    Shm {
-        fds: ringmux_ring::ProducerFds,
-        ring: ringmux_ring::ProducerState,
-    },
-    Unix(OwnedFd),
-}
-
 impl State {
     /// [`State::check`]s the state, then takes every descriptor it names. On an error nothing
     /// was taken.
@@ -465,23 +398,7 @@ impl State {
                         })
                     })
                     .transpose()?;
-                let ingress = l
-                    .ingress
-                    .map(|i| -> Result<Ingress, Refusal> {
-                        Ok(match i {
-                            IngressState::Shm { fds, ring } => Ingress::Shm {
-                                fds: ringmux_ring::ProducerFds {
-                                    region: take(fds[0])?,
-                                    page: take(fds[1])?,
-                                    doorbell_rx: take(fds[2])?,
-                                    doorbell_tx: take(fds[3])?,
-                                },
-                                ring: ring.into(),
-                            },
-                            IngressState::Unix { fd } => Ingress::Unix(take(fd)?),
-                        })
-                    })
-                    .transpose()?;
+                let ingress = l.ingress.map(|i| i.take(&take)).transpose()?;
                 Ok(TakenLane {
                     generation: l.generation,
                     phase: l.phase,

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use crate::{UpstreamUrl, PROTOCOL_VERSION};
 
-/// How datagrams reach the worker, and so which descriptors come with the hand-off.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How datagrams reach the worker, and so which descriptors come with the hand-off. The
+/// default is the design's, the ring; the demux writes each worker's own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum IngressKind {
     /// The shared-memory ring: three descriptors, ring memfd, consumer page, doorbell.
+    #[default]
     Shm,
     /// One `SOCK_SEQPACKET` message per datagram (the baseline design): one descriptor.
     Unix,
@@ -28,22 +30,33 @@ pub enum IngressKind {
 }
 
 impl IngressKind {
+    /// Every kind: its name on the wire and how many ingress descriptors travel with it.
+    const ALL: [(IngressKind, &'static str, usize); 3] = [
+        (IngressKind::Shm, "shm", 3),
+        (IngressKind::Unix, "unix", 1),
+        (IngressKind::Reuseport, "reuseport", 0),
+    ];
+
+    fn entry(self) -> (IngressKind, &'static str, usize) {
+        Self::ALL
+            .into_iter()
+            .find(|e| e.0 == self)
+            .unwrap_or(Self::ALL[0])
+    }
+
     /// The name on the wire.
     pub fn as_str(self) -> &'static str {
-        match self {
-            IngressKind::Shm => "shm",
-            IngressKind::Unix => "unix",
-            IngressKind::Reuseport => "reuseport",
-        }
+        self.entry().1
     }
 
     /// How many ingress descriptors travel with a hand-off of this kind.
     pub fn fd_count(self) -> usize {
-        match self {
-            IngressKind::Shm => 3,
-            IngressKind::Unix => 1,
-            IngressKind::Reuseport => 0,
-        }
+        self.entry().2
+    }
+
+    /// The kind named `name` on the wire.
+    pub fn from_name(name: &str) -> Option<IngressKind> {
+        Self::ALL.into_iter().find(|e| e.1 == name).map(|e| e.0)
     }
 }
 
@@ -311,11 +324,10 @@ impl Handoff {
                 0 => return Err(field("worker_generation", "0: generations start at 1")),
                 g => g,
             },
-            ingress: match get("ingress")? {
-                "shm" => IngressKind::Shm,
-                "unix" => IngressKind::Unix,
-                "reuseport" => IngressKind::Reuseport,
-                other => return Err(field("ingress", format!("unknown {other:?}"))),
+            ingress: {
+                let name = get("ingress")?;
+                IngressKind::from_name(name)
+                    .ok_or_else(|| field("ingress", format!("unknown {name:?}")))?
             },
             spin_us: num("spin_us", get("spin_us")?)?,
             spin_adaptive: flag("spin_adaptive")?,

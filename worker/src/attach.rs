@@ -59,11 +59,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
-use ringmux_proto::{
-    Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV,
-};
+use ringmux_proto::{Handoff, HandoffError, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
-use ringmux_ring::{AdaptiveSpin, Consumer};
 use tokio::sync::watch;
 
 use crate::control::{self, ControlError};
@@ -282,20 +279,7 @@ impl Worker {
             fds.next()
                 .ok_or_else(|| bad("descriptors", format!("{what} missing")))
         };
-        let ingress = match h.ingress {
-            IngressKind::Reuseport => None,
-            IngressKind::Shm => Some({
-                let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
-                let spin = Duration::from_micros(u64::from(h.spin_us));
-                let mut consumer = Consumer::attach(ring, page, bell, h.generation, spin)
-                    .map_err(|e| bad("ring", e.to_string()))?;
-                if !h.spin_adaptive {
-                    *consumer.spin_mut() = AdaptiveSpin::fixed(spin);
-                }
-                Ingress::Ring(consumer)
-            }),
-            IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
-        };
+        let ingress = Ingress::from_handoff(&h, &mut next)?;
         let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
         let (drain_tx, _) = watch::channel(false);
         Ok(Worker {

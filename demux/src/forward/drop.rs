@@ -24,7 +24,7 @@ impl Drop {
     /// The idle rings a previous process image of the demux handed over.
     pub fn adopt(
         setup: &Setup<'_>,
-        lanes: Vec<Option<crate::upgrade::Ingress>>,
+        lanes: Vec<Option<crate::forward::handover::Ingress>>,
     ) -> io::Result<Self> {
         Ok(Drop {
             idle: Shm::adopt(setup, lanes)?,
@@ -36,19 +36,22 @@ impl Forward for Drop {
     const DELIVERS: bool = false;
 
     #[inline]
-    fn push(&mut self, _inst: usize, _desc: &SlotDesc, _payload: &[u8]) -> Result<(), DropReason> {
+    fn push(&mut self, _lane: usize, _desc: &SlotDesc, _payload: &[u8]) -> Result<(), DropReason> {
         Err(DropReason::Discarded)
     }
 
-    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
-        self.idle.reset(inst)
+    fn reset(&mut self, lane: usize) -> io::Result<(IngressHandles, u64)> {
+        self.idle.reset(lane)
     }
 
-    fn close(&mut self, inst: usize) -> u64 {
-        self.idle.close(inst)
+    fn close(&mut self, lane: usize) -> u64 {
+        self.idle.close(lane)
     }
 
-    fn export(&mut self, lane: usize) -> io::Result<Option<crate::upgrade::IngressState>> {
+    fn export(
+        &mut self,
+        lane: usize,
+    ) -> io::Result<Option<crate::forward::handover::IngressState>> {
         self.idle.export(lane)
     }
 }

@@ -9,10 +9,18 @@
 //! | `drop` | [`drop`](mod@drop) | nothing: routed and discarded (the benchmarks' floor) | an idle ring |
 //! | `reuseport` | [`reuseport`] | nothing: the kernel steers each datagram to its lane's socket ([`steering`]) | its lane's `SO_REUSEPORT` socket, as descriptor 4 |
 //!
-//! Adding a mode: a file here implementing [`Forward`], a variant of `config::ForwardMode`,
-//! and one line in [`start`].
+//! Everything that differs per mode lives here, on the mode's types: the data plane's side
+//! ([`Forward`]), what the rest of the demux asks of it (the `impl ForwardMode` below: does it
+//! upgrade, does the demux see handshakes, do workers receive on their own sockets), what a
+//! worker is handed ([`IngressHandles::hand_off`]), what crosses `ringmux upgrade`
+//! ([`handover`]), and how lanes are numbered ([`lane`]). Adding a mode: a file here
+//! implementing [`Forward`], a variant of `config::ForwardMode` answered in that impl, one line
+//! in [`start`] (and [`adopt`] if it upgrades), its `ringmux_proto::IngressKind` on the wire and
+//! its reader in the worker's `ingress/`.
 
 pub mod drop;
+pub mod handover;
+pub mod lane;
 pub mod reuseport;
 pub mod shm;
 pub mod steering;
@@ -21,12 +29,13 @@ pub mod unix;
 use std::io;
 use std::os::fd::OwnedFd;
 
-use ringmux_proto::IngressKind;
+use ringmux_proto::{Handoff, IngressKind};
 use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::RingConfig;
 
 use crate::config::ForwardMode;
 use crate::metrics::DropReason;
+pub use lane::{Lane, Lanes};
 
 /// One forwarding mode, as the data plane drives it. It forwards to *lanes*: one per instance
 /// and worker generation slot, numbered `slot * instances + instance`
@@ -38,15 +47,15 @@ pub trait Forward: Send + 'static {
     /// down changes nothing: its datagrams count as discarded, not as `instance_down`).
     const DELIVERS: bool = true;
 
-    /// Hands one datagram (its slot descriptor and payload) to instance `inst`, or says why
+    /// Hands one datagram (its slot descriptor and payload) to lane `lane`, or says why
     /// not. [`DropReason::RingViolation`] means the worker broke the ring protocol: the data
     /// plane stops forwarding to it until the next [`Forward::reset`].
-    fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason>;
+    fn push(&mut self, lane: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason>;
 
-    /// Whether instance `inst`'s ingress is too full to admit new connections (the occupancy
+    /// Whether lane `lane`'s ingress is too full to admit new connections (the occupancy
     /// threshold of [`Setup::shed_at`]). Modes without an occupancy never are.
     #[inline]
-    fn crowded(&mut self, _inst: usize) -> bool {
+    fn crowded(&mut self, _lane: usize) -> bool {
         false
     }
 
@@ -54,27 +63,60 @@ pub trait Forward: Send + 'static {
     /// receive batch, and before the data plane stops.
     fn publish(&mut self) {}
 
-    /// Starts a new generation of instance `inst`'s ingress for a replacement worker: whatever
+    /// Starts a new generation of lane `lane`'s ingress for a replacement worker: whatever
     /// the old worker left unread is discarded (returned as a count) and the new worker's
     /// descriptors come back.
-    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)>;
+    fn reset(&mut self, lane: usize) -> io::Result<(IngressHandles, u64)>;
 
-    /// Closes lane `inst`'s ingress when its generation is gone (its memory returns), and says
+    /// Closes lane `lane`'s ingress when its generation is gone (its memory returns), and says
     /// how many datagrams were left unread in it.
-    fn close(&mut self, inst: usize) -> u64;
+    fn close(&mut self, lane: usize) -> u64;
 
     /// Lane `lane`'s ingress for a new process image of the demux (`ringmux upgrade`): its
     /// state and descriptor numbers, which stay owned here until `execve` hands them on.
     /// `None`: the lane has no ingress.
-    fn export(&mut self, lane: usize) -> io::Result<Option<crate::upgrade::IngressState>>;
+    fn export(&mut self, lane: usize)
+        -> io::Result<Option<crate::forward::handover::IngressState>>;
 
     /// New connections go to the lanes of generation slot `slot` from now on (a reload). Only
     /// a mode that steers without the data plane needs to hear of it.
     fn activate(&mut self, _slot: u8) {}
 
-    /// The gauges of instance `inst`'s ingress, when the mode has any (rings do).
-    fn gauges(&mut self, _inst: usize) -> Option<Gauges> {
+    /// The gauges of lane `lane`'s ingress, when the mode has any (rings do).
+    fn gauges(&mut self, _lane: usize) -> Option<Gauges> {
         None
+    }
+}
+
+/// What differs per mode outside the data plane, asked of the mode rather than found by
+/// comparing it: the supervisor, the sandbox, the upgrade and the start-up read these, and a
+/// new mode answers them here.
+impl ForwardMode {
+    /// Whether each worker receives its own datagrams on its own socket in the public
+    /// address's `SO_REUSEPORT` group (the kernel steers), rather than the demux receiving
+    /// every datagram on the public socket. The worker's sandbox then lets it receive on its
+    /// descriptor 4, and the public socket keeps no steering program of the demux's own.
+    pub fn workers_receive(self) -> bool {
+        self == ForwardMode::Reuseport
+    }
+
+    /// Whether the demux sees every connection's first datagrams, so that it can inspect
+    /// ClientHellos (session-ticket bindings) and answer with Retries.
+    pub fn demux_sees_handshakes(self) -> bool {
+        !self.workers_receive()
+    }
+
+    /// Why `ringmux upgrade` never hands this mode's lanes to a new process image, if it
+    /// does not.
+    pub fn upgrade_refusal(self) -> Option<&'static str> {
+        match self {
+            ForwardMode::Shm | ForwardMode::Unix => None,
+            ForwardMode::Drop => Some("--forward drop (a benchmark mode) is never upgraded"),
+            ForwardMode::Reuseport => Some(
+                "ringmux upgrade does not take over a --forward reuseport group yet: restart \
+                 instead",
+            ),
+        }
     }
 }
 
@@ -103,12 +145,27 @@ pub enum IngressHandles {
 }
 
 impl IngressHandles {
-    /// What the hand-off says of these descriptors.
-    pub fn kind(&self) -> IngressKind {
+    /// Writes into the worker's hand-off `h` what it says of these descriptors (their kind,
+    /// the ring's consumer generation), appends those handed after the control socket to
+    /// `fds`, in hand-off order, and returns the one that becomes the worker's descriptor 4 in
+    /// place of the public socket, if any.
+    pub fn hand_off(self, h: &mut Handoff, fds: &mut Vec<OwnedFd>) -> Option<OwnedFd> {
         match self {
-            IngressHandles::Shm(..) => IngressKind::Shm,
-            IngressHandles::Unix(_) => IngressKind::Unix,
-            IngressHandles::Reuseport(_) => IngressKind::Reuseport,
+            IngressHandles::Shm([region, page, doorbell], generation) => {
+                h.ingress = IngressKind::Shm;
+                h.generation = generation;
+                fds.extend([region, page, doorbell]);
+                None
+            }
+            IngressHandles::Unix(socket) => {
+                h.ingress = IngressKind::Unix;
+                fds.push(socket);
+                None
+            }
+            IngressHandles::Reuseport(socket) => {
+                h.ingress = IngressKind::Reuseport;
+                Some(socket)
+            }
         }
     }
 }
@@ -167,8 +224,18 @@ pub struct Setup<'a> {
     /// Occupancy (slots) from which a ring admits no new connections (`--initial-shed-at`);
     /// `u64::MAX`: never.
     pub shed_at: u64,
-    /// `reuseport` mode: the group to build (`None` in every other mode).
-    pub group: Option<reuseport::Group>,
+    /// The public socket, for a mode whose lanes join its group (`None` in unit tests).
+    pub public: Option<Public>,
+}
+
+/// The public socket (a duplicate) and what a lane's socket in its `SO_REUSEPORT` group is
+/// made like.
+pub struct Public {
+    pub socket: OwnedFd,
+    pub router: ringmux_quic_lb::Router,
+    /// Buffer sizes of each lane's socket (bytes; as the public socket's).
+    pub rcvbuf: usize,
+    pub sndbuf: usize,
 }
 
 /// Something that runs with any forwarding mode: `start` calls it with the mode the
@@ -183,7 +250,7 @@ pub trait WithForward {
 pub fn adopt<W: WithForward>(
     mode: ForwardMode,
     setup: Setup<'_>,
-    lanes: Vec<Option<crate::upgrade::Ingress>>,
+    lanes: Vec<Option<crate::forward::handover::Ingress>>,
     with: W,
 ) -> io::Result<W::Output> {
     Ok(match mode {
@@ -206,6 +273,21 @@ pub fn start<W: WithForward>(
     mut setup: Setup<'_>,
     with: W,
 ) -> io::Result<W::Output> {
+    // The lanes' sockets of kernel steering join the public socket's group, after it; every
+    // other mode closes the duplicate here.
+    let group = match (mode, setup.public.take()) {
+        (ForwardMode::Reuseport, Some(public)) => Some(reuseport::Group {
+            addr: socket2::SockRef::from(&public.socket)
+                .local_addr()?
+                .as_socket()
+                .ok_or_else(|| io::Error::other("the public socket has no IP address"))?,
+            public: public.socket,
+            plan: steering::SteeringPlan::new(&public.router, 0, 1),
+            rcvbuf: public.rcvbuf,
+            sndbuf: public.sndbuf,
+        }),
+        _ => None,
+    };
     Ok(match mode {
         ForwardMode::Shm => {
             let (f, h) = shm::Shm::create(&setup)?;
@@ -220,10 +302,10 @@ pub fn start<W: WithForward>(
             with.run(f, h)
         }
         ForwardMode::Reuseport => {
-            let group = setup.group.take().ok_or_else(|| {
+            let group = group.ok_or_else(|| {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    "reuseport mode without its group",
+                    "reuseport mode without the public socket",
                 )
             })?;
             let (f, h) = reuseport::Reuseport::create(&setup, group)?;

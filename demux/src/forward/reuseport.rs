@@ -95,18 +95,18 @@ impl Forward for Reuseport {
     /// The data plane only receives what the program failed to steer (it never picks the
     /// public socket): counted, never delivered.
     #[inline]
-    fn push(&mut self, _inst: usize, _desc: &SlotDesc, _payload: &[u8]) -> Result<(), DropReason> {
+    fn push(&mut self, _lane: usize, _desc: &SlotDesc, _payload: &[u8]) -> Result<(), DropReason> {
         Err(DropReason::Unsteered)
     }
 
     /// The lane's socket again: what the last worker left unread waits in its queue for the
     /// next one (datagrams of an older generation's connections get a stateless reset).
-    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
-        Ok((self.handle(inst)?, 0))
+    fn reset(&mut self, lane: usize) -> io::Result<(IngressHandles, u64)> {
+        Ok((self.handle(lane)?, 0))
     }
 
     /// Nothing to close: the socket keeps its place in the group.
-    fn close(&mut self, _inst: usize) -> u64 {
+    fn close(&mut self, _lane: usize) -> u64 {
         0
     }
 
@@ -116,7 +116,10 @@ impl Forward for Reuseport {
         }
     }
 
-    fn export(&mut self, _lane: usize) -> io::Result<Option<crate::upgrade::IngressState>> {
+    fn export(
+        &mut self,
+        _lane: usize,
+    ) -> io::Result<Option<crate::forward::handover::IngressState>> {
         Err(io::Error::new(
             io::ErrorKind::Unsupported,
             "ringmux upgrade does not take over a --forward reuseport group yet: restart instead",

@@ -16,9 +16,9 @@ use ringmux_ring::{Producer, PushError, RingConfig};
 
 use std::os::fd::AsRawFd;
 
+use super::handover::{Ingress, IngressState};
 use super::{AdoptError, Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
-use crate::upgrade::{Ingress, IngressState};
 
 /// The producers of every lane's ring; a lane without a worker generation has none.
 pub struct Shm {
@@ -162,8 +162,8 @@ impl Spares {
 
 impl Forward for Shm {
     #[inline]
-    fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
-        let Some(ring) = &mut self.rings[inst] else {
+    fn push(&mut self, lane: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
+        let Some(ring) = &mut self.rings[lane] else {
             return Err(DropReason::InstanceDown);
         };
         match ring.try_push_desc(desc, payload) {
@@ -173,16 +173,16 @@ impl Forward for Shm {
             // The router refuses an empty datagram first; counted the same if one got here.
             Err(PushError::Empty) => Err(DropReason::Malformed),
             Err(PushError::Violation(e)) => {
-                tracing::error!(instance = inst, error = %e, "worker broke the ring protocol");
+                tracing::error!(lane, error = %e, "worker broke the ring protocol");
                 Err(DropReason::RingViolation)
             }
         }
     }
 
     #[inline]
-    fn crowded(&mut self, inst: usize) -> bool {
+    fn crowded(&mut self, lane: usize) -> bool {
         let shed_at = self.shed_at;
-        self.rings[inst]
+        self.rings[lane]
             .as_mut()
             .is_some_and(|r| r.holds_at_least(shed_at))
     }
@@ -193,9 +193,9 @@ impl Forward for Shm {
         }
     }
 
-    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
+    fn reset(&mut self, lane: usize) -> io::Result<(IngressHandles, u64)> {
         let spare = self.spares.take(&self.config)?;
-        let (ring, discarded) = match self.rings[inst].take() {
+        let (ring, discarded) = match self.rings[lane].take() {
             Some(mut ring) => {
                 let (discarded, old) = ring.reset_with(spare)?;
                 self.spares.retire(old);
@@ -204,12 +204,12 @@ impl Forward for Shm {
             None => (spare, 0),
         };
         let handles = handles_of(&ring);
-        self.rings[inst] = Some(ring);
+        self.rings[lane] = Some(ring);
         Ok((handles?, discarded))
     }
 
-    fn close(&mut self, inst: usize) -> u64 {
-        let Some(mut ring) = self.rings[inst].take() else {
+    fn close(&mut self, lane: usize) -> u64 {
+        let Some(mut ring) = self.rings[lane].take() else {
             return 0;
         };
         let left = ring.stats().occupancy;
@@ -228,8 +228,8 @@ impl Forward for Shm {
         }))
     }
 
-    fn gauges(&mut self, inst: usize) -> Option<Gauges> {
-        let ring = self.rings[inst].as_mut()?;
+    fn gauges(&mut self, lane: usize) -> Option<Gauges> {
+        let ring = self.rings[lane].as_mut()?;
         let violation = ring.check_consumer().err().map(|e| e.to_string());
         let s = ring.stats();
         Some(Gauges {

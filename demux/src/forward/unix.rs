@@ -7,10 +7,10 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use ringmux_ring::layout::SlotDesc;
 
+use super::handover::{Ingress, IngressState};
 use super::{AdoptError, Forward, IngressHandles, Setup};
 use crate::metrics::DropReason;
 use crate::sys;
-use crate::upgrade::{Ingress, IngressState};
 
 /// The demux's end of every lane's socket; a lane without a worker generation has none.
 pub struct Unix {
@@ -56,13 +56,13 @@ impl Unix {
 
 impl Forward for Unix {
     #[inline]
-    fn push(&mut self, inst: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
+    fn push(&mut self, lane: usize, desc: &SlotDesc, payload: &[u8]) -> Result<(), DropReason> {
         let desc = SlotDesc {
             len: payload.len() as u32,
             segment_size: payload.len() as u32,
             ..*desc
         };
-        let Some(socket) = &self.sockets[inst] else {
+        let Some(socket) = &self.sockets[lane] else {
             return Err(DropReason::InstanceDown);
         };
         let parts = [IoSlice::new(desc.as_bytes()), IoSlice::new(payload)];
@@ -74,15 +74,15 @@ impl Forward for Unix {
         }
     }
 
-    fn reset(&mut self, inst: usize) -> io::Result<(IngressHandles, u64)> {
+    fn reset(&mut self, lane: usize) -> io::Result<(IngressHandles, u64)> {
         // A fresh pair: whatever the dead worker left queued goes with the old one.
         let (ours, theirs) = pair()?;
-        self.sockets[inst] = Some(ours);
+        self.sockets[lane] = Some(ours);
         Ok((IngressHandles::Unix(theirs), 0))
     }
 
-    fn close(&mut self, inst: usize) -> u64 {
-        self.sockets[inst] = None;
+    fn close(&mut self, lane: usize) -> u64 {
+        self.sockets[lane] = None;
         0
     }
 
@@ -114,7 +114,7 @@ mod tests {
             lanes: 4,
             ring: &ring,
             shed_at: u64::MAX,
-            group: None,
+            public: None,
         };
         let Err(e) = Unix::adopt(&setup, (0..2).map(|_| None).collect()) else {
             panic!("two lanes adopted where four are expected");

@@ -24,7 +24,7 @@ use ringmux_proto::{Handoff, Message};
 
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
-use crate::forward::IngressHandles;
+use crate::forward::{IngressHandles, Lanes};
 use crate::metrics::Counters;
 use crate::sys::{self, ChildProcess};
 
@@ -99,8 +99,8 @@ pub struct Supervisor {
     domain: Option<OwnedFd>,
     /// When to look for orphans next (sooner after a worker died).
     next_sweep: Instant,
-    /// Instances (lanes are `GENERATION_SLOTS` times as many).
-    n: usize,
+    /// How the lanes of the instances are numbered.
+    lanes: Lanes,
     /// `ringmux reload`'s socket, unless `--control-socket off`.
     control: Option<ControlServer>,
     /// Control clients waiting for the outcome of the reload under way.
@@ -196,12 +196,12 @@ impl Supervisor {
         sessions: crate::sessions::Sessions,
         control: Option<ControlServer>,
     ) -> Result<Self> {
-        let n = usize::from(cfg.instances);
-        let lanes = n * usize::from(ringmux_proto::GENERATION_SLOTS);
+        let numbering = Lanes::new(cfg.instances);
+        let lanes = numbering.count();
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
         let filter = match cfg.args.sandbox {
             crate::config::Toggle::On => Some(WorkerFilter::compile(
-                cfg.args.forward == crate::config::ForwardMode::Reuseport,
+                cfg.args.forward.workers_receive(),
                 sandbox::Shared {
                     tcp: cfg.args.tcp_on(),
                     redirect: cfg.args.redirect_http.is_some(),
@@ -236,9 +236,9 @@ impl Supervisor {
             tcp: TcpListeners::default(),
             access_log,
             next_sweep: Instant::now() + ORPHAN_SWEEP,
-            policy: Policy::new(limits, n, Instant::now()),
+            policy: Policy::new(limits, numbering, Instant::now()),
             workers: (0..lanes).map(|_| Worker::default()).collect(),
-            n,
+            lanes: numbering,
             control,
             waiters: Vec::new(),
             start_errors: vec![None; lanes],
@@ -285,12 +285,15 @@ impl Supervisor {
         // Settled: every instance is ready, or its first worker already died. A dead one is
         // replaced once the data plane runs (which resets its ring), so waiting for it here
         // would only hold every other instance back until the deadline.
-        let settled =
-            |s: &Self| (0..s.n).all(|i| s.policy.is_ready(i) || s.workers[i].child.is_none());
+        let settled = |s: &Self| {
+            (0..s.lanes.instances()).all(|i| s.policy.is_ready(i) || s.workers[i].child.is_none())
+        };
         while !settled(self) && Instant::now() < deadline {
             self.step(Duration::from_millis(100))?;
         }
-        let ready = (0..self.n).filter(|&i| self.policy.is_ready(i)).count();
+        let ready = (0..self.lanes.instances())
+            .filter(|&i| self.policy.is_ready(i))
+            .count();
         if ready == 0 {
             bail!(
                 "no instance of the worker program {} reported READY within {:?} \
@@ -302,7 +305,7 @@ impl Supervisor {
         }
         tracing::info!(
             ready,
-            instances = self.n,
+            instances = self.lanes.instances(),
             program = self.cfg.worker_program(),
             "workers ready"
         );
@@ -344,7 +347,7 @@ impl Supervisor {
             taken.lanes.iter().map(|l| (l.0, l.1)).collect();
         sup.policy = Policy::adopt(
             Limits::new(sup.cfg.ready_timeout(), sup.cfg.grace()),
-            sup.n,
+            sup.lanes,
             Instant::now(),
             taken.active_generation,
             &phases,
@@ -360,7 +363,7 @@ impl Supervisor {
             };
             let pidfd = sys::pidfd_open(w.pid).ok();
             let sessions = w.sessions.try_clone()?;
-            sup.sessions.serve((l % sup.n) as u8, w.sessions);
+            sup.sessions.serve(sup.lanes.at(l).instance, w.sessions);
             let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
             sup.counters.instances[l]
                 .worker_pid
@@ -405,16 +408,13 @@ impl Supervisor {
                 c.answer(id, &format!("error: {why}; this demux serves on"));
             }
         };
-        if self.cfg.args.forward == crate::config::ForwardMode::Drop {
-            return refuse(
-                self,
-                "--forward drop (a benchmark mode) is never upgraded".into(),
-            );
+        if let Some(why) = self.cfg.args.forward.upgrade_refusal() {
+            return refuse(self, why.into());
         }
         if let Err(why) = self.policy.export(Instant::now()) {
             return refuse(self, why.to_string());
         }
-        let n = self.n;
+        let lanes = self.lanes;
         let half_gone = self.workers.iter().enumerate().find(|(l, w)| {
             self.policy.lane(*l).1 != crate::metrics::LaneState::Idle
                 && (w.child.is_none() || w.control.is_none() || w.sessions.is_none())
@@ -425,7 +425,7 @@ impl Supervisor {
                 format!(
                     "instance {}'s worker (generation {}) is exiting; run the upgrade again in \
                      a moment",
-                    l % n,
+                    lanes.at(l).instance,
                     self.policy.lane(l).0
                 ),
             );
@@ -568,7 +568,7 @@ impl Supervisor {
         while let Some(Event::Misbehaved { lane, stalled }) = self.link.next_event() {
             let i = usize::from(lane);
             tracing::error!(
-                instance = i % self.n,
+                instance = self.lanes.at(i).instance,
                 lane,
                 stalled,
                 "killing misbehaving worker"
@@ -715,7 +715,7 @@ impl Supervisor {
                 Action::Drain(i) => {
                     if !self.policy.shutting_down() {
                         tracing::info!(
-                            instance = i % self.n,
+                            instance = self.lanes.at(i).instance,
                             generation = self.policy.lane(i).0,
                             "asking a replaced worker to drain"
                         );
@@ -732,10 +732,13 @@ impl Supervisor {
                     return Ok(true);
                 }
                 Action::KillAllAndFinish => {
-                    let n = self.n;
+                    let lanes = self.lanes;
                     for (i, w) in self.workers.iter_mut().enumerate() {
                         if let Some(mut c) = w.child.take() {
-                            tracing::warn!(instance = i % n, "grace period over: killing worker");
+                            tracing::warn!(
+                                instance = lanes.at(i).instance,
+                                "grace period over: killing worker"
+                            );
                             let _ = c.kill();
                             let _ = c.wait();
                         }
@@ -752,7 +755,7 @@ impl Supervisor {
     fn kill(&mut self, i: usize, why: policy::Why) {
         if why == policy::Why::NotReady {
             tracing::error!(
-                instance = i % self.n,
+                instance = self.lanes.at(i).instance,
                 program = self.cfg.worker_program(),
                 timeout = ?self.cfg.ready_timeout(),
                 "worker did not report READY in time (a worker must call \
@@ -761,12 +764,12 @@ impl Supervisor {
         }
         match why {
             policy::Why::GraceOver => tracing::warn!(
-                instance = i % self.n,
+                instance = self.lanes.at(i).instance,
                 grace = ?self.cfg.grace(),
                 "replaced worker still draining at the end of --grace: killing it"
             ),
             policy::Why::Abandoned => tracing::info!(
-                instance = i % self.n,
+                instance = self.lanes.at(i).instance,
                 "stopping a worker of the abandoned generation"
             ),
             _ => {}
@@ -794,7 +797,7 @@ impl Supervisor {
             }
             Err(e) => {
                 let why = format!("{e:#}");
-                tracing::error!(instance = i % self.n, generation, error = %why, "starting a worker failed");
+                tracing::error!(instance = self.lanes.at(i).instance, generation, error = %why, "starting a worker failed");
                 self.start_errors[i] = Some(why);
                 policy::Event::StartFailed(i)
             }
@@ -898,23 +901,14 @@ impl Supervisor {
         let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
         // Before the process exists: nothing may fail between its start and its supervision.
         let sessions = sess_ours.try_clone()?;
-        let i = (usize::from(lane) % self.n) as u8;
+        let i = self.lanes.at(usize::from(lane)).instance;
         let mut h = self.template.clone();
         h.instance = i;
         h.worker_generation = self.policy.lane(usize::from(lane)).0;
         h.cpu = self.cfg.worker_cpu(i);
-        h.ingress = handles.kind();
         let mut fds: Vec<OwnedFd> = Vec::new();
-        // Descriptor 4: in reuseport mode the lane's socket in the group.
-        let mut own_socket = None;
-        match handles {
-            IngressHandles::Shm([r, p, b], generation) => {
-                h.generation = generation;
-                fds.extend([r, p, b]);
-            }
-            IngressHandles::Unix(u) => fds.push(u),
-            IngressHandles::Reuseport(s) => own_socket = Some(s),
-        }
+        // Descriptor 4 when the worker receives on its own socket.
+        let own_socket = handles.hand_off(&mut h, &mut fds);
         fds.push(sess_theirs);
         let mut cmd = Process::new(self.cfg.worker_program());
         cmd.args(&self.cfg.worker_cmd[1..]);
@@ -1036,7 +1030,11 @@ impl Supervisor {
                     if !self.policy.is_ready(i) {
                         self.link.liveness().set_up(i, true);
                         let generation = self.policy.lane(i).0;
-                        tracing::info!(instance = i % self.n, generation, "worker ready");
+                        tracing::info!(
+                            instance = self.lanes.at(i).instance,
+                            generation,
+                            "worker ready"
+                        );
                     }
                     let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
                     self.deferred.extend(actions);
@@ -1073,7 +1071,7 @@ impl Supervisor {
             let _ = child.kill();
         }
         let status = child.wait().ok();
-        let (instance, generation) = (i % self.n, self.policy.lane(i).0);
+        let (instance, generation) = (self.lanes.at(i).instance, self.policy.lane(i).0);
         if draining {
             tracing::info!(instance, generation, ?status, "worker exited");
         } else {

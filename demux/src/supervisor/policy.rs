@@ -13,7 +13,9 @@
 
 use std::time::{Duration, Instant};
 
-use ringmux_proto::{generation_slot, GENERATION_SLOTS};
+use ringmux_proto::generation_slot;
+
+use crate::forward::Lanes;
 
 /// How long after a new generation became active the old one is asked to drain: datagrams the
 /// data plane handed to the old workers just before the switch (the first packets of a
@@ -213,7 +215,7 @@ struct Lane {
 #[derive(Debug)]
 pub struct Policy {
     limits: Limits,
-    instances: usize,
+    numbering: Lanes,
     lanes: Vec<Lane>,
     /// The generation new connections go to.
     active: u64,
@@ -224,9 +226,9 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// `instances` instances, the first generation of each being started at `now` (lanes
-    /// `0..instances`; the other slots' lanes are idle).
-    pub fn new(limits: Limits, instances: usize, now: Instant) -> Self {
+    /// The lanes of `numbering`, the first generation of each instance being started at `now`
+    /// (generation slot 0; the other slots' lanes are idle).
+    pub fn new(limits: Limits, numbering: Lanes, now: Instant) -> Self {
         let lane = |phase, generation| Lane {
             phase,
             generation,
@@ -235,9 +237,10 @@ impl Policy {
             crashes: 0,
             timed_out: false,
         };
-        let lanes = (0..instances * usize::from(GENERATION_SLOTS))
+        let lanes = numbering
+            .all()
             .map(|l| {
-                if l < instances {
+                if l.slot == 0 {
                     lane(Phase::Starting, 1)
                 } else {
                     lane(Phase::Idle, 0)
@@ -246,7 +249,7 @@ impl Policy {
             .collect();
         Policy {
             limits,
-            instances,
+            numbering,
             lanes,
             active: 1,
             candidate: None,
@@ -258,7 +261,7 @@ impl Policy {
     /// lane's generation and phase, `active` the generation new connections go to.
     pub fn adopt(
         limits: Limits,
-        instances: usize,
+        numbering: Lanes,
         now: Instant,
         active: u64,
         lanes: &[(u64, crate::upgrade::LanePhase)],
@@ -287,7 +290,7 @@ impl Policy {
             .collect();
         Policy {
             limits,
-            instances,
+            numbering,
             lanes,
             active,
             candidate: None,
@@ -326,7 +329,7 @@ impl Policy {
                     | Phase::Abandoned
                     | Phase::Draining { .. } => {
                         return Err(Unsettled::LaneBusy {
-                            instance: l % self.instances,
+                            instance: usize::from(self.numbering.at(l).instance),
                             generation: lane.generation,
                         })
                     }
@@ -375,8 +378,8 @@ impl Policy {
 
     /// The lanes of `generation` (one per instance, in instance order).
     pub fn lanes_of(&self, generation: u64) -> std::ops::Range<usize> {
-        let first = usize::from(generation_slot(generation)) * self.instances;
-        first..first + self.instances
+        let first = self.numbering.of(0, generation_slot(generation)).index;
+        first..first + self.numbering.instances()
     }
 
     /// Decides what `event` calls for.
@@ -663,7 +666,7 @@ impl Policy {
             };
             lane.phase = Phase::Idle;
             out.push(Action::Close(l));
-            self.abandon(l % self.instances, why, out);
+            self.abandon(usize::from(self.numbering.at(l).instance), why, out);
             self.start_candidate(now, out);
             return;
         }
@@ -691,7 +694,7 @@ impl Policy {
             reset_done: false,
         };
         out.push(Action::Died(Death {
-            instance: l % self.instances,
+            instance: usize::from(self.numbering.at(l).instance),
             uptime,
             was_ready,
             crashes: lane.crashes,
@@ -724,7 +727,7 @@ mod tests {
     /// A policy with every instance started and READY at `t0`.
     fn running(n: usize) -> (Policy, Instant) {
         let t0 = Instant::now();
-        let mut p = Policy::new(limits(), n, t0);
+        let mut p = Policy::new(limits(), Lanes::new(n as u8), t0);
         for i in 0..n {
             assert!(p.on(t0, Event::Ready(i)).is_empty());
         }
@@ -741,7 +744,7 @@ mod tests {
     #[test]
     fn a_worker_that_never_reports_ready_is_killed_once() {
         let t0 = Instant::now();
-        let mut p = Policy::new(limits(), 2, t0);
+        let mut p = Policy::new(limits(), Lanes::new(2), t0);
         p.on(t0, Event::Ready(0));
         assert!(p.tick(t0 + Duration::from_secs(30)).is_empty());
         let late = t0 + Duration::from_secs(30) + MS;

@@ -17,11 +17,16 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
 
+use std::time::Duration;
+
 use quinn::udp::{EcnCodepoint, RecvMeta};
-use ringmux_ring::{Consumer, DatagramMeta};
+use ringmux_proto::{Handoff, IngressKind};
+use ringmux_ring::{AdaptiveSpin, Consumer, DatagramMeta};
 use tokio::io::unix::AsyncFd;
 
 pub use unix::{recv_unix, UnixRecv};
+
+use crate::attach::AttachError;
 
 /// Where datagrams come from.
 // One per worker, made once: the ring consumer's size never moves in the hot path.
@@ -47,6 +52,34 @@ pub struct IngressStats {
 }
 
 impl Ingress {
+    /// The ingress hand-off `h` describes, built from its descriptors: `next` gives them in
+    /// hand-off order, naming the one it wants. `None`: the worker receives on its own socket
+    /// (descriptor 4) and has no ingress.
+    pub(crate) fn from_handoff(
+        h: &Handoff,
+        mut next: impl FnMut(&'static str) -> Result<OwnedFd, AttachError>,
+    ) -> Result<Option<Ingress>, AttachError> {
+        Ok(match h.ingress {
+            IngressKind::Reuseport => None,
+            IngressKind::Shm => {
+                let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
+                let spin = Duration::from_micros(u64::from(h.spin_us));
+                let mut consumer =
+                    Consumer::attach(ring, page, bell, h.generation, spin).map_err(|e| {
+                        AttachError::Handoff {
+                            what: "ring",
+                            problem: e.to_string(),
+                        }
+                    })?;
+                if !h.spin_adaptive {
+                    *consumer.spin_mut() = AdaptiveSpin::fixed(spin);
+                }
+                Some(Ingress::Ring(consumer))
+            }
+            IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
+        })
+    }
+
     /// The descriptor whose readability wakes a reader: the doorbell of a ring, the socket
     /// itself for the unix ingress.
     pub(crate) fn wake_fd(&self) -> io::Result<OwnedFd> {
