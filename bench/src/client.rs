@@ -275,6 +275,17 @@ impl InFlight {
         self.head.headers()
     }
 
+    /// Reads the body to its end and only counts it: the status and the body's length, with
+    /// neither a checksum nor a copy of the headers (what a load generator needs of each
+    /// response, at the least cost per request).
+    pub async fn count_body(mut self) -> Result<(StatusCode, u64), ClientError> {
+        let mut len = 0u64;
+        while let Some(chunk) = self.stream.recv_data().await? {
+            len += chunk.remaining() as u64;
+        }
+        Ok((self.head.status(), len))
+    }
+
     /// Reads the body to its end (counted and checksummed; kept if `keep_body`).
     pub async fn read_body(mut self, keep_body: bool) -> Result<Response, ClientError> {
         let mut sum = Fnv64::new();
@@ -357,6 +368,23 @@ impl H3Conn {
         &self.quic
     }
 
+    /// `https://AUTHORITY/path` on this connection, for [`H3Conn::get_len`]: made once and
+    /// cloned for each request (a clone shares its bytes), where [`H3Conn::get`] formats and
+    /// parses it every time.
+    pub fn uri(&self, path: &str) -> Result<http::Uri, ClientError> {
+        format!("https://{}{}", self.authority, path)
+            .parse()
+            .map_err(|e| ClientError::Request(http::Error::from(e)))
+    }
+
+    /// `GET uri` (made by [`H3Conn::uri`]), the body read to its end and counted: the status
+    /// and the body's length ([`InFlight::count_body`]).
+    pub async fn get_len(&self, uri: &http::Uri) -> Result<(StatusCode, u64), ClientError> {
+        let mut req = http::Request::new(());
+        *req.uri_mut() = uri.clone();
+        self.send_head(req, None).await?.count_body().await
+    }
+
     /// `GET path`, body counted and checksummed.
     pub async fn get(&self, path: &str) -> Result<Response, ClientError> {
         self.request(Method::GET, path, None, false).await
@@ -393,6 +421,16 @@ impl H3Conn {
             .method(method)
             .uri(format!("https://{}{}", self.authority, path))
             .body(())?;
+        self.send_head(req, body).await
+    }
+
+    /// Sends `req` (its URI absolute, this connection's authority) and the request body, if
+    /// any, and returns once the response headers are in.
+    async fn send_head(
+        &self,
+        req: http::Request<()>,
+        body: Option<Bytes>,
+    ) -> Result<InFlight, ClientError> {
         let mut send = self.send.clone();
         let mut stream = send.send_request(req).await?;
         if let Some(body) = body {

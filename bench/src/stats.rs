@@ -106,6 +106,7 @@ impl ProbeStats {
                     self.latency_us.max()
                 },
             },
+            client_cpu_us_per_request: None,
         }
     }
 }
@@ -122,6 +123,10 @@ pub struct ProbeShard {
     pub latency_us: Vec<(u64, u64)>,
     /// Length of this process's measurement window in seconds.
     pub measured_s: f64,
+    /// This process's CPU time over its measurement window, seconds (every thread, user and
+    /// system); absent when it was not measured.
+    #[serde(default)]
+    pub client_cpu_s: Option<f64>,
 }
 
 impl ProbeShard {
@@ -136,6 +141,7 @@ impl ProbeShard {
                 .map(|v| (v.value_iterated_to(), v.count_at_value()))
                 .collect(),
             measured_s: measured.as_secs_f64(),
+            client_cpu_s: None,
         }
     }
 
@@ -164,6 +170,21 @@ pub struct ProbeReport {
     /// Failures by kind, plus `total`.
     pub errors: BTreeMap<String, u64>,
     pub latency_us: Latency,
+    /// The client's own CPU time over the measurement window (every thread of every h3-probe
+    /// process, user and system) per request counted in it, successes and errors, µs; absent
+    /// when not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cpu_us_per_request: Option<f64>,
+}
+
+impl ProbeReport {
+    /// With the client's CPU time over the measurement window.
+    pub fn with_client_cpu(mut self, cpu: Duration) -> Self {
+        let counted = self.requests + self.errors.get("total").copied().unwrap_or(0);
+        self.client_cpu_us_per_request =
+            (counted > 0).then(|| cpu.as_secs_f64() * 1e6 / counted as f64);
+        self
+    }
 }
 
 /// Latency percentiles in microseconds.
@@ -239,5 +260,16 @@ mod tests {
         for k in ["p50", "p99", "p999", "max"] {
             assert!(json["latency_us"].get(k).is_some(), "{k}");
         }
+        // The client's CPU per request, over successes and errors alike, when measured.
+        let r = r.with_client_cpu(Duration::from_millis(10));
+        assert_eq!(r.client_cpu_us_per_request, Some(10_000.0 / 1003.0));
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json.get("client_cpu_us_per_request").is_some());
+        let none = ProbeStats::new().report(Duration::from_secs(1));
+        assert_eq!(
+            none.with_client_cpu(Duration::from_secs(1))
+                .client_cpu_us_per_request,
+            None
+        );
     }
 }

@@ -281,6 +281,15 @@ pub fn thread_cpu_ns() -> u64 {
     })
 }
 
+/// CPU time of the calling process, every thread, user and system, ns
+/// (`CLOCK_PROCESS_CPUTIME_ID`).
+pub fn own_process_cpu_ns() -> u64 {
+    use nix::time::{clock_gettime, ClockId};
+    clock_gettime(ClockId::CLOCK_PROCESS_CPUTIME_ID).map_or(0, |ts| {
+        ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
