@@ -19,14 +19,13 @@
 use std::ffi::{CString, OsString};
 use std::fs::File;
 use std::io::{self, Read, Seek, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 pub use crate::forward::handover::{Ingress, IngressState};
@@ -332,7 +331,7 @@ impl State {
             return Err(Refusal::NamedTwice { fd: w[0] });
         }
         for fd in fds {
-            if fd < 3 || fcntl_getfd(fd).is_err() {
+            if fd < 3 || !ringmux_inherit::is_open(fd) {
                 return Err(Refusal::NotOpen { fd });
             }
         }
@@ -380,9 +379,10 @@ impl State {
     pub fn take(self, forward: &str, instances: u8) -> Result<Taken, Refusal> {
         self.check(forward, instances)?;
         let take = |fd: RawFd| -> Result<OwnedFd, Refusal> {
-            // SAFETY: `check` found every number open and named once, and each is taken here
-            // once; nothing else in this image knows these numbers.
-            unsafe { take_fd(fd) }.map_err(|source| Refusal::Untakeable { fd, source })
+            ringmux_inherit::adopt(fd, true).map_err(|e| Refusal::Untakeable {
+                fd,
+                source: e.into(),
+            })
         };
         let lanes = self
             .lanes
@@ -431,37 +431,6 @@ impl State {
     }
 }
 
-fn fcntl_getfd(fd: RawFd) -> nix::Result<i32> {
-    // SAFETY: F_GETFD on a bare number only asks whether it is open; nothing is owned.
-    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    fcntl(b, FcntlArg::F_GETFD)
-}
-
-/// Sets or clears close-on-exec on descriptor number `fd`.
-fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
-    // SAFETY: the descriptor is open and stays so during the call (the caller owns it).
-    let b = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let flags = if on {
-        FdFlag::FD_CLOEXEC
-    } else {
-        FdFlag::empty()
-    };
-    fcntl(b, FcntlArg::F_SETFD(flags))?;
-    Ok(())
-}
-
-/// Takes descriptor number `fd`, named by the state the previous image wrote, and marks it
-/// close-on-exec again.
-///
-/// # Safety
-/// `fd` is open and owned by nothing else in this process ([`State::check`] checked both for
-/// the state's numbers, and each is taken once).
-pub unsafe fn take_fd(fd: RawFd) -> io::Result<OwnedFd> {
-    set_cloexec(fd, true)?;
-    // SAFETY: per the contract above.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 /// What a previous image left, if this image was started by an upgrade.
 pub struct Inherited {
     /// The state document as written (to go back with, should this image refuse it).
@@ -487,12 +456,9 @@ fn read_inherited(raw: &str) -> Result<Inherited> {
     let fd: RawFd = raw
         .parse()
         .with_context(|| format!("{STATE_ENV}={raw} is not a descriptor number"))?;
-    if fd < 3 || fcntl_getfd(fd).is_err() {
-        bail!("{STATE_ENV}={raw}: no such descriptor");
-    }
-    // SAFETY: the previous image put the state memfd at this number and nothing else here owns
-    // it (it is read once, at start-up).
-    let mut file = File::from(unsafe { take_fd(fd) }?);
+    // The previous image put the state memfd at this number for this image.
+    let mut file =
+        File::from(ringmux_inherit::adopt(fd, true).with_context(|| format!("{STATE_ENV}={raw}"))?);
     let mut bytes = Vec::new();
     file.rewind()?;
     file.take(64 << 20)
@@ -616,7 +582,7 @@ fn exec_inner(
     open.push(file.as_raw_fd());
     open.extend(fallback.as_ref().map(|f| f.as_raw_fd()));
     for &fd in &open {
-        set_cloexec(fd, false)?;
+        ringmux_inherit::set_inherited(fd, true)?;
     }
     let err = match back {
         Some((old, _)) => nix::unistd::fexecve(old, &argv, &envp),
@@ -630,7 +596,7 @@ fn exec_inner(
         Err(e) => io::Error::from(e),
     };
     for &fd in &open {
-        let _ = set_cloexec(fd, true);
+        let _ = ringmux_inherit::set_inherited(fd, false);
     }
     Err(err)
 }
@@ -642,13 +608,12 @@ pub fn go_back(inherited: &Inherited, why: &str) -> io::Error {
     let Some(fd) = std::env::var(FALLBACK_ENV)
         .ok()
         .and_then(|v| v.parse::<RawFd>().ok())
-        .filter(|&fd| fd >= 3 && fcntl_getfd(fd).is_ok())
+        .and_then(|fd| ringmux_inherit::adopt(fd, false).ok())
     else {
         return io::Error::other("no previous binary to go back to");
     };
-    // SAFETY: the previous image opened its binary at this number for this; nothing else here
-    // owns it.
-    let old = unsafe { OwnedFd::from_raw_fd(fd) };
+    // The previous image opened its binary at this number for this.
+    let old = fd;
     // The descriptors stay as the previous image left them (close-on-exec cleared); if the
     // state does not parse, the previous binary finds them all the same.
     let (fds, argv) = inherited
@@ -677,10 +642,9 @@ pub fn forget_fallback() {
     if let Some(fd) = std::env::var(FALLBACK_ENV)
         .ok()
         .and_then(|v| v.parse::<RawFd>().ok())
-        .filter(|&fd| fd >= 3 && fcntl_getfd(fd).is_ok())
     {
-        // SAFETY: as in `go_back`: opened for this image by the previous one, owned by nothing.
-        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Opened for this image by the previous one, as in `go_back`.
+        drop(ringmux_inherit::adopt(fd, false));
     }
 }
 

@@ -53,7 +53,7 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -623,12 +623,19 @@ fn inherited_sockets() -> Result<(OwnedFd, OwnedFd), AttachError> {
             "already taken by an earlier Worker::attach in this process",
         ));
     }
-    // SAFETY: both descriptors are open (checked by `inherited_number`) and distinct; ringmux
-    // passed them to this process for its exclusive use, and `ATTACHED` makes this the only
-    // place that ever takes ownership of them.
-    let control = unsafe { OwnedFd::from_raw_fd(control) };
-    // SAFETY: as above.
-    let public = unsafe { OwnedFd::from_raw_fd(public) };
+    // Ringmux passed both to this process for its exclusive use. They stay inheritable: the
+    // sandbox holds them to their numbers, 3 and 4.
+    let take = |fd: RawFd, var: &'static str| {
+        ringmux_inherit::adopt(fd, false).map_err(|e| bad(var, fd, &e.to_string()))
+    };
+    let control = take(control, CONTROL_FD_ENV)?;
+    let public = match take(public, PUBLIC_FD_ENV) {
+        Ok(p) => p,
+        Err(e) => {
+            ringmux_inherit::give_back(control);
+            return Err(e);
+        }
+    };
     let wrong = if sys::socket_type(control.as_fd()) != Some(SockType::SeqPacket) {
         Some(bad(
             CONTROL_FD_ENV,
@@ -642,8 +649,8 @@ fn inherited_sockets() -> Result<(OwnedFd, OwnedFd), AttachError> {
     };
     if let Some(e) = wrong {
         // Not ours after all: give them back unclosed.
-        let _ = control.into_raw_fd();
-        let _ = public.into_raw_fd();
+        ringmux_inherit::give_back(control);
+        ringmux_inherit::give_back(public);
         return Err(e);
     }
     Ok((control, public))

@@ -20,30 +20,14 @@ use tokio::io::Interest;
 /// Takes ownership of descriptor `fd`, which ringmux placed in this process before its
 /// program started (a hand-off descriptor), and with `close_on_exec` marks it so, so that no
 /// program this process executes later inherits it. `InvalidData` if no descriptor of that
-/// number is open.
-///
-/// The caller must make sure nothing else in the process owns `fd` (`control::recv_handoff`
-/// adopts each hand-off number once per process).
+/// number is open, or if this process took it already (`ringmux_inherit::adopt`).
 pub fn adopt_inherited(fd: std::os::fd::RawFd, close_on_exec: bool) -> io::Result<OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: F_GETFD on a bare number reads no memory; a number that is not open is EBADF.
-    let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
-    if flags < 0 {
-        return Err(io::Error::new(
+    ringmux_inherit::adopt(fd, close_on_exec).map_err(|e| {
+        io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("descriptor {fd} of the hand-off is not open"),
-        ));
-    }
-    // SAFETY: `fd` is open (above) and, by this function's contract, owned by nothing else in
-    // this process: ringmux placed it here for this process alone.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    if close_on_exec {
-        nix::fcntl::fcntl(
-            &owned,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )?;
-    }
-    Ok(owned)
+            format!("descriptor {fd} of the hand-off: {e}"),
+        )
+    })
 }
 
 /// Sends one packet on a `SOCK_SEQPACKET` socket, without `SIGPIPE`; `dontwait`: without

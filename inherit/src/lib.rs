@@ -1,0 +1,191 @@
+//! `ringmux-inherit`: the one place ringmux takes ownership of a descriptor by its number.
+//!
+//! A ringmux process receives descriptors across `execve` by number: a worker its control and
+//! public sockets (`RINGMUX_CONTROL_FD`, `RINGMUX_PUBLIC_FD`), its hand-off's descriptors and
+//! the shared listeners at fixed numbers; a demux started by `ringmux upgrade` its state memfd,
+//! the previous binary and every socket and ring the state names. Turning such a number into
+//! an [`OwnedFd`] is where I/O safety can break: two owners of one number close it twice, and
+//! the second close may hit an unrelated descriptor that reused the number. So every such
+//! number goes through [`adopt`], which
+//!
+//! * refuses the standard streams (0, 1, 2), which the process never inherits from ringmux;
+//! * refuses a number that is not open;
+//! * refuses to take the same open description at the same number twice in one process
+//!   (it remembers each by number, device and inode, so a number that was closed and reused
+//!   for something new is not confused with the old one);
+//! * marks the descriptor close-on-exec when asked, so that no program the process runs later
+//!   inherits it.
+//!
+//! The numbers come from the process that started this one, which placed them for this
+//! process alone (the environment variable or the hand-off names them). That is what makes
+//! taking them sound, and what callers state: nothing else in this process opened them.
+//! [`set_inherited`] is the other direction: it clears close-on-exec on numbers this process
+//! owns, just before it executes the next image that inherits them.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::Mutex;
+
+/// Why a number was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum InheritError {
+    /// 0, 1 and 2 are the standard streams, never a descriptor ringmux hands on.
+    #[error("descriptor {0} is a standard stream, not one ringmux hands on")]
+    StandardStream(RawFd),
+    #[error("descriptor {0} is not open")]
+    NotOpen(RawFd),
+    /// The same open file at the same number was taken already in this process.
+    #[error("descriptor {0} was taken already in this process")]
+    TakenTwice(RawFd),
+    #[error("descriptor {fd}: setting close-on-exec: {source}")]
+    Flags {
+        fd: RawFd,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl From<InheritError> for io::Error {
+    fn from(e: InheritError) -> io::Error {
+        let kind = match &e {
+            InheritError::Flags { source, .. } => source.kind(),
+            _ => io::ErrorKind::InvalidData,
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// What was taken: number, device, inode.
+static TAKEN: Mutex<BTreeSet<(RawFd, u64, u64)>> = Mutex::new(BTreeSet::new());
+
+/// Takes ownership of inherited descriptor `fd` (see the crate's documentation for what is
+/// checked); with `close_on_exec`, marks it so. On an error nothing was taken and the number
+/// is left as it was.
+pub fn adopt(fd: RawFd, close_on_exec: bool) -> Result<OwnedFd, InheritError> {
+    if (0..=2).contains(&fd) {
+        return Err(InheritError::StandardStream(fd));
+    }
+    let identity = identity(fd).ok_or(InheritError::NotOpen(fd))?;
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    if taken.contains(&(fd, identity.0, identity.1)) {
+        return Err(InheritError::TakenTwice(fd));
+    }
+    if close_on_exec {
+        set_flags(fd, libc::FD_CLOEXEC).map_err(|source| InheritError::Flags { fd, source })?;
+    }
+    taken.insert((fd, identity.0, identity.1));
+    // SAFETY: `fd` is open (`identity` found it) and owned by nothing else in this process:
+    // the process that started this one placed it here for this process alone, and `TAKEN`
+    // makes this the only time this process takes it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Gives back a descriptor [`adopt`] took, unclosed, as if it had never been taken (a caller
+/// that found it was not what it expected). Returns its number.
+pub fn give_back(fd: OwnedFd) -> RawFd {
+    let raw = fd.into_raw_fd();
+    let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
+    taken.retain(|&(n, _, _)| n != raw);
+    raw
+}
+
+/// Whether a descriptor of number `fd` is open in this process (without taking it).
+pub fn is_open(fd: RawFd) -> bool {
+    fd >= 0 && fcntl(fd, libc::F_GETFD, 0) >= 0
+}
+
+/// Clears (`inherited`) or sets close-on-exec on descriptor number `fd`, which this process
+/// owns: what it does to the numbers it hands to the next image just before `execve`, and
+/// undoes if that fails.
+pub fn set_inherited(fd: RawFd, inherited: bool) -> io::Result<()> {
+    set_flags(fd, if inherited { 0 } else { libc::FD_CLOEXEC })
+}
+
+fn set_flags(fd: RawFd, flags: libc::c_int) -> io::Result<()> {
+    if fcntl(fd, libc::F_SETFD, flags) < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fcntl` on a bare number, for the commands that take an int (F_GETFD, F_SETFD).
+fn fcntl(fd: RawFd, cmd: libc::c_int, arg: libc::c_int) -> libc::c_int {
+    // SAFETY: F_GETFD and F_SETFD read and write no memory; a number that is not open is EBADF.
+    unsafe { libc::fcntl(fd, cmd, arg) }
+}
+
+/// The device and inode of the file open at `fd`, if one is.
+fn identity(fd: RawFd) -> Option<(u64, u64)> {
+    let mut st = MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is a writable `struct stat` the kernel fills in on success; a number that
+    // is not open is EBADF and leaves it untouched (and unread).
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it initialised `st`.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    fn fresh() -> RawFd {
+        std::fs::File::open("/dev/null").unwrap().into_raw_fd()
+    }
+
+    fn cloexec(fd: RawFd) -> bool {
+        fcntl(fd, libc::F_GETFD, 0) & libc::FD_CLOEXEC != 0
+    }
+
+    #[test]
+    fn an_open_number_is_taken_once_and_marked_close_on_exec() {
+        let raw = fresh();
+        set_inherited(raw, true).unwrap();
+        assert!(!cloexec(raw));
+        let fd = adopt(raw, true).unwrap();
+        assert_eq!(fd.as_raw_fd(), raw);
+        assert!(cloexec(raw));
+        assert!(matches!(adopt(raw, true), Err(InheritError::TakenTwice(n)) if n == raw));
+        // Given back, it can be taken again, and keeps its flags when not asked.
+        let raw = give_back(fd);
+        set_inherited(raw, true).unwrap();
+        let fd = adopt(raw, false).unwrap();
+        assert!(!cloexec(raw));
+        drop(fd);
+        assert!(!is_open(raw));
+    }
+
+    #[test]
+    fn standard_streams_and_closed_numbers_are_refused() {
+        for n in 0..=2 {
+            assert!(matches!(
+                adopt(n, false),
+                Err(InheritError::StandardStream(_))
+            ));
+        }
+        let raw = fresh();
+        drop(adopt(raw, true).unwrap());
+        let e = adopt(raw, true).unwrap_err();
+        assert!(matches!(e, InheritError::NotOpen(n) if n == raw), "{e}");
+        assert_eq!(io::Error::from(e).kind(), io::ErrorKind::InvalidData);
+        assert!(!is_open(-1));
+    }
+
+    /// A number closed and opened again for another file is that other file, not a second
+    /// taking of the first.
+    #[test]
+    fn a_reused_number_of_another_file_is_not_taken_twice() {
+        let dir = std::fs::File::open("/").unwrap();
+        let raw = fresh();
+        drop(adopt(raw, true).unwrap());
+        // SAFETY: dup2 passes no memory; `raw` is closed (dropped above), so nothing owns it.
+        assert_eq!(unsafe { libc::dup2(dir.as_raw_fd(), raw) }, raw);
+        let again = adopt(raw, true).expect("another file at a reused number");
+        assert_eq!(again.as_raw_fd(), raw);
+    }
+}
