@@ -124,8 +124,10 @@ struct Carried {
 
 /// A producer's own numbers, which [`Producer::export`] hands to a new process image of the
 /// demux and [`Producer::adopt`] takes back: the only place they come from, since the region's
-/// copy of them is in memory the consumer can write.
+/// copy of them is in memory the consumer can write. With the `serde` feature it serialises
+/// (field by field, by name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ProducerState {
     pub slots: u32,
     pub slot_bytes: u32,

@@ -11,58 +11,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub enum IngressState {
     /// Region, consumer page, doorbell read end, doorbell write end; the producer's numbers.
-    Shm { fds: [RawFd; 4], ring: RingState },
+    Shm {
+        fds: [RawFd; 4],
+        ring: ringmux_ring::ProducerState,
+    },
     /// The demux's end of the socket.
     Unix { fd: RawFd },
-}
-
-/// `ringmux_ring::ProducerState`, serialisable.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingState {
-    pub slots: u32,
-    pub slot_bytes: u32,
-    pub generation: u64,
-    pub tail: u64,
-    pub head: u64,
-    pub last_rung: u32,
-    pub doorbells: u64,
-    pub dropped_full: u64,
-    pub carried_published: u64,
-    pub carried_doorbells: u64,
-}
-
-impl From<ringmux_ring::ProducerState> for RingState {
-    fn from(s: ringmux_ring::ProducerState) -> Self {
-        RingState {
-            slots: s.slots,
-            slot_bytes: s.slot_bytes,
-            generation: s.generation,
-            tail: s.tail,
-            head: s.head,
-            last_rung: s.last_rung,
-            doorbells: s.doorbells,
-            dropped_full: s.dropped_full,
-            carried_published: s.carried_published,
-            carried_doorbells: s.carried_doorbells,
-        }
-    }
-}
-
-impl From<RingState> for ringmux_ring::ProducerState {
-    fn from(s: RingState) -> Self {
-        ringmux_ring::ProducerState {
-            slots: s.slots,
-            slot_bytes: s.slot_bytes,
-            generation: s.generation,
-            tail: s.tail,
-            head: s.head,
-            last_rung: s.last_rung,
-            doorbells: s.doorbells,
-            dropped_full: s.dropped_full,
-            carried_published: s.carried_published,
-            carried_doorbells: s.carried_doorbells,
-        }
-    }
 }
 
 /// A lane's ingress with its descriptors owned.
@@ -94,7 +48,7 @@ impl IngressState {
                     doorbell_rx: take(fds[2])?,
                     doorbell_tx: take(fds[3])?,
                 },
-                ring: ring.into(),
+                ring,
             },
             IngressState::Unix { fd } => Ingress::Unix(take(fd)?),
         })

@@ -224,7 +224,7 @@ impl Forward for Shm {
         let (state, fds) = ring.export();
         Ok(Some(IngressState::Shm {
             fds: fds.map(|f| f.as_raw_fd()),
-            ring: state.into(),
+            ring: state,
         }))
     }
 
