@@ -230,17 +230,39 @@ pub struct State {
     pub binary: Vec<u8>,
 }
 
-/// The counters that run on across images (what workers report comes again within a second).
+/// The counters that run on across images (what workers report comes again within a second),
+/// by key: `Counters::snapshot` writes every counter of the tables in `metrics/counters.rs`, so
+/// a counter added there runs on with no change here. The positional fields after them are the
+/// previous release's form, which an image of that release writes and reads alone: read when
+/// the keyed ones are absent, and written too.
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct CounterState {
+    /// The demux's own counters (`Counters::TABLE`), by field name.
+    #[serde(default)]
+    pub totals: std::collections::BTreeMap<String, u64>,
+    /// Datagrams dropped, by reason (`DropReason::as_str`).
+    #[serde(default)]
+    pub drops: std::collections::BTreeMap<String, u64>,
+    /// Per lane: its counters (`InstanceCounters::TABLE`), by field name.
+    #[serde(default)]
+    pub per_lane: Vec<std::collections::BTreeMap<String, u64>>,
+    #[serde(default)]
     pub received: u64,
+    #[serde(default)]
     pub recv_calls: u64,
+    /// In `DropReason::ALL`'s order.
+    #[serde(default)]
     pub dropped: Vec<u64>,
+    #[serde(default)]
     pub reloads: u64,
+    #[serde(default)]
     pub reloads_failed: u64,
+    #[serde(default)]
     pub upgrades: u64,
+    #[serde(default)]
     pub upgrades_failed: u64,
     /// Per lane: forwarded, doorbells, discarded_on_reset, restarts, violations.
+    #[serde(default)]
     pub lanes: Vec<[u64; 5]>,
     /// Retries sent and unsent, tokens accepted (absent from an image without admission).
     #[serde(default)]

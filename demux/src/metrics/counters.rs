@@ -1,10 +1,21 @@
-//! The counters: every datagram's fate ([`DropReason`]) and each instance's worker. The data
-//! plane is the only writer of the datagram counters (plain stores, once per receive batch); the
-//! supervisor writes the worker counters from `STATS` messages.
+//! The counters: every datagram's fate ([`DropReason`]), the demux's own counters and gauges,
+//! and each lane's. The data plane is the only writer of the datagram counters (plain stores,
+//! once per receive batch); the supervisor writes the worker counters from `STATS` messages.
+//!
+//! Each of the demux's own counters is declared once, as one line of a table
+//! ([`Counters::TABLE`], [`InstanceCounters::TABLE`]): the line makes the field, and the
+//! exposition (name, help, type, `result` label), the columns and `result` words of `ringmux
+//! stats` and the snapshot carried across `ringmux upgrade` ([`Counters::snapshot`]) are read
+//! from the table. Adding a counter is its line plus its use. (What workers report is declared
+//! in `exposition.rs`'s table of reported metrics.)
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ringmux_proto::message::{keys_with_prefix, STATS_KEYS};
+
+use super::names;
+use crate::upgrade::CounterState;
 
 /// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
 /// `ALL[r as usize] == r` for every reason) and the metric label of each.
@@ -108,23 +119,216 @@ impl LaneState {
     }
 }
 
-/// Per-lane counters: one instance's worker in one generation slot (lane `slot * instances +
-/// instance`). The metrics sum them per instance and per worker generation.
-#[derive(Debug, Default)]
-pub struct InstanceCounters {
-    /// The worker generation holding the lane (0: none), and its [`LaneState`].
-    pub generation: AtomicU64,
-    pub state: AtomicU64,
-    pub forwarded: AtomicU64,
-    pub doorbells: AtomicU64,
-    pub occupancy: AtomicU64,
-    pub discarded_on_reset: AtomicU64,
-    pub restarts: AtomicU64,
-    pub violations: AtomicU64,
-    /// What the lane's worker last reported (`STATS`), by [`ringmux_proto::message::STATS_KEYS`].
-    pub reported: Reported,
-    pub worker_pid: AtomicU64,
+/// How a line of a table of counters is exposed, and whether it runs on across an upgrade.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A counter (`_total`): it only grows, and runs on across `ringmux upgrade`. A lane's is
+    /// summed over the lanes of its instance (every generation of its workers).
+    Counter,
+    /// A gauge of the value as it is; a lane's is summed over the lanes of its instance.
+    Gauge,
+    /// A gauge of 1 while the value is not 0.
+    Flag,
+    /// A gauge in seconds of a value kept in nanoseconds.
+    Seconds,
+    /// A lane's gauge, of its instance's lane in the newest generation only.
+    Newest,
 }
+
+/// One line of a table of counters ([`Counters::TABLE`], [`InstanceCounters::TABLE`]): a field,
+/// the metric it is exposed as, and what `ringmux stats` shows of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Declared<T: 'static> {
+    /// The field's name, and its key in the upgrade snapshot.
+    pub key: &'static str,
+    /// The metric ([`super::names`]).
+    pub metric: &'static str,
+    pub kind: Kind,
+    /// The value of the metric's `result` label, where several fields make one metric.
+    pub result: Option<&'static str>,
+    /// The metric's help: on the first line of a metric, empty on the others.
+    pub help: &'static str,
+    /// A lane counter's column in the table of instances of `ringmux stats`: heading, width.
+    pub column: Option<(&'static str, usize)>,
+    /// The field.
+    pub get: fn(&T) -> &AtomicU64,
+}
+
+impl<T> Declared<T> {
+    /// Whether it runs on across `ringmux upgrade` (a counter does, a gauge does not).
+    pub fn runs_on(&self) -> bool {
+        self.kind == Kind::Counter
+    }
+
+    /// The first line of each metric of `table`, in order: one per metric to register.
+    pub fn metrics(table: &'static [Declared<T>]) -> impl Iterator<Item = &'static Declared<T>> {
+        table
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| !table[..*i].iter().any(|e| e.metric == d.metric))
+            .map(|(_, d)| d)
+    }
+}
+
+/// `$some` if given, else `$none`.
+macro_rules! given_or {
+    ([$some:expr] $none:expr) => {
+        $some
+    };
+    ([] $none:expr) => {
+        $none
+    };
+}
+
+/// Declares a struct of counters from its table: an `AtomicU64` field for each line, beside the
+/// struct's other fields, and `TABLE`, its lines as [`Declared`] values in their order. A line:
+///
+/// ```text
+/// field: Kind(METRIC[, "result"])[, help "..."][, column("heading", width)];
+/// ```
+///
+/// `METRIC` names a constant of [`super::names`]; the help goes on a metric's first line.
+macro_rules! counter_table {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fixed_meta:meta])* pub $fixed:ident : $fixed_ty:ty, )*
+        }
+        table {
+            $(
+                $(#[$doc:meta])*
+                $field:ident : $kind:ident ( $metric:ident $(, $result:literal)? )
+                $(, help $help:literal)?
+                $(, column ( $heading:literal, $width:literal ))? ;
+            )+
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[$doc])* pub $field: AtomicU64, )+
+            $( $(#[$fixed_meta])* pub $fixed: $fixed_ty, )*
+        }
+
+        impl $name {
+            /// Its counters, one line each, in the order of the exposition.
+            pub const TABLE: &'static [Declared<$name>] = &[
+                $(
+                    Declared {
+                        key: stringify!($field),
+                        metric: names::$metric,
+                        kind: Kind::$kind,
+                        result: given_or!([$(Some($result))?] None),
+                        help: given_or!([$($help)?] ""),
+                        column: given_or!([$(Some(($heading, $width)))?] None),
+                        get: |c: &$name| &c.$field,
+                    },
+                )+
+            ];
+        }
+    };
+}
+
+counter_table! {
+    /// Per-lane counters: one instance's worker in one generation slot (lane `slot * instances +
+    /// instance`). The metrics sum them per instance and per worker generation.
+    #[derive(Debug, Default)]
+    pub struct InstanceCounters {
+        /// The worker generation holding the lane (0: none), and its [`LaneState`].
+        pub generation: AtomicU64,
+        pub state: AtomicU64,
+        /// What the lane's worker last reported (`STATS`), by [`ringmux_proto::message::STATS_KEYS`].
+        pub reported: Reported,
+    }
+    table {
+        forwarded: Counter(FORWARDED), help "Datagrams forwarded to an instance",
+            column("forwarded", 14);
+        doorbells: Counter(DOORBELLS), help "Doorbells rung (doorbell pipe writes) per instance",
+            column("doorbells", 10);
+        occupancy: Gauge(RING_OCCUPANCY), help "Slots published and not yet released",
+            column("occupancy", 9);
+        restarts: Counter(WORKER_RESTARTS), help "Worker processes restarted",
+            column("restarts", 8);
+        violations: Counter(RING_VIOLATIONS), help "Ring protocol violations and stalls detected";
+        discarded_on_reset: Counter(RING_DISCARDED),
+            help "Forwarded datagrams discarded unread when a ring was reset";
+        /// The lane's worker process (0: none).
+        worker_pid: Newest(WORKER_PID), help "Process id of the newest generation's worker";
+    }
+}
+
+counter_table! {
+    /// Everything the demux counts: its own counters and gauges (the table), the drops by
+    /// reason, each lane's counters, workers' session TAKEs and the ClientHello inspector's
+    /// counts.
+    #[derive(Debug, Default)]
+    pub struct Counters {
+        /// Datagrams not forwarded, by [`DropReason`].
+        pub dropped: [AtomicU64; DropReason::ALL.len()],
+        /// One entry per lane; lane `l` belongs to instance `l % instance_count`.
+        pub instances: Vec<InstanceCounters>,
+        pub instance_count: usize,
+        /// The worker generation new connections go to (the upgrade state carries it apart).
+        pub active_generation: AtomicU64,
+        /// Workers' session TAKEs by [`crate::sessions::TakeResult`] (the session threads add).
+        pub session_takes: [AtomicU64; crate::sessions::TakeResult::ALL.len()],
+        /// What the data plane's ClientHello inspector counted, by `HelloStats::LABELS`
+        /// (`tickets.rs`; the data plane stores).
+        pub client_hellos: [AtomicU64; crate::tickets::HelloStats::LABELS.len()],
+        /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
+        pub program: std::sync::RwLock<String>,
+    }
+    table {
+        received: Counter(RECEIVED), help "Datagrams received on the public socket";
+        recv_calls: Counter(RECV_CALLS), help "Receive system calls (recvmmsg) that returned data";
+        /// Reloads that finished (a new generation serves) and that failed (the old one serves
+        /// on).
+        reloads: Counter(RELOADS, "ok"),
+            help "Reloads (new worker generations) by result: ok, or failed (the old one serves on)";
+        reloads_failed: Counter(RELOADS, "failed");
+        /// Upgrades of the demux itself (`ringmux upgrade`) this process went through, and
+        /// those refused or failed (the demux serves on).
+        upgrades: Counter(UPGRADES, "ok"),
+            help "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)";
+        upgrades_failed: Counter(UPGRADES, "failed");
+        /// The last upgrade's pause: from the old image's last received datagram to this one's
+        /// first (ns).
+        upgrade_pause_ns: Seconds(UPGRADE_PAUSE),
+            help "The last upgrade's pause: from the old demux's last received datagram to the new one's first";
+        /// The bytes waiting in the public socket's receive queue when this image took it over
+        /// (the deepest the queue got: nobody read it meanwhile).
+        upgrade_queued_bytes: Gauge(UPGRADE_QUEUED),
+            help "Bytes waiting in the public socket's receive queue when the last upgrade's new demux took it over";
+        /// Admission (`admission.rs`): Retries sent and not sent (the socket's send buffer was
+        /// full).
+        retries_sent: Counter(RETRIES, "sent"),
+            help "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)";
+        retries_unsent: Counter(RETRIES, "unsent");
+        /// Retry or NEW_TOKEN tokens the demux accepted (the refused are a drop reason).
+        tokens_accepted: Counter(TOKENS, "accepted"),
+            help "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)";
+        /// 1 while under pressure.
+        under_pressure: Flag(ADMISSION_PRESSURE),
+            help "1 while the demux is under pressure: --retry auto sends Retries, the prefix budget applies";
+    }
+}
+
+/// A sample of a metric of [`Counters::TABLE`] that no field of the table holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Derived {
+    pub metric: &'static str,
+    /// Its `result` label.
+    pub result: &'static str,
+    /// The counter that holds it.
+    pub get: fn(&Counters) -> &AtomicU64,
+}
+
+/// The samples of the table's metrics that no field of the table holds: the tokens refused
+/// are the `token_refused` drops.
+pub const DERIVED: [Derived; 1] = [Derived {
+    metric: names::TOKENS,
+    result: "refused",
+    get: |c: &Counters| &c.dropped[DropReason::TokenRefused as usize],
+}];
 
 /// A worker's last report, one counter per [`ringmux_proto::message::STATS_KEYS`] entry, stored whole
 /// (a worker reports totals). The metrics built from it are declared once, in
@@ -184,68 +388,28 @@ impl InstanceCounters {
     }
 }
 
-/// Everything the demux counts.
-#[derive(Debug)]
-pub struct Counters {
-    pub received: AtomicU64,
-    pub recv_calls: AtomicU64,
-    pub dropped: [AtomicU64; DropReason::ALL.len()],
-    /// One entry per lane; lane `l` belongs to instance `l % instance_count`.
-    pub instances: Vec<InstanceCounters>,
-    pub instance_count: usize,
-    /// The worker generation new connections go to.
-    pub active_generation: AtomicU64,
-    /// Reloads that finished (a new generation serves) and that failed (the old one serves on).
-    pub reloads: AtomicU64,
-    pub reloads_failed: AtomicU64,
-    /// Upgrades of the demux itself (`ringmux upgrade`) this process went through, and those
-    /// refused or failed (the demux serves on).
-    pub upgrades: AtomicU64,
-    pub upgrades_failed: AtomicU64,
-    /// The last upgrade's pause: from the old image's last received datagram to this one's
-    /// first (ns), and the bytes waiting in the public socket's receive queue when this image
-    /// took it over (the deepest the queue got: nobody read it meanwhile).
-    pub upgrade_pause_ns: AtomicU64,
-    pub upgrade_queued_bytes: AtomicU64,
-    /// Admission (`admission.rs`): Retries sent and not sent (the socket's send buffer was
-    /// full), Retry or NEW_TOKEN tokens the demux accepted, and 1 while under pressure.
-    pub retries_sent: AtomicU64,
-    pub retries_unsent: AtomicU64,
-    pub tokens_accepted: AtomicU64,
-    pub under_pressure: AtomicU64,
-    /// Workers' session TAKEs by [`crate::sessions::TakeResult`] (the session threads add).
-    pub session_takes: [AtomicU64; crate::sessions::TakeResult::ALL.len()],
-    /// What the data plane's ClientHello inspector counted, by `HelloStats::LABELS`
-    /// (`tickets.rs`; the data plane stores).
-    pub client_hellos: [AtomicU64; crate::tickets::HelloStats::LABELS.len()],
-    /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
-    pub program: std::sync::RwLock<String>,
-}
-
 impl Counters {
     /// Counters for `instances` instances in `lanes` lanes (a multiple of `instances`).
     pub fn new(instances: u8, lanes: usize) -> Self {
         Counters {
-            received: AtomicU64::new(0),
-            recv_calls: AtomicU64::new(0),
-            dropped: Default::default(),
             instances: (0..lanes).map(|_| InstanceCounters::default()).collect(),
             instance_count: usize::from(instances).max(1),
             active_generation: AtomicU64::new(1),
-            reloads: AtomicU64::new(0),
-            reloads_failed: AtomicU64::new(0),
-            upgrades: AtomicU64::new(0),
-            upgrades_failed: AtomicU64::new(0),
-            upgrade_pause_ns: AtomicU64::new(0),
-            upgrade_queued_bytes: AtomicU64::new(0),
-            retries_sent: AtomicU64::new(0),
-            retries_unsent: AtomicU64::new(0),
-            tokens_accepted: AtomicU64::new(0),
-            under_pressure: AtomicU64::new(0),
-            session_takes: Default::default(),
-            client_hellos: Default::default(),
-            program: Default::default(),
+            ..Default::default()
         }
+    }
+
+    /// The values of the `result` label of `metric`, one of the table's, in their order.
+    pub fn results(metric: &str) -> impl Iterator<Item = &'static str> + '_ {
+        let declared = Self::TABLE
+            .iter()
+            .filter(move |d| d.metric == metric)
+            .filter_map(|d| d.result);
+        let derived = DERIVED
+            .iter()
+            .filter(move |d| d.metric == metric)
+            .map(|d| d.result);
+        declared.chain(derived)
     }
 
     /// The lanes of instance `i` (one per generation slot).
@@ -257,60 +421,46 @@ impl Counters {
             .step_by(self.instance_count)
     }
 
-    /// What runs on across a demux upgrade.
-    pub fn snapshot(&self) -> crate::upgrade::CounterState {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        crate::upgrade::CounterState {
-            received: get(&self.received),
-            recv_calls: get(&self.recv_calls),
-            dropped: self.dropped.iter().map(get).collect(),
-            reloads: get(&self.reloads),
-            reloads_failed: get(&self.reloads_failed),
-            upgrades: get(&self.upgrades),
-            upgrades_failed: get(&self.upgrades_failed),
-            lanes: self
+    /// What runs on across a demux upgrade: every counter of the tables, by its key, and the
+    /// drops by reason; also in the previous release's positional form.
+    pub fn snapshot(&self) -> CounterState {
+        let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut s = CounterState {
+            totals: keyed(Self::TABLE, self),
+            drops: DropReason::ALL
+                .iter()
+                .map(|r| (r.as_str().to_string(), ld(&self.dropped[*r as usize])))
+                .collect(),
+            per_lane: self
                 .instances
                 .iter()
-                .map(|l| {
-                    [
-                        get(&l.forwarded),
-                        get(&l.doorbells),
-                        get(&l.discarded_on_reset),
-                        get(&l.restarts),
-                        get(&l.violations),
-                    ]
-                })
+                .map(|l| keyed(InstanceCounters::TABLE, l))
                 .collect(),
-            admission: [
-                get(&self.retries_sent),
-                get(&self.retries_unsent),
-                get(&self.tokens_accepted),
-            ],
-        }
+            ..Default::default()
+        };
+        legacy::write(&mut s);
+        s
     }
 
-    /// Takes over what a previous process image counted ([`Counters::snapshot`]); entries it
-    /// did not have stay 0.
-    pub fn restore(&self, s: &crate::upgrade::CounterState) {
-        let set = |c: &AtomicU64, v: u64| c.store(v, Ordering::Relaxed);
-        set(&self.received, s.received);
-        set(&self.recv_calls, s.recv_calls);
-        for (c, v) in self.dropped.iter().zip(&s.dropped) {
-            set(c, *v);
+    /// Takes over what a previous process image counted ([`Counters::snapshot`], or the
+    /// previous release's positional form); entries it did not have stay 0.
+    pub fn restore(&self, s: &CounterState) {
+        let s = legacy::read(s);
+        let set = |c: &AtomicU64, v: Option<&u64>| {
+            if let Some(v) = v {
+                c.store(*v, Ordering::Relaxed);
+            }
+        };
+        for d in Self::TABLE.iter().filter(|d| d.runs_on()) {
+            set((d.get)(self), s.totals.get(d.key));
         }
-        set(&self.reloads, s.reloads);
-        set(&self.reloads_failed, s.reloads_failed);
-        set(&self.upgrades, s.upgrades);
-        set(&self.upgrades_failed, s.upgrades_failed);
-        set(&self.retries_sent, s.admission[0]);
-        set(&self.retries_unsent, s.admission[1]);
-        set(&self.tokens_accepted, s.admission[2]);
-        for (l, v) in self.instances.iter().zip(&s.lanes) {
-            set(&l.forwarded, v[0]);
-            set(&l.doorbells, v[1]);
-            set(&l.discarded_on_reset, v[2]);
-            set(&l.restarts, v[3]);
-            set(&l.violations, v[4]);
+        for r in DropReason::ALL {
+            set(&self.dropped[r as usize], s.drops.get(r.as_str()));
+        }
+        for (l, values) in self.instances.iter().zip(&s.per_lane) {
+            for d in InstanceCounters::TABLE.iter().filter(|d| d.runs_on()) {
+                set((d.get)(l), values.get(d.key));
+            }
         }
     }
 
@@ -328,5 +478,316 @@ impl Counters {
             .iter()
             .map(|i| i.forwarded.load(Ordering::Relaxed))
             .sum()
+    }
+}
+
+/// The counters of `table` that run on across an upgrade, by key.
+fn keyed<T>(table: &'static [Declared<T>], of: &T) -> BTreeMap<String, u64> {
+    table
+        .iter()
+        .filter(|d| d.runs_on())
+        .map(|d| (d.key.to_string(), (d.get)(of).load(Ordering::Relaxed)))
+        .collect()
+}
+
+/// The previous release's positional form of [`CounterState`] (named totals, `dropped` in
+/// [`DropReason::ALL`]'s order, five counters per lane, three of admission), frozen at that
+/// release's counters: an image of it wrote only this form and reads only this form, so this
+/// image reads it from one, and writes it too, so that one can take over from this.
+mod legacy {
+    use super::*;
+
+    const LANE: [&str; 5] = [
+        "forwarded",
+        "doorbells",
+        "discarded_on_reset",
+        "restarts",
+        "violations",
+    ];
+    const ADMISSION: [&str; 3] = ["retries_sent", "retries_unsent", "tokens_accepted"];
+
+    /// The named totals, by key.
+    fn totals(s: &mut CounterState) -> [(&'static str, &mut u64); 6] {
+        [
+            ("received", &mut s.received),
+            ("recv_calls", &mut s.recv_calls),
+            ("reloads", &mut s.reloads),
+            ("reloads_failed", &mut s.reloads_failed),
+            ("upgrades", &mut s.upgrades),
+            ("upgrades_failed", &mut s.upgrades_failed),
+        ]
+    }
+
+    /// Fills the positional form from the keyed one.
+    pub(super) fn write(s: &mut CounterState) {
+        let (totals_by_key, drops, per_lane) = (s.totals.clone(), &s.drops, &s.per_lane);
+        let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
+        s.dropped = DropReason::ALL
+            .iter()
+            .map(|r| get(drops, r.as_str()))
+            .collect();
+        s.lanes = per_lane.iter().map(|l| LANE.map(|k| get(l, k))).collect();
+        s.admission = ADMISSION.map(|k| get(&totals_by_key, k));
+        for (k, v) in totals(s) {
+            *v = get(&totals_by_key, k);
+        }
+    }
+
+    /// The keyed form of `s`: its positional fields, with its keyed ones over them.
+    pub(super) fn read(s: &CounterState) -> CounterState {
+        let mut positional = s.clone();
+        let mut keyed = CounterState::default();
+        for (k, v) in totals(&mut positional) {
+            keyed.totals.insert(k.to_string(), *v);
+        }
+        for (k, v) in ADMISSION.iter().zip(s.admission) {
+            keyed.totals.insert(k.to_string(), v);
+        }
+        for (r, v) in DropReason::ALL.iter().zip(&s.dropped) {
+            keyed.drops.insert(r.as_str().to_string(), *v);
+        }
+        keyed.per_lane = s
+            .lanes
+            .iter()
+            .map(|l| {
+                LANE.iter()
+                    .zip(l)
+                    .map(|(k, v)| (k.to_string(), *v))
+                    .collect()
+            })
+            .collect();
+        keyed.totals.extend(s.totals.clone());
+        keyed.drops.extend(s.drops.clone());
+        for (i, lane) in s.per_lane.iter().enumerate() {
+            if keyed.per_lane.len() <= i {
+                keyed.per_lane.push(BTreeMap::new());
+            }
+            keyed.per_lane[i].extend(lane.clone());
+        }
+        keyed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every counter of both tables at a distinct value, and every drop; gauges too.
+    fn numbered(c: &Counters) {
+        let mut v = 0;
+        let mut next = || {
+            v += 7;
+            v
+        };
+        for d in Counters::TABLE {
+            (d.get)(c).store(next(), Ordering::Relaxed);
+        }
+        for d in &c.dropped {
+            d.store(next(), Ordering::Relaxed);
+        }
+        for l in &c.instances {
+            for d in InstanceCounters::TABLE {
+                (d.get)(l).store(next(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[test]
+    fn tables_are_well_formed() {
+        fn check<T>(table: &'static [Declared<T>], derived: usize, keys: &mut Vec<&str>) {
+            for first in Declared::metrics(table) {
+                assert!(names::ALL.contains(&first.metric), "{}", first.metric);
+                let lines: Vec<_> = table.iter().filter(|d| d.metric == first.metric).collect();
+                assert!(
+                    !first.help.is_empty(),
+                    "{}: help on its first line",
+                    first.metric
+                );
+                for d in &lines[1..] {
+                    assert_eq!(d.help, "", "{}: help once", d.key);
+                }
+                for d in &lines {
+                    assert_eq!(d.kind, first.kind, "{}: one kind per metric", d.key);
+                    let derived = DERIVED[..derived]
+                        .iter()
+                        .filter(|e| e.metric == d.metric)
+                        .count();
+                    assert_eq!(
+                        d.result.is_some(),
+                        lines.len() + derived > 1,
+                        "{}: a `result` label where several fields make a metric",
+                        d.key
+                    );
+                }
+                if first.result.is_some() {
+                    assert_eq!(first.kind, Kind::Counter, "{}", first.metric);
+                }
+            }
+            for d in table {
+                assert!(!keys.contains(&d.key), "{} twice", d.key);
+                keys.push(d.key);
+            }
+        }
+        let mut keys = Vec::new();
+        check(Counters::TABLE, DERIVED.len(), &mut keys);
+        let mut lane_keys = Vec::new();
+        check(InstanceCounters::TABLE, 0, &mut lane_keys);
+        for d in InstanceCounters::TABLE {
+            assert_eq!(d.result, None, "{}: one metric per lane counter", d.key);
+        }
+        for d in Counters::TABLE {
+            assert!(d.column.is_none() && d.kind != Kind::Newest, "{}", d.key);
+        }
+        for e in DERIVED {
+            assert!(Counters::TABLE
+                .iter()
+                .any(|d| d.metric == e.metric && d.result.is_some()));
+            assert!(Counters::results(e.metric).any(|r| r == e.result));
+        }
+        assert_eq!(
+            Counters::results(names::TOKENS).collect::<Vec<_>>(),
+            ["accepted", "refused"]
+        );
+    }
+
+    /// A snapshot restores into fresh counters: every counter by its key, the drops by reason;
+    /// the gauges stay 0.
+    #[test]
+    fn a_snapshot_restores_every_counter_and_no_gauge() {
+        let c = Counters::new(2, 8);
+        numbered(&c);
+        let json = serde_json::to_string(&c.snapshot()).unwrap();
+        let back = Counters::new(2, 8);
+        back.restore(&serde_json::from_str(&json).unwrap());
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        for d in Counters::TABLE {
+            let want = if d.runs_on() { ld((d.get)(&c)) } else { 0 };
+            assert_eq!(ld((d.get)(&back)), want, "{}", d.key);
+        }
+        for (a, b) in c.dropped.iter().zip(&back.dropped) {
+            assert_eq!(ld(a), ld(b));
+        }
+        for (a, b) in c.instances.iter().zip(&back.instances) {
+            for d in InstanceCounters::TABLE {
+                let want = if d.runs_on() { ld((d.get)(a)) } else { 0 };
+                assert_eq!(ld((d.get)(b)), want, "{}", d.key);
+            }
+        }
+        assert_eq!(back.forwarded_total(), c.forwarded_total());
+        assert_ne!(back.forwarded_total(), 0);
+    }
+
+    /// The counters of an image of the previous release, which wrote them by position only,
+    /// restore into this one's by name.
+    #[test]
+    fn an_old_positional_counter_state_restores_into_the_new_counters() {
+        let old = r#"{
+            "received": 14, "recv_calls": 21,
+            "dropped": [98, 105, 112, 119, 126, 133, 140, 147, 154, 161, 168, 175],
+            "reloads": 28, "reloads_failed": 35, "upgrades": 42, "upgrades_failed": 49,
+            "lanes": [[238, 245, 259, 266, 273], [301, 308, 322, 329, 336]],
+            "admission": [70, 77, 84]
+        }"#;
+        let state: CounterState = serde_json::from_str(old).unwrap();
+        let c = Counters::new(1, 2);
+        c.restore(&state);
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let totals = [
+            (&c.received, 14),
+            (&c.recv_calls, 21),
+            (&c.reloads, 28),
+            (&c.reloads_failed, 35),
+            (&c.upgrades, 42),
+            (&c.upgrades_failed, 49),
+            (&c.retries_sent, 70),
+            (&c.retries_unsent, 77),
+            (&c.tokens_accepted, 84),
+        ];
+        for (i, (counter, want)) in totals.into_iter().enumerate() {
+            assert_eq!(ld(counter), want, "total {i}");
+        }
+        assert_eq!(ld(&c.dropped[DropReason::RingFull as usize]), 98);
+        assert_eq!(ld(&c.dropped[DropReason::Unsteered as usize]), 175);
+        let l = &c.instances[1];
+        assert_eq!(
+            [
+                &l.forwarded,
+                &l.doorbells,
+                &l.discarded_on_reset,
+                &l.restarts,
+                &l.violations
+            ]
+            .map(ld),
+            [301, 308, 322, 329, 336]
+        );
+        assert_eq!(ld(&c.instances[0].forwarded), 238);
+        // Without the admission part (an image from before admission): those stay 0.
+        let older = old.replace(",\n            \"admission\": [70, 77, 84]", "");
+        assert!(!older.contains("admission"));
+        let c = Counters::new(1, 2);
+        c.restore(&serde_json::from_str(&older).unwrap());
+        assert_eq!(ld(&c.retries_sent), 0);
+        assert_eq!(ld(&c.received), 14);
+    }
+
+    /// What this image writes, an image of the previous release reads (a downgrade): its
+    /// positional form, with the same values.
+    #[test]
+    fn an_image_of_the_previous_release_reads_the_snapshot() {
+        /// `CounterState` as the previous release declared it.
+        #[derive(serde::Deserialize)]
+        struct Previous {
+            received: u64,
+            recv_calls: u64,
+            dropped: Vec<u64>,
+            reloads: u64,
+            reloads_failed: u64,
+            upgrades: u64,
+            upgrades_failed: u64,
+            lanes: Vec<[u64; 5]>,
+            #[serde(default)]
+            admission: [u64; 3],
+        }
+        let c = Counters::new(2, 4);
+        numbered(&c);
+        let json = serde_json::to_string(&c.snapshot()).unwrap();
+        let p: Previous = serde_json::from_str(&json).unwrap();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        assert_eq!(
+            [
+                p.received,
+                p.recv_calls,
+                p.reloads,
+                p.reloads_failed,
+                p.upgrades,
+                p.upgrades_failed
+            ],
+            [
+                &c.received,
+                &c.recv_calls,
+                &c.reloads,
+                &c.reloads_failed,
+                &c.upgrades,
+                &c.upgrades_failed
+            ]
+            .map(ld)
+        );
+        assert_eq!(
+            p.admission,
+            [&c.retries_sent, &c.retries_unsent, &c.tokens_accepted].map(ld)
+        );
+        assert_eq!(p.dropped, c.dropped.iter().map(ld).collect::<Vec<_>>());
+        for (want, l) in p.lanes.iter().zip(&c.instances) {
+            let got = [
+                &l.forwarded,
+                &l.doorbells,
+                &l.discarded_on_reset,
+                &l.restarts,
+                &l.violations,
+            ]
+            .map(ld);
+            assert_eq!(*want, got);
+        }
+        assert_eq!(p.lanes.len(), 4);
     }
 }

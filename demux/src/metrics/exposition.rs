@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::counters::LaneState;
+use super::counters::{Declared, Kind, LaneState, DERIVED};
 use super::{names, Counters, DropReason, InstanceCounters};
 use crate::dataplane::Liveness;
 
@@ -23,28 +23,13 @@ type Labels = Vec<(String, String)>;
 pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut reg = Registry::default();
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let counter = |reg: &mut Registry, name: &str, help: &str, v: u64| {
-        let m = Counter::<u64>::default();
-        m.inc_by(v);
-        reg.register(base(name), help, m);
-    };
-    counter(
-        &mut reg,
-        names::RECEIVED,
-        "Datagrams received on the public socket",
-        ld(&c.received),
-    );
-    counter(
-        &mut reg,
-        names::RECV_CALLS,
-        "Receive system calls (recvmmsg) that returned data",
-        ld(&c.recv_calls),
-    );
-    counter(
-        &mut reg,
-        names::DATAPLANE_ALLOCATIONS,
+    own(&mut reg, c);
+    let allocations = Counter::<u64>::default();
+    allocations.inc_by(crate::alloc::dataplane_allocations());
+    reg.register(
+        base(names::DATAPLANE_ALLOCATIONS),
         "Heap allocations made on the data-plane thread after start-up (should stay flat)",
-        crate::alloc::dataplane_allocations(),
+        allocations,
     );
     let dropped = Family::<Labels, Counter<u64>>::default();
     for r in DropReason::ALL {
@@ -58,76 +43,11 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         dropped,
     );
 
-    type Get = fn(&InstanceCounters) -> u64;
-    let per_instance: [(&str, &str, Get); 5] = [
-        (
-            names::FORWARDED,
-            "Datagrams forwarded to an instance",
-            |i| i.forwarded.load(Ordering::Relaxed),
-        ),
-        (
-            names::DOORBELLS,
-            "Doorbells rung (doorbell pipe writes) per instance",
-            |i| i.doorbells.load(Ordering::Relaxed),
-        ),
-        (names::WORKER_RESTARTS, "Worker processes restarted", |i| {
-            i.restarts.load(Ordering::Relaxed)
-        }),
-        (
-            names::RING_VIOLATIONS,
-            "Ring protocol violations and stalls detected",
-            |i| i.violations.load(Ordering::Relaxed),
-        ),
-        (
-            names::RING_DISCARDED,
-            "Forwarded datagrams discarded unread when a ring was reset",
-            |i| i.discarded_on_reset.load(Ordering::Relaxed),
-        ),
-    ];
-    // Counters add up over an instance's lanes (every generation of its workers).
-    let n = c.instance_count;
-    for (name, help, get) in per_instance {
-        let fam = Family::<Labels, Counter<u64>>::default();
-        for i in 0..n {
-            let sum = c.lanes_of(i).map(|(_, l)| get(l)).sum();
-            fam.get_or_create(&instance(i)).inc_by(sum);
-        }
-        reg.register(base(name), help, fam);
-    }
     // The lane of each instance that new connections reach.
+    let n = c.instance_count;
     let active_gen = ld(&c.active_generation);
     let active_lane = |i: usize| usize::from(ringmux_proto::generation_slot(active_gen)) * n + i;
-
-    // Of the newest generation's worker.
-    let gauges: [(&str, &str, Get); 1] = [(
-        names::WORKER_PID,
-        "Process id of the newest generation's worker",
-        |i| i.worker_pid.load(Ordering::Relaxed),
-    )];
-    for (name, help, get) in gauges {
-        let fam = Family::<Labels, Gauge<i64>>::default();
-        for i in 0..n {
-            let v = c.instances.get(active_lane(i)).map_or(0, get);
-            fam.get_or_create(&instance(i))
-                .set(i64::try_from(v).unwrap_or(i64::MAX));
-        }
-        reg.register(name, help, fam);
-    }
-    // Over every generation.
-    let sums: [(&str, &str, Get); 1] = [(
-        names::RING_OCCUPANCY,
-        "Slots published and not yet released",
-        |i| i.occupancy.load(Ordering::Relaxed),
-    )];
-    for (name, help, get) in sums {
-        let fam = Family::<Labels, Gauge<i64>>::default();
-        for i in 0..n {
-            let v: u64 = c.lanes_of(i).map(|(_, l)| get(l)).sum();
-            fam.get_or_create(&instance(i))
-                .set(i64::try_from(v).unwrap_or(i64::MAX));
-        }
-        reg.register(name, help, fam);
-    }
+    lanes(&mut reg, c, active_lane);
     reported(&mut reg, c, active_lane);
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..n {
@@ -392,34 +312,14 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         "Open QUIC connections of the worker of this instance and generation (reported by it)",
         connections,
     );
-    let refused = &c.dropped[DropReason::TokenRefused as usize];
-    // Counters by `result`: name, help, and each result's label and value.
+    // Counters by `result` of the arrays by an enum: name, help, and each result's label and
+    // value.
     type ByResult<'a> = (&'a str, &'a str, Vec<(&'a str, &'a AtomicU64)>);
     let takes = crate::sessions::TakeResult::ALL
         .iter()
         .map(|r| (r.as_str(), &c.session_takes[*r as usize]))
         .collect();
-    let by_result: [ByResult<'_>; 6] = [
-        (
-            names::RELOADS,
-            "Reloads (new worker generations) by result: ok, or failed (the old one serves on)",
-            vec![("ok", &c.reloads), ("failed", &c.reloads_failed)],
-        ),
-        (
-            names::UPGRADES,
-            "Upgrades of the demux itself by result: ok, or failed (the old demux serves on)",
-            vec![("ok", &c.upgrades), ("failed", &c.upgrades_failed)],
-        ),
-        (
-            names::RETRIES,
-            "Retries the demux answered new connections with, by result: sent, or unsent (send buffer full)",
-            vec![("sent", &c.retries_sent), ("unsent", &c.retries_unsent)],
-        ),
-        (
-            names::TOKENS,
-            "Address-validation tokens the demux checked, by result: accepted, or refused (a Retry token for another address, or expired)",
-            vec![("accepted", &c.tokens_accepted), ("refused", refused)],
-        ),
+    let by_result: [ByResult<'_>; 2] = [
         (
             names::SESSION_TAKES,
             "Workers' requests to take a TLS session by result: hit or miss (granted: the ticket's ClientHello went to that instance), foreign (refused: it went to another) or unbound (refused: no such ClientHello seen)",
@@ -443,27 +343,86 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         }
         reg.register(base(name), help, fam);
     }
-    let pressure = Gauge::<i64>::default();
-    pressure.set(i64::from(ld(&c.under_pressure) != 0));
-    reg.register(
-        names::ADMISSION_PRESSURE,
-        "1 while the demux is under pressure: --retry auto sends Retries, the prefix budget applies",
-        pressure,
-    );
-    let pause = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-    pause.set(ld(&c.upgrade_pause_ns) as f64 / 1e9);
-    reg.register(
-        names::UPGRADE_PAUSE,
-        "The last upgrade's pause: from the old demux's last received datagram to the new one's first",
-        pause,
-    );
-    let queued = Gauge::<i64>::default();
-    queued.set(i64::try_from(ld(&c.upgrade_queued_bytes)).unwrap_or(i64::MAX));
-    reg.register(
-        names::UPGRADE_QUEUED,
-        "Bytes waiting in the public socket's receive queue when the last upgrade's new demux took it over",
-        queued,
-    );
+}
+
+/// The demux's own counters and gauges, from their table ([`Counters::TABLE`]): one metric for
+/// each metric named there, its fields the values of its `result` label when there are several.
+fn own(reg: &mut Registry, c: &Counters) {
+    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    for first in Declared::metrics(Counters::TABLE) {
+        let (name, help) = (first.metric, first.help);
+        let v = ld((first.get)(c));
+        match first.kind {
+            Kind::Counter if first.result.is_none() => {
+                let m = Counter::<u64>::default();
+                m.inc_by(v);
+                reg.register(base(name), help, m);
+            }
+            Kind::Counter => {
+                let fam = Family::<Labels, Counter<u64>>::default();
+                let declared = Counters::TABLE
+                    .iter()
+                    .filter(|d| d.metric == name)
+                    .map(|d| (d.result.unwrap_or_default(), (d.get)(c)));
+                let derived = DERIVED
+                    .iter()
+                    .filter(|d| d.metric == name)
+                    .map(|d| (d.result, (d.get)(c)));
+                for (result, v) in declared.chain(derived) {
+                    fam.get_or_create(&vec![("result".into(), result.into())])
+                        .inc_by(ld(v));
+                }
+                reg.register(base(name), help, fam);
+            }
+            Kind::Gauge | Kind::Newest => {
+                let m = Gauge::<i64>::default();
+                m.set(i64::try_from(v).unwrap_or(i64::MAX));
+                reg.register(name, help, m);
+            }
+            Kind::Flag => {
+                let m = Gauge::<i64>::default();
+                m.set(i64::from(v != 0));
+                reg.register(name, help, m);
+            }
+            Kind::Seconds => {
+                let m = Gauge::<f64, AtomicU64>::default();
+                m.set(v as f64 / 1e9);
+                reg.register(name, help, m);
+            }
+        }
+    }
+}
+
+/// Each lane's counters and gauges, from their table ([`InstanceCounters::TABLE`]), by
+/// instance: summed over its lanes (every generation of its workers), or of `active_lane(i)`,
+/// its lane in the newest generation.
+fn lanes(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize) {
+    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    for d in InstanceCounters::TABLE {
+        let value = |i: usize| -> u64 {
+            match d.kind {
+                Kind::Newest => c
+                    .instances
+                    .get(active_lane(i))
+                    .map_or(0, |l| ld((d.get)(l))),
+                _ => c.lanes_of(i).map(|(_, l)| ld((d.get)(l))).sum(),
+            }
+        };
+        if d.kind == Kind::Counter {
+            let fam = Family::<Labels, Counter<u64>>::default();
+            for i in 0..c.instance_count {
+                fam.get_or_create(&instance(i)).inc_by(value(i));
+            }
+            reg.register(base(d.metric), d.help, fam);
+        } else {
+            let fam = Family::<Labels, Gauge<i64>>::default();
+            for i in 0..c.instance_count {
+                fam.get_or_create(&instance(i))
+                    .set(i64::try_from(value(i)).unwrap_or(i64::MAX));
+            }
+            reg.register(d.metric, d.help, fam);
+        }
+    }
 }
 
 /// The name a counter is registered under: the registry adds `_total` itself.

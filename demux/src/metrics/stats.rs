@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::{names, DropReason, Scrape};
+use super::{names, Counters, DropReason, InstanceCounters, Scrape};
 
 /// `ringmux stats`: the metrics as a table.
 pub fn table(m: &Scrape) -> String {
@@ -25,33 +25,31 @@ pub fn table(m: &Scrape) -> String {
         let _ = writeln!(out, "workers run {}", programs.join(", "));
     }
     let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "{:>8} {:>4} {:>14} {:>10} {:>9} {:>8} {:>11} {:>12}",
-        "instance",
-        "up",
-        "forwarded",
-        "doorbells",
-        "occupancy",
-        "restarts",
-        "connections",
-        "requests"
-    );
+    // The lane counters' columns come from their table, in its order.
+    let columns = || {
+        InstanceCounters::TABLE
+            .iter()
+            .filter_map(|d| Some((d.metric, d.column?)))
+    };
+    let _ = write!(out, "{:>8} {:>4}", "instance", "up");
+    for (_, (heading, width)) in columns() {
+        let _ = write!(out, " {heading:>width$}");
+    }
+    let _ = writeln!(out, " {:>11} {:>12}", "connections", "requests");
     for i in &instances {
         let get = |name| m.labelled(name, "instance", i);
+        let up = if get(names::WORKER_UP) > 0.0 {
+            "yes"
+        } else {
+            "no"
+        };
+        let _ = write!(out, "{i:>8} {up:>4}");
+        for (metric, (_, width)) in columns() {
+            let _ = write!(out, " {:>width$.0}", get(metric));
+        }
         let _ = writeln!(
             out,
-            "{:>8} {:>4} {:>14.0} {:>10.0} {:>9.0} {:>8.0} {:>11.0} {:>12.0}",
-            i,
-            if get(names::WORKER_UP) > 0.0 {
-                "yes"
-            } else {
-                "no"
-            },
-            get(names::FORWARDED),
-            get(names::DOORBELLS),
-            get(names::RING_OCCUPANCY),
-            get(names::WORKER_RESTARTS),
+            " {:>11.0} {:>12.0}",
             get(names::WORKER_CONNECTIONS),
             m.sum_where(names::WORKER_REQUESTS, "instance", i),
         );
@@ -84,16 +82,14 @@ pub fn table(m: &Scrape) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "admission: {}   retries {:.0} sent, {:.0} unsent   tokens {:.0} accepted, {:.0} refused",
+        "admission: {}   retries {}   tokens {}",
         if m.get(names::ADMISSION_PRESSURE) > 0.0 {
             "under pressure"
         } else {
             "normal"
         },
-        m.labelled(names::RETRIES, "result", "sent"),
-        m.labelled(names::RETRIES, "result", "unsent"),
-        m.labelled(names::TOKENS, "result", "accepted"),
-        m.labelled(names::TOKENS, "result", "refused"),
+        results(m, names::RETRIES),
+        results(m, names::TOKENS),
     );
     let take = |r: &str| m.labelled(names::SESSION_TAKES, "result", r);
     let hello = |r: &str| m.labelled(names::CLIENT_HELLOS, "result", r);
@@ -114,6 +110,15 @@ pub fn table(m: &Scrape) -> String {
         let _ = writeln!(out, "{:>16} {:>14.0}", r.as_str(), m.dropped(r.as_str()));
     }
     out
+}
+
+/// `12 sent, 0 unsent`: the samples of `metric`, one of the demux's own ([`Counters::TABLE`]),
+/// by `result`, in the table's order.
+fn results(m: &Scrape, metric: &str) -> String {
+    Counters::results(metric)
+        .map(|r| format!("{:.0} {r}", m.labelled(metric, "result", r)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The worker generations: each one's state, workers up and connections.
@@ -139,13 +144,10 @@ fn generations(m: &Scrape, out: &mut String) {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "new connections go to generation {:.0}   reloads {:.0} ok, {:.0} failed   \
-         upgrades {:.0} ok, {:.0} failed",
+        "new connections go to generation {:.0}   reloads {}   upgrades {}",
         m.get(names::GENERATION_ACTIVE),
-        m.labelled(names::RELOADS, "result", "ok"),
-        m.labelled(names::RELOADS, "result", "failed"),
-        m.labelled(names::UPGRADES, "result", "ok"),
-        m.labelled(names::UPGRADES, "result", "failed"),
+        results(m, names::RELOADS),
+        results(m, names::UPGRADES),
     );
     let _ = writeln!(
         out,
