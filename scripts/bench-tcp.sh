@@ -5,15 +5,20 @@
 # document root, one after the other. Reports per target and file the median (min-max) over
 # rounds of requests/s, latency p99 and the server's CPU per request (ringmux: its workers;
 # Caddy: its process) and the whole box's busy CPU per request (every CPU, /proc/stat: the
-# client, the server and the kernel), and the ringmux/Caddy req/s ratios within each round, per
-# transport.
+# client, the server and the kernel), the client's own CPU per request (h3-probe: over its
+# measured window, from its JSON; h2load: its whole run from GNU time, scaled by
+# seconds / (seconds + the 1 s warm-up)), and the ringmux/Caddy req/s ratios within each
+# round, per transport.
 # --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only).
+# --h3-probe-arg ARG (repeatable) passes ARG to every h3-probe run, e.g.
+# --h3-probe-arg=--task-per-stream for the client's earlier shape.
 #
-# Needs Debian's nghttp2-client (h2load), caddy and openssl; jq for h3-probe's JSON. The client
-# shares the machine with the servers: compare targets within a run, not across machines.
+# Needs Debian's nghttp2-client (h2load), caddy, openssl and time (GNU time); jq for
+# h3-probe's JSON. The client shares the machine with the servers: compare targets within a
+# run, not across machines.
 #
 # Usage: scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
-#          [--instances K] [--out DIR] [--no-build] [--no-caddy-h3]
+#          [--instances K] [--out DIR] [--no-build] [--no-caddy-h3] [--h3-probe-arg ARG]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +30,7 @@ instances=2
 out=""
 build=1
 caddy_h3=1
+probe_args=()
 while (($#)); do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -35,11 +41,13 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --no-caddy-h3) caddy_h3=0; shift ;;
+    --h3-probe-arg) probe_args+=("$2"); shift 2 ;;
+    --h3-probe-arg=*) probe_args+=("${1#--h3-probe-arg=}"); shift ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for tool in h2load caddy openssl jq; do
-  command -v "$tool" >/dev/null || { echo "bench-tcp.sh: $tool is required (apt-get install nghttp2-client caddy openssl jq)" >&2; exit 1; }
+for tool in h2load caddy openssl jq /usr/bin/time; do
+  command -v "$tool" >/dev/null || { echo "bench-tcp.sh: $tool is required (apt-get install nghttp2-client caddy openssl jq time)" >&2; exit 1; }
 done
 if ((build)); then
   echo "== cargo build --release --workspace --bins"
@@ -116,15 +124,16 @@ p99_us() {
   awk '{ print $3 }' "$1" | sort -n | awk '{ a[NR] = $1 } END { i = int(NR * 0.99); if (i < 1) i = 1; print a[i] }'
 }
 
-# run_h2load PORT PATH LOG: req/s.
+# run_h2load PORT PATH LOG: req/s; h2load's user and system CPU seconds in LOG.time.
 run_h2load() {
-  h2load -c "$connections" -m "$streams" -D "$duration" --warm-up-time=1 \
-    --log-file="$3" "https://127.0.0.1:$1$2" 2>&1 | awk '/^finished in/ { gsub(",", "", $4); print $4 }'
+  /usr/bin/time -f "%U %S" -o "$3.time" h2load -c "$connections" -m "$streams" -D "$duration" \
+    --warm-up-time=1 --log-file="$3" "https://127.0.0.1:$1$2" 2>&1 |
+    awk '/^finished in/ { gsub(",", "", $4); print $4 }'
 }
 
 tsv=$out/bench-tcp.tsv
-printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\tbox_us_per_request\n' >"$tsv"
-echo "== ringmux and Caddy over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; load $(cat /proc/loadavg)"
+printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\tbox_us_per_request\tclient_us_per_request\n' >"$tsv"
+echo "== ringmux and Caddy over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; h3-probe args: ${probe_args[*]:-none}; load $(cat /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   "$bin/ringmux" --listen "127.0.0.1:$rm_port" --instances "$instances" --root "$work/root" \
     --cert "$work/cert.pem" --key "$work/key.pem" --metrics 127.0.0.1:0 \
@@ -148,21 +157,24 @@ for round in $(seq 1 "$rounds"); do
       x0=$(box_busy_ns)
       if [[ $target == *-h3 ]]; then
         "$bin/h3-probe" --url "https://127.0.0.1:$port/$file.bin" --insecure -c "$connections" \
-          -s "$streams" -d "$duration" --warmup 1 --json "$log.json" >/dev/null 2>&1
+          -s "$streams" -d "$duration" --warmup 1 --json "$log.json" ${probe_args[@]+"${probe_args[@]}"} >/dev/null 2>&1
         rps=$(jq -r '.requests_per_s' "$log.json")
         p99=$(jq -r '.latency_us.p99' "$log.json")
         n=$(jq -r '.requests' "$log.json")
+        client=$(jq -r '.client_cpu_us_per_request // "nan"' "$log.json")
+        client=$(awk -v c="$client" 'BEGIN { if (c == "nan") print c; else printf "%.1f", c }')
       else
         rps=$(run_h2load "$port" "/$file.bin" "$log")
         p99=$(p99_us "$log")
         n=$(wc -l <"$log")
+        client=$(awk -v n="$n" -v d="$duration" '{ if (n > 0) printf "%.1f", ($1 + $2) * d / (d + 1) / n * 1e6; else print "nan" }' "$log.time")
       fi
       x1=$(box_busy_ns)
       c1=$(cpu_ns "${pids[@]}")
       per=$(awk -v c=$((c1 - c0)) -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", c / n / 1000; else print "nan" }')
       box=$(awk -v c=$((x1 - x0)) -v n="$n" 'BEGIN { if (n > 0) printf "%.1f", c / n / 1000; else print "nan" }')
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" >>"$tsv"
-      printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request  box %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" "$client" >>"$tsv"
+      printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request  box %6s us/request  client %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" "$client"
     done
   done
   kill -TERM "$rm_pid" "$caddy_pid" 2>/dev/null || true
@@ -179,8 +191,8 @@ def f(v):
         return float(v)
     except ValueError:
         return float("nan")
-print("| target | file | req/s | p99 µs | server µs/request | box µs/request |")
-print("|---|---|---|---|---|---|")
+print("| target | file | req/s | p99 µs | server µs/request | box µs/request | client µs/request |")
+print("|---|---|---|---|---|---|---|")
 for file in ("small", "big"):
     for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
@@ -188,7 +200,7 @@ for file in ("small", "big"):
             continue
         cell = lambda k: "%.0f (%.0f–%.0f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
         cellf = lambda k: "%.1f (%.1f–%.1f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
-        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {cellf('box_us_per_request')} |")
+        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {cellf('box_us_per_request')} | {cellf('client_us_per_request')} |")
 targets = {r["target"] for r in rows}
 for ours, theirs, what in (("ringmux-tcp", "caddy-tcp", "over TCP"), ("ringmux-h3", "caddy-h3", "over HTTP/3")):
     if theirs not in targets:
