@@ -19,7 +19,7 @@
 //! of Chromium's was counted before Chromium had its answer, before the probe, and that report
 //! holds them all.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -27,19 +27,20 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use harness::{bounded, Forward, Ringmux, TempDir};
+use harness::{bounded, Forward, Ringmux};
 use http_body_util::{BodyExt, Empty};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
+use ringmux_test_support::{tool, TempDir};
 
 /// Bound of one Chromium run (a page load from loopback takes well under a second).
 const CHROMIUM_LIMIT: Duration = Duration::from_secs(30);
 
 /// Whether Chromium can run here; `false` means skip (only allowed outside CI).
 fn have_chromium() -> bool {
-    harness::tool_present("chromium", &["--version"], true, "apt-get install chromium")
+    tool::CHROMIUM.present()
 }
 
 /// A `--root` holding an `index.html` whose body is `marker`.

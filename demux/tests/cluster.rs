@@ -9,7 +9,7 @@
 //!   the rules, connections spread, migration, upgrades under load, draining and removal,
 //!   `--retry always`, IPv6). Skipped, saying why, where it cannot run.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -20,10 +20,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{bounded, check_bytes, tool_present, Forward, Ringmux, TempDir, SERVER_NAME};
+use harness::{bounded, check_bytes, Forward, Ringmux, SERVER_NAME};
 use ringmux_bench::client::{client_config, H3Client};
 use ringmux_demux::metrics::names;
 use ringmux_quic_lb::KeySet;
+use ringmux_test_support::{tool, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(90);
 /// The whole namespace test: it takes about half a minute.
@@ -158,14 +159,14 @@ fn three_nodes_behind_an_nftables_balancer() {
         return;
     }
     let tools = [
-        ("ip", &["netns", "list"][..], "apt-get install iproute2"),
-        ("nft", &["--version"], "apt-get install nftables"),
-        ("gtlsclient", &["--help"], "apt-get install ngtcp2-client"),
-        ("curl", &["--version"], "apt-get install curl"),
-        ("python3", &["-c", "import aioquic"], "pip install aioquic"),
+        tool::IP_NETNS,
+        tool::NFT,
+        tool::GTLSCLIENT,
+        tool::CURL,
+        tool::AIOQUIC,
     ];
-    for (tool, args, install) in tools {
-        if !tool_present(tool, args, true, install) {
+    for tool in tools {
+        if !tool.present() {
             return;
         }
     }
@@ -188,7 +189,8 @@ fn three_nodes_behind_an_nftables_balancer() {
     }
 
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bin = Path::new(env!("CARGO_BIN_EXE_ringmux")).parent().unwrap();
+    let ringmux = harness::binary("ringmux");
+    let bin = ringmux.parent().expect("the folder of the binaries");
     let out = TempDir::new("ringmux-cluster");
     let log_path = out.path().join("cluster.log");
     let log = std::fs::File::create(&log_path).unwrap();

@@ -1,17 +1,16 @@
 //! End to end with third-party HTTP/3 clients: ngtcp2's `gtlsclient` (Debian `ngtcp2-client`)
-//! and aioquic (Python, driven through `aioquic_client.py` next to this file). How they behave
+//! and aioquic (Python, driven through `ringmux_test_support::aioquic`'s script). How they behave
 //! and what their output means is said where each is used: gtlsclient exits 0 whatever
 //! happened and writes everything to stderr; aioquic ignores stateless resets.
 //!
 //! A client that is not installed skips its tests with a loud message, unless `CI` is set: then
 //! its absence is a failure.
 
-mod harness;
-
 use ringmux_demux::metrics::names;
-use std::fs::File;
+use ringmux_test_support::aioquic::Json;
+use ringmux_test_support::tool::{self, tail};
+use ringmux_test_support::{harness, TempDir};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{
@@ -25,16 +24,6 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
 // gtlsclient
-
-/// Whether gtlsclient can run here; `false` means skip (only allowed outside CI).
-fn have_gtlsclient() -> bool {
-    harness::tool_present(
-        "gtlsclient",
-        &["--help"],
-        false,
-        "apt-get install ngtcp2-client",
-    )
-}
 
 /// One gtlsclient run against `rm`: its stderr (where it writes everything).
 async fn gtls(rm: &Ringmux, opts: &[String], paths: &[&str]) -> String {
@@ -50,7 +39,7 @@ async fn gtls(rm: &Ringmux, opts: &[String], paths: &[&str]) -> String {
     args.push("127.0.0.1".into());
     args.push(port.clone());
     args.extend(paths.iter().map(|p| format!("https://127.0.0.1:{port}{p}")));
-    let out = run("gtlsclient", &args, rm.dir()).await;
+    let out = tool::run("gtlsclient", &args, rm.dir(), CLIENT_TIMEOUT).await;
     // gtlsclient exits 0 even on a handshake timeout or a reset: success is read from the output.
     out.stderr
 }
@@ -90,7 +79,7 @@ fn download_dir(rm: &Ringmux, name: &str) -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_get_hello() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -117,7 +106,7 @@ async fn gtlsclient_get_hello() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_100_requests_one_connection() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -141,7 +130,7 @@ async fn gtlsclient_100_requests_one_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_20_connections() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -192,7 +181,7 @@ async fn gtlsclient_active_migration_reuseport() {
 }
 
 async fn gtlsclient_active_migration_in(forward: Forward) {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -235,7 +224,7 @@ async fn gtlsclient_nat_rebinding_reuseport() {
 }
 
 async fn gtlsclient_nat_rebinding_in(forward: Forward) {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -270,7 +259,7 @@ async fn gtlsclient_nat_rebinding_in(forward: Forward) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_key_update() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -305,7 +294,7 @@ async fn gtlsclient_key_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_10mib_download() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -327,7 +316,7 @@ async fn gtlsclient_10mib_download() {
 /// 0-RTT with the ticket of instance 0 on a connection whose first DCID routes to instance 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_0rtt_on_another_instance() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -385,7 +374,7 @@ async fn gtlsclient_0rtt_on_another_instance() {
 /// `--retry`: gtlsclient logs the Retry it received and then completes its request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_retry() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -406,20 +395,16 @@ async fn gtlsclient_retry() {
 // ---------------------------------------------------------------------------------------------
 // aioquic
 
-fn have_aioquic() -> bool {
-    harness::tool_present(
-        "python3",
-        &["-c", "import aioquic"],
-        true,
-        "pip install aioquic",
-    )
-}
-
 /// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok` and
 /// for every body it reports (status 200, and the `/bytes/N` pattern).
 async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
     let json = aioquic_raw(rm, scenario, extra).await;
-    for body in json.get("bodies").map(Json::as_array).unwrap_or_default() {
+    for body in json
+        .get("bodies")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
         let text = body.as_str().expect("body summary");
         let f: Vec<&str> = text.split(' ').collect();
         assert_eq!(f.len(), 4, "body summary {text:?}");
@@ -443,7 +428,7 @@ async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
 
 /// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok`.
 async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_client.py");
+    let script = ringmux_test_support::aioquic::script();
     let mut args = vec![
         script.to_string_lossy().into_owned(),
         "127.0.0.1".into(),
@@ -453,13 +438,14 @@ async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
         rm.dir().to_string_lossy().into_owned(),
     ];
     args.extend(extra.iter().cloned());
-    let out = run("python3", &args, rm.dir()).await;
-    let line = out
-        .stdout
-        .lines()
-        .last()
-        .unwrap_or_else(|| panic!("aioquic {scenario}: no output\n{}", tail(&out.stderr, 40)));
-    let json = Json::parse(line).unwrap_or_else(|| panic!("aioquic {scenario}: bad JSON {line}"));
+    let out = tool::run("python3", &args, rm.dir(), CLIENT_TIMEOUT).await;
+    let json = ringmux_test_support::aioquic::result(&out.stdout).unwrap_or_else(|| {
+        panic!(
+            "aioquic {scenario}: no JSON result in {:?}\n{}",
+            out.stdout,
+            tail(&out.stderr, 40)
+        )
+    });
     assert_eq!(
         json.get("ok").and_then(Json::as_bool),
         Some(true),
@@ -471,12 +457,12 @@ async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
 }
 
 fn bodies(j: &Json) -> usize {
-    j.get("bodies").map_or(0, |b| b.as_array().len())
+    j.get("bodies").and_then(Json::as_array).map_or(0, Vec::len)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_get() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -491,7 +477,7 @@ async fn aioquic_get() {
 /// quinn accepts the token the demux minted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_retry() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -512,7 +498,7 @@ async fn aioquic_retry() {
 /// completes through a Retry; every datagram is accounted for; the demux's memory stays flat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn initial_flood_spares_established_connections() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -600,7 +586,10 @@ async fn under_flood<T>(
         .await;
         during.await
     };
-    let (flood, out) = tokio::join!(run("python3", &args, rm.dir()), under_pressure);
+    let (flood, out) = tokio::join!(
+        tool::run("python3", &args, rm.dir(), CLIENT_TIMEOUT),
+        under_pressure
+    );
     assert!(
         flood.stdout.contains(&format!("\"sent\": {count}")),
         "initial-flood.py: {}\n{}",
@@ -624,7 +613,7 @@ async fn under_flood<T>(
 /// is accounted for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_prefix_is_held_to_its_budget() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -680,7 +669,7 @@ fn assert_demux_retried(m: &harness::Metrics, n: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_100_requests_one_connection() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -693,7 +682,7 @@ async fn aioquic_100_requests_one_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_20_connections() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -730,7 +719,7 @@ async fn aioquic_migration(scenario: &str, forward: Forward) {
 /// A new socket mid-download with the same CID (NAT rebinding as the server sees it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_rebinding() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, aioquic_migration("migrate", Forward::Shm)).await
@@ -739,7 +728,7 @@ async fn aioquic_rebinding() {
 /// NAT rebinding under kernel steering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_rebinding_reuseport() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, aioquic_migration("migrate", Forward::Reuseport)).await
@@ -748,7 +737,7 @@ async fn aioquic_rebinding_reuseport() {
 /// A new socket mid-download and a switch to another server-issued CID (active migration).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_migration_new_cid() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, aioquic_migration("migrate_cid", Forward::Shm)).await
@@ -757,7 +746,7 @@ async fn aioquic_migration_new_cid() {
 /// Active migration to another server-issued CID under kernel steering.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_migration_new_cid_reuseport() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, aioquic_migration("migrate_cid", Forward::Reuseport)).await
@@ -765,7 +754,7 @@ async fn aioquic_migration_new_cid_reuseport() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_key_update() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -782,7 +771,7 @@ async fn aioquic_key_update() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_10mib_download() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -797,7 +786,7 @@ async fn aioquic_10mib_download() {
 /// Ticket from instance 0, early data on a connection routed to instance 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_0rtt_on_another_instance() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -830,53 +819,7 @@ async fn aioquic_0rtt_on_another_instance() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Processes, hex, JSON
-
-struct Output {
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `program` with a deadline (killed after [`CLIENT_TIMEOUT`]); output goes through files
-/// so a chatty client cannot block on a full pipe.
-async fn run(program: &str, args: &[String], dir: &Path) -> Output {
-    let tag = harness::random_u64();
-    let out_path = dir.join(format!("{program}-{tag:x}.out"));
-    let err_path = dir.join(format!("{program}-{tag:x}.err"));
-    let mut child = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(File::create(&out_path).unwrap())
-        .stderr(File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{program} {args:?} still running after {CLIENT_TIMEOUT:?}\n{}",
-                tail(&std::fs::read_to_string(&err_path).unwrap_or_default(), 40)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
-    Output {
-        stdout: read(&out_path),
-        stderr: read(&err_path),
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
+// Processes
 
 /// Polls all futures to completion, returning their outputs in order.
 async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
@@ -905,215 +848,17 @@ async fn join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<
     out.into_iter().map(Option::unwrap).collect()
 }
 
-/// Just enough JSON for aioquic_client.py's one-line result.
-#[derive(Debug, Clone, PartialEq)]
-enum Json {
-    Null,
-    Bool(bool),
-    Num(f64),
-    Str(String),
-    Arr(Vec<Json>),
-    Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn parse(text: &str) -> Option<Json> {
-        let mut p = JsonParser {
-            s: text.as_bytes(),
-            i: 0,
-        };
-        let v = p.value()?;
-        p.ws();
-        (p.i == p.s.len()).then_some(v)
-    }
-
-    fn get(&self, key: &str) -> Option<&Json> {
-        match self {
-            Json::Obj(kv) => kv.iter().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
-
-    fn as_bool(&self) -> Option<bool> {
-        match self {
-            Json::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-
-    fn as_u64(&self) -> Option<u64> {
-        match self {
-            Json::Num(n) if *n >= 0.0 && n.fract() == 0.0 => Some(*n as u64),
-            _ => None,
-        }
-    }
-
-    fn as_str(&self) -> Option<&str> {
-        match self {
-            Json::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    fn as_array(&self) -> Vec<Json> {
-        match self {
-            Json::Arr(a) => a.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-struct JsonParser<'a> {
-    s: &'a [u8],
-    i: usize,
-}
-
-impl JsonParser<'_> {
-    fn ws(&mut self) {
-        while self.s.get(self.i).is_some_and(|c| c.is_ascii_whitespace()) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, lit: &str) -> bool {
-        let ok = self.s[self.i..].starts_with(lit.as_bytes());
-        if ok {
-            self.i += lit.len();
-        }
-        ok
-    }
-
-    fn value(&mut self) -> Option<Json> {
-        self.ws();
-        match *self.s.get(self.i)? {
-            b'n' => self.eat("null").then_some(Json::Null),
-            b't' => self.eat("true").then_some(Json::Bool(true)),
-            b'f' => self.eat("false").then_some(Json::Bool(false)),
-            b'"' => self.string().map(Json::Str),
-            b'[' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                self.ws();
-                if self.eat("]") {
-                    return Some(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value()?);
-                    self.ws();
-                    if self.eat("]") {
-                        return Some(Json::Arr(items));
-                    }
-                    self.eat(",").then_some(())?;
-                }
-            }
-            b'{' => {
-                self.i += 1;
-                let mut kv = Vec::new();
-                self.ws();
-                if self.eat("}") {
-                    return Some(Json::Obj(kv));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    self.ws();
-                    self.eat(":").then_some(())?;
-                    kv.push((k, self.value()?));
-                    self.ws();
-                    if self.eat("}") {
-                        return Some(Json::Obj(kv));
-                    }
-                    self.eat(",").then_some(())?;
-                }
-            }
-            _ => {
-                let start = self.i;
-                while self
-                    .s
-                    .get(self.i)
-                    .is_some_and(|c| c.is_ascii_digit() || b"+-.eE".contains(c))
-                {
-                    self.i += 1;
-                }
-                std::str::from_utf8(&self.s[start..self.i])
-                    .ok()?
-                    .parse()
-                    .ok()
-                    .map(Json::Num)
-            }
-        }
-    }
-
-    fn string(&mut self) -> Option<String> {
-        self.eat("\"").then_some(())?;
-        let mut out = String::new();
-        loop {
-            let c = *self.s.get(self.i)?;
-            self.i += 1;
-            match c {
-                b'"' => return Some(out),
-                b'\\' => {
-                    let e = *self.s.get(self.i)?;
-                    self.i += 1;
-                    match e {
-                        b'n' => out.push('\n'),
-                        b't' => out.push('\t'),
-                        b'r' => out.push('\r'),
-                        b'u' => {
-                            let hex = std::str::from_utf8(self.s.get(self.i..self.i + 4)?).ok()?;
-                            self.i += 4;
-                            out.push(char::from_u32(u32::from_str_radix(hex, 16).ok()?)?);
-                        }
-                        other => out.push(other as char),
-                    }
-                }
-                _ => {
-                    // Re-decode multi-byte UTF-8 sequences.
-                    let start = self.i - 1;
-                    let len = match c {
-                        0x00..=0x7f => 1,
-                        0xc0..=0xdf => 2,
-                        0xe0..=0xef => 3,
-                        _ => 4,
-                    };
-                    self.i = start + len;
-                    out.push_str(std::str::from_utf8(self.s.get(start..self.i)?).ok()?);
-                }
-            }
-        }
-    }
-}
-
-#[test]
-fn json_parser_reads_the_script_output() {
-    let j = Json::parse(
-        r#"{"ok": true, "error": null, "bodies": ["/a 200 1 00"], "n": 3, "s": "x\"y\u00e9"}"#,
-    )
-    .unwrap();
-    assert_eq!(j.get("ok"), Some(&Json::Bool(true)));
-    assert_eq!(j.get("error"), Some(&Json::Null));
-    assert_eq!(bodies(&j), 1);
-    assert_eq!(j.get("n").and_then(Json::as_u64), Some(3));
-    assert_eq!(j.get("s").and_then(Json::as_str), Some("x\"yé"));
-    assert!(Json::parse("{").is_none());
-}
-
 /// The h3-hello example (worker/examples/h3-hello.rs) run as the instances with --worker-cmd.
 fn start_h3_hello() -> Ringmux {
-    let demux = Path::new(env!("CARGO_BIN_EXE_ringmux"));
-    let example = demux.with_file_name("examples").join("h3-hello");
-    assert!(
-        example.is_file(),
-        "{} is missing: run `cargo build --workspace --bins --examples` first",
-        example.display()
-    );
-    let cmd = example.to_string_lossy().into_owned();
+    let cmd = harness::binary("examples/h3-hello")
+        .to_string_lossy()
+        .into_owned();
     Ringmux::start(3, Forward::Shm, &["--worker-cmd", &cmd])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_against_the_h3_hello_example() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -1135,7 +880,7 @@ async fn gtlsclient_against_the_h3_hello_example() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_against_the_h3_hello_example() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -1144,11 +889,19 @@ async fn aioquic_against_the_h3_hello_example() {
             .map(String::from)
             .to_vec();
         let out = aioquic_raw(&rm, "paths", &args).await;
-        let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+        let texts = out
+            .get("texts")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
         assert_eq!(texts.len(), 2, "{out:?}");
         let hello = texts[0].as_str().unwrap();
         assert!(hello.contains("\"hello\":\"world\""), "{hello}");
-        let summaries = out.get("bodies").map(Json::as_array).unwrap_or_default();
+        let summaries = out
+            .get("bodies")
+            .and_then(Json::as_array)
+            .cloned()
+            .unwrap_or_default();
         assert!(
             summaries[0].as_str().unwrap().starts_with("/ 200 "),
             "{summaries:?}"
@@ -1185,7 +938,7 @@ fn proxies() -> Vec<(&'static str, Ringmux, Box<dyn std::any::Any>)> {
 /// forwarded headers, and a 2 MiB POST checked by SHA-256 at the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gtlsclient_through_the_proxy() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -1239,7 +992,7 @@ async fn gtlsclient_through_the_proxy() {
 /// forwarded headers, and a 1 MB POST checked by SHA-256 at the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aioquic_through_the_proxy() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(LIMIT, async {
@@ -1255,7 +1008,11 @@ async fn aioquic_through_the_proxy() {
             .map(String::from)
             .to_vec();
             let out = aioquic(&rm, "paths", &args).await;
-            let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+            let texts = out
+                .get("texts")
+                .and_then(Json::as_array)
+                .cloned()
+                .unwrap_or_default();
             assert_eq!(texts.len(), 3, "{name}: {out:?}");
             let hello = texts[0].as_str().unwrap();
             assert!(hello.starts_with("hello from upstream"), "{name}: {hello}");
@@ -1274,7 +1031,11 @@ async fn aioquic_through_the_proxy() {
                 n.to_string(),
             ];
             let out = aioquic(&rm, "upload", &args).await;
-            let texts = out.get("texts").map(Json::as_array).unwrap_or_default();
+            let texts = out
+                .get("texts")
+                .and_then(Json::as_array)
+                .cloned()
+                .unwrap_or_default();
             let body: Vec<u8> = (0..n).map(upload_byte).collect();
             assert_eq!(
                 texts.first().and_then(|t| t.as_str()),
@@ -1321,13 +1082,13 @@ fn draining(m: &harness::Metrics) -> f64 {
 /// socket's share of `RcvbufErrors`) throughout; every replaced worker exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reloads_and_an_upgrade_under_load_lose_nothing() {
-    if !have_gtlsclient() || !have_aioquic() {
+    if !tool::GTLSCLIENT.present() || !tool::AIOQUIC.present() {
         return;
     }
     bounded(Duration::from_secs(200), async {
         const N: u64 = 50 << 20;
         let rm = Ringmux::start(2, Forward::Shm, &["--grace", "60"]);
-        let probe = Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
+        let probe = harness::binary("h3-probe");
         let json = rm.dir().join("probe.json");
         let url = format!("https://127.0.0.1:{}/bytes/1000", rm.listen.port());
         let probe_args: Vec<String> = [
@@ -1352,7 +1113,12 @@ async fn reloads_and_an_upgrade_under_load_lose_nothing() {
         let gtls_args = [format!("--download={}", dir.display())];
         let gtls_path = format!("/bytes/{N}");
         let aio_args = ["--bytes".to_string(), N.to_string()];
-        let probe_run = run(probe.to_str().unwrap(), &probe_args, rm.dir());
+        let probe_run = tool::run(
+            probe.to_str().unwrap(),
+            &probe_args,
+            rm.dir(),
+            CLIENT_TIMEOUT,
+        );
         let gtls_paths = [gtls_path.as_str()];
         let gtls_run = gtls(&rm, &gtls_args, &gtls_paths);
         let aio_run = aioquic(&rm, "download", &aio_args);
@@ -1483,11 +1249,11 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
 /// the program mended succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_reload_leaves_the_old_generation_serving() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
-        let bin = harness::TempDir::new("ringmux-reload-bin");
+        let bin = TempDir::new("ringmux-reload-bin");
         let worker = harness::worker_bin();
         let good = format!("exec {} \"$@\"", worker.display());
         let prog = script(bin.path(), "worker.sh", &good);
@@ -1535,19 +1301,19 @@ async fn a_failing_reload_leaves_the_old_generation_serving() {
 /// a client still gets its page. A good binary then upgrades.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_upgrade_leaves_the_old_demux_serving() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(LIMIT, async {
         use ringmux_demux::upgrade::{Compat, STATE_FORMAT};
-        let bin = harness::TempDir::new("ringmux-upgrade-bin");
+        let bin = TempDir::new("ringmux-upgrade-bin");
         let demux = bin.path().join("ringmux");
         let real = Path::new(env!("CARGO_BIN_EXE_ringmux"))
             .display()
             .to_string();
         std::fs::copy(&real, &demux).unwrap();
         let rm = Ringmux::start_in(
-            harness::TempDir::new("ringmux-e2e"),
+            TempDir::new("ringmux-e2e"),
             &demux,
             2,
             Forward::Shm,
@@ -1631,7 +1397,7 @@ async fn a_failing_upgrade_leaves_the_old_demux_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_reload_drains_every_generation() {
     bounded(LIMIT, async {
-        let bin = harness::TempDir::new("ringmux-reload-bin");
+        let bin = TempDir::new("ringmux-reload-bin");
         let (slow, fifo) = (bin.path().join("slow"), bin.path().join("fifo"));
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         // The workers (nobody, when the tests run as root) open it read-write.

@@ -1,7 +1,7 @@
 //! End to end with the project's quinn + h3 client: real ringmux processes on loopback, every
 //! scenario once over shared-memory rings and once over unix sockets.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -12,6 +12,16 @@ use std::time::Duration;
 use harness::{bounded, check_bytes, pin, zero_rtt_across, Forward, Ringmux, SERVER_NAME};
 
 const LIMIT: Duration = Duration::from_secs(90);
+
+/// The harness, a crate of its own, finds the binaries where cargo built this package's own.
+#[test]
+fn the_harness_runs_the_ringmux_cargo_built_for_these_tests() {
+    let cargo = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux"));
+    assert_eq!(
+        harness::binary("ringmux").canonicalize().unwrap(),
+        cargo.canonicalize().unwrap()
+    );
+}
 
 /// 24 connections from one client socket, pinned round-robin over 3 instances, 4 GETs of
 /// `/bytes/N` each (distinct N): every body is checked byte for byte, and the demux and the
@@ -290,14 +300,9 @@ async fn specific_ipv6_listen_serves_every_instance() {
 /// Runs h3-probe against `url` (any certificate, bodies of 1000 bytes) with `args`, at most 60
 /// seconds, and returns its JSON report; fails the test if it fails.
 async fn run_probe(url: &str, args: &[&str]) -> serde_json::Value {
-    let dir = harness::TempDir::new("ringmux-probe");
+    let dir = ringmux_test_support::TempDir::new("ringmux-probe");
     let json = dir.path().join("probe.json");
-    let probe = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")).with_file_name("h3-probe");
-    assert!(
-        probe.is_file(),
-        "{} is missing: run `cargo build --workspace --bins` before these tests",
-        probe.display()
-    );
+    let probe = harness::binary("h3-probe");
     let out = tokio::process::Command::new(&probe)
         .args(["--url", url, "--insecure", "--expect-len", "1000"])
         .args(args)

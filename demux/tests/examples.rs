@@ -5,7 +5,7 @@
 //! serves, 0-RTT resumes on another instance, and the demux reports what the instances run.
 //! gtlsclient and aioquic against h3-hello are in `e2e_interop.rs`.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use std::net::UdpSocket;
 use std::path::PathBuf;
@@ -23,14 +23,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 /// An example binary, built beside ringmux by `cargo build --examples` (scripts/test.sh).
 pub fn example(name: &str) -> PathBuf {
-    let demux = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux"));
-    let path = demux.with_file_name("examples").join(name);
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build --workspace --bins --examples` before these tests",
-        path.display()
-    );
-    path
+    harness::binary(&format!("examples/{name}"))
 }
 
 /// ringmux with `instances` instances of the example `name`.
@@ -94,7 +87,7 @@ async fn h3_hello_on_every_instance(forward: Forward) {
         "{programs:?}"
     );
     // The same application over TCP, through `Worker::tcp_listener` (curl, when installed).
-    if harness::tool_present("curl", &["--version"], false, "apt-get install curl") {
+    if ringmux_test_support::tool::CURL.present() {
         let url = format!("https://{}/echo", rm.listen);
         let out = tokio::process::Command::new("curl")
             .args([
@@ -277,7 +270,7 @@ async fn h3_hello_zero_rtt_on_another_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_program_that_never_attaches_is_named() {
     bounded(LIMIT, async {
-        let dir = harness::TempDir::new("ringmux-notworker");
+        let dir = ringmux_test_support::TempDir::new("ringmux-notworker");
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
             .args([
                 "--listen",

@@ -1,7 +1,7 @@
 //! Fault injection against real ringmux processes: a worker killed mid-transfer, SIGTERM and
 //! SIGKILL of the demux, and a storm of malformed datagrams next to real traffic.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;

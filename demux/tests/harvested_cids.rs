@@ -9,7 +9,6 @@
 #[allow(dead_code)]
 #[path = "support/client_initial.rs"]
 mod client_initial;
-mod harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -20,6 +19,7 @@ use std::time::Duration;
 use client_initial::{crypto_frame, initial_packet};
 use harness::{bounded, check_bytes, hex, Forward, Metrics, Ringmux, SERVER_NAME};
 use quinn::ConnectionId;
+use ringmux_test_support::{harness, tool};
 
 const LIMIT: Duration = Duration::from_secs(120);
 /// Fresh source ports that send Initials to the harvested CID.
@@ -115,12 +115,7 @@ fn retries_sent(m: &Metrics) -> f64 {
 
 /// Whether gtlsclient (Debian `ngtcp2-client`, installed by scripts/test.sh) can run here.
 fn have_gtlsclient() -> bool {
-    harness::tool_present(
-        "gtlsclient",
-        &["--help"],
-        false,
-        "apt-get install ngtcp2-client",
-    )
+    tool::GTLSCLIENT.present()
 }
 
 /// One gtlsclient GET of `path` whose first Initial goes to `dcid`: what it printed (all of it

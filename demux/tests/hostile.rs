@@ -7,19 +7,20 @@
 
 #[path = "support/client_initial.rs"]
 mod client_initial;
-mod harness;
+
+use ringmux_test_support::{harness, tool, TempDir};
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use harness::{bounded, check_bytes, unused_tcp_port, Forward, Metrics, Ringmux, TempDir};
+use harness::{bounded, check_bytes, unused_tcp_port, Forward, Metrics, Ringmux};
 
 fn fault_worker() -> PathBuf {
     // A test tool of its own package (test-tools/fault-worker), built beside ringmux by
     // scripts/test.sh.
-    PathBuf::from(env!("CARGO_BIN_EXE_ringmux")).with_file_name("ringmux-fault-worker")
+    harness::binary("ringmux-fault-worker")
 }
 
 /// The environment that makes the fault worker play `fault` once on instance 1, with its marker
@@ -594,12 +595,7 @@ async fn forwards_everything(rm: &Ringmux) {
 /// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
 /// `instance`. Skipped (said loudly) where it is not installed, except under CI.
 async fn third_party_served(rm: &Ringmux, instance: u8) {
-    if !harness::tool_present(
-        "gtlsclient",
-        &["--help"],
-        false,
-        "apt-get install ngtcp2-client",
-    ) {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     let port = rm.listen.port().to_string();
@@ -1005,15 +1001,10 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
         eprintln!("skipped: starting ringmux as another user needs root");
         return;
     }
-    if !harness::tool_present(
-        "setpriv",
-        &["--version"],
-        true,
-        "apt-get install util-linux",
-    ) {
+    if !tool::SETPRIV.present() {
         return;
     }
-    let setpriv = which("setpriv").expect("setpriv, which ran");
+    let setpriv = tool::which("setpriv").expect("setpriv, which ran");
     bounded(Duration::from_secs(60), async {
         let dir = TempDir::new("ringmux-attack-caps");
         open_to_workers(&dir);
@@ -1143,14 +1134,6 @@ async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners_or_the_access_l
         third_party_served(&rm, 1).await;
     })
     .await;
-}
-
-/// The first `name` on `PATH`.
-fn which(name: &str) -> Result<PathBuf, ()> {
-    std::env::split_paths(&std::env::var_os("PATH").ok_or(())?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .ok_or(())
 }
 
 /// A worker forks a child that detaches (`setsid`) and keeps its ring, doorbell and sockets,

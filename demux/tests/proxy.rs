@@ -7,7 +7,7 @@
 //! that cancels its stream cancels the upstream exchange. gtlsclient and aioquic through the
 //! proxy are in `e2e_interop.rs`.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! says where HTTP/3 is (`alt-svc`), bad input is closed while both transports serve, and a
 //! download in flight survives a reload.
 
-mod harness;
+use ringmux_test_support::harness;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -11,11 +11,12 @@ use std::path::{Path, PathBuf};
 
 use std::time::{Duration, Instant};
 
-use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux, TempDir};
+use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux};
 use http_body_util::{BodyExt, Empty};
 use ringmux_bench::client::Fnv64;
 use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
+use ringmux_test_support::{tool, TempDir};
 use tokio::io::AsyncReadExt;
 
 /// What one curl run got: status, header fields (names lower-case), body.
@@ -36,7 +37,7 @@ impl Got {
 
 /// Whether curl can run here; `false` means skip (only allowed outside CI).
 fn have_curl() -> bool {
-    harness::tool_present("curl", &["--version"], false, "apt-get install curl")
+    tool::CURL.present()
 }
 
 /// The TCP address of `rm`: the UDP socket's, by default.
@@ -190,12 +191,7 @@ async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
 /// `alt-svc`, and takes the next requests to HTTP/3 on the UDP port, as a browser does.
 #[tokio::test]
 async fn a_client_follows_alt_svc_from_http2_to_http3() {
-    if !harness::tool_present(
-        "python3",
-        &["-c", "import niquests"],
-        true,
-        "python3 -m pip install niquests",
-    ) {
+    if !tool::NIQUESTS.present() {
         return;
     }
     bounded(Duration::from_secs(60), async {

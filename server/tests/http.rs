@@ -4,7 +4,7 @@
 //! Every test body runs under a timeout, and every wait is on an event (a response, a task
 //! ending), never a sleep.
 
-use ringmux_test_support::TempDir;
+use ringmux_test_support::{aioquic, tool, TempDir};
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -1161,79 +1161,9 @@ async fn symlink_swaps_during_requests_never_serve_outside_content() {
 // Third-party clients: ngtcp2's gtlsclient and aioquic, as in demux/tests/e2e_interop.rs
 // (gtlsclient exits 0 whatever happened and writes everything to stderr; aioquic ignores
 // stateless resets). A client that is not installed skips its test loudly, unless CI is set:
-// then its absence is a failure.
+// then its absence is a failure (`ringmux_test_support::tool`).
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(50);
-
-fn tool_present(found: bool, name: &str, install: &str) -> bool {
-    if found {
-        return true;
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!("{name} is not installed and CI is set: install it ({install})");
-    }
-    eprintln!("\n*** SKIPPED: {name} is not installed ({install}); this test did NOT run. ***\n");
-    false
-}
-
-fn have_gtlsclient() -> bool {
-    let found = std::process::Command::new("gtlsclient")
-        .arg("--help")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok();
-    tool_present(found, "gtlsclient", "apt-get install ngtcp2-client")
-}
-
-fn have_aioquic() -> bool {
-    let found = std::process::Command::new("python3")
-        .args(["-c", "import aioquic"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    tool_present(found, "python3 with aioquic", "pip install aioquic")
-}
-
-struct ToolOutput {
-    success: bool,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs `program` to completion without blocking the runtime the server runs on (its exit is
-/// awaited); killed after [`CLIENT_TIMEOUT`]. Output goes through files so a chatty client
-/// cannot block on a full pipe.
-async fn run_tool(program: &str, args: &[String], dir: &Path) -> ToolOutput {
-    let out_path = dir.join(format!("{program}.out"));
-    let err_path = dir.join(format!("{program}.err"));
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::fs::File::create(&out_path).unwrap())
-        .stderr(std::fs::File::create(&err_path).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    let status = match tokio::time::timeout(CLIENT_TIMEOUT, child.wait()).await {
-        Ok(status) => status.unwrap_or_else(|e| panic!("waiting for {program}: {e}")),
-        Err(_) => {
-            let _ = child.kill().await;
-            panic!(
-                "{program} {args:?} still running after {CLIENT_TIMEOUT:?}\n{}",
-                std::fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-    };
-    let read = |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap()).into_owned();
-    ToolOutput {
-        success: status.success(),
-        stdout: read(&out_path),
-        stderr: read(&err_path),
-    }
-}
 
 /// A document root for the third-party clients: a page, a stylesheet, a 1.5 MB file (streamed,
 /// not cached) and a directory.
@@ -1278,7 +1208,9 @@ async fn gtls(server: &Server, dir: &Path, opts: &[&str], paths: &[&str]) -> Str
     args.push(port.clone());
     args.extend(paths.iter().map(|p| format!("https://127.0.0.1:{port}{p}")));
     // gtlsclient exits 0 even on a handshake timeout or a reset: success is read from the output.
-    run_tool("gtlsclient", &args, dir).await.stderr
+    tool::run("gtlsclient", &args, dir, CLIENT_TIMEOUT)
+        .await
+        .stderr
 }
 
 fn assert_gtls(what: &str, log: &str, status: &str, requests: usize, fields: &[&str]) {
@@ -1296,7 +1228,7 @@ fn assert_gtls(what: &str, log: &str, status: &str, requests: usize, fields: &[&
 
 #[tokio::test]
 async fn gtlsclient_fetches_files_with_validators() {
-    if !have_gtlsclient() {
+    if !tool::GTLSCLIENT.present() {
         return;
     }
     bounded(async {
@@ -1365,17 +1297,9 @@ async fn gtlsclient_fetches_files_with_validators() {
     .await
 }
 
-/// One response line of aioquic_files.py: its tab-separated name=value fields.
-fn aioquic_fields(line: &str) -> std::collections::HashMap<String, String> {
-    line.split('\t')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
 #[tokio::test]
 async fn aioquic_conditional_and_range_requests() {
-    if !have_aioquic() {
+    if !tool::AIOQUIC.present() {
         return;
     }
     bounded(async {
@@ -1383,7 +1307,6 @@ async fn aioquic_conditional_and_range_requests() {
         let chain = CertChain::self_signed().unwrap();
         let server = interop_server(&chain, root.path());
         let work = TempDir::new("aioquic");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/aioquic_files.py");
         let requests = [
             "GET|/a.txt",
             "GET|/a.txt|if-none-match:$ETAG",
@@ -1400,21 +1323,27 @@ async fn aioquic_conditional_and_range_requests() {
             "GET|/",
         ];
         let mut args = vec![
-            script.to_string_lossy().into_owned(),
+            aioquic::script().to_string_lossy().into_owned(),
             "127.0.0.1".into(),
             server.addr.port().to_string(),
+            "requests".into(),
         ];
-        args.extend(requests.iter().map(|r| r.to_string()));
-        let out = run_tool("python3", &args, work.path()).await;
-        assert!(
-            out.success && out.stdout.lines().last() == Some("done"),
-            "aioquic_files.py failed:\n{}\n{}",
-            out.stdout,
-            out.stderr
+        args.extend(
+            requests
+                .iter()
+                .flat_map(|r| ["--request".into(), r.to_string()]),
         );
-        let lines: Vec<_> = out.stdout.lines().map(aioquic_fields).collect();
-        assert_eq!(lines.len(), requests.len() + 1, "{}", out.stdout);
-        let f = |i: usize, k: &str| lines[i].get(k).map_or("", String::as_str);
+        let out = tool::run("python3", &args, work.path(), CLIENT_TIMEOUT).await;
+        let result = aioquic::result(&out.stdout);
+        let result = result
+            .as_ref()
+            .filter(|r| out.success && r["ok"] == true)
+            .unwrap_or_else(|| panic!("aioquic_client.py failed:\n{}\n{}", out.stdout, out.stderr));
+        let lines = result["responses"]
+            .as_array()
+            .map_or(&[][..], Vec::as_slice);
+        assert_eq!(lines.len(), requests.len(), "{}", out.stdout);
+        let f = |i: usize, k: &str| lines[i][k].as_str().unwrap_or("");
         let expect = [
             ("200", 10, checksum(b"0123456789")),
             ("304", 0, checksum(b"")),

@@ -4,11 +4,11 @@
 //!
 //! It also knows ringmux's routing: every start gets a fresh key file, so the harness builds the
 //! same QUIC-LB [`Router`] as the demux and can choose client DCIDs that land on a given
-//! instance (quinn through [`pinned_client`], gtlsclient through `--dcid`).
+//! instance (quinn through [`Ringmux::pinned_client`], gtlsclient through `--dcid`).
 //!
-//! Each test binary uses a part of this module.
-#![allow(dead_code)]
+//! The binaries it runs are the workspace's, found where cargo builds them ([`binary`]).
 
+use crate::TempDir;
 use ringmux_demux::metrics::names;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -80,7 +80,7 @@ impl Ringmux {
         let dir = TempDir::new("ringmux-e2e");
         Ringmux::start_in(
             dir,
-            Path::new(env!("CARGO_BIN_EXE_ringmux")),
+            &binary("ringmux"),
             instances,
             forward,
             extra,
@@ -249,7 +249,7 @@ impl Ringmux {
     }
 
     async fn ask(&self, what: &str, timeout: Duration) -> (bool, String) {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
+        let out = tokio::process::Command::new(binary("ringmux"))
             .arg(what)
             .arg("--control-socket")
             .arg(self.control_socket())
@@ -425,16 +425,31 @@ impl Drop for Ringmux {
     }
 }
 
-/// The `ringmux-worker` binary next to `ringmux`.
+/// The `ringmux-worker` binary, the built-in server.
 pub fn worker_bin() -> PathBuf {
-    let demux = Path::new(env!("CARGO_BIN_EXE_ringmux"));
-    let worker = demux.with_file_name("ringmux-worker");
+    binary("ringmux-worker")
+}
+
+/// The binary `name` (or `examples/NAME`, an example) of this workspace's build: in the folder
+/// cargo builds binaries into (`target/debug`, where `CARGO_BIN_EXE_*` point), the parent of the
+/// `deps` folder holding the test executable that runs this.
+///
+/// # Panics
+/// If it is not there: a package's tests build only that package's binaries, so the tests
+/// need `cargo build --workspace --bins --examples` first (scripts/test.sh does it).
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of this test executable");
+    let mut dir = exe.parent().expect("the folder of this test executable");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("the folder above deps");
+    }
+    let path = dir.join(name);
     assert!(
-        worker.is_file(),
-        "{} is missing: run `cargo build --workspace --bins` before these tests",
-        worker.display()
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace --bins --examples` before these tests",
+        path.display()
     );
-    worker
+    path
 }
 
 /// One scrape of the metrics, read by the demux's own reader.
@@ -567,29 +582,6 @@ pub async fn wait_gone(pids: &[u32], timeout: Duration) -> Vec<u32> {
     }
 }
 
-/// Whether `program args…` runs here (exit status ignored unless `succeed`): a test that needs
-/// a third-party tool skips loudly without it, except under CI, where its absence fails (the
-/// CI script installs every tool, `scripts/test.sh`). `install` says how to get it.
-pub fn tool_present(program: &str, args: &[&str], succeed: bool, install: &str) -> bool {
-    let status = std::process::Command::new(program)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    let found = match status {
-        Ok(s) => !succeed || s.success(),
-        Err(_) => false,
-    };
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{program} {args:?} does not run and CI is set: {install}"
-        );
-        eprintln!("\n*** SKIPPED: {program} {args:?} does not run ({install}); this test did NOT run. ***\n");
-    }
-    found
-}
-
 /// Whether every folder above `path` may be entered, and `path` executed, by a user that owns
 /// none of them and is in none of their groups.
 pub fn open_to_others(path: &Path) -> bool {
@@ -600,8 +592,6 @@ pub fn open_to_others(path: &Path) -> bool {
     path.ancestors()
         .all(|p| std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
 }
-
-pub use ringmux_test_support::TempDir;
 
 /// 0-RTT across instances: a first connection, pinned to instance `first`, GETs `first_path`
 /// and so receives a session ticket; a second connection, pinned to instance `second`, sends
@@ -698,8 +688,7 @@ pub struct PyUpstream {
 impl PyUpstream {
     /// Starts it and waits (bounded) for its "listening PORT" line.
     pub fn start() -> PyUpstream {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../test-tools/python/http1_upstream.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/http1_upstream.py");
         let mut child = Command::new("python3")
             .arg(&script)
             .arg("0")

@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""aioquic HTTP/3 client for ringmux's end-to-end tests (driven by demux/tests/e2e_interop.rs).
+"""aioquic HTTP/3 client of ringmux's tests (demux/tests/e2e_interop.rs, server/tests/http.rs;
+ringmux_test_support::aioquic says where this file is).
 
-    aioquic_client.py HOST PORT SCENARIO [--dir DIR] [--dcid HEX] [--dcid2 HEX]
+    aioquic_client.py HOST PORT SCENARIO [--dir DIR] [--dcid HEX] [--dcid2 HEX] [--path P]...
+        [--upload-bytes N] [--bytes N] [--request SPEC]...
 
 Prints exactly one JSON object on stdout: {"ok": bool, "error": str|null, "bodies": [...], ...}.
 Each entry of "bodies" is "PATH STATUS LENGTH FNV1A64HEX"; the Rust test checks them against
 ringmux_server::http::fill_pattern, so this script holds no copy of the pattern. Large bodies
 ("download") are written to DIR instead. Exit status is 0 whenever the JSON was printed.
 
-Scenarios: get, paths (GET each --path), upload (POST --upload-bytes to each --path), many (100 requests, one connection), conns (20 parallel connections), migrate
-(new socket mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID:
-active migration), keyupdate, download (--bytes, default 10 MiB, to DIR), zerortt (ticket, then early data).
+Scenarios: get, paths (GET each --path), upload (POST --upload-bytes to each --path), many
+(100 requests, one connection), conns (20 parallel connections), migrate (new socket
+mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID: active
+migration), keyupdate, download (--bytes, default 10 MiB, to DIR), zerortt (ticket, then early
+data), requests (each --request in turn on one connection).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
+A --request SPEC is "METHOD|PATH|name:value|name:value...": in header values, $ETAG and
+$LAST_MODIFIED stand for the etag and last-modified of the first response. For each, an entry
+of "responses" holds string fields: status, body_len, body_fnv (FNV-1a 64, hex) and every
+response header field.
 aioquic ignores stateless resets, drops datagrams from any address but the server's, and
 switches both key directions at once on a key update.
 """
@@ -44,6 +52,7 @@ class Response:
     def __init__(self, path, sink):
         self.path = path
         self.status = None
+        self.headers = []  # (name, value) text pairs, pseudo-headers included
         self.length = 0
         self.fnv = FNV_OFFSET
         self.sink = sink  # open file for large bodies, else None (checksum instead)
@@ -100,6 +109,7 @@ class H3Client(QuicConnectionProtocol):
                 continue
             if isinstance(ev, HeadersReceived):
                 for k, v in ev.headers:
+                    r.headers.append((k.decode(), v.decode("utf-8", "replace")))
                     if k == b":status":
                         r.status = int(v)
             elif isinstance(ev, DataReceived):
@@ -110,9 +120,9 @@ class H3Client(QuicConnectionProtocol):
     async def get(self, path, sink=None):
         return await self.start(path, sink).done
 
-    def start(self, path, sink=None, method=b"GET", body=None):
-        """Sends the request (and `body`, if any); the returned Response's `done` resolves when
-        the response body is in."""
+    def start(self, path, sink=None, method=b"GET", body=None, fields=()):
+        """Sends the request, with the header `fields` (byte pairs) and `body`, if any; the
+        returned Response's `done` resolves when the response body is in."""
         sid = self._quic.get_next_available_stream_id()
         self.h3.send_headers(
             sid,
@@ -121,7 +131,8 @@ class H3Client(QuicConnectionProtocol):
                 (b":scheme", b"https"),
                 (b":authority", self.authority),
                 (b":path", path.encode()),
-            ],
+            ]
+            + list(fields),
             end_stream=body is None,
         )
         if body is not None:
@@ -289,6 +300,28 @@ async def scenario(args, result):
             if ev["data"]["header"]["packet_type"] == "0RTT"
         )
         await close(p)
+    elif args.scenario == "requests":
+        p = await open_conn(host, port, config(), dcid)
+        result["responses"] = []
+        first = {}
+        for spec in args.request:
+            method, path, *fields = spec.split("|")
+            pairs = []
+            for f in fields:
+                name, value = f.split(":", 1)
+                for var, key in (("$ETAG", "etag"), ("$LAST_MODIFIED", "last-modified")):
+                    value = value.replace(var, first.get(key, ""))
+                pairs.append((name.strip().lower().encode(), value.strip().encode()))
+            r = await p.start(path, method=method.encode(), fields=pairs).done
+            headers = dict(r.headers)
+            if not first:
+                first = headers
+            entry = {k: v for k, v in r.headers if not k.startswith(":")}
+            entry.update(
+                status=headers.get(":status", ""), body_len=str(r.length), body_fnv=f"{r.fnv:016x}"
+            )
+            result["responses"].append(entry)
+        await close(p)
     else:
         raise RuntimeError(f"unknown scenario {args.scenario}")
 
@@ -304,6 +337,7 @@ async def main():
     ap.add_argument("--path", action="append", default=[])
     ap.add_argument("--upload-bytes", type=int, default=0)
     ap.add_argument("--bytes", type=int, default=10 << 20, help="download: body size")
+    ap.add_argument("--request", action="append", default=[], help="requests: one request")
     args = ap.parse_args()
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:
