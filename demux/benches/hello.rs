@@ -5,14 +5,11 @@
 //!
 //! `cargo bench -p ringmux-demux --bench hello [-- --rounds 7 --count 20000]`
 
-#[path = "../tests/support/client_initial.rs"]
-mod client_initial;
-
 use std::sync::Arc;
 use std::time::Instant;
 
-use client_initial::{client_hello, crypto_frame, initial_packet};
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
+use ringmux_test_support::client_initial::{client_hello, crypto_frame, initial_packet};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();

@@ -3,12 +3,8 @@
 //! token-less Initial to such a CID must get a Retry like any other, never a worker's
 //! handshake, so that an attacker who harvested one CID cannot open connections from addresses
 //! it does not hold. The Initials here are real: ClientHellos written by rustls' QUIC client,
-//! protected with rustls' Initial keys (`support/client_initial.rs`), which a worker's quinn
+//! protected with rustls' Initial keys (`ringmux_test_support::client_initial`), which a worker's quinn
 //! would answer with its ServerHello.
-
-#[allow(dead_code)]
-#[path = "support/client_initial.rs"]
-mod client_initial;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -16,9 +12,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use client_initial::{crypto_frame, initial_packet};
 use harness::{bounded, check_bytes, hex, Forward, Metrics, Ringmux, SERVER_NAME};
 use quinn::ConnectionId;
+use ringmux_test_support::client_initial::{crypto_frame, initial_packet};
 use ringmux_test_support::{harness, tool};
 
 const LIMIT: Duration = Duration::from_secs(120);

@@ -5,9 +5,6 @@
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
 //! accounted for.
 
-#[path = "support/client_initial.rs"]
-mod client_initial;
-
 use ringmux_test_support::{harness, tool, TempDir};
 
 use ringmux_demux::metrics::names;
@@ -1436,9 +1433,16 @@ async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
         // The fault worker's tickets (test-tools/fault-worker: FOREIGN_TICKET, OWN_TICKET).
         for (instance, ticket) in [(0u8, [0xa0u8; 32]), (1, [0xb1; 32])] {
             let dcid = rm.dcid_for(instance, 8);
-            let hello = client_initial::client_hello(&[&ticket], 0);
-            let frames = client_initial::crypto_frame(0, &hello);
-            let p = client_initial::initial_packet(&dcid, &dcid, &scid, &[], 0, &frames);
+            let hello = ringmux_test_support::client_initial::client_hello(&[&ticket], 0);
+            let frames = ringmux_test_support::client_initial::crypto_frame(0, &hello);
+            let p = ringmux_test_support::client_initial::initial_packet(
+                &dcid,
+                &dcid,
+                &scid,
+                &[],
+                0,
+                &frames,
+            );
             client.send_to(&p, rm.listen).unwrap();
         }
         let r = report(&dir).await;

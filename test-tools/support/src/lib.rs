@@ -1,10 +1,12 @@
 //! What the workspace's test binaries share, written once: [`TempDir`], a temporary folder
 //! removed when dropped; [`tool`], the third-party programs tests run (whether one is
 //! installed, running one with a deadline); [`aioquic`], the Python client the demux's and the
-//! server's tests drive; [`harness`], a real ringmux on loopback and what the end-to-end tests
+//! server's tests drive; [`client_initial`], client Initial packets with chosen ClientHellos;
+//! [`harness`], a real ringmux on loopback and what the end-to-end tests
 //! check it with. A dev-dependency only; nothing here is part of a deployment.
 
 pub mod aioquic;
+pub mod client_initial;
 pub mod harness;
 pub mod tool;
 
