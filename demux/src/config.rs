@@ -194,10 +194,12 @@ pub struct RunArgs {
     /// PEM private key for --cert.
     #[arg(long, env = "RINGMUX_KEY", requires = "cert")]
     pub key: Option<PathBuf>,
-    /// Document root for static files. Default: built-ins only (/hello.txt, /bytes/N).
+    /// Document root for static files of the built-in worker. Default: built-ins only
+    /// (/hello.txt, /bytes/N).
     #[arg(long, env = "RINGMUX_ROOT")]
     pub root: Option<PathBuf>,
-    /// Each worker's cache of small static files from --root, in MiB (0–65536; 0: no cache).
+    /// Each built-in worker's cache of small static files from --root, in MiB (0–65536; 0: no
+    /// cache).
     /// A cached file is checked against the disk at most 1 s after its last check.
     #[arg(long, env = "RINGMUX_FILE_CACHE_MB", default_value_t = 64)]
     pub file_cache_mb: u64,
@@ -250,12 +252,17 @@ pub struct RunArgs {
     /// reload replaced them.
     #[arg(long, env = "RINGMUX_GRACE", default_value_t = 10)]
     pub grace: u64,
-    /// Path of the ringmux-worker binary. Default: next to this executable.
+    /// Path of the built-in worker program, ringmux-worker, to which ringmux passes the
+    /// built-in server's options (--root, --max-bytes, --file-cache-mb, --cache-control,
+    /// --upstream, --upstream-timeout, --tcp-max-connections, --worker-mode) on its command
+    /// line. Default: next to this executable.
     #[arg(long, env = "RINGMUX_WORKER_BIN")]
     pub worker_bin: Option<PathBuf>,
     /// The program every instance runs, with its arguments, split like a shell would:
     /// 'PROGRAM [ARGS...]'. Any program built on the ringmux-worker library
-    /// (`Worker::attach`). Default: the built-in ringmux-worker (--worker-bin).
+    /// (`Worker::attach`); it gets the arguments written here and no others, so the built-in
+    /// worker's --root, --cache-control, --upstream and --worker-mode sink are refused beside
+    /// it. Default: the built-in ringmux-worker (--worker-bin).
     #[arg(long, env = "RINGMUX_WORKER_CMD")]
     pub worker_cmd: Option<String>,
     /// Confine every worker before its program starts: a system-call filter refuses signals
@@ -277,7 +284,7 @@ pub struct RunArgs {
     /// Seconds a starting worker has to report READY before it is killed and replaced.
     #[arg(long, env = "RINGMUX_READY_TIMEOUT", default_value_t = 30)]
     pub ready_timeout: u64,
-    /// What workers run: http (the server) or sink (count-only, for benchmarks).
+    /// What the built-in worker runs: http (the server) or sink (count-only, for benchmarks).
     #[arg(long, env = "RINGMUX_WORKER_MODE", value_enum, default_value = "http")]
     pub worker_mode: WorkerMode,
     /// QUIC-LB node ID of this box, hex (1 or more bytes); unique per box behind one load balancer.
@@ -320,10 +327,11 @@ pub struct RunArgs {
     /// IPv6 prefix length the budget groups sources by.
     #[arg(long, env = "RINGMUX_PREFIX_V6", default_value_t = 56)]
     pub prefix_v6: u8,
-    /// Largest body /bytes/N serves.
+    /// Largest body /bytes/N of the built-in worker serves.
     #[arg(long, env = "RINGMUX_MAX_BYTES", default_value_t = 64 << 20)]
     pub max_bytes: u64,
-    /// QUIC idle timeout in seconds.
+    /// QUIC idle timeout in seconds, of every worker program (the worker library's
+    /// `Worker::server_config` applies it).
     #[arg(long, env = "RINGMUX_IDLE_TIMEOUT", default_value_t = 30)]
     pub idle_timeout: u64,
     /// Ring occupancy, in percent of its slots, from which the demux admits no new connections
@@ -390,7 +398,8 @@ pub struct Config {
     pub node_id: Vec<u8>,
     pub nonce_len: u8,
     pub metrics: Option<SocketAddr>,
-    /// The program every instance runs, then its arguments.
+    /// The program every instance runs, then its arguments: those of `--worker-cmd`, or the
+    /// built-in worker's options.
     pub worker_cmd: Vec<String>,
     pub instances: u8,
     /// `--upstream`, checked.
@@ -463,8 +472,9 @@ impl RunArgs {
         self.data_plane()?;
         self.supervision()?;
         let metrics = self.metrics_addr()?;
-        let worker_cmd = self.worker_program()?;
         let upstream = self.serving()?;
+        self.builtin_only()?;
+        let worker_cmd = self.worker_program()?;
         self.tcp_and_logs()?;
         let worker_user = self.worker_user(&worker_cmd)?;
         Ok(Config {
@@ -599,10 +609,76 @@ impl RunArgs {
                         worker_bin.display()
                     );
                 }
-                vec![worker_bin.display().to_string()]
+                std::iter::once(worker_bin.display().to_string())
+                    .chain(self.builtin_worker_args()?)
+                    .collect()
             }
         };
         Ok(worker_cmd)
+    }
+
+    /// The built-in worker's arguments after its program: how it serves, from the options of
+    /// the same names (`ringmux-worker --help`), each passed whatever its value so that the
+    /// worker never falls back on a default of its own. A program of `--worker-cmd` gets none
+    /// of them: what it does not understand it would refuse, so these options are refused with
+    /// it rather than dropped without a word.
+    fn builtin_worker_args(&self) -> Result<Vec<String>> {
+        let mut args = vec![
+            format!("--max-bytes={}", self.max_bytes),
+            format!("--file-cache-mb={}", self.file_cache_mb),
+            format!("--upstream-timeout={}", self.upstream_timeout),
+            format!("--tcp-max-connections={}", self.tcp_max_connections),
+        ];
+        if let Some(root) = &self.root {
+            let text = root.to_str().with_context(|| {
+                format!(
+                    "--root / RINGMUX_ROOT={} is not valid: the built-in worker takes it on its \
+                     command line, which holds UTF-8 only; name the folder by a UTF-8 path (a \
+                     symbolic link will do)",
+                    root.display()
+                )
+            })?;
+            args.push(format!("--root={text}"));
+        }
+        if let Some(cc) = &self.cache_control {
+            args.push(format!("--cache-control={cc}"));
+        }
+        if let Some(up) = &self.upstream {
+            args.push(format!("--upstream={up}"));
+        }
+        if self.worker_mode == WorkerMode::Sink {
+            args.push("--sink".into());
+        }
+        Ok(args)
+    }
+
+    /// Options only the built-in worker understands, refused beside `--worker-cmd`, whose
+    /// program gets none of them (see [`RunArgs::builtin_worker_args`]).
+    fn builtin_only(&self) -> Result<()> {
+        if self.worker_cmd.is_none() {
+            return Ok(());
+        }
+        let set = [
+            ("--root / RINGMUX_ROOT", self.root.is_some()),
+            (
+                "--cache-control / RINGMUX_CACHE_CONTROL",
+                self.cache_control.is_some(),
+            ),
+            ("--upstream / RINGMUX_UPSTREAM", self.upstream.is_some()),
+            (
+                "--worker-mode / RINGMUX_WORKER_MODE=sink",
+                self.worker_mode == WorkerMode::Sink,
+            ),
+        ];
+        if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
+            bail!(
+                "{flag} is an option of the built-in worker, which --worker-cmd / \
+                 RINGMUX_WORKER_CMD replaces: give your program its own options inside \
+                 --worker-cmd (e.g. --worker-cmd 'ringmux-worker --root DIR' for the built-in \
+                 one, see ringmux-worker --help), or drop --worker-cmd"
+            );
+        }
+        Ok(())
     }
 
     /// What the built-in server serves: the files, the proxy's upstream (returned, checked) and
@@ -890,6 +966,15 @@ impl Config {
         &self.worker_cmd[0]
     }
 
+    /// What the workers run, as the metrics show it: `--worker-cmd`'s program and arguments,
+    /// or the built-in worker's program alone (its options are this command line's).
+    pub fn worker_label(&self) -> String {
+        match self.args.worker_cmd {
+            Some(_) => self.worker_cmd.join(" "),
+            None => self.worker_program().to_string(),
+        }
+    }
+
     /// The ring occupancy (slots) from which new connections are shed; `u64::MAX` at 100 %.
     pub fn shed_at_slots(&self) -> u64 {
         match self.args.initial_shed_at {
@@ -954,7 +1039,17 @@ mod tests {
     fn defaults_are_valid() {
         let c = check(&[]).unwrap();
         assert_eq!(c.instances, 2);
-        assert_eq!(c.worker_cmd, ["/bin/true"]);
+        assert_eq!(
+            c.worker_cmd,
+            [
+                "/bin/true",
+                "--max-bytes=67108864",
+                "--file-cache-mb=64",
+                "--upstream-timeout=60",
+                "--tcp-max-connections=4096"
+            ]
+        );
+        assert_eq!(c.worker_label(), "/bin/true");
         assert_eq!(
             c.nonce_len, 14,
             "node ID 00: server ID 2 bytes, nonce fills 16"
@@ -1128,6 +1223,42 @@ mod tests {
         assert!(c.worker_cmd[0].ends_with("/true"), "{:?}", c.worker_cmd);
         assert_eq!(c.worker_cmd[1..], ["--name", "two words", "x y"]);
         assert_eq!(c.worker_program(), c.worker_cmd[0]);
+        assert_eq!(c.worker_label(), c.worker_cmd.join(" "));
+    }
+
+    #[test]
+    fn the_built_in_workers_options_go_to_it_alone() {
+        let c = check(&[
+            "--root",
+            "/",
+            "--cache-control",
+            "no-cache",
+            "--worker-mode",
+            "sink",
+        ])
+        .unwrap();
+        for arg in ["--root=/", "--cache-control=no-cache", "--sink"] {
+            assert!(
+                c.worker_cmd.iter().any(|a| a == arg),
+                "{arg}: {:?}",
+                c.worker_cmd
+            );
+        }
+        let c = check(&["--worker-cmd", "true --root /srv"]).unwrap();
+        assert_eq!(
+            c.worker_cmd[1..],
+            ["--root", "/srv"],
+            "only what --worker-cmd says"
+        );
+        for (flag, value) in [
+            ("--root", "/"),
+            ("--cache-control", "no-cache"),
+            ("--upstream", "http://127.0.0.1:8080"),
+            ("--worker-mode", "sink"),
+        ] {
+            let e = refused(&["--worker-cmd", "true", flag, value]);
+            assert!(e.contains(flag) && e.contains("--worker-cmd"), "{e}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ringmux_proto::{Handoff, IngressKind, ServeOptions};
+use ringmux_proto::{Handoff, IngressKind};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
 use ringmux_demux::admission::Admission;
@@ -193,20 +193,8 @@ fn template(
         cpu: None,
         cert_pem: cert.chain,
         key_pem: cert.key,
-        serve: ServeOptions {
-            root: cfg.args.root.clone(),
-            max_bytes: cfg.args.max_bytes,
-            file_cache_bytes: cfg.args.file_cache_mb << 20,
-            cache_control: cfg.args.cache_control.clone(),
-            upstream: cfg.upstream.clone(),
-            upstream_timeout: Duration::from_secs(cfg.args.upstream_timeout),
-            // The demux sends the Retries (`--retry`): a worker never needs to.
-            retry: false,
-            idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
-            alt_svc: cfg.alt_svc(public_addr.port()),
-            tcp_max_connections: cfg.args.tcp_max_connections,
-            sink: cfg.args.worker_mode == config::WorkerMode::Sink,
-        },
+        idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
+        alt_svc: cfg.alt_svc(public_addr.port()),
     }
 }
 
@@ -415,7 +403,7 @@ impl Demux {
         let lanes = router.lanes();
         let counters = Arc::new(Counters::new(cfg.instances, lanes));
         if let Ok(mut p) = counters.program.write() {
-            *p = cfg.worker_cmd.join(" ");
+            *p = cfg.worker_label();
         }
         let template = template(&cfg, &lb, &keys, cert, public_addr);
         Ok(Demux {

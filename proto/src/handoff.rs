@@ -1,7 +1,11 @@
 //! The hand-off: the first message on a worker's control socket, demux → worker, with the
 //! worker's descriptors attached (`SCM_RIGHTS`). It tells the worker everything it needs to
 //! serve as one instance: which instance it is, its ingress, the QUIC-LB parameters, the keys
-//! every instance shares, the certificate chain and the serving options.
+//! every instance shares, the certificate chain, and what every QUIC server of the deployment
+//! shares with the others (its idle timeout, the `alt-svc` of the TCP side). How ringmux's own
+//! built-in server serves (files, proxy, sink) is not here: the demux passes those options on
+//! that program's command line (`ringmux-worker --help`), so a program of one's own never
+//! receives them and adding one changes no protocol version.
 //!
 //! Wire form: UTF-8 text, one `key=value` line per field, `protocol=` first. Binary and free-form
 //! fields (keys, node ID, paths, PEM) are hex-encoded, so no value contains `=` or a newline.
@@ -9,10 +13,9 @@
 //! together with a version bump, see [`crate::PROTOCOL_VERSION`]).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{UpstreamUrl, PROTOCOL_VERSION};
+use crate::PROTOCOL_VERSION;
 
 /// How datagrams reach the worker, and so which descriptors come with the hand-off. The
 /// default is the design's, the ring; the demux writes each worker's own.
@@ -107,40 +110,13 @@ pub struct Handoff {
     pub cpu: Option<usize>,
     pub cert_pem: String,
     pub key_pem: String,
-    /// How ringmux's own worker serves; an application may read or ignore it.
-    pub serve: ServeOptions,
-}
-
-/// The options of ringmux's built-in server, as the operator set them (`--root`,
-/// `--max-bytes`, `--file-cache-mb`, `--cache-control`, `--upstream`, `--upstream-timeout`,
-/// `--retry`, `--idle-timeout`, `--worker-mode sink`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServeOptions {
-    /// Document root; `None`: built-in responses only.
-    pub root: Option<PathBuf>,
-    /// Largest body `/bytes/N` serves.
-    pub max_bytes: u64,
-    /// Bytes of small files each worker may keep in memory.
-    pub file_cache_bytes: u64,
-    /// The `cache-control` value of file responses, if any.
-    pub cache_control: Option<String>,
-    /// Proxy every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of serving.
-    pub upstream: Option<UpstreamUrl>,
-    /// How long the proxy waits for the upstream's response head, and between two of its body
-    /// frames.
-    pub upstream_timeout: Duration,
-    /// The worker validates every client address with a Retry of its own before accepting
-    /// (ringmux sends `false`: the demux sends the Retries itself).
-    pub retry: bool,
-    /// QUIC idle timeout.
+    /// QUIC idle timeout (`ringmux --idle-timeout`), which `Worker::server_config` of the
+    /// worker library applies to every program's endpoint.
     pub idle_timeout: Duration,
-    /// The `alt-svc` field value of every response over TCP (`h3=":PORT"; ma=86400`); `None`:
-    /// none.
+    /// The `alt-svc` field value a worker puts on every response over TCP (`ringmux
+    /// --alt-svc`: `h3=":PORT"; ma=86400` by default, with the public UDP port, or what the
+    /// operator set for a balancer that maps the port); `None`: none.
     pub alt_svc: Option<String>,
-    /// TCP connections each worker serves at once; more are closed at accept.
-    pub tcp_max_connections: u32,
-    /// Benchmark sink: drain and count (checking each datagram's connection ID), no QUIC.
-    pub sink: bool,
 }
 
 /// A hand-off that cannot be used.
@@ -161,7 +137,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 33] = [
+pub const KEYS: [&str; 24] = [
     "protocol",
     "instance",
     "instances",
@@ -180,20 +156,11 @@ pub const KEYS: [&str; 33] = [
     "encrypt_cids",
     "keys",
     "cid_lifetime_ms",
-    "root",
-    "max_bytes",
-    "file_cache_bytes",
-    "cache_control",
-    "upstream",
-    "upstream_timeout_ms",
-    "retry",
     "idle_timeout_ms",
     "alt_svc",
-    "tcp_max_connections",
     "cpu",
     "cert_pem",
     "key_pem",
-    "sink",
     "end",
 ];
 
@@ -220,11 +187,6 @@ impl Handoff {
     /// The wire form.
     pub fn encode(&self) -> String {
         let flag = |b: bool| if b { "1" } else { "0" };
-        let root = self
-            .serve
-            .root
-            .as_ref()
-            .map_or(&[][..], |p| p.as_os_str().as_encoded_bytes());
         let values: [String; KEYS.len()] = [
             PROTOCOL_VERSION.to_string(),
             self.instance.to_string(),
@@ -244,25 +206,11 @@ impl Handoff {
             flag(self.encrypt_cids).to_string(),
             hex::encode(&self.keys),
             self.cid_lifetime.map_or(0, millis).to_string(),
-            hex::encode(root),
-            self.serve.max_bytes.to_string(),
-            self.serve.file_cache_bytes.to_string(),
-            hex::encode(self.serve.cache_control.as_deref().unwrap_or("").as_bytes()),
-            hex::encode(
-                self.serve
-                    .upstream
-                    .as_ref()
-                    .map_or(String::new(), |u| u.to_string()),
-            ),
-            millis(self.serve.upstream_timeout).to_string(),
-            flag(self.serve.retry).to_string(),
-            millis(self.serve.idle_timeout).to_string(),
-            hex::encode(self.serve.alt_svc.as_deref().unwrap_or("").as_bytes()),
-            self.serve.tcp_max_connections.to_string(),
+            millis(self.idle_timeout).to_string(),
+            hex::encode(self.alt_svc.as_deref().unwrap_or("").as_bytes()),
             self.cpu.map_or(String::new(), |c| c.to_string()),
             hex::encode(self.cert_pem.as_bytes()),
             hex::encode(self.key_pem.as_bytes()),
-            flag(self.serve.sink).to_string(),
             String::new(),
         ];
         let mut s = String::new();
@@ -305,7 +253,6 @@ impl Handoff {
                 other => Err(field(k, format!("expected 0 or 1, got {other:?}"))),
             }
         };
-        let root = bytes("root")?;
         let lifetime: u64 = num("cid_lifetime_ms", get("cid_lifetime_ms")?)?;
         let cpu = get("cpu")?;
         let instance: u8 = num("instance", get("instance")?)?;
@@ -348,34 +295,8 @@ impl Handoff {
             },
             cert_pem: string("cert_pem")?,
             key_pem: string("key_pem")?,
-            serve: ServeOptions {
-                root: (!root.is_empty()).then(|| {
-                    use std::os::unix::ffi::OsStringExt;
-                    PathBuf::from(std::ffi::OsString::from_vec(root))
-                }),
-                max_bytes: num("max_bytes", get("max_bytes")?)?,
-                file_cache_bytes: num("file_cache_bytes", get("file_cache_bytes")?)?,
-                cache_control: Some(string("cache_control")?).filter(|v| !v.is_empty()),
-                upstream: match string("upstream")? {
-                    v if v.is_empty() => None,
-                    v => Some(
-                        v.parse()
-                            .map_err(|e: crate::UpstreamError| field("upstream", e.to_string()))?,
-                    ),
-                },
-                upstream_timeout: Duration::from_millis(num(
-                    "upstream_timeout_ms",
-                    get("upstream_timeout_ms")?,
-                )?),
-                retry: flag("retry")?,
-                idle_timeout: Duration::from_millis(num(
-                    "idle_timeout_ms",
-                    get("idle_timeout_ms")?,
-                )?),
-                alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
-                tcp_max_connections: num("tcp_max_connections", get("tcp_max_connections")?)?,
-                sink: flag("sink")?,
-            },
+            idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
+            alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
         })
     }
 }
@@ -432,19 +353,8 @@ mod tests {
             cpu: Some(1),
             cert_pem: "-----BEGIN CERTIFICATE-----\nabc\n".into(),
             key_pem: "key\n".into(),
-            serve: ServeOptions {
-                root: Some("/srv/www dir".into()),
-                max_bytes: 1 << 26,
-                file_cache_bytes: 64 << 20,
-                cache_control: Some("public, max-age=60".into()),
-                upstream: Some("http://127.0.0.1:8080".parse().unwrap()),
-                upstream_timeout: Duration::from_secs(5),
-                retry: false,
-                idle_timeout: Duration::from_secs(30),
-                alt_svc: Some("h3=\":4433\"; ma=86400".into()),
-                tcp_max_connections: 4096,
-                sink: false,
-            },
+            idle_timeout: Duration::from_secs(30),
+            alt_svc: Some("h3=\":4433\"; ma=86400".into()),
         }
     }
 
@@ -456,13 +366,7 @@ mod tests {
             cpu: None,
             cid_lifetime: None,
             ingress: IngressKind::Unix,
-            serve: ServeOptions {
-                root: None,
-                cache_control: None,
-                upstream: None,
-                sink: true,
-                ..h.serve.clone()
-            },
+            alt_svc: None,
             ..h
         };
         assert_eq!(Handoff::decode(h2.encode().as_bytes()).unwrap(), h2);
@@ -501,7 +405,12 @@ mod tests {
             ("instance=3", "instance=300", "instance"),
             ("instance=3", "instance=4", "instance"),
             ("ingress=shm", "ingress=carrier-pigeon", "ingress"),
-            ("retry=0", "retry=yes", "retry"),
+            ("tcp=1", "tcp=yes", "tcp"),
+            (
+                "idle_timeout_ms=30000",
+                "idle_timeout_ms=-1",
+                "idle_timeout_ms",
+            ),
             ("keys=010203ff", "keys=0g", "keys"),
             ("end=\n", "", "end"),
         ];

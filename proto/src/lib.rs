@@ -9,6 +9,9 @@
 //!   keys and certificate, with descriptors attached in a fixed order.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
+//! * [`upstream`]: the built-in server's `--upstream` URL, checked alike by the demux (which
+//!   refuses a bad one at start) and by the built-in `ringmux-worker` program, whose command
+//!   line carries it.
 //!
 //! This crate owns bytes only. It never opens, reads or writes a descriptor, and never knows
 //! QUIC, TLS or HTTP: sockets, `SCM_RIGHTS` and polling live in each side's `sys` module.
@@ -22,16 +25,15 @@ pub mod message;
 pub mod session;
 pub mod upstream;
 
-pub use handoff::{
-    generation_slot, Handoff, HandoffError, IngressKind, ServeOptions, GENERATION_SLOTS,
-};
+pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATION_SLOTS};
 pub use message::{Message, MessageError, WorkerReport};
 pub use upstream::{UpstreamError, UpstreamUrl};
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
-/// field, descriptor or message). Raise it with every incompatible change.
-pub const PROTOCOL_VERSION: u32 = 7;
+/// field, descriptor or message). Raise it with every incompatible change; `control-protocol.md`
+/// says what each version changed.
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest control message, either direction (the hand-off carries a PEM certificate chain).
 pub const MAX_MESSAGE: usize = 256 * 1024;

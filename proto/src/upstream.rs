@@ -1,6 +1,6 @@
-//! `--upstream`: the HTTP/1.1 service ringmux's built-in worker proxies to, as the hand-off
-//! carries it. Checked by the demux at start-up (so a bad value is an error naming the flag)
-//! and again by the worker when it reads the hand-off.
+//! `--upstream`: the HTTP/1.1 service ringmux's built-in worker proxies to, as the demux passes
+//! it on that program's command line. Checked by the demux at start-up (so a bad value is an
+//! error naming the flag) and again by the built-in worker when it parses its command line.
 
 use http::uri::{Authority, Scheme};
 use http::Uri;

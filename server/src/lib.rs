@@ -9,6 +9,8 @@
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), for both transports.
 //! * [`access_log`]: one line per request, written off the request path.
+//! * [`options`]: the `ringmux-worker` program's command line, which ringmux fills from its own
+//!   options when it runs the built-in worker.
 //! * [`sink`]: the count-only benchmark worker (no quinn).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -16,6 +18,7 @@
 pub mod access_log;
 pub mod files;
 pub mod http;
+pub mod options;
 pub mod proxy;
 pub mod sink;
 pub mod tcp;

@@ -30,7 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let listener = tokio::net::TcpListener::from_std(listener)?;
             let tls =
                 tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(worker.tcp_tls_config()?));
-            let alt_svc = worker.builtin_options().alt_svc.clone();
+            let alt_svc = worker.alt_svc().map(str::to_owned);
             let mut drain = worker.drain_signal();
             tokio::spawn(async move {
                 loop {

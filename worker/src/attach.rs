@@ -115,12 +115,6 @@ impl From<HandoffError> for AttachError {
     }
 }
 
-/// Options of ringmux's own built-in server (`--root`, `--max-bytes`, `--file-cache-mb`,
-/// `--cache-control`, `--retry`, `--idle-timeout`, `--worker-mode sink`), as the operator set
-/// them. An application may read them or ignore them; [`Worker::server_config`] applies the
-/// idle timeout and Retry setting.
-pub use ringmux_proto::ServeOptions as BuiltinOptions;
-
 /// Fires when the worker should drain; see [`Worker::drain_signal`].
 #[derive(Debug, Clone)]
 pub struct Drain(watch::Receiver<bool>);
@@ -160,7 +154,9 @@ pub struct Worker {
     cid_lifetime: Option<Duration>,
     public_addr: SocketAddr,
     certificate: CertChain,
-    builtin: BuiltinOptions,
+    /// The operator's QUIC idle timeout (`ringmux --idle-timeout`).
+    idle_timeout: Duration,
+    alt_svc: Option<String>,
     parts: Mutex<Option<Parts>>,
     /// The descriptors every worker shares, until taken.
     shared: Mutex<Shared>,
@@ -291,7 +287,8 @@ impl Worker {
             cid_lifetime: h.cid_lifetime,
             public_addr: h.public_addr,
             certificate,
-            builtin: h.serve,
+            idle_timeout: h.idle_timeout,
+            alt_svc: h.alt_svc,
             shared: Mutex::default(),
             parts: Mutex::new(Some(Parts {
                 control,
@@ -375,9 +372,18 @@ impl Worker {
             .map(std::fs::File::from)
     }
 
-    /// The options of ringmux's built-in server, as the operator set them.
-    pub fn builtin_options(&self) -> &BuiltinOptions {
-        &self.builtin
+    /// The `alt-svc` field value to put on every response over TCP ([`Worker::tcp_listener`]),
+    /// telling browsers where HTTP/3 is: `h3=":PORT"; ma=86400` with the public UDP port, or
+    /// what the operator gave `ringmux --alt-svc` (a balancer may map the port); `None` with
+    /// `--alt-svc off`.
+    pub fn alt_svc(&self) -> Option<&str> {
+        self.alt_svc.as_deref()
+    }
+
+    /// The operator's QUIC idle timeout (`ringmux --idle-timeout`), which
+    /// [`Worker::server_config`] applies.
+    pub fn idle_timeout(&self) -> Duration {
+        self.idle_timeout
     }
 
     /// A rustls server configuration for QUIC with the operator's certificate and the given
@@ -441,8 +447,7 @@ impl Worker {
         tls.session_storage = self.sessions.clone();
         let crypto = QuicServerConfig::try_from(tls).map_err(TlsError::from)?;
         let opts = ServerOptions {
-            idle_timeout: self.builtin.idle_timeout,
-            retry: self.builtin.retry,
+            idle_timeout: self.idle_timeout,
             ..ServerOptions::default()
         };
         Ok(server_config(Arc::new(crypto), &self.keys.token, &opts))

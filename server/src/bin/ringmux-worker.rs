@@ -1,8 +1,12 @@
 //! `ringmux-worker`: ringmux's built-in instance. Started by the `ringmux` demux (never by
 //! hand), it attaches with [`Worker::attach`] and serves HTTP/3 from one quinn endpoint, and
-//! with `--tcp on` HTTPS over TCP from the demux's listener, on a current-thread tokio runtime: static files from `--root`, the built-in `/hello.txt` and
-//! `/bytes/N`, or, with `--upstream`, every request proxied to an HTTP/1.1 service. It drains gracefully when the demux asks (or on SIGTERM) and exits at once if the
-//! demux goes away. With `--worker-mode sink` it drains its ring and counts, for benchmarks.
+//! with `--tcp on` HTTPS over TCP from the demux's listener, on a current-thread tokio
+//! runtime: static files from `--root`, the built-in `/hello.txt` and `/bytes/N`, or, with
+//! `--upstream`, every request proxied to an HTTP/1.1 service. It drains gracefully when the
+//! demux asks (or on SIGTERM) and exits at once if the demux goes away. With `--sink` (ringmux's
+//! `--worker-mode sink`) it drains its ring and counts, for benchmarks. How it serves is its
+//! command line ([`Options`], which ringmux fills from its own options of the same names); the
+//! rest comes in the hand-off.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,8 +15,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_server::access_log::AccessLog;
-use ringmux_server::files::{DocRoot, FileOptions};
+use ringmux_server::files::DocRoot;
 use ringmux_server::http::{serve_with, ServerStats, Site};
+use ringmux_server::options::Options;
 use ringmux_server::proxy::Upstream;
 use ringmux_server::sink;
 use ringmux_server::tcp::TcpOptions;
@@ -20,29 +25,23 @@ use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
-/// ringmux's built-in HTTP/3 worker. ringmux starts one per instance and passes it its
-/// configuration over the control socket (RINGMUX_CONTROL_FD); it takes no options.
-#[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
-struct Args {}
-
 /// Longest a drained worker waits for its last connections after the HTTP/3 server returned
 /// (the demux enforces its own `--grace` on top).
 const DRAIN_WAIT: Duration = Duration::from_secs(60);
 
 fn main() {
-    Args::parse();
+    let options = Options::parse();
     ringmux_proto::logging::init();
-    if let Err(e) = run() {
+    if let Err(e) = run(options) {
         tracing::error!("worker failed: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<()> {
+fn run(options: Options) -> Result<()> {
     let worker = Worker::attach()?;
     let _span = tracing::info_span!("worker", instance = worker.instance()).entered();
-    if worker.builtin_options().sink {
+    if options.sink {
         tracing::info!("sink running");
         let raw = worker.into_raw().context("sink")?;
         let source = match raw.ingress {
@@ -54,23 +53,19 @@ fn run() -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(serve(worker))
+    rt.block_on(serve(worker, options))
 }
 
-async fn serve(worker: Worker) -> Result<()> {
-    let opts = ServerOptions {
-        idle_timeout: worker.builtin_options().idle_timeout,
-        retry: worker.builtin_options().retry,
-        ..ServerOptions::default()
-    };
+async fn serve(worker: Worker, options: Options) -> Result<()> {
+    // The endpoint's transport (idle timeout) is the library's; the demux sends the Retries.
+    let opts = ServerOptions::default();
     let tls = worker.tls_config(&[ALPN_H3])?;
     let endpoint = worker.endpoint(worker.server_config(tls)?)?;
     let stats = Arc::new(ServerStats::default());
-    let builtin = worker.builtin_options();
-    let upstream = builtin
+    let upstream = options
         .upstream
         .as_ref()
-        .map(|url| Arc::new(Upstream::new(url, builtin.upstream_timeout)));
+        .map(|url| Arc::new(Upstream::new(url, options.upstream_timeout())));
     let access_log = match worker.access_log() {
         Some(file) => Some(
             AccessLog::start(file, worker.instance())
@@ -103,31 +98,17 @@ async fn serve(worker: Worker) -> Result<()> {
             r.set_with_prefix("upstream_errors_", up.errors());
         }
     });
-    match &builtin.upstream {
+    match &options.upstream {
         Some(url) => tracing::info!(upstream = %url, "serving: proxying every request"),
         None => tracing::info!("serving"),
     }
-    let root = match &builtin.root {
-        Some(path) => {
-            let cache_control =
-                match &builtin.cache_control {
-                    Some(v) => Some(http::HeaderValue::from_str(v).with_context(|| {
-                        format!("--cache-control / RINGMUX_CACHE_CONTROL={v:?}")
-                    })?),
-                    None => None,
-                };
-            let opts = FileOptions {
-                cache_bytes: builtin.file_cache_bytes,
-                cache_control,
-                ..FileOptions::default()
-            };
-            Some(DocRoot::open(path, opts)?)
-        }
+    let root = match &options.root {
+        Some(path) => Some(DocRoot::open(path, options.file_options())?),
         None => None,
     };
     let site = Arc::new(Site {
         root,
-        max_bytes: builtin.max_bytes,
+        max_bytes: options.max_bytes,
         upstream,
         access_log: access_log.clone(),
     });
@@ -139,10 +120,10 @@ async fn serve(worker: Worker) -> Result<()> {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .context("registering the TCP listener")?;
             let tls = Arc::new(worker.tcp_tls_config()?);
-            let alt_svc = match &builtin.alt_svc {
+            let alt_svc = match worker.alt_svc() {
                 Some(v) => Some(
                     http::HeaderValue::from_str(v)
-                        .with_context(|| format!("--alt-svc / RINGMUX_ALT_SVC={v:?}"))?,
+                        .with_context(|| format!("the hand-off's alt_svc {v:?}"))?,
                 ),
                 None => None,
             };
@@ -155,7 +136,7 @@ async fn serve(worker: Worker) -> Result<()> {
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
                     alt_svc,
-                    max_connections: builtin.tcp_max_connections as usize,
+                    max_connections: options.tcp_max_connections as usize,
                     ..TcpOptions::default()
                 },
             ))
@@ -175,7 +156,7 @@ async fn serve(worker: Worker) -> Result<()> {
                 stats.clone(),
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
-                    max_connections: builtin.tcp_max_connections as usize,
+                    max_connections: options.tcp_max_connections as usize,
                     ..TcpOptions::default()
                 },
             ))

@@ -4,7 +4,8 @@
 //! and restarts the worker while the other instances carry on.
 //!
 //! Environment (inherited from the demux):
-//! - `RINGMUX_REAL_WORKER`: path of the real `ringmux-worker` (exec'd for every other case);
+//! - `RINGMUX_REAL_WORKER`: path of the real `ringmux-worker` (exec'd for every other case,
+//!   with this program's arguments: the built-in worker's options ringmux passed);
 //! - `RINGMUX_FAULT`: `head-ahead` (writes a head far beyond the tail), `head-backwards`
 //!   (consumes, then moves head back), `stop-draining` (attaches, reports ready, never drains),
 //!   `die-mid-batch` (reads part of a batch, then aborts), `flip-wakeup` (drains, but flips
@@ -61,6 +62,7 @@ fn main() {
         write_report(&marker, &lines);
         let real = std::env::var("RINGMUX_REAL_WORKER").expect("RINGMUX_REAL_WORKER");
         let e = std::process::Command::new(real)
+            .args(std::env::args_os().skip(1))
             .env(ringmux_proto::CONTROL_FD_ENV, copy)
             .env_remove(attacks::RENUMBERED_ENV)
             .exec();
@@ -82,7 +84,9 @@ fn main() {
     if !ours || std::path::Path::new(&marker).exists() || fault.is_empty() {
         let real = std::env::var("RINGMUX_REAL_WORKER")
             .expect("RINGMUX_REAL_WORKER must name the real worker");
-        let e = std::process::Command::new(real).exec();
+        let e = std::process::Command::new(real)
+            .args(std::env::args_os().skip(1))
+            .exec();
         panic!("exec of the real worker failed: {e}");
     }
     let _ = std::fs::write(&marker, fault.as_bytes());
@@ -104,12 +108,15 @@ fn main() {
             unsafe { libc::fcntl(control_fd, libc::F_SETFD, libc::FD_CLOEXEC) };
             let me = std::env::current_exe().expect("this program");
             let e = std::process::Command::new(me)
+                .args(std::env::args_os().skip(1))
                 .env(attacks::RENUMBERED_ENV, copy)
                 .exec();
             panic!("exec of this program again failed: {e}");
         }
         // The hand-off is still unread: the real worker takes it, under the same filter.
-        let e = std::process::Command::new(real()).exec();
+        let e = std::process::Command::new(real())
+            .args(std::env::args_os().skip(1))
+            .exec();
         panic!("exec of the real worker failed: {e}");
     }
     // SAFETY: as above; from here on this process owns the control socket.

@@ -1,0 +1,190 @@
+//! The command line of the built-in worker program, `ringmux-worker`: how it serves (static
+//! files, the reverse proxy, the benchmark sink). ringmux passes these on that program's
+//! command line from its own options of the same names when it runs the built-in worker
+//! (`--worker-bin`), and never to a program of `--worker-cmd`. What every worker program needs
+//! (keys, certificate, QUIC idle timeout, `alt-svc`) comes in the hand-off instead, through the
+//! `ringmux-worker` library.
+//!
+//! The defaults are ringmux's, so that `--worker-cmd 'ringmux-worker'` serves as the built-in
+//! worker does; a test holds the two together.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use http::HeaderValue;
+use ringmux_proto::UpstreamUrl;
+
+use crate::files::FileOptions;
+
+/// ringmux's built-in worker: HTTP/3, and HTTPS over TCP beside it, serving static files or
+/// proxying to an HTTP/1.1 service. ringmux starts one per instance, never by hand, and passes
+/// it these options from its own of the same names; everything else (sockets, keys,
+/// certificate) comes over its control socket (RINGMUX_CONTROL_FD).
+#[derive(clap::Parser, Debug, Clone, PartialEq, Eq)]
+#[command(name = "ringmux-worker", version)]
+pub struct Options {
+    /// Document root for static files. Default: built-in responses only (/hello.txt,
+    /// /bytes/N). ringmux passes its --root.
+    #[arg(long, value_name = "DIR", conflicts_with = "upstream")]
+    pub root: Option<PathBuf>,
+    /// Largest body /bytes/N serves, in bytes. ringmux passes its --max-bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
+    pub max_bytes: u64,
+    /// This worker's cache of small files from --root, in MiB (0–65536; 0: no cache). A
+    /// cached file is checked against the disk at most 1 s after its last check. ringmux
+    /// passes its --file-cache-mb.
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 64,
+        value_parser = clap::value_parser!(u64).range(0..=65536)
+    )]
+    pub file_cache_mb: u64,
+    /// Cache-Control sent with every file from --root (200, 206, 304), e.g.
+    /// "public, max-age=3600". Default: none. ringmux passes its --cache-control.
+    #[arg(long, value_name = "VALUE", value_parser = header_value)]
+    pub cache_control: Option<HeaderValue>,
+    /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead
+    /// of serving files, streaming bodies both ways, with `forwarded` and `x-forwarded-*`
+    /// naming the client. Not with --root. ringmux passes its --upstream.
+    #[arg(long, value_name = "URL", value_parser = upstream_url)]
+    pub upstream: Option<UpstreamUrl>,
+    /// Seconds the proxy waits for the upstream's response head (else 504), and between two
+    /// frames of its response body (else the stream is reset); also the connect timeout
+    /// (1–3600). ringmux passes its --upstream-timeout.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub upstream_timeout: u64,
+    /// TCP connections this worker serves at once (HTTPS and plain HTTP each); one past that
+    /// is closed as soon as it is accepted, and counted. ringmux passes its
+    /// --tcp-max-connections.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub tcp_max_connections: u32,
+    /// Benchmark sink: drain the ingress and count, checking each datagram's connection ID,
+    /// without QUIC. ringmux passes it with --worker-mode sink.
+    #[arg(long)]
+    pub sink: bool,
+}
+
+impl Options {
+    /// What [`crate::files::DocRoot`] is opened with.
+    pub fn file_options(&self) -> FileOptions {
+        FileOptions {
+            cache_bytes: self.file_cache_mb << 20,
+            cache_control: self.cache_control.clone(),
+            ..FileOptions::default()
+        }
+    }
+
+    /// How long the proxy waits for its upstream.
+    pub fn upstream_timeout(&self) -> Duration {
+        Duration::from_secs(self.upstream_timeout)
+    }
+}
+
+/// A header field value: printable ASCII, spaces and tabs (RFC 9110 §5.5), not blank.
+fn header_value(v: &str) -> Result<HeaderValue, String> {
+    match HeaderValue::from_str(v) {
+        Ok(h) if !v.trim().is_empty() => Ok(h),
+        _ => Err(format!(
+            "{v:?} is not a header value: expected printable ASCII, e.g. \"public, max-age=3600\""
+        )),
+    }
+}
+
+fn upstream_url(v: &str) -> Result<UpstreamUrl, ringmux_proto::UpstreamError> {
+    v.parse()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// The built-in worker's options as ringmux passes them for the ringmux command line
+    /// `args` (its worker program is /bin/true: only the arguments matter here).
+    fn passed_by_ringmux(args: &[&str]) -> Options {
+        let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
+        argv.extend_from_slice(args);
+        let cfg = ringmux_demux::config::Cli::try_parse_from(argv)
+            .expect("a ringmux command line")
+            .run
+            .validate()
+            .expect("a valid ringmux command line");
+        assert_eq!(cfg.worker_cmd[0], "/bin/true");
+        let worker_argv =
+            std::iter::once("ringmux-worker").chain(cfg.worker_cmd[1..].iter().map(String::as_str));
+        Options::try_parse_from(worker_argv)
+            .expect("the built-in worker accepts what ringmux passes")
+    }
+
+    #[test]
+    fn ringmux_defaults_are_the_workers() {
+        assert_eq!(
+            passed_by_ringmux(&[]),
+            Options::parse_from(["ringmux-worker"])
+        );
+    }
+
+    #[test]
+    fn every_option_arrives_as_ringmux_was_given_it() {
+        let root = std::env::temp_dir();
+        let o = passed_by_ringmux(&[
+            "--root",
+            root.to_str().unwrap(),
+            "--max-bytes",
+            "1234",
+            "--file-cache-mb",
+            "3",
+            "--cache-control",
+            "public, max-age=60",
+            "--tcp-max-connections",
+            "7",
+            "--worker-mode",
+            "sink",
+        ]);
+        assert_eq!(o.root.as_deref(), Some(root.as_path()));
+        assert_eq!(o.max_bytes, 1234);
+        assert_eq!(o.file_cache_mb, 3);
+        assert_eq!(o.cache_control.as_ref().unwrap(), "public, max-age=60");
+        assert_eq!(o.tcp_max_connections, 7);
+        assert!(o.sink);
+        let o = passed_by_ringmux(&[
+            "--upstream",
+            "http://127.0.0.1:8080",
+            "--upstream-timeout",
+            "9",
+        ]);
+        assert_eq!(
+            o.upstream.as_ref().unwrap().to_string(),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(o.upstream_timeout(), Duration::from_secs(9));
+        assert!(!o.sink);
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_option() {
+        for (args, named) in [
+            (&["--file-cache-mb", "65537"][..], "--file-cache-mb"),
+            (&["--upstream-timeout", "0"], "--upstream-timeout"),
+            (&["--tcp-max-connections", "0"], "--tcp-max-connections"),
+            (&["--cache-control", " "], "--cache-control"),
+            (&["--upstream", "https://x:1"], "--upstream"),
+            (&["--root", "/", "--upstream", "http://x:1"], "--root"),
+        ] {
+            let argv = std::iter::once(&"ringmux-worker").chain(args);
+            let e = Options::try_parse_from(argv).unwrap_err().to_string();
+            assert!(e.contains(named), "{args:?}: {e}");
+        }
+    }
+}
