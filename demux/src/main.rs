@@ -230,7 +230,9 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         None => KeySet::generate().context("generating keys")?,
     };
     let cert = match (&cfg.args.cert, &cfg.args.key) {
-        (Some(c), Some(k)) => CertPem::load(c, k)?,
+        (Some(c), Some(k)) => {
+            CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
+        }
         _ => CertPem::self_signed()?,
     };
     let (udp, https) = bind_public_and_tcp(&cfg)?;

@@ -5,6 +5,8 @@
 //! speaks this contract through it. `control-protocol.md` at the repository root is the
 //! normative description; `tests/doc.rs` holds the document and this code together.
 //!
+//! * `certs` (feature `certs`): the hand-off's certificate, read, checked or made, and
+//!   parsed, the same way on both sides.
 //! * [`handoff`]: the first message on the control socket, demux → worker: configuration,
 //!   keys and certificate, with descriptors attached in a fixed order.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
@@ -18,6 +20,8 @@
 
 #![deny(unsafe_code)]
 
+#[cfg(feature = "certs")]
+pub mod certs;
 pub mod handoff;
 #[cfg(feature = "logging")]
 pub mod logging;

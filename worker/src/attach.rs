@@ -69,7 +69,7 @@ use crate::quic::{endpoint_config, server_config, ServerOptions};
 use crate::sessions::RemoteSessionStore;
 use crate::socket::{CountingSocket, IngressStats, RingSocket};
 use crate::sys::{self, SockType};
-use crate::tls::{CertChain, TlsError, TICKETS_PER_HANDSHAKE};
+use crate::tls::{self, CertChain, TlsError};
 
 /// Why a worker cannot attach or configure its endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -391,11 +391,7 @@ impl Worker {
     /// 0xffffffff, the only non-zero value QUIC allows, RFC 9001 §4.6.1). Pass it, changed as
     /// you like, to [`Worker::server_config`].
     pub fn tls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, AttachError> {
-        let mut tls = self.rustls_config(&[&rustls::version::TLS13])?;
-        tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-        tls.max_early_data_size = u32::MAX;
-        tls.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
-        Ok(tls)
+        Ok(tls::quic_tls_config(&self.certificate, alpn)?)
     }
 
     /// A rustls server configuration for HTTPS over TCP ([`Worker::tcp_listener`]) with the
@@ -403,26 +399,7 @@ impl Worker {
     /// (change `alpn_protocols` to serve only one). Sessions resume within this worker (rustls'
     /// in-memory cache and stateless tickets are its defaults); no 0-RTT over TCP.
     pub fn tcp_tls_config(&self) -> Result<rustls::ServerConfig, AttachError> {
-        let mut tls = self.rustls_config(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
-        tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(tls)
-    }
-
-    /// The operator's certificate under the ring provider with `versions`, no client auth.
-    fn rustls_config(
-        &self,
-        versions: &[&'static rustls::SupportedProtocolVersion],
-    ) -> Result<rustls::ServerConfig, AttachError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        Ok(rustls::ServerConfig::builder_with_provider(provider)
-            .with_protocol_versions(versions)
-            .map_err(TlsError::from)?
-            .with_no_client_auth()
-            .with_single_cert(
-                self.certificate.certs.clone(),
-                self.certificate.key.clone_key(),
-            )
-            .map_err(TlsError::from)?)
+        Ok(tls::tcp_tls_config(&self.certificate)?)
     }
 
     /// A quinn server configuration over `tls` with what instances must share: sessions stored

@@ -33,31 +33,22 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use quinn::crypto::rustls::QuicServerConfig;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use ringmux_proto::certs::{CertError, CertPem};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ProducesTickets, StoresServerSessions};
 
 /// ALPN token for HTTP/3 over QUIC v1 (RFC 9114 §3.1).
 pub const ALPN_H3: &[u8] = b"h3";
 
 /// Subject alternative names of [`CertChain::self_signed`].
-pub const SELF_SIGNED_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+pub use ringmux_proto::certs::SELF_SIGNED_NAMES;
 
 /// Errors from loading or making certificates and building the TLS configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    /// A PEM file could not be read.
-    #[error("cannot read {what} file {path}: {source}")]
-    Read {
-        what: &'static str,
-        path: String,
-        source: std::io::Error,
-    },
-    /// PEM text did not contain what it should.
-    #[error("{origin}: {problem}")]
-    Pem { origin: String, problem: String },
-    /// rcgen could not make the self-signed certificate.
-    #[error("cannot make a self-signed certificate: {0}")]
-    SelfSigned(#[from] rcgen::Error),
+    /// The certificate or key could not be read, parsed or made.
+    #[error(transparent)]
+    Cert(#[from] CertError),
     /// rustls refused the certificate, key or settings.
     #[error("TLS configuration rejected: {0}")]
     Rustls(#[from] rustls::Error),
@@ -92,55 +83,24 @@ impl Clone for CertChain {
 }
 
 impl CertChain {
-    /// A fresh self-signed certificate for `localhost`, `127.0.0.1` and `::1` (ECDSA P-256).
+    /// A fresh self-signed certificate for [`SELF_SIGNED_NAMES`] (ECDSA P-256).
     pub fn self_signed() -> Result<Self, TlsError> {
-        let names: Vec<String> = SELF_SIGNED_NAMES.iter().map(|s| s.to_string()).collect();
-        let ck = rcgen::generate_simple_self_signed(names)?;
-        Ok(CertChain {
-            certs: vec![ck.cert.der().clone()],
-            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(ck.signing_key.serialize_der())),
-        })
+        Self::from_cert_pem(&CertPem::self_signed()?)
     }
 
     /// Loads a PEM certificate chain and a PEM private key (PKCS#8, PKCS#1 or SEC1).
     pub fn from_pem_files(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let read = |what, path: &Path| {
-            std::fs::read_to_string(path).map_err(|source| TlsError::Read {
-                what,
-                path: path.display().to_string(),
-                source,
-            })
-        };
-        let cert_pem = read("certificate", cert)?;
-        let key_pem = read("private key", key)?;
-        Ok(CertChain {
-            certs: parse_certs(&cert_pem, &cert.display().to_string())?,
-            key: parse_key(&key_pem, &key.display().to_string())?,
-        })
+        Self::from_cert_pem(&CertPem::load(cert, key)?)
     }
 
-    /// Parses PEM text as produced by [`CertChain::to_pem`] (or any PEM chain and key).
+    /// Parses PEM text: a chain (leaf first) and its key, as the hand-off carries them.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Self, TlsError> {
-        Ok(CertChain {
-            certs: parse_certs(cert_pem, "certificate PEM")?,
-            key: parse_key(key_pem, "private key PEM")?,
-        })
+        let (certs, key) = ringmux_proto::certs::parse_pem(cert_pem, key_pem)?;
+        Ok(CertChain { certs, key })
     }
 
-    /// PEM text of the chain and of the key, in that order. The demux makes the certificate
-    /// once and hands this text to every worker.
-    pub fn to_pem(&self) -> (String, String) {
-        let certs: String = self
-            .certs
-            .iter()
-            .map(|c| pem_encode("CERTIFICATE", c.as_ref()))
-            .collect();
-        let label = match &self.key {
-            PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
-            PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
-            _ => "PRIVATE KEY",
-        };
-        (certs, pem_encode(label, self.key.secret_der()))
+    fn from_cert_pem(pem: &CertPem) -> Result<Self, TlsError> {
+        Self::from_pem(&pem.chain, &pem.key)
     }
 }
 
@@ -184,22 +144,51 @@ pub fn server_crypto_with(
     chain: &CertChain,
     resumption: Resumption,
 ) -> Result<Arc<QuicServerConfig>, TlsError> {
-    // Always name the provider: with more than one provider compiled in (rustls' default
-    // features add aws-lc-rs), the process default is ambiguous.
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_no_client_auth()
-        .with_single_cert(chain.certs.clone(), chain.key.clone_key())?;
-    tls.alpn_protocols = vec![ALPN_H3.to_vec()];
-    // QUIC allows only 0 or 0xffffffff here (RFC 9001 §4.6.1); quinn rejects anything else.
-    tls.max_early_data_size = u32::MAX;
-    tls.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+    let mut tls = quic_tls_config(chain, &[ALPN_H3])?;
     match resumption {
         Resumption::SharedTickets(t) => tls.ticketer = t,
         Resumption::SessionStore(s) => tls.session_storage = s,
     }
     Ok(Arc::new(QuicServerConfig::try_from(tls)?))
+}
+
+/// A rustls server configuration for QUIC with `chain` and the ALPN protocols `alpn`: TLS 1.3
+/// only, the ring provider, 0-RTT allowed, [`TICKETS_PER_HANDSHAKE`] tickets; resumption is
+/// the caller's to set (`ticketer` or `session_storage`).
+pub fn quic_tls_config(
+    chain: &CertChain,
+    alpn: &[&[u8]],
+) -> Result<rustls::ServerConfig, TlsError> {
+    let mut tls = rustls_config(chain, &[&rustls::version::TLS13])?;
+    tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    // QUIC allows only 0 or 0xffffffff here (RFC 9001 §4.6.1); quinn rejects anything else.
+    tls.max_early_data_size = u32::MAX;
+    tls.send_tls13_tickets = TICKETS_PER_HANDSHAKE;
+    Ok(tls)
+}
+
+/// A rustls server configuration for HTTPS over TCP with `chain`: TLS 1.3 and 1.2, the ring
+/// provider, ALPN `h2` then `http/1.1`. Sessions resume within the process (rustls' in-memory
+/// cache and stateless tickets are its defaults); no 0-RTT over TCP.
+pub fn tcp_tls_config(chain: &CertChain) -> Result<rustls::ServerConfig, TlsError> {
+    let mut tls = rustls_config(chain, &[&rustls::version::TLS13, &rustls::version::TLS12])?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tls)
+}
+
+/// The one rustls server builder: `chain` under the ring provider with `versions`, no client
+/// authentication.
+pub fn rustls_config(
+    chain: &CertChain,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Result<rustls::ServerConfig, TlsError> {
+    // Always name the provider: with more than one provider compiled in (rustls' default
+    // features add aws-lc-rs), the process default is ambiguous.
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(versions)?
+        .with_no_client_auth()
+        .with_single_cert(chain.certs.clone(), chain.key.clone_key())?)
 }
 
 /// Counters of a [`SharedTicketer`].
@@ -359,72 +348,25 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-fn parse_certs(pem: &str, origin: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = rustls_pemfile::certs(&mut pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            origin: origin.to_string(),
-            problem: format!("malformed PEM: {e}"),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem {
-            origin: origin.to_string(),
-            problem: "no CERTIFICATE block found".to_string(),
-        });
-    }
-    Ok(certs)
-}
-
-fn parse_key(pem: &str, origin: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
-    rustls_pemfile::private_key(&mut pem.as_bytes())
-        .map_err(|e| TlsError::Pem {
-            origin: origin.to_string(),
-            problem: format!("malformed PEM: {e}"),
-        })?
-        .ok_or_else(|| TlsError::Pem {
-            origin: origin.to_string(),
-            problem: "no PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY block found".to_string(),
-        })
-}
-
-/// RFC 7468 PEM: base64 (RFC 4648 §4) in 64-column lines.
-fn pem_encode(label: &str, der: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut b64 = Vec::with_capacity(der.len().div_ceil(3) * 4);
-    for chunk in der.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                b64.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63]);
-            } else {
-                b64.push(b'=');
-            }
-        }
-    }
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.chunks(64) {
-        // The alphabet is ASCII.
-        out.push_str(std::str::from_utf8(line).unwrap_or_default());
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn pem_round_trip() {
-        let chain = CertChain::self_signed().unwrap();
-        let (c, k) = chain.to_pem();
-        let back = CertChain::from_pem(&c, &k).unwrap();
-        assert_eq!(back.certs, chain.certs);
-        assert_eq!(back.key.secret_der(), chain.key.secret_der());
+    fn pem_text_and_files_give_the_same_chain() {
+        let pem = CertPem::self_signed().unwrap();
+        let chain = CertChain::from_pem(&pem.chain, &pem.key).unwrap();
+        assert_eq!(chain.certs.len(), 1);
+        let dir = std::env::temp_dir().join(format!("ringmux-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
+        std::fs::write(&c, &pem.chain).unwrap();
+        std::fs::write(&k, &pem.key).unwrap();
+        let loaded = CertChain::from_pem_files(&c, &k);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let loaded = loaded.unwrap();
+        assert_eq!(loaded.certs, chain.certs);
+        assert_eq!(loaded.key.secret_der(), chain.key.secret_der());
     }
 
     #[test]
@@ -442,18 +384,14 @@ mod tests {
     }
 
     #[test]
-    fn base64_matches_rfc4648_vectors() {
-        for (input, b64) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-        ] {
-            let pem = pem_encode("X", input.as_bytes());
-            let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
-            assert_eq!(body, b64, "{input}");
-        }
+    fn quic_and_tcp_configs_differ_where_they_should() {
+        let chain = CertChain::self_signed().unwrap();
+        let quic = quic_tls_config(&chain, &[b"x"]).unwrap();
+        assert_eq!(quic.alpn_protocols, [b"x".to_vec()]);
+        assert_eq!(quic.max_early_data_size, u32::MAX);
+        let tcp = tcp_tls_config(&chain).unwrap();
+        assert_eq!(tcp.alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(tcp.max_early_data_size, 0);
     }
 
     #[test]
