@@ -84,8 +84,8 @@ const ECN_SUBSTITUTIONS: &[Substitution] = &[
     },
 ];
 
-/// bench.c's text with [`ECN_SUBSTITUTIONS`] applied; an error naming the first whose text is
-/// missing or not unique.
+/// bench.c's text with this file's `ECN_SUBSTITUTIONS` applied; an error naming the first
+/// whose text is missing or not unique.
 pub fn ecn_source(text: &str) -> Result<String> {
     let mut out = text.to_string();
     for s in ECN_SUBSTITUTIONS {
