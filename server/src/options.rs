@@ -91,13 +91,16 @@ impl Options {
     }
 }
 
+/// A `--cache-control` that is not a header field value.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a header value: expected printable ASCII, e.g. \"public, max-age=3600\"")]
+pub struct NotAHeaderValue(String);
+
 /// A header field value: printable ASCII, spaces and tabs (RFC 9110 §5.5), not blank.
-fn header_value(v: &str) -> Result<HeaderValue, String> {
+fn header_value(v: &str) -> Result<HeaderValue, NotAHeaderValue> {
     match HeaderValue::from_str(v) {
         Ok(h) if !v.trim().is_empty() => Ok(h),
-        _ => Err(format!(
-            "{v:?} is not a header value: expected printable ASCII, e.g. \"public, max-age=3600\""
-        )),
+        _ => Err(NotAHeaderValue(v.to_string())),
     }
 }
 
