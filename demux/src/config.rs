@@ -1264,7 +1264,8 @@ mod tests {
     #[test]
     fn a_worker_user_must_reach_the_worker_program() {
         use std::os::unix::fs::PermissionsExt;
-        let base = std::env::temp_dir().join(format!("ringmux-reach-{}", std::process::id()));
+        let tmp = ringmux_test_support::TempDir::new("ringmux-reach");
+        let base = tmp.path().to_path_buf();
         let inner = base.join("inner");
         std::fs::create_dir_all(&inner).unwrap();
         let program = inner.join("prog");
@@ -1298,7 +1299,6 @@ mod tests {
             .unwrap_err();
         let e = crate::one_line(&gone);
         assert!(e.contains("no-such-program: "), "the path, then why: {e}");
-        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -300,9 +300,8 @@ mod tests {
 
     #[test]
     fn lines_are_written_whole_and_a_full_queue_drops_and_counts() {
-        let dir = std::env::temp_dir().join(format!("ringmux-access-log-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("access.log");
+        let dir = ringmux_test_support::TempDir::new("ringmux-access-log");
+        let path = dir.path().join("access.log");
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -332,6 +331,5 @@ mod tests {
         assert!(text
             .lines()
             .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3")));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

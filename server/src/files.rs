@@ -1131,8 +1131,8 @@ mod tests {
     /// driven directly here).
     #[tokio::test]
     async fn blocking_fallbacks_open_beneath_and_read_whole() {
-        let dir = std::env::temp_dir().join(format!("ringmux-files-unit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = ringmux_test_support::TempDir::new("ringmux-files-unit");
+        let dir = tmp.path().to_path_buf();
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
         std::fs::write(dir.join("sub/f.bin"), &data).unwrap();
@@ -1163,7 +1163,6 @@ mod tests {
             libc::EOPNOTSUPP
         )));
         assert!(!needs_blocking(&io::Error::from_raw_os_error(libc::EIO)));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -1173,10 +1172,10 @@ mod tests {
         assert!(matches!(e, RootError::Open { .. }), "{e:?}");
         assert!(e.to_string().contains("/nonexistent/ringmux-root"), "{e}");
         // A file is not a directory (O_DIRECTORY): ENOTDIR, named.
-        let file = std::env::temp_dir().join(format!("ringmux-root-file-{}", std::process::id()));
+        let tmp = ringmux_test_support::TempDir::new("ringmux-root-file");
+        let file = tmp.path().join("f");
         std::fs::write(&file, b"x").unwrap();
         let e = DocRoot::open(&file, FileOptions::default()).unwrap_err();
-        let _ = std::fs::remove_file(&file);
         assert!(e.to_string().contains(&*file.to_string_lossy()), "{e}");
         assert!(
             matches!(&e, RootError::Open { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
