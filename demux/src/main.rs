@@ -449,12 +449,16 @@ impl Demux {
             lanes: router.lanes(),
             ring: &cfg.ring,
             shed_at: cfg.shed_at_slots(),
-            public: Some(forward::Public {
-                socket: public.socket().try_clone()?.into(),
-                router: router.clone(),
-                rcvbuf: cfg.args.rcvbuf,
-                sndbuf: cfg.args.sndbuf,
-            }),
+            // Only a mode whose lanes join the public socket's group needs a duplicate of it.
+            public: match cfg.args.forward.workers_receive() {
+                true => Some(forward::Public {
+                    socket: public.socket().try_clone()?.into(),
+                    router: router.clone(),
+                    rcvbuf: cfg.args.rcvbuf,
+                    sndbuf: cfg.args.sndbuf,
+                }),
+                false => None,
+            },
         };
         let mode = cfg.args.forward;
         let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);

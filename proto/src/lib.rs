@@ -15,8 +15,9 @@
 //!   refuses a bad one at start) and by the built-in `ringmux-worker` program, whose command
 //!   line carries it.
 //!
-//! This crate owns bytes only. It never opens, reads or writes a descriptor, and never knows
-//! QUIC, TLS or HTTP: sockets, `SCM_RIGHTS` and polling live in each side's `sys` module.
+//! This crate owns bytes only. It never opens, reads or writes a descriptor (but for `certs`,
+//! which reads the operator's PEM files), and never knows QUIC or HTTP: sockets, `SCM_RIGHTS`
+//! and polling live in each side's `sys` module.
 
 #![deny(unsafe_code)]
 

@@ -112,10 +112,7 @@ impl ForwardMode {
         match self {
             ForwardMode::Shm | ForwardMode::Unix => None,
             ForwardMode::Drop => Some("--forward drop (a benchmark mode) is never upgraded"),
-            ForwardMode::Reuseport => Some(
-                "ringmux upgrade does not take over a --forward reuseport group yet: restart \
-                 instead",
-            ),
+            ForwardMode::Reuseport => Some(reuseport::NOT_UPGRADED),
         }
     }
 }
@@ -224,7 +221,8 @@ pub struct Setup<'a> {
     /// Occupancy (slots) from which a ring admits no new connections (`--initial-shed-at`);
     /// `u64::MAX`: never.
     pub shed_at: u64,
-    /// The public socket, for a mode whose lanes join its group (`None` in unit tests).
+    /// The public socket, for a mode whose lanes join its group (`ForwardMode::workers_receive`;
+    /// `None` for every other mode).
     pub public: Option<Public>,
 }
 
@@ -260,7 +258,7 @@ pub fn adopt<W: WithForward>(
         ForwardMode::Reuseport => {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                "a --forward reuseport group cannot be taken over by a new process image",
+                reuseport::NOT_UPGRADED,
             ))
         }
     })

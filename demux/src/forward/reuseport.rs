@@ -39,6 +39,10 @@ pub struct Group {
     pub sndbuf: usize,
 }
 
+/// Why `ringmux upgrade` refuses this mode: a new process image cannot take a group over yet.
+pub const NOT_UPGRADED: &str =
+    "ringmux upgrade does not take over a --forward reuseport group yet: restart instead";
+
 /// Every lane's socket in the group, and the program that steers to them.
 pub struct Reuseport {
     group: Group,
@@ -120,10 +124,7 @@ impl Forward for Reuseport {
         &mut self,
         _lane: usize,
     ) -> io::Result<Option<crate::forward::handover::IngressState>> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "ringmux upgrade does not take over a --forward reuseport group yet: restart instead",
-        ))
+        Err(io::Error::new(io::ErrorKind::Unsupported, NOT_UPGRADED))
     }
 }
 
