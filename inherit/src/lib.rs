@@ -10,9 +10,9 @@
 //!
 //! * refuses the standard streams (0, 1, 2), which the process never inherits from ringmux;
 //! * refuses a number that is not open;
-//! * refuses to take the same open description at the same number twice in one process
-//!   (it remembers each by number, device and inode, so a number that was closed and reused
-//!   for something new is not confused with the old one);
+//! * refuses to take a number a second time in one process (unless it was given back unclosed,
+//!   [`give_back`]): whether the first owner still holds it or closed it and the number now
+//!   holds something this process opened since, somebody else owns it;
 //! * marks the descriptor close-on-exec when asked, so that no program the process runs later
 //!   inherits it.
 //!
@@ -24,7 +24,6 @@
 
 use std::collections::BTreeSet;
 use std::io;
-use std::mem::MaybeUninit;
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
@@ -36,7 +35,7 @@ pub enum InheritError {
     StandardStream(RawFd),
     #[error("descriptor {0} is not open")]
     NotOpen(RawFd),
-    /// The same open file at the same number was taken already in this process.
+    /// The number was taken already in this process.
     #[error("descriptor {0} was taken already in this process")]
     TakenTwice(RawFd),
     #[error("descriptor {fd}: setting close-on-exec: {source}")]
@@ -57,8 +56,8 @@ impl From<InheritError> for io::Error {
     }
 }
 
-/// What was taken: number, device, inode.
-static TAKEN: Mutex<BTreeSet<(RawFd, u64, u64)>> = Mutex::new(BTreeSet::new());
+/// The numbers taken and not given back.
+static TAKEN: Mutex<BTreeSet<RawFd>> = Mutex::new(BTreeSet::new());
 
 /// Takes ownership of inherited descriptor `fd` (see the crate's documentation for what is
 /// checked); with `close_on_exec`, marks it so. On an error nothing was taken and the number
@@ -67,18 +66,20 @@ pub fn adopt(fd: RawFd, close_on_exec: bool) -> Result<OwnedFd, InheritError> {
     if (0..=2).contains(&fd) {
         return Err(InheritError::StandardStream(fd));
     }
-    let identity = identity(fd).ok_or(InheritError::NotOpen(fd))?;
+    if !is_open(fd) {
+        return Err(InheritError::NotOpen(fd));
+    }
     let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-    if taken.contains(&(fd, identity.0, identity.1)) {
+    if taken.contains(&fd) {
         return Err(InheritError::TakenTwice(fd));
     }
     if close_on_exec {
         set_flags(fd, libc::FD_CLOEXEC).map_err(|source| InheritError::Flags { fd, source })?;
     }
-    taken.insert((fd, identity.0, identity.1));
-    // SAFETY: `fd` is open (`identity` found it) and owned by nothing else in this process:
-    // the process that started this one placed it here for this process alone, and `TAKEN`
-    // makes this the only time this process takes it.
+    taken.insert(fd);
+    // SAFETY: `fd` is open (`is_open` found it) and owned by nothing else in this process: the
+    // process that started this one placed it here for this process alone, and `TAKEN` makes
+    // this the only time this process takes it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -87,7 +88,7 @@ pub fn adopt(fd: RawFd, close_on_exec: bool) -> Result<OwnedFd, InheritError> {
 pub fn give_back(fd: OwnedFd) -> RawFd {
     let raw = fd.into_raw_fd();
     let mut taken = TAKEN.lock().unwrap_or_else(|p| p.into_inner());
-    taken.retain(|&(n, _, _)| n != raw);
+    taken.remove(&raw);
     raw
 }
 
@@ -114,19 +115,6 @@ fn set_flags(fd: RawFd, flags: libc::c_int) -> io::Result<()> {
 fn fcntl(fd: RawFd, cmd: libc::c_int, arg: libc::c_int) -> libc::c_int {
     // SAFETY: F_GETFD and F_SETFD read and write no memory; a number that is not open is EBADF.
     unsafe { libc::fcntl(fd, cmd, arg) }
-}
-
-/// The device and inode of the file open at `fd`, if one is.
-fn identity(fd: RawFd) -> Option<(u64, u64)> {
-    let mut st = MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: `st` is a writable `struct stat` the kernel fills in on success; a number that
-    // is not open is EBADF and leaves it untouched (and unread).
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } < 0 {
-        return None;
-    }
-    // SAFETY: fstat succeeded, so it initialised `st`.
-    let st = unsafe { st.assume_init() };
-    Some((st.st_dev, st.st_ino))
 }
 
 #[cfg(test)]
@@ -176,16 +164,17 @@ mod tests {
         assert!(!is_open(-1));
     }
 
-    /// A number closed and opened again for another file is that other file, not a second
-    /// taking of the first.
+    /// A number taken once is not taken again, even when it holds another file by then (it
+    /// was replaced or closed and reused): that file belongs to whatever put it there.
     #[test]
-    fn a_reused_number_of_another_file_is_not_taken_twice() {
+    fn a_number_is_taken_once_whatever_it_holds_later() {
         let dir = std::fs::File::open("/").unwrap();
-        let raw = fresh();
-        drop(adopt(raw, true).unwrap());
-        // SAFETY: dup2 passes no memory; `raw` is closed (dropped above), so nothing owns it.
-        assert_eq!(unsafe { libc::dup2(dir.as_raw_fd(), raw) }, raw);
-        let again = adopt(raw, true).expect("another file at a reused number");
-        assert_eq!(again.as_raw_fd(), raw);
+        let mut first = adopt(fresh(), true).unwrap();
+        let raw = first.as_raw_fd();
+        // Another file at the same number, still owned by `first`, then let go unclosed.
+        rustix::io::dup2(&dir, &mut first).unwrap();
+        assert_eq!(first.into_raw_fd(), raw);
+        assert!(is_open(raw));
+        assert!(matches!(adopt(raw, true), Err(InheritError::TakenTwice(n)) if n == raw));
     }
 }
