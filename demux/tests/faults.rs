@@ -449,3 +449,60 @@ fn udp_drops(port: u16) -> Option<u64> {
             .flatten()
     })
 }
+
+/// Started with SIGINT and SIGHUP ignored (as a shell starts a background job, and nohup),
+/// ringmux still reloads on SIGHUP and drains and exits on SIGINT: it blocks them and reads
+/// them from a signalfd, and a blocked signal is queued whatever its disposition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_ignored_at_start_still_reach_the_demux() {
+    bounded(LIMIT, async {
+        let dir = ringmux_test_support::TempDir::new("ringmux-ignored-signals");
+        let wrapper = dir.path().join("ringmux-ignoring");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\ntrap '' INT HUP\nexec {} \"$@\"\n",
+                harness::binary("ringmux").display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut rm = Ringmux::start_in(
+            dir,
+            &wrapper,
+            2,
+            Forward::Shm,
+            &["--grace", "5"],
+            harness::worker_bin(),
+            &[],
+        );
+        // The premise: the demux runs with both ignored (SigIgn, a hexadecimal mask of signal
+        // numbers less one).
+        let status = std::fs::read_to_string(format!("/proc/{}/status", rm.pid)).unwrap();
+        let ignored = status
+            .lines()
+            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .expect("SigIgn in /proc/PID/status");
+        for sig in [libc::SIGINT, libc::SIGHUP] {
+            assert_ne!(
+                ignored & (1 << (sig - 1)),
+                0,
+                "signal {sig} not ignored: {status}"
+            );
+        }
+
+        rm.signal(libc::SIGHUP);
+        rm.wait_for(
+            "the reload SIGHUP asked for",
+            Duration::from_secs(30),
+            |m| m.labelled(names::RELOADS, "result", "ok") == 1.0,
+        )
+        .await;
+        rm.signal(libc::SIGINT);
+        let status = rm.wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(0), "ringmux exit status {status:?}");
+    })
+    .await
+}

@@ -96,7 +96,7 @@ pub struct Supervisor {
     access_log: Option<OwnedFd>,
     /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
     /// where the kernel has no Landlock.
-    domain: Option<OwnedFd>,
+    domain: Option<sys::WorkerDomain>,
     /// When to look for orphans next (sooner after a worker died).
     next_sweep: Instant,
     /// How the lanes of the instances are numbered.
@@ -212,8 +212,8 @@ impl Supervisor {
         };
         let domain = match (&filter, sys::worker_domain()) {
             (None, _) => None,
-            (Some(_), Ok(Some((ruleset, abi)))) => {
-                tracing::debug!(abi, "workers enter Landlock domains of their own");
+            (Some(_), Ok(Some(ruleset))) => {
+                tracing::debug!("workers enter Landlock domains of their own");
                 Some(ruleset)
             }
             (Some(_), Ok(None)) => {
@@ -957,7 +957,7 @@ impl Supervisor {
             tcp: self.tcp.https.as_ref().map(|t| t.as_fd()),
             redirect: self.tcp.redirect.as_ref().map(|t| t.as_fd()),
             access_log: self.access_log.as_ref().map(|t| t.as_fd()),
-            domain: self.domain.as_ref().map(|d| d.as_fd()),
+            domain: self.domain.as_ref(),
             cpu: h.cpu,
             filter: self.filter.clone(),
             // No confined worker holds a capability: one that runs as root keeps root's user
