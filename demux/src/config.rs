@@ -1264,7 +1264,7 @@ mod tests {
     #[test]
     fn a_worker_user_must_reach_the_worker_program() {
         use std::os::unix::fs::PermissionsExt;
-        let tmp = ringmux_test_support::TempDir::new("ringmux-reach");
+        let tmp = ringmux_test_support::temp_dir("ringmux-reach");
         let base = tmp.path().to_path_buf();
         let inner = base.join("inner");
         std::fs::create_dir_all(&inner).unwrap();

@@ -33,7 +33,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
-use ringmux_test_support::{tool, TempDir};
+use ringmux_test_support::{temp_dir, tool, TempDir};
 
 /// Bound of one Chromium run (a page load from loopback takes well under a second).
 const CHROMIUM_LIMIT: Duration = Duration::from_secs(30);
@@ -45,7 +45,7 @@ fn have_chromium() -> bool {
 
 /// A `--root` holding an `index.html` whose body is `marker`.
 fn site(marker: &str) -> TempDir {
-    let root = TempDir::new("ringmux-browser-root");
+    let root = temp_dir("ringmux-browser-root");
     let page = format!(
         "<!doctype html>\n<html><head><title>ringmux</title></head>\
          <body><p id=\"marker\">{marker}</p></body></html>\n"

@@ -24,7 +24,7 @@ use harness::{bounded, check_bytes, Forward, Ringmux, SERVER_NAME};
 use ringmux_bench::client::{client_config, H3Client};
 use ringmux_demux::metrics::names;
 use ringmux_quic_lb::KeySet;
-use ringmux_test_support::{tool, TempDir};
+use ringmux_test_support::{temp_dir, tool};
 
 const LIMIT: Duration = Duration::from_secs(90);
 /// The whole namespace test: it takes about half a minute.
@@ -94,7 +94,7 @@ impl Drop for Relay {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_token_of_one_node_is_taken_by_another() {
     bounded(LIMIT, async {
-        let dir = TempDir::new("ringmux-two-nodes");
+        let dir = temp_dir("ringmux-two-nodes");
         let key_file = dir.path().join("keys");
         std::fs::OpenOptions::new()
             .write(true)
@@ -191,7 +191,7 @@ fn three_nodes_behind_an_nftables_balancer() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let ringmux = harness::binary("ringmux");
     let bin = ringmux.parent().expect("the folder of the binaries");
-    let out = TempDir::new("ringmux-cluster");
+    let out = temp_dir("ringmux-cluster");
     let log_path = out.path().join("cluster.log");
     let log = std::fs::File::create(&log_path).unwrap();
     let mut child = Command::new(root.join("scripts/cluster.sh"))

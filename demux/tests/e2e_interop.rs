@@ -9,7 +9,7 @@
 use ringmux_demux::metrics::names;
 use ringmux_test_support::aioquic::Json;
 use ringmux_test_support::tool::{self, tail};
-use ringmux_test_support::{harness, TempDir};
+use ringmux_test_support::{harness, temp_dir};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -1253,7 +1253,7 @@ async fn a_failing_reload_leaves_the_old_generation_serving() {
         return;
     }
     bounded(LIMIT, async {
-        let bin = TempDir::new("ringmux-reload-bin");
+        let bin = temp_dir("ringmux-reload-bin");
         let worker = harness::worker_bin();
         let good = format!("exec {} \"$@\"", worker.display());
         let prog = script(bin.path(), "worker.sh", &good);
@@ -1306,14 +1306,14 @@ async fn a_failing_upgrade_leaves_the_old_demux_serving() {
     }
     bounded(LIMIT, async {
         use ringmux_demux::upgrade::{Compat, STATE_FORMAT};
-        let bin = TempDir::new("ringmux-upgrade-bin");
+        let bin = temp_dir("ringmux-upgrade-bin");
         let demux = bin.path().join("ringmux");
         let real = Path::new(env!("CARGO_BIN_EXE_ringmux"))
             .display()
             .to_string();
         std::fs::copy(&real, &demux).unwrap();
         let rm = Ringmux::start_in(
-            TempDir::new("ringmux-e2e"),
+            temp_dir("ringmux-e2e"),
             &demux,
             2,
             Forward::Shm,
@@ -1397,7 +1397,7 @@ async fn a_failing_upgrade_leaves_the_old_demux_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_reload_drains_every_generation() {
     bounded(LIMIT, async {
-        let bin = TempDir::new("ringmux-reload-bin");
+        let bin = temp_dir("ringmux-reload-bin");
         let (slow, fifo) = (bin.path().join("slow"), bin.path().join("fifo"));
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         // The workers (nobody, when the tests run as root) open it read-write.

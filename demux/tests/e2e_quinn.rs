@@ -300,7 +300,7 @@ async fn specific_ipv6_listen_serves_every_instance() {
 /// Runs h3-probe against `url` (any certificate, bodies of 1000 bytes) with `args`, at most 60
 /// seconds, and returns its JSON report; fails the test if it fails.
 async fn run_probe(url: &str, args: &[&str]) -> serde_json::Value {
-    let dir = ringmux_test_support::TempDir::new("ringmux-probe");
+    let dir = ringmux_test_support::temp_dir("ringmux-probe");
     let json = dir.path().join("probe.json");
     let probe = harness::binary("h3-probe");
     let out = tokio::process::Command::new(&probe)

@@ -270,7 +270,7 @@ async fn h3_hello_zero_rtt_on_another_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_program_that_never_attaches_is_named() {
     bounded(LIMIT, async {
-        let dir = ringmux_test_support::TempDir::new("ringmux-notworker");
+        let dir = ringmux_test_support::temp_dir("ringmux-notworker");
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
             .args([
                 "--listen",

@@ -456,7 +456,7 @@ fn udp_drops(port: u16) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_ignored_at_start_still_reach_the_demux() {
     bounded(LIMIT, async {
-        let dir = ringmux_test_support::TempDir::new("ringmux-ignored-signals");
+        let dir = ringmux_test_support::temp_dir("ringmux-ignored-signals");
         let wrapper = dir.path().join("ringmux-ignoring");
         std::fs::write(
             &wrapper,

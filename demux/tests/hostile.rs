@@ -5,7 +5,7 @@
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
 //! accounted for.
 
-use ringmux_test_support::{harness, tool, TempDir};
+use ringmux_test_support::{harness, temp_dir, tool, TempDir};
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -90,7 +90,7 @@ async fn fault_is_contained(fault: &str, expect_violation: bool) {
 }
 
 async fn play_fault(fault: &str, expect_violation: bool) {
-    let dir = TempDir::new("ringmux-fault");
+    let dir = temp_dir("ringmux-fault");
     let rm = start_faulty(fault, &["--stall-secs", "1"], &dir);
     let before = rm.metrics();
     assert_eq!(before.instance(names::WORKER_RESTARTS, 1), 0.0);
@@ -164,7 +164,7 @@ async fn control_flood_with_a_stalled_ring() {
 #[tokio::test]
 async fn a_lingering_drain_ends_at_the_grace_deadline() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-linger");
+        let dir = temp_dir("ringmux-linger");
         let mut rm = start_faulty("linger", &["--grace", "2"], &dir);
         let pids = rm.worker_pids().await;
         rm.signal(libc::SIGTERM);
@@ -203,7 +203,7 @@ async fn worker_dies_mid_batch() {
 #[tokio::test]
 async fn full_ring_of_one_instance_does_not_slow_another() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-slow");
+        let dir = temp_dir("ringmux-slow");
         let rm = start_faulty(
             "stop-draining",
             &["--stall-secs", "600", "--ring-slots", "64"],
@@ -390,7 +390,7 @@ fn assert_outcomes(
 /// the same process, still confined) and checks that the demux and both instances serve and
 /// nothing was restarted. Returns the report.
 async fn play_attack(attack: &str, extra: &[&str]) -> std::collections::HashMap<String, String> {
-    let dir = TempDir::new("ringmux-attack");
+    let dir = temp_dir("ringmux-attack");
     let rm = start_faulty(attack, extra, &dir);
     let found = report(&dir).await;
     instance0_serves(&rm).await;
@@ -445,7 +445,7 @@ async fn a_confined_worker_cannot_reach_the_demux() {
 #[tokio::test]
 async fn a_worker_cannot_ask_for_a_reload_or_an_upgrade() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-reload");
+        let dir = temp_dir("ringmux-attack-reload");
         let sock = dir
             .path()
             .join("control.sock")
@@ -485,7 +485,7 @@ async fn a_worker_cannot_ask_for_a_reload_or_an_upgrade() {
 #[tokio::test]
 async fn an_unconfined_worker_can_stop_the_demux() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-off");
+        let dir = temp_dir("ringmux-attack-off");
         let rm = start_faulty("signal-parent", &["--sandbox", "off"], &dir);
         let r = report(&dir).await;
         assert_outcomes(
@@ -532,7 +532,7 @@ async fn a_confined_worker_cannot_start_processes() {
 #[tokio::test]
 async fn a_confined_worker_cannot_receive_on_the_public_socket() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-recv");
+        let dir = temp_dir("ringmux-attack-recv");
         let rm = start_faulty("recv-public", &[], &dir);
         let r = report(&dir).await;
         assert_outcomes(
@@ -630,7 +630,7 @@ async fn third_party_served(rm: &Ringmux, instance: u8) {
 #[tokio::test]
 async fn a_confined_worker_cannot_free_the_descriptors_the_rules_name() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-free");
+        let dir = temp_dir("ringmux-attack-free");
         let rm = start_faulty("free-named", &[], &dir);
         let r = report(&dir).await;
         assert_outcomes(&r, &["copy-control", "fionbio-own", "fioclex-own"], "ok");
@@ -698,7 +698,7 @@ async fn wait_file(file: &std::path::Path) {
 #[tokio::test]
 async fn a_workers_own_socket_cannot_blind_the_box_even_unconfined() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-own-socket");
+        let dir = temp_dir("ringmux-attack-own-socket");
         let rm = start_faulty_env(
             "own-socket",
             &["--sandbox", "off"],
@@ -744,7 +744,7 @@ async fn a_workers_own_socket_cannot_blind_the_box_even_unconfined() {
 #[tokio::test]
 async fn a_confined_worker_cannot_reconfigure_its_sending_socket() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-own-socket-confined");
+        let dir = temp_dir("ringmux-attack-own-socket-confined");
         let rm = start_faulty("own-socket", &[], &dir);
         let r = report(&dir).await;
         assert_outcomes(&r, &["received-on-own-socket"], "0");
@@ -778,7 +778,7 @@ enum Trigger {
 /// Plays `spy` on instance 1 (a serving worker probing the memory of every process that starts
 /// beside it, and of the demux), carries out `trigger` once it watches, then tells it to stop.
 async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String> {
-    let dir = TempDir::new("ringmux-attack-spy");
+    let dir = temp_dir("ringmux-attack-spy");
     let rm = start_faulty("spy", &["--grace", "2"], &dir);
     wait_file(&dir.path().join("played.watching")).await;
     let (ok, text) = match trigger {
@@ -854,7 +854,7 @@ async fn a_confined_worker_dies_with_the_demux_and_inherits_nothing() {
         // SAFETY: dup2 onto a number this test process does not otherwise use.
         let r = unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 57) };
         assert_eq!(r, 57);
-        let dir = TempDir::new("ringmux-attack-prctl");
+        let dir = temp_dir("ringmux-attack-prctl");
         let mut rm = start_faulty_env(
             "prctl",
             &[],
@@ -895,7 +895,7 @@ async fn a_confined_worker_dies_with_the_demux_and_inherits_nothing() {
 #[tokio::test]
 async fn an_unconfined_worker_can_receive_on_the_public_socket() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-recv-off");
+        let dir = temp_dir("ringmux-attack-recv-off");
         let _rm = start_faulty("recv-public", &["--sandbox", "off"], &dir);
         let r = report(&dir).await;
         let got = r.get("recv-public").map(String::as_str);
@@ -918,7 +918,7 @@ async fn workers_run_as_the_worker_user() {
         .flatten()
         .expect("a user named nobody");
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-user");
+        let dir = temp_dir("ringmux-attack-user");
         // The workers, running as nobody, write the marker and report here, and run from here:
         // the build's own folder may sit below one that nobody cannot enter.
         std::fs::set_permissions(
@@ -959,7 +959,7 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
         .expect("a user named nobody");
     bounded(Duration::from_secs(90), async {
         for (extra, expected) in [(&[][..], "EACCES"), (&["--worker-user", "root"][..], "ok")] {
-            let dir = TempDir::new("ringmux-attack-proc");
+            let dir = temp_dir("ringmux-attack-proc");
             open_to_workers(&dir);
             // Somewhere nobody may execute them: the build's own folder may be closed to it.
             let fault = world_executable_copy(&fault_worker(), &dir);
@@ -1003,14 +1003,14 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
     }
     let setpriv = tool::which("setpriv").expect("setpriv, which ran");
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-caps");
+        let dir = temp_dir("ringmux-attack-caps");
         open_to_workers(&dir);
         let demux =
             world_executable_copy(std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")), &dir);
         let fault = world_executable_copy(&fault_worker(), &dir);
         let real = world_executable_copy(&harness::worker_bin(), &dir);
         // The harness's own files (key file, control socket, log).
-        let files = TempDir::new("ringmux-caps-files");
+        let files = temp_dir("ringmux-caps-files");
         // ringmux as nobody with CAP_NET_BIND_SERVICE ambient, as systemd's User= and
         // AmbientCapabilities= start it; its files its own.
         let wrapper = dir.path().join("as-unit");
@@ -1061,7 +1061,7 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
 #[tokio::test]
 async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners_or_the_access_log() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-tcp");
+        let dir = temp_dir("ringmux-attack-tcp");
         let redirect = unused_tcp_port();
         let log = dir.path().join("access.log");
         std::fs::write(&log, "a line before the workers started\n").unwrap();
@@ -1140,7 +1140,7 @@ async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners_or_the_access_l
 #[tokio::test]
 async fn a_dead_workers_descendants_are_killed_and_its_ring_replaced() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-fork-and-jam");
+        let dir = temp_dir("ringmux-fork-and-jam");
         let rm = start_faulty(
             "fork-and-jam",
             &["--sandbox", "off", "--stall-secs", "1"],
@@ -1258,7 +1258,7 @@ fn parse_retry(p: &[u8], dcid: &[u8]) -> (Vec<u8>, Vec<u8>) {
 #[tokio::test]
 async fn under_pressure_the_demux_retries_and_lets_validated_initials_in() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-retry");
+        let dir = temp_dir("ringmux-retry");
         let rm = start_crowdable(&dir, &[]);
         let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
         blast(&rm, 1, 40);
@@ -1363,7 +1363,7 @@ fn send_initials(rm: &Ringmux, count: usize) {
 #[tokio::test]
 async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_ones() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-shed");
+        let dir = temp_dir("ringmux-shed");
         let rm = start_crowdable(&dir, &["--retry", "never"]);
         let fwd = |m: &Metrics, i| m.instance(names::FORWARDED, i);
         // Below the threshold (at most 20 of 20 can reach instance 1): nothing is shed.
@@ -1422,7 +1422,7 @@ async fn a_crowded_ring_sheds_new_connections_and_keeps_room_for_established_one
 #[tokio::test]
 async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-sessions");
+        let dir = temp_dir("ringmux-attack-sessions");
         let rm = start_faulty("take-foreign-session", &[], &dir);
         rm.wait_for("both workers up", Duration::from_secs(20), |m| {
             (0..2).all(|i| m.instance(names::WORKER_UP, i) == 1.0)
@@ -1470,7 +1470,7 @@ async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
 #[tokio::test]
 async fn a_confined_worker_cannot_steal_the_kernels_steering() {
     bounded(Duration::from_secs(60), async {
-        let dir = TempDir::new("ringmux-attack-steering");
+        let dir = temp_dir("ringmux-attack-steering");
         let rm = start_faulty_in(Forward::Reuseport, "steal-steering", &[], &dir);
         let r = report(&dir).await;
         assert_outcomes(&r, &["receive-own-socket"], "EAGAIN");

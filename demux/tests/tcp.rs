@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Empty};
 use ringmux_bench::client::Fnv64;
 use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
-use ringmux_test_support::{tool, TempDir};
+use ringmux_test_support::{temp_dir, tool};
 use tokio::io::AsyncReadExt;
 
 /// What one curl run got: status, header fields (names lower-case), body.
@@ -241,7 +241,7 @@ async fn files_over_tcp_answer_conditional_and_range_requests() {
         return;
     }
     bounded(Duration::from_secs(60), async {
-        let root = TempDir::new("ringmux-tcp-root");
+        let root = temp_dir("ringmux-tcp-root");
         let content: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
         std::fs::write(root.path().join("data.bin"), &content).unwrap();
         let root_arg = root.path().to_string_lossy().into_owned();
@@ -523,7 +523,7 @@ async fn redirects_to_https_and_an_access_log_of_every_request() {
     }
     bounded(Duration::from_secs(90), async {
         let redirect = harness::unused_tcp_port();
-        let dir = TempDir::new("ringmux-access-log");
+        let dir = temp_dir("ringmux-access-log");
         // Under the test's own folder, which may be closed to the workers' user: the demux
         // opens the log, the workers only write to what it gives them.
         let log = dir.path().join("access.log");

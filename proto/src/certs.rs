@@ -135,8 +135,8 @@ mod tests {
         assert_eq!(certs.len(), 1);
         assert!(matches!(key, PrivateKeyDer::Pkcs8(_)));
 
-        let dir = std::env::temp_dir().join(format!("ringmux-proto-certs-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
         std::fs::write(&c, &made.chain).unwrap();
         std::fs::write(&k, &made.key).unwrap();
@@ -148,7 +148,6 @@ mod tests {
         let missing = CertPem::load(&dir.join("missing.pem"), &k)
             .unwrap_err()
             .to_string();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(loaded.unwrap(), made);
         assert!(
             swapped.contains("certificate file") && swapped.contains("key.pem"),

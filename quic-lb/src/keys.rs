@@ -481,8 +481,8 @@ mod tests {
     #[test]
     fn load_checks_permissions() {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("ringmux-quic-lb-keys-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("keys");
         let k = sample();
         std::fs::write(&path, k.to_key_file()).unwrap();
@@ -496,6 +496,5 @@ mod tests {
         assert_eq!(KeySet::load(&path).unwrap(), k);
         let e = KeySet::load(&dir.join("absent")).unwrap_err().to_string();
         assert!(e.contains("absent") && e.contains("No such file"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -4,7 +4,7 @@
 //! Every test body runs under a timeout, and every wait is on an event (a response, a task
 //! ending), never a sleep.
 
-use ringmux_test_support::{aioquic, tool, TempDir};
+use ringmux_test_support::{aioquic, temp_dir, tool, TempDir};
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -207,7 +207,7 @@ async fn builtins_head_and_errors() {
 #[tokio::test]
 async fn path_escapes_are_refused() {
     bounded(async {
-        let root = TempDir::new("escape");
+        let root = temp_dir("escape");
         std::fs::write(root.path().join("ok.txt"), b"ok").unwrap();
         let chain = CertChain::self_signed().unwrap();
         let site = root_site(root.path(), FileOptions::default());
@@ -236,14 +236,14 @@ async fn path_escapes_are_refused() {
 #[tokio::test]
 async fn static_files_from_root() {
     bounded(async {
-        let root = TempDir::new("static");
+        let root = temp_dir("static");
         let big: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 % 256) as u8).collect();
         std::fs::write(root.path().join("index.html"), b"<h1>hi</h1>").unwrap();
         std::fs::create_dir(root.path().join("sub")).unwrap();
         std::fs::write(root.path().join("sub/data.json"), b"{\"a\":1}").unwrap();
         std::fs::write(root.path().join("big.bin"), &big).unwrap();
         std::fs::write(root.path().join("hello.txt"), b"overridden\n").unwrap();
-        let outside = TempDir::new("outside");
+        let outside = temp_dir("outside");
         std::fs::write(outside.path().join("secret.txt"), b"secret").unwrap();
         std::os::unix::fs::symlink(
             outside.path().join("secret.txt"),
@@ -643,7 +643,7 @@ fn file_bytes(len: usize) -> Vec<u8> {
 #[tokio::test]
 async fn validators_and_conditional_requests() {
     bounded(async {
-        let root = TempDir::new("conditional");
+        let root = temp_dir("conditional");
         std::fs::write(root.path().join("a.txt"), b"0123456789").unwrap();
         let chain = CertChain::self_signed().unwrap();
         let opts = FileOptions {
@@ -724,7 +724,7 @@ async fn validators_and_conditional_requests() {
 #[tokio::test]
 async fn byte_ranges() {
     bounded(async {
-        let root = TempDir::new("ranges");
+        let root = temp_dir("ranges");
         std::fs::write(root.path().join("small.txt"), b"0123456789").unwrap();
         std::fs::write(root.path().join("empty.txt"), b"").unwrap();
         // Larger than any cached file: streamed from the descriptor.
@@ -825,7 +825,7 @@ async fn byte_ranges() {
 #[tokio::test]
 async fn cached_files_are_revalidated() {
     bounded(async {
-        let root = TempDir::new("cache");
+        let root = temp_dir("cache");
         let path = root.path().join("page.html");
         std::fs::write(&path, b"version one").unwrap();
         std::fs::write(root.path().join("gone.txt"), b"soon gone").unwrap();
@@ -927,7 +927,7 @@ async fn cached_files_are_revalidated() {
 #[tokio::test]
 async fn files_evicted_from_the_page_cache_are_served_whole() {
     bounded(async {
-        let root = TempDir::new("cold");
+        let root = temp_dir("cold");
         let big = file_bytes(3 << 20);
         let path = root.path().join("cold.bin");
         std::fs::write(&path, &big).unwrap();
@@ -978,8 +978,8 @@ struct SymlinkSwapper {
 
 impl SymlinkSwapper {
     fn start() -> SymlinkSwapper {
-        let root = TempDir::new("race-root");
-        let outside = TempDir::new("race-outside");
+        let root = temp_dir("race-root");
+        let outside = temp_dir("race-outside");
         std::fs::write(root.path().join("inside.txt"), b"inside").unwrap();
         std::fs::create_dir(root.path().join("real")).unwrap();
         std::fs::write(root.path().join("real/f.txt"), b"inside").unwrap();
@@ -1168,7 +1168,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(50);
 /// A document root for the third-party clients: a page, a stylesheet, a 1.5 MB file (streamed,
 /// not cached) and a directory.
 fn interop_root() -> (TempDir, Vec<u8>) {
-    let root = TempDir::new("interop");
+    let root = temp_dir("interop");
     std::fs::write(root.path().join("index.html"), b"<h1>index</h1>").unwrap();
     std::fs::write(root.path().join("a.txt"), b"0123456789").unwrap();
     std::fs::write(root.path().join("style.css"), b"h1 { color: red }").unwrap();
@@ -1235,7 +1235,7 @@ async fn gtlsclient_fetches_files_with_validators() {
         let (root, big) = interop_root();
         let chain = CertChain::self_signed().unwrap();
         let server = interop_server(&chain, root.path());
-        let work = TempDir::new("gtls");
+        let work = temp_dir("gtls");
         let dl = work.path().join("dl");
         std::fs::create_dir(&dl).unwrap();
         let download = format!("--download={}", dl.display());
@@ -1306,7 +1306,7 @@ async fn aioquic_conditional_and_range_requests() {
         let (root, big) = interop_root();
         let chain = CertChain::self_signed().unwrap();
         let server = interop_server(&chain, root.path());
-        let work = TempDir::new("aioquic");
+        let work = temp_dir("aioquic");
         let requests = [
             "GET|/a.txt",
             "GET|/a.txt|if-none-match:$ETAG",

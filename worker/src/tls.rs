@@ -357,13 +357,12 @@ mod tests {
         let pem = CertPem::self_signed().unwrap();
         let chain = CertChain::from_pem(&pem.chain, &pem.key).unwrap();
         assert_eq!(chain.certs.len(), 1);
-        let dir = std::env::temp_dir().join(format!("ringmux-tls-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let (c, k) = (dir.join("cert.pem"), dir.join("key.pem"));
         std::fs::write(&c, &pem.chain).unwrap();
         std::fs::write(&k, &pem.key).unwrap();
         let loaded = CertChain::from_pem_files(&c, &k);
-        std::fs::remove_dir_all(&dir).unwrap();
         let loaded = loaded.unwrap();
         assert_eq!(loaded.certs, chain.certs);
         assert_eq!(loaded.key.secret_der(), chain.key.secret_der());

@@ -8,7 +8,7 @@
 //!
 //! The binaries it runs are the workspace's, found where cargo builds them ([`binary`]).
 
-use crate::TempDir;
+use crate::{temp_dir, TempDir};
 use ringmux_demux::metrics::names;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
@@ -77,7 +77,7 @@ impl Ringmux {
         worker_bin: PathBuf,
         env: &[(&str, String)],
     ) -> Ringmux {
-        let dir = TempDir::new("ringmux-e2e");
+        let dir = temp_dir("ringmux-e2e");
         Ringmux::start_in(
             dir,
             &binary("ringmux"),

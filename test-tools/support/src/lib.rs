@@ -1,4 +1,4 @@
-//! What the workspace's test binaries share, written once: [`TempDir`], a temporary folder
+//! What the workspace's test binaries share, written once: [`temp_dir`], a temporary folder
 //! removed when dropped; [`tool`], the third-party programs tests run (whether one is
 //! installed, running one with a deadline); [`aioquic`], the Python client the demux's and the
 //! server's tests drive; [`client_initial`], client Initial packets with chosen ClientHellos;
@@ -10,52 +10,38 @@ pub mod client_initial;
 pub mod harness;
 pub mod tool;
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+/// A temporary folder, removed on drop (also when a test panics): the `tempfile` crate's.
+pub use tempfile::TempDir;
 
-/// A folder under the system's temporary folder, removed on drop (also when a test panics).
-/// Its name holds `prefix`, the process ID and a per-process sequence number, so tests running
-/// at once, in one process or several, never share one; a folder left by an earlier process of
-/// the same ID is emptied first.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// Creates the folder.
-    ///
-    /// # Panics
-    /// If it cannot be created: the test cannot run.
-    pub fn new(prefix: &str) -> TempDir {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        if let Err(e) = std::fs::create_dir_all(&path) {
-            panic!("creating the temporary folder {}: {e}", path.display());
-        }
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A new folder under the system's temporary folder, its name `prefix` and random characters
+/// (so tests running at once, in one process or several, never share one), open to others
+/// (0755): the workers of a test run as root run as nobody, and read and execute what the test
+/// puts there.
+///
+/// # Panics
+/// If it cannot be created: the test cannot run.
+pub fn temp_dir(prefix: &str) -> TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .permissions(std::fs::Permissions::from_mode(0o755))
+        .tempdir()
+        .unwrap_or_else(|e| panic!("creating a temporary folder {prefix}-*: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn folders_are_distinct_and_removed_on_drop() {
-        let a = TempDir::new("ringmux-support");
-        let b = TempDir::new("ringmux-support");
+    fn folders_are_distinct_open_to_others_and_removed_on_drop() {
+        let a = temp_dir("ringmux-support");
+        let b = temp_dir("ringmux-support");
         assert_ne!(a.path(), b.path());
         assert!(a.path().is_dir() && b.path().is_dir());
+        let mode = std::fs::metadata(a.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755, "{mode:o}");
         std::fs::write(a.path().join("f"), b"x").unwrap();
         let kept = a.path().to_owned();
         drop(a);

@@ -209,7 +209,7 @@ mod tests {
 
     #[tokio::test]
     async fn run_collects_status_and_both_outputs() {
-        let dir = crate::TempDir::new("ringmux-support-run");
+        let dir = crate::temp_dir("ringmux-support-run");
         let args = [
             "-c".to_string(),
             "echo out; echo err >&2; exit 2".to_string(),
