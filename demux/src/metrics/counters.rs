@@ -6,8 +6,10 @@
 //! ([`Counters::TABLE`], [`InstanceCounters::TABLE`]): the line makes the field, and the
 //! exposition (name, help, type, `result` label), the columns and `result` words of `ringmux
 //! stats` and the snapshot carried across `ringmux upgrade` ([`Counters::snapshot`]) are read
-//! from the table. Adding a counter is its line plus its use. (What workers report is declared
-//! in `exposition.rs`'s table of reported metrics.)
+//! from the table. Adding a counter is its line plus its use; a counter under a metric name
+//! nothing used before also takes that name's line in [`names`], the one list
+//! of names the tests and benchmarks scrape by. (What workers report is declared in
+//! `exposition.rs`'s table of reported metrics.)
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
