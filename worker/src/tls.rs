@@ -131,12 +131,9 @@ pub const TICKETS_PER_HANDSHAKE: usize = 2;
 pub fn server_crypto(
     chain: &CertChain,
     ticket_secret: &[u8; 32],
-) -> anyhow::Result<Arc<QuicServerConfig>> {
+) -> Result<Arc<QuicServerConfig>, TlsError> {
     let ticketer = Arc::new(SharedTicketer::new(ticket_secret));
-    Ok(server_crypto_with(
-        chain,
-        Resumption::SharedTickets(ticketer),
-    )?)
+    server_crypto_with(chain, Resumption::SharedTickets(ticketer))
 }
 
 /// Like [`server_crypto`] with an explicit resumption mechanism.
