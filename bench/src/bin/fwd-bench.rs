@@ -358,8 +358,14 @@ fn run(a: RunArgs) -> Result<()> {
         eprintln!("fwd-bench: not root: SCHED_FIFO and --rcvbuf forcing are unavailable");
     }
 
-    let tmp = std::env::temp_dir().join(format!("fwd-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    // Open to others (0755) as the folders of the tests are: a run as root starts its
+    // workers as nobody.
+    let tmp_dir = tempfile::Builder::new()
+        .prefix("fwd-bench-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .tempdir()
+        .context("creating a temporary folder")?;
+    let tmp = tmp_dir.path().to_owned();
     let key_file = tmp.join("keys");
     let keys = datagrams::write_key_file(&key_file)?;
     let conns = datagrams::connections(&keys, a.instances, a.sockets, plaintext)?;
@@ -568,9 +574,7 @@ fn run(a: RunArgs) -> Result<()> {
         eprintln!("== wrote {}", path.display());
     }
     if a.keep_temp {
-        eprintln!("== kept {}", tmp.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&tmp);
+        eprintln!("== kept {}", tmp_dir.keep().display());
     }
     Ok(())
 }

@@ -529,15 +529,17 @@ async fn tick(bar: &Option<indicatif::ProgressBar>, plan: &Plan, start: Instant)
 /// process group: the copies stop and report, and this process, which ignores it, merges.
 fn run_processes(args: &Args) -> anyhow::Result<bool> {
     let exe = std::env::current_exe().context("cannot find this executable to start copies")?;
-    let dir = std::env::temp_dir().join(format!("h3-probe-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix("h3-probe-")
+        .tempdir()
+        .context("cannot create a temporary folder")?;
     let child_args = without_options(
         std::env::args_os().skip(1),
         &["--processes", "-p", "--json"],
     );
     let mut children = Vec::new();
     for i in 0..args.processes {
-        let shard = dir.join(format!("{i}.json"));
+        let shard = dir.path().join(format!("{i}.json"));
         let child = std::process::Command::new(&exe)
             .args(&child_args)
             .arg("--shard-out")
@@ -570,7 +572,7 @@ fn run_processes(args: &Args) -> anyhow::Result<bool> {
             None => eprintln!("h3-probe: process {i} reported nothing ({status})"),
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     if reported == 0 {
         bail!("none of the {} processes reported", args.processes);
     }
