@@ -166,7 +166,16 @@ mod tests {
     fn what_does_not_parse_is_dropped_as_malformed() {
         let (router, mut admission, _) = parts(RetryMode::Never);
         let mut cache = RouteCache::new(&router);
-        for bytes in [&b""[..], &[0x40][..], &[0xc3, 0, 0, 0, 1, 200][..]] {
+        // A v1 Initial whose SCID is 21 octets: v1 endpoints drop it (RFC 9000 §17.2).
+        let mut long_scid = vec![0xc3, 0, 0, 0, 1, 8, 1, 2, 3, 4, 5, 6, 7, 8, 21];
+        long_scid.extend_from_slice(&[9; 21]);
+        long_scid.resize(1200, 0);
+        for bytes in [
+            &b""[..],
+            &[0x40][..],
+            &[0xc3, 0, 0, 0, 1, 200][..],
+            &long_scid[..],
+        ] {
             assert_eq!(
                 classify(
                     &router,

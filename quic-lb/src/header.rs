@@ -35,6 +35,10 @@ pub enum MalformedReason {
     LongHeaderTruncated,
     /// Long-header DCID length above 20 (RFC 9000 §17.2; quinn cannot parse those either).
     DcidTooLong,
+    /// QUIC v1 or v2 long-header SCID length above 20: "Endpoints that receive a version 1
+    /// long header with a value larger than 20 MUST drop the packet" (RFC 9000 §17.2; v2
+    /// keeps the rule, RFC 9369). Other versions may use up to 255 (RFC 8999).
+    ScidTooLong,
 }
 
 impl MalformedReason {
@@ -45,15 +49,17 @@ impl MalformedReason {
             MalformedReason::ShortHeaderTruncated => "short_header_truncated",
             MalformedReason::LongHeaderTruncated => "long_header_truncated",
             MalformedReason::DcidTooLong => "dcid_too_long",
+            MalformedReason::ScidTooLong => "scid_too_long",
         }
     }
 
     /// Every reason, for registering metric labels up front.
-    pub const ALL: [MalformedReason; 4] = [
+    pub const ALL: [MalformedReason; 5] = [
         MalformedReason::Empty,
         MalformedReason::ShortHeaderTruncated,
         MalformedReason::LongHeaderTruncated,
         MalformedReason::DcidTooLong,
+        MalformedReason::ScidTooLong,
     ];
 }
 
@@ -208,8 +214,9 @@ impl<'a> Header<'a> {
     ///
     /// - Short header (first bit 0): `datagram[1..1 + short_header_cid_len]`.
     /// - Long header: `first(1) version(4) dcid_len(1) dcid scid_len(1) scid` (RFC 8999 §5.1),
-    ///   with `dcid_len ≤ 20`. Any version is accepted, including 0 (version negotiation); for
-    ///   QUIC v1 the type-specific fields must fit too ([`LongHeader`]).
+    ///   with `dcid_len ≤ 20`, and `scid_len ≤ 20` for QUIC v1 and v2. Any version is accepted,
+    ///   including 0 (version negotiation); for QUIC v1 the type-specific fields must fit too
+    ///   ([`LongHeader`]).
     ///
     /// The fixed bit (0x40) is not looked at: quinn greases it and clients follow (RFC 9287).
     #[inline]
@@ -274,6 +281,9 @@ impl<'a> LongHeader<'a> {
         r.take(6);
         let dcid = r.take(dcid_len).ok_or(Truncated)?;
         let scid_len = usize::from(r.u8().ok_or(Truncated)?);
+        if scid_len > MAX_CID_LEN && matches!(version, QUIC_V1 | QUIC_V2) {
+            return Err(MalformedReason::ScidTooLong);
+        }
         let scid = r.take(scid_len).ok_or(Truncated)?;
         let mut header = LongHeader {
             bytes: packet,
@@ -383,14 +393,12 @@ impl<'a> LongHeader<'a> {
         )
     }
 
-    /// Whether this is a QUIC v1 Initial whose CIDs are both within v1's 20 octets (a v1
-    /// endpoint drops any other, RFC 9000 §17.2): the packet whose token admission checks and
-    /// whose ClientHello the demux reads.
+    /// Whether this is a QUIC v1 Initial (its CIDs are within v1's 20 octets: [`Header::parse`]
+    /// refuses any other): the packet whose token admission checks and whose ClientHello the
+    /// demux reads.
     #[inline]
     pub fn is_v1_initial(&self) -> bool {
-        self.version == QUIC_V1
-            && self.packet_type() == Some(PacketType::Initial)
-            && self.scid.len() <= MAX_CID_LEN
+        self.version == QUIC_V1 && self.packet_type() == Some(PacketType::Initial)
     }
 }
 
@@ -501,16 +509,34 @@ mod tests {
         assert_eq!(h.packet_end(), None);
     }
 
+    /// A v1 or v2 long header with an SCID over 20 octets is dropped (RFC 9000 §17.2); another
+    /// version may carry one (RFC 8999), and one of 20 octets is fine.
     #[test]
-    fn a_v1_initial_with_a_long_scid_is_no_initial_to_read() {
-        let mut d = vec![0xc0, 0, 0, 0, 1, 8];
-        d.extend_from_slice(&[1; 8]);
-        d.push(21);
-        d.extend_from_slice(&[2; 21]);
-        d.extend_from_slice(&[0, 1, 0]);
+    fn a_long_scid_is_malformed_in_v1_and_v2_only() {
+        let packet = |version: u32, scid_len: u8| {
+            let mut d = vec![0xc0];
+            d.extend_from_slice(&version.to_be_bytes());
+            d.push(8);
+            d.extend_from_slice(&[1; 8]);
+            d.push(scid_len);
+            d.extend(std::iter::repeat_n(2, usize::from(scid_len)));
+            d.extend_from_slice(&[0, 1, 0]);
+            d
+        };
+        for version in [QUIC_V1, QUIC_V2] {
+            let d = packet(version, 21);
+            assert_eq!(
+                Header::parse(&d, 8).err(),
+                Some(MalformedReason::ScidTooLong)
+            );
+            assert!(LongHeader::parse(&d).is_none());
+            let d = packet(version, 20);
+            let h = LongHeader::parse(&d).expect("20 octets");
+            assert_eq!(h.scid().len(), 20);
+        }
+        let d = packet(0x1a2a_3a4a, 255);
         let h = LongHeader::parse(&d).expect("the invariants allow it");
-        assert_eq!(h.packet_type(), Some(PacketType::Initial));
-        assert!(!h.is_v1_initial());
+        assert_eq!((h.scid().len(), h.packet_type()), (255, None));
     }
 
     #[test]

@@ -459,7 +459,8 @@ mod tests {
                 "empty",
                 "short_header_truncated",
                 "long_header_truncated",
-                "dcid_too_long"
+                "dcid_too_long",
+                "scid_too_long"
             ]
         );
         assert_eq!(Route::Malformed(MalformedReason::Empty).instance(), None);

@@ -152,6 +152,19 @@ fn seeds() -> Vec<(&'static str, Vec<u8>, Option<Route>)> {
             [&[0xc0, 0, 0, 0, 1, 21][..], &[0x77; 40]].concat(),
             Some(Route::Malformed(DcidTooLong)),
         ),
+        (
+            "scid-too-long",
+            [
+                &[0xc0, 0, 0, 0, 1, 18][..],
+                &CLIENT_DCID,
+                &[21],
+                &[0x55; 21],
+                &initial_fields,
+                &[0; 1162],
+            ]
+            .concat(),
+            Some(Route::Malformed(ScidTooLong)),
+        ),
         ("empty", Vec::new(), Some(Route::Malformed(Empty))),
     ]
 }
