@@ -84,14 +84,9 @@ fn main() -> ExitCode {
 /// `ringmux new-key-file PATH`: fresh keys, written with mode 0600 to a file that must not
 /// exist yet (a key file in use is never replaced by accident).
 fn new_key_file(path: &std::path::Path) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let keys = KeySet::generate().context("generating keys")?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
+    KeySet::generate()
+        .context("generating keys")?
+        .write_new(path)
         .with_context(|| {
             format!(
                 "creating the key file {} (it must not exist yet: remove it first to replace it, \
@@ -99,9 +94,6 @@ fn new_key_file(path: &std::path::Path) -> Result<()> {
                 path.display()
             )
         })?;
-    file.write_all(keys.to_key_file().as_bytes())
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing the key file {}", path.display()))?;
     eprintln!(
         "ringmux: wrote {} (mode 0600); give the same file to every node behind one balancer \
          (--key-file)",

@@ -11,9 +11,7 @@
 
 use ringmux_test_support::harness;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,12 +94,9 @@ async fn a_retry_token_of_one_node_is_taken_by_another() {
     bounded(LIMIT, async {
         let dir = temp_dir("ringmux-two-nodes");
         let key_file = dir.path().join("keys");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&key_file)
-            .and_then(|mut f| f.write_all(KeySet::generate().unwrap().to_key_file().as_bytes()))
+        KeySet::generate()
+            .unwrap()
+            .write_new(&key_file)
             .expect("writing the shared key file");
         let kf = key_file.to_str().unwrap();
         let node = |id: &'static str| {

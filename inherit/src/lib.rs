@@ -38,18 +38,18 @@ pub enum InheritError {
     /// The number was taken already in this process.
     #[error("descriptor {0} was taken already in this process")]
     TakenTwice(RawFd),
-    #[error("descriptor {fd}: setting close-on-exec: {source}")]
+    #[error("descriptor {fd}: setting close-on-exec: {error}")]
     Flags {
         fd: RawFd,
-        #[source]
-        source: io::Error,
+        /// The OS error (in the message, so not the error's `source`).
+        error: io::Error,
     },
 }
 
 impl From<InheritError> for io::Error {
     fn from(e: InheritError) -> io::Error {
         let kind = match &e {
-            InheritError::Flags { source, .. } => source.kind(),
+            InheritError::Flags { error, .. } => error.kind(),
             _ => io::ErrorKind::InvalidData,
         };
         io::Error::new(kind, e)
@@ -74,7 +74,7 @@ pub fn adopt(fd: RawFd, close_on_exec: bool) -> Result<OwnedFd, InheritError> {
         return Err(InheritError::TakenTwice(fd));
     }
     if close_on_exec {
-        set_flags(fd, libc::FD_CLOEXEC).map_err(|source| InheritError::Flags { fd, source })?;
+        set_flags(fd, libc::FD_CLOEXEC).map_err(|error| InheritError::Flags { fd, error })?;
     }
     taken.insert(fd);
     // SAFETY: `fd` is open (`is_open` found it) and owned by nothing else in this process: the

@@ -19,11 +19,12 @@ pub const SELF_SIGNED_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     /// A PEM file could not be read.
-    #[error("cannot read the {what} file {}: {source}", path.display())]
+    #[error("cannot read the {what} file {}: {error}", path.display())]
     Read {
         what: &'static str,
         path: PathBuf,
-        source: std::io::Error,
+        /// The OS error (in the message, so not the error's `source`).
+        error: std::io::Error,
     },
     /// PEM text does not hold what it should.
     #[error("{origin}: {problem}")]
@@ -56,10 +57,10 @@ impl CertPem {
     /// names the file.
     pub fn load(cert: &Path, key: &Path) -> Result<Self, CertError> {
         let read = |what, path: &Path| {
-            std::fs::read_to_string(path).map_err(|source| CertError::Read {
+            std::fs::read_to_string(path).map_err(|error| CertError::Read {
                 what,
                 path: path.to_owned(),
-                source,
+                error,
             })
         };
         let pem = CertPem {

@@ -69,13 +69,14 @@ pub enum KeyError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyFileError {
-    /// The file could not be opened, inspected or read.
-    #[error("key file {path}: {source}")]
+    /// The file could not be opened, inspected, read or ([`KeySet::write_new`]) created and
+    /// written.
+    #[error("key file {path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, so not the error's `source`).
+        error: std::io::Error,
     },
     /// Group or others may access the file.
     #[error(
@@ -98,7 +99,7 @@ pub enum KeyFileError {
         message: String,
     },
     /// A value that is not hex.
-    #[error("key file {path}, line {line}: `{key}` is not valid hex ({source})")]
+    #[error("key file {path}, line {line}: `{key}` is not valid hex ({error})")]
     BadHex {
         /// The file.
         path: PathBuf,
@@ -106,8 +107,8 @@ pub enum KeyFileError {
         line: usize,
         /// The key name.
         key: &'static str,
-        /// The decoder's complaint.
-        source: hex::FromHexError,
+        /// The decoder's complaint (in the message, so not the error's `source`).
+        error: hex::FromHexError,
     },
     /// A value of the wrong length.
     #[error(
@@ -175,14 +176,33 @@ impl KeySet {
     /// Reads a key file (format in the module docs), refusing one that group or others can
     /// access, and naming the line and key of any error.
     pub fn load(path: &Path) -> Result<Self, KeyFileError> {
-        let io = |source| KeyFileError::Io {
+        let io = |error| KeyFileError::Io {
             path: path.to_owned(),
-            source,
+            error,
         };
         let file = std::fs::File::open(path).map_err(io)?;
         check_permissions(path, &file)?;
         let text = std::io::read_to_string(file).map_err(io)?;
         Self::parse(path, &text)
+    }
+
+    /// Writes the set as a new key file at `path`: mode 0600 from the moment it exists, synced
+    /// to disk. A file already there is refused (`AlreadyExists`), so a key file in use is never
+    /// replaced by accident.
+    pub fn write_new(&self, path: &Path) -> Result<(), KeyFileError> {
+        use std::io::Write;
+        let io = |error| KeyFileError::Io {
+            path: path.to_owned(),
+            error,
+        };
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(path).map_err(io)?;
+        file.write_all(self.to_key_file().as_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(io)
     }
 
     /// Parses key-file text; `path` is only used in error messages.
@@ -219,11 +239,11 @@ impl KeySet {
                     first: *first,
                 });
             }
-            let bytes = hex::decode(value.trim()).map_err(|source| KeyFileError::BadHex {
+            let bytes = hex::decode(value.trim()).map_err(|error| KeyFileError::BadHex {
                 path: path.to_owned(),
                 line,
                 key,
-                source,
+                error,
             })?;
             if bytes.len() != expected {
                 return Err(KeyFileError::WrongLength {
@@ -341,9 +361,9 @@ impl std::fmt::Debug for KeySet {
 #[cfg(unix)]
 fn check_permissions(path: &Path, file: &std::fs::File) -> Result<(), KeyFileError> {
     use std::os::unix::fs::PermissionsExt;
-    let metadata = file.metadata().map_err(|source| KeyFileError::Io {
+    let metadata = file.metadata().map_err(|error| KeyFileError::Io {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     let mode = metadata.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
@@ -479,7 +499,7 @@ mod tests {
 
     #[cfg(unix)]
     #[test]
-    fn load_checks_permissions() {
+    fn load_checks_permissions_and_write_new_makes_a_private_file() {
         use std::os::unix::fs::PermissionsExt;
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
@@ -494,7 +514,24 @@ mod tests {
         );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(KeySet::load(&path).unwrap(), k);
-        let e = KeySet::load(&dir.join("absent")).unwrap_err().to_string();
-        assert!(e.contains("absent") && e.contains("No such file"), "{e}");
+        let e = KeySet::load(&dir.join("absent")).unwrap_err();
+        assert!(
+            e.to_string().contains("absent") && e.to_string().contains("No such file"),
+            "{e}"
+        );
+        // The message holds the OS error, so it is not also the source (printed twice in a
+        // chain otherwise).
+        assert!(std::error::Error::source(&e).is_none());
+        // Written new: mode 0600, loads back; never over a file that exists.
+        let new = dir.join("new");
+        k.write_new(&new).unwrap();
+        let mode = std::fs::metadata(&new).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        assert_eq!(KeySet::load(&new).unwrap(), k);
+        let e = sample().write_new(&path).unwrap_err();
+        assert!(
+            matches!(&e, KeyFileError::Io { error, .. } if error.kind() == std::io::ErrorKind::AlreadyExists),
+            "{e}"
+        );
     }
 }

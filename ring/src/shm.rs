@@ -41,10 +41,11 @@ pub(crate) const REGION_SEALS: SealFlag = BASE_SEALS;
 /// Why a consumer refused the descriptors it was handed.
 #[derive(Debug, thiserror::Error)]
 pub enum AttachError {
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         what: &'static str,
-        source: io::Error,
+        /// The OS error (in the message, so not the error's `source`).
+        error: io::Error,
     },
     #[error("the {which} memfd lacks seals: has {found:#x}, needs {needed:#x}")]
     Unsealed {
@@ -500,9 +501,9 @@ impl Consumer {
         check_seals(&page, "consumer page", BASE_SEALS)?;
         let size = ring
             .metadata()
-            .map_err(|source| AttachError::Io {
+            .map_err(|error| AttachError::Io {
                 what: "fstat ring",
-                source,
+                error,
             })?
             .len();
         if size < u64::from(SLOTS_OFFSET) {
@@ -516,9 +517,9 @@ impl Consumer {
         let head = MmapOptions::new()
             .len(SLOTS_OFFSET as usize)
             .map_raw_read_only(&ring)
-            .map_err(|source| AttachError::Io {
+            .map_err(|error| AttachError::Io {
                 what: "mmap ring header read-only",
-                source,
+                error,
             })?;
         // SAFETY: the mapping holds exactly the header and the seals keep the memfd from
         // shrinking under it.
@@ -529,17 +530,17 @@ impl Consumer {
             .populate()
             .len(size as usize)
             .map_raw_read_only(&ring)
-            .map_err(|source| AttachError::Io {
+            .map_err(|error| AttachError::Io {
                 what: "mmap ring read-only",
-                source,
+                error,
             })?;
         let header = header_ptr(&region);
 
         let page_size = page
             .metadata()
-            .map_err(|source| AttachError::Io {
+            .map_err(|error| AttachError::Io {
                 what: "fstat consumer page",
-                source,
+                error,
             })?
             .len();
         if page_size != u64::from(CONSUMER_PAGE_BYTES) {
@@ -550,9 +551,9 @@ impl Consumer {
         let page_map = MmapOptions::new()
             .len(page_size as usize)
             .map_raw(&page)
-            .map_err(|source| AttachError::Io {
+            .map_err(|error| AttachError::Io {
                 what: "mmap consumer page",
-                source,
+                error,
             })?;
         let line = page_ptr(&page_map);
         // SAFETY: the page is mapped read-write, sealed against shrinking.
@@ -765,7 +766,7 @@ pub(crate) fn add_seals(file: &File, seals: SealFlag) -> io::Result<()> {
 fn check_seals(file: &File, which: &'static str, needed: SealFlag) -> Result<(), AttachError> {
     let found = fcntl(file, FcntlArg::F_GET_SEALS).map_err(|e| AttachError::Io {
         what: "F_GET_SEALS (is it a memfd?)",
-        source: e.into(),
+        error: e.into(),
     })?;
     let needed = needed.bits();
     if found & needed != needed {

@@ -80,13 +80,14 @@ impl Default for FileOptions {
 /// Why a document root cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RootError {
-    #[error("document root {path}: {source}")]
-    Open { path: PathBuf, source: io::Error },
+    /// The OS error is in the message, so not the error's `source` (here and below).
+    #[error("document root {path}: {error}")]
+    Open { path: PathBuf, error: io::Error },
     #[error(
         "document root {path}: this kernel has no usable openat2 (Linux 5.6 or later is needed to \
-         serve files safely): {source}; upgrade the kernel or run without --root / RINGMUX_ROOT"
+         serve files safely): {error}; upgrade the kernel or run without --root / RINGMUX_ROOT"
     )]
-    NoOpenat2 { path: PathBuf, source: io::Error },
+    NoOpenat2 { path: PathBuf, error: io::Error },
 }
 
 /// Counters of one [`DocRoot`]. All `Relaxed`: independent statistics.
@@ -199,22 +200,22 @@ impl DocRoot {
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
             .open(path)
-            .map_err(|source| RootError::Open {
+            .map_err(|error| RootError::Open {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         let dir = OwnedFd::from(dir);
         // The probe opens the root itself ("."), which RESOLVE_BENEATH allows.
-        if let Err(source) = sys::open_beneath(dir.as_fd(), c".", false) {
+        if let Err(error) = sys::open_beneath(dir.as_fd(), c".", false) {
             let no_openat2 = matches!(
-                source.raw_os_error(),
+                error.raw_os_error(),
                 Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL)
             );
             let path = path.to_path_buf();
             return Err(if no_openat2 {
-                RootError::NoOpenat2 { path, source }
+                RootError::NoOpenat2 { path, error }
             } else {
-                RootError::Open { path, source }
+                RootError::Open { path, error }
             });
         }
         let cache = Cache::new(opts.cache_bytes);
@@ -1178,7 +1179,7 @@ mod tests {
         let e = DocRoot::open(&file, FileOptions::default()).unwrap_err();
         assert!(e.to_string().contains(&*file.to_string_lossy()), "{e}");
         assert!(
-            matches!(&e, RootError::Open { source, .. } if source.raw_os_error() == Some(libc::ENOTDIR)),
+            matches!(&e, RootError::Open { error, .. } if error.raw_os_error() == Some(libc::ENOTDIR)),
             "{e:?}"
         );
     }

@@ -102,10 +102,11 @@ pub enum AttachError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     /// A system call failed.
-    #[error("{what}: {source}")]
+    #[error("{what}: {error}")]
     Io {
         what: &'static str,
-        source: io::Error,
+        /// The OS error (in the message, so not the error's `source`).
+        error: io::Error,
     },
 }
 
@@ -189,7 +190,7 @@ fn adopt_shared(
     }
     sys::adopt_inherited(fd, false)
         .map(Some)
-        .map_err(|source| AttachError::Io { what, source })
+        .map_err(|error| AttachError::Io { what, error })
 }
 
 /// What [`Worker::endpoint`] consumes.
@@ -221,13 +222,13 @@ impl Worker {
     /// hand-off arrives (the demux sends it right after starting the process).
     pub fn attach() -> Result<Worker, AttachError> {
         let (control, public) = inherited_sockets()?;
-        sys::die_with_parent().map_err(|source| AttachError::Io {
+        sys::die_with_parent().map_err(|error| AttachError::Io {
             what: "arming the parent-death signal",
-            source,
+            error,
         })?;
-        sys::make_non_dumpable().map_err(|source| AttachError::Io {
+        sys::make_non_dumpable().map_err(|error| AttachError::Io {
             what: "making the worker non-dumpable",
-            source,
+            error,
         })?;
         let (h, fds) = control::recv_handoff(control.as_fd())?;
         let shared = Shared {
@@ -444,7 +445,7 @@ impl Worker {
             .unwrap_or_else(|e| e.into_inner())
             .take()
             .ok_or_else(|| AttachError::Conflict("Worker::endpoint was called twice".into()))?;
-        let io = |what| move |source| AttachError::Io { what, source };
+        let io = |what| move |error| AttachError::Io { what, error };
         let (socket, ingress_stats): (Arc<dyn quinn::AsyncUdpSocket>, _) = match parts.ingress {
             Some(ingress) => {
                 let socket = RingSocket::new(ingress, parts.public, self.public_addr)
@@ -529,11 +530,9 @@ impl Worker {
                 what: "QUIC-LB parameters",
                 problem: e.to_string(),
             })?;
-        control::send(parts.control.as_fd(), &Message::Ready).map_err(|source| {
-            AttachError::Io {
-                what: "reporting ready",
-                source,
-            }
+        control::send(parts.control.as_fd(), &Message::Ready).map_err(|error| AttachError::Io {
+            what: "reporting ready",
+            error,
         })?;
         let lane = router.lane(
             self.instance,

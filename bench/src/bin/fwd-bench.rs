@@ -207,7 +207,7 @@ fn shape(gro: OnOff) -> SendShape {
 }
 
 fn blast(a: BlastArgs) -> Result<()> {
-    let keys = KeySet::load(&a.key_file).map_err(|e| anyhow::anyhow!("--key-file: {e}"))?;
+    let keys = KeySet::load(&a.key_file).context("--key-file")?;
     let conns = datagrams::connections(&keys, a.instances, a.sockets, false)?;
     let mut b = Blaster::new(a.target, conns, a.size, shape(a.gro))?;
     if let Some(c) = a.cpu {

@@ -3,11 +3,9 @@
 //! sends. One [`Connection`] per sender socket, so every GSO train carries one CID (RFC 9000
 //! §5.1: a peer picks the DCID; one 4-tuple is one connection here).
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use ringmux_quic_lb::{ConnectionIdGenerator, KeySet, QuicLbConfig, Route, Router};
 
 /// Short-header form: fixed bit set, long-header bit clear (RFC 9000 §17.3.1).
@@ -23,14 +21,7 @@ pub struct Connection {
 /// Writes fresh keys to `path` (mode 0600, as `KeySet::load` demands) and returns them.
 pub fn write_key_file(path: &Path) -> Result<KeySet> {
     let keys = KeySet::generate().map_err(|e| anyhow::anyhow!("generating keys: {e}"))?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating key file {}", path.display()))?;
-    f.write_all(keys.to_key_file().as_bytes())
-        .with_context(|| format!("writing key file {}", path.display()))?;
+    keys.write_new(path)?;
     Ok(keys)
 }
 

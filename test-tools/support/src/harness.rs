@@ -11,9 +11,8 @@
 use crate::{temp_dir, TempDir};
 use ringmux_demux::metrics::names;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -102,13 +101,7 @@ impl Ringmux {
     ) -> Ringmux {
         let keys = KeySet::generate().expect("generating keys");
         let key_file = dir.path().join("keys");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&key_file)
-            .and_then(|mut f| f.write_all(keys.to_key_file().as_bytes()))
-            .expect("writing the key file");
+        keys.write_new(&key_file).expect("writing the key file");
         // Same QUIC-LB configuration as ringmux's defaults (node 00, config 0, nonce filling
         // one AES block), so this router agrees with the demux's.
         let lb = QuicLbConfig {
