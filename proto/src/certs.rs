@@ -29,9 +29,16 @@ pub enum CertError {
     /// PEM text does not hold what it should.
     #[error("{origin}: {problem}")]
     Pem { origin: String, problem: String },
-    /// rcgen could not make the self-signed certificate.
+    /// rcgen could not make the self-signed certificate (its error is in the message, so not
+    /// the error's `source`).
     #[error("cannot make a self-signed certificate: {0}")]
-    SelfSigned(#[from] rcgen::Error),
+    SelfSigned(rcgen::Error),
+}
+
+impl From<rcgen::Error> for CertError {
+    fn from(e: rcgen::Error) -> Self {
+        CertError::SelfSigned(e)
+    }
 }
 
 /// PEM text of a certificate chain (leaf first) and of its private key (PKCS#8, PKCS#1 or

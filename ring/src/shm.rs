@@ -74,8 +74,15 @@ pub enum AttachError {
 pub enum WaitError {
     #[error(transparent)]
     Violation(#[from] ProducerViolation),
+    /// The OS error is in the message, so not the error's `source`.
     #[error("doorbell: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for WaitError {
+    fn from(e: io::Error) -> Self {
+        WaitError::Io(e)
+    }
 }
 
 /// The descriptors a consumer needs, borrowed from the producer for hand-off (SCM_RIGHTS).

@@ -508,12 +508,25 @@ struct Req {
 /// Why a request could not be answered normally.
 #[derive(Debug, thiserror::Error)]
 enum RequestError {
+    // The inner errors are in the messages, so not the error's `source`.
     #[error("stream: {0}")]
-    Stream(#[from] h3::error::StreamError),
+    Stream(h3::error::StreamError),
     #[error("reading file: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("file changed size while sending ({sent} of {len} bytes)")]
     Truncated { sent: u64, len: u64 },
+}
+
+impl From<h3::error::StreamError> for RequestError {
+    fn from(e: h3::error::StreamError) -> Self {
+        RequestError::Stream(e)
+    }
+}
+
+impl From<io::Error> for RequestError {
+    fn from(e: io::Error) -> Self {
+        RequestError::Io(e)
+    }
 }
 
 /// A response body.

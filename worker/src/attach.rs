@@ -89,9 +89,10 @@ pub enum AttachError {
         value: String,
         problem: String,
     },
-    /// The hand-off could not be read or used.
+    /// The hand-off could not be read or used (the reason is in the message, so not the
+    /// error's `source`).
     #[error("reading the hand-off from the demux: {0}")]
-    Control(#[from] ControlError),
+    Control(ControlError),
     /// The hand-off was read but does not make sense (keys, QUIC-LB parameters, certificate).
     #[error("the hand-off's {what}: {problem}")]
     Handoff { what: &'static str, problem: String },
@@ -108,6 +109,12 @@ pub enum AttachError {
         /// The OS error (in the message, so not the error's `source`).
         error: io::Error,
     },
+}
+
+impl From<ControlError> for AttachError {
+    fn from(e: ControlError) -> Self {
+        AttachError::Control(e)
+    }
 }
 
 impl From<HandoffError> for AttachError {

@@ -13,12 +13,19 @@ use crate::sys;
 /// Why the hand-off could not be received.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// The OS error is in the message, so not the error's `source`.
     #[error("control socket: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("control socket closed by the demux before the hand-off")]
     Closed,
     #[error(transparent)]
     Handoff(#[from] HandoffError),
+}
+
+impl From<io::Error> for ControlError {
+    fn from(e: io::Error) -> Self {
+        ControlError::Io(e)
+    }
 }
 
 /// Blocks for the hand-off, checks it, and takes its descriptors from the numbers where the

@@ -49,12 +49,26 @@ pub enum TlsError {
     /// The certificate or key could not be read, parsed or made.
     #[error(transparent)]
     Cert(#[from] CertError),
-    /// rustls refused the certificate, key or settings.
+    /// rustls refused the certificate, key or settings (its error is in the message, so not
+    /// the error's `source`).
     #[error("TLS configuration rejected: {0}")]
-    Rustls(#[from] rustls::Error),
-    /// quinn refused the rustls configuration (it needs TLS 1.3 and an AES-128-GCM suite).
+    Rustls(rustls::Error),
+    /// quinn refused the rustls configuration (it needs TLS 1.3 and an AES-128-GCM suite; in
+    /// the message, so not the error's `source`).
     #[error("TLS configuration unusable for QUIC: {0}")]
-    Quic(#[from] quinn::crypto::rustls::NoInitialCipherSuite),
+    Quic(quinn::crypto::rustls::NoInitialCipherSuite),
+}
+
+impl From<rustls::Error> for TlsError {
+    fn from(e: rustls::Error) -> Self {
+        TlsError::Rustls(e)
+    }
+}
+
+impl From<quinn::crypto::rustls::NoInitialCipherSuite> for TlsError {
+    fn from(e: quinn::crypto::rustls::NoInitialCipherSuite) -> Self {
+        TlsError::Quic(e)
+    }
 }
 
 /// A certificate chain (leaf first) and its private key.

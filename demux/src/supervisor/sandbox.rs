@@ -173,8 +173,15 @@ pub enum SandboxError {
          (RINGMUX_SANDBOX=off) to start unconfined workers"
     )]
     Architecture(&'static str),
+    /// The compiler's error is in the message, so not the error's `source`.
     #[error("compiling the worker's system-call filter: {0}")]
-    Compile(#[from] seccompiler::BackendError),
+    Compile(seccompiler::BackendError),
+}
+
+impl From<seccompiler::BackendError> for SandboxError {
+    fn from(e: seccompiler::BackendError) -> Self {
+        SandboxError::Compile(e)
+    }
 }
 
 impl WorkerFilter {
