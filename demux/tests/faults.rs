@@ -506,3 +506,60 @@ async fn signals_ignored_at_start_still_reach_the_demux() {
     })
     .await
 }
+
+/// Ctrl-C at a terminal sends SIGINT to the whole foreground process group, not to ringmux
+/// alone. The workers have process groups of their own, so it reaches the demux only, which
+/// drains them: each exits 0, none dies of the signal. (ringmux runs here as the leader of a
+/// group, with SIGINT's default disposition, as a shell's foreground job does.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_at_a_terminal_drains_the_workers() {
+    // python3 is a test prerequisite (the harness's upstream and the aioquic client run on it).
+    bounded(LIMIT, async {
+        let dir = ringmux_test_support::temp_dir("ringmux-ctrl-c");
+        let wrapper = dir.path().join("ringmux-foreground");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/usr/bin/env python3\n\
+                 import os, signal, sys\n\
+                 os.setsid()\n\
+                 signal.signal(signal.SIGINT, signal.SIG_DFL)\n\
+                 os.execv({bin:?}, [{bin:?}] + sys.argv[1:])\n",
+                bin = harness::binary("ringmux").display().to_string()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut rm = Ringmux::start_in(
+            dir,
+            &wrapper,
+            2,
+            Forward::Shm,
+            &["--grace", "10"],
+            harness::worker_bin(),
+            &[],
+        );
+        let pids = rm.worker_pids().await;
+        let client = rm.client();
+        let conn = rm.connect(&client).await;
+        let resp = conn.get("/bytes/1234").await.expect("GET");
+        check_bytes("before Ctrl-C", &resp, 1234);
+
+        let group = nix::unistd::Pid::from_raw(rm.pid as i32);
+        nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGINT).expect("killpg");
+        let status = rm.wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(0), "ringmux exit status {status:?}");
+        let log = rm.log_tail(400);
+        assert_eq!(log.matches("worker exited").count(), 2, "{log}");
+        assert_eq!(
+            log.matches("unix_wait_status(0)").count(),
+            2,
+            "a worker did not drain and exit 0:\n{log}"
+        );
+        let left = wait_gone(&pids, Duration::from_secs(5)).await;
+        assert!(left.is_empty(), "workers {left:?} outlived ringmux");
+        drop(conn);
+    })
+    .await
+}

@@ -928,7 +928,11 @@ impl Supervisor {
             ringmux_proto::PUBLIC_FD_ENV,
             ringmux_proto::PUBLIC_FD.to_string(),
         )
-        .stdin(Stdio::null());
+        .stdin(Stdio::null())
+        // A process group of its own: Ctrl-C at a terminal (SIGINT to the foreground group)
+        // reaches the demux alone, which drains the workers; sent to a worker too, it would end
+        // the worker at once and cut its connections.
+        .process_group(0);
         if let Some(user) = &self.cfg.worker_user {
             // std switches user (and drops supplementary groups) before the pre-exec hook.
             cmd.uid(user.uid).gid(user.gid);

@@ -283,8 +283,8 @@ fn not_self(arg: u8) -> SeccompCondition {
 fn other_processes(r: &mut Refusals) -> Result<(), seccompiler::BackendError> {
     use SeccompCmpOp::{MaskedEq, Ne};
     let not_zero = |arg| arg32(arg, Ne, 0);
-    // Signals: to the worker itself only. `kill(0)` (its process group, which is the demux's)
-    // and `kill(-1)` are "not self" too.
+    // Signals: to the worker itself only. `kill(0)` (its process group) and `kill(-1)` are
+    // "not self" too.
     r.insert(libc::SYS_kill, vec![all(vec![not_self(0)])?]);
     r.insert(libc::SYS_tgkill, vec![all(vec![not_self(0)])?]);
     r.insert(libc::SYS_rt_sigqueueinfo, vec![all(vec![not_self(0)])?]);
