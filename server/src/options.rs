@@ -138,6 +138,37 @@ mod tests {
         );
     }
 
+    /// ringmux checks these options itself, to refuse a bad value at start with its own
+    /// variable's name; the worker checks them again on its command line. At each edge of each
+    /// range both accept the value or both refuse it.
+    #[test]
+    fn ringmux_and_the_worker_accept_the_same_ranges() {
+        let edges: [(&str, &[&str]); 3] = [
+            ("--file-cache-mb", &["0", "65536", "65537"]),
+            ("--upstream-timeout", &["0", "1", "3600", "3601"]),
+            ("--tcp-max-connections", &["0", "1", "4294967295"]),
+        ];
+        for (option, values) in edges {
+            for value in values {
+                let ringmux = ringmux_demux::config::Cli::try_parse_from([
+                    "ringmux",
+                    "--worker-bin",
+                    "/bin/true",
+                    option,
+                    value,
+                ])
+                .ok()
+                .and_then(|cli| cli.run.validate().ok())
+                .is_some();
+                let worker = Options::try_parse_from(["ringmux-worker", option, value]).is_ok();
+                assert_eq!(
+                    ringmux, worker,
+                    "{option} {value}: ringmux {ringmux}, worker {worker}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn every_option_arrives_as_ringmux_was_given_it() {
         let root = std::env::temp_dir();
