@@ -450,33 +450,35 @@ fn udp_drops(port: u16) -> Option<u64> {
     })
 }
 
+/// Starts ringmux (2 instances, shm, `--grace 5`) through `script`, a wrapper that sets up
+/// the process as a shell or a terminal would and then executes ringmux with its arguments.
+fn start_wrapped(script: &str) -> Ringmux {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = ringmux_test_support::temp_dir("ringmux-wrapped");
+    let wrapper = dir.path().join("ringmux-wrapped");
+    std::fs::write(&wrapper, script).unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    Ringmux::start_in(
+        dir,
+        &wrapper,
+        2,
+        Forward::Shm,
+        &["--grace", "5"],
+        harness::worker_bin(),
+        &[],
+    )
+}
+
 /// Started with SIGINT and SIGHUP ignored (as a shell starts a background job, and nohup),
 /// ringmux still reloads on SIGHUP and drains and exits on SIGINT: it blocks them and reads
 /// them from a signalfd, and a blocked signal is queued whatever its disposition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_ignored_at_start_still_reach_the_demux() {
     bounded(LIMIT, async {
-        let dir = ringmux_test_support::temp_dir("ringmux-ignored-signals");
-        let wrapper = dir.path().join("ringmux-ignoring");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/bin/sh\ntrap '' INT HUP\nexec {} \"$@\"\n",
-                harness::binary("ringmux").display()
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut rm = Ringmux::start_in(
-            dir,
-            &wrapper,
-            2,
-            Forward::Shm,
-            &["--grace", "5"],
-            harness::worker_bin(),
-            &[],
-        );
+        let mut rm = start_wrapped(&format!(
+            "#!/bin/sh\ntrap '' INT HUP\nexec {} \"$@\"\n",
+            harness::binary("ringmux").display()
+        ));
         // The premise: the demux runs with both ignored (SigIgn, a hexadecimal mask of signal
         // numbers less one).
         let status = std::fs::read_to_string(format!("/proc/{}/status", rm.pid)).unwrap();
@@ -515,31 +517,14 @@ async fn signals_ignored_at_start_still_reach_the_demux() {
 async fn ctrl_c_at_a_terminal_drains_the_workers() {
     // python3 is a test prerequisite (the harness's upstream and the aioquic client run on it).
     bounded(LIMIT, async {
-        let dir = ringmux_test_support::temp_dir("ringmux-ctrl-c");
-        let wrapper = dir.path().join("ringmux-foreground");
-        std::fs::write(
-            &wrapper,
-            format!(
-                "#!/usr/bin/env python3\n\
-                 import os, signal, sys\n\
-                 os.setsid()\n\
-                 signal.signal(signal.SIGINT, signal.SIG_DFL)\n\
-                 os.execv({bin:?}, [{bin:?}] + sys.argv[1:])\n",
-                bin = harness::binary("ringmux").display().to_string()
-            ),
-        )
-        .unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let mut rm = Ringmux::start_in(
-            dir,
-            &wrapper,
-            2,
-            Forward::Shm,
-            &["--grace", "10"],
-            harness::worker_bin(),
-            &[],
-        );
+        let mut rm = start_wrapped(&format!(
+            "#!/usr/bin/env python3\n\
+             import os, signal, sys\n\
+             os.setsid()\n\
+             signal.signal(signal.SIGINT, signal.SIG_DFL)\n\
+             os.execv({bin:?}, [{bin:?}] + sys.argv[1:])\n",
+            bin = harness::binary("ringmux").display().to_string()
+        ));
         let pids = rm.worker_pids().await;
         let client = rm.client();
         let conn = rm.connect(&client).await;
