@@ -3,7 +3,6 @@
 //! names the option, its variable, the value and what is accepted.
 
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -417,19 +416,14 @@ pub enum AccessLog {
 }
 
 impl AccessLog {
-    /// A descriptor to hand every worker: the file opened for appending (created 0640), or a
-    /// copy of standard error; `None` when off.
-    pub fn open(&self) -> Result<Option<std::os::fd::OwnedFd>> {
+    /// Where the log thread writes the workers' access-log lines: the file opened for
+    /// appending (created 0640), standard error, or nowhere.
+    pub fn open(&self) -> Result<crate::logs::AccessOut> {
         use std::os::unix::fs::OpenOptionsExt;
         Ok(match self {
-            AccessLog::Off => None,
-            AccessLog::Stderr => Some(
-                std::io::stderr()
-                    .as_fd()
-                    .try_clone_to_owned()
-                    .context("--access-log stderr: duplicating standard error")?,
-            ),
-            AccessLog::File(path) => Some(
+            AccessLog::Off => crate::logs::AccessOut::Off,
+            AccessLog::Stderr => crate::logs::AccessOut::Stderr,
+            AccessLog::File(path) => crate::logs::AccessOut::File(
                 std::fs::OpenOptions::new()
                     .append(true)
                     .create(true)
@@ -691,6 +685,13 @@ impl RunArgs {
                     root.display()
                 );
             }
+            if let Err(e) = std::fs::read_dir(root) {
+                bail!(
+                    "--root / RINGMUX_ROOT={}: the folder cannot be read ({e}); the workers \
+                     could serve nothing from it",
+                    root.display()
+                );
+            }
         }
         if self.file_cache_mb > 65536 {
             bail!(
@@ -793,6 +794,20 @@ impl RunArgs {
                     user.uid
                 );
             }
+            if let Some(root) = &self.root {
+                if let Err(why) = user.can_enter(root) {
+                    let why = crate::one_line(&why);
+                    bail!(
+                        "--root / RINGMUX_ROOT={} cannot be reached by user {} (UID {}), whom \
+                         the workers run as: {why}. Let that user enter it and every folder \
+                         above it, and read the files to serve (e.g. chmod o+rx), or choose \
+                         another user with --worker-user / RINGMUX_WORKER_USER",
+                        root.display(),
+                        user.name,
+                        user.uid
+                    );
+                }
+            }
         }
         Ok(worker_user)
     }
@@ -848,6 +863,28 @@ impl WorkerUser {
     /// execute permission on the file itself, by the owner, group and other bits (access
     /// control lists are not read). `Err` names what is closed.
     pub fn can_execute(&self, program: &Path) -> std::result::Result<(), Unreachable> {
+        self.can_reach(program, 0o1, |program| Unreachable::NotExecutable {
+            program,
+        })
+    }
+
+    /// `Ok` if this user may enter `folder` and every folder above it (`--root`: a worker
+    /// opens the root by its path, then each file beneath it), by the same bits as
+    /// [`WorkerUser::can_execute`].
+    pub fn can_enter(&self, folder: &Path) -> std::result::Result<(), Unreachable> {
+        self.can_reach(folder, 0o1, |folder| Unreachable::ClosedFolder { folder })
+    }
+
+    /// `Ok` if this user may enter every folder above `path` and has the permission `bits`
+    /// (other's bits: 4 read, 1 execute or search) on `path` itself; else `denied(path)` or
+    /// the folder that is closed.
+    fn can_reach(
+        &self,
+        path: &Path,
+        bits: u32,
+        denied: impl FnOnce(PathBuf) -> Unreachable,
+    ) -> std::result::Result<(), Unreachable> {
+        let program = path;
         use std::os::unix::fs::MetadataExt;
         let metadata = |path: &Path| {
             std::fs::metadata(path).map_err(|source| Unreachable::Unreadable {
@@ -861,15 +898,16 @@ impl WorkerUser {
                 path: program.to_owned(),
                 source,
             })?;
-        let allows = |m: &std::fs::Metadata, bit: u32| {
+        let allows = |m: &std::fs::Metadata, bits: u32| {
             let mode = m.mode();
-            if m.uid() == self.uid {
-                mode & (bit << 6) != 0
+            let granted = if m.uid() == self.uid {
+                mode >> 6
             } else if m.gid() == self.gid {
-                mode & (bit << 3) != 0
+                mode >> 3
             } else {
-                mode & bit != 0
-            }
+                mode
+            };
+            granted & bits == bits
         };
         for dir in program.ancestors().skip(1) {
             if !allows(&metadata(dir)?, 0o1) {
@@ -878,8 +916,8 @@ impl WorkerUser {
                 });
             }
         }
-        if !allows(&metadata(&program)?, 0o1) {
-            return Err(Unreachable::NotExecutable { program });
+        if !allows(&metadata(&program)?, bits) {
+            return Err(denied(program));
         }
         Ok(())
     }
@@ -1299,6 +1337,35 @@ mod tests {
             .unwrap_err();
         let e = crate::one_line(&gone);
         assert!(e.contains("no-such-program: "), "the path, then why: {e}");
+    }
+
+    #[test]
+    fn a_worker_user_must_enter_the_root() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = ringmux_test_support::temp_dir("ringmux-reach-root");
+        let above = tmp.path().join("above");
+        let root = above.join("site");
+        std::fs::create_dir_all(&root).unwrap();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        let stranger = WorkerUser {
+            name: "stranger".into(),
+            uid: 4_000_000_001,
+            gid: 4_000_000_001,
+        };
+        mode(&above, 0o755);
+        mode(&root, 0o711);
+        assert!(stranger.can_enter(&root).is_ok());
+        for closed in [&root, &above] {
+            mode(closed, 0o750);
+            let e = stranger.can_enter(&root).unwrap_err();
+            assert!(
+                matches!(&e, Unreachable::ClosedFolder { folder } if *folder == closed.canonicalize().unwrap()),
+                "{e}"
+            );
+            mode(closed, 0o755);
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@
 //! * [`sys`]: every system call of the demux, wrapped once.
 //! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
 //! * [`alloc`]: the counting allocator behind `ringmux_dataplane_allocations_total`.
+//! * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
 //! * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several boxes.
 //!
 //! The demux never links the worker library, quinn's connection layer or HTTP: what it shares
@@ -30,6 +31,7 @@ pub mod dataplane;
 pub mod dispatch;
 pub mod forward;
 pub mod lbconfig;
+pub mod logs;
 pub mod metrics;
 pub mod sessions;
 pub mod supervisor;

@@ -3,6 +3,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
@@ -24,7 +25,7 @@ use ringmux_demux::metrics::{self, Counters};
 use ringmux_demux::sessions::Sessions;
 use ringmux_demux::supervisor::control;
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
-use ringmux_demux::{alloc, lbconfig, supervisor, sys, upgrade};
+use ringmux_demux::{alloc, lbconfig, logs, supervisor, sys, upgrade};
 
 #[global_allocator]
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -35,14 +36,20 @@ fn main() -> ExitCode {
     // rings and sessions from its first instruction. While dumpable, any process of its user
     // could open its memory.
     if let Err(e) = sys::make_non_dumpable() {
-        eprintln!("ringmux: making the process non-dumpable: {e}");
+        let _ = writeln!(
+            std::io::stderr(),
+            "ringmux: making the process non-dumpable: {e}"
+        );
         return ExitCode::FAILURE;
     }
     let cli = Cli::parse();
-    ringmux_proto::logging::init();
+    if let Err(e) = logs::start() {
+        let _ = writeln!(std::io::stderr(), "ringmux: starting the log thread: {e}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Some(Command::Stats { metrics }) => {
-            metrics::fetch(metrics.as_str()).map(|m| print!("{}", metrics::stats::table(&m)))
+            metrics::fetch(metrics.as_str()).and_then(|m| print(&metrics::stats::table(&m)))
         }
         Some(Command::Reload {
             control_socket,
@@ -64,21 +71,29 @@ fn main() -> ExitCode {
             balancer: lbconfig::Balancer::Nftables(args),
         }) => args
             .validate()
-            .map(|plan| print!("{}", lbconfig::nftables(&plan))),
+            .and_then(|plan| print(&lbconfig::nftables(&plan))),
         Some(Command::NewKeyFile { path }) => new_key_file(&path),
-        Some(Command::UpgradeCheck) => {
-            println!("{}", upgrade::Compat::ours().line());
-            Ok(())
-        }
+        Some(Command::UpgradeCheck) => print(&format!("{}\n", upgrade::Compat::ours().line())),
         None => cli.run.validate().and_then(run),
     };
+    // What is queued goes out before the process does.
+    logs::flush(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ringmux: {e:#}");
+            // Written directly: a standard error that fails loses the line, nothing more.
+            let _ = writeln!(std::io::stderr(), "ringmux: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes `text` to standard output: a command's answer (an output closed early is an error,
+/// not a panic).
+fn print(text: &str) -> Result<()> {
+    std::io::stdout()
+        .write_all(text.as_bytes())
+        .context("writing to standard output")
 }
 
 /// `ringmux new-key-file PATH`: fresh keys, written with mode 0600 to a file that must not
@@ -94,7 +109,8 @@ fn new_key_file(path: &std::path::Path) -> Result<()> {
                 path.display()
             )
         })?;
-    eprintln!(
+    let _ = writeln!(
+        std::io::stderr(),
         "ringmux: wrote {} (mode 0600); give the same file to every node behind one balancer \
          (--key-file)",
         path.display()
@@ -396,6 +412,7 @@ impl Demux {
         let public_addr = public.socket().local_addr()?;
         let lanes = router.lanes();
         let counters = Arc::new(Counters::new(cfg.instances, lanes));
+        logs::count_into(counters.clone());
         if let Ok(mut p) = counters.program.write() {
             *p = cfg.worker_label();
         }
@@ -636,8 +653,10 @@ impl forward::WithForward for Serve {
                     "serving https://{}/",
                     display_addr(public_addr)
                 );
-                // One machine-readable line on stdout for scripts and tests: the bound addresses.
-                println!(
+                // One machine-readable line on stdout for scripts and tests: the bound addresses
+                // (a standard output that fails loses it; ringmux serves on).
+                let _ = writeln!(
+                    std::io::stdout(),
                     "ringmux ready listen={public_addr} metrics={} pid={}",
                     metrics_addr.map_or("off".to_string(), |a| a.to_string()),
                     std::process::id()
@@ -735,7 +754,11 @@ fn hand_over<F: Forward>(
         binary: upgrade.binary.clone().into_os_string().into_encoded_bytes(),
     };
     tracing::info!(binary = %upgrade.binary.display(), "upgrade: handing over");
+    // The new image reads the workers' pipes on: nothing read may stay unwritten here.
+    let parked = logs::park(Duration::from_secs(1));
+    logs::flush(Duration::from_secs(1));
     let e = upgrade::exec(&upgrade.binary, &state);
+    drop(parked);
     format!("executing {}: {e}", upgrade.binary.display())
 }
 

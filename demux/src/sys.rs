@@ -105,6 +105,110 @@ pub fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> 
     Ok(retry(|| nix::poll::poll(&mut p, timeout))? > 0)
 }
 
+/// Which of `fds` are readable (or hung up, or in error), after waiting at most `timeout`
+/// (`None`: forever) for one to be. A timeout is rounded up to whole milliseconds.
+pub fn poll_which(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<Vec<bool>> {
+    let timeout = match timeout {
+        None => PollTimeout::NONE,
+        Some(t) => PollTimeout::try_from(t.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX),
+    };
+    let mut p: Vec<PollFd<'_>> = fds
+        .iter()
+        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
+        .collect();
+    retry(|| nix::poll::poll(&mut p, timeout))?;
+    Ok(p.iter()
+        .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+        .collect())
+}
+
+/// Waits until `fd` can be written to, for at most `timeout`; `Ok(false)` if it cannot yet.
+pub fn wait_writable(fd: BorrowedFd<'_>, timeout: Duration) -> io::Result<bool> {
+    let timeout =
+        PollTimeout::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX);
+    let mut p = [PollFd::new(fd, PollFlags::POLLOUT)];
+    Ok(retry(|| nix::poll::poll(&mut p, timeout))? > 0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs: the pipes of the workers' output and access logs, the demux's standard error
+// ---------------------------------------------------------------------------------------------
+
+/// Blocks every signal in the calling thread: a thread started before the demux blocks its
+/// shutdown signals (to read them from a signalfd) must not be the one the kernel delivers them
+/// to, which would run their default action (end the process).
+pub fn block_all_signals() -> io::Result<()> {
+    nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&SigSet::all()),
+        None,
+    )?;
+    Ok(())
+}
+
+/// A pipe for one worker's output or access log: `(read, write)`, both close-on-exec, the read
+/// end non-blocking. The two ends are two open file descriptions: what the worker does to its
+/// end (`O_NONBLOCK`, closing it) never reaches the demux's.
+pub fn log_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+    rustix::io::ioctl_fionbio(&read, true)?;
+    Ok((read, write))
+}
+
+/// Reads what is there from the non-blocking `fd` into `buf`: `Ok(0)` at the end (every write
+/// end closed), `WouldBlock` when nothing is waiting.
+pub fn read_some(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return Ok(r?),
+        }
+    }
+}
+
+/// Writes all of `buf` to `fd` (the demux's standard error, or the access log). A descriptor in
+/// non-blocking mode that is full gets `wait` to drain once; `Err` when it still cannot take
+/// the rest, or on any other error (`EPIPE`, `ENOSPC`, `EBADF`): what was not written is lost
+/// and the caller counts it, and the call never blocks on a non-blocking descriptor for longer
+/// than `wait`. (A blocking one blocks as the kernel makes it.)
+pub fn write_all_or_fail(fd: BorrowedFd<'_>, buf: &[u8], wait: Duration) -> io::Result<()> {
+    let mut done = 0;
+    let mut waited = false;
+    while done < buf.len() {
+        match rustix::io::write(fd, &buf[done..]) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN) if !waited => {
+                waited = true;
+                wait_writable(fd, wait)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// An eventfd (non-blocking, close-on-exec) that wakes a thread waiting in [`poll_which`].
+pub fn wake_fd() -> io::Result<OwnedFd> {
+    use rustix::event::EventfdFlags;
+    Ok(rustix::event::eventfd(
+        0,
+        EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK,
+    )?)
+}
+
+/// Makes the [`wake_fd`] readable (a full counter is readable already).
+pub fn wake(fd: BorrowedFd<'_>) {
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Makes the [`wake_fd`] unreadable again.
+pub fn clear_wake(fd: BorrowedFd<'_>) {
+    let mut v = [0u8; 8];
+    let _ = rustix::io::read(fd, &mut v);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Socket options of the public socket
 // ---------------------------------------------------------------------------------------------
@@ -372,7 +476,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     let mut filter = setup.filter;
     let parent = nix::unistd::getpid();
     // Runs in the child between fork and exec: only async-signal-safe calls (sched_setaffinity,
-    // dup2, close_range, fcntl, prctl, sigprocmask, getpid, landlock_restrict_self, seccomp) on
+    // dup2, close_range, fcntl, setsid, prctl, sigprocmask, getpid, landlock_restrict_self, seccomp) on
     // descriptors, a mask and a filter owned by the child, and no allocation.
     let setup = move || -> io::Result<()> {
         // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
@@ -393,6 +497,12 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         for (number, fd) in (ringmux_proto::FIRST_HANDOFF_FD..).zip(handoff.iter().flatten()) {
             dup_onto(fd.as_fd(), number)?;
         }
+        // A session of its own, so a process group of its own too: Ctrl-C at a terminal
+        // (SIGINT to the foreground group) reaches the demux alone, which drains the workers,
+        // and the scheduler's autogroup (one per session) is the worker's alone, so a nice
+        // value it writes there weighs on no one else. The filter then refuses setsid and
+        // setpgid: a worker stays in its own session and group.
+        nix::unistd::setsid()?;
         nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
         // The demux may have died between fork and the line above: then no signal comes.
         if nix::unistd::getppid() != parent {
@@ -468,20 +578,41 @@ fn close_on_exec_from(first: RawFd) -> io::Result<()> {
 /// its own domain, nor the demux, in none, from its first instruction on, whatever users they
 /// run as and whether or not they are dumpable yet. Where the kernel has Landlock ABI 6 (Linux
 /// 6.12), the domain is also scoped for signals and abstract Unix sockets: nothing outside it
-/// can be signalled or connected to that way. The ruleset otherwise only handles creating
-/// character and block devices, which no worker may do anyway (`CAP_MKNOD`), so every file a
-/// worker could reach before stays reachable.
+/// can be signalled or connected to that way.
+///
+/// Nor may a worker open any file under `/proc` or `/sys` for writing. A process's own files
+/// there (`oom_score_adj`, `autogroup`, `comm`, ...) are writable by its user, which is a
+/// sibling's too, in the moments after its `execve` before it makes itself non-dumpable, and
+/// a descriptor opened then writes on after; a worker left root (without capabilities) still
+/// owns the demux's. The ruleset grants writing beneath every other entry of `/` (listed when
+/// it is made), so every other file a worker could write before stays writable; it also
+/// handles creating character and block devices, which no worker may do anyway (`CAP_MKNOD`).
 ///
 /// Built with the `landlock` crate, best effort: a kernel before ABI 6 enforces what it knows
 /// (everything but the scopes). `Ok(None)`: this kernel has no Landlock (not built, or not
 /// enabled at boot).
 pub fn worker_domain() -> io::Result<Option<WorkerDomain>> {
-    use landlock::{AccessFs, Ruleset, RulesetAttr, Scope};
-    let ruleset = Ruleset::default()
-        .handle_access(AccessFs::MakeChar | AccessFs::MakeBlock)
+    use landlock::{
+        AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+    };
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::MakeChar | AccessFs::MakeBlock | AccessFs::WriteFile)
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
         .and_then(|r| r.create())
         .map_err(io::Error::other)?;
+    for entry in std::fs::read_dir("/")? {
+        let path = entry?.path();
+        if path == std::path::Path::new("/proc") || path == std::path::Path::new("/sys") {
+            continue;
+        }
+        // An entry that went away, or a dangling link, has nothing to grant.
+        let Ok(fd) = PathFd::new(&path) else {
+            continue;
+        };
+        ruleset = ruleset
+            .add_rule(PathBeneath::new(fd, AccessFs::WriteFile))
+            .map_err(io::Error::other)?;
+    }
     // A ruleset holds a descriptor only where the kernel made one: with Landlock.
     let probe: Option<OwnedFd> = ruleset.try_clone()?.into();
     Ok(probe.map(|_| WorkerDomain(ruleset)))

@@ -304,6 +304,13 @@ pub struct WorkerState {
     pub control_fd: RawFd,
     /// The demux's end of its session socket.
     pub sessions_fd: RawFd,
+    /// The read end of its output pipe (absent from an image whose workers wrote to its
+    /// standard error).
+    #[serde(default)]
+    pub output_fd: Option<RawFd>,
+    /// The read end of its access-log pipe (`--access-log`).
+    #[serde(default)]
+    pub access_fd: Option<RawFd>,
 }
 
 impl State {
@@ -318,6 +325,8 @@ impl State {
         for lane in &self.lanes {
             if let Some(w) = &lane.worker {
                 fds.extend([w.control_fd, w.sessions_fd]);
+                fds.extend(w.output_fd);
+                fds.extend(w.access_fd);
             }
             if let Some(ingress) = &lane.ingress {
                 ingress.fds(&mut fds);
@@ -393,6 +402,8 @@ pub struct TakenWorker {
     pub pid: u32,
     pub control: OwnedFd,
     pub sessions: OwnedFd,
+    pub output: Option<OwnedFd>,
+    pub access: Option<OwnedFd>,
 }
 
 impl State {
@@ -417,6 +428,8 @@ impl State {
                             pid: w.pid,
                             control: take(w.control_fd)?,
                             sessions: take(w.sessions_fd)?,
+                            output: w.output_fd.map(take).transpose()?,
+                            access: w.access_fd.map(take).transpose()?,
                         })
                     })
                     .transpose()?;

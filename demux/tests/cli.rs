@@ -57,3 +57,49 @@ fn a_missing_key_file_is_named_with_its_reason_once() {
     );
     assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 }
+
+/// As root, ringmux refuses to start with a `--root` its workers' user cannot enter, naming
+/// the folder and the user, rather than printing its ready line and watching every worker
+/// fail on "Permission denied".
+#[test]
+fn a_root_the_workers_cannot_reach_is_refused_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (ringmux runs its workers as nobody only as root)");
+        return;
+    }
+    let dir = temp_dir("ringmux-cli-root");
+    let closed = dir.path().join("closed");
+    let site = closed.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let keys = dir.path().join("keys");
+    KeySet::generate().unwrap().write_new(&keys).unwrap();
+    // A worker program every user may execute, so that the root is what is refused.
+    let out = ringmux(&[
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+        "--key-file".as_ref(),
+        keys.as_os_str(),
+        "--worker-user".as_ref(),
+        "nobody".as_ref(),
+        "--worker-bin".as_ref(),
+        "/bin/true".as_ref(),
+        "--root".as_ref(),
+        site.as_os_str(),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--root") && err.contains(&site.display().to_string()),
+        "{err}"
+    );
+    assert!(
+        err.contains("nobody") && err.contains(&closed.display().to_string()),
+        "the user and the closed folder: {err}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("ringmux ready"),
+        "it must not start"
+    );
+}

@@ -548,3 +548,83 @@ async fn ctrl_c_at_a_terminal_drains_the_workers() {
     })
     .await
 }
+
+/// ringmux's standard error fails under it: made non-blocking and full (a stalled log
+/// collector), then closed (a collector that went away). The demux drops its lines and counts
+/// them, and serves on: a reload (which logs) goes through each time, requests are answered.
+/// Its workers write to pipes of their own, so what they log is dropped by the demux too,
+/// never by them failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_standard_error_costs_lines_not_the_demux() {
+    use std::io::Write;
+    bounded(LIMIT, async {
+        let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+        let rm = Ringmux::start_logging_to(
+            ringmux_test_support::temp_dir("ringmux-stderr"),
+            &harness::binary("ringmux"),
+            2,
+            Forward::Shm,
+            &["--grace", "2"],
+            harness::worker_bin(),
+            &[],
+            Some(write.try_clone().unwrap()),
+        );
+        // The same open file description as the demux's standard error: non-blocking for it
+        // too from now on. Then fill the pipe.
+        rustix::io::ioctl_fionbio(&write, true).unwrap();
+        let mut pipe = std::fs::File::from(write);
+        let block = [b'.'; 4096];
+        let mut filled = 0usize;
+        while filled < 16 << 20 {
+            match pipe.write(&block) {
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("filling the pipe: {e}"),
+            }
+        }
+        let dropped = |m: &harness::Metrics| m.get(names::LOG_LINES_DROPPED);
+        let before = dropped(&rm.metrics());
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(
+            ok,
+            "reload with a full, non-blocking standard error: {text}"
+        );
+        let m = rm
+            .wait_for("lines dropped", Duration::from_secs(10), |m| {
+                dropped(m) > before
+            })
+            .await;
+        let full = dropped(&m);
+        both_serve(&rm).await;
+
+        // The reader goes away: every write fails with EPIPE.
+        drop(read);
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "reload with a closed standard error: {text}");
+        rm.wait_for("more lines dropped", Duration::from_secs(10), |m| {
+            dropped(m) > full
+        })
+        .await;
+        both_serve(&rm).await;
+        let m = rm.metrics();
+        assert_eq!(
+            m.labelled(names::RELOADS, "result", "ok"),
+            2.0,
+            "both reloads went through:\n{m}"
+        );
+    })
+    .await
+}
+
+/// A request answered on each of 2 instances.
+async fn both_serve(rm: &Ringmux) {
+    for i in 0..2 {
+        let client = rm.pinned_client(i);
+        let conn = rm.connect(&client).await;
+        check_bytes(
+            &format!("instance {i}"),
+            &conn.get("/bytes/1000").await.expect("GET"),
+            1000,
+        );
+    }
+}

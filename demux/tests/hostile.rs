@@ -798,14 +798,27 @@ async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String
 /// generation), not even in the milliseconds after its `execve` and before the worker library
 /// makes it non-dumpable: each worker is in a Landlock domain of its own from its first
 /// instruction, and Landlock refuses to trace (so to open the memory of) a process outside the
-/// tracer's domain. Nor can it open the demux's.
+/// tracer's domain. Nor can it open the demux's. Nor can it open for writing the files under
+/// `/proc` that its user may write in that window (a sibling's `oom_score_adj`, `autogroup`),
+/// the demux's, or its own autogroup (which it would share with the demux were they in one
+/// session); and it stays in its own session and process group (`setpgid` into the demux's
+/// group and `setsid` are refused).
 #[tokio::test]
 async fn a_worker_cannot_open_a_starting_siblings_memory() {
     bounded(Duration::from_secs(90), async {
         let r = spy_while(Trigger::Reload).await;
         let siblings: u32 = r["new-siblings"].parse().unwrap();
         assert!(siblings >= 2, "the spy saw {siblings} new workers: {r:?}");
-        for k in ["open-new-sibling-mem", "open-demux-mem"] {
+        for k in [
+            "open-new-sibling-mem",
+            "open-demux-mem",
+            "write-new-sibling-oom-score",
+            "write-new-sibling-autogroup",
+            "write-own-autogroup",
+            "write-demux-oom-score",
+            "join-demux-group",
+            "new-session",
+        ] {
             assert!(matches!(r[k].as_str(), "EACCES" | "EPERM"), "{k}: {r:?}");
         }
     })
@@ -945,8 +958,9 @@ async fn workers_run_as_the_worker_user() {
 /// As root with no `--worker-user`, ringmux runs its workers as nobody: a worker of user ID 0,
 /// even without a capability, owns every root-owned file, the demux's `/proc` files among
 /// them, and could make the demux the OOM killer's first choice (`oom_score_adj`) or lower its
-/// scheduling weight (`autogroup`). With `--worker-user root` (today's behaviour on request) it
-/// can open both for writing, which shows what the default refuses. Needs root.
+/// scheduling weight (`autogroup`). With `--worker-user root` it still cannot open them for
+/// writing where the kernel has Landlock: each worker's domain refuses writing anything under
+/// `/proc`. (Without Landlock it can, which shows what the default user refuses.) Needs root.
 #[tokio::test]
 async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
     if !nix::unistd::geteuid().is_root() {
@@ -958,7 +972,12 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
         .flatten()
         .expect("a user named nobody");
     bounded(Duration::from_secs(90), async {
-        for (extra, expected) in [(&[][..], "EACCES"), (&["--worker-user", "root"][..], "ok")] {
+        let landlock = ringmux_demux::sys::worker_domain().is_ok_and(|d| d.is_some());
+        let as_root = if landlock { "EACCES" } else { "ok" };
+        for (extra, expected) in [
+            (&[][..], "EACCES"),
+            (&["--worker-user", "root"][..], as_root),
+        ] {
             let dir = temp_dir("ringmux-attack-proc");
             open_to_workers(&dir);
             // Somewhere nobody may execute them: the build's own folder may be closed to it.
@@ -1054,49 +1073,28 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
 /// With `--tcp on` every worker holds the demux's listening TCP socket at descriptor 5 and may
 /// accept on it, nothing else: shutting it down, changing its options or its status flags
 /// (every worker's and the demux's), duplicating, closing or freeing it are refused, and so is
-/// listening anywhere. The same holds for the plain-HTTP listener (`--redirect-http`, 6); the
-/// access log (`--access-log`, 7) takes lines and nothing else (no truncating, no clearing
-/// `O_APPEND`, no copies). The listeners keep taking connections after the attack and across
-/// an upgrade (the new image takes them over), and the log keeps what was written to it.
+/// listening anywhere. The same holds for the plain-HTTP listener (`--redirect-http`, 6). The
+/// listeners keep taking connections after the attack and across an upgrade (the new image
+/// takes them over).
 #[tokio::test]
-async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners_or_the_access_log() {
+async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners() {
     bounded(Duration::from_secs(60), async {
         let dir = temp_dir("ringmux-attack-tcp");
         let redirect = unused_tcp_port();
-        let log = dir.path().join("access.log");
-        std::fs::write(&log, "a line before the workers started\n").unwrap();
         let rm = start_faulty(
             "tcp-listener",
-            &[
-                "--tcp",
-                "on",
-                "--redirect-http",
-                &redirect.to_string(),
-                "--access-log",
-                log.to_str().unwrap(),
-            ],
+            &["--tcp", "on", "--redirect-http", &redirect.to_string()],
             &dir,
         );
         let r = report(&dir).await;
-        assert_outcomes(&r, &["log-write"], "ok");
         assert_outcomes(
             &r,
             &[
                 "redirect-shutdown",
                 "redirect-clear-nonblock",
                 "redirect-dup",
-                "log-truncate",
-                "log-fallocate",
-                "log-clear-append",
-                "log-dup",
-                "log-close",
             ],
             "EPERM",
-        );
-        let text = std::fs::read_to_string(&log).unwrap();
-        assert!(
-            text.starts_with("a line before the workers started\na line from the fault worker\n"),
-            "{text}"
         );
         std::net::TcpStream::connect_timeout(&redirect, Duration::from_secs(5))
             .expect("the plain-HTTP listener takes connections after the attack");
@@ -1513,6 +1511,146 @@ async fn a_confined_worker_cannot_steal_the_kernels_steering() {
             assert_eq!(m.instance(names::WORKER_RESTARTS, i), 0.0, "{m}");
         }
         assert_eq!(m.get(names::RECEIVED), 0.0, "{m}");
+    })
+    .await;
+}
+
+/// A worker's access log (descriptor 7) and standard error (2) are pipes of its own, read by
+/// the demux: it can write lines, and nothing it does reaches a line someone else wrote. With
+/// `--access-log FILE` the file keeps its first line and gets the worker's line appended; with
+/// `--access-log stderr` ringmux's standard error (here a file, as `2>file` makes it) keeps its
+/// first lines. Positional writes (`pwrite64`, `pwritev2` with `RWF_NOAPPEND`), truncating
+/// and seeking fail on a pipe.
+#[tokio::test]
+async fn a_worker_cannot_rewrite_the_access_log_or_ringmuxs_standard_error() {
+    bounded(Duration::from_secs(90), async {
+        for to in ["file", "stderr"] {
+            let dir = temp_dir("ringmux-attack-log");
+            let log = dir.path().join("access.log");
+            std::fs::write(&log, "a line before the workers started\n").unwrap();
+            let target = match to {
+                "file" => log.to_str().unwrap().to_string(),
+                _ => "stderr".to_string(),
+            };
+            let rm = start_faulty("log-rewrite", &["--access-log", &target], &dir);
+            let r = report(&dir).await;
+            assert_outcomes(&r, &["log-write"], "ok");
+            for k in [
+                "log-pwrite",
+                "log-pwritev2-noappend",
+                "log-truncate",
+                "log-seek",
+                "stderr-pwrite",
+                "stderr-pwritev2-noappend",
+                "stderr-truncate",
+                "stderr-seek",
+            ] {
+                assert_ne!(r.get(k).map(String::as_str), Some("ok"), "{k}: {r:?}");
+            }
+            let written = if to == "file" {
+                log.clone()
+            } else {
+                rm.dir().join("ringmux.log")
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let text = loop {
+                let text = std::fs::read_to_string(&written).unwrap_or_default();
+                if text.contains("a line from the fault worker") {
+                    break text;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the worker's line never came: {text}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            assert!(!text.contains("OVERWRITTEN"), "{to}: {text}");
+            if to == "file" {
+                assert!(
+                    text.starts_with("a line before the workers started\n"),
+                    "{text}"
+                );
+            } else {
+                // ringmux's own first line is still its first.
+                assert!(
+                    text.lines().next().is_some_and(|l| l.contains("ringmux")),
+                    "{text}"
+                );
+            }
+            instance0_serves(&rm).await;
+            third_party_served(&rm, 1).await;
+        }
+    })
+    .await;
+}
+
+/// A worker that makes its standard error non-blocking and floods it (which used to make the
+/// demux's own next log write fail, and the demux panic) loses its own lines only: the demux
+/// passes on a burst of them, prefixed with the instance, cut at their maximum length and with
+/// control characters replaced, drops the rest and counts them for that instance alone, and
+/// serves on; the flooding worker, become the real worker, serves too.
+#[tokio::test]
+async fn a_worker_flooding_its_standard_error_loses_its_own_lines_only() {
+    bounded(Duration::from_secs(90), async {
+        let dir = temp_dir("ringmux-attack-flood");
+        let rm = start_faulty("stderr-flood", &[], &dir);
+        let r = report(&dir).await;
+        assert_outcomes(&r, &["stderr-nonblock"], "ok");
+        let m = rm
+            .wait_for("the flood's excess counted", Duration::from_secs(20), |m| {
+                m.instance(names::WORKER_LOG_LINES_DROPPED, 1) > 0.0
+            })
+            .await;
+        assert_eq!(m.instance(names::WORKER_LOG_LINES_DROPPED, 0), 0.0, "{m}");
+        assert!(m.instance(names::WORKER_LOG_LINES, 1) > 0.0, "{m}");
+        assert!(m.instance(names::WORKER_LOG_LINES, 0) > 0.0, "{m}");
+        instance0_serves(&rm).await;
+        third_party_served(&rm, 0).await;
+        third_party_served(&rm, 1).await;
+        let text = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
+        assert!(
+            text.contains("[instance 1] fault-worker flood line 000000 ?[31mred?[0m"),
+            "flood lines prefixed, escape sequences replaced"
+        );
+        assert!(text.contains(" [cut]"), "the 100 KiB line is cut");
+        assert!(!text.contains('\u{1b}'), "no escape character passes");
+        let longest = text.lines().map(str::len).max().unwrap_or(0);
+        assert!(longest <= 8 * 1024 + 64, "a line of {longest} bytes passed");
+        assert!(
+            text.lines().any(|l| l.starts_with("[instance 0] ")),
+            "instance 0's lines pass too"
+        );
+        let m = rm.wait_balanced(Duration::from_secs(5)).await;
+        assert_eq!(m.instance(names::WORKER_RESTARTS, 1), 0.0, "{m}");
+    })
+    .await;
+}
+
+/// Every worker runs in a session of its own (so in a process group and a scheduler autogroup
+/// of its own), apart from the demux's and from each other's.
+#[tokio::test]
+async fn each_worker_has_a_session_of_its_own() {
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(2, Forward::Shm, &[]);
+        let session = |pid: u32| -> String {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            // After the command's closing parenthesis: state, ppid, pgrp, session.
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split_whitespace().nth(3).unwrap().to_string()
+        };
+        let workers: Vec<u32> = harness::children_of(rm.pid)
+            .into_iter()
+            .filter(|&p| harness::is_worker(p))
+            .collect();
+        assert_eq!(workers.len(), 2, "{workers:?}");
+        let mut sessions: Vec<String> = workers.iter().map(|&p| session(p)).collect();
+        for (w, s) in workers.iter().zip(&sessions) {
+            assert_eq!(*s, w.to_string(), "worker {w} leads its own session");
+        }
+        sessions.push(session(rm.pid));
+        sessions.sort();
+        sessions.dedup();
+        assert_eq!(sessions.len(), 3, "{sessions:?}");
     })
     .await;
 }

@@ -253,6 +253,12 @@ counter_table! {
         violations: Counter(RING_VIOLATIONS), help "Ring protocol violations and stalls detected";
         discarded_on_reset: Counter(RING_DISCARDED),
             help "Forwarded datagrams discarded unread when a ring was reset";
+        /// Lines of the lane's worker's standard output and error written to ringmux's, and
+        /// dropped past its rate (`logs.rs`; the log thread adds).
+        log_lines: Counter(WORKER_LOG_LINES),
+            help "Lines of a worker's standard output and error written to ringmux's standard error";
+        log_lines_dropped: Counter(WORKER_LOG_LINES_DROPPED),
+            help "Lines of a worker's standard output and error dropped: past the worker's rate";
         /// The lane's worker process (0: none).
         worker_pid: Newest(WORKER_PID), help "Process id of the newest generation's worker";
     }

@@ -31,6 +31,20 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         "Heap allocations made on the data-plane thread after start-up (should stay flat)",
         allocations,
     );
+    let log_dropped = Counter::<u64>::default();
+    log_dropped.inc_by(crate::logs::lines_dropped());
+    reg.register(
+        base(names::LOG_LINES_DROPPED),
+        "Log lines of the demux and of its workers' output it could not write (queue full, or the write to its standard error failed)",
+        log_dropped,
+    );
+    let access_dropped = Counter::<u64>::default();
+    access_dropped.inc_by(crate::logs::access_lines_dropped());
+    reg.register(
+        base(names::ACCESS_LOG_LINES_DROPPED),
+        "Access-log lines the demux could not write (a failed write: a full disk)",
+        access_dropped,
+    );
     let dropped = Family::<Labels, Counter<u64>>::default();
     for r in DropReason::ALL {
         dropped

@@ -62,6 +62,15 @@ metric_names! {
     WORKER_UP = "ringmux_worker_up";
     /// Gauge: 1, labels `instance` and `program` (what the instance runs, `--worker-cmd`).
     WORKER_INFO = "ringmux_worker_info";
+    /// Lines of a worker's standard output and error written to ringmux's standard error.
+    WORKER_LOG_LINES = "ringmux_worker_log_lines_total";
+    /// Lines of a worker's standard output and error dropped: past the worker's rate.
+    WORKER_LOG_LINES_DROPPED = "ringmux_worker_log_lines_dropped_total";
+    /// The demux's own log lines and its workers' output lines it could not write (queue full,
+    /// or the write to its standard error failed).
+    LOG_LINES_DROPPED = "ringmux_log_lines_dropped_total";
+    /// Access-log lines the demux could not write (a full disk, a failed write).
+    ACCESS_LOG_LINES_DROPPED = "ringmux_access_log_lines_dropped_total";
 
     /// Gauge: the worker generation new connections go to.
     GENERATION_ACTIVE = "ringmux_worker_generation_active";

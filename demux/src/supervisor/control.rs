@@ -282,7 +282,8 @@ pub fn request(path: &Path, request: Request, timeout: Duration) -> Result<()> {
             Ok(0) => break,
             Ok(_) => {
                 let line = line.trim_end().to_string();
-                println!("{line}");
+                // The control client's own output: closed early, it stops (no panic).
+                writeln!(io::stdout(), "{line}").context("writing the answer")?;
                 last = line;
             }
             Err(e)

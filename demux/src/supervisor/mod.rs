@@ -57,6 +57,9 @@ struct Worker {
     reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
     /// Descriptors of the next generation, waiting for the restart time.
     handles: Option<IngressHandles>,
+    /// Copies of the read ends of its output and access-log pipes (the log thread reads its
+    /// own), for a new process image to read on after `ringmux upgrade`.
+    pipes: Option<crate::logs::WorkerPipes>,
 }
 
 /// The listening TCP sockets the demux makes once and every worker accepts from.
@@ -91,9 +94,9 @@ pub struct Supervisor {
     /// The listening TCP sockets every worker accepts from, at its descriptors 5 (`--tcp on`)
     /// and 6 (`--redirect-http`).
     tcp: TcpListeners,
-    /// The access log every worker writes to (`--access-log`), at its descriptor 7; opened
-    /// again at every reload.
-    access_log: Option<OwnedFd>,
+    /// Whether workers get an access-log pipe (`--access-log`), at their descriptor 7. The
+    /// log thread writes what comes through it; the file is opened again at every reload.
+    access_log: bool,
     /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
     /// where the kernel has no Landlock.
     domain: Option<sys::WorkerDomain>,
@@ -205,7 +208,6 @@ impl Supervisor {
                 sandbox::Shared {
                     tcp: cfg.args.tcp_on(),
                     redirect: cfg.args.redirect_http.is_some(),
-                    access_log: cfg.access_log() != crate::config::AccessLog::Off,
                 },
             )?),
             crate::config::Toggle::Off => None,
@@ -229,7 +231,8 @@ impl Supervisor {
                 return Err(anyhow::anyhow!(e).context("creating the workers' Landlock ruleset"))
             }
         };
-        let access_log = cfg.access_log().open()?;
+        let access_log = cfg.access_log() != crate::config::AccessLog::Off;
+        crate::logs::access_to(cfg.access_log().open()?);
         Ok(Supervisor {
             filter,
             domain,
@@ -371,6 +374,26 @@ impl Supervisor {
             if phase != crate::upgrade::LanePhase::Idle {
                 sup.link.liveness().set_up(l, true);
             }
+            // Its output (and access log) read on from where the old image stopped; a worker
+            // of an image that kept no pipes writes to the demux's standard error still.
+            let pipes = match w.output {
+                Some(output) => {
+                    let pipes = crate::logs::WorkerPipes {
+                        output: output.try_clone()?,
+                        access: w.access.as_ref().map(OwnedFd::try_clone).transpose()?,
+                    };
+                    crate::logs::watch(
+                        l,
+                        sup.lanes.at(l).instance,
+                        crate::logs::WorkerPipes {
+                            output,
+                            access: w.access,
+                        },
+                    );
+                    Some(pipes)
+                }
+                None => None,
+            };
             sup.workers[l] = Worker {
                 child: Some(ChildProcess::from_pid(w.pid)),
                 pidfd,
@@ -378,6 +401,7 @@ impl Supervisor {
                 sessions: Some(sessions),
                 reset_reply: None,
                 handles: None,
+                pipes,
             };
         }
         if let Some((listener, path, waiting)) = taken.control {
@@ -466,6 +490,11 @@ impl Supervisor {
                         pid: c.id(),
                         control_fd: control.as_raw_fd(),
                         sessions_fd: sessions.as_raw_fd(),
+                        output_fd: w.pipes.as_ref().map(|p| p.output.as_raw_fd()),
+                        access_fd: w
+                            .pipes
+                            .as_ref()
+                            .and_then(|p| p.access.as_ref().map(|a| a.as_raw_fd())),
                     }),
                     _ => None,
                 };
@@ -635,13 +664,13 @@ impl Supervisor {
         }
         let actions = self.policy.on(Instant::now(), policy::Event::Reload);
         if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
-            // The new generation writes to the access log's path as it is now: a log rotated
-            // away is let go by the workers of the old generation as they exit.
+            // Every access-log line from now on goes to the path as it is now: a log rotated
+            // away is closed at once.
             match self.cfg.access_log().open() {
-                Ok(log) => self.access_log = log,
+                Ok(log) => crate::logs::access_to(log),
                 Err(e) => tracing::warn!(
                     error = %format!("{e:#}"),
-                    "the access log did not open again; the new generation writes to the one open"
+                    "the access log did not open again; its lines go to the one open"
                 ),
             }
         }
@@ -928,11 +957,24 @@ impl Supervisor {
             ringmux_proto::PUBLIC_FD_ENV,
             ringmux_proto::PUBLIC_FD.to_string(),
         )
-        .stdin(Stdio::null())
-        // A process group of its own: Ctrl-C at a terminal (SIGINT to the foreground group)
-        // reaches the demux alone, which drains the workers; sent to a worker too, it would end
-        // the worker at once and cut its connections.
-        .process_group(0);
+        .stdin(Stdio::null());
+        // Its standard output and error: a pipe of its own that the log thread reads, never
+        // the demux's own standard error (which the worker could make non-blocking, fill, or
+        // truncate); likewise its access log at descriptor 7.
+        let (output, output_end) = sys::log_pipe().context("a pipe for the worker's output")?;
+        cmd.stdout(Stdio::from(output_end.try_clone()?))
+            .stderr(Stdio::from(output_end));
+        let (access, access_end) = match self.access_log {
+            true => {
+                let (r, w) = sys::log_pipe().context("a pipe for the worker's access log")?;
+                (Some(r), Some(w))
+            }
+            false => (None, None),
+        };
+        let pipes = crate::logs::WorkerPipes {
+            output: output.try_clone()?,
+            access: access.as_ref().map(OwnedFd::try_clone).transpose()?,
+        };
         if let Some(user) = &self.cfg.worker_user {
             // std switches user (and drops supplementary groups) before the pre-exec hook.
             cmd.uid(user.uid).gid(user.gid);
@@ -960,7 +1002,7 @@ impl Supervisor {
             handoff: &handoff,
             tcp: self.tcp.https.as_ref().map(|t| t.as_fd()),
             redirect: self.tcp.redirect.as_ref().map(|t| t.as_fd()),
-            access_log: self.access_log.as_ref().map(|t| t.as_fd()),
+            access_log: access_end.as_ref().map(|t| t.as_fd()),
             domain: self.domain.as_ref(),
             cpu: h.cpu,
             filter: self.filter.clone(),
@@ -979,9 +1021,16 @@ impl Supervisor {
             .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
         // Known by its PID from here on: whichever image of the demux runs, it reaps it.
         let child = ChildProcess::from_pid(child.id());
-        // The worker holds the only copies of its end now (`cmd` held one for the hook).
+        // The worker holds the only copies of its end now (`cmd` held one for the hook), and
+        // of its pipes' write ends: once it is gone, the log thread reads their end.
         drop(cmd);
         drop(theirs);
+        drop(access_end);
+        crate::logs::watch(
+            usize::from(lane),
+            i,
+            crate::logs::WorkerPipes { output, access },
+        );
         let pidfd = sys::pidfd_open(child.id()).ok();
         // The descriptors are in place already (from FIRST_HANDOFF_FD on): the message alone.
         drop(handoff);
@@ -1007,6 +1056,7 @@ impl Supervisor {
         );
         w.child = Some(child);
         w.pidfd = pidfd;
+        w.pipes = Some(pipes);
         w.control = Some(ours);
         w.sessions = Some(sessions);
         Ok(())
@@ -1087,6 +1137,7 @@ impl Supervisor {
         // ours, so its control messages go nowhere, and shut the session socket down, so its
         // session thread ends and it can no longer reach the session cache.
         w.control = None;
+        w.pipes = None;
         if let Some(s) = w.sessions.take() {
             let _ = sys::shut_down(s.as_fd());
         }

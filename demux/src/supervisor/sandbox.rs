@@ -13,10 +13,11 @@
 //! |---|---|
 //! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP`/`FIOASYNC` (I/O signals sent to another process) |
 //! | other processes | `ptrace`, `process_vm_readv`/`writev`, `pidfd_getfd`, `kcmp`, `perf_event_open`, `bpf`; `setpriority`, `ioprio_set`, `sched_setaffinity`/`setscheduler`/`setparam`/`setattr`, `prlimit64` on anyone but itself |
+//! | its session and process group | `setsid`, `setpgid`: the demux starts it in a session of its own (so a group and a scheduler autogroup of its own) |
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
 //! | outliving the demux, being read | `prctl` outside an allow-list ([`PRCTLS_ALLOWED`]): above all `PR_SET_PDEATHSIG` with anything but SIGKILL (0 would disarm it), `PR_SET_DUMPABLE` 1, `PR_SET_PTRACER`, `PR_SET_CHILD_SUBREAPER` |
 //! | its sending socket (descriptor 4; every mode but `reuseport`) | the worker's own socket in the public address's group, which never receives: receiving on it (`read`, `readv`, `pread64`, `preadv`, `preadv2`, `recvfrom`, `recvmsg`, `recvmmsg`, `splice`, `sendfile` from it), changing it (`setsockopt`, `connect`, `bind`, `listen`, `accept`, `shutdown`), duplicating it (`dup`, `dup2`/`dup3` from it, `fcntl` `F_DUPFD`/`F_DUPFD_CLOEXEC`). None of it could reach another worker's clients any more (the socket the demux receives on never leaves the demux); it stays refused as a second wall |
-//! | the shared descriptors (5, 6: the HTTPS and plain-HTTP listeners; 7: the access log; each when held, [`Shared`]) | everything on a listener but accepting: `shutdown`, `setsockopt`, `connect`, `bind`, duplicating it; on all three, their status flags (`fcntl` `F_SETFL`, `ioctl` `FIONBIO`: clearing `O_NONBLOCK` would block the others' accepts, clearing `O_APPEND` overwrite their lines), and on the access log `ftruncate` and `fallocate`; like 3 and 4, they are held to their numbers |
+//! | the shared descriptors (5, 6: the HTTPS and plain-HTTP listeners, each when held, [`Shared`]) | everything on a listener but accepting: `shutdown`, `setsockopt`, `connect`, `bind`, duplicating it, its status flags (`fcntl` `F_SETFL`, `ioctl` `FIONBIO`: clearing `O_NONBLOCK` would block the others' accepts); like 3 and 4, they are held to their numbers. Nothing else a worker holds is shared: its standard output and error and its access log (7) are pipes of its own, read by the demux |
 //! | freeing or renumbering 3 and 4 | `close`, `close_range` over them (with `CLOSE_RANGE_CLOEXEC` too), `dup2`/`dup3` onto them, `fcntl` `F_SETFD`, `ioctl` `FIOCLEX`/`FIONCLEX` on them: any of these and an `execve` would free the number for a socket of the worker's own |
 //! | ways around that | receiving descriptors: `recvmsg` and `recvmmsg` on anything but a lane's own UDP socket (every descriptor a worker gets is in place before exec), so descriptor 4 passed to itself over `SCM_RIGHTS` never arrives; `ioctl` outside an allow-list ([`IOCTLS_ALLOWED`]: non-blocking mode, queue sizes, terminal and interface queries); `io_uring_*` and `io_setup`/`io_submit` (operations whose descriptor is in memory); `socket(AF_PACKET)` and `SOCK_RAW` (reading the wire) |
 //! | the group | on any socket: `setsockopt` of `SO_REUSEPORT` (joining the group), `SO_ATTACH_REUSEPORT_CBPF`/`_EBPF`, `SO_DETACH_REUSEPORT_BPF` (replacing the program that steers every instance's datagrams), `SO_BINDTODEVICE`/`SO_BINDTOIFINDEX` (the kernel takes a socket bound to a device out of its group, as a better match for everything arriving on that device) |
@@ -50,20 +51,17 @@ pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
 pub const TCP_FD: u64 = ringmux_proto::TCP_FD as u64;
 /// The descriptor of the listening socket for plain HTTP (`--redirect-http`).
 pub const REDIRECT_FD: u64 = ringmux_proto::REDIRECT_FD as u64;
-/// The descriptor of the access log (`--access-log`).
-pub const ACCESS_LOG_FD: u64 = ringmux_proto::ACCESS_LOG_FD as u64;
 
-/// Which of the descriptors every worker shares with the others and the demux (5 to 7) a
+/// Which of the descriptors every worker shares with the others and the demux (5 and 6) a
 /// worker holds. Only a descriptor held is named by the filter: otherwise its number is any
-/// descriptor of the worker's own.
+/// descriptor of the worker's own. (Descriptor 7, the access log, is a pipe of the worker's
+/// own, as are its standard output and error: nothing it does to them reaches anyone else.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Shared {
     /// The HTTPS listener at 5 (`--tcp on`).
     pub tcp: bool,
     /// The plain-HTTP listener at 6 (`--redirect-http`).
     pub redirect: bool,
-    /// The access log at 7 (`--access-log`).
-    pub access_log: bool,
 }
 
 impl Shared {
@@ -77,11 +75,7 @@ impl Shared {
 
     /// Every shared descriptor held.
     fn fds(self) -> Vec<u64> {
-        let mut fds = self.listeners();
-        if self.access_log {
-            fds.push(ACCESS_LOG_FD);
-        }
-        fds
+        self.listeners()
     }
 }
 
@@ -301,6 +295,11 @@ fn other_processes(r: &mut Refusals) -> Result<(), seccompiler::BackendError> {
         libc::SYS_bpf,
         libc::SYS_unshare,
         libc::SYS_setns,
+        // Its session and process group are its own from the start (the demux's pre-exec
+        // hook); joining the demux's or a sibling's group would put it in reach of the signals
+        // sent to that group, and a new session would give it an autogroup again.
+        libc::SYS_setsid,
+        libc::SYS_setpgid,
         libc::SYS_io_uring_setup,
         libc::SYS_io_uring_enter,
         libc::SYS_io_uring_register,
@@ -535,12 +534,6 @@ fn descriptors(r: &mut Refusals, fds: &Fds) -> Result<(), seccompiler::BackendEr
     for fd in held.fds() {
         ioctl.push(all(vec![arg32(0, Eq, fd), arg32(1, Eq, FIONBIO)])?);
     }
-    // The access log is every worker's: none may cut it short.
-    if held.access_log {
-        for nr in [libc::SYS_ftruncate, libc::SYS_fallocate] {
-            r.insert(nr, vec![all(vec![arg32(0, Eq, ACCESS_LOG_FD)])?]);
-        }
-    }
     r.insert(libc::SYS_ioctl, ioctl);
     Ok(())
 }
@@ -611,11 +604,7 @@ mod tests {
     fn the_placeholder_is_no_other_constant_and_is_replaced() {
         for own_socket in [false, true] {
             for tcp in [false, true] {
-                let shared = Shared {
-                    tcp,
-                    redirect: tcp,
-                    access_log: tcp,
-                };
+                let shared = Shared { tcp, redirect: tcp };
                 placeholder_replaced(own_socket, shared);
             }
         }

@@ -41,6 +41,8 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "prctl" => prctl(&mut out),
         "capabilities" => capabilities(&mut out),
         "tcp-listener" => tcp_listener(&mut out),
+        "log-rewrite" => log_rewrite(&mut out),
+        "stderr-flood" => stderr_flood(&mut out),
         _ => return None,
     }
     Some(out)
@@ -929,10 +931,8 @@ fn tcp_listener(out: &mut Outcomes) {
     });
     // SAFETY: descriptors and integers, or an int of ours and its size.
     attempt("listener-close", &|| unsafe { libc::close(TCP).into() });
-    // The plain-HTTP listener (`--redirect-http`) and the access log (`--access-log`), when
-    // held: shared like the HTTPS listener.
+    // The plain-HTTP listener (`--redirect-http`), when held: shared like the HTTPS listener.
     const REDIRECT: i32 = ringmux_proto::REDIRECT_FD;
-    const LOG: i32 = ringmux_proto::ACCESS_LOG_FD;
     // SAFETY: descriptors and integers.
     attempt("redirect-shutdown", &|| unsafe {
         libc::shutdown(REDIRECT, libc::SHUT_RDWR).into()
@@ -943,36 +943,101 @@ fn tcp_listener(out: &mut Outcomes) {
     });
     // SAFETY: descriptors and integers.
     attempt("redirect-dup", &|| unsafe { libc::dup(REDIRECT).into() });
-    // SAFETY: a line of ours and its length.
-    attempt("log-write", &|| unsafe {
-        let line = b"a line from the fault worker\n";
-        libc::write(LOG, line.as_ptr().cast(), line.len()) as libc::c_long
-    });
-    // SAFETY: descriptors and integers.
-    attempt("log-truncate", &|| unsafe {
-        libc::ftruncate(LOG, 0).into()
-    });
-    // SAFETY: descriptors and integers.
-    attempt("log-fallocate", &|| unsafe {
-        libc::fallocate(
-            LOG,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            0,
-            4096,
-        )
-        .into()
-    });
-    // SAFETY: descriptors and integers.
-    attempt("log-clear-append", &|| unsafe {
-        libc::fcntl(LOG, libc::F_SETFL, 0).into()
-    });
-    // SAFETY: descriptors and integers.
-    attempt("log-dup", &|| unsafe { libc::dup(LOG).into() });
-    // SAFETY: descriptors and integers.
-    attempt("log-close", &|| unsafe { libc::close(LOG).into() });
     // A listener of its own: std binds, then listens.
     out.push((
         "listen-elsewhere",
         io_outcome(std::net::TcpListener::bind("127.0.0.1:0")),
     ));
+}
+
+/// What a worker may do to its access log (descriptor 7) and its standard error (2): write
+/// lines, and nothing that would reach a line another process wrote. Tries a line of its own,
+/// then positional writes that ignore `O_APPEND` (`pwrite64`, `pwritev2` with
+/// `RWF_NOAPPEND`), cutting the file short, clearing `O_APPEND` and writing at offset 0 through
+/// `lseek`, on both.
+fn log_rewrite(out: &mut Outcomes) {
+    const LOG: i32 = ringmux_proto::ACCESS_LOG_FD;
+    let line = b"a line from the fault worker\n";
+    let over = b"OVERWRITTEN BY THE FAULT WORKER\n";
+    // SAFETY: a buffer of ours and its length.
+    let r = unsafe { libc::write(LOG, line.as_ptr().cast(), line.len()) };
+    out.push(("log-write", raw(r as libc::c_long)));
+    for (fd, prefix) in [(LOG, "log-"), (libc::STDERR_FILENO, "stderr-")] {
+        // SAFETY: a buffer of ours and its length, at offset 0.
+        let r = unsafe { libc::pwrite(fd, over.as_ptr().cast(), over.len(), 0) };
+        out.push((leak(prefix, "pwrite"), raw(r as libc::c_long)));
+        let iov = libc::iovec {
+            iov_base: over.as_ptr() as *mut libc::c_void,
+            iov_len: over.len(),
+        };
+        const RWF_NOAPPEND: libc::c_long = 0x20;
+        // SAFETY: one iovec of ours; offset 0 (low and high words), flags.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pwritev2,
+                fd as libc::c_long,
+                &iov as *const libc::iovec,
+                1 as libc::c_long,
+                0 as libc::c_long,
+                0 as libc::c_long,
+                RWF_NOAPPEND,
+            )
+        };
+        out.push((leak(prefix, "pwritev2-noappend"), raw(r)));
+        // SAFETY: descriptors and integers.
+        let r = unsafe { libc::ftruncate(fd, 0) };
+        out.push((leak(prefix, "truncate"), raw(r.into())));
+        // SAFETY: descriptors and integers.
+        let r = unsafe { libc::fcntl(fd, libc::F_SETFL, 0) };
+        out.push((leak(prefix, "clear-append"), raw(r.into())));
+        // SAFETY: descriptors and integers.
+        let r = unsafe { libc::lseek(fd, 0, libc::SEEK_SET) };
+        out.push((leak(prefix, "seek"), raw(r as libc::c_long)));
+        if r == 0 {
+            // SAFETY: a buffer of ours and its length.
+            let w = unsafe { libc::write(fd, over.as_ptr().cast(), over.len()) };
+            out.push((leak(prefix, "write-at-0"), raw(w as libc::c_long)));
+        }
+    }
+}
+
+/// Lines a flood writes: ten times a worker's burst of log lines.
+const FLOOD_LINES: usize = 20_000;
+
+/// Makes its standard error non-blocking and floods it (what made a shared standard error
+/// fail the demux's next log write with `EAGAIN`): [`FLOOD_LINES`] lines, the 101st of 100 KiB,
+/// as fast as it can, for at most 5 s. Records how many lines went out.
+fn stderr_flood(out: &mut Outcomes) {
+    let fd = libc::STDERR_FILENO;
+    // SAFETY: descriptors and integers.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    // SAFETY: descriptors and integers.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    out.push(("stderr-nonblock", raw(r.into())));
+    let mut long = vec![b'L'; 100 * 1024];
+    long.push(b'\n');
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (mut written, mut again) = (0usize, 0u64);
+    let mut line = 0usize;
+    while line <= FLOOD_LINES && std::time::Instant::now() < end {
+        let text;
+        // The long line early, while the demux still passes lines on (it cuts it).
+        let bytes: &[u8] = if line == 100 {
+            &long
+        } else {
+            text = format!("fault-worker flood line {line:06} \x1b[31mred\x1b[0m\n");
+            text.as_bytes()
+        };
+        // SAFETY: a buffer of ours and its length.
+        let w = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if w < 0 {
+            again += 1;
+            std::thread::yield_now();
+            continue;
+        }
+        written += 1;
+        line += 1;
+    }
+    out.push(("flood-lines", written.to_string()));
+    out.push(("flood-eagain", again.to_string()));
 }

@@ -338,6 +338,10 @@ fn spy(c: &mut Consumer, marker: &str, limit: Duration) -> Vec<(&'static str, St
     };
     let _ = std::fs::write(format!("{marker}.watching"), b"1");
     let (mut siblings, mut sibling_open) = (Vec::new(), None);
+    // A new sibling's files under /proc that its user may write while it is dumpable (right
+    // after its `execve`); a descriptor opened then writes on after.
+    let (mut sibling_oom, mut sibling_autogroup) = (None, None);
+    let write = |path: String| std::fs::OpenOptions::new().write(true).open(path);
     let mut probes = 0u64;
     // Records the outcome of one open: "ok" sticks (the attack got through once).
     let note = |slot: &mut Option<String>, r: std::io::Result<std::fs::File>| {
@@ -364,13 +368,59 @@ fn spy(c: &mut Consumer, marker: &str, limit: Duration) -> Vec<(&'static str, St
                 &mut sibling_open,
                 std::fs::File::open(format!("/proc/{pid}/mem")),
             );
+            note(
+                &mut sibling_oom,
+                write(format!("/proc/{pid}/oom_score_adj")),
+            );
+            note(
+                &mut sibling_autogroup,
+                write(format!("/proc/{pid}/autogroup")),
+            );
         }
         probes += 1;
         // Whatever reaches this instance meanwhile is taken, so the demux sees no stall.
         let _ = c.drain(64, |_| {});
     }
     let (demux_open, demux_probes) = demux_spy.join().unwrap_or((None, 0));
+    // Its own autogroup (shared by every process of its session) and the demux's OOM score;
+    // then a move into the demux's process group, or a session of its own.
+    let (mut own_autogroup, mut demux_oom) = (None, None);
+    note(&mut own_autogroup, write("/proc/self/autogroup".into()));
+    note(
+        &mut demux_oom,
+        write(format!("/proc/{demux}/oom_score_adj")),
+    );
+    let demux_group = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(demux)));
+    let join_group = match demux_group {
+        Ok(g) => match nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), g) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("{e:?}"),
+        },
+        Err(e) => format!("getpgid: {e:?}"),
+    };
+    let new_session = match nix::unistd::setsid() {
+        Ok(_) => "ok".to_string(),
+        Err(e) => format!("{e:?}"),
+    };
     vec![
+        (
+            "write-new-sibling-oom-score",
+            sibling_oom.unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "write-new-sibling-autogroup",
+            sibling_autogroup.unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "write-own-autogroup",
+            own_autogroup.unwrap_or_else(|| "none".into()),
+        ),
+        (
+            "write-demux-oom-score",
+            demux_oom.unwrap_or_else(|| "none".into()),
+        ),
+        ("join-demux-group", join_group),
+        ("new-session", new_session),
         ("new-siblings", siblings.len().to_string()),
         ("probes", probes.to_string()),
         ("demux-probes", demux_probes.to_string()),

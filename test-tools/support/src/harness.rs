@@ -99,6 +99,22 @@ impl Ringmux {
         worker_bin: PathBuf,
         env: &[(&str, String)],
     ) -> Ringmux {
+        Ringmux::start_logging_to(dir, demux, instances, forward, extra, worker_bin, env, None)
+    }
+
+    /// As [`Ringmux::start_in`], with `stderr` as the demux's standard error (`None`: the file
+    /// `ringmux.log` in `dir`, which [`Ringmux::log_tail`] reads).
+    #[allow(clippy::too_many_arguments)] // start_in's, plus the descriptor
+    pub fn start_logging_to(
+        dir: TempDir,
+        demux: &Path,
+        instances: u8,
+        forward: Forward,
+        extra: &[&str],
+        worker_bin: PathBuf,
+        env: &[(&str, String)],
+        stderr: Option<std::os::fd::OwnedFd>,
+    ) -> Ringmux {
         let keys = KeySet::generate().expect("generating keys");
         let key_file = dir.path().join("keys");
         keys.write_new(&key_file).expect("writing the key file");
@@ -114,8 +130,12 @@ impl Ringmux {
         };
         let router = Router::new(&lb, keys.routing_hash).expect("QUIC-LB router");
 
-        let log_path = dir.path().join("ringmux.log");
-        let log = File::create(&log_path).expect("creating the log file");
+        let log: Stdio = match stderr {
+            Some(fd) => fd.into(),
+            None => File::create(dir.path().join("ringmux.log"))
+                .expect("creating the log file")
+                .into(),
+        };
         let instances_arg = instances.to_string();
         let worker_bin_arg = worker_bin.to_string_lossy().into_owned();
         let key_file_arg = key_file.to_string_lossy().into_owned();
