@@ -494,6 +494,23 @@ async fn upgrade_keeps_connections(forward: Forward) {
     assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 1.0);
     assert_eq!(m.sum(names::DROPPED), 0.0, "{m}");
     assert_eq!(m.get(names::DATAPLANE_ALLOCATIONS), 0.0, "{m}");
+    // The workers' output pipes passed to the new image with the rest: what the workers that
+    // were started before the upgrade say as a reload drains them reaches the log.
+    let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+    assert!(ok, "{text}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !rm
+        .log_tail(400)
+        .lines()
+        .any(|l| l.starts_with("[instance 0] ") && l.contains("drained; exiting"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an old worker's last line never reached the log:\n{}",
+            rm.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
