@@ -62,6 +62,10 @@ metric_names! {
     WORKER_UP = "ringmux_worker_up";
     /// Gauge: 1, labels `instance` and `program` (what the instance runs, `--worker-cmd`).
     WORKER_INFO = "ringmux_worker_info";
+    /// Counter: a worker's messages the demux read and dropped past its budget (`budget.rs`),
+    /// labels `instance` and `kind` (`stats`, `control`: other control messages; `session`:
+    /// session-store requests).
+    WORKER_MESSAGES_DROPPED = "ringmux_worker_messages_dropped_total";
 
     /// Gauge: the worker generation new connections go to.
     GENERATION_ACTIVE = "ringmux_worker_generation_active";
