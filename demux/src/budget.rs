@@ -7,7 +7,9 @@
 //! - **serve**: messages acted on (a `STATS` report stored, a session PUT or TAKE answered);
 //! - **drop**: messages read beyond that and dropped, each counted by the caller.
 //!
-//! When both are spent the caller reads nothing from that worker until [`Budget::read_after`]:
+//! When both are spent the caller reads nothing from that worker until [`Budget::read_after`]
+//! (at least [`Limits::pause`] later, so that a flood wakes the caller at most once a pause
+//! however fine the buckets' intervals):
 //! its messages wait in its socket, whose buffer fills, and the worker's own sends then block or
 //! fail. So one worker's messages cost the demux at most `serve + drop` reads a second however
 //! fast it sends, and a flood is still visible as counted drops. This module never reads a
@@ -30,6 +32,9 @@ pub struct Limits {
     pub serve: Rate,
     /// Messages read past `serve` and dropped.
     pub drop: Rate,
+    /// The least time a spent budget makes the caller wait: tokens gather meanwhile (up to the
+    /// bursts), and are then read in one go.
+    pub pause: Duration,
 }
 
 /// A worker's control messages other than `READY` (`STATS`, and any message the demux does not
@@ -45,6 +50,7 @@ pub const CONTROL: Limits = Limits {
         per_second: 64,
         burst: 64,
     },
+    pause: Duration::from_millis(10),
 };
 
 /// A worker's session-store requests (`ringmux_proto::session`). A full handshake costs the
@@ -60,6 +66,9 @@ pub const SESSIONS: Limits = Limits {
         per_second: 1_000,
         burst: 1_000,
     },
+    // A worker past its rate waits this long for a reply, well within its own timeout
+    // (`worker/src/sessions.rs`, 50 ms).
+    pause: Duration::from_millis(5),
 };
 
 /// Which of a worker's messages was dropped: the `kind` label of
@@ -101,6 +110,9 @@ pub enum Verdict {
 pub struct Budget {
     serve: Bucket,
     drop: Bucket,
+    pause: Duration,
+    /// Set when the budget was found spent: nothing is read before it.
+    resume: Option<Instant>,
 }
 
 impl Budget {
@@ -109,16 +121,30 @@ impl Budget {
         Budget {
             serve: Bucket::new(limits.serve, now),
             drop: Bucket::new(limits.drop, now),
+            pause: limits.pause,
+            resume: None,
         }
     }
 
-    /// `None` if a message may be read at `now`; else the moment from which one may.
-    pub fn read_after(&self, now: Instant) -> Option<Instant> {
+    /// `None` if a message may be read at `now`; else the moment from which one may: when a
+    /// bucket has a token again, and no sooner than [`Limits::pause`] after the budget was
+    /// found spent.
+    pub fn read_after(&mut self, now: Instant) -> Option<Instant> {
+        if let Some(resume) = self.resume {
+            if now < resume {
+                return Some(resume);
+            }
+            self.resume = None;
+        }
         match (
             self.serve.conforms_after(now),
             self.drop.conforms_after(now),
         ) {
-            (Some(s), Some(d)) => Some(s.min(d)),
+            (Some(s), Some(d)) => {
+                let resume = s.min(d).max(now + self.pause);
+                self.resume = Some(resume);
+                Some(resume)
+            }
             _ => None,
         }
     }
@@ -131,6 +157,8 @@ impl Budget {
             Verdict::Serve
         } else {
             self.drop.charge(now);
+            // A read past a pause starts the next one from here.
+            self.resume = None;
             Verdict::Drop
         }
     }
@@ -190,6 +218,7 @@ mod tests {
             per_second: 10,
             burst: 2,
         },
+        pause: Duration::ZERO,
     };
 
     /// Spends on every message the budget lets be read at `now`: the verdicts.
@@ -247,6 +276,23 @@ mod tests {
             assert_eq!(b.read_after(now), None, "message {k}");
             assert_eq!(b.spend(now), Verdict::Serve, "message {k}");
         }
+    }
+
+    #[test]
+    fn a_spent_budget_waits_at_least_its_pause_then_reads_what_gathered() {
+        let t0 = Instant::now();
+        let pause = Duration::from_millis(350);
+        let mut b = Budget::new(Limits { pause, ..LIMITS }, t0);
+        read_all(&mut b, t0);
+        assert_eq!(b.read_after(t0), Some(t0 + pause));
+        // Asked again meanwhile, the same moment: the pause does not move on with the clock.
+        let meanwhile = t0 + Duration::from_millis(200);
+        assert_eq!(b.read_after(meanwhile), Some(t0 + pause));
+        // By then one serve token (250 ms) and three drop intervals (100 ms) have come round;
+        // the drop bucket's burst of 2 caps what gathered.
+        let verdicts = read_all(&mut b, t0 + pause);
+        use Verdict::{Drop, Serve};
+        assert_eq!(verdicts, [Serve, Drop, Drop]);
     }
 
     #[test]

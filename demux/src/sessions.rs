@@ -430,9 +430,9 @@ impl SessionCache {
         let mut buf = vec![0u8; MAX_REQUEST_LEN + 1];
         let mut budget = limits.map(|l| Budget::new(l, Instant::now()));
         loop {
-            if let Some(at) = budget.as_ref().and_then(|b| b.read_after(Instant::now())) {
-                // At most one interval of the budget's faster bucket (a millisecond with
-                // `SESSIONS`): a shutdown of the socket meanwhile is seen right after.
+            if let Some(at) = budget.as_mut().and_then(|b| b.read_after(Instant::now())) {
+                // A pause of the budget (5 ms with `SESSIONS`): a shutdown of the socket
+                // meanwhile is seen right after.
                 std::thread::sleep(at.saturating_duration_since(Instant::now()));
                 continue;
             }

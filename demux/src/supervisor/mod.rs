@@ -538,7 +538,7 @@ impl Supervisor {
         let mut fds = vec![sys::signal_fd(&self.signals)];
         let now = Instant::now();
         let mut timeout = timeout;
-        for w in &self.workers {
+        for w in &mut self.workers {
             fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
             // A worker that spent its budget is not listened to until it may be read again:
             // its flood waits in its own socket instead of waking this loop (its death still
