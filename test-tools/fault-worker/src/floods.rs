@@ -40,7 +40,7 @@ pub fn stats(control: &OwnedFd, marker: &str) -> Vec<(&'static str, String)> {
     let mut sent = 0u64;
     while Instant::now() < end {
         // The file is looked at every thousand messages: the flood is the point.
-        if sent % 1000 == 0 && Path::new(&done).exists() {
+        if sent.is_multiple_of(1000) && Path::new(&done).exists() {
             break;
         }
         if nix::sys::socket::send(control.as_raw_fd(), &forged, MsgFlags::MSG_NOSIGNAL).is_err() {
