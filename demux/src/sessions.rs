@@ -463,23 +463,25 @@ impl SessionCache {
             let over = budget
                 .as_mut()
                 .is_some_and(|b| b.spend(Instant::now()) == Verdict::Drop);
-            let reply = match gate.refuses(request) {
-                _ if over => {
-                    self.store().stats.over_budget += 1;
-                    gate.dropped();
-                    match Request::parse(request) {
-                        Some(req) => encode_reply(req.req_id, None),
-                        None => continue,
-                    }
+            let reply = if over {
+                // Unserved: neither the ticket bindings nor the cache's entries are touched.
+                self.store().stats.over_budget += 1;
+                gate.dropped();
+                match Request::parse(request) {
+                    Some(req) => encode_reply(req.req_id, None),
+                    None => continue,
                 }
-                Some(refusal) => refusal,
-                None => {
-                    let Some(reply) = self.handle_as(gate.instance(), request, Instant::now())
-                    else {
-                        continue;
-                    };
-                    gate.answered(request, &reply);
-                    reply
+            } else {
+                match gate.refuses(request) {
+                    Some(refusal) => refusal,
+                    None => {
+                        let Some(reply) = self.handle_as(gate.instance(), request, Instant::now())
+                        else {
+                            continue;
+                        };
+                        gate.answered(request, &reply);
+                        reply
+                    }
                 }
             };
             match sys::send_packet(fd, &reply) {
