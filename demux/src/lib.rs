@@ -7,6 +7,7 @@
 //!   per-source-prefix budget.
 //! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`), one file each behind one trait.
 //! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
+//! * [`budget`]: how much of the demux's time each worker's messages may take.
 //! * [`sessions`]: the TLS session cache all workers share.
 //! * [`tickets`]: which instance may take which session: the ClientHellos' ticket IDs, read
 //!   from the Initials the demux forwards.
@@ -25,6 +26,7 @@
 
 pub mod admission;
 pub mod alloc;
+pub mod budget;
 pub mod certs;
 pub mod config;
 pub mod dataplane;

@@ -338,11 +338,14 @@ fn resume(
         .sessions
         .into_iter()
         .filter_map(|e| {
-            Some((
-                hex::decode(e.key).ok()?,
-                hex::decode(e.value).ok()?,
-                Duration::from_millis(e.age_ms),
-            ))
+            Some(ringmux_demux::sessions::Frozen {
+                key: hex::decode(e.key).ok()?,
+                value: hex::decode(e.value).ok()?,
+                age: Duration::from_millis(e.age_ms),
+                // An instance this image does not have (the count is the same across an
+                // upgrade, so only a forged state) is held to the global limits alone.
+                instance: e.instance.filter(|i| *i < demux.cfg.instances),
+            })
         })
         .collect();
     let control = taken.control.map(|l| {

@@ -277,6 +277,11 @@ pub struct SessionEntry {
     pub value: String,
     /// How old it was when handed over.
     pub age_ms: u64,
+    /// The instance that stored it, charged to its quota of the cache; absent from an image
+    /// from before quotas (such an entry is held to the global limits alone), and an image from
+    /// before quotas ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u8>,
 }
 
 /// One lane: its worker and its ingress.

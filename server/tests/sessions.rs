@@ -225,6 +225,7 @@ fn random_requests_never_panic_or_exceed_limits() {
         max_entries: 64,
         max_bytes: 256 * 1024,
         ttl: Duration::from_secs(3600),
+        ..CacheLimits::default()
     };
     let cache = SessionCache::with_limits(limits);
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);

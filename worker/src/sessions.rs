@@ -52,9 +52,11 @@
 //!   that could observe ClientHellos routed to *other* workers (which the demux never gives
 //!   it) could read those sessions and decrypt their 0-RTT data; the ClientHellos routed to it,
 //!   it takes itself. Inserting forged sessions gives it nothing: it holds the certificate's
-//!   private key anyway. What it *can* do is deny service: flooding PUTs evicts other
-//!   workers' sessions (those clients then do full handshakes), taking a key it knows costs
-//!   that client its 0-RTT, and spamming requests costs the CPU of its own serving thread.
+//!   private key anyway. What it *can* do is deny service to its own clients: flooding PUTs
+//!   evicts only its own instance's sessions (each instance has a quota of the cache), taking
+//!   a key it knows costs that client its 0-RTT, and spamming requests costs at most its own
+//!   serving thread's budget (the demux serves a worker's requests up to a rate, then drops
+//!   and counts them; `demux/src/budget.rs`).
 //!   Memory stays bounded (the cache's limits), keys are hashed with SipHash under a random key
 //!   (no hash flooding), and malformed or oversized requests are dropped and counted, never a
 //!   panic.

@@ -146,7 +146,8 @@ pub struct Declared<T: 'static> {
     /// The metric ([`super::names`]).
     pub metric: &'static str,
     pub kind: Kind,
-    /// The value of the metric's `result` label, where several fields make one metric.
+    /// The value of the metric's label where several fields make one metric: `result` in
+    /// [`Counters::TABLE`], `kind` in [`InstanceCounters::TABLE`] (beside `instance`).
     pub result: Option<&'static str>,
     /// The metric's help: on the first line of a metric, empty on the others.
     pub help: &'static str,
@@ -261,6 +262,12 @@ counter_table! {
             help "Lines of a worker's standard output and error dropped: past the worker's rate";
         /// The lane's worker process (0: none).
         worker_pid: Newest(WORKER_PID), help "Process id of the newest generation's worker";
+        /// Messages of the lane's worker read past its budget (`budget.rs`) and dropped:
+        /// `STATS` reports, other control messages, session-store requests.
+        stats_dropped: Counter(WORKER_MESSAGES_DROPPED, "stats"),
+            help "A worker's messages read past its rate limit and dropped, by kind: stats (STATS reports), control (other control messages), session (session-store requests)";
+        control_dropped: Counter(WORKER_MESSAGES_DROPPED, "control");
+        session_dropped: Counter(WORKER_MESSAGES_DROPPED, "session");
     }
 }
 
@@ -386,6 +393,17 @@ impl InstanceCounters {
     /// The lane's [`LaneState`].
     pub fn lane_state(&self) -> LaneState {
         LaneState::from_code(self.state.load(Ordering::Relaxed))
+    }
+
+    /// Counts a message of the lane's worker dropped past its budget (`budget.rs`).
+    pub fn count_dropped(&self, kind: crate::budget::MessageKind) {
+        use crate::budget::MessageKind;
+        let counter = match kind {
+            MessageKind::Stats => &self.stats_dropped,
+            MessageKind::Control => &self.control_dropped,
+            MessageKind::Session => &self.session_dropped,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stores what a worker's `STATS` message says.
@@ -640,8 +658,17 @@ mod tests {
         check(Counters::TABLE, DERIVED.len(), &mut keys);
         let mut lane_keys = Vec::new();
         check(InstanceCounters::TABLE, 0, &mut lane_keys);
-        for d in InstanceCounters::TABLE {
-            assert_eq!(d.result, None, "{}: one metric per lane counter", d.key);
+        for d in InstanceCounters::TABLE
+            .iter()
+            .filter(|d| d.result.is_some())
+        {
+            assert_eq!(
+                d.kind,
+                Kind::Counter,
+                "{}: a `kind` label on counters",
+                d.key
+            );
+            assert!(d.column.is_none(), "{}: no column of one kind", d.key);
         }
         for d in Counters::TABLE {
             assert!(d.column.is_none() && d.kind != Kind::Newest, "{}", d.key);

@@ -105,6 +105,10 @@ enum Over {
 /// The metrics made of what workers report (`STATS`, `ringmux_proto::WorkerReport`): the
 /// report key, or a key prefix whose remainders are the values of one label, with the metric's
 /// name, help and sum. A new worker counter is one line here beside its line in the report.
+///
+/// Each value is the worker's word, exposed as given: a worker may report anything, up to
+/// 2^64 − 1. Sums over lanes and protocols saturate, so no report can overflow them (a panic
+/// in a debug build), and a gauge above `i64::MAX` shows as `i64::MAX`.
 const REPORTED: &[(&str, Option<&str>, &str, Over, &str)] = &[
     (
         "connections_total",
@@ -220,13 +224,16 @@ fn reported(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usi
                 Over::Lanes | Over::LanesNow => c.lanes_of(i).map(|(_, l)| l).collect(),
             };
             if label.is_none() {
-                return vec![(None, lanes.iter().map(|l| l.reported.get(key)).sum())];
+                let sum = lanes
+                    .iter()
+                    .fold(0u64, |sum, l| sum.saturating_add(l.reported.get(key)));
+                return vec![(None, sum)];
             }
             let mut out: Vec<(Option<String>, u64)> = Vec::new();
             for l in &lanes {
                 for (k, (suffix, v)) in l.reported.with_prefix(key).enumerate() {
                     match out.get_mut(k) {
-                        Some((_, sum)) => *sum += v,
+                        Some((_, sum)) => *sum = sum.saturating_add(v),
                         None => out.push((Some(suffix.to_owned()), v)),
                     }
                 }
@@ -265,7 +272,9 @@ fn reported(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usi
     for i in 0..n {
         let total: u64 = values(i, "requests_total", None, Over::Lanes)[0].1;
         let by_protocol = values(i, "requests_h", Some("protocol"), Over::Lanes);
-        let known: u64 = by_protocol.iter().map(|(_, v)| v).sum();
+        let known = by_protocol
+            .iter()
+            .fold(0u64, |sum, (_, v)| sum.saturating_add(*v));
         let unknown = (Some("unknown".to_owned()), total.saturating_sub(known));
         for (suffix, v) in by_protocol.into_iter().chain(std::iter::once(unknown)) {
             let protocol = match suffix.as_deref() {
@@ -409,32 +418,49 @@ fn own(reg: &mut Registry, c: &Counters) {
 
 /// Each lane's counters and gauges, from their table ([`InstanceCounters::TABLE`]), by
 /// instance: summed over its lanes (every generation of its workers), or of `active_lane(i)`,
-/// its lane in the newest generation.
+/// its lane in the newest generation. Where several fields make one metric, each is the value
+/// of its `kind` label.
 fn lanes(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize) {
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    for d in InstanceCounters::TABLE {
-        let value = |i: usize| -> u64 {
+    for first in Declared::metrics(InstanceCounters::TABLE) {
+        let value = |d: &Declared<InstanceCounters>, i: usize| -> u64 {
             match d.kind {
                 Kind::Newest => c
                     .instances
                     .get(active_lane(i))
                     .map_or(0, |l| ld((d.get)(l))),
-                _ => c.lanes_of(i).map(|(_, l)| ld((d.get)(l))).sum(),
+                _ => c
+                    .lanes_of(i)
+                    .fold(0u64, |sum, (_, l)| sum.saturating_add(ld((d.get)(l)))),
             }
         };
-        if d.kind == Kind::Counter {
-            let fam = Family::<Labels, Counter<u64>>::default();
-            for i in 0..c.instance_count {
-                fam.get_or_create(&instance(i)).inc_by(value(i));
+        let fields = InstanceCounters::TABLE
+            .iter()
+            .filter(|d| d.metric == first.metric);
+        let labels = |d: &Declared<InstanceCounters>, i: usize| {
+            let mut labels = instance(i);
+            if let Some(kind) = d.result {
+                labels.push(("kind".into(), kind.into()));
             }
-            reg.register(base(d.metric), d.help, fam);
+            labels
+        };
+        if first.kind == Kind::Counter {
+            let fam = Family::<Labels, Counter<u64>>::default();
+            for d in fields {
+                for i in 0..c.instance_count {
+                    fam.get_or_create(&labels(d, i)).inc_by(value(d, i));
+                }
+            }
+            reg.register(base(first.metric), first.help, fam);
         } else {
             let fam = Family::<Labels, Gauge<i64>>::default();
-            for i in 0..c.instance_count {
-                fam.get_or_create(&instance(i))
-                    .set(i64::try_from(value(i)).unwrap_or(i64::MAX));
+            for d in fields {
+                for i in 0..c.instance_count {
+                    fam.get_or_create(&labels(d, i))
+                        .set(i64::try_from(value(d, i)).unwrap_or(i64::MAX));
+                }
             }
-            reg.register(d.metric, d.help, fam);
+            reg.register(first.metric, first.help, fam);
         }
     }
 }
@@ -679,6 +705,44 @@ mod tests {
             scrape = crate::metrics::fetch(addr);
         }
         assert!(scrape.is_ok(), "places are given back: {scrape:?}");
+    }
+
+    /// Forged reports (every counter at 2^64 − 1, in two generations of one instance) are
+    /// exposed saturated, not summed past `u64::MAX` (which panics in a debug build).
+    #[test]
+    fn forged_reports_saturate_their_sums() {
+        let c = Counters::new(2, 8);
+        let forged = ringmux_proto::WorkerReport {
+            connections_active: u64::MAX,
+            requests_total: u64::MAX,
+            requests_h1: u64::MAX,
+            requests_h2: u64::MAX,
+            tcp_errors_over_cap: u64::MAX,
+            tcp_errors_tls_failed: u64::MAX,
+            ..Default::default()
+        };
+        // Lanes 1 and 3: instance 1 in generation slots 0 and 1.
+        for lane in [1, 3] {
+            c.instances[lane].set_lane(1, LaneState::Serving);
+            c.instances[lane].record_report(&forged);
+            c.instances[lane]
+                .stats_dropped
+                .store(u64::MAX, Ordering::Relaxed);
+        }
+        let m = Scrape::parse(&encode(&c, &Liveness::new(8)));
+        let max = u64::MAX as f64;
+        assert_eq!(m.instance(names::WORKER_CONNECTIONS, 1), i64::MAX as f64);
+        assert_eq!(
+            m.sum_where(names::WORKER_TCP_ERRORS, "instance", "1"),
+            2.0 * max,
+            "two kinds, each saturated"
+        );
+        let requests = |p: &str| m.sum_where(names::WORKER_REQUESTS, "protocol", p);
+        assert_eq!((requests("h1"), requests("unknown")), (max, 0.0));
+        assert_eq!(
+            m.sum_where(names::WORKER_MESSAGES_DROPPED, "kind", "stats"),
+            max
+        );
     }
 
     #[test]

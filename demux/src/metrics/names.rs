@@ -71,6 +71,10 @@ metric_names! {
     LOG_LINES_DROPPED = "ringmux_log_lines_dropped_total";
     /// Access-log lines the demux could not write (a full disk, a failed write).
     ACCESS_LOG_LINES_DROPPED = "ringmux_access_log_lines_dropped_total";
+    /// Counter: a worker's messages the demux read and dropped past its budget (`budget.rs`),
+    /// labels `instance` and `kind` (`stats`, `control`: other control messages; `session`:
+    /// session-store requests).
+    WORKER_MESSAGES_DROPPED = "ringmux_worker_messages_dropped_total";
 
     /// Gauge: the worker generation new connections go to.
     GENERATION_ACTIVE = "ringmux_worker_generation_active";

@@ -104,6 +104,14 @@ pub fn table(m: &Scrape) -> String {
         hello("unparsed"),
         hello("abandoned"),
     );
+    let worker_drops = |k: &str| m.sum_where(names::WORKER_MESSAGES_DROPPED, "kind", k);
+    let _ = writeln!(
+        out,
+        "worker messages dropped past their rate: {:.0} stats, {:.0} control, {:.0} session",
+        worker_drops("stats"),
+        worker_drops("control"),
+        worker_drops("session"),
+    );
     let _ = writeln!(out);
     let _ = writeln!(out, "{:>16} {:>14}", "drop reason", "datagrams");
     for r in DropReason::ALL {
@@ -194,6 +202,10 @@ mod tests {
         c.count_take(crate::sessions::TakeResult::Hit);
         c.count_take(crate::sessions::TakeResult::Foreign);
         c.client_hellos[0].store(9, Ordering::Relaxed);
+        // Instance 1's session requests past their rate, in two of its lanes.
+        c.instances[1].session_dropped.store(2, Ordering::Relaxed);
+        c.instances[3].session_dropped.store(5, Ordering::Relaxed);
+        c.instances[0].stats_dropped.store(1, Ordering::Relaxed);
         *c.program.write().unwrap() = "/opt/app/bin/server".into();
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         assert!(t.contains("received 10   forwarded 11   dropped 4"), "{t}");
@@ -204,6 +216,10 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("workers run /opt/app/bin/server"), "{t}");
+        assert!(
+            t.contains("worker messages dropped past their rate: 1 stats, 0 control, 7 session"),
+            "{t}"
+        );
         assert!(
             t.contains("sessions: taken 2 hit, 0 miss   refused 1 foreign, 0 unbound   ClientHellos 9 read, 0 unparsed, 0 abandoned"),
             "{t}"

@@ -22,6 +22,7 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
 use ringmux_proto::{Handoff, Message};
 
+use crate::budget::{self, Budget, MessageKind, Verdict};
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
 use crate::forward::{IngressHandles, Lanes};
@@ -41,11 +42,10 @@ use sandbox::WorkerFilter;
 const ORPHAN_SWEEP: Duration = Duration::from_secs(1);
 
 /// Most control messages read from one worker per supervision round (a worker sends one STATS a
-/// second; more is a flood).
+/// second; more is a flood). Over time its [`Budget`] ([`budget::CONTROL`]) bounds them.
 const CONTROL_READS_PER_ROUND: usize = 16;
 
 /// The processes and descriptors of one instance; what to do with them is [`Policy`]'s.
-#[derive(Default)]
 struct Worker {
     child: Option<ChildProcess>,
     pidfd: Option<OwnedFd>,
@@ -60,6 +60,24 @@ struct Worker {
     /// Copies of the read ends of its output and access-log pipes (the log thread reads its
     /// own), for a new process image to read on after `ringmux upgrade`.
     pipes: Option<crate::logs::WorkerPipes>,
+    /// How many of its control messages the supervisor reads and acts on; full again for each
+    /// new worker of the lane.
+    budget: Budget,
+}
+
+impl Default for Worker {
+    fn default() -> Self {
+        Worker {
+            child: None,
+            pidfd: None,
+            control: None,
+            sessions: None,
+            reset_reply: None,
+            handles: None,
+            pipes: None,
+            budget: Budget::new(budget::CONTROL, Instant::now()),
+        }
+    }
 }
 
 /// The listening TCP sockets the demux makes once and every worker accepts from.
@@ -124,7 +142,7 @@ pub struct Supervisor {
 /// What a new process image takes over for the supervisor ([`Supervisor::adopt`]).
 pub struct Adopted {
     pub active_generation: u64,
-    pub sessions: Vec<(Vec<u8>, Vec<u8>, Duration)>,
+    pub sessions: Vec<crate::sessions::Frozen>,
     /// Per lane: generation, phase, worker.
     pub lanes: Vec<(
         u64,
@@ -399,9 +417,8 @@ impl Supervisor {
                 pidfd,
                 control: Some(w.control),
                 sessions: Some(sessions),
-                reset_reply: None,
-                handles: None,
                 pipes,
+                ..Worker::default()
             };
         }
         if let Some((listener, path, waiting)) = taken.control {
@@ -513,10 +530,11 @@ impl Supervisor {
             .cache()
             .freeze(now)
             .into_iter()
-            .map(|(k, v, age)| crate::upgrade::SessionEntry {
-                key: hex::encode(k),
-                value: hex::encode(v),
-                age_ms: age.as_millis() as u64,
+            .map(|e| crate::upgrade::SessionEntry {
+                key: hex::encode(e.key),
+                value: hex::encode(e.value),
+                age_ms: e.age.as_millis() as u64,
+                instance: e.instance,
             })
             .collect();
         Ok(Exported {
@@ -548,9 +566,20 @@ impl Supervisor {
     /// policy, carry out its actions. `Ok(true)` once the shutdown is complete.
     fn step(&mut self, timeout: Duration) -> Result<bool> {
         let mut fds = vec![sys::signal_fd(&self.signals)];
-        for w in &self.workers {
+        let now = Instant::now();
+        let mut timeout = timeout;
+        for w in &mut self.workers {
             fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
-            fds.extend(w.control.as_ref().map(|c| c.as_fd()));
+            // A worker that spent its budget is not listened to until it may be read again:
+            // its flood waits in its own socket instead of waking this loop (its death still
+            // shows on its pidfd).
+            match w.budget.read_after(now) {
+                None => fds.extend(w.control.as_ref().map(|c| c.as_fd())),
+                Some(at) if w.control.is_some() => {
+                    timeout = timeout.min(at.saturating_duration_since(now));
+                }
+                Some(_) => {}
+            }
         }
         if let Some(c) = &self.control {
             fds.extend(c.fds());
@@ -1064,14 +1093,21 @@ impl Supervisor {
 
     /// Reads pending control messages of worker `i`.
     ///
-    /// At most [`CONTROL_READS_PER_ROUND`] messages: a worker that floods its socket gets no more
-    /// of the supervisor's time than that, and every other duty still comes round.
+    /// At most [`CONTROL_READS_PER_ROUND`] messages, and no more than its [`Budget`] allows: a
+    /// worker that floods its socket gets no more of the supervisor's time than that, and every
+    /// other duty still comes round. Messages past the budget's serve rate are dropped unparsed
+    /// and counted; `READY` is acted on all the same (it spends, so a flood of it is bounded
+    /// too).
     fn read_control(&mut self, i: usize) -> Liveness {
         let mut buf = [0u8; 1024];
         for _ in 0..CONTROL_READS_PER_ROUND {
-            let Some(control) = self.workers[i].control.as_ref() else {
+            let w = &mut self.workers[i];
+            let Some(control) = w.control.as_ref() else {
                 return Liveness::Alive;
             };
+            if w.budget.read_after(Instant::now()).is_some() {
+                return Liveness::Alive;
+            }
             let n = match sys::recv_packet(control.as_fd(), &mut buf) {
                 Ok(0) => return Liveness::Gone,
                 Ok(n) => n,
@@ -1079,6 +1115,12 @@ impl Supervisor {
                 Err(_) => return Liveness::Gone,
             };
             let ic = &self.counters.instances[i];
+            let packet = &buf[..n.min(buf.len())];
+            let ready = packet == ringmux_proto::message::WORDS[0].as_bytes();
+            if w.budget.spend(Instant::now()) == Verdict::Drop && !ready {
+                ic.count_dropped(MessageKind::of_control(packet));
+                continue;
+            }
             match buf.get(..n).map(Message::decode) {
                 Some(Ok(Message::Ready)) => {
                     if !self.policy.is_ready(i) {
@@ -1133,6 +1175,8 @@ impl Supervisor {
         }
         let w = &mut self.workers[i];
         w.pidfd = None;
+        // The next worker of the lane starts with a full budget.
+        w.budget = Budget::new(budget::CONTROL, Instant::now());
         // Whatever the worker left behind (a forked child, say) may hold the other ends: close
         // ours, so its control messages go nowhere, and shut the session socket down, so its
         // session thread ends and it can no longer reach the session cache.

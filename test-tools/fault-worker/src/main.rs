@@ -23,7 +23,8 @@
 //!   `steal-steering` (under `--forward reuseport`: change the kernel's steering, join the
 //!   group, connect or swap its own socket) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
 //!   reached it, tries to take a session whose ClientHello went to another instance and one
-//!   whose ClientHello came to it, and records both answers);
+//!   whose ClientHello came to it, and records both answers); `stats-flood` and
+//!   `session-flood`, floods of well-formed reports and session-store PUTs (`floods.rs`);
 //! - `RINGMUX_FAULT_INSTANCE`: the instance to break (default 1);
 //! - `RINGMUX_FAULT_MARKER`: a file created when the fault is played; if it exists, behave.
 
@@ -39,6 +40,7 @@ use ringmux_ring::Consumer;
 use ringmux_worker::control;
 
 mod attacks;
+mod floods;
 
 fn main() {
     let marker =
@@ -253,6 +255,17 @@ fn main() {
                     ("take-own", outcome(own)),
                 ],
             );
+        }
+        "stats-flood" => {
+            let outcomes = floods::stats(&control, &marker);
+            write_report(&marker, &outcomes);
+        }
+        "session-flood" => {
+            let sessions = fds.next().expect("session socket");
+            let outcomes = floods::sessions(&sessions, &marker);
+            write_report(&marker, &outcomes);
+            // Kept open: closing it would end the demux's session thread for this worker.
+            std::mem::forget(sessions);
         }
         "linger" => {
             let mut buf = [0u8; 64];
