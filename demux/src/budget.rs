@@ -166,16 +166,18 @@ impl Budget {
 
 /// One token bucket as GCRA: `tat` is the theoretical arrival time of the next message; a
 /// message at `t` conforms if `tat <= t + tolerance`, and moves `tat` one interval on from
-/// `max(tat, t)`. `tolerance = (burst - 1) * interval` lets `burst` through at once.
+/// `max(tat, t)`. `tolerance = (burst - 1) * interval` lets `burst` through at once. The log
+/// thread meters bytes with one too (`logs.rs`), charging several tokens at a time.
 #[derive(Clone, Debug)]
-struct Bucket {
+pub struct Bucket {
     interval: Duration,
     tolerance: Duration,
     tat: Instant,
 }
 
 impl Bucket {
-    fn new(rate: Rate, now: Instant) -> Self {
+    /// A full bucket at `now`.
+    pub fn new(rate: Rate, now: Instant) -> Self {
         let interval = Duration::from_secs(1) / rate.per_second.max(1);
         Bucket {
             interval,
@@ -185,7 +187,7 @@ impl Bucket {
     }
 
     /// `None` if a message conforms at `now`; else when the next one will.
-    fn conforms_after(&self, now: Instant) -> Option<Instant> {
+    pub fn conforms_after(&self, now: Instant) -> Option<Instant> {
         let limit = now + self.tolerance;
         (self.tat > limit).then(|| now + (self.tat - limit))
     }
@@ -201,7 +203,13 @@ impl Bucket {
 
     /// Moves the theoretical arrival time on by one interval, conforming or not.
     fn charge(&mut self, now: Instant) {
-        self.tat = self.tat.max(now) + self.interval;
+        self.charge_n(now, 1);
+    }
+
+    /// Moves the theoretical arrival time on by `n` intervals, conforming or not: `n` tokens
+    /// taken at once, into debt if need be.
+    pub fn charge_n(&mut self, now: Instant, n: u32) {
+        self.tat = self.tat.max(now) + self.interval * n;
     }
 }
 

@@ -10,14 +10,14 @@
 //!   standard error: the worker can do what it likes to its end (`O_NONBLOCK`, a flood, closing
 //!   it) and reaches nothing of the demux's or a sibling's. The thread reads each pipe, cuts
 //!   lines at [`MAX_LINE`] bytes, replaces control characters, prefixes `[instance N] ` and
-//!   writes them to ringmux's standard error, at most [`LINES_PER_SECOND`] a second per worker
-//!   after a burst of [`LINE_BURST`]; the excess is read and dropped, counted per instance
-//!   (`ringmux_worker_log_lines_total{result="dropped"}`). A worker past its rate is read at
-//!   most every [`DRAIN_PERIOD`], so a flood costs the demux a bounded share of a core.
+//!   writes them to ringmux's standard error within each worker's budget ([`OUTPUT`]); the
+//!   excess is read and dropped, counted per instance
+//!   (`ringmux_worker_log_lines_dropped_total`). A worker past its budget is read at most every
+//!   20 ms, so a flood costs the demux a bounded share of a core.
 //! * **Each worker's access log** (`--access-log`, its descriptor 7) is a pipe of its own too:
 //!   the thread appends its lines to the file (opened by the demux, appending) or to standard
 //!   error. No worker holds the file, so none can rewrite it, whatever it calls; a worker past
-//!   [`ACCESS_BYTES_PER_SECOND`] is not read until its budget refills, and its own bounded queue
+//!   its budget ([`ACCESS`]) is not read until the budget refills, and its own bounded queue
 //!   then drops and counts its lines (`ringmux_worker_access_log_dropped_total`). A line the
 //!   demux could not write (a full disk) is counted in `ringmux_access_log_lines_dropped_total`.
 //!
@@ -32,6 +32,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use crate::budget::{Bucket, Budget, Limits, Rate, Verdict};
 use crate::metrics::Counters;
 use crate::sys;
 
@@ -42,18 +43,28 @@ pub const MAX_LINE: usize = 8 * 1024;
 pub const MAX_ACCESS_LINE: usize = 256 * 1024;
 /// Ends a line that was cut at its maximum length.
 pub const CUT_MARK: &[u8] = b" [cut]";
-/// Lines a second each worker's output may write to ringmux's standard error, after a burst
-/// of [`LINE_BURST`].
-pub const LINES_PER_SECOND: f64 = 200.0;
-/// Lines a worker may write at once before [`LINES_PER_SECOND`] applies.
-pub const LINE_BURST: f64 = 2000.0;
-/// How often a worker's output is read while the worker is past its rate.
-pub const DRAIN_PERIOD: Duration = Duration::from_millis(20);
-/// Bytes a second each worker's access log may bring (far past what a worker can serve: a
-/// line is about 100 bytes), after a burst of [`ACCESS_BURST`].
-pub const ACCESS_BYTES_PER_SECOND: f64 = 64.0 * 1024.0 * 1024.0;
-/// Bytes of access log a worker may bring at once before [`ACCESS_BYTES_PER_SECOND`] applies.
-pub const ACCESS_BURST: f64 = 8.0 * 1024.0 * 1024.0;
+/// How many lines of each worker's output pass to ringmux's standard error (`serve`: 200 a
+/// second after a burst of 2 000), how many more are read and dropped (`drop`), and how long a
+/// worker past both waits before its pipe is read again (`pause`): so a flood costs the
+/// demux at most a read of [`READ_SIZE`] bytes every 20 ms.
+pub const OUTPUT: Limits = Limits {
+    serve: Rate {
+        per_second: 200,
+        burst: 2000,
+    },
+    drop: Rate {
+        per_second: 10_000,
+        burst: 10_000,
+    },
+    pause: Duration::from_millis(20),
+};
+/// KiB a second of each worker's access log (far past what a worker can serve: a line is
+/// about 100 bytes), after a burst of 8 MiB. A worker past it is not read until its budget
+/// refills.
+pub const ACCESS: Rate = Rate {
+    per_second: 64 * 1024,
+    burst: 8 * 1024,
+};
 /// Most lines of the demux's own waiting to be written; past it a line is dropped.
 const QUEUE_LINES: usize = 4096;
 /// Most bytes read from one pipe at a time.
@@ -259,65 +270,6 @@ impl Shared {
     }
 }
 
-/// A token bucket: `rate` tokens a second up to `burst`; a charge may leave it in debt.
-#[derive(Clone, Copy, Debug)]
-pub struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    /// A full bucket.
-    pub fn new(rate: f64, burst: f64, now: Instant) -> Self {
-        Bucket {
-            rate,
-            burst,
-            tokens: burst,
-            at: now,
-        }
-    }
-
-    fn refill(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.at = now;
-    }
-
-    /// Takes one token if there is one.
-    pub fn take(&mut self, now: Instant) -> bool {
-        self.refill(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Takes `n` tokens, into debt if need be.
-    pub fn charge(&mut self, now: Instant, n: f64) {
-        self.refill(now);
-        self.tokens -= n;
-    }
-
-    /// When the bucket holds at least `tokens` again (`now` if it does).
-    pub fn when(&self, now: Instant, tokens: f64) -> Instant {
-        let missing = tokens - self.tokens;
-        if missing <= 0.0 {
-            return now;
-        }
-        now + Duration::from_secs_f64(missing / self.rate)
-    }
-
-    /// Whether at least `tokens` are there.
-    pub fn holds(&mut self, now: Instant, tokens: f64) -> bool {
-        self.refill(now);
-        self.tokens >= tokens
-    }
-}
-
 /// Which pipe of a worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stream {
@@ -336,9 +288,15 @@ struct Source {
     line: Vec<u8>,
     /// The line being read was cut: what is left of it up to its newline is skipped.
     skipping: bool,
-    budget: Bucket,
-    /// Not read before then (past its rate).
+    pace: Pace,
+    /// Not read before then (past its budget).
     resume: Option<Instant>,
+}
+
+/// How much of a pipe the thread reads: lines of output, KiB of access log.
+enum Pace {
+    Output(Budget),
+    Access(Bucket),
 }
 
 /// What one round counted, per lane.
@@ -350,9 +308,9 @@ struct Tally {
 
 impl Source {
     fn new(lane: usize, instance: u8, stream: Stream, fd: OwnedFd, now: Instant) -> Self {
-        let budget = match stream {
-            Stream::Output => Bucket::new(LINES_PER_SECOND, LINE_BURST, now),
-            Stream::Access => Bucket::new(ACCESS_BYTES_PER_SECOND, ACCESS_BURST, now),
+        let pace = match stream {
+            Stream::Output => Pace::Output(Budget::new(OUTPUT, now)),
+            Stream::Access => Pace::Access(Bucket::new(ACCESS, now)),
         };
         Source {
             lane,
@@ -361,7 +319,7 @@ impl Source {
             prefix: format!("[instance {instance}] ").into_bytes(),
             line: Vec::new(),
             skipping: false,
-            budget,
+            pace,
             resume: None,
         }
     }
@@ -404,10 +362,12 @@ impl Source {
 
     /// Passes the line read so far to `out`, or drops it (over the budget).
     fn end_line(&mut self, cut: bool, now: Instant, out: &mut Vec<u8>, tally: &mut Tally) {
-        if self.stream == Stream::Output && !self.budget.take(now) {
-            tally.dropped += 1;
-            self.line.clear();
-            return;
+        if let Pace::Output(budget) = &mut self.pace {
+            if budget.spend(now) == Verdict::Drop {
+                tally.dropped += 1;
+                self.line.clear();
+                return;
+            }
         }
         if self.stream == Stream::Output {
             out.extend_from_slice(&self.prefix);
@@ -423,12 +383,12 @@ impl Source {
 
     /// After a read of `n` bytes: when to read again, if not as soon as there is more.
     fn pace(&mut self, n: usize, now: Instant) {
-        self.resume = match self.stream {
-            Stream::Output if !self.budget.holds(now, 1.0) => Some(now + DRAIN_PERIOD),
-            Stream::Output => None,
-            Stream::Access => {
-                self.budget.charge(now, n as f64);
-                (!self.budget.holds(now, 0.0)).then(|| self.budget.when(now, 0.0))
+        self.resume = match &mut self.pace {
+            Pace::Output(budget) => budget.read_after(now),
+            Pace::Access(bucket) => {
+                let kib = u32::try_from(n.div_ceil(1024)).unwrap_or(u32::MAX);
+                bucket.charge_n(now, kib);
+                bucket.conforms_after(now)
             }
         };
     }
@@ -659,21 +619,36 @@ mod tests {
     }
 
     #[test]
-    fn output_past_the_burst_is_dropped_and_counted_then_paced() {
+    fn output_past_its_budget_is_dropped_and_counted_then_paused() {
         let now = Instant::now();
         let mut s = source(Stream::Output, now);
         let (mut out, mut tally) = (Vec::new(), Tally::default());
-        let burst = LINE_BURST as usize;
+        let burst = OUTPUT.serve.burst as usize;
         let flood = b"line\n".repeat(burst + 50);
         s.take_in(&flood, now, &mut out, &mut tally);
         s.pace(flood.len(), now);
         assert_eq!((tally.written, tally.dropped), (burst as u64, 50));
-        assert_eq!(s.resume, Some(now + DRAIN_PERIOD));
-        // A second later the rate's worth passes again.
-        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            s.resume, None,
+            "read on while dropping is within its budget"
+        );
+        // Far past what it may read and drop: the pipe waits, at least the pause.
+        let flood = b"line\n".repeat(2 * OUTPUT.drop.burst as usize);
         let mut tally = Tally::default();
-        s.take_in(&flood, later, &mut out, &mut tally);
-        assert_eq!(tally.written, LINES_PER_SECOND as u64);
+        s.take_in(&flood, now, &mut out, &mut tally);
+        s.pace(flood.len(), now);
+        assert_eq!(tally.written, 0);
+        let resume = s.resume.expect("paused past its budget");
+        assert!(resume >= now + OUTPUT.pause, "{:?}", resume - now);
+        // Later the rate's worth passes again.
+        let later = resume + Duration::from_secs(1);
+        let mut tally = Tally::default();
+        s.take_in(&b"line\n".repeat(burst), later, &mut out, &mut tally);
+        assert!(
+            tally.written >= u64::from(OUTPUT.serve.per_second),
+            "{}",
+            tally.written
+        );
     }
 
     #[test]
@@ -685,23 +660,12 @@ mod tests {
         s.pace(15, now);
         assert_eq!(out, b"2026 a b\n");
         assert_eq!(s.resume, None);
-        s.pace(ACCESS_BURST as usize + 1024 * 1024, now);
-        let resume = s.resume.expect("paused past its budget");
-        let wait = resume - now;
-        assert!(wait > Duration::from_millis(10) && wait < Duration::from_millis(20));
-    }
-
-    #[test]
-    fn a_bucket_refills_at_its_rate_up_to_its_burst() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(10.0, 2.0, t0);
-        assert!(b.take(t0) && b.take(t0) && !b.take(t0));
-        assert!(b.take(t0 + Duration::from_millis(100)));
-        b.charge(t0 + Duration::from_secs(60), 5.0);
-        assert!(!b.holds(t0 + Duration::from_secs(60), 0.0));
-        assert_eq!(
-            b.when(t0 + Duration::from_secs(60), 0.0),
-            t0 + Duration::from_secs(60) + Duration::from_millis(300)
+        // 1 MiB past the burst, at 64 MiB a second: about 16 ms.
+        s.pace((ACCESS.burst as usize + 1024) * 1024, now);
+        let wait = s.resume.expect("paused past its budget") - now;
+        assert!(
+            wait > Duration::from_millis(15) && wait < Duration::from_millis(17),
+            "{wait:?}"
         );
     }
 }
