@@ -135,6 +135,8 @@ pub struct TcpOptions {
     pub handshake_timeout: Duration,
     /// Longest an HTTP/1.1 request head may take to arrive.
     pub header_timeout: Duration,
+    /// Longest an HTTP/2 connection may stay open with no request in flight.
+    pub idle_timeout: Duration,
     /// HTTP/2 streams a client may have open at once on one connection.
     pub max_streams: u32,
     /// Largest request head in bytes: over HTTP/1.1 a larger one is answered 431; over HTTP/2
@@ -150,6 +152,7 @@ impl Default for TcpOptions {
             max_connections: 4096,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_streams: 128,
             max_header_bytes: 64 * 1024,
         }
