@@ -125,6 +125,7 @@ worker_report! {
     tcp_errors_too_large,
     tcp_errors_rapid_reset,
     tcp_errors_protocol,
+    tcp_errors_linger_cut,
     /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
     access_log_lines,
     access_log_dropped,

@@ -21,6 +21,14 @@
 //! On drain: this worker stops accepting (the others and the next generation keep the queue),
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
 //! server returns when the last one closed; the caller bounds that with its grace.
+//!
+//! Every connection hyper is done with is closed gracefully ([`close_gracefully`]): TLS
+//! `close_notify` and the write side shut, then what the client still sends is read and thrown
+//! away until it closes its side, or what was sent has arrived and the client went quiet, or a
+//! bound passes. Closing at once would lose data: a socket closed with unread input, or
+//! receiving any once closed (an HTTP/2 client's WINDOW_UPDATE as it reads on), answers with a
+//! reset (RFC 1122 §4.2.2.13) and throws away what it had not yet delivered. RFC 9112 §9.6
+//! describes this close; nginx's `lingering_close` is the same.
 
 use std::convert::Infallible;
 use std::io;
@@ -35,14 +43,19 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::http::{
     authority_of, fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK,
 };
 use crate::proxy::{ClientGone, Exchange, Upstream};
+
+mod sys;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -65,11 +78,14 @@ pub enum TcpErrorKind {
     RapidReset,
     /// Any other HTTP/1.1 or HTTP/2 protocol violation that ended the connection.
     Protocol,
+    /// A graceful close cut short by its bound ([`close_gracefully`]): the client had stopped
+    /// taking what was sent, or kept sending, and may have lost the end of a response.
+    LingerCut,
 }
 
 impl TcpErrorKind {
     /// Every kind, in the order of [`ServerStats::tcp_errors`].
-    pub const ALL: [TcpErrorKind; 7] = [
+    pub const ALL: [TcpErrorKind; 8] = [
         TcpErrorKind::OverCap,
         TcpErrorKind::TlsFailed,
         TcpErrorKind::TlsTimeout,
@@ -77,6 +93,7 @@ impl TcpErrorKind {
         TcpErrorKind::TooLarge,
         TcpErrorKind::RapidReset,
         TcpErrorKind::Protocol,
+        TcpErrorKind::LingerCut,
     ];
 
     /// The metric label.
@@ -89,6 +106,7 @@ impl TcpErrorKind {
             TcpErrorKind::TooLarge => "too_large",
             TcpErrorKind::RapidReset => "rapid_reset",
             TcpErrorKind::Protocol => "protocol",
+            TcpErrorKind::LingerCut => "linger_cut",
         }
     }
 
@@ -276,7 +294,7 @@ struct Conn {
 }
 
 impl Conn {
-    async fn run(self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
+    async fn run(mut self, stream: TcpStream, remote: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let acceptor = match &self.kind {
             Kind::Https(acceptor) => acceptor.clone(),
@@ -285,8 +303,10 @@ impl Conn {
                 let service = hyper::service::service_fn(move |req| {
                     redirect(site.clone(), stats.clone(), port, remote, req)
                 });
-                let conn = self.http1().serve_connection(TokioIo::new(stream), service);
-                return self.drive(remote, conn).await;
+                let (io, back) = lend(stream);
+                let conn = self.http1().serve_connection(TokioIo::new(io), service);
+                self.drive(remote, conn).await;
+                return self.close(remote, back).await;
             }
         };
         let tls = match tokio::time::timeout(self.opts.handshake_timeout, acceptor.accept(stream))
@@ -313,8 +333,10 @@ impl Conn {
         });
         // The protocol is the one ALPN chose (HTTP/1.1 without ALPN), never sniffed from a
         // preface: a client that sends nothing after its handshake meets the header timeout.
-        let io = TokioIo::new(tls);
-        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let (io, back) = lend(tls);
+        let io = TokioIo::new(io);
+        if h2 {
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(self.opts.max_streams)
@@ -324,6 +346,20 @@ impl Conn {
         } else {
             let conn = self.http1().serve_connection(io, service);
             self.drive(remote, conn).await;
+        }
+        self.close(remote, back).await;
+    }
+
+    /// Closes the connection hyper handed `back` (its connection dropped by now) gracefully.
+    async fn close<T: Transport>(&self, remote: SocketAddr, mut back: oneshot::Receiver<T>) {
+        // hyper's connection, which held the stream, is gone: the stream came back with its
+        // drop, or never will (nothing to close then).
+        let Ok(io) = back.try_recv() else {
+            return;
+        };
+        if let Err(why) = close_gracefully(io).await {
+            self.stats.count_tcp_error(TcpErrorKind::LingerCut);
+            debug!(%remote, why, "graceful close cut short");
         }
     }
 
@@ -337,8 +373,9 @@ impl Conn {
     }
 
     /// Serves `conn` to its end; once draining starts, tells it to finish (HTTP/2 GOAWAY,
-    /// HTTP/1.1 `connection: close` after the request in flight) and waits for that.
-    async fn drive<C: Graceful>(mut self, remote: SocketAddr, conn: C) {
+    /// HTTP/1.1 `connection: close` after the request in flight) and waits for that. `conn` is
+    /// dropped on return, and with it the stream it was lent.
+    async fn drive<C: Graceful>(&mut self, remote: SocketAddr, conn: C) {
         tokio::pin!(conn);
         let mut draining = *self.shutdown.borrow_and_update();
         loop {
@@ -393,6 +430,188 @@ where
 {
     fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
         hyper::server::conn::http2::Connection::graceful_shutdown(self)
+    }
+}
+
+/// How long a graceful close waits for a client that went quiet (nginx's `lingering_timeout`
+/// is the same), unless what was sent is still arriving.
+const LINGER_QUIET: Duration = Duration::from_secs(5);
+/// The longest a graceful close takes in all (nginx's `lingering_time`).
+const LINGER_TIME: Duration = Duration::from_secs(30);
+/// The most a graceful close reads and throws away.
+const LINGER_BYTES: u64 = 1 << 20;
+
+/// A connection's byte stream: TLS over TCP, or TCP itself (the plain-HTTP redirects).
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket under it (what TLS still held is dropped: call it once `shutdown` sent
+    /// `close_notify`).
+    fn into_tcp(self) -> TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn into_tcp(self) -> TcpStream {
+        self
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+    fn into_tcp(self) -> TcpStream {
+        self.into_inner().0
+    }
+}
+
+/// Closes a connection without losing what was sent on it: TLS `close_notify` and the write
+/// side shut (the FIN goes after everything written), then what the client still sends is read
+/// and thrown away until it closes its side. It ends earlier once the client has been quiet for
+/// [`LINGER_QUIET`] and everything sent has arrived (nothing is left to lose), or stopped
+/// taking it (no progress in that time); and at [`LINGER_TIME`] or [`LINGER_BYTES`] in any
+/// case. `Err` says why it was cut short while the client could still lose data.
+async fn close_gracefully<T: Transport>(mut io: T) -> Result<(), &'static str> {
+    let deadline = Instant::now() + LINGER_TIME;
+    // A no-op if hyper closed the write side already (it does when it ends a connection
+    // itself); waits while the send buffer is full, which is the client's to drain.
+    match tokio::time::timeout_at(deadline, io.shutdown()).await {
+        Ok(Ok(())) => {}
+        // A reset or a broken pipe: nothing more can be delivered.
+        Ok(Err(_)) => return Ok(()),
+        Err(_) => return Err("the client took nothing in time to send close_notify"),
+    }
+    let mut tcp = io.into_tcp();
+    let mut unacknowledged = sys::unacknowledged_bytes(&tcp).unwrap_or(0);
+    let mut discarded = 0u64;
+    let mut buf = [0u8; 1024];
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return match sys::unacknowledged_bytes(&tcp).unwrap_or(0) {
+                0 => Ok(()),
+                _ => Err("the client was still receiving when the time was up"),
+            };
+        }
+        let quiet_until = (now + LINGER_QUIET).min(deadline);
+        match tokio::time::timeout_at(quiet_until, tcp.read(&mut buf)).await {
+            // The client closed its side (or reset): it has everything it will read.
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
+            Ok(Ok(n)) => {
+                discarded += n as u64;
+                if discarded > LINGER_BYTES {
+                    return Err("the client kept sending");
+                }
+            }
+            Err(_) => {
+                let left = sys::unacknowledged_bytes(&tcp).unwrap_or(0);
+                if left == 0 {
+                    // Everything sent has arrived: a reset now loses the client nothing.
+                    return Ok(());
+                }
+                if left >= unacknowledged && Instant::now() < deadline {
+                    return Err("the client stopped taking what was sent");
+                }
+                unacknowledged = left;
+            }
+        }
+    }
+}
+
+/// Lends `io` to hyper: the [`HandBack`] hyper owns, and where `io` comes back when hyper drops
+/// it, so the connection's task can still close it gracefully.
+fn lend<T>(io: T) -> (HandBack<T>, oneshot::Receiver<T>) {
+    let (tx, rx) = oneshot::channel();
+    (
+        HandBack {
+            io: Some(io),
+            back: Some(tx),
+        },
+        rx,
+    )
+}
+
+/// A stream lent to hyper (see [`lend`]); reads and writes pass straight through.
+struct HandBack<T> {
+    /// `None` only inside `drop`.
+    io: Option<T>,
+    back: Option<oneshot::Sender<T>>,
+}
+
+impl<T> Drop for HandBack<T> {
+    fn drop(&mut self) {
+        if let (Some(io), Some(back)) = (self.io.take(), self.back.take()) {
+            // The receiver gone (its task ended): the stream closes here, as it used to.
+            let _ = back.send(io);
+        }
+    }
+}
+
+impl<T> HandBack<T> {
+    fn io(&mut self) -> io::Result<std::pin::Pin<&mut T>>
+    where
+        T: Unpin,
+    {
+        match self.io.as_mut() {
+            Some(io) => Ok(std::pin::Pin::new(io)),
+            None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for HandBack<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_read(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for HandBack<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write_vectored(cx, bufs),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.as_ref().is_some_and(|io| io.is_write_vectored())
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_flush(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_shutdown(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
     }
 }
 
@@ -696,5 +915,69 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
             });
             StreamBody::new(chunks).boxed_unsync()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker reports [`ServerStats::tcp_errors`], in [`TcpErrorKind::ALL`] order, as the
+    /// `tcp_errors_*` keys of its STATS (`WorkerReport::set_with_prefix`): both lists name the
+    /// same kinds in the same order, and each kind indexes its own counter.
+    #[test]
+    fn error_kinds_are_the_stats_keys_in_order() {
+        let keys: Vec<&str> = ringmux_proto::message::keys_with_prefix("tcp_errors_")
+            .map(|(_, kind)| kind)
+            .collect();
+        let kinds: Vec<&str> = TcpErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(kinds, keys);
+        for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?}");
+        }
+    }
+
+    /// The server writes more than the client has read and closes; the client reads on and
+    /// sends a byte after each read, as an HTTP/2 client sends WINDOW_UPDATE. Closed gracefully,
+    /// the socket takes those bytes rather than answering them with a reset, so the client gets
+    /// every byte and then the end of the stream.
+    #[tokio::test]
+    async fn a_graceful_close_delivers_everything_to_a_client_still_talking() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        // Far more than the socket buffers hold: the server's last write returns while much
+        // of it is still on its way.
+        let payload: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        let sent = payload.clone();
+        let server = tokio::spawn(async move {
+            server.write_all(&sent).await.unwrap();
+            close_gracefully(server).await
+        });
+        let mut got = Vec::with_capacity(payload.len());
+        let mut buf = vec![0u8; 64 << 10];
+        let end = loop {
+            match client.read(&mut buf).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if let Err(e) = client.write_all(b"w").await {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        assert!(
+            got == payload,
+            "{} of {} bytes, then {end:?}",
+            got.len(),
+            payload.len()
+        );
+        assert!(end.is_ok(), "{end:?}");
+        drop(client);
+        assert_eq!(server.await.unwrap(), Ok(()));
     }
 }

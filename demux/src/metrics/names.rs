@@ -108,7 +108,7 @@ metric_names! {
     WORKER_TCP_CONNECTIONS = "ringmux_worker_tcp_connections_total";
     /// Counter: TCP connections refused or ended for bad input or overload, labels `instance` and
     /// `kind` (`over_cap`, `tls_failed`, `tls_timeout`, `header_timeout`, `too_large`,
-    /// `rapid_reset`, `protocol`).
+    /// `rapid_reset`, `protocol`, `linger_cut`).
     WORKER_TCP_ERRORS = "ringmux_worker_tcp_errors_total";
 
     /// Counter: access-log lines a worker wrote, label `instance`.

@@ -76,8 +76,9 @@ pub fn table(m: &Scrape) -> String {
     let _ = writeln!(
         out,
         "tcp: {:.0} connections   {refused:.0} refused (over cap, TLS)   {ended:.0} ended for \
-         bad input (see ringmux_worker_tcp_errors_total)",
+         bad input   {:.0} closes cut short (see ringmux_worker_tcp_errors_total)",
         m.sum(names::WORKER_TCP_CONNECTIONS),
+        tcp_error("linger_cut"),
     );
     let _ = writeln!(out);
     let _ = writeln!(
