@@ -147,9 +147,10 @@ pub struct RunArgs {
     /// when a balancer maps the public port, or `off` for none.
     #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
     pub alt_svc: String,
-    /// TCP connections each worker serves at once (HTTPS and plain HTTP each); a connection
-    /// past that is closed as soon as it is accepted, and counted
-    /// (ringmux_worker_tcp_errors_total{kind="over_cap"}).
+    /// TCP connections each worker serves at once (HTTPS and plain HTTP each). At the cap the
+    /// connection idle longest is closed to make room for a new one
+    /// (ringmux_worker_tcp_errors_total{kind="evicted"}); only when none is idle is the new one
+    /// closed as soon as it is accepted (kind="over_cap").
     #[arg(long, env = "RINGMUX_TCP_MAX_CONNECTIONS", default_value_t = 4096)]
     pub tcp_max_connections: u32,
     /// Seconds an HTTP/2 connection may stay open with no request in flight (1–3600); then

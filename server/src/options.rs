@@ -59,8 +59,9 @@ pub struct Options {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub upstream_timeout: u64,
-    /// TCP connections this worker serves at once (HTTPS and plain HTTP each); one past that
-    /// is closed as soon as it is accepted, and counted. ringmux passes its
+    /// TCP connections this worker serves at once (HTTPS and plain HTTP each). At the cap the
+    /// connection idle longest is closed to make room for a new one; only when none is idle is
+    /// the new one closed as soon as it is accepted. Both are counted. ringmux passes its
     /// --tcp-max-connections.
     #[arg(
         long,
