@@ -59,6 +59,7 @@ readonly SETTINGS=(
   "TCP_LISTEN|--tcp-listen|value|--listen's address and port"
   "ALT_SVC|--alt-svc|value|auto"
   "TCP_MAX_CONNECTIONS|--tcp-max-connections|value|4096"
+  "TCP_IDLE_TIMEOUT|--tcp-idle-timeout|value|60"
   "REDIRECT_HTTP|--redirect-http|value|none"
   "ACCESS_LOG|--access-log|value|off"
   "INSTANCES|--instances|value|2"

@@ -146,11 +146,23 @@ pub struct RunArgs {
     /// when a balancer maps the public port, or `off` for none.
     #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
     pub alt_svc: String,
-    /// TCP connections each worker serves at once (HTTPS and plain HTTP each); a connection
-    /// past that is closed as soon as it is accepted, and counted
-    /// (ringmux_worker_tcp_errors_total{kind="over_cap"}).
+    /// TCP connections each worker serves at once (HTTPS and plain HTTP each). At the cap the
+    /// connection idle longest is closed to make room for a new one
+    /// (ringmux_worker_tcp_errors_total{kind="evicted"}); only when none is idle is the new one
+    /// closed as soon as it is accepted (kind="over_cap").
     #[arg(long, env = "RINGMUX_TCP_MAX_CONNECTIONS", default_value_t = 4096)]
     pub tcp_max_connections: u32,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight (1–3600); then
+    /// the worker sends GOAWAY and closes it
+    /// (ringmux_worker_tcp_errors_total{kind="idle_timeout"}). HTTP/1.1 keeps its 10 s
+    /// request-head timeout, which also closes an idle keep-alive connection.
+    #[arg(
+        long,
+        env = "RINGMUX_TCP_IDLE_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 60
+    )]
+    pub tcp_idle_timeout: u64,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
     /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
@@ -253,7 +265,7 @@ pub struct RunArgs {
     pub grace: u64,
     /// Path of the built-in worker program, ringmux-worker, to which ringmux passes the
     /// built-in server's options (--root, --max-bytes, --file-cache-mb, --cache-control,
-    /// --upstream, --upstream-timeout, --tcp-max-connections, --worker-mode) on its command
+    /// --upstream, --upstream-timeout, --tcp-max-connections, --tcp-idle-timeout, --worker-mode) on its command
     /// line. Default: next to this executable.
     #[arg(long, env = "RINGMUX_WORKER_BIN")]
     pub worker_bin: Option<PathBuf>,
@@ -622,6 +634,7 @@ impl RunArgs {
             format!("--file-cache-mb={}", self.file_cache_mb),
             format!("--upstream-timeout={}", self.upstream_timeout),
             format!("--tcp-max-connections={}", self.tcp_max_connections),
+            format!("--tcp-idle-timeout={}", self.tcp_idle_timeout),
         ];
         if let Some(root) = &self.root {
             let text = root.to_str().with_context(|| {
@@ -737,6 +750,13 @@ impl RunArgs {
             bail!(
                 "--tcp-max-connections / RINGMUX_TCP_MAX_CONNECTIONS=0 is not valid: expected at \
                  least 1 connection per worker (or --tcp off)"
+            );
+        }
+        if !(1..=3600).contains(&self.tcp_idle_timeout) {
+            bail!(
+                "--tcp-idle-timeout / RINGMUX_TCP_IDLE_TIMEOUT={} is not valid: expected 1 to \
+                 3600 seconds",
+                self.tcp_idle_timeout
             );
         }
         if self.redirect_http.is_some() && !self.tcp_on() {
@@ -1084,7 +1104,8 @@ mod tests {
                 "--max-bytes=67108864",
                 "--file-cache-mb=64",
                 "--upstream-timeout=60",
-                "--tcp-max-connections=4096"
+                "--tcp-max-connections=4096",
+                "--tcp-idle-timeout=60"
             ]
         );
         assert_eq!(c.worker_label(), "/bin/true");
@@ -1194,6 +1215,15 @@ mod tests {
             (
                 &["--tcp", "off", "--tcp-listen", "127.0.0.1:8443"],
                 &["--tcp-listen", "RINGMUX_TCP_LISTEN", "--tcp off"],
+            ),
+            (
+                &["--tcp-idle-timeout", "3601"],
+                &[
+                    "--tcp-idle-timeout",
+                    "RINGMUX_TCP_IDLE_TIMEOUT",
+                    "3601",
+                    "1 to 3600",
+                ],
             ),
             (
                 &["--worker-user", "no-such-user-here"],

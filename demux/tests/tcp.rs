@@ -17,7 +17,7 @@ use ringmux_bench::client::Fnv64;
 use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
 use ringmux_test_support::{temp_dir, tool};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What one curl run got: status, header fields (names lower-case), body.
 struct Got {
@@ -290,7 +290,7 @@ async fn alt_svc_can_be_set_or_switched_off() {
 /// Garbage instead of TLS is closed at once, and 400 connections that never start a handshake
 /// do not stop a new client over either transport; they are closed when the handshake timeout
 /// (10 s) passes, as is a connection that never sends a request head after its handshake
-/// (slowloris). Each is counted by kind.
+/// (slowloris; closed gracefully, with TLS close_notify). Each is counted by kind.
 #[tokio::test]
 async fn garbage_and_idle_connections_leave_both_transports_serving() {
     if !have_curl() {
@@ -333,19 +333,13 @@ async fn garbage_and_idle_connections_leave_both_transports_serving() {
             .await;
         assert_eq!(kind(&m, "tls_failed"), 1.0, "the garbage: {m}");
         assert!(m.sum(names::WORKER_TCP_CONNECTIONS) >= 403.0, "{m}");
-        // The server closed the silent connection (end of file or a reset, after at most an
-        // alert).
+        // The server closed the silent connection, gracefully: TLS close_notify, then the end
+        // of the stream (a TLS stream cut without close_notify reads as an error).
+        let (_, end) = read_until_closed(&mut silent, Duration::from_secs(5))
+            .await
+            .expect("the silent connection is still open");
+        assert!(end.is_ok(), "closed without close_notify: {end:?}");
         let mut buf = [0u8; 64];
-        let read = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                match silent.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await;
-        assert!(read.is_ok(), "the silent connection is still open");
         for mut s in idle {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             assert!(
@@ -513,6 +507,53 @@ async fn download_across(during: During) {
     .await;
 }
 
+/// A slow HTTP/2 reader across reloads (curl's `--limit-rate`, a file under `--root` larger
+/// than the socket buffers, so that the old worker is done with the stream while most of it
+/// is still on its way): the old worker closes the connection gracefully, and no byte it sent
+/// is lost to a reset. Ten runs, each byte-exact.
+#[tokio::test]
+async fn a_slow_http2_download_survives_reloads_byte_exact() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(240), async {
+        let root = temp_dir("ringmux-tcp-slow-reader");
+        let content = harness::random_bytes(18 << 20);
+        std::fs::write(root.path().join("big.bin"), &content).unwrap();
+        let root_arg = root.path().to_string_lossy().into_owned();
+        let rm = Ringmux::start(1, Forward::Shm, &["--root", &root_arg, "--grace", "60"]);
+        for run in 0..10 {
+            let out = rm.dir().join(format!("download-{run}"));
+            let mut download = tokio::process::Command::new("curl")
+                .args(["-sS", "-k", "--http2", "--limit-rate", "8M", "-o"])
+                .arg(&out)
+                .arg(format!("https://{}/big.bin", tcp_addr(&rm)))
+                .spawn()
+                .expect("curl");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while std::fs::metadata(&out).map_or(0, |m| m.len()) < 1_000_000 {
+                assert!(
+                    Instant::now() < deadline,
+                    "run {run}: the download never started"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+            assert!(ok, "run {run}: {text}");
+            let status = download.wait().await.unwrap();
+            assert!(status.success(), "run {run}: the download failed: {status}");
+            let body = std::fs::read(&out).unwrap();
+            assert!(
+                body == content,
+                "run {run}: {} of {} bytes, or not the file's",
+                body.len(),
+                content.len()
+            );
+        }
+    })
+    .await;
+}
+
 /// `--redirect-http`: plain HTTP answered with 301 to the HTTPS port, same host and path.
 /// `--access-log`: one line per request over HTTP/3, HTTP/2, HTTP/1.1 and the redirects, with
 /// the fields the README names; a reload opens the path again, so a rotated log is let go.
@@ -637,8 +678,9 @@ async fn redirects_to_https_and_an_access_log_of_every_request() {
     .await;
 }
 
-/// `--tcp-max-connections`: past the cap a worker closes a new connection as soon as it accepts
-/// it (counted as `over_cap`), and takes connections again once it has room.
+/// `--tcp-max-connections` held by busy connections (a response in flight on each): a new
+/// connection is closed as soon as it is accepted (counted as `over_cap`), and connections are
+/// taken again once the worker has room.
 #[tokio::test]
 async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
     if !have_curl() {
@@ -646,22 +688,32 @@ async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
     }
     bounded(Duration::from_secs(60), async {
         let rm = Ringmux::start(1, Forward::Shm, &["--tcp-max-connections", "2"]);
-        let held = [
-            TcpConn::connect(tcp_addr(&rm), Version::Http1)
-                .await
-                .unwrap(),
-            TcpConn::connect(tcp_addr(&rm), Version::Http2)
-                .await
-                .unwrap(),
-        ];
+        // Each asks for a body far larger than the socket buffers and reads none of it, so
+        // its response stays in flight: neither connection is idle.
+        let mut held = Vec::new();
+        for version in [Version::Http1, Version::Http2] {
+            let mut conn = TcpConn::connect(tcp_addr(&rm), version).await.unwrap();
+            let req = http::Request::get("https://localhost/bytes/60000000")
+                .body(Empty::new().map_err(|never| match never {}).boxed_unsync())
+                .unwrap();
+            let resp = conn.send(req).await.expect("a response head");
+            assert_eq!(resp.status(), http::StatusCode::OK, "{version:?}");
+            held.push((conn, resp));
+        }
         assert!(
             tls_connect(tcp_addr(&rm), b"h2").await.is_err(),
             "a third connection was served"
         );
-        rm.wait_for("the refusal counted", Duration::from_secs(20), |m| {
-            m.sum_where(names::WORKER_TCP_ERRORS, "kind", "over_cap") >= 1.0
-        })
-        .await;
+        let m = rm
+            .wait_for("the refusal counted", Duration::from_secs(20), |m| {
+                m.sum_where(names::WORKER_TCP_ERRORS, "kind", "over_cap") >= 1.0
+            })
+            .await;
+        assert_eq!(
+            tcp_kind(&m, "evicted"),
+            0.0,
+            "a busy connection was closed: {m}"
+        );
         // HTTP/3 is not TCP's cap.
         let conn = rm.connect(&rm.client()).await;
         check_bytes("HTTP/3", &conn.get("/bytes/1000").await.unwrap(), 1000);
@@ -675,4 +727,177 @@ async fn connections_past_the_cap_are_closed_at_accept_and_counted() {
         assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
     })
     .await;
+}
+
+/// At `--tcp-max-connections` held by idle HTTP/2 connections a new client is served, not
+/// refused: the connection idle longest is sent GOAWAY and closed to make room (counted as
+/// `evicted`), and the other one serves on.
+#[tokio::test]
+async fn at_the_cap_the_connection_idle_longest_makes_room() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(60), async {
+        let rm = Ringmux::start(1, Forward::Shm, &["--tcp-max-connections", "2"]);
+        let (mut older, older_conn) = h2_client(tcp_addr(&rm)).await;
+        assert_eq!(h2_get(&mut older, "/hello.txt").await, 200);
+        let (mut newer, newer_conn) = h2_client(tcp_addr(&rm)).await;
+        assert_eq!(h2_get(&mut newer, "/hello.txt").await, 200);
+        // Both are idle and the cap is reached: a third client is served all the same.
+        assert_eq!(curl(&rm, &["--http2"], "/hello.txt").await.status, 200);
+        let ended = tokio::time::timeout(Duration::from_secs(20), older_conn)
+            .await
+            .expect("the connection idle longest is still open");
+        eprintln!("the older connection ended: {ended:?}");
+        assert!(!newer_conn.is_finished(), "the newer connection was closed");
+        assert_eq!(h2_get(&mut newer, "/hello.txt").await, 200);
+        let m = rm
+            .wait_for("the eviction counted", Duration::from_secs(20), |m| {
+                tcp_kind(m, "evicted") >= 1.0
+            })
+            .await;
+        assert_eq!(tcp_kind(&m, "over_cap"), 0.0, "{m}");
+    })
+    .await;
+}
+
+/// `--tcp-idle-timeout`: an HTTP/2 client that sends its preface and SETTINGS and then nothing
+/// (no acknowledgement, no answer to the server's PING) is sent GOAWAY and closed, and counted
+/// as `idle_timeout`. A download that outlasts the timeout several times over is not cut: its
+/// stream is in flight all along.
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed_but_a_busy_one_is_not() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let rm = Ringmux::start(1, Forward::Shm, &["--tcp-idle-timeout", "1"]);
+        let out = rm.dir().join("download");
+        // Far more than the socket buffers hold: at this rate the server has a stream in
+        // flight for about 7 s, longer than the idle timeout and the wait for an answer to
+        // GOAWAY together.
+        let n: u64 = 60_000_000;
+        let mut download = tokio::process::Command::new("curl")
+            .args(["-sS", "-k", "--http2", "--limit-rate", "8M", "-o"])
+            .arg(&out)
+            .arg(format!("https://{}/bytes/{n}", tcp_addr(&rm)))
+            .spawn()
+            .expect("curl");
+        let mut silent = silent_h2(tcp_addr(&rm)).await;
+        let (sent, end) = read_until_closed(&mut silent, Duration::from_secs(30))
+            .await
+            .expect("the idle connection is still open");
+        assert!(end.is_ok(), "closed without close_notify: {end:?}");
+        let frames = h2_frames(&sent);
+        let goaway = frames
+            .iter()
+            .find(|(kind, _)| *kind == H2_GOAWAY)
+            .unwrap_or_else(|| panic!("no GOAWAY before the close, only {frames:?}"));
+        assert_eq!(goaway.1.get(4..8), Some(&[0u8; 4][..]), "GOAWAY NO_ERROR");
+        rm.wait_for("the idle close counted", Duration::from_secs(20), |m| {
+            tcp_kind(m, "idle_timeout") >= 1.0
+        })
+        .await;
+        let status = download.wait().await.unwrap();
+        assert!(status.success(), "the busy connection was cut: {status}");
+        let body = std::fs::read(&out).unwrap();
+        assert_eq!(
+            fnv(&body),
+            expected_bytes(n),
+            "the busy download, byte-exact"
+        );
+    })
+    .await;
+}
+
+/// `ringmux_worker_tcp_errors_total{kind}`, summed over the instances.
+fn tcp_kind(m: &harness::Metrics, kind: &str) -> f64 {
+    m.sum_where(names::WORKER_TCP_ERRORS, "kind", kind)
+}
+
+/// An HTTP/2 connection over TLS that sends the client preface and an empty SETTINGS frame
+/// (RFC 9113 §3.4) and then nothing at all.
+async fn silent_h2(addr: SocketAddr) -> ringmux_bench::tcp_client::TlsStream {
+    let mut tls = tls_connect(addr, b"h2").await.expect("TLS with ALPN h2");
+    tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // A frame header (RFC 9113 §4.1): length 0, type SETTINGS (4), no flags, stream 0.
+    tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    tls.flush().await.unwrap();
+    tls
+}
+
+/// Everything the server sent on `conn` until it closed it, and how it ended: `Ok` at the end
+/// of the stream after TLS close_notify, an error otherwise (the end of the TCP stream without
+/// it, a reset). `None` if it was still open after `limit`.
+async fn read_until_closed(
+    conn: &mut ringmux_bench::tcp_client::TlsStream,
+    limit: Duration,
+) -> Option<(Vec<u8>, std::io::Result<()>)> {
+    let mut sent = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let read = async {
+        loop {
+            match conn.read(&mut chunk).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => sent.extend_from_slice(&chunk[..n]),
+                Err(e) => break Err(e),
+            }
+        }
+    };
+    let end = tokio::time::timeout(limit, read).await.ok()?;
+    Some((sent, end))
+}
+
+/// The HTTP/2 frame type of GOAWAY (RFC 9113 §6.8).
+const H2_GOAWAY: u8 = 7;
+
+/// The frames in `bytes` (RFC 9113 §4.1), as (type, payload); a cut-off last frame is left out.
+fn h2_frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while bytes.len() >= 9 {
+        let len = u32::from_be_bytes([0, bytes[0], bytes[1], bytes[2]]) as usize;
+        let Some(payload) = bytes.get(9..9 + len) else {
+            break;
+        };
+        frames.push((bytes[3], payload.to_vec()));
+        bytes = &bytes[9 + len..];
+    }
+    frames
+}
+
+/// An HTTP/2 client (the h2 crate) over TLS to `addr`, and its connection's task, which ends
+/// when the connection does.
+async fn h2_client(
+    addr: SocketAddr,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tls = tls_connect(addr, b"h2").await.expect("TLS with ALPN h2");
+    let (client, connection) = h2::client::handshake(tls).await.expect("HTTP/2 handshake");
+    (client, tokio::spawn(connection))
+}
+
+/// GETs `path` on `client` and reads the whole body; the status.
+async fn h2_get(client: &mut h2::client::SendRequest<bytes::Bytes>, path: &str) -> u16 {
+    let ready = client
+        .clone()
+        .ready()
+        .await
+        .expect("the connection takes a request");
+    *client = ready;
+    let req = http::Request::get(format!("https://localhost{path}"))
+        .body(())
+        .unwrap();
+    let (resp, _) = client.send_request(req, true).expect("a request sent");
+    let resp = resp.await.expect("a response");
+    let status = resp.status().as_u16();
+    let mut body = resp.into_body();
+    while let Some(data) = body.data().await {
+        let data = data.expect("the body");
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    status
 }

@@ -116,7 +116,7 @@ worker_report! {
     upstream_errors_timeout,
     upstream_errors_protocol,
     /// HTTPS over TCP: connections accepted, and those refused or ended for bad input or
-    /// overload, per kind.
+    /// overload, or closed idle, per kind.
     tcp_connections,
     tcp_errors_over_cap,
     tcp_errors_tls_failed,
@@ -125,6 +125,9 @@ worker_report! {
     tcp_errors_too_large,
     tcp_errors_rapid_reset,
     tcp_errors_protocol,
+    tcp_errors_idle_timeout,
+    tcp_errors_evicted,
+    tcp_errors_linger_cut,
     /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
     access_log_lines,
     access_log_dropped,

@@ -59,8 +59,9 @@ pub struct Options {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub upstream_timeout: u64,
-    /// TCP connections this worker serves at once (HTTPS and plain HTTP each); one past that
-    /// is closed as soon as it is accepted, and counted. ringmux passes its
+    /// TCP connections this worker serves at once (HTTPS and plain HTTP each). At the cap the
+    /// connection idle longest is closed to make room for a new one; only when none is idle is
+    /// the new one closed as soon as it is accepted. Both are counted. ringmux passes its
     /// --tcp-max-connections.
     #[arg(
         long,
@@ -69,6 +70,16 @@ pub struct Options {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub tcp_max_connections: u32,
+    /// Seconds an HTTP/2 connection may stay open with no request in flight (1–3600); then
+    /// it is sent GOAWAY and closed, and counted. HTTP/1.1 keeps its request-head timeout.
+    /// ringmux passes its --tcp-idle-timeout.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub tcp_idle_timeout: u64,
     /// Benchmark sink: drain the ingress and count, checking each datagram's connection ID,
     /// without QUIC. ringmux passes it with --worker-mode sink.
     #[arg(long)]
@@ -88,6 +99,11 @@ impl Options {
     /// How long the proxy waits for its upstream.
     pub fn upstream_timeout(&self) -> Duration {
         Duration::from_secs(self.upstream_timeout)
+    }
+
+    /// How long an HTTP/2 connection may stay idle.
+    pub fn tcp_idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.tcp_idle_timeout)
     }
 }
 
@@ -143,10 +159,11 @@ mod tests {
     /// range both accept the value or both refuse it.
     #[test]
     fn ringmux_and_the_worker_accept_the_same_ranges() {
-        let edges: [(&str, &[&str]); 3] = [
+        let edges: [(&str, &[&str]); 4] = [
             ("--file-cache-mb", &["0", "65536", "65537"]),
             ("--upstream-timeout", &["0", "1", "3600", "3601"]),
             ("--tcp-max-connections", &["0", "1", "4294967295"]),
+            ("--tcp-idle-timeout", &["0", "1", "3600", "3601"]),
         ];
         for (option, values) in edges {
             for value in values {
@@ -183,6 +200,8 @@ mod tests {
             "public, max-age=60",
             "--tcp-max-connections",
             "7",
+            "--tcp-idle-timeout",
+            "5",
             "--worker-mode",
             "sink",
         ]);
@@ -191,6 +210,7 @@ mod tests {
         assert_eq!(o.file_cache_mb, 3);
         assert_eq!(o.cache_control.as_ref().unwrap(), "public, max-age=60");
         assert_eq!(o.tcp_max_connections, 7);
+        assert_eq!(o.tcp_idle_timeout(), Duration::from_secs(5));
         assert!(o.sink);
         let o = passed_by_ringmux(&[
             "--upstream",
@@ -212,6 +232,7 @@ mod tests {
             (&["--file-cache-mb", "65537"][..], "--file-cache-mb"),
             (&["--upstream-timeout", "0"], "--upstream-timeout"),
             (&["--tcp-max-connections", "0"], "--tcp-max-connections"),
+            (&["--tcp-idle-timeout", "0"], "--tcp-idle-timeout"),
             (&["--cache-control", " "], "--cache-control"),
             (&["--upstream", "https://x:1"], "--upstream"),
             (&["--root", "/", "--upstream", "http://x:1"], "--root"),

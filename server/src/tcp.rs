@@ -11,8 +11,12 @@
 //!
 //! Bad input and overload: a TLS handshake must finish within [`TcpOptions::handshake_timeout`]
 //! (idle or half-open connections never pile up), an HTTP/1.1 request head within
-//! [`TcpOptions::header_timeout`] (slowloris); past [`TcpOptions::max_connections`] a new
-//! connection is closed at accept; a request head is at most [`TcpOptions::max_header_bytes`]
+//! [`TcpOptions::header_timeout`] (slowloris; an idle keep-alive connection waits for its next
+//! head, so this closes it too), and an HTTP/2 connection with no request in flight is sent
+//! GOAWAY after [`TcpOptions::idle_timeout`]. At [`TcpOptions::max_connections`] the
+//! connection idle longest (HTTP/1.1 between requests, HTTP/2 without a stream) is asked to
+//! finish to make room for a new one, and only when none is idle is the new one closed at
+//! accept. A request head is at most [`TcpOptions::max_header_bytes`]
 //! (HTTP/1.1: 431 and the connection closed; HTTP/2: `SETTINGS_MAX_HEADER_LIST_SIZE`, over it
 //! 431 on that stream), HTTP/2 streams are capped per connection and rapid resets are h2's to
 //! refuse (GOAWAY `ENHANCE_YOUR_CALM`). Each is counted in [`ServerStats::tcp_errors`] by
@@ -21,11 +25,20 @@
 //! On drain: this worker stops accepting (the others and the next generation keep the queue),
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
 //! server returns when the last one closed; the caller bounds that with its grace.
+//!
+//! Every connection hyper is done with is closed gracefully ([`close_gracefully`]): TLS
+//! `close_notify` and the write side shut, then what the client still sends is read and thrown
+//! away until it closes its side, or what was sent has arrived and the client went quiet, or a
+//! bound passes. Closing at once would lose data: a socket closed with unread input, or
+//! receiving any once closed (an HTTP/2 client's WINDOW_UPDATE as it reads on), answers with a
+//! reset (RFC 1122 §4.2.2.13) and throws away what it had not yet delivered. RFC 9112 §9.6
+//! describes this close; nginx's `lingering_close` is the same.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,14 +48,19 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::http::{
     authority_of, fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK,
 };
 use crate::proxy::{ClientGone, Exchange, Upstream};
+
+mod sys;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -65,11 +83,20 @@ pub enum TcpErrorKind {
     RapidReset,
     /// Any other HTTP/1.1 or HTTP/2 protocol violation that ended the connection.
     Protocol,
+    /// An HTTP/2 connection without a request in flight for [`TcpOptions::idle_timeout`]: sent
+    /// GOAWAY and closed.
+    IdleTimeout,
+    /// An idle connection closed to make room for a new one at
+    /// [`TcpOptions::max_connections`].
+    Evicted,
+    /// A graceful close cut short by its bound ([`close_gracefully`]): the client had stopped
+    /// taking what was sent, or kept sending, and may have lost the end of a response.
+    LingerCut,
 }
 
 impl TcpErrorKind {
     /// Every kind, in the order of [`ServerStats::tcp_errors`].
-    pub const ALL: [TcpErrorKind; 7] = [
+    pub const ALL: [TcpErrorKind; 10] = [
         TcpErrorKind::OverCap,
         TcpErrorKind::TlsFailed,
         TcpErrorKind::TlsTimeout,
@@ -77,6 +104,9 @@ impl TcpErrorKind {
         TcpErrorKind::TooLarge,
         TcpErrorKind::RapidReset,
         TcpErrorKind::Protocol,
+        TcpErrorKind::IdleTimeout,
+        TcpErrorKind::Evicted,
+        TcpErrorKind::LingerCut,
     ];
 
     /// The metric label.
@@ -89,6 +119,9 @@ impl TcpErrorKind {
             TcpErrorKind::TooLarge => "too_large",
             TcpErrorKind::RapidReset => "rapid_reset",
             TcpErrorKind::Protocol => "protocol",
+            TcpErrorKind::IdleTimeout => "idle_timeout",
+            TcpErrorKind::Evicted => "evicted",
+            TcpErrorKind::LingerCut => "linger_cut",
         }
     }
 
@@ -129,12 +162,17 @@ impl TcpErrorKind {
 pub struct TcpOptions {
     /// The `alt-svc` field of every response; `None`: none.
     pub alt_svc: Option<HeaderValue>,
-    /// Connections this worker serves at once; more are closed at accept.
+    /// Connections this worker serves at once. At the cap the connection idle longest is
+    /// asked to finish to make room for a new one; when none is idle, the new one is closed at
+    /// accept. Connections being closed are not counted, but at most as many again are kept.
     pub max_connections: usize,
     /// Longest a TLS handshake may take.
     pub handshake_timeout: Duration,
     /// Longest an HTTP/1.1 request head may take to arrive.
     pub header_timeout: Duration,
+    /// Longest an HTTP/2 connection may stay open with no request in flight; then it is sent
+    /// GOAWAY and closed. (HTTP/1.1 has `header_timeout`.)
+    pub idle_timeout: Duration,
     /// HTTP/2 streams a client may have open at once on one connection.
     pub max_streams: u32,
     /// Largest request head in bytes: over HTTP/1.1 a larger one is answered 431; over HTTP/2
@@ -150,6 +188,7 @@ impl Default for TcpOptions {
             max_connections: 4096,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
             max_streams: 128,
             max_header_bytes: 64 * 1024,
         }
@@ -219,6 +258,7 @@ async fn serve_connections(
     let what = kind.name();
     let opts = Arc::new(opts);
     let mut connections = JoinSet::new();
+    let mut registry = Registry::new();
     let mut stopping = *shutdown.borrow_and_update();
     while !stopping {
         tokio::select! {
@@ -236,21 +276,33 @@ async fn serve_connections(
                     }
                 };
                 stats.tcp_connections.fetch_add(1, Ordering::Relaxed);
-                if connections.len() >= opts.max_connections {
-                    stats.count_tcp_error(TcpErrorKind::OverCap);
-                    drop(stream);
-                    continue;
+                match registry.admit(opts.max_connections) {
+                    Admission::Room => {}
+                    Admission::MadeRoom => stats.count_tcp_error(TcpErrorKind::Evicted),
+                    Admission::Full => {
+                        stats.count_tcp_error(TcpErrorKind::OverCap);
+                        drop(stream);
+                        continue;
+                    }
                 }
+                let tracked = registry.next();
                 let conn = Conn {
                     kind: kind.clone(),
                     site: site.clone(),
                     stats: stats.clone(),
                     shutdown: shutdown.clone(),
                     opts: opts.clone(),
+                    tracked: tracked.clone(),
                 };
-                connections.spawn(conn.run(stream, remote));
+                let task = connections.spawn(conn.run(stream, remote));
+                registry.insert(task.id(), tracked);
             }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(joined) = connections.join_next_with_id(), if !connections.is_empty() => {
+                registry.remove(match joined {
+                    Ok((id, ())) => id,
+                    Err(e) => e.id(),
+                });
+            }
         }
     }
     // This worker takes no more connections; the queue stays with the others and the demux.
@@ -270,20 +322,29 @@ struct Conn {
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     opts: Arc<TcpOptions>,
+    /// What the listener sees of this connection.
+    tracked: Arc<Tracked>,
 }
 
 impl Conn {
-    async fn run(self, stream: tokio::net::TcpStream, remote: std::net::SocketAddr) {
+    async fn run(mut self, stream: TcpStream, remote: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let acceptor = match &self.kind {
             Kind::Https(acceptor) => acceptor.clone(),
             Kind::Redirect { https_port } => {
                 let (site, stats, port) = (self.site.clone(), self.stats.clone(), *https_port);
+                let tracked = self.tracked.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    redirect(site.clone(), stats.clone(), port, remote, req)
+                    counted(
+                        tracked.begin(),
+                        redirect(site.clone(), stats.clone(), port, remote, req),
+                    )
                 });
-                let conn = self.http1().serve_connection(TokioIo::new(stream), service);
-                return self.drive(remote, conn).await;
+                self.tracked.open();
+                let (io, back) = lend(stream);
+                let conn = self.http1().serve_connection(TokioIo::new(io), service);
+                self.drive(remote, conn, None).await;
+                return self.close(remote, back).await;
             }
         };
         let tls = match tokio::time::timeout(self.opts.handshake_timeout, acceptor.accept(stream))
@@ -305,22 +366,45 @@ impl Conn {
         let site = self.site.clone();
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
+        let tracked = self.tracked.clone();
         let service = hyper::service::service_fn(move |req| {
-            handle(site.clone(), stats.clone(), alt_svc.clone(), remote, req)
+            counted(
+                tracked.begin(),
+                handle(site.clone(), stats.clone(), alt_svc.clone(), remote, req),
+            )
         });
+        self.tracked.open();
         // The protocol is the one ALPN chose (HTTP/1.1 without ALPN), never sniffed from a
         // preface: a client that sends nothing after its handshake meets the header timeout.
-        let io = TokioIo::new(tls);
-        if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let (io, back) = lend(tls);
+        let io = TokioIo::new(io);
+        if h2 {
             let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(self.opts.max_streams)
                 .max_header_list_size(self.opts.max_header_bytes)
                 .serve_connection(io, service);
-            self.drive(remote, conn).await;
+            self.drive(remote, conn, Some(self.opts.idle_timeout)).await;
         } else {
             let conn = self.http1().serve_connection(io, service);
-            self.drive(remote, conn).await;
+            self.drive(remote, conn, None).await;
+        }
+        self.close(remote, back).await;
+    }
+
+    /// Closes the connection hyper handed `back` (its connection dropped by now) gracefully.
+    async fn close<T: Transport>(&self, remote: SocketAddr, mut back: oneshot::Receiver<T>) {
+        // Not counted against the cap while it closes.
+        self.tracked.phase.store(CLOSING, Ordering::Relaxed);
+        // hyper's connection, which held the stream, is gone: the stream came back with its
+        // drop, or never will (nothing to close then).
+        let Ok(io) = back.try_recv() else {
+            return;
+        };
+        if let Err(why) = close_gracefully(io).await {
+            self.stats.count_tcp_error(TcpErrorKind::LingerCut);
+            debug!(%remote, why, "graceful close cut short");
         }
     }
 
@@ -333,18 +417,33 @@ impl Conn {
         b
     }
 
-    /// Serves `conn` to its end; once draining starts, tells it to finish (HTTP/2 GOAWAY,
-    /// HTTP/1.1 `connection: close` after the request in flight) and waits for that.
-    async fn drive<C: Graceful>(mut self, remote: SocketAddr, conn: C) {
+    /// Serves `conn` to its end. It is asked to finish (HTTP/2 GOAWAY, HTTP/1.1
+    /// `connection: close` after the request in flight) once draining starts, when its
+    /// listener needs its room, or when it had no request in flight for `idle_timeout`
+    /// (`None`: no such clock). Once asked, it is given up on when it has been without a
+    /// request in flight for [`GOAWAY_WAIT`] since. `conn` is dropped on return, and with it
+    /// the stream it was lent.
+    async fn drive<C: Graceful>(
+        &mut self,
+        remote: SocketAddr,
+        conn: C,
+        idle_timeout: Option<Duration>,
+    ) {
         tokio::pin!(conn);
-        let mut draining = *self.shutdown.borrow_and_update();
+        let mut asked_at = None;
+        let mut finish = (*self.shutdown.borrow_and_update()).then_some(Finish::Drain);
+        let mut step_at = self.tracked.step_at(idle_timeout, asked_at);
+        let clock = tokio::time::sleep_until(step_at.unwrap_or_else(Instant::now));
+        tokio::pin!(clock);
         loop {
-            if draining {
+            if let Some(why) = finish.take() {
+                asked_at = Some(Instant::now());
+                self.asked(remote, why);
                 conn.as_mut().graceful_shutdown();
-                if let Err(e) = conn.as_mut().await {
-                    self.ended(remote, &e);
+                step_at = self.tracked.step_at(idle_timeout, asked_at);
+                if let Some(at) = step_at {
+                    clock.as_mut().reset(at);
                 }
-                return;
             }
             tokio::select! {
                 done = conn.as_mut() => {
@@ -353,11 +452,54 @@ impl Conn {
                     }
                     return;
                 }
-                changed = self.shutdown.changed() => {
-                    draining = changed.is_err() || *self.shutdown.borrow_and_update();
+                changed = self.shutdown.changed(), if asked_at.is_none() => {
+                    if changed.is_err() || *self.shutdown.borrow_and_update() {
+                        finish = Some(Finish::Drain);
+                    }
+                }
+                () = self.tracked.evict.notified(), if asked_at.is_none() => {
+                    finish = Some(Finish::Evicted);
+                }
+                () = &mut clock, if step_at.is_some() => {
+                    // Requests may have come and gone since the clock was set.
+                    step_at = self.tracked.step_at(idle_timeout, asked_at);
+                    match step_at {
+                        Some(at) if at > Instant::now() => clock.as_mut().reset(at),
+                        _ if asked_at.is_some() => {
+                            // A client that never answers the GOAWAY's PING (RFC 9113 §6.8)
+                            // would keep an HTTP/2 connection open for good.
+                            debug!(%remote, "no request in flight and no end: closing");
+                            return;
+                        }
+                        _ => finish = Some(Finish::Idle),
+                    }
                 }
             }
         }
+    }
+
+    /// Notes that the connection to `remote` was asked to finish, and counts why.
+    fn asked(&self, remote: SocketAddr, why: Finish) {
+        let phase = &self.tracked.phase;
+        let why = match why {
+            // The listener moved it to CLOSING and counted it already.
+            Finish::Evicted => why,
+            Finish::Idle => {
+                match phase.compare_exchange(OPEN, CLOSING, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        self.stats.count_tcp_error(TcpErrorKind::IdleTimeout);
+                        why
+                    }
+                    // The listener took it first, to make room.
+                    Err(_) => Finish::Evicted,
+                }
+            }
+            Finish::Drain => {
+                phase.store(CLOSING, Ordering::Relaxed);
+                why
+            }
+        };
+        debug!(%remote, ?why, "asking the connection to finish");
     }
 }
 
@@ -393,6 +535,426 @@ where
     }
 }
 
+/// Why a connection was asked to finish.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Finish {
+    /// The worker drains.
+    Drain,
+    /// No request in flight for [`TcpOptions::idle_timeout`].
+    Idle,
+    /// Its listener needed the room for a new connection.
+    Evicted,
+}
+
+/// How long a connection asked to finish may stay without a request in flight before it is
+/// closed anyway (and closed gracefully): an HTTP/2 client has that long to answer the PING of
+/// a graceful GOAWAY (RFC 9113 §6.8), which a round trip does.
+const GOAWAY_WAIT: Duration = Duration::from_secs(5);
+
+/// [`Tracked::phase`]: the TLS handshake; neither idle nor busy.
+const HANDSHAKE: u8 = 0;
+/// [`Tracked::phase`]: serving HTTP; idle when no request is in flight.
+const OPEN: u8 = 1;
+/// [`Tracked::phase`]: asked to finish, or closing; not counted against the cap.
+const CLOSING: u8 = 2;
+
+/// One connection as its listener and its task both see it: whether it is idle and since when,
+/// and the listener's request that it make room. The connection's task writes `phase` (the
+/// listener only moves an idle connection from [`OPEN`] to [`CLOSING`]); its requests write
+/// `in_flight` and `idle_since_ms`.
+struct Tracked {
+    /// Accept order: of two connections idle since the same millisecond, the older goes first.
+    seq: u64,
+    /// The listener's start, from which `idle_since_ms` counts.
+    epoch: Instant,
+    /// [`HANDSHAKE`], [`OPEN`] or [`CLOSING`].
+    phase: AtomicU8,
+    /// Requests in flight (HTTP/2 streams): from hyper's call of the service to the end of the
+    /// response body, or its drop.
+    in_flight: AtomicU32,
+    /// When `in_flight` last fell to 0 (before any request: when the connection opened), in
+    /// milliseconds since `epoch`.
+    idle_since_ms: AtomicU64,
+    /// Wakes the task once the listener moved it to [`CLOSING`].
+    evict: Notify,
+}
+
+impl Tracked {
+    /// The handshake is done: it serves, and is idle until its first request.
+    fn open(&self) {
+        self.idle_since_ms
+            .store(self.ms_since_epoch(Instant::now()), Ordering::Relaxed);
+        let _ = self
+            .phase
+            .compare_exchange(HANDSHAKE, OPEN, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// A request begins (hyper called the service): in flight until the returned guard drops.
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+
+    /// When the connection is due for its next step if no request comes: the idle timeout
+    /// (`idle_timeout`, if it has one) or, once it was asked to finish (at `asked_at`), being
+    /// given up on ([`GOAWAY_WAIT`] without a request in flight since then). While a request is
+    /// in flight: that long from now, to look again.
+    fn step_at(
+        &self,
+        idle_timeout: Option<Duration>,
+        asked_at: Option<Instant>,
+    ) -> Option<Instant> {
+        let (limit, from) = match asked_at {
+            Some(at) => (GOAWAY_WAIT, Some(at)),
+            None => (idle_timeout?, None),
+        };
+        let idle_from = match self.idle_since() {
+            Some(ms) => self.epoch + Duration::from_millis(ms),
+            None => Instant::now(),
+        };
+        Some(idle_from.max(from.unwrap_or(idle_from)) + limit)
+    }
+
+    /// Since when (milliseconds since `epoch`) it has had no request in flight; `None` while
+    /// one is. Relaxed loads: a request that ends as this reads may leave the previous time,
+    /// which at worst asks a connection with no request in flight to finish a moment early.
+    fn idle_since(&self) -> Option<u64> {
+        (self.in_flight.load(Ordering::Relaxed) == 0)
+            .then(|| self.idle_since_ms.load(Ordering::Relaxed))
+    }
+
+    fn ms_since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A request in flight on a connection (see [`Tracked::begin`]).
+struct InFlight(Arc<Tracked>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let tracked = &self.0;
+        if tracked.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            let now = tracked.ms_since_epoch(Instant::now());
+            tracked.idle_since_ms.store(now, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Answers a request with `answer`, holding `in_flight` until hyper is done with the response
+/// body (or drops the request unanswered).
+async fn counted(
+    in_flight: InFlight,
+    answer: impl std::future::Future<Output = Response<TcpBody>>,
+) -> Result<Response<InFlightBody>, Infallible> {
+    Ok(answer.await.map(|body| InFlightBody {
+        body,
+        _in_flight: in_flight,
+    }))
+}
+
+/// A response body and its request's [`InFlight`].
+struct InFlightBody {
+    body: TcpBody,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for InFlightBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// The connections of one listener, for its cap.
+struct Registry {
+    epoch: Instant,
+    next_seq: u64,
+    connections: HashMap<tokio::task::Id, Arc<Tracked>>,
+}
+
+/// What the cap says to a new connection.
+#[derive(Debug, PartialEq, Eq)]
+enum Admission {
+    /// Under the cap.
+    Room,
+    /// At the cap: the connection idle longest was asked to finish.
+    MadeRoom,
+    /// At the cap with none idle (or as many again closing): close the new one.
+    Full,
+}
+
+impl Registry {
+    fn new() -> Registry {
+        Registry {
+            epoch: Instant::now(),
+            next_seq: 0,
+            connections: HashMap::new(),
+        }
+    }
+
+    /// Whether a new connection may be served under `max`, making room if it takes that: the
+    /// connection idle longest moves to [`CLOSING`] and its task is woken to finish it. Looks
+    /// at every connection, but only at the cap.
+    fn admit(&mut self, max: usize) -> Admission {
+        if self.connections.len() < max {
+            return Admission::Room;
+        }
+        if self.connections.len() >= max.saturating_mul(2) {
+            return Admission::Full;
+        }
+        let mut counted = 0;
+        let mut idlest: Option<(u64, u64, &Arc<Tracked>)> = None;
+        for t in self.connections.values() {
+            match t.phase.load(Ordering::Relaxed) {
+                CLOSING => continue,
+                OPEN => {
+                    if let Some(since) = t.idle_since() {
+                        if idlest.is_none_or(|(s, seq, _)| (since, t.seq) < (s, seq)) {
+                            idlest = Some((since, t.seq, t));
+                        }
+                    }
+                }
+                _ => {}
+            }
+            counted += 1;
+        }
+        if counted < max {
+            return Admission::Room;
+        }
+        let Some((_, _, t)) = idlest else {
+            return Admission::Full;
+        };
+        match t
+            .phase
+            .compare_exchange(OPEN, CLOSING, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => {
+                t.evict.notify_one();
+                Admission::MadeRoom
+            }
+            // It began to close on its own since the load above: the room is there.
+            Err(_) => Admission::Room,
+        }
+    }
+
+    /// The state of the next connection, in its handshake.
+    fn next(&mut self) -> Arc<Tracked> {
+        self.next_seq += 1;
+        Arc::new(Tracked {
+            seq: self.next_seq,
+            epoch: self.epoch,
+            phase: AtomicU8::new(HANDSHAKE),
+            in_flight: AtomicU32::new(0),
+            idle_since_ms: AtomicU64::new(0),
+            evict: Notify::new(),
+        })
+    }
+
+    fn insert(&mut self, task: tokio::task::Id, tracked: Arc<Tracked>) {
+        self.connections.insert(task, tracked);
+    }
+
+    fn remove(&mut self, task: tokio::task::Id) {
+        self.connections.remove(&task);
+    }
+}
+
+/// How long a graceful close waits for a client that went quiet (nginx's `lingering_timeout`
+/// is the same), unless what was sent is still arriving.
+const LINGER_QUIET: Duration = Duration::from_secs(5);
+/// The longest a graceful close takes in all (nginx's `lingering_time`).
+const LINGER_TIME: Duration = Duration::from_secs(30);
+/// The most a graceful close reads and throws away.
+const LINGER_BYTES: u64 = 1 << 20;
+
+/// A connection's byte stream: TLS over TCP, or TCP itself (the plain-HTTP redirects).
+trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// The TCP socket under it (what TLS still held is dropped: call it once `shutdown` sent
+    /// `close_notify`).
+    fn into_tcp(self) -> TcpStream;
+}
+
+impl Transport for TcpStream {
+    fn into_tcp(self) -> TcpStream {
+        self
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<TcpStream> {
+    fn into_tcp(self) -> TcpStream {
+        self.into_inner().0
+    }
+}
+
+/// Closes a connection without losing what was sent on it: TLS `close_notify` and the write
+/// side shut (the FIN goes after everything written), then what the client still sends is read
+/// and thrown away until it closes its side. It ends earlier once the client has been quiet for
+/// [`LINGER_QUIET`] and everything sent has arrived (nothing is left to lose), or stopped
+/// taking it (no progress in that time); and at [`LINGER_TIME`] or [`LINGER_BYTES`] in any
+/// case. `Err` says why it was cut short while the client could still lose data.
+async fn close_gracefully<T: Transport>(mut io: T) -> Result<(), &'static str> {
+    let deadline = Instant::now() + LINGER_TIME;
+    // A no-op if hyper closed the write side already (it does when it ends a connection
+    // itself); waits while the send buffer is full, which is the client's to drain.
+    match tokio::time::timeout_at(deadline, io.shutdown()).await {
+        Ok(Ok(())) => {}
+        // A reset or a broken pipe: nothing more can be delivered.
+        Ok(Err(_)) => return Ok(()),
+        Err(_) => return Err("the client took nothing in time to send close_notify"),
+    }
+    let mut tcp = io.into_tcp();
+    let mut unacknowledged = sys::unacknowledged_bytes(&tcp).unwrap_or(0);
+    let mut discarded = 0u64;
+    let mut buf = [0u8; 1024];
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return match sys::unacknowledged_bytes(&tcp).unwrap_or(0) {
+                0 => Ok(()),
+                _ => Err("the client was still receiving when the time was up"),
+            };
+        }
+        let quiet_until = (now + LINGER_QUIET).min(deadline);
+        match tokio::time::timeout_at(quiet_until, tcp.read(&mut buf)).await {
+            // The client closed its side (or reset): it has everything it will read.
+            Ok(Ok(0)) | Ok(Err(_)) => return Ok(()),
+            Ok(Ok(n)) => {
+                discarded += n as u64;
+                if discarded > LINGER_BYTES {
+                    return Err("the client kept sending");
+                }
+            }
+            Err(_) => {
+                let left = sys::unacknowledged_bytes(&tcp).unwrap_or(0);
+                if left == 0 {
+                    // Everything sent has arrived: a reset now loses the client nothing.
+                    return Ok(());
+                }
+                if left >= unacknowledged && Instant::now() < deadline {
+                    return Err("the client stopped taking what was sent");
+                }
+                unacknowledged = left;
+            }
+        }
+    }
+}
+
+/// Lends `io` to hyper: the [`HandBack`] hyper owns, and where `io` comes back when hyper drops
+/// it, so the connection's task can still close it gracefully.
+fn lend<T>(io: T) -> (HandBack<T>, oneshot::Receiver<T>) {
+    let (tx, rx) = oneshot::channel();
+    (
+        HandBack {
+            io: Some(io),
+            back: Some(tx),
+        },
+        rx,
+    )
+}
+
+/// A stream lent to hyper (see [`lend`]); reads and writes pass straight through.
+struct HandBack<T> {
+    /// `None` only inside `drop`.
+    io: Option<T>,
+    back: Option<oneshot::Sender<T>>,
+}
+
+impl<T> Drop for HandBack<T> {
+    fn drop(&mut self) {
+        if let (Some(io), Some(back)) = (self.io.take(), self.back.take()) {
+            // The receiver gone (its task ended): the stream closes here, as it used to.
+            let _ = back.send(io);
+        }
+    }
+}
+
+impl<T> HandBack<T> {
+    fn io(&mut self) -> io::Result<std::pin::Pin<&mut T>>
+    where
+        T: Unpin,
+    {
+        match self.io.as_mut() {
+            Some(io) => Ok(std::pin::Pin::new(io)),
+            None => Err(io::Error::from(io::ErrorKind::NotConnected)),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for HandBack<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_read(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for HandBack<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write_vectored(cx, bufs),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.as_ref().is_some_and(|io| io.is_write_vectored())
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_flush(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut().io() {
+            Ok(io) => io.poll_shutdown(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
 impl Conn {
     /// Counts why the connection to `remote` ended with `e`, if it was bad input.
     fn ended(&self, remote: SocketAddr, e: &hyper::Error) {
@@ -412,7 +974,7 @@ async fn handle(
     alt_svc: Option<HeaderValue>,
     remote: SocketAddr,
     req: Request<Incoming>,
-) -> Result<Response<TcpBody>, Infallible> {
+) -> Response<TcpBody> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
     let protocol = if req.version() == http::Version::HTTP_2 {
         stats.requests_h2.fetch_add(1, Ordering::Relaxed);
@@ -431,7 +993,7 @@ async fn handle(
     if let Some(v) = alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
-    Ok(match logged {
+    match logged {
         None => resp,
         Some(logged) => {
             let status = resp.status();
@@ -445,7 +1007,7 @@ async fn handle(
                 .boxed_unsync()
             })
         }
-    })
+    }
 }
 
 /// The redirect of a request on the plain-HTTP listener: 301 to `https://HOST[:PORT]PATH`.
@@ -455,7 +1017,7 @@ async fn redirect(
     https_port: u16,
     remote: SocketAddr,
     req: Request<Incoming>,
-) -> Result<Response<TcpBody>, Infallible> {
+) -> Response<TcpBody> {
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
     stats.requests_h1.fetch_add(1, Ordering::Relaxed);
     let (parts, _body) = req.into_parts();
@@ -489,7 +1051,7 @@ async fn redirect(
     let mut resp = Response::new(body_of(reply.body, stats));
     *resp.status_mut() = reply.status;
     *resp.headers_mut() = reply.headers;
-    Ok(resp)
+    resp
 }
 
 /// A response body that writes its request's access-log line when hyper is done with it
@@ -693,5 +1255,69 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
             });
             StreamBody::new(chunks).boxed_unsync()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker reports [`ServerStats::tcp_errors`], in [`TcpErrorKind::ALL`] order, as the
+    /// `tcp_errors_*` keys of its STATS (`WorkerReport::set_with_prefix`): both lists name the
+    /// same kinds in the same order, and each kind indexes its own counter.
+    #[test]
+    fn error_kinds_are_the_stats_keys_in_order() {
+        let keys: Vec<&str> = ringmux_proto::message::keys_with_prefix("tcp_errors_")
+            .map(|(_, kind)| kind)
+            .collect();
+        let kinds: Vec<&str> = TcpErrorKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(kinds, keys);
+        for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
+            assert_eq!(kind as usize, i, "{kind:?}");
+        }
+    }
+
+    /// The server writes more than the client has read and closes; the client reads on and
+    /// sends a byte after each read, as an HTTP/2 client sends WINDOW_UPDATE. Closed gracefully,
+    /// the socket takes those bytes rather than answering them with a reset, so the client gets
+    /// every byte and then the end of the stream.
+    #[tokio::test]
+    async fn a_graceful_close_delivers_everything_to_a_client_still_talking() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        // Far more than the socket buffers hold: the server's last write returns while much
+        // of it is still on its way.
+        let payload: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+        let sent = payload.clone();
+        let server = tokio::spawn(async move {
+            server.write_all(&sent).await.unwrap();
+            close_gracefully(server).await
+        });
+        let mut got = Vec::with_capacity(payload.len());
+        let mut buf = vec![0u8; 64 << 10];
+        let end = loop {
+            match client.read(&mut buf).await {
+                Ok(0) => break Ok(()),
+                Ok(n) => {
+                    got.extend_from_slice(&buf[..n]);
+                    if let Err(e) = client.write_all(b"w").await {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        assert!(
+            got == payload,
+            "{} of {} bytes, then {end:?}",
+            got.len(),
+            payload.len()
+        );
+        assert!(end.is_ok(), "{end:?}");
+        drop(client);
+        assert_eq!(server.await.unwrap(), Ok(()));
     }
 }

@@ -192,8 +192,8 @@ const REPORTED: &[(&str, Option<&str>, &str, Over, &str)] = &[
         Some("kind"),
         names::WORKER_TCP_ERRORS,
         Over::Lanes,
-        "HTTPS over TCP: connections refused or ended for bad input or overload, by kind \
-      (reported by the worker)",
+        "HTTPS over TCP: connections refused or ended for bad input or overload, or closed idle, \
+      by kind (reported by the worker)",
     ),
     (
         "access_log_lines",

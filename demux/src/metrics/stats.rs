@@ -73,11 +73,14 @@ pub fn table(m: &Scrape) -> String {
         .into_iter()
         .map(tcp_error)
         .sum();
+    let idle: f64 = ["idle_timeout", "evicted"].into_iter().map(tcp_error).sum();
     let _ = writeln!(
         out,
         "tcp: {:.0} connections   {refused:.0} refused (over cap, TLS)   {ended:.0} ended for \
-         bad input (see ringmux_worker_tcp_errors_total)",
+         bad input   {idle:.0} closed idle (timeout, at the cap)   {:.0} closes cut short \
+         (see ringmux_worker_tcp_errors_total)",
         m.sum(names::WORKER_TCP_CONNECTIONS),
+        tcp_error("linger_cut"),
     );
     let _ = writeln!(out);
     let _ = writeln!(

@@ -137,6 +137,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                 TcpOptions {
                     alt_svc,
                     max_connections: options.tcp_max_connections as usize,
+                    idle_timeout: options.tcp_idle_timeout(),
                     ..TcpOptions::default()
                 },
             ))
@@ -157,6 +158,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
                     max_connections: options.tcp_max_connections as usize,
+                    idle_timeout: options.tcp_idle_timeout(),
                     ..TcpOptions::default()
                 },
             ))
