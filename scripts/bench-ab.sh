@@ -12,7 +12,12 @@
 # --plaintext-cids, so that all route alike).
 #
 # The client runs on the same machine as the server: on a 2-CPU box it competes with the
-# demux and the workers, so compare modes within a run, not with other machines.
+# demux and the workers, so compare modes within a run, not with other machines. ringmux and
+# the client each run in a session of their own (setsid): ringmux as systemd starts a service,
+# the client as a remote one would be, outside ringmux's scheduler autogroup (each session is
+# one, where autogroups are on: /proc/sys/kernel/sched_autogroup_enabled). Sharing the demux's
+# autogroup, the client would take its CPU from the demux's share alone, since every worker has
+# a session, so an autogroup, of its own.
 #
 # Usage: scripts/bench-ab.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
 #          [--instances K] [--path /bytes/1024] [--modes "shm unix"] [--cpus LIST]
@@ -124,7 +129,7 @@ for ((round = 1; round <= rounds; round++)); do
     args=(--listen 127.0.0.1:0 --metrics 127.0.0.1:0 --instances "$instances" --forward "$mode"
       --worker-bin "$bin/ringmux-worker" --grace 2 "${plaintext[@]}")
     [[ -n $cpus ]] && args+=(--cpus "$cpus")
-    RUST_LOG=${RUST_LOG:-warn} "$bin/ringmux" "${args[@]}" >"$log.out" 2>"$log.err" &
+    RUST_LOG=${RUST_LOG:-warn} setsid "$bin/ringmux" "${args[@]}" >"$log.out" 2>"$log.err" &
     rm_pid=$!
     for _ in $(seq 300); do
       grep -q '^ringmux ready' "$log.out" 2>/dev/null && break
@@ -148,7 +153,7 @@ for ((round = 1; round <= rounds; round++)); do
     b0=$(metric ringmux_doorbells_total)
     x0=$(box_busy_ns)
     json=$out/probe-$mode-$round.json
-    "$bin/h3-probe" --url "https://$listen$url_path" --connections "$connections" \
+    setsid --wait "$bin/h3-probe" --url "https://$listen$url_path" --connections "$connections" \
       --streams "$streams" --seconds "$duration" --warmup 1 --insecure --json "$json" \
       >"$out/probe-$mode-$round.txt" 2>&1 || true
     x1=$(box_busy_ns)
