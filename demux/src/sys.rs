@@ -85,16 +85,7 @@ pub fn is_disconnect(e: &io::Error) -> bool {
 /// Waits until one of `fds` is readable (or hung up, or in error), for at most `timeout`
 /// (`None`: forever). Returns how many are. A timeout is rounded up to whole milliseconds.
 pub fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> io::Result<usize> {
-    let timeout = match timeout {
-        None => PollTimeout::NONE,
-        Some(t) => PollTimeout::try_from(t.as_micros().div_ceil(1000)).unwrap_or(PollTimeout::MAX),
-    };
-    let mut p: Vec<PollFd<'_>> = fds
-        .iter()
-        .map(|fd| PollFd::new(*fd, PollFlags::POLLIN))
-        .collect();
-    let n = retry(|| nix::poll::poll(&mut p, timeout))?;
-    Ok(usize::try_from(n).unwrap_or(0))
+    Ok(poll_which(fds, timeout)?.into_iter().filter(|r| *r).count())
 }
 
 /// [`poll_readable`] for one descriptor, allocating nothing (the data plane's idle wait).

@@ -616,9 +616,11 @@ async fn a_failing_standard_error_costs_lines_not_the_demux() {
     .await
 }
 
-/// A request answered on each of 2 instances.
+/// A request answered on each of 2 instances, by the harness's client and by a client nobody
+/// here wrote.
 async fn both_serve(rm: &Ringmux) {
     for i in 0..2 {
+        harness::third_party_served(rm, i).await;
         let client = rm.pinned_client(i);
         let conn = rm.connect(&client).await;
         check_bytes(

@@ -5,7 +5,7 @@
 //! and a real client still gets its answers.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ringmux_demux::metrics::names;
 use ringmux_test_support::{harness, temp_dir, TempDir};
@@ -35,26 +35,6 @@ fn start_flooding(fault: &str, dir: &TempDir) -> Ringmux {
 
 fn marker(dir: &TempDir) -> PathBuf {
     dir.path().join("played")
-}
-
-/// `MARKER.report`'s `name=value` lines, once written (bounded by `timeout`).
-async fn report(dir: &TempDir, timeout: Duration) -> Vec<(String, String)> {
-    let path = dir.path().join("played.report");
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            return text
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fault worker wrote no report within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn dropped(m: &harness::Metrics, instance: &str, kind: &str) -> f64 {
@@ -93,6 +73,7 @@ async fn a_stats_flood_is_dropped_counted_and_starves_no_one() {
         let conn = rm.connect(&client).await;
         let r = conn.get("/bytes/50000").await.expect("GET on instance 0");
         check_bytes("instance 0 during the flood", &r, 50_000);
+        harness::third_party_served(&rm, 0).await;
         let m = rm
             .wait_for(
                 "instance 0 to report its request during the flood",
@@ -105,7 +86,7 @@ async fn a_stats_flood_is_dropped_counted_and_starves_no_one() {
         }
         assert_eq!(m.instance(names::WORKER_RESTARTS, 0), 0.0, "{m}");
         std::fs::write(dir.path().join("played.done"), b"1").unwrap();
-        let sent = report(&dir, Duration::from_secs(30)).await;
+        let sent = harness::fault_report(dir.path(), Duration::from_secs(30)).await;
         eprintln!("fault worker: {sent:?}; metrics:\n{m}");
     })
     .await
@@ -128,9 +109,9 @@ async fn a_session_flood_evicts_no_other_instance_s_sessions() {
         conn.close().await.expect("clean close");
 
         std::fs::write(dir.path().join("played.go"), b"1").unwrap();
-        let sent = report(&dir, Duration::from_secs(90)).await;
+        let sent = harness::fault_report(dir.path(), Duration::from_secs(90)).await;
         assert!(
-            sent.contains(&("session-puts".into(), "70000".into())),
+            sent.get("session-puts").map(String::as_str) == Some("70000"),
             "the flood did not go out whole: {sent:?}"
         );
         let before = rm.metrics();
@@ -158,6 +139,8 @@ async fn a_session_flood_evicts_no_other_instance_s_sessions() {
         let after = rm.metrics();
         let hits = |m: &harness::Metrics| m.labelled(names::SESSION_TAKES, "result", "hit");
         assert!(hits(&after) > hits(&before), "{after}");
+        harness::third_party_served(&rm, 0).await;
+        harness::third_party_served(&rm, 1).await;
     })
     .await
 }

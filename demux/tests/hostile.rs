@@ -336,8 +336,8 @@ async fn overload_burst_keeps_memory_flat_and_accounts_for_everything() {
 /// (gtlsclient) on each.
 async fn both_instances_serve(rm: &Ringmux) {
     instance0_serves(rm).await;
-    third_party_served(rm, 0).await;
-    third_party_served(rm, 1).await;
+    harness::third_party_served(rm, 0).await;
+    harness::third_party_served(rm, 1).await;
 }
 
 /// The effective user ID of process `pid`, from `/proc/PID/status`.
@@ -353,22 +353,7 @@ fn effective_uid(pid: u32) -> String {
 
 /// The outcomes the fault worker recorded (`MARKER.report`), once it has written them.
 async fn report(dir: &TempDir) -> std::collections::HashMap<String, String> {
-    let path = dir.path().join("played.report");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&path) {
-            return text
-                .lines()
-                .filter_map(|l| l.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fault worker wrote no report"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    harness::fault_report(dir.path(), Duration::from_secs(30)).await
 }
 
 /// Asserts that each of `attempts` came out as `expected` in `report`.
@@ -589,36 +574,6 @@ async fn forwards_everything(rm: &Ringmux) {
     }
 }
 
-/// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
-/// `instance`. Skipped (said loudly) where it is not installed, except under CI.
-async fn third_party_served(rm: &Ringmux, instance: u8) {
-    if !tool::GTLSCLIENT.present() {
-        return;
-    }
-    let port = rm.listen.port().to_string();
-    let out = tokio::process::Command::new("gtlsclient")
-        .args([
-            "--exit-on-all-streams-close",
-            "--no-quic-dump",
-            "--no-http-dump",
-            "--timeout=10s",
-            "--handshake-timeout=5s",
-            &format!("--dcid={}", harness::hex(&rm.dcid_for(instance, 18))),
-            "127.0.0.1",
-            &port,
-            &format!("https://127.0.0.1:{port}/hello.txt"),
-        ])
-        .output()
-        .await
-        .expect("running gtlsclient");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        log.contains("[:status: 200]"),
-        "gtlsclient got no 200:\n{}",
-        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
-    );
-}
-
 /// The filter's rules name descriptors 3 and 4, so no worker may free, renumber or replace
 /// them by any route (an `execve` would hand the number to a socket of its own, and the rules
 /// would bind that socket instead): `FIOCLEX`/`FIONCLEX`, `F_SETFD`, `close_range` with
@@ -661,8 +616,8 @@ async fn a_confined_worker_cannot_free_the_descriptors_the_rules_name() {
             &conn.get("/bytes/3000").await.expect("GET on instance 1"),
             3000,
         );
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        harness::third_party_served(&rm, 0).await;
+        harness::third_party_served(&rm, 1).await;
         forwards_everything(&rm).await;
     })
     .await;
@@ -730,8 +685,8 @@ async fn a_workers_own_socket_cannot_blind_the_box_even_unconfined() {
             &conn.get("/bytes/3000").await.expect("GET on instance 1"),
             3000,
         );
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        harness::third_party_served(&rm, 0).await;
+        harness::third_party_served(&rm, 1).await;
         forwards_everything(&rm).await;
     })
     .await;
@@ -790,7 +745,7 @@ async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String
     let r = report(&dir).await;
     // Instance 1 is still the spy after an upgrade: no QUIC there.
     instance0_serves(&rm).await;
-    third_party_served(&rm, 0).await;
+    harness::third_party_served(&rm, 0).await;
     r
 }
 
@@ -1125,8 +1080,8 @@ async fn a_confined_worker_cannot_touch_the_shared_tcp_listeners() {
             .expect("the listener takes connections after an upgrade");
         std::net::TcpStream::connect_timeout(&redirect, Duration::from_secs(5))
             .expect("the plain-HTTP listener takes connections after an upgrade");
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        harness::third_party_served(&rm, 0).await;
+        harness::third_party_served(&rm, 1).await;
     })
     .await;
 }
@@ -1578,7 +1533,7 @@ async fn a_worker_cannot_rewrite_the_access_log_or_ringmuxs_standard_error() {
                 );
             }
             instance0_serves(&rm).await;
-            third_party_served(&rm, 1).await;
+            harness::third_party_served(&rm, 1).await;
         }
     })
     .await;
@@ -1605,8 +1560,8 @@ async fn a_worker_flooding_its_standard_error_loses_its_own_lines_only() {
         assert!(m.instance(names::WORKER_LOG_LINES, 1) > 0.0, "{m}");
         assert!(m.instance(names::WORKER_LOG_LINES, 0) > 0.0, "{m}");
         instance0_serves(&rm).await;
-        third_party_served(&rm, 0).await;
-        third_party_served(&rm, 1).await;
+        harness::third_party_served(&rm, 0).await;
+        harness::third_party_served(&rm, 1).await;
         let text = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
         assert!(
             text.contains("[instance 1] fault-worker flood line 000000 ?[31mred?[0m"),

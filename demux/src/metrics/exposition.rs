@@ -24,27 +24,27 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut reg = Registry::default();
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     own(&mut reg, c);
-    let allocations = Counter::<u64>::default();
-    allocations.inc_by(crate::alloc::dataplane_allocations());
-    reg.register(
-        base(names::DATAPLANE_ALLOCATIONS),
-        "Heap allocations made on the data-plane thread after start-up (should stay flat)",
-        allocations,
-    );
-    let log_dropped = Counter::<u64>::default();
-    log_dropped.inc_by(crate::logs::lines_dropped());
-    reg.register(
-        base(names::LOG_LINES_DROPPED),
-        "Log lines of the demux and of its workers' output it could not write (queue full, or the write to its standard error failed)",
-        log_dropped,
-    );
-    let access_dropped = Counter::<u64>::default();
-    access_dropped.inc_by(crate::logs::access_lines_dropped());
-    reg.register(
-        base(names::ACCESS_LOG_LINES_DROPPED),
-        "Access-log lines the demux could not write (a failed write: a full disk)",
-        access_dropped,
-    );
+    for (name, help, value) in [
+        (
+            names::DATAPLANE_ALLOCATIONS,
+            "Heap allocations made on the data-plane thread after start-up (should stay flat)",
+            crate::alloc::dataplane_allocations(),
+        ),
+        (
+            names::LOG_LINES_DROPPED,
+            "Log lines of the demux and of its workers' output it could not write (queue full, or the write to its standard error failed)",
+            crate::logs::lines_dropped(),
+        ),
+        (
+            names::ACCESS_LOG_LINES_DROPPED,
+            "Access-log lines the demux could not write (a failed write: a full disk)",
+            crate::logs::access_lines_dropped(),
+        ),
+    ] {
+        let counter = Counter::<u64>::default();
+        counter.inc_by(value);
+        reg.register(base(name), help, counter);
+    }
     let dropped = Family::<Labels, Counter<u64>>::default();
     for r in DropReason::ALL {
         dropped

@@ -438,6 +438,63 @@ impl Drop for Ringmux {
     }
 }
 
+/// What `ringmux-fault-worker` recorded in `DIR/played.report` (its `name=value` lines), once
+/// it has written it, waiting at most `timeout`.
+///
+/// # Panics
+/// If no report was written within `timeout`.
+pub async fn fault_report(
+    dir: &Path,
+    timeout: Duration,
+) -> std::collections::HashMap<String, String> {
+    let path = dir.join("played.report");
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            return text
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the fault worker wrote no report within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
+/// `instance`. Skipped (said loudly) where it is not installed, except under CI.
+pub async fn third_party_served(rm: &Ringmux, instance: u8) {
+    if !crate::tool::GTLSCLIENT.present() {
+        return;
+    }
+    let port = rm.listen.port().to_string();
+    let out = tokio::process::Command::new("gtlsclient")
+        .args([
+            "--exit-on-all-streams-close",
+            "--no-quic-dump",
+            "--no-http-dump",
+            "--timeout=10s",
+            "--handshake-timeout=5s",
+            &format!("--dcid={}", hex(&rm.dcid_for(instance, 18))),
+            "127.0.0.1",
+            &port,
+            &format!("https://127.0.0.1:{port}/hello.txt"),
+        ])
+        .output()
+        .await
+        .expect("running gtlsclient");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("[:status: 200]"),
+        "gtlsclient got no 200:\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+}
+
 /// The `ringmux-worker` binary, the built-in server.
 pub fn worker_bin() -> PathBuf {
     binary("ringmux-worker")
