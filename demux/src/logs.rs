@@ -46,7 +46,7 @@ pub const CUT_MARK: &[u8] = b" [cut]";
 /// How many lines of each worker's output pass to ringmux's standard error (`serve`: 200 a
 /// second after a burst of 2 000), how many more are read and dropped (`drop`), and how long a
 /// worker past both waits before its pipe is read again (`pause`): so a flood costs the
-/// demux at most a read of [`READ_SIZE`] bytes every 20 ms.
+/// demux at most a read of 64 KiB every 20 ms.
 pub const OUTPUT: Limits = Limits {
     serve: Rate {
         per_second: 200,

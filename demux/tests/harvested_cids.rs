@@ -8,7 +8,6 @@
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,32 +113,6 @@ fn have_gtlsclient() -> bool {
     tool::GTLSCLIENT.present()
 }
 
-/// One gtlsclient GET of `path` whose first Initial goes to `dcid`: what it printed (all of it
-/// goes to stderr; it exits 0 whatever happened).
-async fn gtls_get(rm: &Ringmux, dcid: &[u8], path: &str) -> String {
-    let port = rm.listen.port().to_string();
-    let out = tokio::process::Command::new("gtlsclient")
-        .args([
-            "--exit-on-all-streams-close",
-            "--no-quic-dump",
-            "--no-http-dump",
-            "--timeout=10s",
-            "--handshake-timeout=5s",
-            &format!("--dcid={}", hex(dcid)),
-            "127.0.0.1",
-            &port,
-            &format!("https://127.0.0.1:{port}{path}"),
-        ])
-        .current_dir(rm.dir())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output();
-    let out = bounded(Duration::from_secs(60), out)
-        .await
-        .expect("running gtlsclient");
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// A client harvests a CID from the demux's Retry; token-less real Initials to it from 20
 /// fresh source ports all get Retries (never a worker's Initial or Handshake), none reaches a
 /// worker, and the metrics count them. Clients whose first Initial goes to that CID (ngtcp2's
@@ -206,7 +179,7 @@ async fn token_less_initials_to_a_harvested_cid_get_retries_under_retry_always()
 
         // Real clients whose first Initial goes to the harvested CID: a Retry, then served.
         if have_gtlsclient() {
-            let log = gtls_get(&rm, &harvested, "/bytes/777").await;
+            let log = harness::gtls_get(&rm, &harvested, "/bytes/777").await;
             let lines: Vec<&str> = log.lines().collect();
             let tail = lines[lines.len().saturating_sub(40)..].join("\n");
             assert!(

@@ -26,7 +26,7 @@
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
 //! server returns when the last one closed; the caller bounds that with its grace.
 //!
-//! Every connection hyper is done with is closed gracefully ([`close_gracefully`]): TLS
+//! Every connection hyper is done with is closed gracefully (`close_gracefully`): TLS
 //! `close_notify` and the write side shut, then what the client still sends is read and thrown
 //! away until it closes its side, or what was sent has arrived and the client went quiet, or a
 //! bound passes. Closing at once would lose data: a socket closed with unread input, or
@@ -89,7 +89,7 @@ pub enum TcpErrorKind {
     /// An idle connection closed to make room for a new one at
     /// [`TcpOptions::max_connections`].
     Evicted,
-    /// A graceful close cut short by its bound ([`close_gracefully`]): the client had stopped
+    /// A graceful close cut short by its bound (`close_gracefully`): the client had stopped
     /// taking what was sent, or kept sending, and may have lost the end of a response.
     LingerCut,
 }

@@ -471,6 +471,17 @@ pub async fn third_party_served(rm: &Ringmux, instance: u8) {
     if !crate::tool::GTLSCLIENT.present() {
         return;
     }
+    let log = gtls_get(rm, &rm.dcid_for(instance, 18), "/hello.txt").await;
+    assert!(
+        log.contains("[:status: 200]"),
+        "gtlsclient got no 200:\n{}",
+        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// One gtlsclient GET of `path` whose first Initial goes to `dcid`: what it printed (all of it
+/// goes to stderr; it exits 0 whatever happened).
+pub async fn gtls_get(rm: &Ringmux, dcid: &[u8], path: &str) -> String {
     let port = rm.listen.port().to_string();
     let out = tokio::process::Command::new("gtlsclient")
         .args([
@@ -479,20 +490,19 @@ pub async fn third_party_served(rm: &Ringmux, instance: u8) {
             "--no-http-dump",
             "--timeout=10s",
             "--handshake-timeout=5s",
-            &format!("--dcid={}", hex(&rm.dcid_for(instance, 18))),
+            &format!("--dcid={}", hex(dcid)),
             "127.0.0.1",
             &port,
-            &format!("https://127.0.0.1:{port}/hello.txt"),
+            &format!("https://127.0.0.1:{port}{path}"),
         ])
-        .output()
+        .current_dir(rm.dir())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = bounded(Duration::from_secs(60), out)
         .await
         .expect("running gtlsclient");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        log.contains("[:status: 200]"),
-        "gtlsclient got no 200:\n{}",
-        log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
-    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The `ringmux-worker` binary, the built-in server.
