@@ -1331,35 +1331,26 @@ mod tests {
 
     #[test]
     fn a_worker_user_must_reach_the_worker_program() {
-        use std::os::unix::fs::PermissionsExt;
         let tmp = ringmux_test_support::temp_dir("ringmux-reach");
         let base = tmp.path().to_path_buf();
         let inner = base.join("inner");
         std::fs::create_dir_all(&inner).unwrap();
         let program = inner.join("prog");
         std::fs::write(&program, b"#!/bin/sh\n").unwrap();
-        let mode = |p: &Path, m: u32| {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
-        };
-        // A user that owns none of it, in no group of it: the other bits decide.
-        let stranger = WorkerUser {
-            name: "stranger".into(),
-            uid: 4_000_000_001,
-            gid: 4_000_000_001,
-        };
-        mode(&base, 0o755);
-        mode(&inner, 0o755);
-        mode(&program, 0o755);
+        let stranger = stranger();
+        set_mode(&base, 0o755);
+        set_mode(&inner, 0o755);
+        set_mode(&program, 0o755);
         assert!(stranger.can_execute(&program).is_ok());
-        mode(&inner, 0o750);
+        set_mode(&inner, 0o750);
         let e = stranger.can_execute(&program).unwrap_err();
         assert!(
             matches!(&e, Unreachable::ClosedFolder { folder } if *folder == inner.canonicalize().unwrap()),
             "{e}"
         );
         assert!(e.to_string().contains("inner"), "{e}");
-        mode(&inner, 0o755);
-        mode(&program, 0o754);
+        set_mode(&inner, 0o755);
+        set_mode(&program, 0o754);
         let e = stranger.can_execute(&program).unwrap_err().to_string();
         assert!(e.contains("not executable"), "{e}");
         let gone = stranger
@@ -1369,32 +1360,38 @@ mod tests {
         assert!(e.contains("no-such-program: "), "the path, then why: {e}");
     }
 
+    /// A user that owns none of a test's files, in no group of them: the other bits decide.
+    fn stranger() -> WorkerUser {
+        WorkerUser {
+            name: "stranger".into(),
+            uid: 4_000_000_001,
+            gid: 4_000_000_001,
+        }
+    }
+
+    fn set_mode(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
     #[test]
     fn a_worker_user_must_enter_the_root() {
-        use std::os::unix::fs::PermissionsExt;
         let tmp = ringmux_test_support::temp_dir("ringmux-reach-root");
         let above = tmp.path().join("above");
         let root = above.join("site");
         std::fs::create_dir_all(&root).unwrap();
-        let mode = |p: &Path, m: u32| {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
-        };
-        let stranger = WorkerUser {
-            name: "stranger".into(),
-            uid: 4_000_000_001,
-            gid: 4_000_000_001,
-        };
-        mode(&above, 0o755);
-        mode(&root, 0o711);
+        let stranger = stranger();
+        set_mode(&above, 0o755);
+        set_mode(&root, 0o711);
         assert!(stranger.can_enter(&root).is_ok());
         for closed in [&root, &above] {
-            mode(closed, 0o750);
+            set_mode(closed, 0o750);
             let e = stranger.can_enter(&root).unwrap_err();
             assert!(
                 matches!(&e, Unreachable::ClosedFolder { folder } if *folder == closed.canonicalize().unwrap()),
                 "{e}"
             );
-            mode(closed, 0o755);
+            set_mode(closed, 0o755);
         }
     }
 
