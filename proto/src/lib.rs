@@ -11,6 +11,8 @@
 //!   keys and certificate, with descriptors attached in a fixed order.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
+//! * [`sites`]: the sites a worker serves (names, certificate, routes), which the demux hands
+//!   every worker as JSON in a sealed memfd, and the lookup of a name among them.
 //! * [`upstream`]: the built-in server's `--upstream` URL, checked alike by the demux (which
 //!   refuses a bad one at start) and by the built-in `ringmux-worker` program, whose command
 //!   line carries it.
@@ -28,6 +30,7 @@ pub mod handoff;
 pub mod logging;
 pub mod message;
 pub mod session;
+pub mod sites;
 pub mod upstream;
 
 pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATION_SLOTS};
