@@ -10,6 +10,7 @@ use crate::admission::RetryMode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use ringmux_proto::sites::{Action, Route, Site, SiteTable};
 use ringmux_proto::UpstreamUrl;
 use ringmux_ring::{RingConfig, RingField};
 
@@ -991,6 +992,34 @@ fn find_program(name: &str) -> Option<PathBuf> {
 }
 
 impl Config {
+    /// The site table of the command line: one site, the default, answering every name with
+    /// `cert` (`--cert`/`--key`, or the self-signed one), serving `--upstream`, or `--root`
+    /// and the built-in responses.
+    pub fn site_table(&self, cert: crate::certs::CertPem) -> SiteTable {
+        let action = match &self.upstream {
+            Some(url) => Action::Upstream {
+                url: url.to_string(),
+                strip_prefix: false,
+            },
+            None => Action::Builtin {
+                root: self.args.root.clone(),
+            },
+        };
+        SiteTable {
+            sites: vec![Site {
+                label: "default".into(),
+                names: Vec::new(),
+                cert_pem: cert.chain,
+                key_pem: cert.key,
+                routes: vec![Route {
+                    path: "/".into(),
+                    action,
+                }],
+            }],
+            default_site: Some(0),
+        }
+    }
+
     /// The `alt-svc` value for TCP responses (`--alt-svc`), the UDP port being `udp_port`.
     pub fn alt_svc(&self, udp_port: u16) -> Option<String> {
         match self.args.alt_svc.trim() {

@@ -26,6 +26,7 @@ use ringmux_demux::sessions::Sessions;
 use ringmux_demux::supervisor::control;
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
 use ringmux_demux::{alloc, lbconfig, logs, supervisor, sys, upgrade};
+use ringmux_proto::sites::SiteTable;
 
 #[global_allocator]
 static ALLOC: alloc::CountingAlloc = alloc::CountingAlloc;
@@ -174,10 +175,10 @@ fn template(
     cfg: &Config,
     lb: &QuicLbConfig,
     keys: &KeySet,
-    cert: CertPem,
+    sites: &SiteTable,
     public_addr: SocketAddr,
-) -> Handoff {
-    Handoff {
+) -> supervisor::Template {
+    let handoff = Handoff {
         instance: 0,
         instances: cfg.instances,
         generation: 1,
@@ -199,11 +200,10 @@ fn template(
             .then(|| Duration::from_secs(cfg.args.cid_lifetime)),
 
         cpu: None,
-        cert_pem: cert.chain,
-        key_pem: cert.key,
         idle_timeout: Duration::from_secs(cfg.args.idle_timeout),
         alt_svc: cfg.alt_svc(public_addr.port()),
-    }
+    };
+    supervisor::Template::new(handoff, sites)
 }
 
 /// The data plane's admission of new connections and the session threads, sharing one table
@@ -255,7 +255,8 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
             None => None,
         },
     };
-    let demux = Demux::new(cfg, signals, keys, cert, udp)?;
+    let sites = cfg.site_table(cert);
+    let demux = Demux::new(cfg, signals, keys, sites, udp)?;
     let metrics = match demux.cfg.metrics {
         Some(addr) => Some(metrics::exposition::bind(addr)?),
         None => None,
@@ -290,10 +291,8 @@ fn resume(
         .ok()
         .and_then(|b| KeySet::from_bytes(&b).ok())
         .context("the hand-over's keys")?;
-    let cert = CertPem {
-        chain: taken.cert_pem,
-        key: taken.key_pem,
-    };
+    let sites = SiteTable::from_json(taken.sites.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the hand-over's {e}"))?;
     let udp = std::net::UdpSocket::from(taken.public);
     // The same command line runs again: a difference means another configuration after all.
     if taken.tcp.is_some() != cfg.tcp_addr(udp.local_addr()?).is_some() {
@@ -308,7 +307,7 @@ fn resume(
         https: taken.tcp,
         redirect: taken.redirect,
     };
-    let demux = Demux::new(cfg, signals, keys, cert, udp)?;
+    let demux = Demux::new(cfg, signals, keys, sites, udp)?;
     let counters = &demux.counters;
     counters.restore(&taken.counters);
     match &inherited.refused {
@@ -387,7 +386,7 @@ struct Demux {
     signals: nix::sys::signalfd::SignalFd,
     keys: KeySet,
     router: Router,
-    template: Handoff,
+    template: supervisor::Template,
     public: dataplane::PublicSocket,
     counters: Arc<Counters>,
     liveness: Arc<Liveness>,
@@ -406,7 +405,7 @@ impl Demux {
         cfg: Config,
         signals: nix::sys::signalfd::SignalFd,
         keys: KeySet,
-        cert: CertPem,
+        sites: SiteTable,
         udp: std::net::UdpSocket,
     ) -> Result<Demux> {
         let (lb, router) = routing(&cfg, &keys)?;
@@ -419,7 +418,7 @@ impl Demux {
         if let Ok(mut p) = counters.program.write() {
             *p = cfg.worker_label();
         }
-        let template = template(&cfg, &lb, &keys, cert, public_addr);
+        let template = template(&cfg, &lb, &keys, &sites, public_addr);
         Ok(Demux {
             signals,
             keys,
@@ -531,7 +530,7 @@ struct Resumed {
 /// Everything the demux runs, once the forwarding mode exists.
 struct Serve {
     cfg: Config,
-    template: Handoff,
+    template: supervisor::Template,
     public: dataplane::PublicSocket,
     router: Router,
     counters: Arc<Counters>,
@@ -740,8 +739,7 @@ fn hand_over<F: Forward>(
         forward: forward_name(cfg),
         instances: cfg.instances,
         keys: keys.to_string(),
-        cert_pem: exported.cert_pem,
-        key_pem: exported.key_pem,
+        sites: exported.sites,
         public_fd,
         metrics_fd: metrics.map(|m| m.as_raw_fd()),
         tcp_fd: sup.tcp_fds().https,

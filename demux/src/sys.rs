@@ -137,6 +137,29 @@ pub fn block_all_signals() -> io::Result<()> {
     Ok(())
 }
 
+/// A memfd holding `bytes`, sealed against every change (write, shrink, grow, further seals),
+/// close-on-exec, its offset at 0: one worker's copy of the site table. A copy of its own per
+/// worker, so that no worker shares its open file description (the offset moves as it reads).
+pub fn sealed_memfd(name: &std::ffi::CStr, bytes: &[u8]) -> io::Result<OwnedFd> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use nix::sys::memfd::{memfd_create, MFdFlags};
+    use std::io::{Seek, Write};
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)?;
+    file.rewind()?;
+    fcntl(
+        &file,
+        FcntlArg::F_ADD_SEALS(
+            SealFlag::F_SEAL_WRITE
+                | SealFlag::F_SEAL_SHRINK
+                | SealFlag::F_SEAL_GROW
+                | SealFlag::F_SEAL_SEAL,
+        ),
+    )?;
+    Ok(file.into())
+}
+
 /// A pipe for one worker's output or access log: `(read, write)`, both close-on-exec, the read
 /// end non-blocking. The two ends are two open file descriptions: what the worker does to its
 /// end (`O_NONBLOCK`, closing it) never reaches the demux's.

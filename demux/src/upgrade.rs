@@ -204,8 +204,8 @@ pub struct State {
     pub instances: u8,
     /// The shared keys (`KeySet::to_bytes`), hex.
     pub keys: String,
-    pub cert_pem: String,
-    pub key_pem: String,
+    /// The site table's JSON, certificates and keys included.
+    pub sites: String,
     pub public_fd: RawFd,
     pub metrics_fd: Option<RawFd>,
     /// The listening TCP socket every worker accepts from (`--tcp on`).
@@ -378,8 +378,7 @@ impl State {
 /// A [`State`] whose descriptors this image owns now (each close-on-exec again).
 pub struct Taken {
     pub keys: String,
-    pub cert_pem: String,
-    pub key_pem: String,
+    pub sites: String,
     pub public: OwnedFd,
     pub metrics: Option<OwnedFd>,
     pub tcp: Option<OwnedFd>,
@@ -449,8 +448,7 @@ impl State {
             .collect::<Result<Vec<_>, Refusal>>()?;
         Ok(Taken {
             keys: self.keys,
-            cert_pem: self.cert_pem,
-            key_pem: self.key_pem,
+            sites: self.sites,
             public: take(self.public_fd)?,
             metrics: self.metrics_fd.map(take).transpose()?,
             tcp: self.tcp_fd.map(take).transpose()?,
@@ -718,8 +716,7 @@ mod tests {
             forward: "shm".into(),
             instances: 1,
             keys: String::new(),
-            cert_pem: String::new(),
-            key_pem: String::new(),
+            sites: String::new(),
             public_fd: fd,
             metrics_fd: None,
             tcp_fd: None,

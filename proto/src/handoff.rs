@@ -1,7 +1,7 @@
 //! The hand-off: the first message on a worker's control socket, demux → worker, with the
 //! worker's descriptors attached (`SCM_RIGHTS`). It tells the worker everything it needs to
 //! serve as one instance: which instance it is, its ingress, the QUIC-LB parameters, the keys
-//! every instance shares, the certificate chain, and what every QUIC server of the deployment
+//! every instance shares, and what every QUIC server of the deployment
 //! shares with the others (its idle timeout, the `alt-svc` of the TCP side). How ringmux's own
 //! built-in server serves (files, proxy, sink) is not here: the demux passes those options on
 //! that program's command line (`ringmux-worker --help`), so a program of one's own never
@@ -66,7 +66,8 @@ impl IngressKind {
 /// Everything a worker needs to serve, sent once at start.
 ///
 /// Its descriptors sit at [`Handoff::fd_numbers`], in this order: the ingress descriptors
-/// ([`IngressKind::fd_count`]); last, the worker's end of its session-store socket. The demux
+/// ([`IngressKind::fd_count`]); then the worker's end of its session-store socket; last, the
+/// site table, a sealed memfd of this worker's own ([`crate::sites`]). The demux
 /// placed them there before the worker program started; the message itself carries none. The
 /// worker's sending socket is at [`crate::PUBLIC_FD`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -108,8 +109,6 @@ pub struct Handoff {
     pub cid_lifetime: Option<Duration>,
     /// The CPU the demux pinned this worker to before it started, if any.
     pub cpu: Option<usize>,
-    pub cert_pem: String,
-    pub key_pem: String,
     /// QUIC idle timeout (`ringmux --idle-timeout`), which `Worker::server_config` of the
     /// worker library applies to every program's endpoint.
     pub idle_timeout: Duration,
@@ -137,7 +136,7 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 24] = [
+pub const KEYS: [&str; 22] = [
     "protocol",
     "instance",
     "instances",
@@ -159,8 +158,6 @@ pub const KEYS: [&str; 24] = [
     "idle_timeout_ms",
     "alt_svc",
     "cpu",
-    "cert_pem",
-    "key_pem",
     "end",
 ];
 
@@ -173,9 +170,9 @@ impl Handoff {
     }
 
     /// How many descriptors travel with this hand-off: the ingress descriptors, the
-    /// session-store socket.
+    /// session-store socket, the site table.
     pub fn fd_count(&self) -> usize {
-        self.ingress.fd_count() + 1
+        self.ingress.fd_count() + 2
     }
 
     /// The descriptor numbers this hand-off's descriptors sit at, in order.
@@ -209,8 +206,6 @@ impl Handoff {
             millis(self.idle_timeout).to_string(),
             hex::encode(self.alt_svc.as_deref().unwrap_or("").as_bytes()),
             self.cpu.map_or(String::new(), |c| c.to_string()),
-            hex::encode(self.cert_pem.as_bytes()),
-            hex::encode(self.key_pem.as_bytes()),
             String::new(),
         ];
         let mut s = String::new();
@@ -293,8 +288,6 @@ impl Handoff {
             } else {
                 Some(num("cpu", cpu)?)
             },
-            cert_pem: string("cert_pem")?,
-            key_pem: string("key_pem")?,
             idle_timeout: Duration::from_millis(num("idle_timeout_ms", get("idle_timeout_ms")?)?),
             alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
         })
@@ -351,8 +344,6 @@ mod tests {
             keys: vec![1, 2, 3, 255],
             cid_lifetime: Some(Duration::from_secs(600)),
             cpu: Some(1),
-            cert_pem: "-----BEGIN CERTIFICATE-----\nabc\n".into(),
-            key_pem: "key\n".into(),
             idle_timeout: Duration::from_secs(30),
             alt_svc: Some("h3=\":4433\"; ma=86400".into()),
         }
@@ -428,14 +419,14 @@ mod tests {
     #[test]
     fn descriptor_count_follows_the_ingress() {
         let h = sample();
-        assert_eq!(h.fd_count(), 4);
-        assert_eq!(h.fd_numbers(), 8..12);
+        assert_eq!(h.fd_count(), 5);
+        assert_eq!(h.fd_numbers(), 8..13);
         assert!(h.fd_count() <= crate::MAX_FDS);
         let u = Handoff {
             ingress: IngressKind::Unix,
             ..h
         };
-        assert_eq!(u.fd_count(), 2);
-        assert_eq!(u.fd_numbers(), 8..10);
+        assert_eq!(u.fd_count(), 3);
+        assert_eq!(u.fd_numbers(), 8..11);
     }
 }

@@ -7,8 +7,8 @@
 //!
 //! * `certs` (feature `certs`): the hand-off's certificate, read, checked or made, and
 //!   parsed, the same way on both sides.
-//! * [`handoff`]: the first message on the control socket, demux → worker: configuration,
-//!   keys and certificate, with descriptors attached in a fixed order.
+//! * [`handoff`]: the first message on the control socket, demux → worker: configuration
+//!   and keys, with descriptors attached in a fixed order.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
 //! * [`sites`]: the sites a worker serves (names, certificate, routes), which the demux hands
@@ -41,10 +41,14 @@ pub use upstream::{UpstreamError, UpstreamUrl};
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change; `control-protocol.md`
 /// says what each version changed.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
-/// Largest control message, either direction (the hand-off carries a PEM certificate chain).
+/// Largest control message, either direction.
 pub const MAX_MESSAGE: usize = 256 * 1024;
+
+/// Largest site table a worker reads ([`sites`]): room for thousands of sites with their
+/// certificate chains.
+pub const MAX_SITE_TABLE: usize = 256 << 20;
 
 /// Most descriptors a hand-off places (at [`FIRST_HANDOFF_FD`] and on).
 pub const MAX_FDS: usize = 8;

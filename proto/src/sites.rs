@@ -134,6 +134,14 @@ impl SiteIndex {
         index
     }
 
+    /// An index of no names, whose default site is `site`: the same site for every host.
+    pub fn catch_all(site: usize) -> SiteIndex {
+        SiteIndex {
+            default_site: Some(site),
+            ..SiteIndex::default()
+        }
+    }
+
     /// The site named `host` exactly, else by a wildcard, else none.
     pub fn named(&self, host: &str) -> Option<usize> {
         let host = normalise_host(host)?;
@@ -281,8 +289,16 @@ mod tests {
         assert_eq!(idx.named("a.test:4433"), Some(0));
         assert_eq!(idx.named("a.test."), Some(0));
         assert_eq!(idx.named("y.w.test"), Some(2));
-        assert_eq!(idx.named("x.w.test"), Some(3), "exact wins over the wildcard");
-        assert_eq!(idx.named("w.test"), None, "a wildcard does not cover its parent");
+        assert_eq!(
+            idx.named("x.w.test"),
+            Some(3),
+            "exact wins over the wildcard"
+        );
+        assert_eq!(
+            idx.named("w.test"),
+            None,
+            "a wildcard does not cover its parent"
+        );
         assert_eq!(idx.named("a.b.w.test"), None, "one label only");
         assert_eq!(idx.named("c.test"), None);
         assert_eq!(idx.named("[::1]:443"), None);

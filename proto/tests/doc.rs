@@ -6,7 +6,7 @@ use ringmux_proto::message::{STATS_KEYS, WORDS};
 use ringmux_proto::session::{
     Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
-use ringmux_proto::{MAX_FDS, MAX_MESSAGE, PROTOCOL_VERSION};
+use ringmux_proto::{MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, PROTOCOL_VERSION};
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../control-protocol.md");
@@ -73,7 +73,7 @@ fn descriptor_table_matches_the_counts() {
         (3, IngressKind::Reuseport),
     ] {
         let listed = rows.iter().filter(|r| !r[column].is_empty()).count();
-        assert_eq!(listed, kind.fd_count() + 1, "{kind:?}");
+        assert_eq!(listed, kind.fd_count() + 2, "{kind:?}");
         for (i, row) in rows.iter().enumerate() {
             let number = ringmux_proto::FIRST_HANDOFF_FD + i as i32;
             assert_eq!(
@@ -83,7 +83,7 @@ fn descriptor_table_matches_the_counts() {
             );
         }
         let last = rows.iter().rfind(|r| !r[column].is_empty()).unwrap();
-        assert_eq!(last[column], "session socket", "{kind:?}");
+        assert_eq!(last[column], "site table", "{kind:?}");
         assert!(rows.iter().all(|r| !r[column].contains("public")));
     }
 }
@@ -130,7 +130,11 @@ fn message_limits_match() {
         .collect();
     assert_eq!(
         limits,
-        [("MAX_MESSAGE", MAX_MESSAGE), ("MAX_FDS", MAX_FDS)]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+        [
+            ("MAX_MESSAGE", MAX_MESSAGE),
+            ("MAX_FDS", MAX_FDS),
+            ("MAX_SITE_TABLE", MAX_SITE_TABLE),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
     );
 }

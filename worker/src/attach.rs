@@ -69,7 +69,8 @@ use crate::quic::{endpoint_config, server_config, ServerOptions};
 use crate::sessions::RemoteSessionStore;
 use crate::socket::{CountingSocket, IngressStats, RingSocket};
 use crate::sys::{self, SockType};
-use crate::tls::{self, CertChain, TlsError};
+use crate::tls::{self, SiteCerts, TlsError};
+use ringmux_proto::sites::SiteTable;
 
 /// Why a worker cannot attach or configure its endpoint.
 #[derive(Debug, thiserror::Error)]
@@ -161,7 +162,10 @@ pub struct Worker {
     keys: KeySet,
     cid_lifetime: Option<Duration>,
     public_addr: SocketAddr,
-    certificate: CertChain,
+    /// The sites this worker serves, as the demux handed them over.
+    sites: SiteTable,
+    /// Their certificates, chosen by SNI.
+    certificates: SiteCerts,
     /// The operator's QUIC idle timeout (`ringmux --idle-timeout`).
     idle_timeout: Duration,
     alt_svc: Option<String>,
@@ -274,10 +278,9 @@ impl Worker {
         // Checked once here, so that the endpoint's generator factory cannot fail later.
         CidGenerator::in_slot(&lb, h.instance, h.generation_slot(), h.cid_lifetime)
             .map_err(|e| bad("QUIC-LB parameters", e.to_string()))?;
-        let certificate = CertChain::from_pem(&h.cert_pem, &h.key_pem)?;
-        // Descriptors in hand-off order: ingress…, session socket (`control-protocol.md`,
-        // "Descriptors"); their count was checked on receipt. The public socket came at
-        // descriptor 4.
+        // Descriptors in hand-off order: ingress…, session socket, site table
+        // (`control-protocol.md`, "Descriptors"); their count was checked on receipt. The
+        // public socket came at descriptor 4.
         let mut fds = fds.into_iter();
         let mut next = |what: &'static str| {
             fds.next()
@@ -285,6 +288,8 @@ impl Worker {
         };
         let ingress = Ingress::from_handoff(&h, &mut next)?;
         let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
+        let sites = read_site_table(next("site table")?).map_err(|e| bad("site table", e))?;
+        let certificates = SiteCerts::new(&sites)?;
         let (drain_tx, _) = watch::channel(false);
         Ok(Worker {
             instance: h.instance,
@@ -294,7 +299,8 @@ impl Worker {
             keys,
             cid_lifetime: h.cid_lifetime,
             public_addr: h.public_addr,
-            certificate,
+            sites,
+            certificates,
             idle_timeout: h.idle_timeout,
             alt_svc: h.alt_svc,
             shared: Mutex::default(),
@@ -331,10 +337,18 @@ impl Worker {
         self.public_addr
     }
 
-    /// The certificate chain and key the operator gave ringmux (`--cert`/`--key`, or the
-    /// self-signed one ringmux made at start).
-    pub fn certificate(&self) -> &CertChain {
-        &self.certificate
+    /// The sites ringmux serves: each one's names, certificate and routes (`[[site]]` in
+    /// ringmux's configuration file, or one default site from its command line, with the
+    /// operator's `--cert`/`--key` or the self-signed certificate ringmux made at start).
+    pub fn sites(&self) -> &SiteTable {
+        &self.sites
+    }
+
+    /// The sites' certificates, chosen by SNI: what [`Worker::tls_config`] and
+    /// [`Worker::tcp_tls_config`] present. [`SiteCerts::site_for`] tells which site a
+    /// connection's server name chose.
+    pub fn certificates(&self) -> &SiteCerts {
+        &self.certificates
     }
 
     /// The demux's listening TCP socket, when ringmux runs with `--tcp on`: serve HTTPS over
@@ -394,20 +408,20 @@ impl Worker {
         self.idle_timeout
     }
 
-    /// A rustls server configuration for QUIC with the operator's certificate and the given
+    /// A rustls server configuration for QUIC with the sites' certificates (by SNI) and the given
     /// ALPN protocols: TLS 1.3 only, the ring provider, 0-RTT allowed (`max_early_data_size`
     /// 0xffffffff, the only non-zero value QUIC allows, RFC 9001 §4.6.1). Pass it, changed as
     /// you like, to [`Worker::server_config`].
     pub fn tls_config(&self, alpn: &[&[u8]]) -> Result<rustls::ServerConfig, AttachError> {
-        Ok(tls::quic_tls_config(&self.certificate, alpn)?)
+        Ok(tls::quic_tls_config(&self.certificates, alpn)?)
     }
 
     /// A rustls server configuration for HTTPS over TCP ([`Worker::tcp_listener`]) with the
-    /// operator's certificate: TLS 1.3 and 1.2, the ring provider, ALPN `h2` then `http/1.1`
+    /// sites' certificates (by SNI): TLS 1.3 and 1.2, the ring provider, ALPN `h2` then `http/1.1`
     /// (change `alpn_protocols` to serve only one). Sessions resume within this worker (rustls'
     /// in-memory cache and stateless tickets are its defaults); no 0-RTT over TCP.
     pub fn tcp_tls_config(&self) -> Result<rustls::ServerConfig, AttachError> {
-        Ok(tls::tcp_tls_config(&self.certificate)?)
+        Ok(tls::tcp_tls_config(&self.certificates)?)
     }
 
     /// A quinn server configuration over `tls` with what instances must share: sessions stored
@@ -721,4 +735,22 @@ async fn control_task(
             }
         }
     }
+}
+
+/// Reads the site table from its sealed memfd, whole, from offset 0 (`control-protocol.md`,
+/// "Sites"), and closes it.
+fn read_site_table(fd: OwnedFd) -> Result<SiteTable, String> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::from(fd)
+        .take(ringmux_proto::MAX_SITE_TABLE as u64 + 1)
+        .read_to_end(&mut text)
+        .map_err(|e| format!("reading it: {e}"))?;
+    if text.len() > ringmux_proto::MAX_SITE_TABLE {
+        return Err(format!(
+            "longer than MAX_SITE_TABLE ({} bytes)",
+            ringmux_proto::MAX_SITE_TABLE
+        ));
+    }
+    SiteTable::from_json(&text).map_err(|e| e.to_string())
 }

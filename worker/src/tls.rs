@@ -34,8 +34,10 @@ use quinn::crypto::rustls::QuicServerConfig;
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use ringmux_proto::certs::{CertError, CertPem};
+use ringmux_proto::sites::{SiteIndex, SiteTable};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ProducesTickets, StoresServerSessions};
+use rustls::server::{ClientHello, ProducesTickets, ResolvesServerCert, StoresServerSessions};
+use rustls::sign::CertifiedKey;
 
 /// ALPN token for HTTP/3 over QUIC v1 (RFC 9114 §3.1).
 pub const ALPN_H3: &[u8] = b"h3";
@@ -143,19 +145,19 @@ pub const TICKETS_PER_HANDSHAKE: usize = 2;
 /// The QUIC server crypto config with stateless tickets sealed by `ticket_secret`, which all
 /// worker processes share: TLS 1.3 only, ALPN `h3`, ring provider.
 pub fn server_crypto(
-    chain: &CertChain,
+    certs: &impl CertSource,
     ticket_secret: &[u8; 32],
 ) -> Result<Arc<QuicServerConfig>, TlsError> {
     let ticketer = Arc::new(SharedTicketer::new(ticket_secret));
-    server_crypto_with(chain, Resumption::SharedTickets(ticketer))
+    server_crypto_with(certs, Resumption::SharedTickets(ticketer))
 }
 
 /// Like [`server_crypto`] with an explicit resumption mechanism.
 pub fn server_crypto_with(
-    chain: &CertChain,
+    certs: &impl CertSource,
     resumption: Resumption,
 ) -> Result<Arc<QuicServerConfig>, TlsError> {
-    let mut tls = quic_tls_config(chain, &[ALPN_H3])?;
+    let mut tls = quic_tls_config(certs, &[ALPN_H3])?;
     match resumption {
         Resumption::SharedTickets(t) => tls.ticketer = t,
         Resumption::SessionStore(s) => tls.session_storage = s,
@@ -163,14 +165,15 @@ pub fn server_crypto_with(
     Ok(Arc::new(QuicServerConfig::try_from(tls)?))
 }
 
-/// A rustls server configuration for QUIC with `chain` and the ALPN protocols `alpn`: TLS 1.3
-/// only, the ring provider, 0-RTT allowed, [`TICKETS_PER_HANDSHAKE`] tickets; resumption is
-/// the caller's to set (`ticketer` or `session_storage`).
+/// A rustls server configuration for QUIC with the certificates of `certs` and the ALPN
+/// protocols `alpn`: TLS 1.3 only, the ring provider, 0-RTT allowed,
+/// [`TICKETS_PER_HANDSHAKE`] tickets; resumption is the caller's to set (`ticketer` or
+/// `session_storage`).
 pub fn quic_tls_config(
-    chain: &CertChain,
+    certs: &impl CertSource,
     alpn: &[&[u8]],
 ) -> Result<rustls::ServerConfig, TlsError> {
-    let mut tls = rustls_config(chain, &[&rustls::version::TLS13])?;
+    let mut tls = rustls_config(certs, &[&rustls::version::TLS13])?;
     tls.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     // QUIC allows only 0 or 0xffffffff here (RFC 9001 §4.6.1); quinn rejects anything else.
     tls.max_early_data_size = u32::MAX;
@@ -178,28 +181,120 @@ pub fn quic_tls_config(
     Ok(tls)
 }
 
-/// A rustls server configuration for HTTPS over TCP with `chain`: TLS 1.3 and 1.2, the ring
-/// provider, ALPN `h2` then `http/1.1`. Sessions resume within the process (rustls' in-memory
-/// cache and stateless tickets are its defaults); no 0-RTT over TCP.
-pub fn tcp_tls_config(chain: &CertChain) -> Result<rustls::ServerConfig, TlsError> {
-    let mut tls = rustls_config(chain, &[&rustls::version::TLS13, &rustls::version::TLS12])?;
+/// A rustls server configuration for HTTPS over TCP with the certificates of `certs`: TLS 1.3
+/// and 1.2, the ring provider, ALPN `h2` then `http/1.1`. Sessions resume within the process
+/// (rustls' in-memory cache and stateless tickets are its defaults); no 0-RTT over TCP.
+pub fn tcp_tls_config(certs: &impl CertSource) -> Result<rustls::ServerConfig, TlsError> {
+    let mut tls = rustls_config(certs, &[&rustls::version::TLS13, &rustls::version::TLS12])?;
     tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tls)
 }
 
-/// The one rustls server builder: `chain` under the ring provider with `versions`, no client
-/// authentication.
+/// The one rustls server builder: the certificates of `certs` under the ring provider with
+/// `versions`, no client authentication.
 pub fn rustls_config(
-    chain: &CertChain,
+    certs: &impl CertSource,
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Result<rustls::ServerConfig, TlsError> {
-    // Always name the provider: with more than one provider compiled in (rustls' default
-    // features add aws-lc-rs), the process default is ambiguous.
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ServerConfig::builder_with_provider(provider)
+    Ok(rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(versions)?
         .with_no_client_auth()
-        .with_single_cert(chain.certs.clone(), chain.key.clone_key())?)
+        .with_cert_resolver(certs.resolver()?))
+}
+
+/// The crypto provider of every configuration here. Always named: with more than one provider
+/// compiled in (rustls' default features add aws-lc-rs), the process default is ambiguous.
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// What a server configuration takes its certificates from: one chain for every handshake
+/// ([`CertChain`]), or the sites' certificates chosen by SNI ([`SiteCerts`]).
+pub trait CertSource {
+    /// The resolver rustls asks for each handshake's certificate.
+    fn resolver(&self) -> Result<Arc<dyn ResolvesServerCert>, TlsError>;
+}
+
+impl CertSource for CertChain {
+    fn resolver(&self) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
+        Ok(Arc::new(SiteCerts::single(self)?))
+    }
+}
+
+impl CertSource for SiteCerts {
+    fn resolver(&self) -> Result<Arc<dyn ResolvesServerCert>, TlsError> {
+        Ok(Arc::new(self.clone()))
+    }
+}
+
+/// The certificate of every site of a [`SiteTable`], chosen for each handshake by its server
+/// name (SNI): an exact name before a one-label wildcard, else the default site's; with no
+/// default site, a handshake without SNI or for a name no site has fails (rustls then sends
+/// the `access_denied` alert). The same resolver serves QUIC and TCP, so both transports
+/// always present the same certificate for a name. Cheap to clone.
+#[derive(Clone)]
+pub struct SiteCerts {
+    keys: Arc<[Arc<CertifiedKey>]>,
+    index: Arc<SiteIndex>,
+}
+
+impl fmt::Debug for SiteCerts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SiteCerts")
+            .field("sites", &self.keys.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SiteCerts {
+    /// Every site's certificate and key, parsed, each key checked against its certificate; an
+    /// error names the site.
+    pub fn new(table: &SiteTable) -> Result<SiteCerts, TlsError> {
+        let provider = provider();
+        let keys = table
+            .sites
+            .iter()
+            .map(|site| {
+                let origin = |problem: String| {
+                    TlsError::Cert(CertError::Pem {
+                        origin: format!("site {}", site.label),
+                        problem,
+                    })
+                };
+                let (certs, key) = ringmux_proto::certs::parse_pem(&site.cert_pem, &site.key_pem)
+                    .map_err(|e| origin(e.to_string()))?;
+                CertifiedKey::from_der(certs, key, &provider)
+                    .map(Arc::new)
+                    .map_err(|e| origin(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SiteCerts {
+            keys: keys.into(),
+            index: Arc::new(SiteIndex::new(table)),
+        })
+    }
+
+    /// One chain for every handshake, whatever its server name.
+    pub fn single(chain: &CertChain) -> Result<SiteCerts, TlsError> {
+        let key = CertifiedKey::from_der(chain.certs.clone(), chain.key.clone_key(), &provider())?;
+        Ok(SiteCerts {
+            keys: vec![Arc::new(key)].into(),
+            index: Arc::new(SiteIndex::catch_all(0)),
+        })
+    }
+
+    /// The site a handshake with server name `sni` gets the certificate of (an index into the
+    /// site table), as the resolver chooses it.
+    pub fn site_for(&self, sni: Option<&str>) -> Option<usize> {
+        self.index.for_host(sni)
+    }
+}
+
+impl ResolvesServerCert for SiteCerts {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let site = self.site_for(hello.server_name())?;
+        self.keys.get(site).cloned()
+    }
 }
 
 /// Counters of a [`SharedTicketer`].

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
+use ringmux_proto::sites::SiteTable;
 use ringmux_proto::{Handoff, Message};
 
 use crate::budget::{self, Budget, MessageKind, Verdict};
@@ -96,9 +97,27 @@ pub struct TcpFds {
     pub redirect: Option<std::os::fd::RawFd>,
 }
 
+/// What every worker's hand-off is made from: the message, and the site table each worker
+/// gets a sealed copy of (`control-protocol.md`, "Sites").
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub handoff: Handoff,
+    /// The site table, as JSON ([`SiteTable::to_json`]).
+    pub sites: String,
+}
+
+impl Template {
+    pub fn new(handoff: Handoff, sites: &SiteTable) -> Template {
+        Template {
+            handoff,
+            sites: sites.to_json(),
+        }
+    }
+}
+
 pub struct Supervisor {
     cfg: Config,
-    template: Handoff,
+    template: Template,
     /// The public socket's address: every worker's sending socket is bound to it.
     public: std::net::SocketAddr,
     counters: Arc<Counters>,
@@ -174,8 +193,8 @@ pub struct Upgrade {
 /// What the supervisor hands to a new process image.
 pub struct Exported {
     pub active_generation: u64,
-    pub cert_pem: String,
-    pub key_pem: String,
+    /// The site table's JSON.
+    pub sites: String,
     pub control_fd: Option<std::os::fd::RawFd>,
     pub answer_fds: Vec<std::os::fd::RawFd>,
     pub sessions: Vec<crate::upgrade::SessionEntry>,
@@ -193,7 +212,7 @@ impl Supervisor {
     #[allow(clippy::too_many_arguments)] // each is state main made and hands over whole
     pub fn new(
         cfg: Config,
-        template: Handoff,
+        template: Template,
         public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
@@ -209,7 +228,7 @@ impl Supervisor {
     #[allow(clippy::too_many_arguments)] // as `new`, plus the control socket
     fn with_control(
         cfg: Config,
-        template: Handoff,
+        template: Template,
         public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
@@ -353,7 +372,7 @@ impl Supervisor {
     #[allow(clippy::too_many_arguments)]
     pub fn adopt(
         cfg: Config,
-        template: Handoff,
+        template: Template,
         public: std::net::SocketAddr,
         counters: Arc<Counters>,
         link: DataPlaneLink,
@@ -539,8 +558,7 @@ impl Supervisor {
             .collect();
         Ok(Exported {
             active_generation: self.policy.active(),
-            cert_pem: self.template.cert_pem.clone(),
-            key_pem: self.template.key_pem.clone(),
+            sites: self.template.sites.clone(),
             control_fd,
             answer_fds,
             sessions,
@@ -673,8 +691,8 @@ impl Supervisor {
         if let (Some(cert), Some(key)) = (&self.cfg.args.cert, &self.cfg.args.key) {
             match crate::certs::CertPem::load(cert, key) {
                 Ok(pem) => {
-                    self.template.cert_pem = pem.chain;
-                    self.template.key_pem = pem.key;
+                    self.template =
+                        Template::new(self.template.handoff.clone(), &self.cfg.site_table(pem))
                 }
                 Err(e) => {
                     let why = format!("{e:#}");
@@ -960,7 +978,7 @@ impl Supervisor {
         // Before the process exists: nothing may fail between its start and its supervision.
         let sessions = sess_ours.try_clone()?;
         let i = self.lanes.at(usize::from(lane)).instance;
-        let mut h = self.template.clone();
+        let mut h = self.template.handoff.clone();
         h.instance = i;
         h.worker_generation = self.policy.lane(usize::from(lane)).0;
         h.cpu = self.cfg.worker_cpu(i);
@@ -968,6 +986,10 @@ impl Supervisor {
         // Descriptor 4 when the worker receives on its own socket.
         let own_socket = handles.hand_off(&mut h, &mut fds);
         fds.push(sess_theirs);
+        fds.push(
+            sys::sealed_memfd(c"ringmux-sites", self.template.sites.as_bytes())
+                .context("a memfd for the site table")?,
+        );
         let mut cmd = Process::new(self.cfg.worker_program());
         cmd.args(&self.cfg.worker_cmd[1..]);
         // What a previous image of the demux handed this one is nothing a worker needs.
