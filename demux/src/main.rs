@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use ringmux_proto::{Handoff, IngressKind};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
 use ringmux_demux::admission::Admission;
 use ringmux_demux::certs::CertPem;
-use ringmux_demux::config::{self, Cli, Command, Config};
+use ringmux_demux::config::{self, Command, Config};
 use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
 use ringmux_demux::forward::{self, Forward, IngressHandles};
 use ringmux_demux::metrics::{self, Counters};
@@ -43,7 +42,13 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let cli = Cli::parse();
+    let cli = match config::parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = writeln!(std::io::stderr(), "ringmux: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     if let Err(e) = logs::start() {
         let _ = writeln!(std::io::stderr(), "ringmux: starting the log thread: {e}");
         return ExitCode::FAILURE;
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
             .and_then(|plan| print(&lbconfig::nftables(&plan))),
         Some(Command::NewKeyFile { path }) => new_key_file(&path),
         Some(Command::UpgradeCheck) => print(&format!("{}\n", upgrade::Compat::ours().line())),
+        Some(Command::Check { run }) => check(run),
         None => cli.run.validate().and_then(run),
     };
     // What is queued goes out before the process does.
@@ -87,6 +93,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `ringmux check`: the configuration checked as a start checks it, and the certificate of the
+/// command line's site loaded; what would serve is printed, or every problem.
+fn check(run: config::RunArgs) -> Result<()> {
+    let mut problems: Vec<String> = run
+        .file
+        .as_ref()
+        .map(|f| f.problems.iter().map(|p| p.to_string()).collect())
+        .unwrap_or_default();
+    let cfg = match run.validate() {
+        Ok(cfg) if problems.is_empty() => cfg,
+        Ok(_) => anyhow::bail!("{}", problems.join("\n")),
+        Err(e) => {
+            problems.push(format!("{e:#}"));
+            anyhow::bail!("{}", problems.join("\n"))
+        }
+    };
+    let summary = match &cfg.sites {
+        Some(table) => {
+            let mut s = String::new();
+            for site in &table.sites {
+                s.push_str(&format!(
+                    "site {}: names {}; {} route(s)\n",
+                    site.label,
+                    site.names.join(", "),
+                    site.routes.len()
+                ));
+            }
+            s
+        }
+        None => {
+            if let (Some(c), Some(k)) = (&cfg.args.cert, &cfg.args.key) {
+                CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?;
+            }
+            "one site from the command line, answering every name\n".to_string()
+        }
+    };
+    print(&format!("{summary}configuration OK\n"))
 }
 
 /// Writes `text` to standard output: a command's answer (an output closed early is an error,
@@ -237,11 +282,14 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
         Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
         None => KeySet::generate().context("generating keys")?,
     };
-    let cert = match (&cfg.args.cert, &cfg.args.key) {
-        (Some(c), Some(k)) => {
-            CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
-        }
-        _ => CertPem::self_signed()?,
+    let sites = match &cfg.sites {
+        Some(sites) => sites.clone(),
+        None => cfg.site_table(match (&cfg.args.cert, &cfg.args.key) {
+            (Some(c), Some(k)) => {
+                CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
+            }
+            _ => CertPem::self_signed()?,
+        }),
     };
     let (udp, https) = bind_public_and_tcp(&cfg)?;
     let tcp = supervisor::TcpListeners {
@@ -255,7 +303,6 @@ fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
             None => None,
         },
     };
-    let sites = cfg.site_table(cert);
     let demux = Demux::new(cfg, signals, keys, sites, udp)?;
     let metrics = match demux.cfg.metrics {
         Some(addr) => Some(metrics::exposition::bind(addr)?),

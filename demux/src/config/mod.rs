@@ -1,6 +1,11 @@
 //! `ringmux` command line: every option has a `RINGMUX_*` environment twin, documented in
-//! `--help`. [`RunArgs::validate`] turns the arguments into a checked [`Config`]; every refusal
-//! names the option, its variable, the value and what is accepted.
+//! `--help`, and a key of the same name in the configuration file (`--config`, [`file`]).
+//! [`parse`] reads the command line and the file; [`RunArgs::validate`] turns the arguments into
+//! a checked [`Config`]; every refusal names the option, its variable, the value and what is
+//! accepted, and the file's place when the file set it.
+
+pub mod file;
+pub mod sites;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,16 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Check a configuration without starting: does everything a start does except bind and
+    /// spawn (reads the configuration file and every option, loads and matches every
+    /// certificate and key, checks that each certificate covers its site's names and is valid
+    /// now, that roots exist and the workers' user may read them, that upstreams parse, that
+    /// no name belongs to two sites), prints each problem with its place, and exits 0 only
+    /// when ringmux would start with it.
+    Check {
+        #[command(flatten)]
+        run: RunArgs,
+    },
     /// Print the metrics of a running ringmux as a table.
     Stats {
         /// Metrics address of the running ringmux.
@@ -86,6 +101,89 @@ pub enum Command {
     UpgradeCheck,
 }
 
+/// The command line, with the configuration file's settings (`--config`) placed before its
+/// own flags, so that a flag or an environment variable wins over the file. Exits with clap's
+/// message on a bad command line (as `Cli::parse` does); a configuration file that does not
+/// parse is an error naming each problem's place.
+pub fn parse() -> Result<Cli> {
+    parse_from(std::env::args_os().collect())
+}
+
+/// [`parse`] of `argv`.
+pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().get_matches_from(argv.clone());
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let (run, run_matches, insert_at) = match &cli.command {
+        None => (&cli.run, &matches, 1),
+        Some(Command::Check { run }) => {
+            let at = argv
+                .iter()
+                .skip(1)
+                .position(|a| a == "check")
+                .map_or(1, |i| i + 2);
+            (
+                run,
+                matches.subcommand_matches("check").unwrap_or(&matches),
+                at,
+            )
+        }
+        Some(_) => return Ok(cli),
+    };
+    let Some(path) = run.config.clone() else {
+        return Ok(cli);
+    };
+    let file = file::FileConfig::read(&path).map_err(anyhow::Error::new)?;
+    // `ringmux check` goes on, to show what else is wrong.
+    if !file.problems.is_empty() && cli.command.is_none() {
+        return Err(file::Problems(file.problems).into());
+    }
+    let flags = file.flags(run_matches);
+    let mut argv = argv;
+    let at = insert_at.min(argv.len());
+    argv.splice(at..at, flags.into_iter().map(std::ffi::OsString::from));
+    let matches = Cli::command().try_get_matches_from(argv).map_err(|e| {
+        let why = e.render().to_string();
+        anyhow::anyhow!(
+            "the settings of {} and the command line do not go together: {}",
+            path.display(),
+            why.lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ")
+        )
+    })?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let file = Some(std::sync::Arc::new(file));
+    match &mut cli.command {
+        None => cli.run.file = file,
+        Some(Command::Check { run }) => run.file = file,
+        Some(_) => {}
+    }
+    Ok(cli)
+}
+
+/// `e`, with the place in the configuration file of each option it names that the file set.
+fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
+    let text = format!("{e:#}");
+    let places: Vec<String> = file
+        .settings
+        .iter()
+        .filter(|s| {
+            let flag = format!("--{} ", s.key.replace('_', "-"));
+            text.contains(&flag) || text.contains(&format!("({})", s.key))
+        })
+        .map(|s| format!("{} at {}", s.key, s.at))
+        .collect();
+    match places.is_empty() {
+        true => e,
+        false => e.context(format!(
+            "set in the configuration file: {}",
+            places.join(", ")
+        )),
+    }
+}
+
 /// Where the control socket (`ringmux reload`) is by default.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
 
@@ -128,6 +226,15 @@ pub enum Toggle {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
+    /// Configuration file (TOML): every option below under its name with `_` for `-` (e.g.
+    /// `tcp_max_connections = 1024`), and the sites (`[[site]]`, README "Several sites"). An
+    /// option given on the command line or in its environment variable wins over the file.
+    /// `ringmux check` checks a file without starting; `ringmux reload` reads it again.
+    #[arg(long, env = "RINGMUX_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The configuration file, read ([`parse`]).
+    #[arg(skip)]
+    pub file: Option<std::sync::Arc<file::FileConfig>>,
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
     #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
     pub listen: SocketAddr,
@@ -201,10 +308,11 @@ pub struct RunArgs {
     #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
     pub metrics: String,
     /// PEM certificate chain. Default: a self-signed certificate for localhost, 127.0.0.1 and ::1.
-    #[arg(long, env = "RINGMUX_CERT", requires = "key")]
+    /// Not with `[[site]]` tables, each of which has its own.
+    #[arg(long, env = "RINGMUX_CERT")]
     pub cert: Option<PathBuf>,
     /// PEM private key for --cert.
-    #[arg(long, env = "RINGMUX_KEY", requires = "cert")]
+    #[arg(long, env = "RINGMUX_KEY")]
     pub key: Option<PathBuf>,
     /// Document root for static files of the built-in worker. Default: built-ins only
     /// (/hello.txt, /bytes/N).
@@ -222,7 +330,7 @@ pub struct RunArgs {
     /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of
     /// serving files; the built-in worker streams bodies both ways and adds `forwarded` and
     /// `x-forwarded-*` with the client's address. Not with --root.
-    #[arg(long, env = "RINGMUX_UPSTREAM", conflicts_with = "root")]
+    #[arg(long, env = "RINGMUX_UPSTREAM")]
     pub upstream: Option<String>,
     /// Seconds the proxy waits for the upstream's response head (else 504), and between two
     /// frames of its response body (else the stream is reset); also the connect timeout (1–3600).
@@ -418,6 +526,9 @@ pub struct Config {
     pub upstream: Option<UpstreamUrl>,
     /// `--worker-user`, looked up.
     pub worker_user: Option<WorkerUser>,
+    /// The sites of the configuration file, checked, certificates read; `None` without
+    /// `[[site]]` (the command line then makes one site, [`Config::site_table`]).
+    pub sites: Option<SiteTable>,
 }
 
 /// Where the access log goes (`--access-log`).
@@ -469,7 +580,17 @@ impl RunArgs {
         self.tcp == Toggle::On
     }
 
+    /// The checked configuration; a refusal of an option the configuration file set names
+    /// the file's place too.
     pub fn validate(self) -> Result<Config> {
+        let file = self.file.clone();
+        self.validate_options().map_err(|e| match &file {
+            Some(file) => placed(e, file),
+            None => e,
+        })
+    }
+
+    fn validate_options(self) -> Result<Config> {
         let ring = self.ring.validate()?;
         let QuicLbSettings {
             instances,
@@ -484,6 +605,7 @@ impl RunArgs {
         let worker_cmd = self.worker_program()?;
         self.tcp_and_logs()?;
         let worker_user = self.worker_user(&worker_cmd)?;
+        let sites = self.sites(worker_user.as_ref())?;
         Ok(Config {
             ring,
             node_id,
@@ -493,8 +615,35 @@ impl RunArgs {
             instances,
             upstream,
             worker_user,
+            sites,
             args: self,
         })
+    }
+
+    /// The sites of the configuration file, if it has any; the options that belong to a site
+    /// are refused beside them.
+    fn sites(&self, worker_user: Option<&WorkerUser>) -> Result<Option<SiteTable>> {
+        let Some(file) = self.file.as_ref().filter(|f| !f.sites.is_empty()) else {
+            return Ok(None);
+        };
+        let set = [
+            ("--root / RINGMUX_ROOT (root)", self.root.is_some()),
+            (
+                "--upstream / RINGMUX_UPSTREAM (upstream)",
+                self.upstream.is_some(),
+            ),
+            ("--cert / RINGMUX_CERT (cert)", self.cert.is_some()),
+            ("--key / RINGMUX_KEY (key)", self.key.is_some()),
+        ];
+        if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
+            bail!(
+                "{flag} is set beside the [[site]] tables of {}: each site has its own                  (cert and key in its [[site]], root and upstream in its [[site.route]]s);                  drop the option",
+                file.path.display()
+            );
+        }
+        Ok(Some(
+            sites::build(file, worker_user).map_err(anyhow::Error::new)?,
+        ))
     }
 
     /// The QUIC-LB settings: the instance count, the node ID and the nonce length, and whether
@@ -692,6 +841,20 @@ impl RunArgs {
     /// What the built-in server serves: the files, the proxy's upstream (returned, checked) and
     /// the headers it adds.
     fn serving(&self) -> Result<Option<UpstreamUrl>> {
+        if self.root.is_some() && self.upstream.is_some() {
+            bail!(
+                "--root / RINGMUX_ROOT and --upstream / RINGMUX_UPSTREAM are both set: the                  built-in worker serves files or proxies, not both (give each its own path in                  a [[site]] of a configuration file to have both)"
+            );
+        }
+        match (&self.cert, &self.key) {
+            (Some(_), None) => bail!(
+                "--cert / RINGMUX_CERT is set without --key / RINGMUX_KEY: give the private                  key of the certificate too"
+            ),
+            (None, Some(_)) => bail!(
+                "--key / RINGMUX_KEY is set without --cert / RINGMUX_CERT: give the certificate                  chain too"
+            ),
+            _ => {}
+        }
         if let Some(root) = &self.root {
             if !root.is_dir() {
                 bail!(

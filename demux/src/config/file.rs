@@ -1,0 +1,571 @@
+//! The configuration file (`--config FILE`, TOML): every option of the command line under the
+//! name clap gives it (`--tcp-max-connections` → `tcp_max_connections`), and the `[[site]]`
+//! tables. The command line's declaration ([`super::RunArgs`]) is the only list of settings:
+//! a key of the file is checked against it, its value parsed by the same parser as the flag's,
+//! and the file's settings reach [`super::RunArgs`] as flags placed before the command line's
+//! own, so a flag or an environment variable given at start wins over the file.
+//!
+//! Every refusal names the file, the line and the column, and for an unknown key the nearest
+//! known one.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory};
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::Cli;
+
+/// Where something is in the file: `FILE:LINE:COLUMN`, both from 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file.display(), self.line, self.column)
+    }
+}
+
+/// One thing wrong with the file, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub at: Option<Place>,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.at {
+            Some(at) => write!(f, "{at}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Every problem found, one per line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct Problems(pub Vec<Problem>);
+
+impl fmt::Display for Problems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A value of the file and where it is.
+#[derive(Clone, Debug)]
+pub struct Located<T> {
+    pub value: T,
+    pub at: Place,
+}
+
+/// A setting of the file: its key, the flags it stands for, where it is.
+#[derive(Clone, Debug)]
+pub struct Setting {
+    pub key: String,
+    /// The flag (`--key=value`, or `--key` for a switch), or none for a switch set false.
+    pub flag: Option<String>,
+    pub at: Place,
+}
+
+/// One `[[site]]` as written, each value with its place; checked by `super::sites`.
+#[derive(Clone, Debug)]
+pub struct SiteDoc {
+    pub at: Place,
+    pub names: Vec<Located<String>>,
+    pub cert: Option<Located<PathBuf>>,
+    pub key: Option<Located<PathBuf>>,
+    pub routes: Vec<RouteDoc>,
+}
+
+/// One `[[site.route]]` as written.
+#[derive(Clone, Debug)]
+pub struct RouteDoc {
+    pub at: Place,
+    pub path: Option<Located<String>>,
+    pub root: Option<Located<PathBuf>>,
+    pub upstream: Option<Located<String>>,
+    pub strip_prefix: Option<Located<bool>>,
+    pub redirect: Option<Located<String>>,
+    pub status: Option<Located<i64>>,
+    /// `respond = { status = N, body = "…" }`: the status and the body.
+    pub respond: Option<Located<(Option<Located<i64>>, String)>>,
+}
+
+/// The file, read and parsed: its settings (each checked by the flag's own parser) and its
+/// sites (checked when the configuration is, `super::sites`).
+#[derive(Clone, Debug)]
+pub struct FileConfig {
+    pub path: PathBuf,
+    /// What is wrong with the file's syntax, keys or settings; what could be read is kept.
+    pub problems: Vec<Problem>,
+    pub settings: Vec<Setting>,
+    pub sites: Vec<SiteDoc>,
+    pub default_site: Option<Located<String>>,
+}
+
+/// The keys a `[[site]]` takes.
+pub const SITE_KEYS: [&str; 4] = ["names", "cert", "key", "route"];
+/// The keys a `[[site.route]]` takes.
+pub const ROUTE_KEYS: [&str; 7] = [
+    "path",
+    "root",
+    "upstream",
+    "strip_prefix",
+    "redirect",
+    "status",
+    "respond",
+];
+/// The keys of a route's `respond` table.
+pub const RESPOND_KEYS: [&str; 2] = ["status", "body"];
+/// The keys of the file that are not settings of the command line.
+pub const TABLE_KEYS: [&str; 2] = ["site", "default_site"];
+
+/// Settings of the command line that the file cannot hold.
+const NOT_IN_FILE: [&str; 3] = ["config", "help", "version"];
+
+/// Every setting the file may hold: the command line's options, by their clap IDs.
+pub fn setting_keys() -> Vec<String> {
+    Cli::command()
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .filter(|id| !NOT_IN_FILE.contains(&id.as_str()))
+        .collect()
+}
+
+impl FileConfig {
+    /// Reads and parses `path`; every problem found, each with its place.
+    pub fn read(path: &Path) -> Result<FileConfig, Problems> {
+        let one = |message: String| Problems(vec![Problem { at: None, message }]);
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            one(format!(
+                "--config / RINGMUX_CONFIG={}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        FileConfig::parse(path, &text)
+    }
+
+    /// Parses `text`, the content of `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<FileConfig, Problems> {
+        let mut p = Parser {
+            path,
+            text,
+            problems: Vec::new(),
+        };
+        let doc = match DeTable::parse(text) {
+            Ok(doc) => doc,
+            Err(e) => {
+                let at = e.span().map(|s| p.place(s.start));
+                return Err(Problems(vec![Problem {
+                    at,
+                    message: format!("not valid TOML: {}", e.message().trim()),
+                }]));
+            }
+        };
+        let mut file = FileConfig {
+            path: path.to_owned(),
+            problems: Vec::new(),
+            settings: Vec::new(),
+            sites: Vec::new(),
+            default_site: None,
+        };
+        let cmd = Cli::command();
+        let keys = setting_keys();
+        for (key, value) in doc.get_ref() {
+            let name = key.get_ref().as_ref();
+            match name {
+                "site" => file.sites = p.sites(value),
+                "default_site" => file.default_site = p.string(value, "default_site"),
+                _ => {
+                    let Some(arg) = keys
+                        .iter()
+                        .any(|k| k == name)
+                        .then(|| cmd.get_arguments().find(|a| a.get_id() == name))
+                        .flatten()
+                    else {
+                        let known: Vec<&str> =
+                            keys.iter().map(String::as_str).chain(TABLE_KEYS).collect();
+                        p.unknown(key, &known, "setting");
+                        continue;
+                    };
+                    if let Some(setting) = p.setting(name, arg, value) {
+                        file.settings.push(setting);
+                    }
+                }
+            }
+        }
+        file.problems = p.problems;
+        Ok(file)
+    }
+
+    /// The flags of the file's settings that neither the command line nor the environment
+    /// set (`matches`, the command line parsed): those win over the file.
+    pub fn flags(&self, matches: &ArgMatches) -> Vec<String> {
+        self.settings
+            .iter()
+            .filter(|s| {
+                !matches!(
+                    matches.value_source(&s.key),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            })
+            .filter_map(|s| s.flag.clone())
+            .collect()
+    }
+
+    /// Where the file sets the option whose flag is `--flag`, if it does.
+    pub fn place_of_flag(&self, flag: &str) -> Option<&Setting> {
+        self.settings
+            .iter()
+            .find(|s| format!("--{}", s.key.replace('_', "-")) == flag)
+    }
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+    text: &'a str,
+    problems: Vec<Problem>,
+}
+
+type Value<'i> = Spanned<DeValue<'i>>;
+
+impl Parser<'_> {
+    /// The place of byte `offset` of the file.
+    fn place(&self, offset: usize) -> Place {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        Place {
+            file: self.path.to_owned(),
+            line,
+            column,
+        }
+    }
+
+    fn at<T>(&self, v: &Spanned<T>) -> Place {
+        self.place(v.span().start)
+    }
+
+    fn problem(&mut self, at: Place, message: String) {
+        self.problems.push(Problem {
+            at: Some(at),
+            message,
+        });
+    }
+
+    /// An unknown key of a `what`, with the nearest of `known`.
+    fn unknown(&mut self, key: &Spanned<std::borrow::Cow<'_, str>>, known: &[&str], what: &str) {
+        let name = key.get_ref().as_ref();
+        let nearest = known
+            .iter()
+            .map(|k| (strsim::jaro_winkler(name, k), *k))
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .filter(|(score, _)| *score > 0.7)
+            .map(|(_, k)| format!("; did you mean `{k}`?"))
+            .unwrap_or_default();
+        let at = self.at(key);
+        self.problem(at, format!("unknown {what} `{name}`{nearest}"));
+    }
+
+    /// A setting of the command line: its value as the flag takes it, checked by the flag's
+    /// own parser.
+    fn setting(&mut self, key: &str, arg: &clap::Arg, value: &Value<'_>) -> Option<Setting> {
+        let at = self.at(value);
+        let long = arg.get_long().unwrap_or(key);
+        let switch = matches!(arg.get_action(), ArgAction::SetTrue);
+        let on_off = arg
+            .get_possible_values()
+            .iter()
+            .any(|v| v.get_name() == "on");
+        let text = match value.get_ref() {
+            DeValue::Boolean(b) if switch => {
+                return Some(Setting {
+                    key: key.to_owned(),
+                    flag: b.then(|| format!("--{long}")),
+                    at,
+                });
+            }
+            DeValue::Boolean(b) if on_off => (if *b { "on" } else { "off" }).to_owned(),
+            DeValue::String(s) if !switch => s.to_string(),
+            DeValue::Integer(i) if !switch => integer(i.as_str(), i.radix())?.to_string(),
+            DeValue::Float(f) if !switch => f.as_str().to_owned(),
+            DeValue::Array(items) if !switch && arg.get_value_delimiter().is_some() => {
+                let mut parts = Vec::new();
+                for item in items {
+                    match item.get_ref() {
+                        DeValue::Integer(i) => {
+                            parts.push(integer(i.as_str(), i.radix())?.to_string())
+                        }
+                        DeValue::String(s) => parts.push(s.to_string()),
+                        other => {
+                            let at = self.at(item);
+                            self.problem(
+                                at,
+                                format!(
+                                    "{key}: expected numbers or strings, not {}",
+                                    other.type_str()
+                                ),
+                            );
+                            return None;
+                        }
+                    }
+                }
+                parts.join(",")
+            }
+            other => {
+                let expected = if switch {
+                    "true or false"
+                } else if on_off {
+                    "\"on\", \"off\", true or false"
+                } else {
+                    "a string or a number"
+                };
+                self.problem(
+                    at,
+                    format!("{key}: expected {expected}, not {}", other.type_str()),
+                );
+                return None;
+            }
+        };
+        let flag = format!("--{long}={text}");
+        // The flag's own parser, alone: its range, its possible values.
+        if let Err(e) = Cli::command().try_get_matches_from(["ringmux", flag.as_str()]) {
+            let why = e.render().to_string();
+            let why = why
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim_start_matches("error: ")
+                .to_owned();
+            self.problem(at, format!("{key} = {text:?} is not valid: {why}"));
+            return None;
+        }
+        Some(Setting {
+            key: key.to_owned(),
+            flag: Some(flag),
+            at,
+        })
+    }
+
+    fn string(&mut self, value: &Value<'_>, what: &str) -> Option<Located<String>> {
+        match value.get_ref() {
+            DeValue::String(s) => Some(Located {
+                value: s.to_string(),
+                at: self.at(value),
+            }),
+            other => {
+                let at = self.at(value);
+                self.problem(
+                    at,
+                    format!("{what}: expected a string, not {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn path(&mut self, value: &Value<'_>, what: &str) -> Option<Located<PathBuf>> {
+        self.string(value, what).map(|s| Located {
+            value: PathBuf::from(s.value),
+            at: s.at,
+        })
+    }
+
+    fn int(&mut self, value: &Value<'_>, what: &str) -> Option<Located<i64>> {
+        match value.get_ref() {
+            DeValue::Integer(i) => Some(Located {
+                value: integer(i.as_str(), i.radix())?,
+                at: self.at(value),
+            }),
+            other => {
+                let at = self.at(value);
+                self.problem(
+                    at,
+                    format!("{what}: expected a number, not {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, value: &Value<'_>, what: &str) -> Option<Located<bool>> {
+        match value.get_ref() {
+            DeValue::Boolean(b) => Some(Located {
+                value: *b,
+                at: self.at(value),
+            }),
+            other => {
+                let at = self.at(value);
+                self.problem(
+                    at,
+                    format!("{what}: expected true or false, not {}", other.type_str()),
+                );
+                None
+            }
+        }
+    }
+
+    /// The tables of an array of tables (`[[site]]`, `[[site.route]]`).
+    fn tables<'v, 'i>(
+        &mut self,
+        value: &'v Value<'i>,
+        what: &str,
+    ) -> Vec<(Place, &'v DeTable<'i>)> {
+        let items: Vec<&Value<'i>> = match value.get_ref() {
+            DeValue::Array(items) => items.iter().collect(),
+            DeValue::Table(_) => vec![value],
+            other => {
+                let at = self.at(value);
+                self.problem(
+                    at,
+                    format!(
+                        "{what}: expected [[{what}]] tables, not {}",
+                        other.type_str()
+                    ),
+                );
+                return Vec::new();
+            }
+        };
+        let mut tables = Vec::new();
+        for item in items {
+            match item.get_ref() {
+                DeValue::Table(t) => tables.push((self.at(item), t)),
+                other => {
+                    let at = self.at(item);
+                    self.problem(
+                        at,
+                        format!("{what}: expected a table, not {}", other.type_str()),
+                    );
+                }
+            }
+        }
+        tables
+    }
+
+    fn sites(&mut self, value: &Value<'_>) -> Vec<SiteDoc> {
+        let mut sites = Vec::new();
+        for (at, table) in self.tables(value, "site") {
+            let mut site = SiteDoc {
+                at,
+                names: Vec::new(),
+                cert: None,
+                key: None,
+                routes: Vec::new(),
+            };
+            for (k, v) in table {
+                match k.get_ref().as_ref() {
+                    "names" => match v.get_ref() {
+                        DeValue::Array(items) => {
+                            for item in items {
+                                if let Some(name) = self.string(item, "names") {
+                                    site.names.push(name);
+                                }
+                            }
+                        }
+                        other => {
+                            let at = self.at(v);
+                            self.problem(
+                                at,
+                                format!(
+                                    "names: expected a list of names, e.g. [\"example.com\", \
+                                     \"www.example.com\"], not {}",
+                                    other.type_str()
+                                ),
+                            );
+                        }
+                    },
+                    "cert" => site.cert = self.path(v, "cert"),
+                    "key" => site.key = self.path(v, "key"),
+                    "route" => {
+                        for (at, route) in self.tables(v, "site.route") {
+                            let r = self.route(at, route);
+                            site.routes.push(r);
+                        }
+                    }
+                    _ => self.unknown(k, &SITE_KEYS, "key of [[site]]"),
+                }
+            }
+            sites.push(site);
+        }
+        sites
+    }
+
+    fn route(&mut self, at: Place, table: &DeTable<'_>) -> RouteDoc {
+        let mut r = RouteDoc {
+            at,
+            path: None,
+            root: None,
+            upstream: None,
+            strip_prefix: None,
+            redirect: None,
+            status: None,
+            respond: None,
+        };
+        for (k, v) in table {
+            match k.get_ref().as_ref() {
+                "path" => r.path = self.string(v, "path"),
+                "root" => r.root = self.path(v, "root"),
+                "upstream" => r.upstream = self.string(v, "upstream"),
+                "strip_prefix" => r.strip_prefix = self.boolean(v, "strip_prefix"),
+                "redirect" => r.redirect = self.string(v, "redirect"),
+                "status" => r.status = self.int(v, "status"),
+                "respond" => {
+                    let at = self.at(v);
+                    let DeValue::Table(t) = v.get_ref() else {
+                        self.problem(
+                            at,
+                            format!(
+                                "respond: expected a table, e.g. {{ status = 200, body = \"ok\" }}, \
+                                 not {}",
+                                v.get_ref().type_str()
+                            ),
+                        );
+                        continue;
+                    };
+                    let (mut status, mut body) = (None, String::new());
+                    for (rk, rv) in t {
+                        match rk.get_ref().as_ref() {
+                            "status" => status = self.int(rv, "respond.status"),
+                            "body" => {
+                                if let Some(b) = self.string(rv, "respond.body") {
+                                    body = b.value;
+                                }
+                            }
+                            _ => self.unknown(rk, &RESPOND_KEYS, "key of respond"),
+                        }
+                    }
+                    r.respond = Some(Located {
+                        value: (status, body),
+                        at,
+                    });
+                }
+                _ => self.unknown(k, &ROUTE_KEYS, "key of [[site.route]]"),
+            }
+        }
+        r
+    }
+}
+
+/// A TOML integer's text (digits and underscores, after any `0x`/`0o`/`0b`) in `radix`.
+fn integer(text: &str, radix: u32) -> Option<i64> {
+    let digits: String = text.chars().filter(|c| *c != '_').collect();
+    let digits = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0o"))
+        .or_else(|| digits.strip_prefix("0b"))
+        .unwrap_or(&digits);
+    i64::from_str_radix(digits, radix).ok()
+}

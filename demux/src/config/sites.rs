@@ -1,0 +1,567 @@
+//! The `[[site]]` tables of the configuration file, checked and made into the site table every
+//! worker receives ([`SiteTable`]): each name well formed and in one site only, each
+//! certificate read, matching its key, covering its site's names and valid now, each route's
+//! path and action sound (a root the workers can read, an upstream that parses, a redirect's
+//! status). Every problem is collected with its place, so `ringmux check` shows them all.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use ringmux_proto::sites::{Action, Route, Site, SiteTable};
+use ringmux_proto::UpstreamUrl;
+
+use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
+use super::WorkerUser;
+use crate::certs::CertPem;
+
+/// Redirect statuses a route may give.
+pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
+
+/// What a redirect answers when its route gives no status: 302, temporary (as Caddy's
+/// `redir`), so a mistake is not cached by browsers for good.
+pub const DEFAULT_REDIRECT_STATUS: u16 = 302;
+
+/// The site table of the file's `[[site]]`s; every problem found, each with its place.
+/// `worker_user` is whom the workers run as (a root must be reachable by it).
+pub fn build(file: &FileConfig, worker_user: Option<&WorkerUser>) -> Result<SiteTable, Problems> {
+    let mut problems = Vec::new();
+    let mut sites = Vec::new();
+    for doc in &file.sites {
+        if let Some(site) = site(doc, worker_user, &mut problems) {
+            sites.push(site);
+        }
+    }
+    // A name in two sites: which certificate, which content?
+    let mut owner: std::collections::HashMap<String, (usize, &Place)> = Default::default();
+    for (i, doc) in file.sites.iter().enumerate() {
+        for name in &doc.names {
+            let key = name.value.to_ascii_lowercase();
+            match owner.get(&key) {
+                Some((j, first)) if *j != i => problems.push(Problem {
+                    at: Some(name.at.clone()),
+                    message: format!(
+                        "the name {key} belongs to two sites: this one and the site at {first}; \
+                         give each name to one site only"
+                    ),
+                }),
+                Some(_) => {}
+                None => {
+                    owner.insert(key, (i, &name.at));
+                }
+            }
+        }
+    }
+    let default_site = match &file.default_site {
+        None => None,
+        Some(d) => {
+            let want = d.value.to_ascii_lowercase();
+            let found = file
+                .sites
+                .iter()
+                .position(|s| s.names.iter().any(|n| n.value.to_ascii_lowercase() == want));
+            if found.is_none() {
+                problems.push(Problem {
+                    at: Some(d.at.clone()),
+                    message: format!(
+                        "default_site = {:?} is no site's name: name one of the names of a \
+                         [[site]] (e.g. its first)",
+                        d.value
+                    ),
+                });
+            }
+            found
+        }
+    };
+    if file.sites.is_empty() && file.default_site.is_some() {
+        problems.push(Problem {
+            at: file.default_site.as_ref().map(|d| d.at.clone()),
+            message: "default_site without any [[site]]".into(),
+        });
+    }
+    if !problems.is_empty() {
+        return Err(Problems(problems));
+    }
+    Ok(SiteTable {
+        sites,
+        default_site,
+    })
+}
+
+fn problem(problems: &mut Vec<Problem>, at: &Place, message: String) {
+    problems.push(Problem {
+        at: Some(at.clone()),
+        message,
+    });
+}
+
+fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -> Option<Site> {
+    let before = problems.len();
+    if doc.names.is_empty() {
+        problem(
+            problems,
+            &doc.at,
+            "a [[site]] needs names = [...], e.g. names = [\"example.com\", \"www.example.com\"]"
+                .into(),
+        );
+    }
+    let mut names = Vec::new();
+    for n in &doc.names {
+        match check_name(&n.value) {
+            Ok(name) => names.push(name),
+            Err(why) => problem(problems, &n.at, format!("name {:?}: {why}", n.value)),
+        }
+    }
+    let label = names.first().cloned().unwrap_or_default();
+    let pem = match (&doc.cert, &doc.key) {
+        (Some(cert), Some(key)) => certificate(cert, key, &names, problems),
+        (None, _) => {
+            problem(
+                problems,
+                &doc.at,
+                format!("site {label}: cert = \"FILE\" (its PEM certificate chain) is missing"),
+            );
+            None
+        }
+        (_, None) => {
+            problem(
+                problems,
+                &doc.at,
+                format!(
+                    "site {label}: key = \"FILE\" (the PEM private key of its cert) is missing"
+                ),
+            );
+            None
+        }
+    };
+    if doc.routes.is_empty() {
+        problem(
+            problems,
+            &doc.at,
+            format!(
+                "site {label} has no [[site.route]]: give it at least one, e.g. path = \"/\" \
+                 with root = \"/srv/www\""
+            ),
+        );
+    }
+    let mut routes: Vec<Route> = Vec::new();
+    for r in &doc.routes {
+        if let Some(route) = route(r, user, problems) {
+            if let Some(same) = routes.iter().find(|o| o.path == route.path) {
+                problem(
+                    problems,
+                    &r.at,
+                    format!(
+                        "site {label}: two routes for the path {:?}; give each path one route",
+                        same.path
+                    ),
+                );
+            }
+            routes.push(route);
+        }
+    }
+    if problems.len() > before {
+        return None;
+    }
+    let pem = pem?;
+    Some(Site {
+        label,
+        names,
+        cert_pem: pem.chain,
+        key_pem: pem.key,
+        routes,
+    })
+}
+
+/// A site's name, lower case: an exact DNS name of A-labels, or `*.` and one.
+pub fn check_name(name: &str) -> Result<String, String> {
+    if !name.is_ascii() {
+        return Err("write an international name as its A-labels (xn--…), as DNS holds it".into());
+    }
+    let lower = name.to_ascii_lowercase();
+    let rest = lower.strip_prefix("*.").unwrap_or(&lower);
+    if rest.parse::<std::net::IpAddr>().is_ok() {
+        return Err(
+            "an IP address is no site name (clients send no SNI for one); make the \
+                    site the default_site to answer requests by address"
+                .into(),
+        );
+    }
+    if rest.len() > 253 || rest.is_empty() {
+        return Err("expected a DNS name of 1 to 253 characters".into());
+    }
+    for label in rest.split('.') {
+        let ok = !label.is_empty()
+            && label.len() <= 63
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !ok {
+            let hint = if label.contains('*') {
+                "a wildcard is `*.` followed by the name it covers one label of"
+            } else {
+                "labels of letters, digits and hyphens, 1 to 63 each, separated by dots"
+            };
+            return Err(format!("expected a DNS name: {hint}"));
+        }
+    }
+    if lower.starts_with("*.") && !rest.contains('.') {
+        return Err("a wildcard of a top-level domain covers too much; name the domain".into());
+    }
+    Ok(lower)
+}
+
+/// The certificate chain and key of a site, checked: readable, the key matching the leaf, the
+/// leaf covering every name and valid now.
+fn certificate(
+    cert: &Located<std::path::PathBuf>,
+    key: &Located<std::path::PathBuf>,
+    names: &[String],
+    problems: &mut Vec<Problem>,
+) -> Option<CertPem> {
+    let pem = match CertPem::load(&cert.value, &key.value) {
+        Ok(p) => p,
+        Err(e) => {
+            problem(problems, &cert.at, e.to_string());
+            return None;
+        }
+    };
+    let (chain, private) = match pem.parse() {
+        Ok(d) => d,
+        Err(e) => {
+            problem(problems, &cert.at, e.to_string());
+            return None;
+        }
+    };
+    let provider = rustls::crypto::ring::default_provider();
+    if let Err(e) = rustls::sign::CertifiedKey::from_der(chain.clone(), private, &provider) {
+        problem(
+            problems,
+            &key.at,
+            format!(
+                "the key {} does not go with the certificate {}: {e}",
+                key.value.display(),
+                cert.value.display()
+            ),
+        );
+        return None;
+    }
+    match leaf(&chain[0]) {
+        Err(why) => problem(
+            problems,
+            &cert.at,
+            format!("the certificate {}: {why}", cert.value.display()),
+        ),
+        Ok(leaf) => {
+            let now = SystemTime::now();
+            if leaf.not_after < now {
+                problem(
+                    problems,
+                    &cert.at,
+                    format!(
+                        "the certificate {} expired on {}: renew it",
+                        cert.value.display(),
+                        leaf.not_after_text
+                    ),
+                );
+            } else if leaf.not_before > now {
+                problem(
+                    problems,
+                    &cert.at,
+                    format!(
+                        "the certificate {} is not valid before {}",
+                        cert.value.display(),
+                        leaf.not_before_text
+                    ),
+                );
+            }
+            for name in names {
+                if !covers(&leaf.names, name) {
+                    problem(
+                        problems,
+                        &cert.at,
+                        format!(
+                            "the certificate {} does not cover the site's name {name} (it \
+                             covers {}): use a certificate for every name of the site",
+                            cert.value.display(),
+                            leaf.names.join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    Some(pem)
+}
+
+/// What the leaf certificate says of itself.
+pub struct Leaf {
+    /// Its DNS names (subject alternative names), lower case.
+    pub names: Vec<String>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    /// The two as the certificate writes them (UTC).
+    pub not_before_text: String,
+    pub not_after_text: String,
+}
+
+/// Reads a leaf certificate's names and validity.
+pub fn leaf(der: &[u8]) -> Result<Leaf, String> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not X.509: {e}"))?;
+    let mut names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for n in &san.value.general_names {
+            if let GeneralName::DNSName(d) = n {
+                names.push(d.to_ascii_lowercase());
+            }
+        }
+    }
+    let time = |t: ASN1Time| {
+        let secs = t.timestamp();
+        match u64::try_from(secs) {
+            Ok(s) => SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(s),
+            Err(_) => SystemTime::UNIX_EPOCH,
+        }
+    };
+    let v = cert.validity();
+    Ok(Leaf {
+        names,
+        not_before: time(v.not_before),
+        not_after: time(v.not_after),
+        not_before_text: v.not_before.to_string(),
+        not_after_text: v.not_after.to_string(),
+    })
+}
+
+/// Whether a certificate for `sans` covers the site name `name`: the same name, or a wildcard
+/// of the certificate covering it (one label); a site's wildcard needs the same wildcard.
+pub fn covers(sans: &[String], name: &str) -> bool {
+    sans.iter().any(|san| {
+        san == name
+            || (!name.starts_with("*.")
+                && san
+                    .strip_prefix("*.")
+                    .is_some_and(|parent| name.split_once('.').is_some_and(|(_, p)| p == parent)))
+    })
+}
+
+fn route(r: &RouteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -> Option<Route> {
+    let before = problems.len();
+    let path = match &r.path {
+        None => {
+            problem(
+                problems,
+                &r.at,
+                "a [[site.route]] needs path = \"/PREFIX\"".into(),
+            );
+            None
+        }
+        Some(p) if !p.value.starts_with('/') || p.value.contains(['?', '#']) => {
+            problem(
+                problems,
+                &p.at,
+                format!(
+                    "path {:?}: expected a path prefix starting with /, e.g. \"/api\"",
+                    p.value
+                ),
+            );
+            None
+        }
+        Some(p) => Some(p.value.clone()),
+    };
+    let actions = [
+        r.root.is_some(),
+        r.upstream.is_some(),
+        r.redirect.is_some(),
+        r.respond.is_some(),
+    ];
+    if actions.iter().filter(|a| **a).count() != 1 {
+        problem(
+            problems,
+            &r.at,
+            "a [[site.route]] takes one action: root = DIR, upstream = URL, redirect = URL, or \
+             respond = { status = N, body = \"...\" }"
+                .into(),
+        );
+        return None;
+    }
+    if let (Some(s), None) = (&r.strip_prefix, &r.upstream) {
+        problem(
+            problems,
+            &s.at,
+            "strip_prefix goes with upstream only".into(),
+        );
+    }
+    if let (Some(s), None) = (&r.status, &r.redirect) {
+        problem(
+            problems,
+            &s.at,
+            "status goes with redirect (respond takes its own: respond = { status = N, body = \
+             \"...\" })"
+                .into(),
+        );
+    }
+    let action = if let Some(root) = &r.root {
+        check_root(root, user, problems);
+        Action::Files {
+            root: root.value.clone(),
+        }
+    } else if let Some(up) = &r.upstream {
+        if let Err(e) = up.value.parse::<UpstreamUrl>() {
+            problem(problems, &up.at, format!("upstream = {e}"));
+        }
+        Action::Upstream {
+            url: up.value.clone(),
+            strip_prefix: r.strip_prefix.as_ref().is_some_and(|s| s.value),
+        }
+    } else if let Some(to) = &r.redirect {
+        let status = match &r.status {
+            None => DEFAULT_REDIRECT_STATUS,
+            Some(s) => match u16::try_from(s.value) {
+                Ok(v) if REDIRECT_STATUSES.contains(&v) => v,
+                _ => {
+                    problem(
+                        problems,
+                        &s.at,
+                        format!("status = {}: a redirect is 301, 302, 307 or 308", s.value),
+                    );
+                    0
+                }
+            },
+        };
+        if to.value.is_empty() || !to.value.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            problem(
+                problems,
+                &to.at,
+                format!(
+                    "redirect = {:?}: expected a URL of printable ASCII, e.g. \
+                     \"https://example.com{{path}}\"",
+                    to.value
+                ),
+            );
+        }
+        Action::Redirect {
+            to: to.value.clone(),
+            status,
+        }
+    } else {
+        let respond = r.respond.as_ref()?;
+        let (status, body) = &respond.value;
+        let status = match status {
+            None => 200,
+            Some(s) => match u16::try_from(s.value) {
+                Ok(v) if (200..=599).contains(&v) => v,
+                _ => {
+                    problem(
+                        problems,
+                        &s.at,
+                        format!("respond's status = {}: expected 200 to 599", s.value),
+                    );
+                    0
+                }
+            },
+        };
+        Action::Respond {
+            status,
+            body: body.clone(),
+        }
+    };
+    if problems.len() > before {
+        return None;
+    }
+    Some(Route {
+        path: path?,
+        action,
+    })
+}
+
+/// A route's root: a folder the demux can list and the workers' user can enter.
+fn check_root(
+    root: &Located<std::path::PathBuf>,
+    user: Option<&WorkerUser>,
+    problems: &mut Vec<Problem>,
+) {
+    let dir: &Path = &root.value;
+    if !dir.is_absolute() {
+        problem(
+            problems,
+            &root.at,
+            format!("root = {}: expected an absolute path", dir.display()),
+        );
+        return;
+    }
+    if !dir.is_dir() {
+        problem(
+            problems,
+            &root.at,
+            format!("root = {}: not a directory", dir.display()),
+        );
+        return;
+    }
+    if let Err(e) = std::fs::read_dir(dir) {
+        problem(
+            problems,
+            &root.at,
+            format!("root = {}: the folder cannot be read ({e})", dir.display()),
+        );
+        return;
+    }
+    if let Some(user) = user {
+        if let Err(why) = user.can_enter(dir) {
+            problem(
+                problems,
+                &root.at,
+                format!(
+                    "root = {} cannot be reached by user {} (UID {}), whom the workers run as: \
+                     {}. Let that user enter it and every folder above it, and read the files \
+                     (e.g. chmod o+rx)",
+                    dir.display(),
+                    user.name,
+                    user.uid,
+                    crate::one_line(&why)
+                ),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_dns_names_or_one_label_wildcards() {
+        assert_eq!(check_name("A.Example").unwrap(), "a.example");
+        assert_eq!(check_name("*.w.test").unwrap(), "*.w.test");
+        assert_eq!(
+            check_name("xn--bcher-kva.example").unwrap(),
+            "xn--bcher-kva.example"
+        );
+        for bad in [
+            "bücher.example",
+            "a..b",
+            "*.com",
+            "a.*.b",
+            "-a.b",
+            "",
+            "127.0.0.1",
+            "a b",
+        ] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_certificate_covers_its_names_and_its_wildcards_one_label() {
+        let sans = vec!["a.test".to_string(), "*.w.test".to_string()];
+        assert!(covers(&sans, "a.test"));
+        assert!(covers(&sans, "x.w.test"));
+        assert!(covers(&sans, "*.w.test"));
+        assert!(!covers(&sans, "w.test"));
+        assert!(!covers(&sans, "x.y.w.test"));
+        assert!(!covers(&sans, "b.test"));
+        assert!(!covers(&["x.w.test".to_string()], "*.w.test"));
+    }
+}
