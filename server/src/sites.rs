@@ -807,3 +807,532 @@ impl From<served::Site> for Router {
         Router::from(&site)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(path: &str, action: Action) -> Route {
+        Route {
+            path: path.into(),
+            action,
+        }
+    }
+
+    fn respond(body: &str) -> Action {
+        Action::Respond {
+            status: 200,
+            body: body.into(),
+        }
+    }
+
+    fn site(label: &str, names: &[&str], routes: Vec<Route>) -> Site {
+        Site {
+            label: label.into(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            routes,
+        }
+    }
+
+    /// Two named sites (one with a wildcard) and, if `default`, the second as default.
+    fn table(default: Option<usize>) -> SiteTable {
+        SiteTable {
+            sites: vec![
+                site(
+                    "a.test",
+                    &["a.test"],
+                    vec![
+                        route("/", respond("root")),
+                        route("/api", respond("api")),
+                        route("/api/v2/", respond("v2")),
+                        route(
+                            "/admin",
+                            Action::Respond {
+                                status: 403,
+                                body: "no\n".into(),
+                            },
+                        ),
+                        route(
+                            "/old",
+                            Action::Redirect {
+                                to: "https://n.test{path}?{query}".into(),
+                                status: 308,
+                            },
+                        ),
+                        route(
+                            "/up",
+                            Action::Upstream {
+                                url: "http://127.0.0.1:9".into(),
+                                strip_prefix: true,
+                            },
+                        ),
+                        route(
+                            "/up-whole",
+                            Action::Upstream {
+                                url: "http://127.0.0.1:9".into(),
+                                strip_prefix: false,
+                            },
+                        ),
+                    ],
+                ),
+                site(
+                    "b.test",
+                    &["b.test", "*.w.test"],
+                    vec![route("/x", respond("x"))],
+                ),
+            ],
+            default_site: default,
+        }
+    }
+
+    fn router(t: &SiteTable) -> Router {
+        Router::new(t, &RouterOptions::default()).expect("a router")
+    }
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    /// What `GET path` on site 0 gets, in short: the reply's status and body, the proxy's path.
+    fn at(r: &Router, method: Method, path: &str) -> String {
+        let u = uri(path);
+        match r.target(Choice::Site(0), &method, &u) {
+            Target::Proxy { upstream, path } => format!(
+                "proxy {} {}",
+                upstream.authority(),
+                path.as_ref().map_or("-", |p| p.as_str())
+            ),
+            Target::Local(Local::Reply(reply)) => {
+                let body = match reply.body {
+                    Body::Memory(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Body::Static(b) => String::from_utf8_lossy(b).into_owned(),
+                    Body::Empty => String::new(),
+                    _ => "?".into(),
+                };
+                let location = reply
+                    .headers
+                    .get(header::LOCATION)
+                    .map(|l| format!(" -> {}", l.to_str().unwrap()))
+                    .unwrap_or_default();
+                format!("{} {}{location}", reply.status.as_u16(), body.trim_end())
+            }
+            Target::Local(Local::Get(l)) => format!("get {} {}", l.path, l.rest),
+            Target::Local(Local::EchoLen) => "echo-len".into(),
+        }
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_across_route_kinds() {
+        let r = router(&table(None));
+        for (path, want) in [
+            ("/", "200 root"),
+            ("/apix", "200 root"),
+            ("/api", "200 api"),
+            ("/api/", "200 api"),
+            ("/api/v1", "200 api"),
+            ("/api/v2", "200 v2"),
+            ("/api/v2/z", "200 v2"),
+            ("/admin/x", "403 no"),
+            ("/old/p", "308  -> https://n.test/old/p"),
+            ("/up/x", "proxy 127.0.0.1:9 /x"),
+            ("/up-whole/x?q=1", "proxy 127.0.0.1:9 -"),
+        ] {
+            assert_eq!(at(&r, Method::GET, path), want, "{path}");
+        }
+        // Fixed responses and redirects answer any method.
+        assert_eq!(at(&r, Method::DELETE, "/admin"), "403 no");
+        assert_eq!(at(&r, Method::POST, "/api/v2/"), "200 v2");
+        // No route: 404.
+        let b = Router::new(&table(None), &RouterOptions::default()).unwrap();
+        let u = uri("/y");
+        assert!(matches!(
+            b.target(Choice::Site(1), &Method::GET, &u),
+            Target::Local(Local::Reply(Reply {
+                status: StatusCode::NOT_FOUND,
+                ..
+            }))
+        ));
+    }
+
+    /// The opened routes choose as [`Site::route`] does on the table's.
+    #[test]
+    fn the_router_chooses_as_the_table_does() {
+        let t = table(None);
+        let r = router(&t);
+        for path in [
+            "/",
+            "/a",
+            "/api",
+            "/api/",
+            "/api/v2",
+            "/api/v2/",
+            "/api/v2/x",
+            "/apix",
+            "/admin",
+            "/adminx",
+            "/old/",
+            "/up",
+            "/up/x",
+            "/up-whole",
+            "/up-whole/y",
+            "/upx",
+        ] {
+            let want = t.sites[0]
+                .route(path)
+                .map(|(r, rest)| (r.path.clone(), rest));
+            let got = r.inner.sites[0]
+                .route(path)
+                .unwrap()
+                .map(|(r, rest)| (r.prefix.clone(), rest));
+            assert_eq!(got, want, "{path}");
+        }
+    }
+
+    #[test]
+    fn strip_prefix_passes_the_rest_and_the_query() {
+        let r = router(&table(None));
+        assert_eq!(at(&r, Method::GET, "/up/x?q=1"), "proxy 127.0.0.1:9 /x?q=1");
+        assert_eq!(at(&r, Method::POST, "/up"), "proxy 127.0.0.1:9 /");
+        assert_eq!(at(&r, Method::GET, "/up?q=1"), "proxy 127.0.0.1:9 /?q=1");
+        assert_eq!(at(&r, Method::GET, "/up/"), "proxy 127.0.0.1:9 /");
+        assert_eq!(at(&r, Method::GET, "/up/a/b/"), "proxy 127.0.0.1:9 /a/b/");
+    }
+
+    #[test]
+    fn redirects_fill_in_path_and_query() {
+        let r = router(&table(None));
+        assert_eq!(
+            at(&r, Method::GET, "/old/a?x=1&y=2"),
+            "308  -> https://n.test/old/a?x=1&y=2"
+        );
+        // No query: the `?` left at the end goes.
+        assert_eq!(at(&r, Method::GET, "/old"), "308  -> https://n.test/old");
+        assert_eq!(at(&r, Method::PUT, "/old/"), "308  -> https://n.test/old/");
+    }
+
+    #[test]
+    fn an_escape_that_would_choose_another_route_is_refused() {
+        let r = router(&table(None));
+        for path in [
+            "/%61dmin",    // decodes to /admin, sent as a path of "/"
+            "//admin",     // an empty segment dropped
+            "/x/../admin", // a dot segment resolved
+            "/./admin",
+            "/api/%2e%2e/admin",
+            "/a/%2E%2E/admin",
+            "/../admin", // above the root
+        ] {
+            assert_eq!(at(&r, Method::GET, path), "400 bad path", "{path}");
+        }
+        // Escapes that keep the route are served.
+        assert_eq!(at(&r, Method::GET, "/api/a%20b"), "200 api");
+        assert_eq!(at(&r, Method::GET, "/api/x/../y"), "200 api");
+        assert_eq!(
+            at(&r, Method::GET, "/up/group%2Fproject"),
+            "proxy 127.0.0.1:9 /group%2Fproject"
+        );
+        // One route only: nothing to confuse, the path goes on as sent (today's proxy).
+        let one = router(&with_command_line(
+            command_line_table(),
+            None,
+            Some(&"http://127.0.0.1:9".parse().unwrap()),
+        ));
+        assert_eq!(at(&one, Method::GET, "/../x"), "proxy 127.0.0.1:9 -");
+        assert_eq!(decoded_path("/a/./b//c/../d/").as_deref(), Some("/a/b/d/"));
+        assert_eq!(decoded_path("/a/..").as_deref(), Some("/"));
+        assert_eq!(decoded_path("/%zz%2").as_deref(), Some("/%zz%2"));
+    }
+
+    #[test]
+    fn builtin_and_file_routes_are_lookups_beneath_their_prefix() {
+        let tmp = ringmux_test_support::temp_dir("ringmux-sites-lookup");
+        let t = SiteTable {
+            sites: vec![site(
+                "s",
+                &[],
+                vec![
+                    route("/", Action::Builtin { root: None }),
+                    route(
+                        "/static/",
+                        Action::Files {
+                            root: tmp.path().into(),
+                        },
+                    ),
+                ],
+            )],
+            default_site: Some(0),
+        };
+        let r = router(&t);
+        assert_eq!(
+            at(&r, Method::GET, "/hello.txt"),
+            "get /hello.txt /hello.txt"
+        );
+        assert_eq!(
+            at(&r, Method::HEAD, "/static/a.css"),
+            "get /static/a.css /a.css"
+        );
+        assert_eq!(at(&r, Method::GET, "/static"), "get /static ");
+        assert_eq!(at(&r, Method::POST, "/echo-len"), "echo-len");
+        assert_eq!(
+            at(&r, Method::POST, "/static/echo-len"),
+            "405 method not allowed"
+        );
+        assert_eq!(at(&r, Method::PUT, "/x"), "405 method not allowed");
+        let u = uri("/static/a");
+        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::PUT, &u) else {
+            panic!("a reply");
+        };
+        assert_eq!(reply.headers[header::ALLOW], "GET, HEAD");
+    }
+
+    fn parts(version: http::Version, uri: &str, hosts: &[&str]) -> http::request::Parts {
+        let mut b = http::Request::builder().version(version).uri(uri);
+        for h in hosts {
+            b = b.header(header::HOST, *h);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_request_for_another_sites_host_is_misdirected() {
+        use http::Version;
+        let r = router(&table(None));
+        let a = r.connection_site(Some("a.test"));
+        assert_eq!(a, Some(0));
+        let h2 = |authority: &str| parts(Version::HTTP_2, &format!("https://{authority}/"), &[]);
+        assert_eq!(r.choose(a, &h2("a.test"), false), Choice::Site(0));
+        assert_eq!(r.choose(a, &h2("A.TEST:443"), false), Choice::Site(0));
+        assert_eq!(r.choose(a, &h2("b.test"), false), Choice::Misdirected);
+        assert_eq!(r.choose(a, &h2("q.w.test"), false), Choice::Misdirected);
+        assert_eq!(
+            r.choose(a, &h2("c.test"), false),
+            Choice::Misdirected,
+            "no site, no default"
+        );
+        // The wildcard's connection serves its names.
+        let w = r.connection_site(Some("q.w.test"));
+        assert_eq!(w, Some(1));
+        assert_eq!(r.choose(w, &h2("b.test"), false), Choice::Site(1));
+        assert_eq!(r.choose(w, &h2("a.test"), false), Choice::Misdirected);
+        // No authority and no host (h2, h3): the connection's site.
+        let bare = parts(Version::HTTP_2, "/", &[]);
+        assert_eq!(r.choose(a, &bare, false), Choice::Site(0));
+        assert_eq!(r.choose(None, &bare, false), Choice::Misdirected);
+        // HTTP/1.1 needs one host.
+        let h1 = |hosts: &[&str]| parts(Version::HTTP_11, "/", hosts);
+        assert_eq!(r.choose(a, &h1(&[]), true), Choice::NoHost);
+        assert_eq!(
+            r.choose(a, &h1(&["a.test", "a.test"]), true),
+            Choice::NoHost
+        );
+        assert_eq!(r.choose(a, &h1(&["a.test"]), true), Choice::Site(0));
+        assert_eq!(r.choose(a, &h1(&["b.test"]), true), Choice::Misdirected);
+        // HTTP/1.0 may go without.
+        assert_eq!(
+            r.choose(a, &parts(Version::HTTP_10, "/", &[]), true),
+            Choice::Site(0)
+        );
+        // With a default site, an unknown name is the default's.
+        let d = router(&table(Some(1)));
+        let none = d.connection_site(None);
+        assert_eq!(none, Some(1));
+        assert_eq!(d.choose(none, &h2("c.test"), false), Choice::Site(1));
+        assert_eq!(d.choose(none, &h2("192.0.2.1:443"), false), Choice::Site(1));
+        assert_eq!(d.choose(none, &h2("a.test"), false), Choice::Misdirected);
+        assert_eq!(Choice::Misdirected.answering(Some(1)), Some(1));
+    }
+
+    #[test]
+    fn the_command_line_site_answers_every_host() {
+        let r = router(&command_line_table());
+        for sni in [None, Some("a.test"), Some("localhost"), Some("127.0.0.1")] {
+            let conn = r.connection_site(sni);
+            assert_eq!(conn, Some(0), "{sni:?}");
+            for authority in ["x.test", "localhost:4433", "[::1]:443"] {
+                let p = parts(http::Version::HTTP_2, &format!("https://{authority}/"), &[]);
+                assert_eq!(r.choose(conn, &p, false), Choice::Site(0), "{authority}");
+            }
+        }
+        assert_eq!(
+            r.log_label(Some(0)),
+            None,
+            "no site field for the command line's site"
+        );
+        assert_eq!(router(&table(None)).log_label(None).as_deref(), Some("-"));
+        assert_eq!(
+            router(&table(None)).log_label(Some(1)).as_deref(),
+            Some("b.test")
+        );
+    }
+
+    #[test]
+    fn the_workers_own_root_or_upstream_sets_the_command_line_site() {
+        let url: UpstreamUrl = "http://127.0.0.1:8080".parse().unwrap();
+        let dir = std::path::Path::new("/srv/www");
+        // Without either: the table as it is.
+        assert_eq!(with_command_line(table(None), None, None), table(None));
+        // The command line's site gets the route, replacing its own.
+        let mut t = table(None);
+        t.sites
+            .push(site("default", &[], vec![route("/x", respond("x"))]));
+        let t = with_command_line(t, Some(dir), None);
+        assert_eq!(t.sites.len(), 3);
+        assert_eq!(
+            t.sites[2].routes,
+            vec![route(
+                "/",
+                Action::Builtin {
+                    root: Some(dir.into())
+                }
+            )]
+        );
+        assert_eq!(t.default_site, None, "left as it was");
+        // No such site: one is made, the default.
+        let t = with_command_line(table(Some(0)), None, Some(&url));
+        assert_eq!(t.sites.len(), 3);
+        assert_eq!(t.default_site, Some(2));
+        assert!(t.sites[2].names.is_empty());
+        assert_eq!(
+            t.sites[2].routes,
+            vec![route(
+                "/",
+                Action::Upstream {
+                    url: "http://127.0.0.1:8080".into(),
+                    strip_prefix: false
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn a_route_that_cannot_be_served_fails_the_start_naming_site_and_route() {
+        let bad = |action: Action| {
+            let t = SiteTable {
+                sites: vec![site(
+                    "shop",
+                    &["shop.test"],
+                    vec![route("/", respond("ok")), route("/bad", action)],
+                )],
+                default_site: None,
+            };
+            Router::new(&t, &RouterOptions::default())
+                .unwrap_err()
+                .to_string()
+        };
+        for (action, says) in [
+            (
+                Action::Files {
+                    root: "/nonexistent/ringmux".into(),
+                },
+                "/nonexistent/ringmux",
+            ),
+            (
+                Action::Builtin {
+                    root: Some("/nonexistent/r2".into()),
+                },
+                "/nonexistent/r2",
+            ),
+            (
+                Action::Upstream {
+                    url: "https://x:1".into(),
+                    strip_prefix: false,
+                },
+                "https://x:1",
+            ),
+            (
+                Action::Redirect {
+                    to: "/x".into(),
+                    status: 200,
+                },
+                "200",
+            ),
+            (
+                Action::Redirect {
+                    to: "/\n".into(),
+                    status: 301,
+                },
+                "\"/\\n\"",
+            ),
+            (
+                Action::Respond {
+                    status: 700,
+                    body: String::new(),
+                },
+                "700",
+            ),
+            (
+                Action::Respond {
+                    status: 204,
+                    body: "x".into(),
+                },
+                "204",
+            ),
+        ] {
+            let e = bad(action);
+            assert!(e.contains("site \"shop\", route \"/bad\""), "{e}");
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn roots_and_upstreams_are_opened_once() {
+        let tmp = ringmux_test_support::temp_dir("ringmux-sites-once");
+        let files = || Action::Files {
+            root: tmp.path().into(),
+        };
+        let up = || Action::Upstream {
+            url: "http://127.0.0.1:9".into(),
+            strip_prefix: false,
+        };
+        let t = SiteTable {
+            sites: (0..3)
+                .map(|i| {
+                    let name = format!("s{i}.test");
+                    site(
+                        &name,
+                        &[&name],
+                        vec![route("/", files()), route("/a", up()), route("/b", files())],
+                    )
+                })
+                .collect(),
+            default_site: None,
+        };
+        let r = router(&t);
+        assert_eq!((r.inner.roots.len(), r.inner.upstreams.len()), (1, 1));
+        assert!(r.proxies());
+    }
+
+    #[test]
+    fn responses_are_counted_per_site_and_class() {
+        let r = router(&table(None));
+        let stats = SiteStats::default();
+        stats.count(Some(0), StatusCode::OK);
+        stats.init(&r);
+        for (site, status) in [
+            (Some(0), StatusCode::OK),
+            (Some(0), StatusCode::MISDIRECTED_REQUEST),
+            (Some(1), StatusCode::BAD_GATEWAY),
+            (Some(1), StatusCode::SWITCHING_PROTOCOLS),
+            (None, StatusCode::MISDIRECTED_REQUEST),
+            (Some(9), StatusCode::NOT_FOUND),
+        ] {
+            stats.count(site, status);
+        }
+        let rows = stats.snapshot();
+        let row = |label: &str, responses, misdirected| SiteCounts {
+            label: label.into(),
+            responses,
+            misdirected,
+        };
+        assert_eq!(
+            rows,
+            [
+                row("a.test", [0, 1, 0, 1, 0], 1),
+                row("b.test", [1, 0, 0, 0, 1], 0),
+                row("-", [0, 0, 0, 2, 0], 1),
+            ]
+        );
+    }
+}
