@@ -34,8 +34,7 @@ use crate::files::{DocRoot, FileCache, FileOptions, RootError};
 use crate::http::{self as served, Body, Reply};
 use crate::proxy::{ErrorKind, Upstream};
 
-/// The label of the site the command line makes, and of a site table's row for requests no
-/// site answered is `-` ([`NO_SITE`]).
+/// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
 
 /// How the access log and the per-site counters name a request that no site answered.
