@@ -17,9 +17,12 @@
 //! time (UTC, milliseconds), client address and port, protocol (`h1`, `h2`, `h3`), method,
 //! authority (`-` when the request named none), path with query, status (`-` when no response
 //! went out: the client went away, or the exchange broke off before the head), response body
-//! bytes sent, duration in seconds (from the request head to the end of the response), instance.
-//! Bytes outside printable ASCII, and spaces, are written as `%XX`; an authority is cut at 256
-//! bytes and a path at 2048.
+//! bytes sent, duration in seconds (from the request head to the end of the response), instance,
+//! and, when the worker serves sites of a configuration file, the site's label (`-` for a
+//! request no site answered). A worker that serves only the command line's site writes no site
+//! field, so its lines are those of before sites existed; the field is last, so a parser of
+//! those lines reads the fields before it as ever. Bytes outside printable ASCII, and spaces,
+//! are written as `%XX`; an authority is cut at 256 bytes, a path at 2048 and a label at 256.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -74,6 +77,9 @@ pub struct Entry<'a> {
     pub status: Option<u16>,
     pub bytes: u64,
     pub duration: Duration,
+    /// The site's label (`-`: no site answered); `None`: the worker serves only the command
+    /// line's site, and the line has no site field.
+    pub site: Option<&'a str>,
 }
 
 impl AccessLog {
@@ -197,13 +203,18 @@ fn format_line(e: &Entry<'_>, instance: u8) -> String {
         }
         None => line.push_str(" -"),
     }
-    let _ = writeln!(
+    let _ = write!(
         line,
         " {} {:.6} {}",
         e.bytes,
         e.duration.as_secs_f64(),
         instance
     );
+    if let Some(site) = e.site {
+        line.push(' ');
+        escaped(site, MAX_AUTHORITY, &mut line);
+    }
+    line.push('\n');
     line
 }
 
@@ -280,12 +291,34 @@ mod tests {
             status: Some(200),
             bytes: 5120,
             duration: Duration::from_micros(312),
+            site: None,
         };
         assert_eq!(
             format_line(&e, 1),
             "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
              /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1\n"
         );
+        // With sites, the label comes last, after the fields above, escaped as they are.
+        let with_site = format_line(
+            &Entry {
+                site: Some("a b.example"),
+                ..e.clone()
+            },
+            1,
+        );
+        assert_eq!(
+            with_site,
+            "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
+             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 a%20b.example\n"
+        );
+        let no_site = format_line(
+            &Entry {
+                site: Some("-"),
+                ..e.clone()
+            },
+            1,
+        );
+        assert!(no_site.ends_with(" 0.000312 1 -\n"), "{no_site}");
         let e = Entry {
             authority: None,
             status: None,
@@ -318,6 +351,7 @@ mod tests {
             status: Some(200),
             bytes: 19,
             duration: Duration::from_millis(1),
+            site: None,
         };
         let n = 3 * QUEUE_LINES as u64;
         for _ in 0..n {

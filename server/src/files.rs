@@ -104,6 +104,44 @@ pub struct FileStats {
     pub offloaded: AtomicU64,
 }
 
+/// The cache of small files of one worker, shared by every [`DocRoot`] opened with it
+/// ([`DocRoot::open_with_cache`]): one budget however many roots there are. Cheap to clone
+/// (shared).
+#[derive(Clone)]
+pub struct FileCache {
+    cache: Arc<Mutex<Cache>>,
+    budget: u64,
+}
+
+impl FileCache {
+    /// A cache of `budget` bytes; 0: no cache.
+    pub fn new(budget: u64) -> FileCache {
+        FileCache {
+            cache: Arc::new(Mutex::new(Cache::new(budget))),
+            budget,
+        }
+    }
+
+    /// Bytes the cached files take now, with their overhead.
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
+        // Nothing panics while holding the lock; if something ever did, the cache is still a
+        // consistent map (every mutation is a single map or queue operation).
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl std::fmt::Debug for FileCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileCache")
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The opened document root and its cache. Cheap to clone (shared).
 #[derive(Clone)]
 pub struct DocRoot {
@@ -114,7 +152,9 @@ struct Inner {
     dir: OwnedFd,
     path: PathBuf,
     opts: FileOptions,
-    cache: Mutex<Cache>,
+    cache: FileCache,
+    /// This root's number in `cache`.
+    slot: usize,
     stats: FileStats,
 }
 
@@ -195,7 +235,19 @@ impl Identity {
 impl DocRoot {
     /// Opens `path` as the document root (`O_PATH | O_DIRECTORY`) and checks that the kernel
     /// has `openat2` with the flags every lookup uses.
+    /// The root has a cache of its own of `opts.cache_bytes`.
     pub fn open(path: &Path, opts: FileOptions) -> Result<DocRoot, RootError> {
+        let cache = FileCache::new(opts.cache_bytes);
+        DocRoot::open_with_cache(path, opts, &cache)
+    }
+
+    /// [`DocRoot::open`] with the cache `cache`, which other roots may share; its budget
+    /// stands for `opts.cache_bytes`.
+    pub fn open_with_cache(
+        path: &Path,
+        opts: FileOptions,
+        cache: &FileCache,
+    ) -> Result<DocRoot, RootError> {
         let dir = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
@@ -218,13 +270,14 @@ impl DocRoot {
                 RootError::Open { path, error }
             });
         }
-        let cache = Cache::new(opts.cache_bytes);
+        let slot = cache.lock().add_root();
         Ok(DocRoot {
             inner: Arc::new(Inner {
                 dir,
                 path: path.to_path_buf(),
                 opts,
-                cache: Mutex::new(cache),
+                cache: cache.clone(),
+                slot,
                 stats: FileStats::default(),
             }),
         })
@@ -258,7 +311,7 @@ impl DocRoot {
             Ok(f) => f,
             Err(e) => {
                 if stale.is_some() {
-                    self.cache().remove(rel);
+                    self.cache().remove(self.inner.slot, rel);
                 }
                 return match e.raw_os_error() {
                     // Missing; a path component is a file; the path leaves the root (EXDEV);
@@ -286,16 +339,16 @@ impl DocRoot {
         let id = Identity::of(&md);
         if let Some(entry) = stale {
             if entry.id == id {
-                self.cache().touch(rel, &entry);
+                self.cache().touch(self.inner.slot, rel, &entry);
                 inner.stats.revalidated.fetch_add(1, Ordering::Relaxed);
                 return Ok(Lookup::File(entry.file()));
             }
-            self.cache().remove(rel);
+            self.cache().remove(self.inner.slot, rel);
         }
         let cache_control = inner.opts.cache_control.as_ref();
         let meta = Arc::new(file_meta(rel, &md, SystemTime::now(), cache_control));
         let file = Arc::new(file);
-        let cacheable = id.len <= MAX_CACHED_FILE.min(inner.opts.cache_bytes / 4);
+        let cacheable = id.len <= MAX_CACHED_FILE.min(inner.cache.budget / 4);
         if !cacheable {
             return Ok(Lookup::File(StaticFile {
                 meta,
@@ -312,7 +365,7 @@ impl DocRoot {
                 meta: meta.clone(),
                 body: body.clone(),
             });
-            self.cache().insert(rel, entry);
+            self.cache().insert(self.inner.slot, rel, entry);
             inner.stats.cache_fills.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Lookup::File(StaticFile {
@@ -387,17 +440,15 @@ impl DocRoot {
     }
 
     fn cached(&self, rel: &str) -> Cached {
-        if self.inner.opts.cache_bytes == 0 {
+        if self.inner.cache.budget == 0 {
             return Cached::Miss;
         }
-        self.cache()
-            .get(rel, sys::coarse_now(), self.inner.opts.revalidate)
+        let (slot, revalidate) = (self.inner.slot, self.inner.opts.revalidate);
+        self.cache().get(slot, rel, sys::coarse_now(), revalidate)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
-        // Nothing panics while holding the lock; if something ever did, the cache is still a
-        // consistent map (every mutation is a single map or queue operation).
-        self.inner.cache.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.cache.lock()
     }
 }
 
@@ -542,15 +593,18 @@ struct Slot {
     cost: u64,
 }
 
-/// A byte-bounded map from relative path to file, evicted by CLOCK (second chance): cheap on a
-/// hit (set one bit), and a file read once by a crawler goes before files read all the time.
+/// A byte-bounded map from (root, relative path) to file, evicted by CLOCK (second chance):
+/// cheap on a hit (set one bit), and a file read once by a crawler goes before files read all
+/// the time. One map per root, so that a lookup needs no key built from the root's and the
+/// path's; one budget and one clock over all of them.
 struct Cache {
     budget: u64,
     used: u64,
     next_generation: u64,
-    map: HashMap<String, Slot>,
-    /// The clock's hand walks this queue: (key, generation) in insertion order.
-    clock: VecDeque<(String, u64)>,
+    /// Per root ([`Cache::add_root`]): relative path to slot.
+    roots: Vec<HashMap<String, Slot>>,
+    /// The clock's hand walks this queue: (root, key, generation) in insertion order.
+    clock: VecDeque<(usize, String, u64)>,
 }
 
 impl Cache {
@@ -559,13 +613,24 @@ impl Cache {
             budget,
             used: 0,
             next_generation: 0,
-            map: HashMap::new(),
+            roots: Vec::new(),
             clock: VecDeque::new(),
         }
     }
 
-    fn get(&mut self, key: &str, now: Duration, revalidate: Duration) -> Cached {
-        match self.map.get_mut(key) {
+    /// A new root's number.
+    fn add_root(&mut self) -> usize {
+        self.roots.push(HashMap::new());
+        self.roots.len() - 1
+    }
+
+    /// Files cached, over every root.
+    fn len(&self) -> usize {
+        self.roots.iter().map(HashMap::len).sum()
+    }
+
+    fn get(&mut self, root: usize, key: &str, now: Duration, revalidate: Duration) -> Cached {
+        match self.roots.get_mut(root).and_then(|m| m.get_mut(key)) {
             Some(slot) if now.saturating_sub(slot.checked) < revalidate => {
                 slot.referenced = true;
                 Cached::Fresh(slot.entry.clone())
@@ -576,8 +641,8 @@ impl Cache {
     }
 
     /// Marks `entry`, if it is still the one cached under `key`, as checked now.
-    fn touch(&mut self, key: &str, entry: &Arc<Entry>) {
-        if let Some(slot) = self.map.get_mut(key) {
+    fn touch(&mut self, root: usize, key: &str, entry: &Arc<Entry>) {
+        if let Some(slot) = self.roots.get_mut(root).and_then(|m| m.get_mut(key)) {
             if Arc::ptr_eq(&slot.entry, entry) {
                 slot.checked = sys::coarse_now();
                 slot.referenced = true;
@@ -585,14 +650,17 @@ impl Cache {
         }
     }
 
-    fn remove(&mut self, key: &str) {
-        if let Some(slot) = self.map.remove(key) {
+    fn remove(&mut self, root: usize, key: &str) {
+        if let Some(slot) = self.roots.get_mut(root).and_then(|m| m.remove(key)) {
             self.used -= slot.cost;
         }
     }
 
-    fn insert(&mut self, key: &str, entry: Arc<Entry>) {
-        self.remove(key);
+    fn insert(&mut self, root: usize, key: &str, entry: Arc<Entry>) {
+        if root >= self.roots.len() {
+            return;
+        }
+        self.remove(root, key);
         let cost = entry.body.len() as u64 + key.len() as u64 + ENTRY_OVERHEAD;
         if cost > self.budget {
             return;
@@ -600,7 +668,7 @@ impl Cache {
         self.evict_until_fits(cost);
         let generation = self.next_generation;
         self.next_generation += 1;
-        self.map.insert(
+        self.roots[root].insert(
             key.to_owned(),
             Slot {
                 entry,
@@ -611,23 +679,24 @@ impl Cache {
             },
         );
         self.used += cost;
-        self.clock.push_back((key.to_owned(), generation));
+        self.clock.push_back((root, key.to_owned(), generation));
         // Removed keys stay queued until the hand reaches them; without evictions the queue
         // would only grow, so drop them once they outnumber the live ones.
-        if self.clock.len() > 2 * self.map.len() + 64 {
-            let map = &self.map;
+        if self.clock.len() > 2 * self.len() + 64 {
+            let roots = &self.roots;
             self.clock
-                .retain(|(k, g)| map.get(k).is_some_and(|s| s.generation == *g));
+                .retain(|(r, k, g)| roots[*r].get(k).is_some_and(|s| s.generation == *g));
         }
     }
 
     fn evict_until_fits(&mut self, cost: u64) {
         // Each entry is passed at most twice (the first pass clears its bit), so this ends.
         while self.used + cost > self.budget {
-            let Some((key, generation)) = self.clock.pop_front() else {
+            let Some((root, key, generation)) = self.clock.pop_front() else {
                 return;
             };
-            let Some(slot) = self.map.get_mut(&key) else {
+            let map = &mut self.roots[root];
+            let Some(slot) = map.get_mut(&key) else {
                 continue;
             };
             if slot.generation != generation {
@@ -635,10 +704,10 @@ impl Cache {
             }
             if slot.referenced {
                 slot.referenced = false;
-                self.clock.push_back((key, generation));
+                self.clock.push_back((root, key, generation));
             } else {
                 self.used -= slot.cost;
-                self.map.remove(&key);
+                map.remove(&key);
             }
         }
     }
@@ -1099,32 +1168,79 @@ mod tests {
 
     #[test]
     fn cache_stays_within_budget_and_gives_hits_a_second_chance() {
-        // Each entry costs 1000 + 1 + ENTRY_OVERHEAD bytes: three fit.
+        // Each entry costs 1000 + 1 + ENTRY_OVERHEAD bytes: three fit, over two roots.
         let cost = 1000 + 1 + ENTRY_OVERHEAD;
         let mut c = Cache::new(3 * cost);
+        let (r0, r1) = (c.add_root(), c.add_root());
         let long = Duration::from_secs(3600);
         let now = sys::coarse_now();
-        for k in ["a", "b", "c"] {
-            c.insert(k, entry(1000));
+        for (r, k) in [(r0, "a"), (r1, "b"), (r0, "c")] {
+            c.insert(r, k, entry(1000));
         }
         assert_eq!(c.used, 3 * cost);
-        // "a" is used; inserting "d" evicts the oldest unused one, "b".
-        assert!(matches!(c.get("a", now, long), Cached::Fresh(_)));
-        c.insert("d", entry(1000));
+        assert!(
+            matches!(c.get(r1, "a", now, long), Cached::Miss),
+            "roots apart"
+        );
+        // "a" is used; inserting "d" evicts the oldest unused one, "b" of the other root.
+        assert!(matches!(c.get(r0, "a", now, long), Cached::Fresh(_)));
+        c.insert(r0, "d", entry(1000));
         assert_eq!(c.used, 3 * cost);
-        assert!(matches!(c.get("b", now, long), Cached::Miss));
+        assert!(matches!(c.get(r1, "b", now, long), Cached::Miss));
         for k in ["a", "c", "d"] {
-            assert!(matches!(c.get(k, now, long), Cached::Fresh(_)), "{k}");
+            assert!(matches!(c.get(r0, k, now, long), Cached::Fresh(_)), "{k}");
         }
         // Larger than the whole budget: not cached, nothing evicted.
-        c.insert("e", entry(10_000));
-        assert!(matches!(c.get("e", now, long), Cached::Miss));
-        assert_eq!(c.map.len(), 3);
+        c.insert(r1, "e", entry(10_000));
+        assert!(matches!(c.get(r1, "e", now, long), Cached::Miss));
+        assert_eq!(c.len(), 3);
         // Past the revalidation interval an entry is stale, not gone.
         let later = now + long + Duration::from_secs(1);
-        assert!(matches!(c.get("a", later, long), Cached::Stale(_)));
-        c.remove("a");
+        assert!(matches!(c.get(r0, "a", later, long), Cached::Stale(_)));
+        c.remove(r0, "a");
         assert_eq!(c.used, 2 * cost);
+        // A root the cache does not know is never cached into.
+        c.insert(7, "x", entry(1));
+        assert!(matches!(c.get(7, "x", now, long), Cached::Miss));
+    }
+
+    /// Roots opened with one [`FileCache`] share its budget: files of both fill it, and never
+    /// past it.
+    #[tokio::test]
+    async fn roots_share_one_cache_budget() {
+        let tmp = ringmux_test_support::temp_dir("ringmux-files-shared");
+        let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+        for dir in [&a, &b] {
+            std::fs::create_dir_all(dir).unwrap();
+            for i in 0..8 {
+                std::fs::write(dir.join(format!("{i}.txt")), vec![b'x'; 10_000]).unwrap();
+            }
+        }
+        let opts = FileOptions {
+            settle: Duration::ZERO,
+            revalidate: Duration::from_secs(3600),
+            ..FileOptions::default()
+        };
+        let budget = 6 * (10_000 + 5 + ENTRY_OVERHEAD);
+        let cache = FileCache::new(budget);
+        let ra = DocRoot::open_with_cache(&a, opts.clone(), &cache).unwrap();
+        let rb = DocRoot::open_with_cache(&b, opts, &cache).unwrap();
+        for i in 0..8 {
+            for root in [&ra, &rb] {
+                assert!(matches!(
+                    root.lookup(&format!("{i}.txt")).await.unwrap(),
+                    Lookup::File(_)
+                ));
+            }
+        }
+        assert_eq!(cache.used(), budget, "full, not past it");
+        let fills = |r: &DocRoot| r.stats().cache_fills.load(Ordering::Relaxed);
+        assert_eq!((fills(&ra), fills(&rb)), (8, 8));
+        // The last file of each root is still there: a hit without a system call.
+        for root in [&ra, &rb] {
+            root.lookup("7.txt").await.unwrap();
+            assert_eq!(root.stats().cache_hits.load(Ordering::Relaxed), 1);
+        }
     }
 
     /// The blocking-pool halves of opens and reads, which run when the kernel cannot answer
@@ -1187,11 +1303,12 @@ mod tests {
     #[test]
     fn cache_queue_does_not_grow_with_replacements() {
         let mut c = Cache::new(1 << 30);
+        let r = c.add_root();
         for _ in 0..10_000 {
-            c.insert("k", entry(1));
-            c.remove("k");
+            c.insert(r, "k", entry(1));
+            c.remove(r, "k");
         }
-        c.insert("k", entry(1));
-        assert!(c.clock.len() <= 2 * c.map.len() + 65, "{}", c.clock.len());
+        c.insert(r, "k", entry(1));
+        assert!(c.clock.len() <= 2 * c.len() + 65, "{}", c.clock.len());
     }
 }

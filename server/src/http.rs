@@ -1,5 +1,7 @@
 //! The HTTP/3 server of a worker: accepting QUIC connections on a quinn endpoint, serving
-//! requests from a [`Site`], graceful shutdown, and the counters in [`ServerStats`].
+//! requests by the worker's sites ([`Router`]), graceful shutdown, and the counters in
+//! [`ServerStats`]. The answers both transports share live here too: files from a document
+//! root ([`files`]) and the built-ins ([`builtin`]).
 //!
 //! This module owns request handling only. It never creates endpoints or sockets (the caller
 //! hands it a ready [`quinn::Endpoint`]) and never applies the shutdown grace period: [`serve`]
@@ -28,6 +30,7 @@ use tracing::{debug, info, warn};
 use crate::access_log::{AccessLog, Entry};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::proxy::{proxy_h3, Outcome, Upstream};
+use crate::sites::{Local, Router, SiteStats, Target};
 use ringmux_worker::quic::ServerOptions;
 
 /// Request stream type of the h3 server over quinn.
@@ -42,7 +45,10 @@ pub const DEFAULT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// Body of the built-in `/hello.txt`.
 pub const HELLO_BODY: &[u8] = b"hello from ringmux\n";
 
-/// What a worker serves.
+/// One site answering every host, as the command line sets it up without a site table: what
+/// [`serve`] and [`crate::tcp::serve`] serve when given one (`Router::from`), for tests and
+/// programs embedding the server. The worker program serves a [`Router`] over its site table,
+/// whose built-in and upstream routes answer as this describes.
 ///
 /// * `GET`/`HEAD` of a regular file under `root` (if set; [`crate::files`]), with
 ///   `content-type` from the extension, `ETag`, `Last-Modified`, `Accept-Ranges` and the
@@ -92,6 +98,8 @@ pub(crate) fn authority_of(parts: &http::request::Parts) -> Option<&str> {
 /// A request's access-log line, begun when its head arrived ([`Site::access_log`]).
 pub(crate) struct Logged {
     log: Arc<AccessLog>,
+    /// The site's label, or `-`; `None`: the line names no site ([`Router::log_label`]).
+    site: Option<Arc<str>>,
     time: SystemTime,
     start: Instant,
     client: SocketAddr,
@@ -102,17 +110,20 @@ pub(crate) struct Logged {
 }
 
 impl Logged {
-    /// Begins the line of `parts` from `client` over `protocol`, if the site logs.
+    /// Begins the line of `parts` from `client` over `protocol`, answered by `site`, if the
+    /// worker logs.
     pub(crate) fn begin(
-        site: &Site,
+        router: &Router,
+        site: Option<usize>,
         client: SocketAddr,
         protocol: &'static str,
         parts: &http::request::Parts,
     ) -> Option<Logged> {
-        let log = site.access_log.clone()?;
+        let log = router.access_log()?.clone();
         let authority = authority_of(parts).map(str::to_owned);
         Some(Logged {
             log,
+            site: router.log_label(site),
             time: SystemTime::now(),
             start: Instant::now(),
             client,
@@ -138,6 +149,7 @@ impl Logged {
             status: status.map(|s| s.as_u16()),
             bytes,
             duration: self.start.elapsed(),
+            site: self.site.as_deref(),
         });
     }
 }
@@ -186,6 +198,9 @@ pub struct ServerStats {
     pub requests_h1: AtomicU64,
     pub requests_h2: AtomicU64,
     pub requests_h3: AtomicU64,
+    /// Responses per site and status class ([`SiteStats::snapshot`]); rows made when serving
+    /// begins.
+    pub sites: SiteStats,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -226,7 +241,9 @@ impl ServerStats {
         self.tcp_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn count_response(&self, status: StatusCode) {
+    /// Counts a response of site `site` (`None`: of no site), by class, for the site too.
+    pub(crate) fn count_response(&self, site: Option<usize>, status: StatusCode) {
+        self.sites.count(site, status);
         let c = match status.as_u16() {
             200..=299 => &self.responses_2xx,
             300..=399 => &self.responses_3xx,
@@ -241,11 +258,11 @@ impl ServerStats {
 /// [`serve_with`] with default [`ServerOptions`] (no Retry, early GET/HEAD served).
 pub async fn serve(
     endpoint: quinn::Endpoint,
-    site: Arc<Site>,
+    sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
 ) {
-    serve_with(endpoint, site, stats, shutdown, &ServerOptions::default()).await
+    serve_with(endpoint, sites, stats, shutdown, &ServerOptions::default()).await
 }
 
 /// Serves HTTP/3 on `endpoint` until `shutdown` becomes `true` (or its sender is dropped).
@@ -256,15 +273,20 @@ pub async fn serve(
 /// have ended; the caller bounds that with its grace timeout and then drops or closes the
 /// endpoint.
 ///
+/// Each connection serves the site its TLS server name chooses ([`Router::connection_site`]);
+/// a request for a host of another site is answered 421.
+///
 /// `opts.retry` and `opts.early_requests` are read here; the other options belong to
 /// [`ringmux_worker::quic::server_config`].
 pub async fn serve_with(
     endpoint: quinn::Endpoint,
-    site: Arc<Site>,
+    sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     mut shutdown: watch::Receiver<bool>,
     opts: &ServerOptions,
 ) {
+    let router: Router = sites.into();
+    stats.sites.init(&router);
     let mut connections = JoinSet::new();
     let mut stopping = *shutdown.borrow_and_update();
     while !stopping {
@@ -287,7 +309,7 @@ pub async fn serve_with(
                 }
                 stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
                 let conn = Conn {
-                    site: site.clone(),
+                    router: router.clone(),
                     stats: stats.clone(),
                     shutdown: shutdown.clone(),
                     early_requests: opts.early_requests,
@@ -320,7 +342,7 @@ pub async fn serve_with(
 
 /// One connection's task state.
 struct Conn {
-    site: Arc<Site>,
+    router: Router,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     early_requests: bool,
@@ -366,7 +388,12 @@ impl Conn {
                     return;
                 }
             };
-        debug!(%remote, "HTTP/3 connection up");
+        let sni = conn
+            .handshake_data()
+            .and_then(|d| d.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+            .and_then(|d| d.server_name);
+        let site = self.router.connection_site(sni.as_deref());
+        debug!(%remote, ?sni, ?site, "HTTP/3 connection up");
 
         let mut requests = JoinSet::new();
         let mut draining = false;
@@ -397,7 +424,8 @@ impl Conn {
                         self.stats.requests_h3.fetch_add(1, Ordering::Relaxed);
                         let req = Req {
                             conn: conn.clone(),
-                            site: self.site.clone(),
+                            router: self.router.clone(),
+                            site,
                             stats: self.stats.clone(),
                             handshake: handshake.clone(),
                             early_requests: self.early_requests,
@@ -499,7 +527,9 @@ fn handshake_done(f: impl std::future::Future<Output = ()> + Send + 'static) -> 
 /// One request's task state.
 struct Req {
     conn: quinn::Connection,
-    site: Arc<Site>,
+    router: Router,
+    /// The connection's site.
+    site: Option<usize>,
     stats: Arc<ServerStats>,
     handshake: HandshakeDone,
     early_requests: bool,
@@ -593,24 +623,36 @@ impl Reply {
 
 impl Req {
     async fn handle(self, request: Request<()>, mut stream: Stream) {
-        let (parts, ()) = request.into_parts();
-        let logged = Logged::begin(&self.site, self.conn.remote_address(), "h3", &parts);
-        let request = Request::from_parts(parts, ());
-        if let Some(upstream) = &self.site.upstream {
-            let (status, bytes) = match self.proxy(upstream, request, stream).await {
-                Outcome::Answered { status, bytes } => (Some(status), bytes),
-                Outcome::Failed => (None, 0),
-            };
-            if let Some(l) = logged {
-                l.end(status, bytes);
+        let (mut parts, ()) = request.into_parts();
+        let choice = self.router.choose(self.site, &parts, false);
+        let site = choice.answering(self.site);
+        let remote = self.conn.remote_address();
+        let logged = Logged::begin(&self.router, site, remote, "h3", &parts);
+        let local = match self.router.target(choice, &parts.method, &parts.uri) {
+            Target::Proxy { upstream, path } => {
+                let upstream = upstream.clone();
+                if let Some(path) = path {
+                    parts.uri = with_path(&parts.uri, path);
+                }
+                let request = Request::from_parts(parts, ());
+                let (status, bytes) = match self.proxy(site, &upstream, request, stream).await {
+                    Outcome::Answered { status, bytes } => (Some(status), bytes),
+                    Outcome::Failed => (None, 0),
+                };
+                if let Some(l) = logged {
+                    l.end(status, bytes);
+                }
+                return;
             }
-            return;
-        }
-        let result = self.respond(&request, &mut stream).await;
-        let (method, path) = (request.method(), request.uri().path());
+            Target::Local(local) => local,
+        };
+        let result = self
+            .respond(&parts.method, &parts.headers, local, &mut stream)
+            .await;
+        let (method, path) = (&parts.method, parts.uri.path());
         let (status, bytes) = match result {
             Ok((status, bytes)) => {
-                self.stats.count_response(status);
+                self.stats.count_response(site, status);
                 debug!(%method, %path, status = status.as_u16(), "request done");
                 (Some(status), bytes)
             }
@@ -637,6 +679,7 @@ impl Req {
     /// one forwarded before the handshake completed says so with `early-data: 1`.
     async fn proxy(
         &self,
+        site: Option<usize>,
         upstream: &Arc<Upstream>,
         request: Request<()>,
         stream: Stream,
@@ -661,7 +704,7 @@ impl Req {
         .await
         {
             outcome @ Outcome::Answered { status, .. } => {
-                self.stats.count_response(status);
+                self.stats.count_response(site, status);
                 debug!(%method, %path, status = status.as_u16(), "proxied");
                 outcome
             }
@@ -674,11 +717,11 @@ impl Req {
 
     async fn respond(
         &self,
-        request: &Request<()>,
+        method: &Method,
+        headers: &HeaderMap,
+        local: Local<'_>,
         stream: &mut Stream,
     ) -> Result<(StatusCode, u64), RequestError> {
-        let method = request.method();
-        let path = request.uri().path();
         let safe = method == Method::GET || method == Method::HEAD;
         if !(safe && self.early_requests) {
             // Possibly 0-RTT (replayable) data: act on it only once the handshake has proven
@@ -686,17 +729,18 @@ impl Req {
             self.handshake.clone().await;
         }
 
-        let mut reply = if method == Method::POST && path == "/echo-len" {
-            let n = drain(stream).await?;
-            Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n")))
-        } else if !safe {
-            drain(stream).await?;
-            let mut r = Reply::text(StatusCode::METHOD_NOT_ALLOWED, b"method not allowed\n");
-            r.headers
-                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
-            r
-        } else {
-            self.route(method, request.headers(), path).await
+        let mut reply = match local {
+            Local::EchoLen => {
+                let n = drain(stream).await?;
+                Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n")))
+            }
+            Local::Get(lookup) => lookup.reply(method, headers).await,
+            Local::Reply(reply) => {
+                if !safe {
+                    drain(stream).await?;
+                }
+                reply
+            }
         };
 
         let status = reply.status;
@@ -714,10 +758,6 @@ impl Req {
         // STOP_SENDING(0), which a client that finishes late sees as "Remote reset: 0".
         drain(stream).await?;
         Ok((status, bytes))
-    }
-
-    async fn route(&self, method: &Method, headers: &HeaderMap, path: &str) -> Reply {
-        route(&self.site, method, headers, path).await
     }
 
     async fn send_body(&self, stream: &mut Stream, body: Body) -> Result<(), RequestError> {
@@ -770,18 +810,34 @@ impl Req {
     }
 }
 
-/// The reply to a GET or HEAD of `path` on `site`, whatever the transport: a file from the
-/// root, a built-in (`/hello.txt`, `/bytes/N`), 400 for a bad path, or 404.
-pub(crate) async fn route(site: &Site, method: &Method, headers: &HeaderMap, path: &str) -> Reply {
-    let Some(rel) = clean_path(path) else {
+/// `uri` with its path and query replaced by `path`.
+pub(crate) fn with_path(uri: &http::Uri, path: http::uri::PathAndQuery) -> http::Uri {
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(path);
+    // Only the path changed, to another that parsed: the parts make a URI again.
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
+/// The reply to a GET or HEAD of a built-in route (the command line's), whatever the
+/// transport: a file from `root`, else a built-in (`/hello.txt`, `/bytes/N`), 400 for a bad
+/// path, or 404. `rest` is the request path `path` beneath the route's prefix.
+pub(crate) async fn builtin(
+    root: Option<&DocRoot>,
+    max_bytes: u64,
+    method: &Method,
+    headers: &HeaderMap,
+    path: &str,
+    rest: &str,
+) -> Reply {
+    let Some(rel) = clean_rest(rest) else {
         return Reply::text(StatusCode::BAD_REQUEST, b"bad path\n");
     };
-    if let Some(root) = &site.root {
-        if let Some(reply) = file_reply(root, method, headers, path, rel).await {
+    if let Some(root) = root {
+        if let Some(reply) = file_reply(root, method, headers, path, rest, rel).await {
             return reply;
         }
     }
-    if path == "/hello.txt" {
+    if rest == "/hello.txt" {
         // Its content-length made once: `HeaderValue::from(usize)` allocates each time.
         static LENGTH: LazyLock<HeaderValue> =
             LazyLock::new(|| HeaderValue::from(HELLO_BODY.len()));
@@ -794,9 +850,9 @@ pub(crate) async fn route(site: &Site, method: &Method, headers: &HeaderMap, pat
             body: Body::Static(HELLO_BODY),
         };
     }
-    if let Some(n) = path.strip_prefix("/bytes/") {
+    if let Some(n) = rest.strip_prefix("/bytes/") {
         return match n.parse::<u64>() {
-            Ok(n) if n <= site.max_bytes => {
+            Ok(n) if n <= max_bytes => {
                 Reply::new(StatusCode::OK, "application/octet-stream", Body::Pattern(n))
             }
             _ => Reply::text(StatusCode::BAD_REQUEST, b"bad length\n"),
@@ -805,16 +861,45 @@ pub(crate) async fn route(site: &Site, method: &Method, headers: &HeaderMap, pat
     Reply::text(StatusCode::NOT_FOUND, b"not found\n")
 }
 
-/// The reply for `path` (cleaned to `rel`) from `root`, or `None` to fall through to the
-/// built-ins (nothing there, or a directory without `index.html`).
+/// The reply to a GET or HEAD of a file route: the file `rest` (the request path `path`
+/// beneath the route's prefix) from `root`, 400 for a bad path, or 404.
+pub(crate) async fn files(
+    root: &DocRoot,
+    method: &Method,
+    headers: &HeaderMap,
+    path: &str,
+    rest: &str,
+) -> Reply {
+    let Some(rel) = clean_rest(rest) else {
+        return Reply::text(StatusCode::BAD_REQUEST, b"bad path\n");
+    };
+    match file_reply(root, method, headers, path, rest, rel).await {
+        Some(reply) => reply,
+        None => Reply::text(StatusCode::NOT_FOUND, b"not found\n"),
+    }
+}
+
+/// [`clean_path`] of the path beneath a route's prefix; `""` (the prefix itself) names the
+/// route's directory.
+fn clean_rest(rest: &str) -> Option<Cow<'_, str>> {
+    if rest.is_empty() {
+        return Some(Cow::Borrowed(""));
+    }
+    clean_path(rest)
+}
+
+/// The reply for `rest` (cleaned to `rel`) from `root`, or `None` to fall through to the
+/// built-ins (nothing there, or a directory without `index.html`). A directory named without
+/// its final slash is redirected to the request path `path` with one.
 async fn file_reply(
     root: &DocRoot,
     method: &Method,
     headers: &HeaderMap,
     path: &str,
+    rest: &str,
     rel: Cow<'_, str>,
 ) -> Option<Reply> {
-    let dir_request = path.ends_with('/');
+    let dir_request = rest.ends_with('/');
     let rel = if !dir_request {
         rel
     } else if rel.is_empty() {

@@ -3,7 +3,10 @@
 //! ringmux: it attaches to the demux, serves HTTP/3 on the endpoint the library hands it, and
 //! HTTPS over TCP on the listener the demux shares.
 //!
-//! * [`http`]: the HTTP/3 server loop, the static [`http::Site`], server counters.
+//! * [`http`]: the HTTP/3 server loop, the one-site [`http::Site`], server counters.
+//! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]): which site a request
+//!   belongs to (421 when its connection's certificate is another site's) and which route
+//!   answers it.
 //! * [`tcp`]: HTTPS over TCP (HTTP/1.1 and HTTP/2 by ALPN) with `alt-svc`, and the plain-HTTP
 //!   redirects.
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
@@ -21,4 +24,5 @@ pub mod http;
 pub mod options;
 pub mod proxy;
 pub mod sink;
+pub mod sites;
 pub mod tcp;

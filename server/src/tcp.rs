@@ -1,8 +1,9 @@
 //! HTTPS over TCP beside HTTP/3: the built-in server's second transport. Browsers open QUIC only
 //! to an origin that told them over TCP (an `alt-svc` field, RFC 7838; RFC 9114 §3.1.1), and
 //! fall back to TCP where UDP is blocked, so the same site answers on both: the request is
-//! routed by `crate::http::route`, the one path HTTP/3 takes too, and every TCP response
-//! carries the `alt-svc` value ringmux was given.
+//! routed by [`Router`], the one path HTTP/3 takes too (a connection's site is the one its TLS
+//! server name chooses; a request for another site's host is answered 421), and every TCP
+//! response carries the `alt-svc` value ringmux was given.
 //!
 //! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
 //! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN).
@@ -55,10 +56,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::http::{
-    authority_of, fill_pattern, route, Body, Logged, Reply, ServerStats, Site, CHUNK,
-};
+use crate::http::{authority_of, fill_pattern, with_path, Body, Logged, Reply, ServerStats, CHUNK};
 use crate::proxy::{ClientGone, Exchange, Upstream};
+use crate::sites::{Local, Router, Target};
 
 mod sys;
 
@@ -203,29 +203,29 @@ type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    site: Arc<Site>,
+    sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     opts: TcpOptions,
 ) {
     let https = Kind::Https(tokio_rustls::TlsAcceptor::from(tls));
-    serve_connections(listener, https, site, stats, shutdown, opts).await;
+    serve_connections(listener, https, sites.into(), stats, shutdown, opts).await;
 }
 
 /// Serves plain HTTP on `listener` (`--redirect-http`) until `shutdown`, as [`serve`] serves
 /// HTTPS: every request is answered with a 301 to `https://` with the same host and path, on
 /// `https_port` (left out when 443). A request without a usable `host` gets 400. Counted as
-/// HTTP/1.1 requests, and logged when the site logs.
+/// HTTP/1.1 requests, and logged when the worker logs, under the site the host names.
 pub async fn serve_redirects(
     listener: tokio::net::TcpListener,
     https_port: u16,
-    site: Arc<Site>,
+    sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     opts: TcpOptions,
 ) {
     let redirect = Kind::Redirect { https_port };
-    serve_connections(listener, redirect, site, stats, shutdown, opts).await;
+    serve_connections(listener, redirect, sites.into(), stats, shutdown, opts).await;
 }
 
 /// What a listener serves.
@@ -250,11 +250,12 @@ impl Kind {
 async fn serve_connections(
     listener: tokio::net::TcpListener,
     kind: Kind,
-    site: Arc<Site>,
+    router: Router,
     stats: Arc<ServerStats>,
     mut shutdown: watch::Receiver<bool>,
     opts: TcpOptions,
 ) {
+    stats.sites.init(&router);
     let what = kind.name();
     let opts = Arc::new(opts);
     let mut connections = JoinSet::new();
@@ -288,7 +289,7 @@ async fn serve_connections(
                 let tracked = registry.next();
                 let conn = Conn {
                     kind: kind.clone(),
-                    site: site.clone(),
+                    router: router.clone(),
                     stats: stats.clone(),
                     shutdown: shutdown.clone(),
                     opts: opts.clone(),
@@ -318,7 +319,7 @@ async fn serve_connections(
 /// One TCP connection's task state.
 struct Conn {
     kind: Kind,
-    site: Arc<Site>,
+    router: Router,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     opts: Arc<TcpOptions>,
@@ -332,12 +333,13 @@ impl Conn {
         let acceptor = match &self.kind {
             Kind::Https(acceptor) => acceptor.clone(),
             Kind::Redirect { https_port } => {
-                let (site, stats, port) = (self.site.clone(), self.stats.clone(), *https_port);
+                let (router, stats) = (self.router.clone(), self.stats.clone());
+                let port = *https_port;
                 let tracked = self.tracked.clone();
                 let service = hyper::service::service_fn(move |req| {
                     counted(
                         tracked.begin(),
-                        redirect(site.clone(), stats.clone(), port, remote, req),
+                        redirect(router.clone(), stats.clone(), port, remote, req),
                     )
                 });
                 self.tracked.open();
@@ -363,15 +365,20 @@ impl Conn {
                 return;
             }
         };
-        let site = self.site.clone();
+        let site = self.router.connection_site(tls.get_ref().1.server_name());
+        let router = self.router.clone();
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
         let tracked = self.tracked.clone();
         let service = hyper::service::service_fn(move |req| {
-            counted(
-                tracked.begin(),
-                handle(site.clone(), stats.clone(), alt_svc.clone(), remote, req),
-            )
+            let conn = Connection {
+                router: router.clone(),
+                site,
+                stats: stats.clone(),
+                alt_svc: alt_svc.clone(),
+                remote,
+            };
+            counted(tracked.begin(), handle(conn, req))
         });
         self.tracked.open();
         // The protocol is the one ALPN chose (HTTP/1.1 without ALPN), never sniffed from a
@@ -966,31 +973,48 @@ impl Conn {
     }
 }
 
-/// Answers one request over TCP through the paths HTTP/3 takes (`route`, or the proxy's
-/// `Upstream::exchange`), plus `alt-svc`.
-async fn handle(
-    site: Arc<Site>,
+/// What a request over TCP needs of its connection.
+struct Connection {
+    router: Router,
+    /// The connection's site, by its TLS server name.
+    site: Option<usize>,
     stats: Arc<ServerStats>,
     alt_svc: Option<HeaderValue>,
     remote: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<TcpBody> {
+}
+
+/// Answers one request over TCP through the paths HTTP/3 takes (the router, then the files,
+/// the built-ins or the proxy's `Upstream::exchange`), plus `alt-svc`.
+async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
+    let stats = &conn.stats;
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    let protocol = if req.version() == http::Version::HTTP_2 {
-        stats.requests_h2.fetch_add(1, Ordering::Relaxed);
-        "h2"
-    } else {
+    let http1 = req.version() != http::Version::HTTP_2;
+    let protocol = if http1 {
         stats.requests_h1.fetch_add(1, Ordering::Relaxed);
         "h1"
+    } else {
+        stats.requests_h2.fetch_add(1, Ordering::Relaxed);
+        "h2"
     };
-    let (parts, body) = req.into_parts();
-    let logged = Logged::begin(&site, remote, protocol, &parts);
-    let req = Request::from_parts(parts, body);
-    let mut resp = match &site.upstream {
-        Some(upstream) => proxy(upstream, &stats, remote, req).await,
-        None => respond(&site, &stats, req).await,
+    let (mut parts, body) = req.into_parts();
+    let choice = conn.router.choose(conn.site, &parts, http1);
+    let site = choice.answering(conn.site);
+    let logged = Logged::begin(&conn.router, site, conn.remote, protocol, &parts);
+    let target = conn.router.target(choice, &parts.method, &parts.uri);
+    let mut resp = match target {
+        Target::Proxy { upstream, path } => {
+            let upstream = upstream.clone();
+            if let Some(path) = path {
+                parts.uri = with_path(&parts.uri, path);
+            }
+            let req = Request::from_parts(parts, body);
+            proxy(&upstream, site, stats, conn.remote, req).await
+        }
+        Target::Local(local) => {
+            respond(local, site, stats, &parts.method, &parts.headers, body).await
+        }
     };
-    if let Some(v) = alt_svc {
+    if let Some(v) = conn.alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
     match logged {
@@ -1012,7 +1036,7 @@ async fn handle(
 
 /// The redirect of a request on the plain-HTTP listener: 301 to `https://HOST[:PORT]PATH`.
 async fn redirect(
-    site: Arc<Site>,
+    router: Router,
     stats: Arc<ServerStats>,
     https_port: u16,
     remote: SocketAddr,
@@ -1021,7 +1045,8 @@ async fn redirect(
     stats.requests_total.fetch_add(1, Ordering::Relaxed);
     stats.requests_h1.fetch_add(1, Ordering::Relaxed);
     let (parts, _body) = req.into_parts();
-    let logged = Logged::begin(&site, remote, "h1", &parts);
+    let site = router.site_for_host(authority_of(&parts));
+    let logged = Logged::begin(&router, site, remote, "h1", &parts);
     let host = authority_of(&parts).and_then(|h| h.parse::<http::uri::Authority>().ok());
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let location = host.and_then(|host| {
@@ -1043,7 +1068,7 @@ async fn redirect(
             b"a host is needed to redirect to https\n",
         ),
     };
-    stats.count_response(reply.status);
+    stats.count_response(site, reply.status);
     let bytes = reply.body.len();
     if let Some(l) = logged {
         l.end(Some(reply.status), bytes);
@@ -1100,6 +1125,7 @@ impl Drop for LoggedBody {
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
 async fn proxy(
     upstream: &Arc<Upstream>,
+    site: Option<usize>,
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
     req: Request<Incoming>,
@@ -1113,7 +1139,7 @@ async fn proxy(
         .await
     {
         Exchange::Response(resp) => {
-            stats.count_response(resp.status());
+            stats.count_response(site, resp.status());
             let stats = stats.clone();
             resp.map(|body| {
                 body.map_frame(move |frame| {
@@ -1130,7 +1156,7 @@ async fn proxy(
             })
         }
         Exchange::Reply(status, text) => {
-            stats.count_response(status);
+            stats.count_response(site, status);
             let reply = Reply::text(status, text);
             let mut resp = Response::new(body_of(reply.body, stats.clone()));
             *resp.status_mut() = reply.status;
@@ -1148,29 +1174,24 @@ async fn proxy(
     }
 }
 
-/// Serves a request from the built-ins or the document root, as HTTP/3 does.
+/// Answers a request this worker answers itself, as HTTP/3 does.
 async fn respond(
-    site: &Site,
+    local: Local<'_>,
+    site: Option<usize>,
     stats: &Arc<ServerStats>,
-    req: Request<Incoming>,
+    method: &Method,
+    headers: &http::HeaderMap,
+    body: Incoming,
 ) -> Response<TcpBody> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let safe = method == Method::GET || method == Method::HEAD;
-    let reply = if method == Method::POST && path == "/echo-len" {
-        match count_body(req.into_body()).await {
+    let reply = match local {
+        Local::EchoLen => match count_body(body).await {
             Ok(n) => Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n"))),
             Err(_) => Reply::text(StatusCode::BAD_REQUEST, b"request body broke off\n"),
-        }
-    } else if !safe {
-        let mut r = Reply::text(StatusCode::METHOD_NOT_ALLOWED, b"method not allowed\n");
-        r.headers
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD, POST"));
-        r
-    } else {
-        route(site, &method, req.headers(), &path).await
+        },
+        Local::Get(lookup) => lookup.reply(method, headers).await,
+        Local::Reply(reply) => reply,
     };
-    stats.count_response(reply.status);
+    stats.count_response(site, reply.status);
     let mut resp = Response::new(if method == Method::HEAD {
         Empty::new().map_err(|never| match never {}).boxed_unsync()
     } else {

@@ -17,6 +17,7 @@ use http::{Method, StatusCode};
 use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use ringmux_server::files::{Content, DocRoot, FileOptions, Lookup};
 use ringmux_server::http::{fill_pattern, serve_with, ServerStats, Site, HELLO_BODY};
+use ringmux_server::sites::{Router, RouterOptions};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption, SharedTicketer};
 use rustls::server::ServerSessionMemoryCache;
@@ -47,7 +48,13 @@ struct Server {
 }
 
 impl Server {
-    fn start(chain: &CertChain, resumption: Resumption, site: Site, opts: ServerOptions) -> Server {
+    fn start(
+        chain: &CertChain,
+        resumption: Resumption,
+        sites: impl Into<Router>,
+        opts: ServerOptions,
+    ) -> Server {
+        let router: Router = sites.into();
         let crypto = server_crypto_with(chain, resumption).expect("server crypto");
         let ep_cfg = endpoint_config(&SECRETS.reset, || {
             Box::new(quinn_proto::RandomConnectionIdGenerator::new(8))
@@ -62,7 +69,7 @@ impl Server {
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn({
             let stats = stats.clone();
-            async move { serve_with(endpoint, Arc::new(site), stats, stop_rx, &opts).await }
+            async move { serve_with(endpoint, router, stats, stop_rx, &opts).await }
         });
         Server {
             addr,
@@ -595,9 +602,20 @@ impl RawConn {
     }
 
     async fn request(&self, method: Method, path: &str, fields: &[(&str, &str)]) -> RawResponse {
+        self.request_at("localhost", method, path, fields).await
+    }
+
+    /// [`RawConn::request`] with `authority` as the `:authority`.
+    async fn request_at(
+        &self,
+        authority: &str,
+        method: Method,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> RawResponse {
         let mut req = http::Request::builder()
             .method(method)
-            .uri(format!("https://localhost{path}"));
+            .uri(format!("https://{authority}{path}"));
         for (k, v) in fields {
             req = req.header(*k, *v);
         }
@@ -1383,4 +1401,84 @@ fn root_site(root: &Path, opts: FileOptions) -> Site {
         root: Some(DocRoot::open(root, opts).expect("opening the document root")),
         ..Site::default()
     }
+}
+
+/// Sites over HTTP/3: the connection's site is the one its server name (`localhost`) chooses;
+/// a request whose `:authority` names another site, or none, is answered 421 and counted; the
+/// routes of the connection's site answer the rest, request bodies read and dropped.
+#[tokio::test]
+async fn requests_for_another_sites_host_are_misdirected() {
+    use ringmux_proto::sites::{Action, Route, Site as TableSite, SiteTable};
+    bounded(async {
+        let site = |label: &str, names: &[&str], routes: Vec<Route>| TableSite {
+            label: label.into(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            routes,
+        };
+        let respond = |path: &str, status, body: &str| Route {
+            path: path.into(),
+            action: Action::Respond {
+                status,
+                body: body.into(),
+            },
+        };
+        let table = SiteTable {
+            sites: vec![
+                site(
+                    "local",
+                    &["localhost"],
+                    vec![
+                        respond("/", 200, "local\n"),
+                        respond("/gone", 410, "gone\n"),
+                        Route {
+                            path: "/b".into(),
+                            action: Action::Builtin { root: None },
+                        },
+                    ],
+                ),
+                site("wild", &["*.example"], vec![respond("/", 200, "wild\n")]),
+            ],
+            default_site: None,
+        };
+        let router = Router::new(&table, &RouterOptions::default()).unwrap();
+        let chain = CertChain::self_signed().unwrap();
+        let server = Server::start(&chain, shared_tickets(), router, ServerOptions::default());
+        let client = client_for(&chain, &server);
+        let conn = RawConn::open(&client, &server).await;
+
+        let home = conn.get("/", &[]).await;
+        assert_eq!(
+            (home.status, &home.body[..]),
+            (StatusCode::OK, &b"local\n"[..])
+        );
+        assert_eq!(home.header("content-type"), "text/plain; charset=utf-8");
+        let gone = conn.request(Method::POST, "/gone", &[]).await;
+        assert_eq!(
+            (gone.status, &gone.body[..]),
+            (StatusCode::GONE, &b"gone\n"[..])
+        );
+        let hello = conn.get("/b/hello.txt", &[]).await;
+        assert_eq!(hello.body, HELLO_BODY);
+        for authority in ["a.example", "example", "localhost.example:443"] {
+            let r = conn.request_at(authority, Method::GET, "/", &[]).await;
+            assert_eq!(r.status, StatusCode::MISDIRECTED_REQUEST, "{authority}");
+        }
+        let same = conn
+            .request_at("LOCALHOST:443", Method::GET, "/", &[])
+            .await;
+        assert_eq!(same.status, StatusCode::OK);
+
+        // Counted once a request's task ends: after the server has finished with them all.
+        drop(conn);
+        let stats = server.stats.clone();
+        server.shutdown().await;
+        let rows = stats.sites.snapshot();
+        assert_eq!(rows[0].label, "local");
+        assert_eq!(rows[0].responses, [0, 3, 0, 4, 0]);
+        assert_eq!(rows[0].misdirected, 3);
+        assert_eq!(rows[1].responses, [0; 5]);
+    })
+    .await;
 }

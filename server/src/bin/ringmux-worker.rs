@@ -1,8 +1,9 @@
 //! `ringmux-worker`: ringmux's built-in instance. Started by the `ringmux` demux (never by
 //! hand), it attaches with [`Worker::attach`] and serves HTTP/3 from one quinn endpoint, and
 //! with `--tcp on` HTTPS over TCP from the demux's listener, on a current-thread tokio
-//! runtime: static files from `--root`, the built-in `/hello.txt` and `/bytes/N`, or, with
-//! `--upstream`, every request proxied to an HTTP/1.1 service. It drains gracefully when the
+//! runtime: each request by the route of its site (static files, the built-in `/hello.txt`
+//! and `/bytes/N`, the proxy to an HTTP/1.1 service, redirects, fixed responses); the worker's
+//! own `--root` or `--upstream` set the routes of the command line's site. It drains gracefully when the
 //! demux asks (or on SIGTERM) and exits at once if the demux goes away. With `--sink` (ringmux's
 //! `--worker-mode sink`) it drains its ring and counts, for benchmarks. How it serves is its
 //! command line ([`Options`], which ringmux fills from its own options of the same names); the
@@ -15,11 +16,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_server::access_log::AccessLog;
-use ringmux_server::files::DocRoot;
-use ringmux_server::http::{serve_with, ServerStats, Site};
+use ringmux_server::http::{serve_with, ServerStats};
 use ringmux_server::options::Options;
-use ringmux_server::proxy::Upstream;
 use ringmux_server::sink;
+use ringmux_server::sites::{command_line_table, with_command_line, Router, RouterOptions};
 use ringmux_server::tcp::TcpOptions;
 use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
@@ -62,10 +62,6 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
     let tls = worker.tls_config(&[ALPN_H3])?;
     let endpoint = worker.endpoint(worker.server_config(tls)?)?;
     let stats = Arc::new(ServerStats::default());
-    let upstream = options
-        .upstream
-        .as_ref()
-        .map(|url| Arc::new(Upstream::new(url, options.upstream_timeout())));
     let access_log = match worker.access_log() {
         Some(file) => Some(
             AccessLog::start(file, worker.instance())
@@ -73,8 +69,22 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
         ),
         None => None,
     };
+    // TODO(sites): the table from `worker.sites()` once the worker library hands it over; until
+    // then the one the demux makes from its own flags.
+    let table = command_line_table();
+    let table = with_command_line(table, options.root.as_deref(), options.upstream.as_ref());
+    let router = Router::new(
+        &table,
+        &RouterOptions {
+            max_bytes: options.max_bytes,
+            files: options.file_options(),
+            upstream_timeout: options.upstream_timeout(),
+            access_log: access_log.clone(),
+        },
+    )
+    .context("opening the sites' routes")?;
     let reported = stats.clone();
-    let reported_upstream = upstream.clone();
+    let reported_router = router.clone();
     let reported_log = access_log.clone();
     worker.set_report(move |r| {
         r.connections_total = reported.connections_accepted.load(Ordering::Relaxed);
@@ -94,24 +104,11 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
             r.access_log_lines = log.written();
             r.access_log_dropped = log.dropped();
         }
-        if let Some(up) = &reported_upstream {
-            r.set_with_prefix("upstream_errors_", up.errors());
+        if reported_router.proxies() {
+            r.set_with_prefix("upstream_errors_", reported_router.upstream_errors());
         }
     });
-    match &options.upstream {
-        Some(url) => tracing::info!(upstream = %url, "serving: proxying every request"),
-        None => tracing::info!("serving"),
-    }
-    let root = match &options.root {
-        Some(path) => Some(DocRoot::open(path, options.file_options())?),
-        None => None,
-    };
-    let site = Arc::new(Site {
-        root,
-        max_bytes: options.max_bytes,
-        upstream,
-        access_log: access_log.clone(),
-    });
+    tracing::info!(sites = ?router.labels().collect::<Vec<_>>(), "serving");
     // HTTPS over TCP beside HTTP/3 (`--tcp on`), through the same site.
     let mut https_port = None;
     let tcp = match worker.tcp_listener() {
@@ -131,7 +128,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
             Some(ringmux_server::tcp::serve(
                 listener,
                 tls,
-                site.clone(),
+                router.clone(),
                 stats.clone(),
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
@@ -153,7 +150,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
             Some(ringmux_server::tcp::serve_redirects(
                 listener,
                 port,
-                site.clone(),
+                router.clone(),
                 stats.clone(),
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
@@ -167,7 +164,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
     };
     let h3 = serve_with(
         endpoint.clone(),
-        site,
+        router,
         stats,
         worker.drain_signal().into_receiver(),
         &opts,

@@ -1,0 +1,1337 @@
+//! The sites of a worker made ready to serve: which site a request belongs to, and which route
+//! of it answers. Built once, when the worker starts, from the site table
+//! ([`ringmux_proto::sites::SiteTable`]) and the worker's options; shared by HTTP/3
+//! ([`crate::http`]) and HTTPS over TCP ([`crate::tcp`]).
+//!
+//! * Every document root of the table is opened once ([`DocRoot`]), all of them sharing one
+//!   cache of small files of the worker's budget ([`FileCache`]), and every upstream URL is
+//!   parsed once into one [`Upstream`] (its pool of connections shared by the routes that name
+//!   it). A route that cannot be used fails the start with an error naming its site and path.
+//! * A connection's site is the one its TLS server name chooses ([`Router::connection_site`]);
+//!   a request's is the one its authority chooses. When the two differ the request is answered
+//!   421 (RFC 9110 §15.5.20): one site's content never goes out under another's certificate.
+//! * The route is the longest prefix of the request path ([`ringmux_proto::sites::Site::route`]'s
+//!   rule), chosen on the path as sent. A path whose decoded form (escapes decoded, empty, `.`
+//!   and `..` segments resolved) would choose another route is refused with 400, so an escape
+//!   never slips past a route meant to stop it.
+//!
+//! This module decides; it never reads a request body nor writes a response (the transports do).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use ringmux_proto::sites::{prefix_rest, Action, Route, Site, SiteIndex, SiteTable};
+use ringmux_proto::UpstreamUrl;
+
+use crate::access_log::AccessLog;
+use crate::files::{DocRoot, FileCache, FileOptions, RootError};
+use crate::http::{self as served, Body, Reply};
+use crate::proxy::{ErrorKind, Upstream};
+
+/// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
+pub const COMMAND_LINE_LABEL: &str = "default";
+
+/// How the access log and the per-site counters name a request that no site answered.
+pub const NO_SITE: &str = "-";
+
+/// What every site of a worker shares: the worker's options.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// Largest `/bytes/N` of the built-in routes.
+    pub max_bytes: u64,
+    /// Every document root's options; `cache_bytes` is the budget of the one cache they share.
+    pub files: FileOptions,
+    /// The proxy's timeout, for every upstream.
+    pub upstream_timeout: Duration,
+    /// One line per request (`--access-log`).
+    pub access_log: Option<Arc<AccessLog>>,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        RouterOptions {
+            max_bytes: served::DEFAULT_MAX_BYTES,
+            files: FileOptions::default(),
+            upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
+            access_log: None,
+        }
+    }
+}
+
+/// A route of the table this worker cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("site {site:?}, route {route:?}: {error}")]
+    Root {
+        site: String,
+        route: String,
+        error: RootError,
+    },
+    #[error("site {site:?}, route {route:?}: upstream {url:?}: {error}")]
+    Upstream {
+        site: String,
+        route: String,
+        url: String,
+        error: ringmux_proto::UpstreamError,
+    },
+    #[error("site {site:?}, route {route:?}: {what}")]
+    Action {
+        site: String,
+        route: String,
+        what: String,
+    },
+}
+
+/// The sites of a worker, ready to route requests. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sites: Vec<Served>,
+    index: SiteIndex,
+    max_bytes: u64,
+    access_log: Option<Arc<AccessLog>>,
+    /// Every distinct upstream, for its error counters.
+    upstreams: Vec<Arc<Upstream>>,
+    /// Every distinct document root.
+    roots: Vec<DocRoot>,
+    /// Whether the access log names the site (see [`crate::access_log::Entry::site`]): not when
+    /// the command line's site is the only one.
+    log_sites: bool,
+    no_site: Arc<str>,
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("sites", &self.inner.sites.len())
+            .field("upstreams", &self.inner.upstreams.len())
+            .field("roots", &self.inner.roots.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One site: its label and its routes.
+struct Served {
+    label: Arc<str>,
+    routes: Vec<Routed>,
+}
+
+/// A route with what it does, opened.
+struct Routed {
+    prefix: String,
+    handler: Handler,
+}
+
+/// What a route does, with its root opened or its upstream made.
+enum Handler {
+    Files(DocRoot),
+    Builtin(Option<DocRoot>),
+    Upstream {
+        upstream: Arc<Upstream>,
+        strip_prefix: bool,
+    },
+    Redirect {
+        to: String,
+        status: StatusCode,
+    },
+    Respond {
+        status: StatusCode,
+        body: Bytes,
+    },
+}
+
+/// Which site answers a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// This site of the table.
+    Site(usize),
+    /// 421: the request names a site other than its connection's, or one no site has.
+    Misdirected,
+    /// 400: an HTTP/1.1 request without exactly one `host` (RFC 9112 §3.2).
+    NoHost,
+}
+
+impl Choice {
+    /// The site that answers, in logs and counters: the request's, else (421, 400) that of its
+    /// connection, `connection`.
+    pub fn answering(self, connection: Option<usize>) -> Option<usize> {
+        match self {
+            Choice::Site(s) => Some(s),
+            Choice::Misdirected | Choice::NoHost => connection,
+        }
+    }
+}
+
+/// What a request gets from its route, before the transport reads its body or answers.
+pub(crate) enum Target<'a> {
+    /// Answered by this worker.
+    Local(Local<'a>),
+    /// Passed to the upstream, with this path and query instead of the request's when set.
+    Proxy {
+        upstream: &'a Arc<Upstream>,
+        path: Option<PathAndQuery>,
+    },
+}
+
+/// A request this worker answers itself.
+pub(crate) enum Local<'a> {
+    /// This reply, whatever the method (the transport reads the request body first).
+    Reply(Reply),
+    /// A GET or HEAD of a file or a built-in: [`Lookup::reply`].
+    Get(Lookup<'a>),
+    /// `POST /echo-len` of a built-in route: its body's length.
+    EchoLen,
+}
+
+impl Target<'_> {
+    fn reply(r: Reply) -> Self {
+        Target::Local(Local::Reply(r))
+    }
+}
+
+/// A GET or HEAD answered from a document root or the built-ins.
+pub(crate) struct Lookup<'a> {
+    root: Option<&'a DocRoot>,
+    /// Only files, no built-ins.
+    files_only: bool,
+    max_bytes: u64,
+    /// The request path, for redirect locations.
+    path: &'a str,
+    /// The path beneath the route's prefix.
+    rest: &'a str,
+}
+
+impl Lookup<'_> {
+    pub(crate) async fn reply(self, method: &Method, headers: &HeaderMap) -> Reply {
+        if self.files_only {
+            let Some(root) = self.root else {
+                return not_found();
+            };
+            served::files(root, method, headers, self.path, self.rest).await
+        } else {
+            served::builtin(
+                self.root,
+                self.max_bytes,
+                method,
+                headers,
+                self.path,
+                self.rest,
+            )
+            .await
+        }
+    }
+}
+
+impl Router {
+    /// Opens every root and makes every upstream of `table`.
+    pub fn new(table: &SiteTable, opts: &RouterOptions) -> Result<Router, RouterError> {
+        let cache = FileCache::new(opts.files.cache_bytes);
+        let mut roots: HashMap<PathBuf, DocRoot> = HashMap::new();
+        let mut upstreams: HashMap<String, Arc<Upstream>> = HashMap::new();
+        let mut sites = Vec::with_capacity(table.sites.len());
+        for site in &table.sites {
+            let mut routes = Vec::with_capacity(site.routes.len());
+            for route in &site.routes {
+                let fail = |what: String| RouterError::Action {
+                    site: site.label.clone(),
+                    route: route.path.clone(),
+                    what,
+                };
+                if !route.path.starts_with('/') {
+                    return Err(fail("the path does not start with /".into()));
+                }
+                let mut open = |path: &PathBuf| -> Result<DocRoot, RouterError> {
+                    if let Some(root) = roots.get(path) {
+                        return Ok(root.clone());
+                    }
+                    let root = DocRoot::open_with_cache(path, opts.files.clone(), &cache).map_err(
+                        |error| RouterError::Root {
+                            site: site.label.clone(),
+                            route: route.path.clone(),
+                            error,
+                        },
+                    )?;
+                    roots.insert(path.clone(), root.clone());
+                    Ok(root)
+                };
+                let handler = match &route.action {
+                    Action::Files { root } => Handler::Files(open(root)?),
+                    Action::Builtin { root } => Handler::Builtin(match root {
+                        Some(root) => Some(open(root)?),
+                        None => None,
+                    }),
+                    Action::Upstream { url, strip_prefix } => {
+                        let upstream = match upstreams.get(url) {
+                            Some(u) => u.clone(),
+                            None => {
+                                let parsed: UpstreamUrl =
+                                    url.parse().map_err(|error| RouterError::Upstream {
+                                        site: site.label.clone(),
+                                        route: route.path.clone(),
+                                        url: url.clone(),
+                                        error,
+                                    })?;
+                                let u = Arc::new(Upstream::new(&parsed, opts.upstream_timeout));
+                                upstreams.insert(url.clone(), u.clone());
+                                u
+                            }
+                        };
+                        Handler::Upstream {
+                            upstream,
+                            strip_prefix: *strip_prefix,
+                        }
+                    }
+                    Action::Redirect { to, status } => {
+                        if !matches!(status, 301 | 302 | 307 | 308) {
+                            return Err(fail(format!(
+                                "redirect status {status} is not 301, 302, 307 or 308"
+                            )));
+                        }
+                        if HeaderValue::from_str(to).is_err() {
+                            return Err(fail(format!(
+                                "redirect target {to:?} is not a header value"
+                            )));
+                        }
+                        Handler::Redirect {
+                            to: to.clone(),
+                            status: StatusCode::from_u16(*status)
+                                .map_err(|e| fail(e.to_string()))?,
+                        }
+                    }
+                    Action::Respond { status: code, body } => {
+                        let status = match StatusCode::from_u16(*code) {
+                            Ok(s) if (200..=599).contains(code) => s,
+                            _ => {
+                                return Err(fail(format!(
+                                    "response status {code} is not between 200 and 599"
+                                )))
+                            }
+                        };
+                        if matches!(*code, 204 | 304) && !body.is_empty() {
+                            return Err(fail(format!("a {code} response has no body")));
+                        }
+                        Handler::Respond {
+                            status,
+                            body: Bytes::from(body.clone()),
+                        }
+                    }
+                };
+                routes.push(Routed {
+                    prefix: route.path.clone(),
+                    handler,
+                });
+            }
+            sites.push(Served {
+                label: Arc::from(site.label.as_str()),
+                routes,
+            });
+        }
+        let log_sites = !(table.sites.len() == 1 && table.sites[0].names.is_empty());
+        Ok(Router {
+            inner: Arc::new(Inner {
+                sites,
+                index: SiteIndex::new(table),
+                max_bytes: opts.max_bytes,
+                access_log: opts.access_log.clone(),
+                upstreams: upstreams.into_values().collect(),
+                roots: roots.into_values().collect(),
+                log_sites,
+                no_site: Arc::from(NO_SITE),
+            }),
+        })
+    }
+
+    /// The site of a connection whose TLS server name is `sni`.
+    pub fn connection_site(&self, sni: Option<&str>) -> Option<usize> {
+        self.inner.index.for_host(sni)
+    }
+
+    /// The site of a request on a connection of site `connection` (`None` for a connection of no
+    /// site) with `parts`; `http11` for an HTTP/1.1 request, which must carry one `host`.
+    pub fn choose(
+        &self,
+        connection: Option<usize>,
+        parts: &http::request::Parts,
+        http11: bool,
+    ) -> Choice {
+        if http11 && parts.version == http::Version::HTTP_11 {
+            let mut hosts = parts.headers.get_all(header::HOST).iter();
+            let one = hosts.next().is_some_and(|h| h.to_str().is_ok()) && hosts.next().is_none();
+            if !one {
+                return Choice::NoHost;
+            }
+        }
+        let site = match served::authority_of(parts) {
+            Some(authority) => self.inner.index.for_host(Some(authority)),
+            None => connection,
+        };
+        match site {
+            Some(s) if Some(s) == connection => Choice::Site(s),
+            _ => Choice::Misdirected,
+        }
+    }
+
+    /// The site of a request on a connection without TLS (the plain-HTTP redirects): the one
+    /// its authority names, else the default site.
+    pub fn site_for_host(&self, host: Option<&str>) -> Option<usize> {
+        self.inner.index.for_host(host)
+    }
+
+    /// The sites' labels, in the table's order.
+    pub fn labels(&self) -> impl Iterator<Item = &str> {
+        self.inner.sites.iter().map(|s| &*s.label)
+    }
+
+    /// Errors of every upstream, summed per kind in [`ErrorKind::ALL`] order.
+    pub fn upstream_errors(&self) -> [u64; ErrorKind::ALL.len()] {
+        let mut sum = [0; ErrorKind::ALL.len()];
+        for u in &self.inner.upstreams {
+            for (s, e) in sum.iter_mut().zip(u.errors()) {
+                *s += e;
+            }
+        }
+        sum
+    }
+
+    /// Whether any route proxies.
+    pub fn proxies(&self) -> bool {
+        !self.inner.upstreams.is_empty()
+    }
+
+    pub(crate) fn access_log(&self) -> Option<&Arc<AccessLog>> {
+        self.inner.access_log.as_ref()
+    }
+
+    /// What the access log writes for site `site`: `None` when it names no site.
+    pub(crate) fn log_label(&self, site: Option<usize>) -> Option<Arc<str>> {
+        if !self.inner.log_sites {
+            return None;
+        }
+        Some(match site.and_then(|s| self.inner.sites.get(s)) {
+            Some(s) => s.label.clone(),
+            None => self.inner.no_site.clone(),
+        })
+    }
+
+    /// What a `method` request for `uri` gets, its site chosen as `choice`.
+    pub(crate) fn target<'a>(
+        &'a self,
+        choice: Choice,
+        method: &Method,
+        uri: &'a Uri,
+    ) -> Target<'a> {
+        let site = match choice {
+            Choice::Site(site) => site,
+            Choice::Misdirected => return Target::reply(misdirected()),
+            Choice::NoHost => return Target::reply(no_host()),
+        };
+        let Some(served) = self.inner.sites.get(site) else {
+            return Target::reply(not_found());
+        };
+        let path = uri.path();
+        let (routed, rest) = match served.route(path) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Target::reply(not_found()),
+            Err(AmbiguousPath) => {
+                return Target::reply(Reply::text(StatusCode::BAD_REQUEST, b"bad path\n"))
+            }
+        };
+        let safe = method == Method::GET || method == Method::HEAD;
+        match &routed.handler {
+            Handler::Upstream {
+                upstream,
+                strip_prefix,
+            } => Target::Proxy {
+                upstream,
+                path: strip_prefix.then(|| stripped(rest, uri.query())).flatten(),
+            },
+            Handler::Redirect { to, status } => Target::reply(redirect(to, *status, uri)),
+            Handler::Respond { status, body } => Target::reply(Reply::new(
+                *status,
+                "text/plain; charset=utf-8",
+                Body::Memory(body.clone()),
+            )),
+            Handler::Files(root) if safe => Target::Local(Local::Get(Lookup {
+                root: Some(root),
+                files_only: true,
+                max_bytes: self.inner.max_bytes,
+                path,
+                rest,
+            })),
+            Handler::Files(_) => Target::reply(not_allowed("GET, HEAD")),
+            Handler::Builtin(_) if method == Method::POST && rest == "/echo-len" => {
+                Target::Local(Local::EchoLen)
+            }
+            Handler::Builtin(root) if safe => Target::Local(Local::Get(Lookup {
+                root: root.as_ref(),
+                files_only: false,
+                max_bytes: self.inner.max_bytes,
+                path,
+                rest,
+            })),
+            Handler::Builtin(_) => Target::reply(not_allowed("GET, HEAD, POST")),
+        }
+    }
+}
+
+/// A request path whose decoded form chooses another route than the path as sent.
+#[derive(Debug, PartialEq, Eq)]
+struct AmbiguousPath;
+
+impl Served {
+    /// The route of `path` and the rest of it beneath the route's prefix.
+    fn route<'p>(&self, path: &'p str) -> Result<Option<(&Routed, &'p str)>, AmbiguousPath> {
+        if !path.starts_with('/') {
+            // `*` (OPTIONS) or no path (CONNECT): only a route of the whole site takes it.
+            return Ok(self
+                .routes
+                .iter()
+                .find(|r| r.prefix == "/")
+                .map(|r| (r, path)));
+        }
+        let found = self.longest(path);
+        if self.routes.len() > 1 && needs_decoding(path) {
+            // One route cannot be told from another; with several, compare the decoded path's.
+            let decoded = decoded_path(path).ok_or(AmbiguousPath)?;
+            let other = self.longest(&decoded).map(|(r, _)| r as *const Routed);
+            if found.map(|(r, _)| r as *const Routed) != other {
+                return Err(AmbiguousPath);
+            }
+        }
+        Ok(found)
+    }
+
+    /// [`Site::route`]'s rule over the opened routes.
+    fn longest<'p>(&self, path: &'p str) -> Option<(&Routed, &'p str)> {
+        self.routes
+            .iter()
+            .filter_map(|r| Some((r, prefix_rest(&r.prefix, path)?)))
+            .max_by_key(|(r, _)| r.prefix.len())
+    }
+}
+
+/// Whether `path` holds an escape, an empty segment or a dot segment.
+fn needs_decoding(path: &str) -> bool {
+    path.contains('%') || path.contains("//") || path.split('/').any(|s| s == "." || s == "..")
+}
+
+/// `path` with its escapes decoded (bytes that are not UTF-8 replaced), then its empty and `.`
+/// segments dropped and its `..` segments resolved (RFC 3986 §5.2.4), a final `/` kept; `None`
+/// if a `..` would climb above the root.
+fn decoded_path(path: &str) -> Option<String> {
+    let decoded = percent_decode_lossy(path);
+    let mut segments: Vec<&str> = Vec::new();
+    for s in decoded.split('/') {
+        match s {
+            "" | "." => {}
+            ".." => {
+                segments.pop()?;
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || decoded.ends_with('/') || decoded.ends_with("/.") {
+        out.push('/');
+    }
+    Some(out)
+}
+
+/// `%XX` escapes decoded; a bad escape is kept as it stands.
+fn percent_decode_lossy(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(hi), Some(lo)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The path and query passed upstream by a route with `strip_prefix`: the rest beneath the
+/// prefix (`/` for none) and the query.
+fn stripped(rest: &str, query: Option<&str>) -> Option<PathAndQuery> {
+    let rest = if rest.is_empty() { "/" } else { rest };
+    let pq = match query {
+        Some(q) => format!("{rest}?{q}"),
+        None => rest.to_owned(),
+    };
+    // Both parts come from a parsed URI, so this parses; if not, the path is passed whole.
+    PathAndQuery::try_from(pq).ok()
+}
+
+/// The redirect of a route: `to` with `{path}` and `{query}` filled in from `uri`, empty body.
+fn redirect(to: &str, status: StatusCode, uri: &Uri) -> Reply {
+    let mut location = to
+        .replace("{path}", uri.path())
+        .replace("{query}", uri.query().unwrap_or(""));
+    if location.ends_with('?') {
+        location.pop();
+    }
+    let mut headers = HeaderMap::with_capacity(2);
+    match HeaderValue::from_str(&location) {
+        // The target was checked at start and the request's path and query are visible ASCII.
+        Ok(v) => headers.insert(header::LOCATION, v),
+        Err(_) => return Reply::text(StatusCode::BAD_REQUEST, b"bad path\n"),
+    };
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    Reply {
+        status,
+        headers,
+        body: Body::Empty,
+    }
+}
+
+fn not_found() -> Reply {
+    Reply::text(StatusCode::NOT_FOUND, b"not found\n")
+}
+
+fn not_allowed(allow: &'static str) -> Reply {
+    let mut r = Reply::text(StatusCode::METHOD_NOT_ALLOWED, b"method not allowed\n");
+    r.headers
+        .insert(header::ALLOW, HeaderValue::from_static(allow));
+    r
+}
+
+/// The reply to a misdirected request (RFC 9110 §15.5.20).
+fn misdirected() -> Reply {
+    Reply::text(
+        StatusCode::MISDIRECTED_REQUEST,
+        b"this connection does not serve that host\n",
+    )
+}
+
+/// The reply to an HTTP/1.1 request without one `host` (RFC 9112 §3.2).
+fn no_host() -> Reply {
+    Reply::text(StatusCode::BAD_REQUEST, b"a request needs one host field\n")
+}
+
+/// `table` with the worker's own `--root` or `--upstream` applied: when either is given, it
+/// replaces the routes of the command line's site (the one without names), or, if the table
+/// has none, becomes a new such site, the default. Without either, `table` as it is.
+pub fn with_command_line(
+    mut table: SiteTable,
+    root: Option<&std::path::Path>,
+    upstream: Option<&UpstreamUrl>,
+) -> SiteTable {
+    let action = match (upstream, root) {
+        (Some(url), _) => Action::Upstream {
+            url: url.to_string(),
+            strip_prefix: false,
+        },
+        (None, Some(root)) => Action::Builtin {
+            root: Some(root.to_path_buf()),
+        },
+        (None, None) => return table,
+    };
+    let routes = vec![Route {
+        path: "/".into(),
+        action,
+    }];
+    match table.sites.iter_mut().position(|s| s.names.is_empty()) {
+        Some(i) => table.sites[i].routes = routes,
+        None => {
+            table.sites.push(command_line_site(routes));
+            table.default_site = Some(table.sites.len() - 1);
+        }
+    }
+    table
+}
+
+/// The table the command line makes without a configuration file: one default site, without
+/// names, of the built-in routes (`with_command_line` then sets its root or upstream).
+pub fn command_line_table() -> SiteTable {
+    SiteTable {
+        sites: vec![command_line_site(vec![Route {
+            path: "/".into(),
+            action: Action::Builtin { root: None },
+        }])],
+        default_site: Some(0),
+    }
+}
+
+fn command_line_site(routes: Vec<Route>) -> Site {
+    Site {
+        label: COMMAND_LINE_LABEL.into(),
+        names: Vec::new(),
+        // The server never reads these: the worker library chooses certificates.
+        cert_pem: String::new(),
+        key_pem: String::new(),
+        routes,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Counters
+
+/// Status classes counted per site: 1xx to 5xx.
+const CLASSES: usize = 5;
+
+/// Responses per site and status class, one row per site of the table and one for requests no
+/// site answered ([`NO_SITE`]): bounded by the table. All `Relaxed`: independent statistics.
+#[derive(Debug, Default)]
+pub struct SiteStats {
+    rows: OnceLock<Box<[SiteRow]>>,
+}
+
+#[derive(Debug)]
+struct SiteRow {
+    label: Arc<str>,
+    classes: [AtomicU64; CLASSES],
+    misdirected: AtomicU64,
+}
+
+/// One row of [`SiteStats`], copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteCounts {
+    pub label: String,
+    /// Responses by status class: 1xx, 2xx, 3xx, 4xx, 5xx.
+    pub responses: [u64; CLASSES],
+    /// Of the 4xx, the 421s: requests for a host the connection does not serve.
+    pub misdirected: u64,
+}
+
+impl SiteStats {
+    /// Makes the rows for `router`'s sites; the first router given decides them.
+    pub(crate) fn init(&self, router: &Router) {
+        self.rows.get_or_init(|| {
+            router
+                .inner
+                .sites
+                .iter()
+                .map(|s| s.label.clone())
+                .chain([router.inner.no_site.clone()])
+                .map(|label| SiteRow {
+                    label,
+                    classes: Default::default(),
+                    misdirected: AtomicU64::new(0),
+                })
+                .collect()
+        });
+    }
+
+    /// Counts a response of `site` (`None`: no site's) with `status`.
+    pub(crate) fn count(&self, site: Option<usize>, status: StatusCode) {
+        let Some(rows) = self.rows.get() else { return };
+        let Some(last) = rows.len().checked_sub(1) else {
+            return;
+        };
+        let row = &rows[site.filter(|&s| s < last).unwrap_or(last)];
+        let class = usize::from(status.as_u16() / 100).wrapping_sub(1);
+        if let Some(c) = row.classes.get(class) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if status == StatusCode::MISDIRECTED_REQUEST {
+            row.misdirected.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Every row, the table's sites first, then [`NO_SITE`]'s. Empty before serving began.
+    pub fn snapshot(&self) -> Vec<SiteCounts> {
+        let Some(rows) = self.rows.get() else {
+            return Vec::new();
+        };
+        rows.iter()
+            .map(|r| SiteCounts {
+                label: r.label.to_string(),
+                responses: std::array::from_fn(|i| r.classes[i].load(Ordering::Relaxed)),
+                misdirected: r.misdirected.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+/// One site answering every host, as [`crate::http::Site`] describes it: the built-in routes
+/// (files from its root, then the built-ins) or its upstream.
+impl From<&served::Site> for Router {
+    fn from(site: &served::Site) -> Router {
+        let handler = match &site.upstream {
+            Some(upstream) => Handler::Upstream {
+                upstream: upstream.clone(),
+                strip_prefix: false,
+            },
+            None => Handler::Builtin(site.root.clone()),
+        };
+        Router {
+            inner: Arc::new(Inner {
+                sites: vec![Served {
+                    label: Arc::from(COMMAND_LINE_LABEL),
+                    routes: vec![Routed {
+                        prefix: "/".into(),
+                        handler,
+                    }],
+                }],
+                index: SiteIndex::new(&command_line_table()),
+                max_bytes: site.max_bytes,
+                access_log: site.access_log.clone(),
+                upstreams: site.upstream.iter().cloned().collect(),
+                roots: site.root.iter().cloned().collect(),
+                log_sites: false,
+                no_site: Arc::from(NO_SITE),
+            }),
+        }
+    }
+}
+
+impl From<Arc<served::Site>> for Router {
+    fn from(site: Arc<served::Site>) -> Router {
+        Router::from(&*site)
+    }
+}
+
+impl From<served::Site> for Router {
+    fn from(site: served::Site) -> Router {
+        Router::from(&site)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(path: &str, action: Action) -> Route {
+        Route {
+            path: path.into(),
+            action,
+        }
+    }
+
+    fn respond(body: &str) -> Action {
+        Action::Respond {
+            status: 200,
+            body: body.into(),
+        }
+    }
+
+    fn site(label: &str, names: &[&str], routes: Vec<Route>) -> Site {
+        Site {
+            label: label.into(),
+            names: names.iter().map(|n| n.to_string()).collect(),
+            cert_pem: String::new(),
+            key_pem: String::new(),
+            routes,
+        }
+    }
+
+    /// Two named sites (one with a wildcard) and, if `default`, the second as default.
+    fn table(default: Option<usize>) -> SiteTable {
+        SiteTable {
+            sites: vec![
+                site(
+                    "a.test",
+                    &["a.test"],
+                    vec![
+                        route("/", respond("root")),
+                        route("/api", respond("api")),
+                        route("/api/v2/", respond("v2")),
+                        route(
+                            "/admin",
+                            Action::Respond {
+                                status: 403,
+                                body: "no\n".into(),
+                            },
+                        ),
+                        route(
+                            "/old",
+                            Action::Redirect {
+                                to: "https://n.test{path}?{query}".into(),
+                                status: 308,
+                            },
+                        ),
+                        route(
+                            "/up",
+                            Action::Upstream {
+                                url: "http://127.0.0.1:9".into(),
+                                strip_prefix: true,
+                            },
+                        ),
+                        route(
+                            "/up-whole",
+                            Action::Upstream {
+                                url: "http://127.0.0.1:9".into(),
+                                strip_prefix: false,
+                            },
+                        ),
+                    ],
+                ),
+                site(
+                    "b.test",
+                    &["b.test", "*.w.test"],
+                    vec![route("/x", respond("x"))],
+                ),
+            ],
+            default_site: default,
+        }
+    }
+
+    fn router(t: &SiteTable) -> Router {
+        Router::new(t, &RouterOptions::default()).expect("a router")
+    }
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    /// What `GET path` on site 0 gets, in short: the reply's status and body, the proxy's path.
+    fn at(r: &Router, method: Method, path: &str) -> String {
+        let u = uri(path);
+        match r.target(Choice::Site(0), &method, &u) {
+            Target::Proxy { upstream, path } => format!(
+                "proxy {} {}",
+                upstream.authority(),
+                path.as_ref().map_or("-", |p| p.as_str())
+            ),
+            Target::Local(Local::Reply(reply)) => {
+                let body = match reply.body {
+                    Body::Memory(b) => String::from_utf8_lossy(&b).into_owned(),
+                    Body::Static(b) => String::from_utf8_lossy(b).into_owned(),
+                    Body::Empty => String::new(),
+                    _ => "?".into(),
+                };
+                let location = reply
+                    .headers
+                    .get(header::LOCATION)
+                    .map(|l| format!(" -> {}", l.to_str().unwrap()))
+                    .unwrap_or_default();
+                format!("{} {}{location}", reply.status.as_u16(), body.trim_end())
+            }
+            Target::Local(Local::Get(l)) => format!("get {} {}", l.path, l.rest),
+            Target::Local(Local::EchoLen) => "echo-len".into(),
+        }
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_across_route_kinds() {
+        let r = router(&table(None));
+        for (path, want) in [
+            ("/", "200 root"),
+            ("/apix", "200 root"),
+            ("/api", "200 api"),
+            ("/api/", "200 api"),
+            ("/api/v1", "200 api"),
+            ("/api/v2", "200 v2"),
+            ("/api/v2/z", "200 v2"),
+            ("/admin/x", "403 no"),
+            ("/old/p", "308  -> https://n.test/old/p"),
+            ("/up/x", "proxy 127.0.0.1:9 /x"),
+            ("/up-whole/x?q=1", "proxy 127.0.0.1:9 -"),
+        ] {
+            assert_eq!(at(&r, Method::GET, path), want, "{path}");
+        }
+        // Fixed responses and redirects answer any method.
+        assert_eq!(at(&r, Method::DELETE, "/admin"), "403 no");
+        assert_eq!(at(&r, Method::POST, "/api/v2/"), "200 v2");
+        // No route: 404.
+        let b = Router::new(&table(None), &RouterOptions::default()).unwrap();
+        let u = uri("/y");
+        assert!(matches!(
+            b.target(Choice::Site(1), &Method::GET, &u),
+            Target::Local(Local::Reply(Reply {
+                status: StatusCode::NOT_FOUND,
+                ..
+            }))
+        ));
+    }
+
+    /// The opened routes choose as [`Site::route`] does on the table's.
+    #[test]
+    fn the_router_chooses_as_the_table_does() {
+        let t = table(None);
+        let r = router(&t);
+        for path in [
+            "/",
+            "/a",
+            "/api",
+            "/api/",
+            "/api/v2",
+            "/api/v2/",
+            "/api/v2/x",
+            "/apix",
+            "/admin",
+            "/adminx",
+            "/old/",
+            "/up",
+            "/up/x",
+            "/up-whole",
+            "/up-whole/y",
+            "/upx",
+        ] {
+            let want = t.sites[0]
+                .route(path)
+                .map(|(r, rest)| (r.path.clone(), rest));
+            let got = r.inner.sites[0]
+                .route(path)
+                .unwrap()
+                .map(|(r, rest)| (r.prefix.clone(), rest));
+            assert_eq!(got, want, "{path}");
+        }
+    }
+
+    #[test]
+    fn strip_prefix_passes_the_rest_and_the_query() {
+        let r = router(&table(None));
+        assert_eq!(at(&r, Method::GET, "/up/x?q=1"), "proxy 127.0.0.1:9 /x?q=1");
+        assert_eq!(at(&r, Method::POST, "/up"), "proxy 127.0.0.1:9 /");
+        assert_eq!(at(&r, Method::GET, "/up?q=1"), "proxy 127.0.0.1:9 /?q=1");
+        assert_eq!(at(&r, Method::GET, "/up/"), "proxy 127.0.0.1:9 /");
+        assert_eq!(at(&r, Method::GET, "/up/a/b/"), "proxy 127.0.0.1:9 /a/b/");
+    }
+
+    #[test]
+    fn redirects_fill_in_path_and_query() {
+        let r = router(&table(None));
+        assert_eq!(
+            at(&r, Method::GET, "/old/a?x=1&y=2"),
+            "308  -> https://n.test/old/a?x=1&y=2"
+        );
+        // No query: the `?` left at the end goes.
+        assert_eq!(at(&r, Method::GET, "/old"), "308  -> https://n.test/old");
+        assert_eq!(at(&r, Method::PUT, "/old/"), "308  -> https://n.test/old/");
+    }
+
+    #[test]
+    fn an_escape_that_would_choose_another_route_is_refused() {
+        let r = router(&table(None));
+        for path in [
+            "/%61dmin",    // decodes to /admin, sent as a path of "/"
+            "//admin",     // an empty segment dropped
+            "/x/../admin", // a dot segment resolved
+            "/./admin",
+            "/api/%2e%2e/admin",
+            "/a/%2E%2E/admin",
+            "/../admin", // above the root
+        ] {
+            assert_eq!(at(&r, Method::GET, path), "400 bad path", "{path}");
+        }
+        // Escapes that keep the route are served.
+        assert_eq!(at(&r, Method::GET, "/api/a%20b"), "200 api");
+        assert_eq!(at(&r, Method::GET, "/api/x/../y"), "200 api");
+        assert_eq!(
+            at(&r, Method::GET, "/up/group%2Fproject"),
+            "proxy 127.0.0.1:9 /group%2Fproject"
+        );
+        // One route only: nothing to confuse, the path goes on as sent (today's proxy).
+        let one = router(&with_command_line(
+            command_line_table(),
+            None,
+            Some(&"http://127.0.0.1:9".parse().unwrap()),
+        ));
+        assert_eq!(at(&one, Method::GET, "/../x"), "proxy 127.0.0.1:9 -");
+        assert_eq!(decoded_path("/a/./b//c/../d/").as_deref(), Some("/a/b/d/"));
+        assert_eq!(decoded_path("/a/..").as_deref(), Some("/"));
+        assert_eq!(decoded_path("/%zz%2").as_deref(), Some("/%zz%2"));
+    }
+
+    #[test]
+    fn builtin_and_file_routes_are_lookups_beneath_their_prefix() {
+        let tmp = ringmux_test_support::temp_dir("ringmux-sites-lookup");
+        let t = SiteTable {
+            sites: vec![site(
+                "s",
+                &[],
+                vec![
+                    route("/", Action::Builtin { root: None }),
+                    route(
+                        "/static/",
+                        Action::Files {
+                            root: tmp.path().into(),
+                        },
+                    ),
+                ],
+            )],
+            default_site: Some(0),
+        };
+        let r = router(&t);
+        assert_eq!(
+            at(&r, Method::GET, "/hello.txt"),
+            "get /hello.txt /hello.txt"
+        );
+        assert_eq!(
+            at(&r, Method::HEAD, "/static/a.css"),
+            "get /static/a.css /a.css"
+        );
+        assert_eq!(at(&r, Method::GET, "/static"), "get /static ");
+        assert_eq!(at(&r, Method::POST, "/echo-len"), "echo-len");
+        assert_eq!(
+            at(&r, Method::POST, "/static/echo-len"),
+            "405 method not allowed"
+        );
+        assert_eq!(at(&r, Method::PUT, "/x"), "405 method not allowed");
+        let u = uri("/static/a");
+        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::PUT, &u) else {
+            panic!("a reply");
+        };
+        assert_eq!(reply.headers[header::ALLOW], "GET, HEAD");
+    }
+
+    fn parts(version: http::Version, uri: &str, hosts: &[&str]) -> http::request::Parts {
+        let mut b = http::Request::builder().version(version).uri(uri);
+        for h in hosts {
+            b = b.header(header::HOST, *h);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn a_request_for_another_sites_host_is_misdirected() {
+        use http::Version;
+        let r = router(&table(None));
+        let a = r.connection_site(Some("a.test"));
+        assert_eq!(a, Some(0));
+        let h2 = |authority: &str| parts(Version::HTTP_2, &format!("https://{authority}/"), &[]);
+        assert_eq!(r.choose(a, &h2("a.test"), false), Choice::Site(0));
+        assert_eq!(r.choose(a, &h2("A.TEST:443"), false), Choice::Site(0));
+        assert_eq!(r.choose(a, &h2("b.test"), false), Choice::Misdirected);
+        assert_eq!(r.choose(a, &h2("q.w.test"), false), Choice::Misdirected);
+        assert_eq!(
+            r.choose(a, &h2("c.test"), false),
+            Choice::Misdirected,
+            "no site, no default"
+        );
+        // The wildcard's connection serves its names.
+        let w = r.connection_site(Some("q.w.test"));
+        assert_eq!(w, Some(1));
+        assert_eq!(r.choose(w, &h2("b.test"), false), Choice::Site(1));
+        assert_eq!(r.choose(w, &h2("a.test"), false), Choice::Misdirected);
+        // No authority and no host (h2, h3): the connection's site.
+        let bare = parts(Version::HTTP_2, "/", &[]);
+        assert_eq!(r.choose(a, &bare, false), Choice::Site(0));
+        assert_eq!(r.choose(None, &bare, false), Choice::Misdirected);
+        // HTTP/1.1 needs one host.
+        let h1 = |hosts: &[&str]| parts(Version::HTTP_11, "/", hosts);
+        assert_eq!(r.choose(a, &h1(&[]), true), Choice::NoHost);
+        assert_eq!(
+            r.choose(a, &h1(&["a.test", "a.test"]), true),
+            Choice::NoHost
+        );
+        assert_eq!(r.choose(a, &h1(&["a.test"]), true), Choice::Site(0));
+        assert_eq!(r.choose(a, &h1(&["b.test"]), true), Choice::Misdirected);
+        // HTTP/1.0 may go without.
+        assert_eq!(
+            r.choose(a, &parts(Version::HTTP_10, "/", &[]), true),
+            Choice::Site(0)
+        );
+        // With a default site, an unknown name is the default's.
+        let d = router(&table(Some(1)));
+        let none = d.connection_site(None);
+        assert_eq!(none, Some(1));
+        assert_eq!(d.choose(none, &h2("c.test"), false), Choice::Site(1));
+        assert_eq!(d.choose(none, &h2("192.0.2.1:443"), false), Choice::Site(1));
+        assert_eq!(d.choose(none, &h2("a.test"), false), Choice::Misdirected);
+        assert_eq!(Choice::Misdirected.answering(Some(1)), Some(1));
+    }
+
+    #[test]
+    fn the_command_line_site_answers_every_host() {
+        let r = router(&command_line_table());
+        for sni in [None, Some("a.test"), Some("localhost"), Some("127.0.0.1")] {
+            let conn = r.connection_site(sni);
+            assert_eq!(conn, Some(0), "{sni:?}");
+            for authority in ["x.test", "localhost:4433", "[::1]:443"] {
+                let p = parts(http::Version::HTTP_2, &format!("https://{authority}/"), &[]);
+                assert_eq!(r.choose(conn, &p, false), Choice::Site(0), "{authority}");
+            }
+        }
+        assert_eq!(
+            r.log_label(Some(0)),
+            None,
+            "no site field for the command line's site"
+        );
+        assert_eq!(router(&table(None)).log_label(None).as_deref(), Some("-"));
+        assert_eq!(
+            router(&table(None)).log_label(Some(1)).as_deref(),
+            Some("b.test")
+        );
+    }
+
+    #[test]
+    fn the_workers_own_root_or_upstream_sets_the_command_line_site() {
+        let url: UpstreamUrl = "http://127.0.0.1:8080".parse().unwrap();
+        let dir = std::path::Path::new("/srv/www");
+        // Without either: the table as it is.
+        assert_eq!(with_command_line(table(None), None, None), table(None));
+        // The command line's site gets the route, replacing its own.
+        let mut t = table(None);
+        t.sites
+            .push(site("default", &[], vec![route("/x", respond("x"))]));
+        let t = with_command_line(t, Some(dir), None);
+        assert_eq!(t.sites.len(), 3);
+        assert_eq!(
+            t.sites[2].routes,
+            vec![route(
+                "/",
+                Action::Builtin {
+                    root: Some(dir.into())
+                }
+            )]
+        );
+        assert_eq!(t.default_site, None, "left as it was");
+        // No such site: one is made, the default.
+        let t = with_command_line(table(Some(0)), None, Some(&url));
+        assert_eq!(t.sites.len(), 3);
+        assert_eq!(t.default_site, Some(2));
+        assert!(t.sites[2].names.is_empty());
+        assert_eq!(
+            t.sites[2].routes,
+            vec![route(
+                "/",
+                Action::Upstream {
+                    url: "http://127.0.0.1:8080".into(),
+                    strip_prefix: false
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn a_route_that_cannot_be_served_fails_the_start_naming_site_and_route() {
+        let bad = |action: Action| {
+            let t = SiteTable {
+                sites: vec![site(
+                    "shop",
+                    &["shop.test"],
+                    vec![route("/", respond("ok")), route("/bad", action)],
+                )],
+                default_site: None,
+            };
+            Router::new(&t, &RouterOptions::default())
+                .unwrap_err()
+                .to_string()
+        };
+        for (action, says) in [
+            (
+                Action::Files {
+                    root: "/nonexistent/ringmux".into(),
+                },
+                "/nonexistent/ringmux",
+            ),
+            (
+                Action::Builtin {
+                    root: Some("/nonexistent/r2".into()),
+                },
+                "/nonexistent/r2",
+            ),
+            (
+                Action::Upstream {
+                    url: "https://x:1".into(),
+                    strip_prefix: false,
+                },
+                "https://x:1",
+            ),
+            (
+                Action::Redirect {
+                    to: "/x".into(),
+                    status: 200,
+                },
+                "200",
+            ),
+            (
+                Action::Redirect {
+                    to: "/\n".into(),
+                    status: 301,
+                },
+                "\"/\\n\"",
+            ),
+            (
+                Action::Respond {
+                    status: 700,
+                    body: String::new(),
+                },
+                "700",
+            ),
+            (
+                Action::Respond {
+                    status: 204,
+                    body: "x".into(),
+                },
+                "204",
+            ),
+        ] {
+            let e = bad(action);
+            assert!(e.contains("site \"shop\", route \"/bad\""), "{e}");
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn roots_and_upstreams_are_opened_once() {
+        let tmp = ringmux_test_support::temp_dir("ringmux-sites-once");
+        let files = || Action::Files {
+            root: tmp.path().into(),
+        };
+        let up = || Action::Upstream {
+            url: "http://127.0.0.1:9".into(),
+            strip_prefix: false,
+        };
+        let t = SiteTable {
+            sites: (0..3)
+                .map(|i| {
+                    let name = format!("s{i}.test");
+                    site(
+                        &name,
+                        &[&name],
+                        vec![route("/", files()), route("/a", up()), route("/b", files())],
+                    )
+                })
+                .collect(),
+            default_site: None,
+        };
+        let r = router(&t);
+        assert_eq!((r.inner.roots.len(), r.inner.upstreams.len()), (1, 1));
+        assert!(r.proxies());
+    }
+
+    #[test]
+    fn responses_are_counted_per_site_and_class() {
+        let r = router(&table(None));
+        let stats = SiteStats::default();
+        stats.count(Some(0), StatusCode::OK);
+        stats.init(&r);
+        for (site, status) in [
+            (Some(0), StatusCode::OK),
+            (Some(0), StatusCode::MISDIRECTED_REQUEST),
+            (Some(1), StatusCode::BAD_GATEWAY),
+            (Some(1), StatusCode::SWITCHING_PROTOCOLS),
+            (None, StatusCode::MISDIRECTED_REQUEST),
+            (Some(9), StatusCode::NOT_FOUND),
+        ] {
+            stats.count(site, status);
+        }
+        let rows = stats.snapshot();
+        let row = |label: &str, responses, misdirected| SiteCounts {
+            label: label.into(),
+            responses,
+            misdirected,
+        };
+        assert_eq!(
+            rows,
+            [
+                row("a.test", [0, 1, 0, 1, 0], 1),
+                row("b.test", [1, 0, 0, 0, 1], 0),
+                row("-", [0, 0, 0, 2, 0], 1),
+            ]
+        );
+    }
+}
