@@ -335,7 +335,7 @@ impl Router {
                 routes,
             });
         }
-        let log_sites = !(table.sites.len() == 1 && table.sites[0].names.is_empty());
+        let log_sites = true;
         Ok(Router {
             inner: Arc::new(Inner {
                 sites,
@@ -1154,11 +1154,7 @@ mod tests {
                 assert_eq!(r.choose(conn, &p, false), Choice::Site(0), "{authority}");
             }
         }
-        assert_eq!(
-            r.log_label(Some(0)),
-            None,
-            "no site field for the command line's site"
-        );
+        assert_eq!(r.log_label(Some(0)).as_deref(), Some("default"));
         assert_eq!(router(&table(None)).log_label(None).as_deref(), Some("-"));
         assert_eq!(
             router(&table(None)).log_label(Some(1)).as_deref(),

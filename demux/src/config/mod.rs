@@ -777,7 +777,8 @@ impl RunArgs {
     /// the same names (`ringmux-worker --help`), each passed whatever its value so that the
     /// worker never falls back on a default of its own. A program of `--worker-cmd` gets none
     /// of them: what it does not understand it would refuse, so these options are refused with
-    /// it rather than dropped without a word.
+    /// it rather than dropped without a word. `--root` and `--upstream` are not among them:
+    /// they reach every worker in the site table, as the routes of the command line's site.
     fn builtin_worker_args(&self) -> Result<Vec<String>> {
         let mut args = vec![
             format!("--max-bytes={}", self.max_bytes),
@@ -786,22 +787,8 @@ impl RunArgs {
             format!("--tcp-max-connections={}", self.tcp_max_connections),
             format!("--tcp-idle-timeout={}", self.tcp_idle_timeout),
         ];
-        if let Some(root) = &self.root {
-            let text = root.to_str().with_context(|| {
-                format!(
-                    "--root / RINGMUX_ROOT={} is not valid: the built-in worker takes it on its \
-                     command line, which holds UTF-8 only; name the folder by a UTF-8 path (a \
-                     symbolic link will do)",
-                    root.display()
-                )
-            })?;
-            args.push(format!("--root={text}"));
-        }
         if let Some(cc) = &self.cache_control {
             args.push(format!("--cache-control={cc}"));
-        }
-        if let Some(up) = &self.upstream {
-            args.push(format!("--upstream={up}"));
         }
         if self.worker_mode == WorkerMode::Sink {
             args.push("--sink".into());
@@ -856,6 +843,14 @@ impl RunArgs {
             _ => {}
         }
         if let Some(root) = &self.root {
+            if root.to_str().is_none() {
+                bail!(
+                    "--root / RINGMUX_ROOT={} is not valid: the workers receive it in the site \
+                     table, which holds UTF-8 only; name the folder by a UTF-8 path (a symbolic \
+                     link will do)",
+                    root.display()
+                );
+            }
             if !root.is_dir() {
                 bail!(
                     "--root / RINGMUX_ROOT={} is not a directory",
@@ -1497,7 +1492,12 @@ mod tests {
             "sink",
         ])
         .unwrap();
-        for arg in ["--root=/", "--cache-control=no-cache", "--sink"] {
+        assert!(
+            !c.worker_cmd.iter().any(|a| a.starts_with("--root")),
+            "--root goes in the site table: {:?}",
+            c.worker_cmd
+        );
+        for arg in ["--cache-control=no-cache", "--sink"] {
             assert!(
                 c.worker_cmd.iter().any(|a| a == arg),
                 "{arg}: {:?}",

@@ -19,7 +19,7 @@ use ringmux_server::access_log::AccessLog;
 use ringmux_server::http::{serve_with, ServerStats};
 use ringmux_server::options::Options;
 use ringmux_server::sink;
-use ringmux_server::sites::{command_line_table, with_command_line, Router, RouterOptions};
+use ringmux_server::sites::{with_command_line, Router, RouterOptions};
 use ringmux_server::tcp::TcpOptions;
 use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
@@ -69,10 +69,13 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
         ),
         None => None,
     };
-    // TODO(sites): the table from `worker.sites()` once the worker library hands it over; until
-    // then the one the demux makes from its own flags.
-    let table = command_line_table();
-    let table = with_command_line(table, options.root.as_deref(), options.upstream.as_ref());
+    // The sites the demux handed over; this program's own --root or --upstream (a program of
+    // `ringmux --worker-cmd`) replace the routes of the command line's site.
+    let table = with_command_line(
+        worker.sites().clone(),
+        options.root.as_deref(),
+        options.upstream.as_ref(),
+    );
     let router = Router::new(
         &table,
         &RouterOptions {
