@@ -43,7 +43,7 @@ pub enum Command {
     /// when ringmux would start with it.
     Check {
         #[command(flatten)]
-        run: RunArgs,
+        run: Box<RunArgs>,
     },
     /// Print the metrics of a running ringmux as a table.
     Stats {
@@ -109,11 +109,13 @@ pub fn parse() -> Result<Cli> {
     parse_from(std::env::args_os().collect())
 }
 
-/// [`parse`] of `argv`.
+/// [`parse`] of `argv`. A bad command line is a [`clap::Error`] (the caller exits with it, as
+/// `Cli::parse` would); a configuration file that does not parse is an error naming each
+/// problem's place.
 pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
     use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().get_matches_from(argv.clone());
-    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let matches = Cli::command().try_get_matches_from(argv.clone())?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
     let (run, run_matches, insert_at) = match &cli.command {
         None => (&cli.run, &matches, 1),
         Some(Command::Check { run }) => {
@@ -123,7 +125,7 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
                 .position(|a| a == "check")
                 .map_or(1, |i| i + 2);
             (
-                run,
+                &**run,
                 matches.subcommand_matches("check").unwrap_or(&matches),
                 at,
             )
@@ -131,6 +133,10 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
         Some(_) => return Ok(cli),
     };
     let Some(path) = run.config.clone() else {
+        let raw = raw_values(run_matches);
+        if let Some(run) = run_args(&mut cli) {
+            run.raw = raw;
+        }
         return Ok(cli);
     };
     let file = file::FileConfig::read(&path).map_err(anyhow::Error::new)?;
@@ -154,13 +160,76 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
         )
     })?;
     let mut cli = Cli::from_arg_matches(&matches)?;
-    let file = Some(std::sync::Arc::new(file));
-    match &mut cli.command {
-        None => cli.run.file = file,
-        Some(Command::Check { run }) => run.file = file,
-        Some(_) => {}
+    let raw = raw_values(matches.subcommand_matches("check").unwrap_or(&matches));
+    if let Some(run) = run_args(&mut cli) {
+        run.file = Some(std::sync::Arc::new(file));
+        run.raw = raw;
     }
     Ok(cli)
+}
+
+/// The options of a start (`ringmux` alone, or `ringmux check`).
+fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
+    match &mut cli.command {
+        None => Some(&mut cli.run),
+        Some(Command::Check { run }) => Some(&mut **run),
+        Some(_) => None,
+    }
+}
+
+/// Every option's value as given (or its default), by ID: what a reload compares.
+fn raw_values(matches: &clap::ArgMatches) -> std::collections::BTreeMap<String, Vec<String>> {
+    matches
+        .ids()
+        .filter_map(|id| {
+            let values = matches.try_get_raw(id.as_str()).ok().flatten()?;
+            Some((
+                id.to_string(),
+                values.map(|v| v.to_string_lossy().into_owned()).collect(),
+            ))
+        })
+        .collect()
+}
+
+/// The options a reload takes up: what the workers of a new generation are given (the sites
+/// and their certificates, the built-in worker's options, the program) and the access log's
+/// path. Every other option needs a restart.
+pub const RELOADABLE: [&str; 14] = [
+    "cert",
+    "key",
+    "root",
+    "upstream",
+    "upstream_timeout",
+    "max_bytes",
+    "file_cache_mb",
+    "cache_control",
+    "tcp_max_connections",
+    "tcp_idle_timeout",
+    "access_log",
+    "worker_bin",
+    "worker_cmd",
+    "worker_mode",
+];
+
+impl Config {
+    /// The options that differ between this running configuration and `new` and that a
+    /// reload cannot take up, by the configuration file's key (and flag) names; empty when a
+    /// reload can apply `new`.
+    pub fn restart_needed(&self, new: &Config) -> Vec<String> {
+        let mut ids: Vec<&String> = self.args.raw.keys().chain(new.args.raw.keys()).collect();
+        ids.sort();
+        ids.dedup();
+        let mut changed: Vec<String> = ids
+            .into_iter()
+            .filter(|id| !RELOADABLE.contains(&id.as_str()) && id.as_str() != "config")
+            .filter(|id| self.args.raw.get(*id) != new.args.raw.get(*id))
+            .map(|id| format!("{id} (--{})", id.replace('_', "-")))
+            .collect();
+        if (self.access_log() == AccessLog::Off) != (new.access_log() == AccessLog::Off) {
+            changed.push("access_log on or off (--access-log)".into());
+        }
+        changed
+    }
 }
 
 /// `e`, with the place in the configuration file of each option it names that the file set.
@@ -235,6 +304,10 @@ pub struct RunArgs {
     /// The configuration file, read ([`parse`]).
     #[arg(skip)]
     pub file: Option<std::sync::Arc<file::FileConfig>>,
+    /// Every option's value as given, the file's included ([`parse`]): what a reload compares
+    /// to tell which options changed.
+    #[arg(skip)]
+    pub raw: std::collections::BTreeMap<String, Vec<String>>,
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
     #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
     pub listen: SocketAddr,

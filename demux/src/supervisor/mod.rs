@@ -580,6 +580,49 @@ impl Supervisor {
         }
     }
 
+    /// The configuration and worker template a reload starts the next generation with: the
+    /// command line (and its configuration file, and the environment) read again and checked
+    /// as a start checks them, the certificates read again. `Err` says why not: a problem of
+    /// the file, or an option changed that only a restart applies.
+    fn next_configuration(&self) -> Result<(Config, Template), String> {
+        let cli = crate::config::parse().map_err(|e| format!("{e:#}"))?;
+        let cfg = cli.run.validate().map_err(|e| format!("{e:#}"))?;
+        let changed = self.cfg.restart_needed(&cfg);
+        if !changed.is_empty() {
+            return Err(format!(
+                "{} changed, which only a restart applies: restart ringmux for it, or undo the \
+                 change",
+                changed.join(", ")
+            ));
+        }
+        let sites = match &cfg.sites {
+            Some(sites) => sites.clone(),
+            None => {
+                let cert = match (&cfg.args.cert, &cfg.args.key) {
+                    (Some(c), Some(k)) => crate::certs::CertPem::load(c, k)
+                        .map_err(|e| format!("--cert / --key: {e}"))?,
+                    // The self-signed certificate made at start, kept.
+                    _ => {
+                        let running = SiteTable::from_json(self.template.sites.as_bytes())
+                            .map_err(|e| e.to_string())?;
+                        match running.sites.into_iter().find(|s| s.names.is_empty()) {
+                            Some(s) => crate::certs::CertPem {
+                                chain: s.cert_pem,
+                                key: s.key_pem,
+                            },
+                            None => {
+                                crate::certs::CertPem::self_signed().map_err(|e| e.to_string())?
+                            }
+                        }
+                    }
+                };
+                cfg.site_table(cert)
+            }
+        };
+        let template = Template::new(self.template.handoff.clone(), &sites);
+        Ok((cfg, template))
+    }
+
     /// One round: wait up to `timeout` for anything to happen, feed what happened to the
     /// policy, carry out its actions. `Ok(true)` once the shutdown is complete.
     fn step(&mut self, timeout: Duration) -> Result<bool> {
@@ -680,37 +723,40 @@ impl Supervisor {
         done
     }
 
-    /// A reload asked for by control client `client` (or by SIGHUP): re-reads the certificate,
-    /// then lets the policy start the next generation. Refusals are answered at once.
+    /// A reload asked for by control client `client` (or by SIGHUP): reads the command line's
+    /// configuration file and certificates again, checked as a start checks them, then lets the
+    /// policy start the next generation with them. Refusals are answered at once, and the
+    /// running configuration serves on.
     fn reload(&mut self, client: Option<u64>) -> Vec<Action> {
         let answer = |s: &mut Self, line: &str| {
             if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
                 c.answer(id, line);
             }
         };
-        if let (Some(cert), Some(key)) = (&self.cfg.args.cert, &self.cfg.args.key) {
-            match crate::certs::CertPem::load(cert, key) {
-                Ok(pem) => {
-                    self.template =
-                        Template::new(self.template.handoff.clone(), &self.cfg.site_table(pem))
-                }
-                Err(e) => {
-                    let why = format!("{e:#}");
-                    tracing::error!(error = %why, "reload refused: the certificate did not load");
-                    self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                    answer(
-                        self,
-                        &format!(
-                            "error: {why}; generation {} serves on",
-                            self.policy.active()
-                        ),
-                    );
-                    return Vec::new();
-                }
+        let next = match self.next_configuration() {
+            Ok(next) => next,
+            Err(why) => {
+                tracing::error!(error = %why, "reload refused");
+                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                answer(
+                    self,
+                    &format!(
+                        "error: {why}; generation {} serves on",
+                        self.policy.active()
+                    ),
+                );
+                return Vec::new();
             }
-        }
+        };
         let actions = self.policy.on(Instant::now(), policy::Event::Reload);
         if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
+            // The next generation starts from these.
+            let (cfg, template) = next;
+            if let Ok(mut p) = self.counters.program.write() {
+                *p = cfg.worker_label();
+            }
+            self.cfg = cfg;
+            self.template = template;
             // Every access-log line from now on goes to the path as it is now: a log rotated
             // away is closed at once.
             match self.cfg.access_log().open() {
