@@ -50,6 +50,10 @@ pub const MAX_MESSAGE: usize = 256 * 1024;
 /// certificate chains.
 pub const MAX_SITE_TABLE: usize = 256 << 20;
 
+/// How long `ringmux reload` waits, past the new generation's READY, for each worker it
+/// replaced to send `STOPPED` ([`Message::Stopped`]) before it answers anyway.
+pub const STOPPED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Most descriptors a hand-off places (at [`FIRST_HANDOFF_FD`] and on).
 pub const MAX_FDS: usize = 8;
 

@@ -7,6 +7,7 @@
 //! | [`Message::Ready`] | worker → demux | once, when the worker serves (its endpoint exists) |
 //! | [`Message::Stats`] | worker → demux | about once a second |
 //! | [`Message::Shutdown`] | demux → worker | drain: stop accepting, finish requests, exit 0 |
+//! | [`Message::Stopped`] | worker → demux | after `SHUTDOWN`, once it accepts no new connection |
 //!
 //! Either side treats a closed control socket as the peer's death. A message it does not know
 //! is counted by the receiver and otherwise ignored.
@@ -23,10 +24,14 @@ pub enum Message {
     Stats(WorkerReport),
     /// demux → worker: drain and exit.
     Shutdown,
+    /// worker → demux, after [`Message::Shutdown`]: the worker accepts no new connection (no
+    /// loop of it accepts from the shared TCP listeners any more), so every connection from
+    /// now on goes to another worker.
+    Stopped,
 }
 
 /// The first word of each message on the wire, in [`Message`] order.
-pub const WORDS: [&str; 3] = ["READY", "STATS", "SHUTDOWN"];
+pub const WORDS: [&str; 4] = ["READY", "STATS", "SHUTDOWN", "STOPPED"];
 
 /// A control message that is not one of [`Message`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -44,6 +49,7 @@ impl Message {
             Message::Ready => WORDS[0].into(),
             Message::Stats(r) => r.encode().into_bytes(),
             Message::Shutdown => WORDS[2].into(),
+            Message::Stopped => WORDS[3].into(),
         }
     }
 
@@ -55,6 +61,7 @@ impl Message {
         match word {
             "READY" if rest.is_empty() => Ok(Message::Ready),
             "SHUTDOWN" if rest.is_empty() => Ok(Message::Shutdown),
+            "STOPPED" if rest.is_empty() => Ok(Message::Stopped),
             "STATS" => WorkerReport::decode_fields(rest).map(Message::Stats),
             _ => Err(unknown()),
         }

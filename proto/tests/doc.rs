@@ -6,7 +6,7 @@ use ringmux_proto::message::{STATS_KEYS, WORDS};
 use ringmux_proto::session::{
     Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
-use ringmux_proto::{MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, PROTOCOL_VERSION};
+use ringmux_proto::{MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, PROTOCOL_VERSION, STOPPED_WAIT};
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../control-protocol.md");
@@ -131,10 +131,11 @@ fn message_limits_match() {
     assert_eq!(
         limits,
         [
-            ("MAX_MESSAGE", MAX_MESSAGE),
-            ("MAX_FDS", MAX_FDS),
-            ("MAX_SITE_TABLE", MAX_SITE_TABLE),
+            ("MAX_MESSAGE", MAX_MESSAGE.to_string()),
+            ("MAX_FDS", MAX_FDS.to_string()),
+            ("MAX_SITE_TABLE", MAX_SITE_TABLE.to_string()),
+            ("STOPPED_WAIT", format!("{} s", STOPPED_WAIT.as_secs())),
         ]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .map(|(k, v)| (k.to_string(), v))
     );
 }

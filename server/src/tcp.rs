@@ -179,6 +179,9 @@ pub struct TcpOptions {
     /// it is the `SETTINGS_MAX_HEADER_LIST_SIZE` the server announces. HTTP/1.1 holds the head
     /// in its read buffer of this size (at least 8 KiB).
     pub max_header_bytes: u32,
+    /// Held while the listener accepts, dropped the moment it stops on a drain
+    /// (`Worker::accepting`): then the demux knows no new connection reaches this worker.
+    pub accepting: Option<Arc<ringmux_worker::Accepting>>,
 }
 
 impl Default for TcpOptions {
@@ -191,6 +194,7 @@ impl Default for TcpOptions {
             idle_timeout: Duration::from_secs(60),
             max_streams: 128,
             max_header_bytes: 64 * 1024,
+            accepting: None,
         }
     }
 }
@@ -257,6 +261,8 @@ async fn serve_connections(
 ) {
     stats.sites.init(&router);
     let what = kind.name();
+    let mut opts = opts;
+    let accepting = opts.accepting.take();
     let opts = Arc::new(opts);
     let mut connections = JoinSet::new();
     let mut registry = Registry::new();
@@ -308,6 +314,7 @@ async fn serve_connections(
     }
     // This worker takes no more connections; the queue stays with the others and the demux.
     drop(listener);
+    drop(accepting);
     info!(
         connections = connections.len(),
         "{what} stopping: no more accepts, draining"

@@ -175,6 +175,44 @@ pub struct Worker {
     sessions: Arc<RemoteSessionStore>,
     drain_tx: watch::Sender<bool>,
     report: Arc<Mutex<Option<ReportFn>>>,
+    /// The loops that accept from the shared listeners ([`Worker::accepting`]).
+    accepting: Arc<AcceptState>,
+}
+
+/// Whether this worker still accepts from the shared TCP listeners: what `STOPPED` reports.
+#[derive(Debug, Default)]
+struct AcceptState {
+    /// A shared listener was taken ([`Worker::tcp_listener`], [`Worker::redirect_listener`]).
+    taken: AtomicBool,
+    /// Every [`Accepting`] guard handed out ([`Worker::accepting`]).
+    guards: AtomicBool,
+    /// Guards alive.
+    live: std::sync::atomic::AtomicUsize,
+    /// Woken when the last guard goes.
+    gone: tokio::sync::Notify,
+}
+
+impl AcceptState {
+    /// No loop of this worker accepts from a shared listener: none was taken, or every loop
+    /// that said it accepts ([`Accepting`]) has stopped. A listener taken without a guard
+    /// never counts as stopped.
+    fn stopped(&self) -> bool {
+        !self.taken.load(Ordering::Acquire)
+            || (self.guards.load(Ordering::Acquire) && self.live.load(Ordering::Acquire) == 0)
+    }
+}
+
+/// Held by a loop that accepts from a shared listener ([`Worker::accepting`]); dropped when it
+/// stops accepting on a drain.
+#[derive(Debug)]
+pub struct Accepting(Arc<AcceptState>);
+
+impl Drop for Accepting {
+    fn drop(&mut self) {
+        if self.0.live.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.gone.notify_one();
+        }
+    }
 }
 
 /// The descriptors every worker shares with the others and the demux (5 to 7), until the
@@ -312,6 +350,7 @@ impl Worker {
             sessions,
             drain_tx,
             report: Arc::default(),
+            accepting: Arc::default(),
         })
     }
 
@@ -359,6 +398,7 @@ impl Worker {
     /// non-blocking already, as `tokio::net::TcpListener::from_std` wants. `None` with
     /// `--tcp off`, and after the first call.
     pub fn tcp_listener(&self) -> Option<std::net::TcpListener> {
+        self.accepting.taken.store(true, Ordering::Release);
         self.shared
             .lock()
             .ok()?
@@ -371,6 +411,7 @@ impl Worker {
     /// ringmux's own worker answers every request on it with a 301 to `https://`. Shared and
     /// held like [`Worker::tcp_listener`]'s. `None` without it, and after the first call.
     pub fn redirect_listener(&self) -> Option<std::net::TcpListener> {
+        self.accepting.taken.store(true, Ordering::Release);
         self.shared
             .lock()
             .ok()?
@@ -511,6 +552,7 @@ impl Worker {
             endpoint.clone(),
             ingress_stats,
             self.report.clone(),
+            self.accepting.clone(),
         ));
         Ok(endpoint)
     }
@@ -521,6 +563,19 @@ impl Worker {
     /// Take as many as you need (one per connection task, say).
     pub fn drain_signal(&self) -> Drain {
         Drain(self.drain_tx.subscribe())
+    }
+
+    /// A guard for a loop that accepts from [`Worker::tcp_listener`] or
+    /// [`Worker::redirect_listener`]: take one before the loop starts and drop it as soon as
+    /// the loop stops accepting on a drain (before the connections in flight finish). Once
+    /// every guard is gone after the demux asked this worker to drain, the library tells the
+    /// demux (`STOPPED`), and `ringmux reload` answers at once: every connection made after
+    /// its answer reaches the new generation. A program that takes a listener and no guard
+    /// still works; its reloads answer after up to 2 s (`ringmux_proto::STOPPED_WAIT`).
+    pub fn accepting(&self) -> Accepting {
+        self.accepting.guards.store(true, Ordering::Release);
+        self.accepting.live.fetch_add(1, Ordering::AcqRel);
+        Accepting(self.accepting.clone())
     }
 
     /// Resolves when draining was requested (see [`Worker::drain_signal`]).
@@ -689,11 +744,17 @@ async fn control_task(
     endpoint: quinn::Endpoint,
     ingress: Arc<IngressStats>,
     report: Arc<Mutex<Option<ReportFn>>>,
+    accepting: Arc<AcceptState>,
 ) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // Asked to drain by the demux, and whether STOPPED went out.
+    let (mut asked, mut told) = (false, false);
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     loop {
+        if asked && !told && accepting.stopped() {
+            told = control::send(control.get_ref().as_fd(), &Message::Stopped).is_ok();
+        }
         tokio::select! {
             ready = control.readable() => {
                 let Ok(mut guard) = ready else { return };
@@ -701,6 +762,7 @@ async fn control_task(
                     Ok(Some(Ok(Message::Shutdown))) => {
                         tracing::info!("draining on request of the demux");
                         let _ = drain.send(true);
+                        asked = true;
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => {
@@ -714,6 +776,7 @@ async fn control_task(
                     }
                 }
             }
+            () = accepting.gone.notified(), if asked && !told => {}
             Some(()) = async { match sigterm.as_mut() { Some(s) => s.recv().await, None => None } } => {
                 tracing::info!("SIGTERM: draining");
                 let _ = drain.send(true);

@@ -67,7 +67,7 @@ pub mod socket;
 mod sys;
 pub mod tls;
 
-pub use attach::{AttachError, Drain, RawParts, Worker};
+pub use attach::{Accepting, AttachError, Drain, RawParts, Worker};
 pub use sys::{cpu_time, poll_readable};
 
 // The contract and the CID codec must agree on how many generations a CID tells apart.

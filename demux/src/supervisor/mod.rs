@@ -64,6 +64,8 @@ struct Worker {
     /// How many of its control messages the supervisor reads and acts on; full again for each
     /// new worker of the lane.
     budget: Budget,
+    /// It said it accepts no new connection (`STOPPED`, after `SHUTDOWN`).
+    stopped: bool,
 }
 
 impl Default for Worker {
@@ -77,6 +79,7 @@ impl Default for Worker {
             handles: None,
             pipes: None,
             budget: Budget::new(budget::CONTROL, Instant::now()),
+            stopped: false,
         }
     }
 }
@@ -95,6 +98,15 @@ pub struct TcpListeners {
 pub struct TcpFds {
     pub https: Option<std::os::fd::RawFd>,
     pub redirect: Option<std::os::fd::RawFd>,
+}
+
+/// The answer to a reload that succeeded, waiting for the replaced workers to stop accepting.
+struct ReloadAnswer {
+    line: String,
+    /// The generation replaced.
+    replaced: u64,
+    /// Answered by then whatever the workers said.
+    until: Instant,
 }
 
 /// What every worker's hand-off is made from: the message, and the site table each worker
@@ -145,6 +157,8 @@ pub struct Supervisor {
     control: Option<ControlServer>,
     /// Control clients waiting for the outcome of the reload under way.
     waiters: Vec<u64>,
+    /// A reload's answer, until the workers it replaced stopped accepting.
+    reload_answer: Option<ReloadAnswer>,
     /// Why starting each lane's worker failed last, for the reload's answer.
     start_errors: Vec<Option<String>>,
     /// What the policy decided while the supervisor was reading (READY, reset replies), to
@@ -281,6 +295,7 @@ impl Supervisor {
             lanes: numbering,
             control,
             waiters: Vec::new(),
+            reload_answer: None,
             start_errors: vec![None; lanes],
             deferred: Vec::new(),
             binary: std::env::current_exe().unwrap_or_else(|_| "ringmux".into()),
@@ -645,6 +660,9 @@ impl Supervisor {
         if let Some(c) = &self.control {
             fds.extend(c.fds());
         }
+        if let Some(pending) = &self.reload_answer {
+            timeout = timeout.min(pending.until.saturating_duration_since(now));
+        }
         let _ = sys::poll_readable(&fds, Some(timeout));
         drop(fds);
 
@@ -716,6 +734,7 @@ impl Supervisor {
         actions.append(&mut self.deferred);
         actions.extend(self.policy.tick(Instant::now()));
         let done = self.carry_out(actions);
+        self.answer_reload(Instant::now());
         for (l, c) in self.counters.instances.iter().enumerate() {
             let (generation, state) = self.policy.lane(l);
             c.set_lane(generation, state);
@@ -778,6 +797,10 @@ impl Supervisor {
             tracing::warn!(reason = %why, "reload refused");
             answer(self, &format!("error: {why}"));
             return Vec::new();
+        }
+        // The clients of an earlier reload get their answer before this one's join them.
+        if let Some(pending) = self.reload_answer.take() {
+            self.tell_waiters(&pending.line, true);
         }
         if let Some(id) = client {
             self.waiters.push(id);
@@ -951,6 +974,32 @@ impl Supervisor {
         }
     }
 
+    /// Tells the clients of a reload that succeeded (`ringmux reload`) once every worker of
+    /// the replaced generation has said it accepts no new connection (`STOPPED`) or is gone,
+    /// or at the latest after [`ringmux_proto::STOPPED_WAIT`]: so that a connection made after
+    /// the answer reaches the new generation.
+    fn answer_reload(&mut self, now: Instant) {
+        let Some(pending) = &self.reload_answer else {
+            return;
+        };
+        let lanes = self.policy.lanes_of(pending.replaced);
+        let stopped = self.workers[lanes]
+            .iter()
+            .all(|w| w.stopped || w.child.is_none());
+        if !stopped && now < pending.until {
+            return;
+        }
+        if !stopped {
+            tracing::info!(
+                generation = pending.replaced,
+                "a replaced worker did not say it stopped accepting; answering the reload anyway"
+            );
+        }
+        if let Some(pending) = self.reload_answer.take() {
+            self.tell_waiters(&pending.line, true);
+        }
+    }
+
     /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
     fn report_reload(&mut self, action: Action) {
         match action {
@@ -958,10 +1007,13 @@ impl Supervisor {
                 self.counters.reloads.fetch_add(1, Ordering::Relaxed);
                 let old = generation - 1;
                 tracing::info!(generation, draining = old, "reload done");
-                self.tell_waiters(
-                    &format!("ok generation={generation} (generation {old} drains)"),
-                    true,
-                );
+                // Answered once the replaced workers accept no new connection.
+                self.reload_answer = Some(ReloadAnswer {
+                    line: format!("ok generation={generation} (generation {old} drains)"),
+                    replaced: old,
+                    until: Instant::now() + ringmux_proto::STOPPED_WAIT,
+                });
+                self.answer_reload(Instant::now());
             }
             Action::ReloadFailed {
                 generation,
@@ -1152,6 +1204,7 @@ impl Supervisor {
             "worker started"
         );
         w.child = Some(child);
+        w.stopped = false;
         w.pidfd = pidfd;
         w.pipes = Some(pipes);
         w.control = Some(ours);
@@ -1204,6 +1257,7 @@ impl Supervisor {
                     self.deferred.extend(actions);
                 }
                 Some(Ok(Message::Stats(r))) => ic.record_report(&r),
+                Some(Ok(Message::Stopped)) => w.stopped = true,
                 // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
                 Some(Ok(Message::Shutdown) | Err(_)) | None => {}
             }

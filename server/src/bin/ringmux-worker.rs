@@ -138,6 +138,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                     alt_svc,
                     max_connections: options.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
+                    accepting: Some(Arc::new(worker.accepting())),
                     ..TcpOptions::default()
                 },
             ))
@@ -159,6 +160,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                 TcpOptions {
                     max_connections: options.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
+                    accepting: Some(Arc::new(worker.accepting())),
                     ..TcpOptions::default()
                 },
             ))
