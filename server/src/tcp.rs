@@ -323,6 +323,10 @@ async fn serve_connections(
     info!("{what} stopped");
 }
 
+/// A TLS alert record ending a handshake for a server name no site has: fatal (2),
+/// `unrecognized_name` (112), RFC 6066 §3.
+const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
+
 /// One TCP connection's task state.
 struct Conn {
     kind: Kind,
@@ -335,6 +339,33 @@ struct Conn {
 }
 
 impl Conn {
+    /// The TLS handshake, once its ClientHello names a site (or the default site answers): a
+    /// name no site has, or none, without a default site, is refused with the
+    /// `unrecognized_name` alert (counted as `tls_failed`), as RFC 6066 §3 says, before any
+    /// certificate is chosen.
+    async fn handshake(
+        &self,
+        acceptor: &tokio_rustls::TlsAcceptor,
+        stream: TcpStream,
+    ) -> io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+        use tokio::io::AsyncWriteExt;
+        let start =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream)
+                .await?;
+        let hello = start.client_hello();
+        if self.router.connection_site(hello.server_name()).is_none() {
+            let name = hello.server_name().map(str::to_owned);
+            let mut io = start.io;
+            let _ = io.write_all(&UNRECOGNIZED_NAME).await;
+            let _ = io.shutdown().await;
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("no site for the server name {name:?}"),
+            ));
+        }
+        start.into_stream(acceptor.config().clone()).await
+    }
+
     async fn run(mut self, stream: TcpStream, remote: SocketAddr) {
         let _ = stream.set_nodelay(true);
         let acceptor = match &self.kind {
@@ -356,8 +387,11 @@ impl Conn {
                 return self.close(remote, back).await;
             }
         };
-        let tls = match tokio::time::timeout(self.opts.handshake_timeout, acceptor.accept(stream))
-            .await
+        let tls = match tokio::time::timeout(
+            self.opts.handshake_timeout,
+            self.handshake(&acceptor, stream),
+        )
+        .await
         {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
