@@ -10,6 +10,8 @@
 //! * [`handoff`]: the first message on the control socket, demux → worker: configuration
 //!   and keys, with descriptors attached in a fixed order.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
+//! * `serve` (feature `serve-args`): the built-in worker's serving options, declared once
+//!   for `ringmux` and `ringmux-worker`.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
 //! * [`sites`]: the sites a worker serves (names, certificate, routes), which the demux hands
 //!   every worker as JSON in a sealed memfd, and the lookup of a name among them.
@@ -29,6 +31,8 @@ pub mod handoff;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod message;
+#[cfg(feature = "serve-args")]
+pub mod serve;
 pub mod session;
 pub mod sites;
 pub mod upstream;

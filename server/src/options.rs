@@ -1,17 +1,17 @@
-//! The command line of the built-in worker program, `ringmux-worker`: how it serves (static
-//! files, the reverse proxy, the benchmark sink). ringmux passes these on that program's
-//! command line from its own options of the same names when it runs the built-in worker
-//! (`--worker-bin`), and never to a program of `--worker-cmd`. What every worker program needs
-//! (keys, certificate, QUIC idle timeout, `alt-svc`) comes in the hand-off instead, through the
-//! `ringmux-worker` library.
+//! The command line of the built-in worker program, `ringmux-worker`: how it serves. Its
+//! serving options are [`ServeArgs`], declared once for ringmux and this program: ringmux
+//! passes its values of them on this program's command line when it runs the built-in worker
+//! (`--worker-bin`), and never to a program of `--worker-cmd`. What it serves (the sites, their
+//! certificates and routes) and what every worker program needs (keys, QUIC idle timeout,
+//! `alt-svc`) come in the hand-off instead, through the `ringmux-worker` library.
 //!
-//! The defaults are ringmux's, so that `--worker-cmd 'ringmux-worker'` serves as the built-in
-//! worker does; a test holds the two together.
+//! `--root` and `--upstream` are this program's own: for `ringmux --worker-cmd 'ringmux-worker
+//! --root DIR'`, they replace the routes of the command line's site.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use http::HeaderValue;
+use ringmux_proto::serve::ServeArgs;
 use ringmux_proto::UpstreamUrl;
 
 use crate::files::FileOptions;
@@ -23,63 +23,17 @@ use crate::files::FileOptions;
 #[derive(clap::Parser, Debug, Clone, PartialEq, Eq)]
 #[command(name = "ringmux-worker", version)]
 pub struct Options {
-    /// Document root for static files. Default: built-in responses only (/hello.txt,
-    /// /bytes/N). ringmux passes its --root.
+    /// Document root for static files of the command line's site, in place of the routes
+    /// ringmux handed over (which carry ringmux's own --root).
     #[arg(long, value_name = "DIR", conflicts_with = "upstream")]
     pub root: Option<PathBuf>,
-    /// Largest body /bytes/N serves, in bytes. ringmux passes its --max-bytes.
-    #[arg(long, value_name = "BYTES", default_value_t = 64 << 20)]
-    pub max_bytes: u64,
-    /// This worker's cache of small files from --root, in MiB (0–65536; 0: no cache). A
-    /// cached file is checked against the disk at most 1 s after its last check. ringmux
-    /// passes its --file-cache-mb.
-    #[arg(
-        long,
-        value_name = "MIB",
-        default_value_t = 64,
-        value_parser = clap::value_parser!(u64).range(0..=65536)
-    )]
-    pub file_cache_mb: u64,
-    /// Cache-Control sent with every file from --root (200, 206, 304), e.g.
-    /// "public, max-age=3600". Default: none. ringmux passes its --cache-control.
-    #[arg(long, value_name = "VALUE", value_parser = header_value)]
-    pub cache_control: Option<HeaderValue>,
-    /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead
-    /// of serving files, streaming bodies both ways, with `forwarded` and `x-forwarded-*`
-    /// naming the client. Not with --root. ringmux passes its --upstream.
+    /// Reverse proxy of the command line's site: pass every request to this HTTP/1.1 service
+    /// (`http://HOST:PORT`), in place of the routes ringmux handed over. Not with --root.
     #[arg(long, value_name = "URL", value_parser = upstream_url)]
     pub upstream: Option<UpstreamUrl>,
-    /// Seconds the proxy waits for the upstream's response head (else 504), and between two
-    /// frames of its response body (else the stream is reset); also the connect timeout
-    /// (1–3600). ringmux passes its --upstream-timeout.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 60,
-        value_parser = clap::value_parser!(u64).range(1..=3600)
-    )]
-    pub upstream_timeout: u64,
-    /// TCP connections this worker serves at once (HTTPS and plain HTTP each). At the cap the
-    /// connection idle longest is closed to make room for a new one; only when none is idle is
-    /// the new one closed as soon as it is accepted. Both are counted. ringmux passes its
-    /// --tcp-max-connections.
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 4096,
-        value_parser = clap::value_parser!(u32).range(1..)
-    )]
-    pub tcp_max_connections: u32,
-    /// Seconds an HTTP/2 connection may stay open with no request in flight (1–3600); then
-    /// it is sent GOAWAY and closed, and counted. HTTP/1.1 keeps its request-head timeout.
-    /// ringmux passes its --tcp-idle-timeout.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 60,
-        value_parser = clap::value_parser!(u64).range(1..=3600)
-    )]
-    pub tcp_idle_timeout: u64,
+    /// How it serves: the options ringmux declares with it and passes on its command line.
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// Benchmark sink: drain the ingress and count, checking each datagram's connection ID,
     /// without QUIC. ringmux passes it with --worker-mode sink.
     #[arg(long)]
@@ -90,33 +44,20 @@ impl Options {
     /// What [`crate::files::DocRoot`] is opened with.
     pub fn file_options(&self) -> FileOptions {
         FileOptions {
-            cache_bytes: self.file_cache_mb << 20,
-            cache_control: self.cache_control.clone(),
+            cache_bytes: self.serve.file_cache_mb << 20,
+            cache_control: self.serve.cache_control.clone(),
             ..FileOptions::default()
         }
     }
 
     /// How long the proxy waits for its upstream.
     pub fn upstream_timeout(&self) -> Duration {
-        Duration::from_secs(self.upstream_timeout)
+        Duration::from_secs(self.serve.upstream_timeout)
     }
 
     /// How long an HTTP/2 connection may stay idle.
     pub fn tcp_idle_timeout(&self) -> Duration {
-        Duration::from_secs(self.tcp_idle_timeout)
-    }
-}
-
-/// A `--cache-control` that is not a header field value.
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not a header value: expected printable ASCII, e.g. \"public, max-age=3600\"")]
-pub struct NotAHeaderValue(String);
-
-/// A header field value: printable ASCII, spaces and tabs (RFC 9110 §5.5), not blank.
-fn header_value(v: &str) -> Result<HeaderValue, NotAHeaderValue> {
-    match HeaderValue::from_str(v) {
-        Ok(h) if !v.trim().is_empty() => Ok(h),
-        _ => Err(NotAHeaderValue(v.to_string())),
+        Duration::from_secs(self.serve.tcp_idle_timeout)
     }
 }
 
@@ -134,7 +75,7 @@ mod tests {
     fn passed_by_ringmux(args: &[&str]) -> Options {
         let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
         argv.extend_from_slice(args);
-        let cfg = ringmux_demux::config::Cli::try_parse_from(argv)
+        let cfg = ringmux_demux::config::parse_from(argv.into_iter().map(Into::into).collect())
             .expect("a ringmux command line")
             .run
             .validate()
@@ -167,13 +108,11 @@ mod tests {
         ];
         for (option, values) in edges {
             for value in values {
-                let ringmux = ringmux_demux::config::Cli::try_parse_from([
-                    "ringmux",
-                    "--worker-bin",
-                    "/bin/true",
-                    option,
-                    value,
-                ])
+                let ringmux = ringmux_demux::config::parse_from(
+                    ["ringmux", "--worker-bin", "/bin/true", option, value]
+                        .map(Into::into)
+                        .to_vec(),
+                )
                 .ok()
                 .and_then(|cli| cli.run.validate().ok())
                 .is_some();
@@ -207,10 +146,13 @@ mod tests {
         ]);
         // --root and --upstream reach the workers in the site table, not on this command line.
         assert_eq!(o.root, None);
-        assert_eq!(o.max_bytes, 1234);
-        assert_eq!(o.file_cache_mb, 3);
-        assert_eq!(o.cache_control.as_ref().unwrap(), "public, max-age=60");
-        assert_eq!(o.tcp_max_connections, 7);
+        assert_eq!(o.serve.max_bytes, 1234);
+        assert_eq!(o.serve.file_cache_mb, 3);
+        assert_eq!(
+            o.serve.cache_control.as_ref().unwrap(),
+            "public, max-age=60"
+        );
+        assert_eq!(o.serve.tcp_max_connections, 7);
         assert_eq!(o.tcp_idle_timeout(), Duration::from_secs(5));
         assert!(o.sink);
         let o = passed_by_ringmux(&[

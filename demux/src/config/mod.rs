@@ -15,6 +15,7 @@ use crate::admission::RetryMode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use ringmux_proto::serve::ServeArgs;
 use ringmux_proto::sites::{Action, Route, Site, SiteTable};
 use ringmux_proto::UpstreamUrl;
 use ringmux_ring::{RingConfig, RingField};
@@ -114,7 +115,9 @@ pub fn parse() -> Result<Cli> {
 /// problem's place.
 pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
     use clap::{CommandFactory, FromArgMatches};
-    let matches = Cli::command().try_get_matches_from(argv.clone())?;
+    let matches = Cli::command()
+        .try_get_matches_from(argv.clone())
+        .map_err(named_variable)?;
     let mut cli = Cli::from_arg_matches(&matches)?;
     let (run, run_matches, insert_at) = match &cli.command {
         None => (&cli.run, &matches, 1),
@@ -133,7 +136,7 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
         Some(_) => return Ok(cli),
     };
     let Some(path) = run.config.clone() else {
-        let raw = raw_values(run_matches);
+        let raw = ringmux_proto::serve::raw_values(run_matches);
         if let Some(run) = run_args(&mut cli) {
             run.raw = raw;
         }
@@ -160,12 +163,54 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
         )
     })?;
     let mut cli = Cli::from_arg_matches(&matches)?;
-    let raw = raw_values(matches.subcommand_matches("check").unwrap_or(&matches));
+    let raw =
+        ringmux_proto::serve::raw_values(matches.subcommand_matches("check").unwrap_or(&matches));
     if let Some(run) = run_args(&mut cli) {
         run.file = Some(std::sync::Arc::new(file));
         run.raw = raw;
     }
     Ok(cli)
+}
+
+/// A bad value of an option, named with its environment variable too (clap's message names
+/// only the flag, though the value may have come from the variable); any other clap error as
+/// it is (help, version, usage), for the caller to exit with.
+fn named_variable(e: clap::Error) -> anyhow::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return e.into();
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return e.into();
+    };
+    let long = arg
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("--");
+    let cmd = Cli::command();
+    let Some(env) = cmd
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+    else {
+        return e.into();
+    };
+    let value = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => v.clone(),
+        _ => String::new(),
+    };
+    let why = e.render().to_string();
+    let why = why.lines().next().unwrap_or_default();
+    let why = why.rsplit(": ").next().unwrap_or(why);
+    anyhow::anyhow!(
+        "--{long} / {}={value} is not valid: {why}",
+        env.to_string_lossy()
+    )
 }
 
 /// The options of a start (`ringmux` alone, or `ringmux check`).
@@ -175,20 +220,6 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
         Some(Command::Check { run }) => Some(&mut **run),
         Some(_) => None,
     }
-}
-
-/// Every option's value as given (or its default), by ID: what a reload compares.
-fn raw_values(matches: &clap::ArgMatches) -> std::collections::BTreeMap<String, Vec<String>> {
-    matches
-        .ids()
-        .filter_map(|id| {
-            let values = matches.try_get_raw(id.as_str()).ok().flatten()?;
-            Some((
-                id.to_string(),
-                values.map(|v| v.to_string_lossy().into_owned()).collect(),
-            ))
-        })
-        .collect()
 }
 
 /// The options a reload takes up: what the workers of a new generation are given (the sites
@@ -308,6 +339,9 @@ pub struct RunArgs {
     /// to tell which options changed.
     #[arg(skip)]
     pub raw: std::collections::BTreeMap<String, Vec<String>>,
+    /// How the built-in worker serves (declared once for ringmux and ringmux-worker).
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// Public UDP address to serve on. `[::]:PORT` is dual-stack.
     #[arg(long, env = "RINGMUX_LISTEN", default_value = "127.0.0.1:4433")]
     pub listen: SocketAddr,
@@ -327,23 +361,6 @@ pub struct RunArgs {
     /// when a balancer maps the public port, or `off` for none.
     #[arg(long, env = "RINGMUX_ALT_SVC", default_value = "auto")]
     pub alt_svc: String,
-    /// TCP connections each worker serves at once (HTTPS and plain HTTP each). At the cap the
-    /// connection idle longest is closed to make room for a new one
-    /// (ringmux_worker_tcp_errors_total{kind="evicted"}); only when none is idle is the new one
-    /// closed as soon as it is accepted (kind="over_cap").
-    #[arg(long, env = "RINGMUX_TCP_MAX_CONNECTIONS", default_value_t = 4096)]
-    pub tcp_max_connections: u32,
-    /// Seconds an HTTP/2 connection may stay open with no request in flight (1–3600); then
-    /// the worker sends GOAWAY and closes it
-    /// (ringmux_worker_tcp_errors_total{kind="idle_timeout"}). HTTP/1.1 keeps its 10 s
-    /// request-head timeout, which also closes an idle keep-alive connection.
-    #[arg(
-        long,
-        env = "RINGMUX_TCP_IDLE_TIMEOUT",
-        value_name = "SECS",
-        default_value_t = 60
-    )]
-    pub tcp_idle_timeout: u64,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
     /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
@@ -391,24 +408,11 @@ pub struct RunArgs {
     /// (/hello.txt, /bytes/N).
     #[arg(long, env = "RINGMUX_ROOT")]
     pub root: Option<PathBuf>,
-    /// Each built-in worker's cache of small static files from --root, in MiB (0–65536; 0: no
-    /// cache).
-    /// A cached file is checked against the disk at most 1 s after its last check.
-    #[arg(long, env = "RINGMUX_FILE_CACHE_MB", default_value_t = 64)]
-    pub file_cache_mb: u64,
-    /// Cache-Control sent with every file from --root (200, 206, 304), e.g. "public, max-age=3600".
-    /// Default: none.
-    #[arg(long, env = "RINGMUX_CACHE_CONTROL")]
-    pub cache_control: Option<String>,
     /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of
     /// serving files; the built-in worker streams bodies both ways and adds `forwarded` and
     /// `x-forwarded-*` with the client's address. Not with --root.
     #[arg(long, env = "RINGMUX_UPSTREAM")]
     pub upstream: Option<String>,
-    /// Seconds the proxy waits for the upstream's response head (else 504), and between two
-    /// frames of its response body (else the stream is reset); also the connect timeout (1–3600).
-    #[arg(long, env = "RINGMUX_UPSTREAM_TIMEOUT", default_value_t = 60)]
-    pub upstream_timeout: u64,
     /// Shared key file (QUIC-LB, routing hash, stateless reset, token and ticket keys), mode 0600.
     /// Default: fresh keys at every start. Use one file for every box behind one load balancer.
     #[arg(long, env = "RINGMUX_KEY_FILE")]
@@ -520,9 +524,6 @@ pub struct RunArgs {
     /// IPv6 prefix length the budget groups sources by.
     #[arg(long, env = "RINGMUX_PREFIX_V6", default_value_t = 56)]
     pub prefix_v6: u8,
-    /// Largest body /bytes/N of the built-in worker serves.
-    #[arg(long, env = "RINGMUX_MAX_BYTES", default_value_t = 64 << 20)]
-    pub max_bytes: u64,
     /// QUIC idle timeout in seconds, of every worker program (the worker library's
     /// `Worker::server_config` applies it).
     #[arg(long, env = "RINGMUX_IDLE_TIMEOUT", default_value_t = 30)]
@@ -853,16 +854,7 @@ impl RunArgs {
     /// it rather than dropped without a word. `--root` and `--upstream` are not among them:
     /// they reach every worker in the site table, as the routes of the command line's site.
     fn builtin_worker_args(&self) -> Result<Vec<String>> {
-        let mut args = vec![
-            format!("--max-bytes={}", self.max_bytes),
-            format!("--file-cache-mb={}", self.file_cache_mb),
-            format!("--upstream-timeout={}", self.upstream_timeout),
-            format!("--tcp-max-connections={}", self.tcp_max_connections),
-            format!("--tcp-idle-timeout={}", self.tcp_idle_timeout),
-        ];
-        if let Some(cc) = &self.cache_control {
-            args.push(format!("--cache-control={cc}"));
-        }
+        let mut args = ServeArgs::worker_args(&self.raw);
         if self.worker_mode == WorkerMode::Sink {
             args.push("--sink".into());
         }
@@ -879,7 +871,7 @@ impl RunArgs {
             ("--root / RINGMUX_ROOT", self.root.is_some()),
             (
                 "--cache-control / RINGMUX_CACHE_CONTROL",
-                self.cache_control.is_some(),
+                self.serve.cache_control.is_some(),
             ),
             ("--upstream / RINGMUX_UPSTREAM", self.upstream.is_some()),
             (
@@ -938,12 +930,6 @@ impl RunArgs {
                 );
             }
         }
-        if self.file_cache_mb > 65536 {
-            bail!(
-                "--file-cache-mb / RINGMUX_FILE_CACHE_MB={} is not valid: expected 0 (no cache) to 65536",
-                self.file_cache_mb
-            );
-        }
         let upstream = match &self.upstream {
             Some(up) => match up.parse::<UpstreamUrl>() {
                 Ok(u) => Some(u),
@@ -951,21 +937,6 @@ impl RunArgs {
             },
             None => None,
         };
-        if !(1..=3600).contains(&self.upstream_timeout) {
-            bail!(
-                "--upstream-timeout / RINGMUX_UPSTREAM_TIMEOUT={} is not valid: expected 1 to 3600 seconds",
-                self.upstream_timeout
-            );
-        }
-        if let Some(cc) = &self.cache_control {
-            // RFC 9110 §5.5: a field value is visible ASCII, spaces and tabs.
-            if cc.trim().is_empty() || !cc.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
-            {
-                bail!(
-                    "--cache-control / RINGMUX_CACHE_CONTROL={cc:?} is not valid: expected a header value of printable ASCII, e.g. \"public, max-age=3600\""
-                );
-            }
-        }
         let av = &self.alt_svc;
         if av.trim().is_empty() || !av.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b)) {
             bail!(
@@ -978,19 +949,6 @@ impl RunArgs {
 
     /// HTTPS over TCP, its redirects and the access log.
     fn tcp_and_logs(&self) -> Result<()> {
-        if self.tcp_max_connections == 0 {
-            bail!(
-                "--tcp-max-connections / RINGMUX_TCP_MAX_CONNECTIONS=0 is not valid: expected at \
-                 least 1 connection per worker (or --tcp off)"
-            );
-        }
-        if !(1..=3600).contains(&self.tcp_idle_timeout) {
-            bail!(
-                "--tcp-idle-timeout / RINGMUX_TCP_IDLE_TIMEOUT={} is not valid: expected 1 to \
-                 3600 seconds",
-                self.tcp_idle_timeout
-            );
-        }
         if self.redirect_http.is_some() && !self.tcp_on() {
             bail!(
                 "--redirect-http / RINGMUX_REDIRECT_HTTP is set but --tcp / RINGMUX_TCP is off: \
@@ -1343,8 +1301,7 @@ mod tests {
     fn check(args: &[&str]) -> Result<Config> {
         let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
         argv.extend_from_slice(args);
-        Cli::try_parse_from(argv)
-            .map_err(anyhow::Error::new)?
+        parse_from(argv.into_iter().map(Into::into).collect())?
             .run
             .validate()
     }
@@ -1482,7 +1439,7 @@ mod tests {
                     "--tcp-idle-timeout",
                     "RINGMUX_TCP_IDLE_TIMEOUT",
                     "3601",
-                    "1 to 3600",
+                    "1..=3600",
                 ],
             ),
             (
@@ -1491,11 +1448,7 @@ mod tests {
             ),
             (
                 &["--upstream-timeout", "0"],
-                &[
-                    "--upstream-timeout",
-                    "RINGMUX_UPSTREAM_TIMEOUT",
-                    "1 to 3600",
-                ],
+                &["--upstream-timeout", "RINGMUX_UPSTREAM_TIMEOUT", "1..=3600"],
             ),
         ] {
             let e = refused(args);

@@ -79,7 +79,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
     let router = Router::new(
         &table,
         &RouterOptions {
-            max_bytes: options.max_bytes,
+            max_bytes: options.serve.max_bytes,
             files: options.file_options(),
             upstream_timeout: options.upstream_timeout(),
             access_log: access_log.clone(),
@@ -136,7 +136,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
                     alt_svc,
-                    max_connections: options.tcp_max_connections as usize,
+                    max_connections: options.serve.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
                     accepting: Some(Arc::new(worker.accepting())),
                     ..TcpOptions::default()
@@ -158,7 +158,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                 stats.clone(),
                 worker.drain_signal().into_receiver(),
                 TcpOptions {
-                    max_connections: options.tcp_max_connections as usize,
+                    max_connections: options.serve.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
                     accepting: Some(Arc::new(worker.accepting())),
                     ..TcpOptions::default()
