@@ -208,6 +208,8 @@ impl FileConfig {
             }
         }
         file.problems = p.problems;
+        file.problems
+            .sort_by_key(|p| p.at.as_ref().map(|a| (a.line, a.column)));
         Ok(file)
     }
 
@@ -568,4 +570,78 @@ fn integer(text: &str, radix: u32) -> Option<i64> {
         .or_else(|| digits.strip_prefix("0b"))
         .unwrap_or(&digits);
     i64::from_str_radix(digits, radix).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../../examples/ringmux.toml");
+
+    /// `examples/ringmux.toml` with every commented `# key = …` line of a setting made live:
+    /// its defaults and examples, which must all be valid.
+    fn example_uncommented() -> String {
+        let keys = setting_keys();
+        // The settings, not the commented sample site after them.
+        let settings = EXAMPLE.split("# ---- Sites").next().unwrap_or_default();
+        settings
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if keys.iter().any(|k| rest.starts_with(&format!("{k} = "))) => rest,
+                _ => l,
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_example_names_every_setting_and_parses() {
+        for key in setting_keys() {
+            let line = format!("# {key} = ");
+            assert!(
+                EXAMPLE
+                    .split("# ---- Sites")
+                    .next()
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.starts_with(&line)),
+                "examples/ringmux.toml has no line `{line}…` before its sites: add the setting, its \
+                 default and one line on what it does"
+            );
+        }
+        let file = FileConfig::parse(Path::new("ringmux.toml"), EXAMPLE).unwrap();
+        assert!(file.problems.is_empty(), "{:?}", file.problems);
+        let all = example_uncommented();
+        let file = FileConfig::parse(Path::new("ringmux.toml"), &all).unwrap();
+        assert!(file.problems.is_empty(), "{:?}", file.problems);
+        assert_eq!(file.settings.len(), setting_keys().len());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_placed() {
+        let text = "listen = \"127.0.0.1:0\"\ntcp_max_conections = 5\ninstances = \"x\"\n[[site]]\nnames = [\"a.test\"]\ncrt = \"/a\"\n[[site.route]]\npath = \"/\"\nrot = \"/srv\"\n";
+        let file = FileConfig::parse(Path::new("f.toml"), text).unwrap();
+        let got: Vec<String> = file.problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(
+            got[0].starts_with("f.toml:2:1: unknown setting `tcp_max_conections`")
+                && got[0].ends_with("did you mean `tcp_max_connections`?"),
+            "{got:?}"
+        );
+        assert!(
+            got[1].starts_with("f.toml:3:13: instances = \"x\" is not valid"),
+            "{got:?}"
+        );
+        assert!(
+            got[2].starts_with("f.toml:6:1: unknown key of [[site]] `crt`"),
+            "{got:?}"
+        );
+        assert!(got[2].ends_with("did you mean `cert`?"), "{got:?}");
+        assert!(
+            got[3].starts_with("f.toml:9:1: unknown key of [[site.route]] `rot`"),
+            "{got:?}"
+        );
+        let bad = FileConfig::parse(Path::new("f.toml"), "listen = [").unwrap_err();
+        assert!(bad.to_string().starts_with("f.toml:1:"), "{bad}");
+    }
 }

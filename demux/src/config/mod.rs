@@ -450,9 +450,10 @@ pub struct RunArgs {
     #[arg(long, env = "RINGMUX_GRACE", default_value_t = 10)]
     pub grace: u64,
     /// Path of the built-in worker program, ringmux-worker, to which ringmux passes the
-    /// built-in server's options (--root, --max-bytes, --file-cache-mb, --cache-control,
-    /// --upstream, --upstream-timeout, --tcp-max-connections, --tcp-idle-timeout, --worker-mode) on its command
-    /// line. Default: next to this executable.
+    /// built-in server's options (--max-bytes, --file-cache-mb, --cache-control,
+    /// --upstream-timeout, --tcp-max-connections, --tcp-idle-timeout, --worker-mode) on its
+    /// command line; the sites (--root, --upstream, [[site]]) reach it in the hand-off.
+    /// Default: next to this executable.
     #[arg(long, env = "RINGMUX_WORKER_BIN")]
     pub worker_bin: Option<PathBuf>,
     /// The program every instance runs, with its arguments, split like a shell would:
