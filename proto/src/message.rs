@@ -353,7 +353,10 @@ mod tests {
         r.sites.retain(|site, _| *site < 3);
         let (text, next) = r.encode_rotating(2);
         assert_eq!(next, 2);
-        assert!(text.ends_with(&format!("site1_421={}", u64::MAX)), "wraps round");
+        assert!(
+            text.ends_with(&format!("site1_421={}", u64::MAX)),
+            "wraps round"
+        );
     }
 
     #[test]

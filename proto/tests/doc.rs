@@ -109,7 +109,11 @@ fn a_thousand_sites_fit_one_report() {
     }
     let (text, next) = r.encode_rotating(0);
     assert_eq!(next, 0, "every row fits");
-    assert!(text.len() <= MAX_STATS && text.len() < 145_000, "{}", text.len());
+    assert!(
+        text.len() <= MAX_STATS && text.len() < 145_000,
+        "{}",
+        text.len()
+    );
 }
 
 #[test]
