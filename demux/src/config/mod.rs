@@ -1,5 +1,5 @@
 //! `ringmux` command line: every option has a `RINGMUX_*` environment twin, documented in
-//! `--help`, and a key of the same name in the configuration file (`--config`, [`file`]).
+//! `--help`, and a key of the same name in the configuration file (`--config`, [`mod@file`]).
 //! [`parse`] reads the command line and the file; [`RunArgs::validate`] turns the arguments into
 //! a checked [`Config`]; every refusal names the option, its variable, the value and what is
 //! accepted, and the file's place when the file set it.
