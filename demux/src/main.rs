@@ -463,7 +463,7 @@ impl Demux {
             .context("configuring the public socket")?;
         let public_addr = public.socket().local_addr()?;
         let lanes = router.lanes();
-        let counters = Arc::new(Counters::new(cfg.instances, lanes));
+        let counters = Arc::new(Counters::new(cfg.instances, lanes).with_sites(&sites));
         logs::count_into(counters.clone());
         if let Ok(mut p) = counters.program.write() {
             *p = cfg.worker_label();

@@ -50,6 +50,12 @@ pub const PROTOCOL_VERSION: u32 = 9;
 /// Largest control message, either direction.
 pub const MAX_MESSAGE: usize = 256 * 1024;
 
+/// Largest `STATS` message a worker sends ([`WorkerReport::encode_rotating`]): site rows past it
+/// wait for a later report. Below [`MAX_MESSAGE`], and below what Linux lets one packet of a
+/// `SOCK_SEQPACKET` socket hold with the default send buffer (`net.core.wmem_default`, 208 KiB):
+/// a larger one would fail to send whole.
+pub const MAX_STATS: usize = 160 * 1024;
+
 /// Largest site table a worker reads ([`sites`]): room for thousands of sites with their
 /// certificate chains.
 pub const MAX_SITE_TABLE: usize = 256 << 20;

@@ -12,11 +12,13 @@
 //! Either side treats a closed control socket as the peer's death. A message it does not know
 //! is counted by the receiver and otherwise ignored.
 
+use std::collections::BTreeMap;
+
 /// Every control message after the hand-off.
 // A `STATS` report is a few hundred bytes on the stack about once a second per worker: boxing
 // it would only add an allocation.
 #[allow(clippy::large_enum_variant)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
     /// worker → demux: the worker is serving.
     Ready,
@@ -73,12 +75,18 @@ impl Message {
 /// `tests/doc.rs` holds to [`STATS_KEYS`]).
 macro_rules! worker_report {
     ($($(#[doc = $doc:literal])* $name:ident,)*) => {
-        /// Worker → demux statistics. Every field is a `u64`; on the wire `STATS k=v k=v …`,
-        /// where unknown keys are ignored and missing ones stay 0, so either side may add a
-        /// counter without a version bump.
-        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        /// Worker → demux statistics. Every field but [`WorkerReport::sites`] is a `u64`; on
+        /// the wire `STATS k=v k=v …`, where unknown keys are ignored and missing ones stay 0,
+        /// so either side may add a counter without a version bump.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
         pub struct WorkerReport {
             $($(#[doc = $doc])* pub $name: u64,)*
+            /// Responses per site, by the site's index in the site table the demux handed over
+            /// (`sites::SiteTable::sites`; the index one past the last site is the row of
+            /// requests no site answered): keys `site<index>_<column>` ([`SITE_COLUMNS`]).
+            /// Totals since the worker started; a row left out of a report keeps the value the
+            /// demux had for it (see [`WorkerReport::encode_rotating`]).
+            pub sites: BTreeMap<u32, SiteRow>,
         }
 
         /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
@@ -173,15 +181,37 @@ impl WorkerReport {
         }
     }
 
+    /// The wire form with every site row that fits: [`WorkerReport::encode_rotating`] from
+    /// site 0.
     fn encode(&self) -> String {
+        self.encode_rotating(0).0
+    }
+
+    /// The wire form, at most [`MAX_STATS`](crate::MAX_STATS) bytes: every `u64` field, then
+    /// the site rows from index `first` on, wrapping round to the rows before it, each row's
+    /// numbers that are not 0, as many whole rows as fit. Also the index to start the next
+    /// report at: the first row left out, or `first` when every row fits. A worker with more
+    /// sites than one report holds passes that back each time, so every row is sent in turn;
+    /// a row left out keeps its last value at the demux, and as values are totals, the next
+    /// report that carries it is right again.
+    pub fn encode_rotating(&self, first: u32) -> (String, u32) {
         let mut s = String::from(WORDS[1]);
         for (k, v) in STATS_KEYS.iter().zip(self.fields()) {
-            s.push(' ');
-            s.push_str(k);
-            s.push('=');
-            s.push_str(&v.to_string());
+            push_key(&mut s, format_args!("{k}"), v);
         }
-        s
+        let rows = self.sites.range(first..).chain(self.sites.range(..first));
+        let mut row_text = String::new();
+        for (&site, row) in rows {
+            row_text.clear();
+            for (column, &v) in SITE_COLUMNS.iter().zip(row).filter(|(_, v)| **v != 0) {
+                push_key(&mut row_text, format_args!("site{site}_{column}"), v);
+            }
+            if s.len() + row_text.len() > crate::MAX_STATS {
+                return (s, site);
+            }
+            s.push_str(&row_text);
+        }
+        (s, first)
     }
 
     fn decode_fields(rest: &str) -> Result<Self, MessageError> {
@@ -199,10 +229,37 @@ impl WorkerReport {
                 .map_err(|_| bad(format!("{k}={v:?} is not a number")))?;
             if let Some(f) = r.field_mut(k) {
                 *f = v;
+            } else if let Some((site, column)) = site_key(k) {
+                r.sites.entry(site).or_default()[column] = v;
             }
         }
         Ok(r)
     }
+}
+
+/// The columns of a site's row, in order: responses by status class (`1xx` to `5xx`), then
+/// `421`, the 4xx that were misdirected requests (RFC 9110 §15.5.20).
+pub const SITE_COLUMNS: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "421"];
+
+/// One site's numbers in a report, in [`SITE_COLUMNS`] order.
+pub type SiteRow = [u64; SITE_COLUMNS.len()];
+
+/// The site and column of a key `site<index>_<column>`; `None` for any other key (one of a
+/// column this build does not know is ignored, as unknown keys are). An index past `u32`
+/// reads as `u32::MAX`, which no site table reaches: the receiver drops it as out of range.
+fn site_key(key: &str) -> Option<(u32, usize)> {
+    let (index, column) = key.strip_prefix("site")?.split_once('_')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let column = SITE_COLUMNS.iter().position(|c| *c == column)?;
+    Some((index.parse().unwrap_or(u32::MAX), column))
+}
+
+/// Appends ` key=value`.
+fn push_key(s: &mut String, key: std::fmt::Arguments<'_>, v: u64) {
+    use std::fmt::Write as _;
+    let _ = write!(s, " {key}={v}");
 }
 
 #[cfg(test)]
@@ -223,6 +280,90 @@ mod tests {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
         assert_eq!(report().fields(), std::array::from_fn(|i| i as u64 + 1));
+    }
+
+    #[test]
+    fn site_rows_round_trip_and_leave_zeros_out() {
+        let mut r = report();
+        r.sites.insert(0, [0, 7, 0, 2, 0, 1]);
+        r.sites.insert(3, [1, 0, 0, 0, 9, 0]);
+        let text = String::from_utf8(Message::Stats(r.clone()).encode()).unwrap();
+        assert!(
+            text.ends_with(" site0_2xx=7 site0_4xx=2 site0_421=1 site3_1xx=1 site3_5xx=9"),
+            "{text}"
+        );
+        assert_eq!(Message::decode(text.as_bytes()), Ok(Message::Stats(r)));
+    }
+
+    /// Keys a worker may forge: an index past `u32` reads as `u32::MAX` (out of every table),
+    /// a column this build does not know and a key that only looks like a site's are ignored,
+    /// a value that is not a `u64` refuses the report whole.
+    #[test]
+    fn hostile_site_keys() {
+        let decoded = |text: &str| match Message::decode(text.as_bytes()) {
+            Ok(Message::Stats(r)) => r.sites,
+            other => panic!("{text}: {other:?}"),
+        };
+        let sites = decoded(
+            "STATS site99999999999999999999999_2xx=5 site4294967296_1xx=1 site1_6xx=3 \
+             site_2xx=4 siteX_2xx=4 site-1_2xx=4 site+1_2xx=4 site1_2xx=8 site1_2xx=9",
+        );
+        assert_eq!(
+            sites.into_iter().collect::<Vec<_>>(),
+            [(1, [0, 9, 0, 0, 0, 0]), (u32::MAX, [1, 5, 0, 0, 0, 0])]
+        );
+        for bad in [
+            "STATS site0_2xx=-1",
+            "STATS site0_2xx=1.5",
+            "STATS site0_2xx=18446744073709551616",
+            "STATS site0_2xx=",
+            "STATS site0_2xx",
+        ] {
+            assert!(
+                matches!(
+                    Message::decode(bad.as_bytes()),
+                    Err(MessageError::Malformed { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    /// More rows than one report holds: each report stays within `MAX_STATS`, carries whole
+    /// rows, and passing back where it stopped sends every row in turn.
+    #[test]
+    fn site_rows_past_the_limit_rotate() {
+        let mut r = report();
+        for site in 0..10_000 {
+            r.sites.insert(site, [u64::MAX; SITE_COLUMNS.len()]);
+        }
+        let (mut seen, mut first, mut reports) = (BTreeMap::new(), 0, 0);
+        while seen.len() < r.sites.len() {
+            let (text, next) = r.encode_rotating(first);
+            assert!(text.len() <= crate::MAX_STATS);
+            let Ok(Message::Stats(back)) = Message::decode(text.as_bytes()) else {
+                panic!("a report that does not decode");
+            };
+            assert_eq!(back.fields(), r.fields());
+            assert!(back.sites.contains_key(&first), "starts at {first}");
+            assert_ne!(next, first, "progress");
+            for (site, row) in back.sites {
+                assert_eq!(row, r.sites[&site], "whole rows");
+                seen.insert(site, row);
+            }
+            first = next;
+            reports += 1;
+        }
+        // About 2 MB of rows in 160 KiB reports: each one full but for less than a row.
+        assert!((13..=14).contains(&reports), "{reports}");
+        // Rows that fit are sent whole every time, and the next report starts where this one did.
+        r.sites.retain(|site, _| *site < 3);
+        let (text, next) = r.encode_rotating(2);
+        assert_eq!(next, 2);
+        assert!(
+            text.ends_with(&format!("site1_421={}", u64::MAX)),
+            "wraps round"
+        );
     }
 
     #[test]

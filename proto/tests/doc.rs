@@ -2,11 +2,13 @@
 //! writes and accepts. A field, message, key or limit added on one side only fails here.
 
 use ringmux_proto::handoff::{IngressKind, KEYS};
-use ringmux_proto::message::{STATS_KEYS, WORDS};
+use ringmux_proto::message::{SITE_COLUMNS, STATS_KEYS, WORDS};
 use ringmux_proto::session::{
     Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
-use ringmux_proto::{MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, PROTOCOL_VERSION, STOPPED_WAIT};
+use ringmux_proto::{
+    MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, MAX_STATS, PROTOCOL_VERSION, STOPPED_WAIT,
+};
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../control-protocol.md");
@@ -92,6 +94,28 @@ fn descriptor_table_matches_the_counts() {
 fn messages_match() {
     assert_eq!(first_column("Control messages"), WORDS);
     assert_eq!(first_column("STATS keys"), STATS_KEYS);
+    let by_site: Vec<String> = SITE_COLUMNS
+        .iter()
+        .map(|c| format!("site<index>_{c}"))
+        .collect();
+    assert_eq!(first_column("STATS keys by site"), by_site);
+}
+
+/// The example the section gives holds: 1 000 sites and their row of no site, every column at
+/// 10⁹, fit one report.
+#[test]
+fn a_thousand_sites_fit_one_report() {
+    let mut r = ringmux_proto::WorkerReport::default();
+    for site in 0..=1000 {
+        r.sites.insert(site, [1_000_000_000; SITE_COLUMNS.len()]);
+    }
+    let (text, next) = r.encode_rotating(0);
+    assert_eq!(next, 0, "every row fits");
+    assert!(
+        text.len() <= MAX_STATS && text.len() < 145_000,
+        "{}",
+        text.len()
+    );
 }
 
 #[test]
@@ -132,6 +156,7 @@ fn message_limits_match() {
         limits,
         [
             ("MAX_MESSAGE", MAX_MESSAGE.to_string()),
+            ("MAX_STATS", MAX_STATS.to_string()),
             ("MAX_FDS", MAX_FDS.to_string()),
             ("MAX_SITE_TABLE", MAX_SITE_TABLE.to_string()),
             ("STOPPED_WAIT", format!("{} s", STOPPED_WAIT.as_secs())),

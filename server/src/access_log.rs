@@ -11,17 +11,16 @@
 //! A line, fields separated by one space:
 //!
 //! ```text
-//! 2026-12-06T01:02:03.456Z 192.0.2.7:50123 h3 GET example.com /index.html 200 5120 0.000312 1
+//! 2026-12-06T01:02:03.456Z 192.0.2.7:50123 h3 GET example.com /index.html 200 5120 0.000312 1 example.com
 //! ```
 //!
 //! time (UTC, milliseconds), client address and port, protocol (`h1`, `h2`, `h3`), method,
 //! authority (`-` when the request named none), path with query, status (`-` when no response
 //! went out: the client went away, or the exchange broke off before the head), response body
 //! bytes sent, duration in seconds (from the request head to the end of the response), instance,
-//! and, when the worker serves sites of a configuration file, the site's label (`-` for a
-//! request no site answered). A worker that serves only the command line's site writes no site
-//! field, so its lines are those of before sites existed; the field is last, so a parser of
-//! those lines reads the fields before it as ever. Bytes outside printable ASCII, and spaces,
+//! and the site's label (`default` for the command line's site, `-` for a request no site
+//! answered; [`Entry::site`] says when a line has none). The field is last, so a parser of the lines of before sites
+//! existed reads the fields before it as ever. Bytes outside printable ASCII, and spaces,
 //! are written as `%XX`; an authority is cut at 256 bytes, a path at 2048 and a label at 256.
 
 use std::fmt::Write as _;

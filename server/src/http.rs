@@ -1,7 +1,7 @@
 //! The HTTP/3 server of a worker: accepting QUIC connections on a quinn endpoint, serving
 //! requests by the worker's sites ([`Router`]), graceful shutdown, and the counters in
 //! [`ServerStats`]. The answers both transports share live here too: files from a document
-//! root ([`files`]) and the built-ins ([`builtin`]).
+//! root (`files`) and the built-ins (`builtin`).
 //!
 //! This module owns request handling only. It never creates endpoints or sockets (the caller
 //! hands it a ready [`quinn::Endpoint`]) and never applies the shutdown grace period: [`serve`]

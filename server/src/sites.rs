@@ -713,6 +713,18 @@ pub struct SiteCounts {
     pub misdirected: u64,
 }
 
+impl SiteCounts {
+    /// The row as a `STATS` report carries it: the classes, then the 421s
+    /// (`ringmux_proto::message::SITE_COLUMNS`).
+    pub fn report_row(&self) -> ringmux_proto::message::SiteRow {
+        let mut row = ringmux_proto::message::SiteRow::default();
+        let [classes @ .., misdirected] = &mut row;
+        *classes = self.responses;
+        *misdirected = self.misdirected;
+        row
+    }
+}
+
 impl SiteStats {
     /// Makes the rows for `router`'s sites; the first router given decides them.
     pub(crate) fn init(&self, router: &Router) {
@@ -1329,5 +1341,6 @@ mod tests {
                 row("-", [0, 0, 0, 2, 0], 1),
             ]
         );
+        assert_eq!(rows[0].report_row(), [0, 1, 0, 1, 0, 1]);
     }
 }

@@ -583,9 +583,12 @@ impl Worker {
         self.drain_signal().wait().await
     }
 
-    /// Sets what fills the application's counters (connections, requests) of each report to
-    /// the demux; ringmux shows them per instance in its metrics. Without it, connections
-    /// (open now, and accepted since start) come from the endpoint and requests stay 0.
+    /// Sets what fills the application's counters (connections, requests, responses by site)
+    /// of each report to the demux; ringmux shows them per instance in its metrics. Without it,
+    /// connections (open now, and accepted since start) come from the endpoint and requests
+    /// stay 0. Responses by site ([`WorkerReport::sites`]) go by the site's index in
+    /// [`Worker::sites`]; when one report cannot hold every row, each report carries the rows
+    /// after the previous one's.
     pub fn set_report(&self, f: impl Fn(&mut WorkerReport) + Send + Sync + 'static) {
         *self.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
     }
@@ -749,6 +752,8 @@ async fn control_task(
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // Asked to drain by the demux, and whether STOPPED went out.
     let (mut asked, mut told) = (false, false);
+    // The site row the next report starts at, when one report cannot hold every row.
+    let mut next_site = 0;
     let mut sigterm =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     loop {
@@ -794,7 +799,9 @@ async fn control_task(
                 if let Some(f) = report.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                     f(&mut r);
                 }
-                let _ = control::send_nowait(control.get_ref().as_fd(), &Message::Stats(r));
+                if let Ok(next) = control::send_stats_nowait(control.get_ref().as_fd(), &r, next_site) {
+                    next_site = next;
+                }
             }
         }
     }

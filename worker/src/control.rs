@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ringmux_proto::{Handoff, HandoffError, Message, MessageError, MAX_MESSAGE};
+use ringmux_proto::{Handoff, HandoffError, Message, MessageError, WorkerReport, MAX_MESSAGE};
 
 use crate::sys;
 
@@ -67,6 +67,20 @@ pub fn send(sock: BorrowedFd<'_>, message: &Message) -> io::Result<()> {
 /// Sends one message, never waiting for room: `WouldBlock` when the demux is not reading.
 pub fn send_nowait(sock: BorrowedFd<'_>, message: &Message) -> io::Result<()> {
     send_blocking(sock, message, true)
+}
+
+/// Sends a `STATS` report, never waiting, its site rows from index `first` on
+/// ([`WorkerReport::encode_rotating`]: as many as a report holds). Returns the index the next
+/// report starts at; when the send fails, the caller keeps `first`, so the rows left out wait
+/// for no longer than they would have.
+pub fn send_stats_nowait(
+    sock: BorrowedFd<'_>,
+    report: &WorkerReport,
+    first: u32,
+) -> io::Result<u32> {
+    let (text, next) = report.encode_rotating(first);
+    sys::send_packet(sock, text.as_bytes(), true)?;
+    Ok(next)
 }
 
 fn send_blocking(sock: BorrowedFd<'_>, message: &Message, dontwait: bool) -> io::Result<()> {

@@ -1,5 +1,5 @@
 //! `ringmux` command line: every option has a `RINGMUX_*` environment twin, documented in
-//! `--help`, and a key of the same name in the configuration file (`--config`, [`file`]).
+//! `--help`, and a key of the same name in the configuration file (`--config`, [`mod@file`]).
 //! [`parse`] reads the command line and the file; [`RunArgs::validate`] turns the arguments into
 //! a checked [`Config`]; every refusal names the option, its variable, the value and what is
 //! accepted, and the file's place when the file set it.
@@ -34,6 +34,9 @@ pub struct Cli {
     pub run: RunArgs,
 }
 
+// `Check` carries every option of a start; the command line is parsed once, at start, so its
+// size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check a configuration without starting: does everything a start does except bind and

@@ -13,8 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
-use ringmux_proto::message::{keys_with_prefix, STATS_KEYS};
+use ringmux_proto::message::{keys_with_prefix, SiteRow, STATS_KEYS};
 
 use super::names;
 use crate::upgrade::CounterState;
@@ -241,6 +242,8 @@ counter_table! {
         pub state: AtomicU64,
         /// What the lane's worker last reported (`STATS`), by [`ringmux_proto::message::STATS_KEYS`].
         pub reported: Reported,
+        /// What the lane's worker last reported of each site ([`SiteRows`]).
+        pub sites: SiteRows,
     }
     table {
         forwarded: Counter(FORWARDED), help "Datagrams forwarded to an instance",
@@ -268,6 +271,11 @@ counter_table! {
             help "A worker's messages read past its rate limit and dropped, by kind: stats (STATS reports), control (other control messages), session (session-store requests)";
         control_dropped: Counter(WORKER_MESSAGES_DROPPED, "control");
         session_dropped: Counter(WORKER_MESSAGES_DROPPED, "session");
+        /// Parts of the lane's worker's `STATS` reports dropped: site rows past the demux's
+        /// table ([`InstanceCounters::record_report`]), and reports that did not parse.
+        site_rows_dropped: Counter(WORKER_REPORT_PARTS_DROPPED, "site"),
+            help "Parts of a worker's STATS reports the demux dropped, by kind: site (a site row whose index is past the demux's site table), malformed (a whole report that did not parse)";
+        reports_malformed: Counter(WORKER_REPORT_PARTS_DROPPED, "malformed");
     }
 }
 
@@ -291,6 +299,9 @@ counter_table! {
         pub client_hellos: [AtomicU64; crate::tickets::HelloStats::LABELS.len()],
         /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
         pub program: std::sync::RwLock<String>,
+        /// The labels of the site table's sites, in its order, then [`NO_SITE`]: what a site
+        /// index of a report names ([`Counters::with_sites`]).
+        pub site_labels: Vec<String>,
     }
     table {
         received: Counter(RECEIVED), help "Datagrams received on the public socket";
@@ -383,6 +394,42 @@ impl Reported {
     }
 }
 
+/// How the metrics name the row of requests no site answered (the row after the table's).
+pub const NO_SITE: &str = "-";
+
+/// A lane's responses by site, as its worker last reported them (`control-protocol.md`, "STATS
+/// keys by site"): a row per site index below the number the demux knows, so no worker grows
+/// it past the demux's own table. Only rows a worker reported are held.
+#[derive(Debug, Default)]
+pub struct SiteRows(Mutex<BTreeMap<u32, SiteRow>>);
+
+impl SiteRows {
+    /// A copy of the rows, by site index.
+    pub fn get(&self) -> BTreeMap<u32, SiteRow> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Forgets every row: a new worker of the lane counts from 0.
+    pub fn clear(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Takes the rows of `report` whose index is below `rows`; a row the report does not carry
+    /// keeps its value. Returns how many rows it dropped.
+    fn update(&self, report: &BTreeMap<u32, SiteRow>, rows: usize) -> u64 {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dropped = 0;
+        for (&site, row) in report {
+            if usize::try_from(site).is_ok_and(|s| s < rows) {
+                held.insert(site, *row);
+            } else {
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+}
+
 impl InstanceCounters {
     /// Records which generation holds the lane and what its worker does.
     pub fn set_lane(&self, generation: u64, state: LaneState) {
@@ -406,11 +453,15 @@ impl InstanceCounters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Stores what a worker's `STATS` message says.
-    pub fn record_report(&self, r: &ringmux_proto::WorkerReport) {
+    /// Stores what a worker's `STATS` message says: its counters whole, and its site rows of
+    /// the `sites` the demux knows (the table's and the row of no site, [`Counters::site_labels`]);
+    /// a row past them is dropped and counted.
+    pub fn record_report(&self, r: &ringmux_proto::WorkerReport, sites: usize) {
         for (c, v) in self.reported.0.iter().zip(r.fields()) {
             c.store(v, Ordering::Relaxed);
         }
+        let dropped = self.sites.update(&r.sites, sites);
+        self.site_rows_dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 }
 
@@ -423,6 +474,21 @@ impl Counters {
             active_generation: AtomicU64::new(1),
             ..Default::default()
         }
+    }
+
+    /// Names the sites of `table`, in its order, for the site indices of workers' reports.
+    pub fn with_sites(mut self, table: &ringmux_proto::sites::SiteTable) -> Self {
+        self.site_labels = table.sites.iter().map(|s| s.label.clone()).collect();
+        self.site_labels.push(NO_SITE.to_owned());
+        self
+    }
+
+    /// The label of site index `i` of a report (below [`Counters::site_labels`]'s length).
+    pub fn site_label(&self, i: u32) -> &str {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.site_labels.get(i))
+            .map_or(NO_SITE, String::as_str)
     }
 
     /// The values of the `result` label of `metric`, one of the table's, in their order.
@@ -824,5 +890,51 @@ mod tests {
             assert_eq!(*want, got);
         }
         assert_eq!(p.lanes.len(), 4);
+    }
+
+    /// What a hostile worker may send of sites: an index past the demux's table (`u32::MAX`
+    /// included, what an index too long to read becomes) and more rows than the table has.
+    /// Only rows of the table's sites and of no site are kept, the others counted; a later
+    /// report leaves the rows it does not carry as they were; a new worker starts from none.
+    #[test]
+    fn site_rows_are_bounded_by_the_demux_table() {
+        let lane = InstanceCounters::default();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut r = ringmux_proto::WorkerReport::default();
+        for site in (0..10_000).chain([u32::MAX]) {
+            r.sites.insert(site, [u64::from(site), 1, 2, 3, 4, 5]);
+        }
+        lane.record_report(&r, 3);
+        let held = lane.sites.get();
+        assert_eq!(held.keys().copied().collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(held[&2], [2, 1, 2, 3, 4, 5]);
+        assert_eq!(ld(&lane.site_rows_dropped), 10_001 - 3);
+        let mut later = ringmux_proto::WorkerReport::default();
+        later.sites.insert(1, [0, 9, 0, 0, 0, 0]);
+        later.sites.insert(3, [0; 6]);
+        lane.record_report(&later, 3);
+        let held = lane.sites.get();
+        assert_eq!(
+            (held[&0], held[&1]),
+            ([0, 1, 2, 3, 4, 5], [0, 9, 0, 0, 0, 0])
+        );
+        assert_eq!(ld(&lane.site_rows_dropped), 10_001 - 3 + 1);
+        // With no site table at all (a demux that names none), every row is dropped.
+        lane.sites.clear();
+        lane.record_report(&r, 0);
+        assert!(lane.sites.get().is_empty());
+    }
+
+    #[test]
+    fn site_labels_name_the_table_then_no_site() {
+        let table: ringmux_proto::sites::SiteTable = serde_json::from_str(
+            r#"{"sites": [{"label": "a.test", "names": ["a.test"], "cert_pem": "", "key_pem": "",
+                "routes": []}], "default_site": null}"#,
+        )
+        .unwrap();
+        let c = Counters::new(1, 4).with_sites(&table);
+        assert_eq!(c.site_labels, ["a.test", NO_SITE]);
+        assert_eq!((c.site_label(0), c.site_label(1)), ("a.test", NO_SITE));
+        assert_eq!(c.site_label(u32::MAX), NO_SITE);
     }
 }

@@ -63,6 +63,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let active_lane = |i: usize| usize::from(ringmux_proto::generation_slot(active_gen)) * n + i;
     lanes(&mut reg, c, active_lane);
     reported(&mut reg, c, active_lane);
+    sites(&mut reg, c);
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..n {
         up.get_or_create(&instance(i))
@@ -291,6 +292,48 @@ fn reported(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usi
         "HTTP requests served, by protocol: h1 and h2 over TCP, h3; unknown for a program that \
          reports no protocol (reported by the worker)",
         requests,
+    );
+}
+
+/// The responses by site of each instance, summed over its lanes as the other reported
+/// counters are: a series per site that answered on the instance (and per status class), each
+/// named by the demux's own label for the index the worker reported.
+fn sites(reg: &mut Registry, c: &Counters) {
+    use ringmux_proto::message::SITE_COLUMNS;
+    let responses = Family::<Labels, Counter<u64>>::default();
+    let misdirected = Family::<Labels, Counter<u64>>::default();
+    for i in 0..c.instance_count {
+        let mut rows = std::collections::BTreeMap::<u32, [u64; SITE_COLUMNS.len()]>::new();
+        for (_, lane) in c.lanes_of(i) {
+            for (site, row) in lane.sites.get() {
+                let sum = rows.entry(site).or_default();
+                for (s, v) in sum.iter_mut().zip(row) {
+                    *s = s.saturating_add(v);
+                }
+            }
+        }
+        for (site, row) in rows {
+            let mut labels = instance(i);
+            labels.push(("site".into(), c.site_label(site).into()));
+            // The classes, then the 421s.
+            let [classes @ .., misdirected_count] = row;
+            misdirected.get_or_create(&labels).inc_by(misdirected_count);
+            for (class, v) in SITE_COLUMNS.iter().zip(classes) {
+                let mut labels = labels.clone();
+                labels.push(("class".into(), (*class).into()));
+                responses.get_or_create(&labels).inc_by(v);
+            }
+        }
+    }
+    reg.register(
+        base(names::WORKER_SITE_RESPONSES),
+        "Responses by site and status class (reported by the worker); site - is requests no site answered",
+        responses,
+    );
+    reg.register(
+        base(names::WORKER_SITE_MISDIRECTED),
+        "Of the responses by site, the 421s: requests for a name the connection's certificate does not serve (reported by the worker)",
+        misdirected,
     );
 }
 
@@ -719,12 +762,13 @@ mod tests {
             requests_h2: u64::MAX,
             tcp_errors_over_cap: u64::MAX,
             tcp_errors_tls_failed: u64::MAX,
+            sites: [(0, [u64::MAX; 6])].into_iter().collect(),
             ..Default::default()
         };
         // Lanes 1 and 3: instance 1 in generation slots 0 and 1.
         for lane in [1, 3] {
             c.instances[lane].set_lane(1, LaneState::Serving);
-            c.instances[lane].record_report(&forged);
+            c.instances[lane].record_report(&forged, 1);
             c.instances[lane]
                 .stats_dropped
                 .store(u64::MAX, Ordering::Relaxed);
@@ -743,11 +787,24 @@ mod tests {
             m.sum_where(names::WORKER_MESSAGES_DROPPED, "kind", "stats"),
             max
         );
+        assert_eq!(
+            m.sum_where(names::WORKER_SITE_RESPONSES, "class", "5xx"),
+            max,
+            "one site's row in two generations"
+        );
+        assert_eq!(m.sum(names::WORKER_SITE_MISDIRECTED), max);
     }
 
     #[test]
     fn every_name_is_exposed_with_its_values() {
-        let c = Counters::new(2, 8);
+        let mut c = Counters::new(2, 8);
+        c.site_labels = vec!["a.test".into(), "-".into()];
+        let mut r = ringmux_proto::WorkerReport::default();
+        r.sites.insert(0, [0, 4, 0, 1, 0, 1]);
+        r.sites.insert(2, [9; 6]);
+        c.instances[1].record_report(&r, c.site_labels.len());
+        r.sites.insert(1, [0, 0, 0, 3, 0, 0]);
+        c.instances[3].record_report(&r, c.site_labels.len());
         c.instances[1].set_lane(1, LaneState::Serving);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
@@ -777,6 +834,28 @@ mod tests {
         assert_eq!(
             m.by_label(names::DROPPED, "reason").len(),
             DropReason::ALL.len()
+        );
+        // Sites: instance 1's two generations added up, by the demux's labels; the row past
+        // the table dropped and counted, once per report.
+        let site = |site: &str, class: &str| {
+            m.get(&format!(
+                "{}{{instance=\"1\",site=\"{site}\",class=\"{class}\"}}",
+                names::WORKER_SITE_RESPONSES
+            ))
+        };
+        assert_eq!((site("a.test", "2xx"), site("a.test", "4xx")), (8.0, 2.0));
+        assert_eq!((site("-", "4xx"), site("-", "2xx")), (3.0, 0.0));
+        assert_eq!(m.sum(names::WORKER_SITE_RESPONSES), 13.0, "{text}");
+        assert_eq!(
+            m.get(&format!(
+                "{}{{instance=\"1\",site=\"a.test\"}}",
+                names::WORKER_SITE_MISDIRECTED
+            )),
+            2.0
+        );
+        assert_eq!(
+            m.sum_where(names::WORKER_REPORT_PARTS_DROPPED, "kind", "site"),
+            2.0
         );
     }
 }

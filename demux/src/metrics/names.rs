@@ -129,6 +129,17 @@ metric_names! {
     /// Counter: access-log lines a worker dropped (its queue was full, or the write failed), label
     /// `instance`.
     WORKER_ACCESS_LOG_DROPPED = "ringmux_worker_access_log_dropped_total";
+
+    /// Counter: responses by site (reported by the worker), labels `instance`, `site` (the label
+    /// of a site of the demux's table, `-` for requests no site answered) and `class` (`1xx` to
+    /// `5xx`). A site appears once it has answered on that instance.
+    WORKER_SITE_RESPONSES = "ringmux_worker_site_responses_total";
+    /// Counter: of those, the 421s (misdirected requests), labels `instance` and `site`.
+    WORKER_SITE_MISDIRECTED = "ringmux_worker_site_misdirected_total";
+    /// Counter: parts of workers' `STATS` reports the demux dropped, labels `instance` and `kind`
+    /// (`site`: a site row whose index is past the demux's table; `malformed`: a whole report
+    /// that did not parse).
+    WORKER_REPORT_PARTS_DROPPED = "ringmux_worker_report_parts_dropped_total";
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! `ringmux stats`: a running ringmux's metrics as a table.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use super::counters::NO_SITE;
 use super::{names, Counters, DropReason, InstanceCounters, Scrape};
 
 /// `ringmux stats`: the metrics as a table.
@@ -82,6 +84,7 @@ pub fn table(m: &Scrape) -> String {
         m.sum(names::WORKER_TCP_CONNECTIONS),
         tcp_error("linger_cut"),
     );
+    sites(m, &mut out);
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -130,6 +133,50 @@ fn results(m: &Scrape, metric: &str) -> String {
         .map(|r| format!("{:.0} {r}", m.labelled(metric, "result", r)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Responses by site over every instance: a row per site that answered (the sites in label
+/// order, then `-`, requests no site answered), by status class, and the 421s. Nothing when
+/// no site answered yet.
+fn sites(m: &Scrape, out: &mut String) {
+    use ringmux_proto::message::SITE_COLUMNS;
+    let label = |labels: &[(String, String)], name: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let (classes, misdirected) = SITE_COLUMNS.split_at(SITE_COLUMNS.len() - 1);
+    // site -> the classes, then the 421s
+    let mut rows: BTreeMap<String, [f64; SITE_COLUMNS.len()]> = BTreeMap::new();
+    for (labels, v) in m.samples(names::WORKER_SITE_RESPONSES) {
+        let class = label(&labels, "class");
+        if let Some(c) = classes.iter().position(|c| *c == class) {
+            rows.entry(label(&labels, "site")).or_default()[c] += v;
+        }
+    }
+    for (labels, v) in m.samples(names::WORKER_SITE_MISDIRECTED) {
+        rows.entry(label(&labels, "site")).or_default()[classes.len()] += v;
+    }
+    if rows.is_empty() {
+        return;
+    }
+    let no_site = rows.remove_entry(NO_SITE);
+    let width = rows.keys().map(String::len).max().unwrap_or(0).max(4);
+    let _ = writeln!(out);
+    let _ = write!(out, "{:>width$}", "site");
+    for column in classes.iter().chain(misdirected) {
+        let _ = write!(out, " {column:>10}");
+    }
+    let _ = writeln!(out);
+    for (site, row) in rows.iter().chain(no_site.as_ref().map(|(k, v)| (k, v))) {
+        let _ = write!(out, "{site:>width$}");
+        for v in row {
+            let _ = write!(out, " {v:>10.0}");
+        }
+        let _ = writeln!(out);
+    }
 }
 
 /// The worker generations: each one's state, workers up and connections.
@@ -254,5 +301,53 @@ mod tests {
         );
         assert_eq!(row("malformed"), ["malformed", "3"]);
         assert_eq!(row("token_refused"), ["token_refused", "1"]);
+    }
+
+    /// A row per site that answered, summed over instances and their generations, named by the
+    /// demux's labels; the row of no site last; nothing of a site that never answered.
+    #[test]
+    fn table_shows_responses_by_site() {
+        let mut c = Counters::new(2, 8);
+        c.site_labels = ["b.test", "a.test", "quiet.test", "-"]
+            .map(String::from)
+            .to_vec();
+        let report = |rows: &[(u32, [u64; 6])]| ringmux_proto::WorkerReport {
+            sites: rows.iter().copied().collect(),
+            ..Default::default()
+        };
+        // Instance 0 in two generations (lanes 0 and 2), instance 1 in one.
+        c.instances[0].record_report(&report(&[(0, [0, 5, 1, 0, 0, 0])]), 4);
+        c.instances[2].record_report(&report(&[(0, [0, 2, 0, 1, 0, 1])]), 4);
+        c.instances[1].record_report(
+            &report(&[(1, [1, 7, 0, 0, 3, 0]), (3, [0, 0, 0, 2, 0, 2])]),
+            4,
+        );
+        let live = crate::dataplane::Liveness::new(8);
+        let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
+        let lines: Vec<Vec<&str>> = t
+            .lines()
+            .skip_while(|l| l.split_whitespace().next() != Some("site"))
+            .take_while(|l| !l.is_empty())
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                vec!["site", "1xx", "2xx", "3xx", "4xx", "5xx", "421"],
+                vec!["a.test", "1", "7", "0", "0", "3", "0"],
+                vec!["b.test", "0", "7", "1", "1", "0", "1"],
+                vec!["-", "0", "0", "0", "2", "0", "2"],
+            ],
+            "{t}"
+        );
+        // Without any site's responses, no section.
+        let t = table(&Scrape::parse(&exposition::encode(
+            &Counters::new(1, 4),
+            &live,
+        )));
+        assert!(
+            !t.lines().any(|l| l.trim_start().starts_with("site ")),
+            "{t}"
+        );
     }
 }

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
 use ringmux_proto::sites::SiteTable;
-use ringmux_proto::{Handoff, Message};
+use ringmux_proto::{Handoff, Message, MessageError, MAX_MESSAGE};
 
 use crate::budget::{self, Budget, MessageKind, Verdict};
 use crate::config::Config;
@@ -170,6 +170,8 @@ pub struct Supervisor {
     upgrade: Option<Upgrade>,
     /// Control clients of the upgrade that made this process image, to answer once it serves.
     waiters_upgrade: Vec<u64>,
+    /// Where a worker's control message is read: room for the largest ([`MAX_MESSAGE`]).
+    control_buf: Box<[u8]>,
 }
 
 /// What a new process image takes over for the supervisor ([`Supervisor::adopt`]).
@@ -301,6 +303,7 @@ impl Supervisor {
             binary: std::env::current_exe().unwrap_or_else(|_| "ringmux".into()),
             upgrade: None,
             waiters_upgrade: Vec::new(),
+            control_buf: vec![0; MAX_MESSAGE].into_boxed_slice(),
             cfg,
             template,
             public,
@@ -1192,9 +1195,12 @@ impl Supervisor {
         }
         drop(fds);
         self.sessions.serve(i, sess_ours);
-        self.counters.instances[usize::from(lane)]
+        let lane_counters = &self.counters.instances[usize::from(lane)];
+        lane_counters
             .worker_pid
             .store(u64::from(child.id()), Ordering::Relaxed);
+        // The new worker's totals start at 0, and it reports only the sites it answered.
+        lane_counters.sites.clear();
         let w = &mut self.workers[usize::from(lane)];
         tracing::info!(
             instance = i,
@@ -1220,7 +1226,7 @@ impl Supervisor {
     /// and counted; `READY` is acted on all the same (it spends, so a flood of it is bounded
     /// too).
     fn read_control(&mut self, i: usize) -> Liveness {
-        let mut buf = [0u8; 1024];
+        let buf = &mut self.control_buf;
         for _ in 0..CONTROL_READS_PER_ROUND {
             let w = &mut self.workers[i];
             let Some(control) = w.control.as_ref() else {
@@ -1229,7 +1235,7 @@ impl Supervisor {
             if w.budget.read_after(Instant::now()).is_some() {
                 return Liveness::Alive;
             }
-            let n = match sys::recv_packet(control.as_fd(), &mut buf) {
+            let n = match sys::recv_packet(control.as_fd(), buf) {
                 Ok(0) => return Liveness::Gone,
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Liveness::Alive,
@@ -1256,8 +1262,13 @@ impl Supervisor {
                     let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
                     self.deferred.extend(actions);
                 }
-                Some(Ok(Message::Stats(r))) => ic.record_report(&r),
+                Some(Ok(Message::Stats(r))) => {
+                    ic.record_report(&r, self.counters.site_labels.len())
+                }
                 Some(Ok(Message::Stopped)) => w.stopped = true,
+                Some(Err(MessageError::Malformed { .. })) => {
+                    ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
+                }
                 // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
                 Some(Ok(Message::Shutdown) | Err(_)) | None => {}
             }

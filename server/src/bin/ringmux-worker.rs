@@ -110,6 +110,14 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
         if reported_router.proxies() {
             r.set_with_prefix("upstream_errors_", reported_router.upstream_errors());
         }
+        // The rows are the table's sites in its order, then no site's: the indices the demux
+        // knows them by (`control-protocol.md`, "STATS keys by site").
+        for (site, row) in (0u32..).zip(reported.sites.snapshot()) {
+            let row = row.report_row();
+            if row.iter().any(|v| *v != 0) {
+                r.sites.insert(site, row);
+            }
+        }
     });
     tracing::info!(sites = ?router.labels().collect::<Vec<_>>(), "serving");
     // HTTPS over TCP beside HTTP/3 (`--tcp on`), through the same site.
