@@ -637,7 +637,9 @@ impl RunArgs {
         ];
         if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
             bail!(
-                "{flag} is set beside the [[site]] tables of {}: each site has its own                  (cert and key in its [[site]], root and upstream in its [[site.route]]s);                  drop the option",
+                "{flag} is set beside the [[site]] tables of {}: each site has its own \
+                 (cert and key in its [[site]], root and upstream in its [[site.route]]s); \
+                 drop the option",
                 file.path.display()
             );
         }
@@ -830,15 +832,19 @@ impl RunArgs {
     fn serving(&self) -> Result<Option<UpstreamUrl>> {
         if self.root.is_some() && self.upstream.is_some() {
             bail!(
-                "--root / RINGMUX_ROOT and --upstream / RINGMUX_UPSTREAM are both set: the                  built-in worker serves files or proxies, not both (give each its own path in                  a [[site]] of a configuration file to have both)"
+                "--root / RINGMUX_ROOT and --upstream / RINGMUX_UPSTREAM are both set: the \
+                 built-in worker serves files or proxies, not both (give each its own path in \
+                 a [[site]] of a configuration file to have both)"
             );
         }
         match (&self.cert, &self.key) {
             (Some(_), None) => bail!(
-                "--cert / RINGMUX_CERT is set without --key / RINGMUX_KEY: give the private                  key of the certificate too"
+                "--cert / RINGMUX_CERT is set without --key / RINGMUX_KEY: give the private \
+                 key of the certificate too"
             ),
             (None, Some(_)) => bail!(
-                "--key / RINGMUX_KEY is set without --cert / RINGMUX_CERT: give the certificate                  chain too"
+                "--key / RINGMUX_KEY is set without --cert / RINGMUX_CERT: give the certificate \
+                 chain too"
             ),
             _ => {}
         }
