@@ -163,23 +163,26 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
     Ok(cli)
 }
 
-/// `e`, with the place in the configuration file of each option it names that the file set.
+/// `e`, placed as every other problem of the configuration file is (`FILE:LINE:COLUMN: message`,
+/// the form compilers print and editors jump to): at the first option it names that the file
+/// set, any other such option named after that place.
 fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
     let text = format!("{e:#}");
-    let places: Vec<String> = file
-        .settings
-        .iter()
-        .filter(|s| {
-            let flag = format!("--{} ", s.key.replace('_', "-"));
-            text.contains(&flag) || text.contains(&format!("({})", s.key))
-        })
-        .map(|s| format!("{} at {}", s.key, s.at))
-        .collect();
-    match places.is_empty() {
-        true => e,
+    let mut set = file.settings.iter().filter(|s| {
+        let flag = format!("--{} ", s.key.replace('_', "-"));
+        text.contains(&flag) || text.contains(&format!("({})", s.key))
+    });
+    let Some(first) = set.next() else {
+        return e;
+    };
+    let others: Vec<String> = set.map(|s| format!("{} at {}", s.key, s.at)).collect();
+    match others.is_empty() {
+        true => e.context(first.at.to_string()),
         false => e.context(format!(
-            "set in the configuration file: {}",
-            places.join(", ")
+            "{}: {} here, {}",
+            first.at,
+            first.key,
+            others.join(", ")
         )),
     }
 }
