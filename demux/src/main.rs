@@ -80,7 +80,7 @@ fn main() -> ExitCode {
             .and_then(|plan| print(&lbconfig::nftables(&plan))),
         Some(Command::NewKeyFile { path }) => new_key_file(&path),
         Some(Command::UpgradeCheck) => print(&format!("{}\n", upgrade::Compat::ours().line())),
-        Some(Command::Check { run }) => check(run),
+        Some(Command::Check { run }) => check(*run),
         None => cli.run.validate().and_then(run),
     };
     // What is queued goes out before the process does.

@@ -42,8 +42,9 @@ pub enum Command {
     /// no name belongs to two sites), prints each problem with its place, and exits 0 only
     /// when ringmux would start with it.
     Check {
+        /// Boxed: every option of a start, which would make each `Command` that large.
         #[command(flatten)]
-        run: RunArgs,
+        run: Box<RunArgs>,
     },
     /// Print the metrics of a running ringmux as a table.
     Stats {
@@ -123,7 +124,7 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
                 .position(|a| a == "check")
                 .map_or(1, |i| i + 2);
             (
-                run,
+                &**run,
                 matches.subcommand_matches("check").unwrap_or(&matches),
                 at,
             )
