@@ -399,8 +399,14 @@ async fn each_name_gets_its_sites_certificate_and_root_over_tcp() {
         let rm = sites.start("");
         for (name, site) in ASKED {
             for (flag, version) in TCP_VERSIONS {
-                let got = curl_ok(&rm, Reach::Name(name), Some(&sites.cert(site)), &[flag], "/")
-                    .await;
+                let got = curl_ok(
+                    &rm,
+                    Reach::Name(name),
+                    Some(&sites.cert(site)),
+                    &[flag],
+                    "/",
+                )
+                .await;
                 let what = format!("{name} {flag}");
                 assert_eq!(got.status, 200, "{what}: {got:?}");
                 assert_eq!(got.version, version, "{what}");
@@ -425,7 +431,11 @@ async fn each_name_gets_its_sites_certificate_and_root_over_http3() {
         for (name, site) in ASKED {
             let (got, subject) = aioquic_ok(&rm, name, &["/"]).await;
             assert_eq!(subject, format!("CN={}", site.common_name), "{name}");
-            assert_eq!((got[0].status, got[0].body.as_str()), (200, site.index), "{name}");
+            assert_eq!(
+                (got[0].status, got[0].body.as_str()),
+                (200, site.index),
+                "{name}"
+            );
         }
     })
     .await
@@ -458,8 +468,14 @@ async fn a_sites_routes_proxy_redirect_and_respond_on_every_protocol() {
             assert_eq!(old.header("location"), Some(location), "{flag}");
             let hi = curl_ok(&rm, www, Some(&a), &[flag], "/hi").await;
             assert_eq!((hi.status, hi.body.as_str()), (200, HI), "{flag}");
-            let not_b = curl_ok(&rm, Reach::Name("b.test"), Some(&sites.cert(&B)), &[flag], "/hi")
-                .await;
+            let not_b = curl_ok(
+                &rm,
+                Reach::Name("b.test"),
+                Some(&sites.cert(&B)),
+                &[flag],
+                "/hi",
+            )
+            .await;
             assert_eq!(not_b.status, 404, "{flag}: b.test/hi {not_b:?}");
         }
         let (got, _) = aioquic_ok(
@@ -552,7 +568,10 @@ async fn the_default_site_answers_unknown_names_and_no_name() {
             );
         }
         let got = curl_ok(&rm, Reach::Name("b.test"), Some(&sites.cert(&B)), &[], "/").await;
-        assert_eq!((got.subject, got.body), (subject_of(&B), B.index.to_string()));
+        assert_eq!(
+            (got.subject, got.body),
+            (subject_of(&B), B.index.to_string())
+        );
         let (got, subject) = aioquic_ok(&rm, "x.w.test", &["/"]).await;
         assert_eq!(
             (subject, got[0].body.as_str()),
@@ -600,7 +619,8 @@ async fn a_request_for_another_site_on_a_connection_is_misdirected() {
                 );
             }
         }
-        let urls = ["b.test", "x.w.test", "www.a.test", "a.test"].map(|h| format!("https://{h}:{port}/"));
+        let urls =
+            ["b.test", "x.w.test", "www.a.test", "a.test"].map(|h| format!("https://{h}:{port}/"));
         let paths: Vec<&str> = urls.iter().map(String::as_str).collect();
         let (got, subject) = aioquic_ok(&rm, "a.test", &paths).await;
         assert_eq!(subject, format!("CN={}", A.common_name));
@@ -684,15 +704,19 @@ path = "/"
 root = "{D}/root"
 "#;
 
+/// A problem as `ringmux check` must name it: line, column, the message's beginning (`FILE`
+/// in it stands for the file's path).
+type Placed = (usize, usize, String);
+
 /// Each broken file refused by `ringmux check` with exit status 1 and its one problem
 /// (several for the last) named at its place, `FILE:LINE:COLUMN: message`, the first line
-/// starting `ringmux: `; and a good file accepted with a summary.
+/// starting `ringmux: `.
 #[test]
 fn check_names_every_problem_at_its_place() {
     let parts = Parts::new();
     let p = |name: &str| parts.path(name);
-    // (name, file, [(line, column, the message's beginning)])
-    let cases: Vec<(&str, String, Vec<(usize, usize, String)>)> = vec![
+    // (what, the file, [a problem])
+    let cases: Vec<(&str, String, Vec<Placed>)> = vec![
         (
             "an unknown setting",
             format!("tcp_max_conections = 5\n{SITE}"),
@@ -957,7 +981,10 @@ fn a_start_with_a_broken_file_fails_as_check_does() {
         .unwrap();
     let control = parts.dir.path().join("control.sock");
     for (what, body) in [
-        ("an unknown setting", format!("tcp_max_conections = 5\n{SITE}")),
+        (
+            "an unknown setting",
+            format!("tcp_max_conections = 5\n{SITE}"),
+        ),
         ("a setting out of range", format!("instances = 0\n{SITE}")),
         (
             "an expired certificate",
@@ -983,7 +1010,12 @@ fn a_start_with_a_broken_file_fails_as_check_does() {
             "--worker-bin".as_ref(),
             harness::worker_bin().as_ref(),
         ]);
-        assert_eq!(started.status.code(), Some(1), "{what}: {}", text(&started.stderr));
+        assert_eq!(
+            started.status.code(),
+            Some(1),
+            "{what}: {}",
+            text(&started.stderr)
+        );
         assert!(
             !text(&started.stdout).contains("ringmux ready"),
             "{what}: it started"
@@ -1046,7 +1078,12 @@ async fn the_command_line_wins_over_the_file() {
             &["check".as_ref(), "--config".as_ref(), file.as_ref()],
             &[("RINGMUX_INSTANCES", "2")],
         );
-        assert_eq!(variable.status.code(), Some(0), "{}", text(&variable.stderr));
+        assert_eq!(
+            variable.status.code(),
+            Some(0),
+            "{}",
+            text(&variable.stderr)
+        );
 
         // The harness gives --instances 2 on the command line.
         let rm = Ringmux::start(2, Forward::Shm, &["--config", &file.to_string_lossy()]);
