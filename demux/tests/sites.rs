@@ -677,6 +677,13 @@ impl Parts {
         certificate(d, "ab", "a.test and b.test", &["a.test", "b.test"], false);
         certificate(d, "old", "expired", &["a.test"], true);
         open_folder(&d.join("root"));
+        // A root in a folder only its owner may enter.
+        open_folder(&d.join("closed/site"));
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(d.join("closed"), std::fs::Permissions::from_mode(0o700))
+                .unwrap();
+        }
         Parts { dir }
     }
 
@@ -716,7 +723,7 @@ fn check_names_every_problem_at_its_place() {
     let parts = Parts::new();
     let p = |name: &str| parts.path(name);
     // (what, the file, [a problem])
-    let cases: Vec<(&str, String, Vec<Placed>)> = vec![
+    let mut cases: Vec<(&str, String, Vec<Placed>)> = vec![
         (
             "an unknown setting",
             format!("tcp_max_conections = 5\n{SITE}"),
@@ -910,6 +917,33 @@ fn check_names_every_problem_at_its_place() {
             ],
         ),
     ];
+    // As root, ringmux runs its workers as nobody, who must be able to read every root.
+    if nix::unistd::geteuid().is_root() {
+        let nobody = nix::unistd::User::from_name("nobody")
+            .ok()
+            .flatten()
+            .expect("the user nobody");
+        cases.push((
+            "a root the workers' user cannot enter",
+            SITE.replace("{D}/root", "{D}/closed/site"),
+            vec![(
+                7,
+                8,
+                format!(
+                    "root = {} cannot be reached by user nobody (UID {}), whom the workers \
+                     run as: it may not enter the folder {}",
+                    p("closed/site"),
+                    nobody.uid,
+                    p("closed")
+                ),
+            )],
+        ));
+    } else {
+        eprintln!(
+            "not checked: a root the workers cannot enter (ringmux runs them as nobody only \
+             when it runs as root)"
+        );
+    }
     for (i, (what, body, want)) in cases.iter().enumerate() {
         let file = parts.file(&format!("broken-{i}"), body);
         let shown = file.display().to_string();
@@ -944,6 +978,8 @@ fn check_names_every_problem_at_its_place() {
     }
 }
 
+/// A good file (settings, a default site, two sites with every kind of route) passes with a
+/// line per site and `configuration OK`, exit status 0.
 #[test]
 fn check_accepts_a_good_file_with_a_summary() {
     let parts = Parts::new();
