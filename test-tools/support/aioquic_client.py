@@ -3,7 +3,7 @@
 ringmux_test_support::aioquic says where this file is).
 
     aioquic_client.py HOST PORT SCENARIO [--dir DIR] [--dcid HEX] [--dcid2 HEX] [--path P]...
-        [--upload-bytes N] [--bytes N] [--request SPEC]...
+        [--upload-bytes N] [--bytes N] [--request SPEC]... [--server-name NAME]
 
 Prints exactly one JSON object on stdout: {"ok": bool, "error": str|null, "bodies": [...], ...}.
 Each entry of "bodies" is "PATH STATUS LENGTH FNV1A64HEX"; the Rust test checks them against
@@ -16,6 +16,10 @@ mid-download, same CID: NAT rebinding), migrate_cid (new socket and a new CID: a
 migration), keyupdate, download (--bytes, default 10 MiB, to DIR), zerortt (ticket, then early
 data), requests (each --request in turn on one connection).
 --dcid/--dcid2 pin the first DCID of the first/second connection (the demux routes by it).
+--server-name is the TLS server name (SNI) and the :authority's host; "" sends no SNI (and
+"localhost" as host). The certificate is not verified: "peer" says what the server sent,
+{"subject": RFC 4514 text, "names": [DNS names]} of the leaf ("paths" and "requests").
+A --path of "paths" may be https://HOST/PATH: that request's :authority is HOST.
 A --request SPEC is "METHOD|PATH|name:value|name:value...": in header values, $ETAG and
 $LAST_MODIFIED stand for the etag and last-modified of the first response. For each, an entry
 of "responses" holds string fields: status, body_len, body_fnv (FNV-1a 64, hex) and every
@@ -40,6 +44,7 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, StreamReset
 from aioquic.quic.logger import QuicLogger
+from cryptography import x509
 
 SERVER_NAME = "localhost"
 SCENARIO_TIMEOUT = 60.0
@@ -122,15 +127,20 @@ class H3Client(QuicConnectionProtocol):
 
     def start(self, path, sink=None, method=b"GET", body=None, fields=()):
         """Sends the request, with the header `fields` (byte pairs) and `body`, if any; the
-        returned Response's `done` resolves when the response body is in."""
+        returned Response's `done` resolves when the response body is in. A `path` of
+        https://HOST/PATH sends HOST as the :authority."""
         sid = self._quic.get_next_available_stream_id()
+        authority, target = self.authority, path
+        if path.startswith("https://"):
+            host, _, rest = path[len("https://"):].partition("/")
+            authority, target = host.encode(), "/" + rest
         self.h3.send_headers(
             sid,
             [
                 (b":method", method),
                 (b":scheme", b"https"),
-                (b":authority", self.authority),
-                (b":path", path.encode()),
+                (b":authority", authority),
+                (b":path", target.encode()),
             ]
             + list(fields),
             end_stream=body is None,
@@ -164,7 +174,7 @@ class H3Client(QuicConnectionProtocol):
 def config(logger=None, ticket=None):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, idle_timeout=20.0)
     cfg.verify_mode = ssl.CERT_NONE
-    cfg.server_name = SERVER_NAME
+    cfg.server_name = SERVER_NAME or None
     cfg.quic_logger = logger
     if ticket is not None:
         cfg.session_ticket = ticket
@@ -183,10 +193,20 @@ async def open_conn(host, port, cfg, dcid=None, ticket_handler=None, wait=True):
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     _, proto = await loop.create_datagram_endpoint(lambda: H3Client(conn), sock=sock)
-    proto.authority = f"{SERVER_NAME}:{port}".encode()
+    proto.authority = f"{SERVER_NAME or 'localhost'}:{port}".encode()
     proto.connect((host, port), transmit=wait)
     if wait:
-        await proto.wait_connected()
+        try:
+            await proto.wait_connected()
+        except ConnectionError:
+            # Say why: the peer's (or our own) CONNECTION_CLOSE, e.g. 0x131 for a TLS
+            # access_denied alert (RFC 9001 §4.8: 0x100 + the alert).
+            closed = proto._quic._close_event
+            if closed is None:
+                raise
+            raise ConnectionError(
+                f"handshake failed: error code {closed.error_code:#x} {closed.reason_phrase}"
+            ) from None
     return proto
 
 
@@ -194,6 +214,19 @@ async def close(proto):
     proto.close()
     await proto.wait_closed()
     proto._transport.close()
+
+
+def peer(proto):
+    """What the server's leaf certificate says of itself."""
+    cert = proto._quic.tls._peer_certificate
+    if cert is None:
+        return None
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        names = san.value.get_values_for_type(x509.DNSName)
+    except x509.ExtensionNotFound:
+        names = []
+    return {"subject": cert.subject.rfc4514_string(), "names": names}
 
 
 def events(logger, name):
@@ -217,11 +250,14 @@ async def scenario(args, result):
     elif args.scenario == "paths":
         # GET each --path on one connection; the bodies' first bytes go to "texts".
         p = await open_conn(host, port, config(), dcid)
+        result["peer"] = peer(p)
         result["texts"] = []
+        result["headers"] = []
         for path in args.path:
             r = await p.get(path)
             bodies.append(r.summary())
             result["texts"].append(r.head.decode("utf-8", "replace"))
+            result["headers"].append(dict(r.headers))
         await close(p)
     elif args.scenario == "upload":
         # POST --upload-bytes bytes (byte i = i * 7 % 253) to each --path; answers in "texts".
@@ -302,6 +338,7 @@ async def scenario(args, result):
         await close(p)
     elif args.scenario == "requests":
         p = await open_conn(host, port, config(), dcid)
+        result["peer"] = peer(p)
         result["responses"] = []
         first = {}
         for spec in args.request:
@@ -327,6 +364,7 @@ async def scenario(args, result):
 
 
 async def main():
+    global SERVER_NAME
     ap = argparse.ArgumentParser()
     ap.add_argument("host")
     ap.add_argument("port", type=int)
@@ -338,7 +376,9 @@ async def main():
     ap.add_argument("--upload-bytes", type=int, default=0)
     ap.add_argument("--bytes", type=int, default=10 << 20, help="download: body size")
     ap.add_argument("--request", action="append", default=[], help="requests: one request")
+    ap.add_argument("--server-name", default=SERVER_NAME, help='SNI and host; "": no SNI')
     args = ap.parse_args()
+    SERVER_NAME = args.server_name
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:
         await asyncio.wait_for(scenario(args, result), SCENARIO_TIMEOUT)

@@ -46,6 +46,7 @@ pub enum Command {
     /// no name belongs to two sites), prints each problem with its place, and exits 0 only
     /// when ringmux would start with it.
     Check {
+        /// Boxed: every option of a start, which would make each `Command` that large.
         #[command(flatten)]
         run: Box<RunArgs>,
     },
@@ -266,23 +267,26 @@ impl Config {
     }
 }
 
-/// `e`, with the place in the configuration file of each option it names that the file set.
+/// `e`, placed as every other problem of the configuration file is (`FILE:LINE:COLUMN: message`,
+/// the form compilers print and editors jump to): at the first option it names that the file
+/// set, any other such option named after that place.
 fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
     let text = format!("{e:#}");
-    let places: Vec<String> = file
-        .settings
-        .iter()
-        .filter(|s| {
-            let flag = format!("--{} ", s.key.replace('_', "-"));
-            text.contains(&flag) || text.contains(&format!("({})", s.key))
-        })
-        .map(|s| format!("{} at {}", s.key, s.at))
-        .collect();
-    match places.is_empty() {
-        true => e,
+    let mut set = file.settings.iter().filter(|s| {
+        let flag = format!("--{} ", s.key.replace('_', "-"));
+        text.contains(&flag) || text.contains(&format!("({})", s.key))
+    });
+    let Some(first) = set.next() else {
+        return e;
+    };
+    let others: Vec<String> = set.map(|s| format!("{} at {}", s.key, s.at)).collect();
+    match others.is_empty() {
+        true => e.context(first.at.to_string()),
         false => e.context(format!(
-            "set in the configuration file: {}",
-            places.join(", ")
+            "{}: {} here, {}",
+            first.at,
+            first.key,
+            others.join(", ")
         )),
     }
 }
@@ -715,7 +719,9 @@ impl RunArgs {
         ];
         if let Some((flag, _)) = set.iter().find(|(_, on)| *on) {
             bail!(
-                "{flag} is set beside the [[site]] tables of {}: each site has its own                  (cert and key in its [[site]], root and upstream in its [[site.route]]s);                  drop the option",
+                "{flag} is set beside the [[site]] tables of {}: each site has its own \
+                 (cert and key in its [[site]], root and upstream in its [[site.route]]s); \
+                 drop the option",
                 file.path.display()
             );
         }
@@ -899,15 +905,19 @@ impl RunArgs {
     fn serving(&self) -> Result<Option<UpstreamUrl>> {
         if self.root.is_some() && self.upstream.is_some() {
             bail!(
-                "--root / RINGMUX_ROOT and --upstream / RINGMUX_UPSTREAM are both set: the                  built-in worker serves files or proxies, not both (give each its own path in                  a [[site]] of a configuration file to have both)"
+                "--root / RINGMUX_ROOT and --upstream / RINGMUX_UPSTREAM are both set: the \
+                 built-in worker serves files or proxies, not both (give each its own path in \
+                 a [[site]] of a configuration file to have both)"
             );
         }
         match (&self.cert, &self.key) {
             (Some(_), None) => bail!(
-                "--cert / RINGMUX_CERT is set without --key / RINGMUX_KEY: give the private                  key of the certificate too"
+                "--cert / RINGMUX_CERT is set without --key / RINGMUX_KEY: give the private \
+                 key of the certificate too"
             ),
             (None, Some(_)) => bail!(
-                "--key / RINGMUX_KEY is set without --cert / RINGMUX_CERT: give the certificate                  chain too"
+                "--key / RINGMUX_KEY is set without --cert / RINGMUX_CERT: give the certificate \
+                 chain too"
             ),
             _ => {}
         }
