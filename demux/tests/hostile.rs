@@ -734,7 +734,9 @@ enum Trigger {
 /// beside it, and of the demux), carries out `trigger` once it watches, then tells it to stop.
 async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String> {
     let dir = temp_dir("ringmux-attack-spy");
-    let rm = start_faulty("spy", &["--grace", "2"], &dir);
+    // The spy never says it stopped accepting (STOPPED): a reload answers after
+    // STOPPED_WAIT, and the spy must outlive that to write its report.
+    let rm = start_faulty("spy", &["--grace", "10"], &dir);
     wait_file(&dir.path().join("played.watching")).await;
     let (ok, text) = match trigger {
         Trigger::Reload => rm.reload(Duration::from_secs(30)).await,

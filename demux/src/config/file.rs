@@ -346,13 +346,15 @@ impl Parser<'_> {
         // The flag's own parser, alone: its range, its possible values.
         if let Err(e) = Cli::command().try_get_matches_from(["ringmux", flag.as_str()]) {
             let why = e.render().to_string();
+            // clap's first line: "error: invalid value 'V' for '--flag <V>': why".
+            let why = why.lines().next().unwrap_or_default();
             let why = why
-                .lines()
+                .rsplit("': ")
                 .next()
-                .unwrap_or_default()
-                .trim_start_matches("error: ")
-                .to_owned();
-            self.problem(at, format!("{key} = {text:?} is not valid: {why}"));
+                .unwrap_or(why)
+                .trim_start_matches("error: ");
+            let shown = &self.text[value.span()];
+            self.problem(at, format!("{key} = {shown} is not valid: {why}"));
             return None;
         }
         Some(Setting {
