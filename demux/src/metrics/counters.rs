@@ -401,17 +401,67 @@ pub const NO_SITE: &str = "-";
 /// keys by site"): a row per site index below the number the demux knows, so no worker grows
 /// it past the demux's own table. Only rows a worker reported are held.
 #[derive(Debug, Default)]
-pub struct SiteRows(Mutex<BTreeMap<u32, SiteRow>>);
+pub struct SiteRows(Mutex<LaneSites>);
+
+/// A lane's site rows and the labels of the site table its worker was handed.
+#[derive(Debug, Default)]
+struct LaneSites {
+    /// `None`: the demux's first table ([`Counters::site_labels`]), for a worker this image of
+    /// the demux did not start.
+    labels: Option<std::sync::Arc<[String]>>,
+    rows: BTreeMap<u32, SiteRow>,
+}
 
 impl SiteRows {
     /// A copy of the rows, by site index.
     pub fn get(&self) -> BTreeMap<u32, SiteRow> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rows
+            .clone()
+    }
+
+    /// The rows by the label of their site, `fallback` naming them for a worker whose table
+    /// this image of the demux did not hand over.
+    pub fn labelled(&self, fallback: &[String]) -> Vec<(String, SiteRow)> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let labels = held.labels.as_deref().unwrap_or(fallback);
+        held.rows
+            .iter()
+            .map(|(&site, row)| {
+                let label = usize::try_from(site)
+                    .ok()
+                    .and_then(|i| labels.get(i))
+                    .map_or(NO_SITE, String::as_str);
+                (label.to_owned(), *row)
+            })
+            .collect()
     }
 
     /// Forgets every row: a new worker of the lane counts from 0.
     pub fn clear(&self) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .rows
+            .clear();
+    }
+
+    /// A new worker of the lane, handed the site table named by `labels` (its sites, then the
+    /// row of no site): its rows count from 0 and are named by those labels, whatever the
+    /// table of the lane's other generations.
+    pub fn start(&self, labels: std::sync::Arc<[String]>) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.rows.clear();
+        held.labels = Some(labels);
+    }
+
+    /// How many rows a report of the lane's worker may carry: its table's sites and the row
+    /// of no site (`fallback` for a worker this image of the demux did not start).
+    pub fn rows_known(&self, fallback: usize) -> usize {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.labels.as_ref().map_or(fallback, |l| l.len())
     }
 
     /// Takes the rows of `report` whose index is below `rows`; a row the report does not carry
@@ -421,7 +471,7 @@ impl SiteRows {
         let mut dropped = 0;
         for (&site, row) in report {
             if usize::try_from(site).is_ok_and(|s| s < rows) {
-                held.insert(site, *row);
+                held.rows.insert(site, *row);
             } else {
                 dropped += 1;
             }
@@ -465,6 +515,17 @@ impl InstanceCounters {
     }
 }
 
+/// The labels of a report's site rows for `table`: its sites in order, then the row of no
+/// site.
+pub fn site_labels(table: &ringmux_proto::sites::SiteTable) -> std::sync::Arc<[String]> {
+    table
+        .sites
+        .iter()
+        .map(|s| s.label.clone())
+        .chain(std::iter::once(NO_SITE.to_owned()))
+        .collect()
+}
+
 impl Counters {
     /// Counters for `instances` instances in `lanes` lanes (a multiple of `instances`).
     pub fn new(instances: u8, lanes: usize) -> Self {
@@ -478,8 +539,7 @@ impl Counters {
 
     /// Names the sites of `table`, in its order, for the site indices of workers' reports.
     pub fn with_sites(mut self, table: &ringmux_proto::sites::SiteTable) -> Self {
-        self.site_labels = table.sites.iter().map(|s| s.label.clone()).collect();
-        self.site_labels.push(NO_SITE.to_owned());
+        self.site_labels = site_labels(table).to_vec();
         self
     }
 

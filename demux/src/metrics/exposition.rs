@@ -303,9 +303,10 @@ fn sites(reg: &mut Registry, c: &Counters) {
     let responses = Family::<Labels, Counter<u64>>::default();
     let misdirected = Family::<Labels, Counter<u64>>::default();
     for i in 0..c.instance_count {
-        let mut rows = std::collections::BTreeMap::<u32, [u64; SITE_COLUMNS.len()]>::new();
+        // By label: the lanes of an instance may hold generations handed different tables.
+        let mut rows = std::collections::BTreeMap::<String, [u64; SITE_COLUMNS.len()]>::new();
         for (_, lane) in c.lanes_of(i) {
-            for (site, row) in lane.sites.get() {
+            for (site, row) in lane.sites.labelled(&c.site_labels) {
                 let sum = rows.entry(site).or_default();
                 for (s, v) in sum.iter_mut().zip(row) {
                     *s = s.saturating_add(v);
@@ -314,7 +315,7 @@ fn sites(reg: &mut Registry, c: &Counters) {
         }
         for (site, row) in rows {
             let mut labels = instance(i);
-            labels.push(("site".into(), c.site_label(site).into()));
+            labels.push(("site".into(), site));
             // The classes, then the 421s.
             let [classes @ .., misdirected_count] = row;
             misdirected.get_or_create(&labels).inc_by(misdirected_count);
@@ -793,6 +794,33 @@ mod tests {
             "one site's row in two generations"
         );
         assert_eq!(m.sum(names::WORKER_SITE_MISDIRECTED), max);
+    }
+
+    /// After a reload changed the sites, an instance's old and new generations report by the
+    /// indices of different tables: each row is named by its own worker's table, and rows of
+    /// one site add up by name.
+    #[test]
+    fn each_generation_names_its_rows_by_its_own_table() {
+        let c = Counters::new(1, 2);
+        c.instances[0]
+            .sites
+            .start(["a.test", "b.test", "-"].map(String::from).into());
+        c.instances[1]
+            .sites
+            .start(["b.test", "c.test", "-"].map(String::from).into());
+        let mut r = ringmux_proto::WorkerReport::default();
+        r.sites.insert(1, [0, 5, 0, 0, 0, 0]);
+        c.instances[0].record_report(&r, c.instances[0].sites.rows_known(0));
+        r.sites.insert(0, [0, 2, 0, 0, 0, 0]);
+        c.instances[1].record_report(&r, c.instances[1].sites.rows_known(0));
+        let m = Scrape::parse(&encode(&c, &Liveness::new(2)));
+        let ok = |site: &str| {
+            m.get(&format!(
+                "{}{{instance=\"0\",site=\"{site}\",class=\"2xx\"}}",
+                names::WORKER_SITE_RESPONSES
+            ))
+        };
+        assert_eq!((ok("b.test"), ok("c.test"), ok("a.test")), (7.0, 5.0, 0.0));
     }
 
     #[test]

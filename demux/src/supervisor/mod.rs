@@ -116,6 +116,8 @@ pub struct Template {
     pub handoff: Handoff,
     /// The site table, as JSON ([`SiteTable::to_json`]).
     pub sites: String,
+    /// The labels of its sites, by the index a worker's report names them with.
+    pub site_labels: Arc<[String]>,
 }
 
 impl Template {
@@ -123,6 +125,7 @@ impl Template {
         Template {
             handoff,
             sites: sites.to_json(),
+            site_labels: crate::metrics::counters::site_labels(sites),
         }
     }
 }
@@ -1199,8 +1202,9 @@ impl Supervisor {
         lane_counters
             .worker_pid
             .store(u64::from(child.id()), Ordering::Relaxed);
-        // The new worker's totals start at 0, and it reports only the sites it answered.
-        lane_counters.sites.clear();
+        // The new worker's totals start at 0, and it reports only the sites it answered, by
+        // the indices of the table it was handed.
+        lane_counters.sites.start(self.template.site_labels.clone());
         let w = &mut self.workers[usize::from(lane)];
         tracing::info!(
             instance = i,
@@ -1263,7 +1267,7 @@ impl Supervisor {
                     self.deferred.extend(actions);
                 }
                 Some(Ok(Message::Stats(r))) => {
-                    ic.record_report(&r, self.counters.site_labels.len())
+                    ic.record_report(&r, ic.sites.rows_known(self.counters.site_labels.len()))
                 }
                 Some(Ok(Message::Stopped)) => w.stopped = true,
                 Some(Err(MessageError::Malformed { .. })) => {
