@@ -1131,3 +1131,172 @@ async fn the_command_line_wins_over_the_file() {
     })
     .await
 }
+
+// ---------------------------------------------------------------------------------------------
+// Reload
+
+/// FNV-1a 64 of `bytes`, as the aioquic script sums a body.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A reload that replaces a.test's certificate while 20 MiB downloads from b.test run over
+/// HTTP/1.1 and HTTP/2 (slow readers, so they span the reload) and HTTP/3: each download
+/// arrives byte-exact, and a.test's new certificate is served on both transports as soon as
+/// `ringmux reload` answers. Then a broken file is refused by the reload, which says why, and
+/// the configuration running serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_replaces_a_certificate_while_downloads_from_another_site_run() {
+    if !tool::CURL.present() || !tool::AIOQUIC.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let sites = Sites::new();
+        let big: Vec<u8> = (0..20u32 << 20)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        open_file_bytes(&sites.dir.path().join("root-b/big.bin"), &big);
+        let config = sites.config("");
+        let rm = Ringmux::start(2, Forward::Shm, &["--config", &config.to_string_lossy()]);
+        let got = curl_ok(&rm, Reach::Name("a.test"), Some(&sites.cert(&A)), &[], "/").await;
+        assert_eq!(got.subject, subject_of(&A));
+
+        // Downloads from b.test: curl at 4 MiB/s (5 s each), aioquic at its own pace.
+        let downloads: Vec<_> = TCP_VERSIONS
+            .iter()
+            .map(|(flag, _)| {
+                let out = rm.dir().join(format!("big-{}", &flag[2..]));
+                let port = rm.listen.port();
+                let args: Vec<String> = [
+                    "-sS",
+                    "--max-time",
+                    "60",
+                    "--limit-rate",
+                    "4M",
+                    *flag,
+                    "--resolve",
+                ]
+                .map(String::from)
+                .into_iter()
+                .chain([
+                    format!("b.test:{port}:127.0.0.1"),
+                    "--cacert".into(),
+                    sites.cert(&B).to_string_lossy().into_owned(),
+                    "-o".into(),
+                    out.to_string_lossy().into_owned(),
+                    format!("https://b.test:{port}/big.bin"),
+                ])
+                .collect();
+                let dir = rm.dir().to_owned();
+                (
+                    out,
+                    tokio::spawn(
+                        async move { tool::run("curl", &args, &dir, CLIENT_TIMEOUT).await },
+                    ),
+                )
+            })
+            .collect();
+        let h3 = {
+            let args = vec![
+                ringmux_test_support::aioquic::script()
+                    .to_string_lossy()
+                    .into_owned(),
+                "127.0.0.1".into(),
+                rm.listen.port().to_string(),
+                "paths".into(),
+                "--server-name".into(),
+                "b.test".into(),
+                "--path".into(),
+                "/big.bin".into(),
+            ];
+            let dir = rm.dir().to_owned();
+            tokio::spawn(async move { tool::run("python3", &args, &dir, CLIENT_TIMEOUT).await })
+        };
+        // The reload once both TCP downloads are under way (bounded wait on their files).
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while downloads
+            .iter()
+            .any(|(out, _)| std::fs::metadata(out).map_or(0, |m| m.len()) < 1 << 20)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the downloads did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        const A2: SiteSpec = SiteSpec {
+            common_name: "ringmux test site a renewed",
+            ..A
+        };
+        certificate(sites.dir.path(), A2.stem, A2.common_name, A2.names, false);
+        let (ok, answer) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "{answer}");
+        for (flag, _) in TCP_VERSIONS {
+            let got = curl_ok(
+                &rm,
+                Reach::Name("a.test"),
+                Some(&sites.cert(&A2)),
+                &[flag],
+                "/",
+            )
+            .await;
+            assert_eq!(
+                (got.status, got.subject.as_str()),
+                (200, subject_of(&A2).as_str()),
+                "{flag}"
+            );
+        }
+        let (_, subject) = aioquic_ok(&rm, "a.test", &["/"]).await;
+        assert!(
+            subject.contains("renewed"),
+            "HTTP/3 after the reload: {subject}"
+        );
+        for (out, task) in downloads {
+            let result = task.await.unwrap();
+            assert!(result.success, "{}: {}", out.display(), result.stderr);
+            let body = std::fs::read(&out).unwrap();
+            assert!(
+                body.len() == big.len() && body == big,
+                "{}: {} bytes, not byte-exact",
+                out.display(),
+                body.len()
+            );
+        }
+        let out = h3.await.unwrap();
+        let j = ringmux_test_support::aioquic::result(&out.stdout).expect("aioquic's result");
+        assert_eq!(
+            j["bodies"][0].as_str(),
+            Some(format!("/big.bin 200 {} {:016x}", big.len(), fnv1a(&big)).as_str()),
+            "HTTP/3 download across the reload: {j}"
+        );
+
+        // A broken file: refused with its reason; the running configuration serves on.
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, format!("tcp_max_conections = 5\n{text}")).unwrap();
+        let (ok, answer) = rm.reload(Duration::from_secs(30)).await;
+        assert!(!ok, "a broken file reloaded: {answer}");
+        assert!(
+            answer.contains("unknown setting `tcp_max_conections`") && answer.contains(":1:1"),
+            "{answer}"
+        );
+        let got = curl_ok(&rm, Reach::Name("a.test"), Some(&sites.cert(&A2)), &[], "/").await;
+        assert_eq!((got.status, got.body.as_str()), (200, A.index));
+        // And a change only a restart applies (the harness gives --instances on the command
+        // line, which wins over the file: another setting).
+        std::fs::write(&config, format!("retry_above = 7\n{text}")).unwrap();
+        let (ok, answer) = rm.reload(Duration::from_secs(30)).await;
+        assert!(
+            !ok && answer.contains("retry_above (--retry-above) changed"),
+            "{answer}"
+        );
+    })
+    .await
+}
+
+fn open_file_bytes(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, bytes).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
