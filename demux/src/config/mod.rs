@@ -56,12 +56,14 @@ pub enum Command {
         #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
         metrics: String,
     },
-    /// Start a new generation of every worker from the program on disk now, then drain the old
-    /// one; no connection is lost. Same as SIGHUP to the running ringmux. Re-read on reload: the
-    /// worker program (--worker-cmd / --worker-bin, whatever is on disk now) and the
-    /// certificate and key files (--cert, --key). Every other setting needs a restart. Exits 0
-    /// once the new generation serves; non-zero with the reason when it failed (the old
-    /// generation then serves on) or was refused.
+    /// Start a new generation of every worker, then drain the old one; no connection is lost.
+    /// Same as SIGHUP to the running ringmux. Re-read on reload: the configuration file
+    /// (--config), the command line's environment, the certificate and key files, and the
+    /// worker program on disk now; the sites, certificates, routes, upstreams and the built-in
+    /// worker's options change, every other setting needs a restart (a reload that would
+    /// change one is refused, naming it). Exits 0 once the new generation serves and the old
+    /// one accepts no new connection; non-zero with the reason when it failed or was refused
+    /// (the old generation then serves on).
     Reload {
         /// Control socket of the running ringmux.
         #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
