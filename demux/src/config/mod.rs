@@ -461,7 +461,7 @@ pub struct RunArgs {
     /// Path of the built-in worker program, ringmux-worker, to which ringmux passes the
     /// built-in server's options (--max-bytes, --file-cache-mb, --cache-control,
     /// --upstream-timeout, --tcp-max-connections, --tcp-idle-timeout, --worker-mode) on its
-    /// command line; the sites (--root, --upstream, [[site]]) reach it in the hand-off.
+    /// command line; the sites (--root, --upstream, `[[site]]`) reach it in the hand-off.
     /// Default: next to this executable.
     #[arg(long, env = "RINGMUX_WORKER_BIN")]
     pub worker_bin: Option<PathBuf>,
