@@ -34,9 +34,6 @@ pub struct Cli {
     pub run: RunArgs,
 }
 
-// `Check` carries every option of a start; the command line is parsed once, at start, so its
-// size costs nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Check a configuration without starting: does everything a start does except bind and
