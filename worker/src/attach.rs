@@ -471,6 +471,9 @@ impl Worker {
     /// ringmux's defaults with the operator's idle timeout; replace them with
     /// `ServerConfig::transport_config` if you like.
     ///
+    /// A handshake for a server name no site has (or none), without a default site, is refused
+    /// with the TLS alert `unrecognized_name` before `tls` sees it ([`crate::sni`]).
+    ///
     /// Refuses a `tls` with a stateless session `ticketer`: rustls then never accepts 0-RTT,
     /// and instances could not share single-use sessions.
     pub fn server_config(
@@ -486,11 +489,13 @@ impl Worker {
         }
         tls.session_storage = self.sessions.clone();
         let crypto = QuicServerConfig::try_from(tls).map_err(TlsError::from)?;
+        // A server name no site has is refused with unrecognized_name, before rustls.
+        let gated = crate::sni::SniGate::new(Arc::new(crypto), self.certificates.clone());
         let opts = ServerOptions {
             idle_timeout: self.idle_timeout,
             ..ServerOptions::default()
         };
-        Ok(server_config(Arc::new(crypto), &self.keys.token, &opts))
+        Ok(server_config(Arc::new(gated), &self.keys.token, &opts))
     }
 
     /// The quinn endpoint of this instance: its `AsyncUdpSocket` is the ring (or unix

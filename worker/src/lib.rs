@@ -63,6 +63,7 @@ pub mod control;
 pub mod ingress;
 pub mod quic;
 pub mod sessions;
+pub mod sni;
 pub mod socket;
 mod sys;
 pub mod tls;

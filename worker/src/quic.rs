@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{ConnectionIdGenerator, EndpointConfig, IdleTimeout, TransportConfig, VarInt};
 
 /// QUIC options of a worker's server endpoint.
@@ -59,7 +58,7 @@ pub fn endpoint_config(
 /// Server configuration: `crypto` from [`crate::tls::server_crypto`], token key derived from
 /// the shared `token_secret`, transport limits from `opts`.
 pub fn server_config(
-    crypto: Arc<QuicServerConfig>,
+    crypto: Arc<dyn quinn::crypto::ServerConfig>,
     token_secret: &[u8; 64],
     opts: &ServerOptions,
 ) -> quinn::ServerConfig {

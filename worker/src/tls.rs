@@ -229,8 +229,9 @@ impl CertSource for SiteCerts {
 
 /// The certificate of every site of a [`SiteTable`], chosen for each handshake by its server
 /// name (SNI): an exact name before a one-label wildcard, else the default site's; with no
-/// default site, a handshake without SNI or for a name no site has fails (rustls then sends
-/// the `access_denied` alert). The same resolver serves QUIC and TCP, so both transports
+/// default site, a handshake without SNI or for a name no site has fails (rustls would send
+/// the `access_denied` alert; `Worker::server_config` and the built-in server's TCP side
+/// refuse such a ClientHello with `unrecognized_name` first). The same resolver serves QUIC and TCP, so both transports
 /// always present the same certificate for a name. Cheap to clone.
 #[derive(Clone)]
 pub struct SiteCerts {
