@@ -132,6 +132,16 @@ apply() { # apply FILE
   in_ns "$NS_LB" nft -f "$1" || fail "nft -f $1 refused the ruleset"
 }
 
+# forget_node N: the balancer's NAT mappings to node N deleted. The rules pick a node for a
+# flow's first packet only; later packets of that 4-tuple follow its conntrack entry (up to
+# 120 s after its last packet), so a new connection from a source port an earlier one to node
+# N used would still reach node N after it was drained or removed. Without the mappings, every
+# packet meets the rules again: a connection of node N keeps reaching it by its connection IDs.
+forget_node() {
+  in_ns "$NS_LB" conntrack -D -r "10.77.$1.2" >/dev/null 2>&1 || true
+  in_ns "$NS_LB" conntrack -D -f ipv6 -r "fd77:$1::2" >/dev/null 2>&1 || true
+}
+
 up() {
   [[ -x $BIN/ringmux && -x $BIN/ringmux-worker ]] ||
     fail "$BIN/ringmux and ringmux-worker are missing: cargo build --workspace --bins, or --bin DIR"
@@ -435,6 +445,7 @@ serves_more() { (($(metric "$1" 'ringmux_worker_requests_total{') > $2)); }
 
 run_test() {
   command -v gtlsclient >/dev/null || fail "gtlsclient is missing (apt-get install ngtcp2-client)"
+  command -v conntrack >/dev/null || fail "conntrack is missing (apt-get install conntrack)"
   command -v curl >/dev/null || fail "curl is missing"
   RETRY=always
   up
@@ -550,12 +561,14 @@ run_test() {
   retries3=$(metric 3 'ringmux_retries_total{result="sent"}')
   ruleset "${NODES[@]}" -- --drain "$(node_id 3)" >"$STATE/rules-drain.nft"
   apply "$STATE/rules-drain.nft"
+  forget_node 3
   spread 20 20 0 1 2
   [[ $(metric 3 'ringmux_retries_total{result="sent"}') == "$retries3" ]] ||
     fail "drained node 3 took new connections (it sent Retries):$SPREAD"
   sweep 12000 "$(node_id 9)" 3 "${NODES[@]}"
   ruleset 1 2 >"$STATE/rules-removed.nft"
   apply "$STATE/rules-removed.nft"
+  forget_node 3
   retries3=$(metric 3 'ringmux_retries_total{result="sent"}')
   spread 20 20 0 1 2
   [[ $(metric 3 'ringmux_retries_total{result="sent"}') == "$retries3" ]] ||

@@ -2,7 +2,7 @@
 # Runs every ringmux test: the workspace under cargo-nextest, then the loom model of the ring.
 # On a fresh machine it first installs what the interop tests need (run as root, or have them):
 # Debian's ngtcp2-client (gtlsclient), curl, chromium (a browser, run headless), util-linux
-# (setpriv), nftables and iproute2 (the three-node cluster in network namespaces,
+# (setpriv), nftables, conntrack and iproute2 (the three-node cluster in network namespaces,
 # scripts/cluster.sh), and PyPI's aioquic and niquests (a client that follows Alt-Svc from HTTP/2 to HTTP/3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,7 @@ command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if ((${#need_apt[@]})); then
   echo "== installing ${need_apt[*]} (apt)"

@@ -156,6 +156,7 @@ fn three_nodes_behind_an_nftables_balancer() {
     let tools = [
         tool::IP_NETNS,
         tool::NFT,
+        tool::CONNTRACK,
         tool::GTLSCLIENT,
         tool::CURL,
         tool::AIOQUIC,

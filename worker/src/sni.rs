@@ -262,4 +262,13 @@ mod tests {
         assert_eq!(hello_length(&[1, 0]), Some(usize::MAX));
         assert_eq!(hello_length(&[2, 0, 0, 0]), None);
     }
+
+    proptest::proptest! {
+        /// Any bytes after a ClientHello's header: read or refused, never a panic.
+        #[test]
+        fn any_body_is_read_or_refused(body in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
+            let _ = server_name(&body);
+            let _ = hello_length(&body);
+        }
+    }
 }

@@ -247,7 +247,13 @@ type Value<'i> = Spanned<DeValue<'i>>;
 impl Parser<'_> {
     /// The place of byte `offset` of the file.
     fn place(&self, offset: usize) -> Place {
-        let before = &self.text[..offset.min(self.text.len())];
+        // A byte offset inside a character (an error's span may point there) counts from the
+        // character's start.
+        let mut offset = offset.min(self.text.len());
+        while !self.text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let before = &self.text[..offset];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         Place {
@@ -353,7 +359,7 @@ impl Parser<'_> {
                 .next()
                 .unwrap_or(why)
                 .trim_start_matches("error: ");
-            let shown = &self.text[value.span()];
+            let shown = self.text.get(value.span()).unwrap_or(&text);
             self.problem(at, format!("{key} = {shown} is not valid: {why}"));
             return None;
         }
@@ -645,5 +651,36 @@ mod tests {
         );
         let bad = FileConfig::parse(Path::new("f.toml"), "listen = [").unwrap_err();
         assert!(bad.to_string().starts_with("f.toml:1:"), "{bad}");
+        // Errors inside or after characters of several bytes are placed, not a panic.
+        for text in [
+            "ä = 1",
+            "listen = \"ä",
+            "# ü\nx = ä",
+            "\u{1F600}\u{1F600} = [\n",
+        ] {
+            match FileConfig::parse(Path::new("f.toml"), text) {
+                Ok(f) => assert!(!f.problems.is_empty(), "{text:?}"),
+                Err(e) => assert!(e.to_string().starts_with("f.toml:"), "{text:?}: {e}"),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the file holds, parsing it places a problem or succeeds: never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(text in "\\PC*") {
+            let _ = FileConfig::parse(Path::new("f.toml"), &text);
+        }
+
+        /// The example, cut anywhere and with any text put in there.
+        #[test]
+        fn the_example_cut_and_spliced(at in 0..EXAMPLE.len(), insert in "\\PC{0,8}") {
+            let mut at = at;
+            while !EXAMPLE.is_char_boundary(at) {
+                at -= 1;
+            }
+            let text = format!("{}{insert}{}", &EXAMPLE[..at], &EXAMPLE[at..]);
+            let _ = FileConfig::parse(Path::new("f.toml"), &text);
+        }
     }
 }

@@ -59,6 +59,14 @@ pub const NFT: Tool = Tool {
     install: "apt-get install nftables",
 };
 
+/// conntrack-tools, with which the cluster test clears the balancer's NAT mappings when it
+/// takes a node out (a new connection from a reused source port would follow a stale one).
+pub const CONNTRACK: Tool = Tool {
+    program: "conntrack",
+    probe: &["--version"],
+    install: "apt-get install conntrack",
+};
+
 /// Python's aioquic, which `aioquic_client.py` (crate::aioquic) drives.
 pub const AIOQUIC: Tool = Tool {
     program: "python3",
