@@ -90,11 +90,22 @@ impl Site {
     /// The route for request path `path`, and the rest of the path after the route's prefix
     /// (starting with `/`, or empty when the path is the prefix itself).
     pub fn route<'p>(&self, path: &'p str) -> Option<(&Route, &'p str)> {
-        self.routes
-            .iter()
-            .filter_map(|r| Some((r, prefix_rest(&r.path, path)?)))
-            .max_by_key(|(r, _)| r.path.len())
+        longest_prefix(&self.routes, |r| &r.path, path)
     }
+}
+
+/// The route of `routes` (each with the prefix `prefix` gives) whose prefix matches `path`
+/// and is the longest, and the rest of the path after it: [`Site::route`]'s rule, for any
+/// list of routes (a worker's opened ones too).
+pub fn longest_prefix<'r, 'p, R>(
+    routes: &'r [R],
+    prefix: impl Fn(&R) -> &str,
+    path: &'p str,
+) -> Option<(&'r R, &'p str)> {
+    routes
+        .iter()
+        .filter_map(|r| Some((r, prefix_rest(prefix(r), path)?)))
+        .max_by_key(|(r, _)| prefix(r).len())
 }
 
 /// What is left of `path` after `prefix` if the prefix matches it (see [`Route::path`]).

@@ -26,7 +26,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use ringmux_proto::sites::{prefix_rest, Action, Route, Site, SiteIndex, SiteTable};
+use ringmux_proto::sites::{longest_prefix, Action, Route, Site, SiteIndex, SiteTable};
 use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::AccessLog;
@@ -512,10 +512,7 @@ impl Served {
 
     /// [`Site::route`]'s rule over the opened routes.
     fn longest<'p>(&self, path: &'p str) -> Option<(&Routed, &'p str)> {
-        self.routes
-            .iter()
-            .filter_map(|r| Some((r, prefix_rest(&r.prefix, path)?)))
-            .max_by_key(|(r, _)| r.prefix.len())
+        longest_prefix(&self.routes, |r| &r.prefix, path)
     }
 }
 

@@ -543,14 +543,6 @@ impl Counters {
         self
     }
 
-    /// The label of site index `i` of a report (below [`Counters::site_labels`]'s length).
-    pub fn site_label(&self, i: u32) -> &str {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| self.site_labels.get(i))
-            .map_or(NO_SITE, String::as_str)
-    }
-
     /// The values of the `result` label of `metric`, one of the table's, in their order.
     pub fn results(metric: &str) -> impl Iterator<Item = &'static str> + '_ {
         let declared = Self::TABLE
@@ -994,7 +986,5 @@ mod tests {
         .unwrap();
         let c = Counters::new(1, 4).with_sites(&table);
         assert_eq!(c.site_labels, ["a.test", NO_SITE]);
-        assert_eq!((c.site_label(0), c.site_label(1)), ("a.test", NO_SITE));
-        assert_eq!(c.site_label(u32::MAX), NO_SITE);
     }
 }
