@@ -3,7 +3,8 @@
 # On a fresh machine it first installs what the interop tests need (run as root, or have them):
 # Debian's ngtcp2-client (gtlsclient), curl, chromium (a browser, run headless), util-linux
 # (setpriv), nftables, conntrack and iproute2 (the three-node cluster in network namespaces,
-# scripts/cluster.sh), and PyPI's aioquic and niquests (a client that follows Alt-Svc from HTTP/2 to HTTP/3).
+# scripts/cluster.sh), pebble and pebble-challtestsrv (an ACME CA and its DNS, for the
+# certificate tests), and PyPI's aioquic and niquests (a client that follows Alt-Svc from HTTP/2 to HTTP/3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,7 @@ command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+command -v pebble >/dev/null 2>&1 || need_apt+=(pebble)
 if ((${#need_apt[@]})); then
   echo "== installing ${need_apt[*]} (apt)"
   apt-get update -qq

@@ -2,6 +2,7 @@
 //! its own; `main.rs` composes them. See `ringmux --help` and README.md.
 //!
 //! * [`config`]: the command line and its checks.
+//! * [`acme`]: certificates from an ACME CA, on a thread of their own.
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
 //! * [`admission`]: new connections under pressure: the demux's Retry, its tokens, and the
 //!   per-source-prefix budget.
@@ -24,6 +25,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod acme;
 pub mod admission;
 pub mod alloc;
 pub mod budget;

@@ -38,14 +38,16 @@ pub mod sites;
 pub mod upstream;
 
 pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATION_SLOTS};
-pub use message::{Message, MessageError, WorkerReport};
+pub use message::{
+    ChallengeSet, Http01, Message, MessageError, SiteCertificate, TlsAlpn01, WorkerReport,
+};
 pub use upstream::{UpstreamError, UpstreamUrl};
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change; `control-protocol.md`
 /// says what each version changed.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// Largest control message, either direction.
 pub const MAX_MESSAGE: usize = 256 * 1024;

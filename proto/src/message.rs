@@ -8,11 +8,16 @@
 //! | [`Message::Stats`] | worker → demux | about once a second |
 //! | [`Message::Shutdown`] | demux → worker | drain: stop accepting, finish requests, exit 0 |
 //! | [`Message::Stopped`] | worker → demux | after `SHUTDOWN`, once it accepts no new connection |
+//! | [`Message::Certificate`] | demux → worker | an ACME site's certificate, new or renewed |
+//! | [`Message::Challenges`] | demux → worker | every pending ACME challenge (replaces the last set) |
+//! | [`Message::Applied`] | worker → demux | the `CERTIFICATE` or `CHALLENGES` of that `seq` is in use |
 //!
 //! Either side treats a closed control socket as the peer's death. A message it does not know
 //! is counted by the receiver and otherwise ignored.
 
 use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 /// Every control message after the hand-off.
 // A `STATS` report is a few hundred bytes on the stack about once a second per worker: boxing
@@ -30,10 +35,103 @@ pub enum Message {
     /// loop of it accepts from the shared TCP listeners any more), so every connection from
     /// now on goes to another worker.
     Stopped,
+    /// demux → worker: the certificate an ACME site serves from now on, on QUIC and TCP
+    /// alike; answered with [`Message::Applied`] once it does.
+    Certificate(SiteCertificate),
+    /// demux → worker: every ACME challenge pending now; the set replaces the one before.
+    /// Answered with [`Message::Applied`].
+    Challenges(ChallengeSet),
+    /// worker → demux: the [`Message::Certificate`] or [`Message::Challenges`] with this
+    /// `seq` is in use.
+    Applied(u64),
 }
 
 /// The first word of each message on the wire, in [`Message`] order.
-pub const WORDS: [&str; 4] = ["READY", "STATS", "SHUTDOWN", "STOPPED"];
+pub const WORDS: [&str; 7] = [
+    "READY",
+    "STATS",
+    "SHUTDOWN",
+    "STOPPED",
+    "CERTIFICATE",
+    "CHALLENGES",
+    "APPLIED",
+];
+
+/// The certificate of the ACME site at index `site` of the site table
+/// (`sites::SiteTable::sites`), new or renewed. On the wire `CERTIFICATE {json}`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SiteCertificate {
+    /// Numbers every update the demux sends this worker; [`Message::Applied`] names it.
+    pub seq: u64,
+    pub site: u32,
+    /// PEM chain, leaf first.
+    pub cert_pem: String,
+    /// PEM private key of the leaf.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for SiteCertificate {
+    // Never print key material.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiteCertificate")
+            .field("seq", &self.seq)
+            .field("site", &self.site)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every ACME challenge pending now (RFC 8555 §8), answered over TCP only, never over QUIC.
+/// On the wire `CHALLENGES {json}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChallengeSet {
+    /// As [`SiteCertificate::seq`].
+    pub seq: u64,
+    /// HTTP-01: `GET /.well-known/acme-challenge/TOKEN` on the plain-HTTP listener answers
+    /// the key authorization, before any redirect.
+    pub http01: Vec<Http01>,
+    /// TLS-ALPN-01 (RFC 8737): a TLS handshake on the TCP listener for `name` offering only
+    /// the ALPN `acme-tls/1` gets this certificate, and the connection ends after it.
+    pub tls_alpn01: Vec<TlsAlpn01>,
+}
+
+/// One pending HTTP-01 challenge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Http01 {
+    /// The name under validation (for logs; the token alone selects the answer).
+    pub name: String,
+    /// The challenge's token: base64url, no padding.
+    pub token: String,
+    /// What the request for the token is answered with (`text/plain`).
+    pub key_authorization: String,
+}
+
+/// One pending TLS-ALPN-01 challenge.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsAlpn01 {
+    /// The name under validation, lower case: the SNI the CA sends.
+    pub name: String,
+    /// PEM of the self-signed certificate for `name` with the critical `acmeIdentifier`
+    /// extension (OID 1.3.6.1.5.5.7.1.31) holding the SHA-256 of the key authorization.
+    pub cert_pem: String,
+    /// PEM of its private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for TlsAlpn01 {
+    // Never print key material.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsAlpn01")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The ALPN protocol of TLS-ALPN-01 (RFC 8737 §6.2).
+pub const ACME_TLS_ALPN: &[u8] = b"acme-tls/1";
 
 /// A control message that is not one of [`Message`].
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -52,6 +150,9 @@ impl Message {
             Message::Stats(r) => r.encode().into_bytes(),
             Message::Shutdown => WORDS[2].into(),
             Message::Stopped => WORDS[3].into(),
+            Message::Certificate(c) => json_message(WORDS[4], c),
+            Message::Challenges(c) => json_message(WORDS[5], c),
+            Message::Applied(seq) => format!("{} {seq}", WORDS[6]).into_bytes(),
         }
     }
 
@@ -65,9 +166,37 @@ impl Message {
             "SHUTDOWN" if rest.is_empty() => Ok(Message::Shutdown),
             "STOPPED" if rest.is_empty() => Ok(Message::Stopped),
             "STATS" => WorkerReport::decode_fields(rest).map(Message::Stats),
+            "CERTIFICATE" => json_body(WORDS[4], rest).map(Message::Certificate),
+            "CHALLENGES" => json_body(WORDS[5], rest).map(Message::Challenges),
+            "APPLIED" => rest
+                .parse()
+                .map(Message::Applied)
+                .map_err(|_| MessageError::Malformed {
+                    word: WORDS[6],
+                    problem: format!("{rest:?} is not a sequence number"),
+                }),
             _ => Err(unknown()),
         }
     }
+}
+
+/// `WORD {json}`.
+fn json_message(word: &str, body: &impl Serialize) -> Vec<u8> {
+    let mut out = format!("{word} ").into_bytes();
+    // Serialising these plain structs of strings and numbers cannot fail.
+    serde_json::to_writer(&mut out, body).expect("a control message serialises");
+    out
+}
+
+/// The JSON body of a `word` message.
+fn json_body<T: serde::de::DeserializeOwned>(
+    word: &'static str,
+    rest: &str,
+) -> Result<T, MessageError> {
+    serde_json::from_str(rest).map_err(|e| MessageError::Malformed {
+        word,
+        problem: e.to_string(),
+    })
 }
 
 /// Declares [`WorkerReport`], [`STATS_KEYS`] and the field accessors from one list: a counter
@@ -272,6 +401,61 @@ mod tests {
             *r.field_mut(k).unwrap() = i as u64 + 1;
         }
         r
+    }
+
+    #[test]
+    fn acme_messages_round_trip() {
+        let messages = [
+            Message::Certificate(SiteCertificate {
+                seq: 7,
+                site: 2,
+                cert_pem: "-----BEGIN CERTIFICATE-----\n…".into(),
+                key_pem: "key \" with quote".into(),
+            }),
+            Message::Challenges(ChallengeSet {
+                seq: 8,
+                http01: vec![Http01 {
+                    name: "a.example".into(),
+                    token: "tok_-en".into(),
+                    key_authorization: "tok_-en.thumb".into(),
+                }],
+                tls_alpn01: vec![TlsAlpn01 {
+                    name: "b.example".into(),
+                    cert_pem: "c".into(),
+                    key_pem: "k".into(),
+                }],
+            }),
+            Message::Challenges(ChallengeSet::default()),
+            Message::Applied(u64::MAX),
+        ];
+        for m in messages {
+            assert_eq!(Message::decode(&m.encode()), Ok(m.clone()), "{m:?}");
+        }
+        for bad in [
+            &b"APPLIED"[..],
+            b"APPLIED -1",
+            b"APPLIED 1 2",
+            b"CERTIFICATE",
+            b"CERTIFICATE {}",
+            b"CERTIFICATE {\"seq\":1,\"site\":0,\"cert_pem\":\"\",\"key_pem\":\"\",\"x\":1}",
+            b"CHALLENGES [",
+        ] {
+            assert!(
+                matches!(Message::decode(bad), Err(MessageError::Malformed { .. })),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let debug = format!(
+            "{:?}",
+            SiteCertificate {
+                seq: 1,
+                site: 0,
+                cert_pem: String::new(),
+                key_pem: "SECRET".into()
+            }
+        );
+        assert!(!debug.contains("SECRET"), "{debug}");
     }
 
     #[test]

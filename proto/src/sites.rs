@@ -39,6 +39,11 @@ pub struct Site {
     pub cert_pem: String,
     /// PEM private key of the leaf.
     pub key_pem: String,
+    /// The certificate comes from ACME: `cert_pem` and `key_pem` are empty until the demux
+    /// sends the site's first `CERTIFICATE` (`message::SiteCertificate`), and a handshake
+    /// for its names fails until then.
+    #[serde(default)]
+    pub acme: bool,
     /// The routes, each a path prefix and what it does; the longest matching prefix wins
     /// ([`Site::route`]).
     pub routes: Vec<Route>,
@@ -267,6 +272,7 @@ mod tests {
             names: names.iter().map(|n| n.to_string()).collect(),
             cert_pem: String::new(),
             key_pem: String::new(),
+            acme: false,
             routes: routes
                 .iter()
                 .map(|p| Route {

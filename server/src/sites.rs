@@ -676,6 +676,7 @@ fn command_line_site(routes: Vec<Route>) -> Site {
         // The server never reads these: the worker library chooses certificates.
         cert_pem: String::new(),
         key_pem: String::new(),
+        acme: false,
         routes,
     }
 }
@@ -840,6 +841,7 @@ mod tests {
             names: names.iter().map(|n| n.to_string()).collect(),
             cert_pem: String::new(),
             key_pem: String::new(),
+            acme: false,
             routes,
         }
     }

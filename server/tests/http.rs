@@ -1415,6 +1415,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
             names: names.iter().map(|n| n.to_string()).collect(),
             cert_pem: String::new(),
             key_pem: String::new(),
+            acme: false,
             routes,
         };
         let respond = |path: &str, status, body: &str| Route {

@@ -151,6 +151,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         names: vec![label.into()],
         cert_pem: String::new(),
         key_pem: String::new(),
+        acme: false,
         routes,
     }
 }

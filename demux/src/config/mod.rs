@@ -1213,6 +1213,7 @@ impl Config {
                 names: Vec::new(),
                 cert_pem: cert.chain,
                 key_pem: cert.key,
+                acme: false,
                 routes: vec![Route {
                     path: "/".into(),
                     action,

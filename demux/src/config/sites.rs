@@ -168,6 +168,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         names,
         cert_pem: pem.chain,
         key_pem: pem.key,
+        acme: false,
         routes,
     })
 }

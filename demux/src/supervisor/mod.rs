@@ -1273,8 +1273,13 @@ impl Supervisor {
                 Some(Err(MessageError::Malformed { .. })) => {
                     ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
                 }
-                // SHUTDOWN goes the other way; unknown or oversized messages are ignored.
-                Some(Ok(Message::Shutdown) | Err(_)) | None => {}
+                // APPLIED: what it confirms is tracked from the ACME change on.
+                Some(Ok(Message::Applied(_))) => {}
+                // SHUTDOWN, CERTIFICATE and CHALLENGES go the other way; unknown or oversized
+                // messages are ignored.
+                Some(Ok(Message::Shutdown | Message::Certificate(_) | Message::Challenges(_)))
+                | Some(Err(_))
+                | None => {}
             }
         }
         Liveness::Alive
