@@ -119,10 +119,26 @@ fn check(run: config::RunArgs) -> Result<()> {
             let mut s = String::new();
             for site in &table.sites {
                 s.push_str(&format!(
-                    "site {}: names {}; {} route(s)\n",
+                    "site {}: names {}; {} route(s){}\n",
                     site.label,
                     site.names.join(", "),
-                    site.routes.len()
+                    site.routes.len(),
+                    if site.acme {
+                        "; certificate by ACME"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            if let Some(acme) = &cfg.acme {
+                s.push_str(&format!(
+                    "acme: {} by {}, state in {}\n",
+                    acme.directory,
+                    match acme.challenge {
+                        ringmux_demux::acme::ChallengeKind::TlsAlpn01 => "tls-alpn-01",
+                        ringmux_demux::acme::ChallengeKind::Http01 => "http-01",
+                    },
+                    acme.state.display()
                 ));
             }
             s

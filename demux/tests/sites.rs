@@ -677,6 +677,7 @@ impl Parts {
         certificate(d, "ab", "a.test and b.test", &["a.test", "b.test"], false);
         certificate(d, "old", "expired", &["a.test"], true);
         open_folder(&d.join("root"));
+        open_folder(&d.join("open"));
         // A root in a folder only its owner may enter.
         open_folder(&d.join("closed/site"));
         {
@@ -706,6 +707,15 @@ const SITE: &str = r#"[[site]]
 names = ["a.test", "www.a.test"]
 cert = "{D}/a.pem"
 key = "{D}/a.key"
+[[site.route]]
+path = "/"
+root = "{D}/root"
+"#;
+
+/// [`SITE`] with its certificate from ACME.
+const ACME_SITE: &str = r#"[[site]]
+names = ["a.test", "www.a.test"]
+acme = true
 [[site.route]]
 path = "/"
 root = "{D}/root"
@@ -914,6 +924,121 @@ fn check_names_every_problem_at_its_place() {
                 (12, 10, "status = 300: a redirect is".into()),
             ],
         ),
+        (
+            "acme beside cert and key",
+            SITE.replace("key = \"{D}/a.key\"", "key = \"{D}/a.key\"\nacme = true"),
+            vec![(
+                3,
+                8,
+                "site a.test: cert and key beside acme = true: the certificate comes from the \
+                 [acme] CA; drop cert and key, or drop acme = true"
+                    .into(),
+            )],
+        ),
+        (
+            "a wildcard by ACME",
+            ACME_SITE.replace("\"www.a.test\"", "\"*.a.test\""),
+            vec![(
+                2,
+                20,
+                "site a.test: the wildcard *.a.test with acme = true: a wildcard certificate \
+                 needs the DNS-01 challenge"
+                    .into(),
+            )],
+        ),
+        (
+            "an unknown key of [acme]",
+            format!("[acme]\nemial = \"ops@a.test\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                1,
+                "unknown key of [acme] `emial`; did you mean `email`?".into(),
+            )],
+        ),
+        (
+            "a challenge ringmux does not answer",
+            format!("[acme]\nchallenge = \"dns-01\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                13,
+                "acme.challenge = \"dns-01\": expected \"tls-alpn-01\" (the default: on the \
+                 TCP listener) or \"http-01\" (on redirect_http)"
+                    .into(),
+            )],
+        ),
+        (
+            "http-01 without the plain-HTTP listener",
+            format!("[acme]\nchallenge = \"http-01\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                13,
+                "acme.challenge = \"http-01\" is answered on the plain-HTTP listener: set \
+                 redirect_http = \"0.0.0.0:80\""
+                    .into(),
+            )],
+        ),
+        (
+            "tls-alpn-01 without TCP",
+            format!("tcp = \"off\"\n{ACME_SITE}"),
+            vec![(
+                4,
+                8,
+                "acme.challenge = \"tls-alpn-01\" is answered on the TCP listener, but tcp is \
+                 off"
+                .into(),
+            )],
+        ),
+        (
+            "a relative state directory",
+            format!("[acme]\nstate = \"acme\"\n{ACME_SITE}"),
+            vec![(2, 9, "acme.state = \"acme\": give an absolute path".into())],
+        ),
+        (
+            "a state directory open to others",
+            format!("[acme]\nstate = \"{{D}}/open\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                9,
+                format!(
+                    "acme.state = {}: open to others (mode 755), and it holds the account's \
+                     and sites' private keys: chmod 700 {}",
+                    p("open"),
+                    p("open")
+                ),
+            )],
+        ),
+        (
+            "an external account binding without its key",
+            format!("[acme]\neab_kid = \"kid-1\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                11,
+                "acme.eab_kid and acme.eab_hmac_key go together".into(),
+            )],
+        ),
+        (
+            "a directory that is not https",
+            format!("[acme]\ndirectory = \"http://ca.test/dir\"\nemail = \"ops\"\n{ACME_SITE}"),
+            vec![
+                (
+                    2,
+                    13,
+                    "acme.directory = \"http://ca.test/dir\": expected the CA's directory URL, \
+                     https://HOST/"
+                        .into(),
+                ),
+                (3, 9, "acme.email = \"ops\": expected one address".into()),
+            ],
+        ),
+        (
+            "roots that are no certificates",
+            format!("[acme]\nca_roots = \"{{D}}/a.key\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                12,
+                format!("acme.ca_roots = {}: no CERTIFICATE in it", p("a.key")),
+            )],
+        ),
     ];
     // As root, ringmux runs its workers as nobody, who must be able to read every root.
     if nix::unistd::geteuid().is_root() {
@@ -1000,6 +1125,32 @@ fn check_accepts_a_good_file_with_a_summary() {
         "site a.test: names a.test, www.a.test; 3 route(s)\n\
          site b.test: names b.test; 1 route(s)\n\
          configuration OK\n"
+    );
+}
+
+/// A site with `acme = true` and an `[acme]` table pass, and the summary says where the
+/// certificate comes from.
+#[test]
+fn check_accepts_an_acme_site() {
+    let parts = Parts::new();
+    let file = parts.file(
+        "acme",
+        &format!(
+            "redirect_http = \"127.0.0.1:0\"\n[acme]\ndirectory = \"https://ca.test/dir\"\n\
+             email = \"mailto:ops@a.test\"\nstate = \"{{D}}/acme\"\nchallenge = \"http-01\"\n\
+             eab_kid = \"kid-1\"\neab_hmac_key = \"c2VjcmV0\"\n{ACME_SITE}"
+        ),
+    );
+    let out = check(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        format!(
+            "site a.test: names a.test, www.a.test; 1 route(s); certificate by ACME\n\
+             acme: https://ca.test/dir by http-01, state in {}\n\
+             configuration OK\n",
+            parts.path("acme")
+        )
     );
 }
 

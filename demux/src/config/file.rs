@@ -87,7 +87,22 @@ pub struct SiteDoc {
     pub names: Vec<Located<String>>,
     pub cert: Option<Located<PathBuf>>,
     pub key: Option<Located<PathBuf>>,
+    /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
+    pub acme: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
+}
+
+/// The `[acme]` table as written; checked by `super::acme`.
+#[derive(Clone, Debug)]
+pub struct AcmeDoc {
+    pub at: Place,
+    pub directory: Option<Located<String>>,
+    pub email: Option<Located<String>>,
+    pub state: Option<Located<PathBuf>>,
+    pub challenge: Option<Located<String>>,
+    pub ca_roots: Option<Located<PathBuf>>,
+    pub eab_kid: Option<Located<String>>,
+    pub eab_hmac_key: Option<Located<String>>,
 }
 
 /// One `[[site.route]]` as written.
@@ -114,10 +129,22 @@ pub struct FileConfig {
     pub settings: Vec<Setting>,
     pub sites: Vec<SiteDoc>,
     pub default_site: Option<Located<String>>,
+    /// The `[acme]` table, if the file has one.
+    pub acme: Option<AcmeDoc>,
 }
 
 /// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 4] = ["names", "cert", "key", "route"];
+pub const SITE_KEYS: [&str; 5] = ["names", "cert", "key", "acme", "route"];
+/// The keys the `[acme]` table takes.
+pub const ACME_KEYS: [&str; 7] = [
+    "directory",
+    "email",
+    "state",
+    "challenge",
+    "ca_roots",
+    "eab_kid",
+    "eab_hmac_key",
+];
 /// The keys a `[[site.route]]` takes.
 pub const ROUTE_KEYS: [&str; 7] = [
     "path",
@@ -131,7 +158,7 @@ pub const ROUTE_KEYS: [&str; 7] = [
 /// The keys of a route's `respond` table.
 pub const RESPOND_KEYS: [&str; 2] = ["status", "body"];
 /// The keys of the file that are not settings of the command line.
-pub const TABLE_KEYS: [&str; 2] = ["site", "default_site"];
+pub const TABLE_KEYS: [&str; 3] = ["site", "default_site", "acme"];
 
 /// Settings of the command line that the file cannot hold.
 const NOT_IN_FILE: [&str; 3] = ["config", "help", "version"];
@@ -181,6 +208,7 @@ impl FileConfig {
             settings: Vec::new(),
             sites: Vec::new(),
             default_site: None,
+            acme: None,
         };
         let cmd = Cli::command();
         let keys = setting_keys();
@@ -189,6 +217,7 @@ impl FileConfig {
             match name {
                 "site" => file.sites = p.sites(value),
                 "default_site" => file.default_site = p.string(value, "default_site"),
+                "acme" => file.acme = p.acme(value),
                 _ => {
                     let Some(arg) = keys
                         .iter()
@@ -473,6 +502,7 @@ impl Parser<'_> {
                 names: Vec::new(),
                 cert: None,
                 key: None,
+                acme: None,
                 routes: Vec::new(),
             };
             for (k, v) in table {
@@ -499,6 +529,7 @@ impl Parser<'_> {
                     },
                     "cert" => site.cert = self.path(v, "cert"),
                     "key" => site.key = self.path(v, "key"),
+                    "acme" => site.acme = self.boolean(v, "acme"),
                     "route" => {
                         for (at, route) in self.tables(v, "site.route") {
                             let r = self.route(at, route);
@@ -511,6 +542,43 @@ impl Parser<'_> {
             sites.push(site);
         }
         sites
+    }
+
+    fn acme(&mut self, value: &Value<'_>) -> Option<AcmeDoc> {
+        let at = self.at(value);
+        let DeValue::Table(table) = value.get_ref() else {
+            self.problem(
+                at,
+                format!(
+                    "acme: expected an [acme] table, not {}",
+                    value.get_ref().type_str()
+                ),
+            );
+            return None;
+        };
+        let mut doc = AcmeDoc {
+            at,
+            directory: None,
+            email: None,
+            state: None,
+            challenge: None,
+            ca_roots: None,
+            eab_kid: None,
+            eab_hmac_key: None,
+        };
+        for (k, v) in table {
+            match k.get_ref().as_ref() {
+                "directory" => doc.directory = self.string(v, "acme.directory"),
+                "email" => doc.email = self.string(v, "acme.email"),
+                "state" => doc.state = self.path(v, "acme.state"),
+                "challenge" => doc.challenge = self.string(v, "acme.challenge"),
+                "ca_roots" => doc.ca_roots = self.path(v, "acme.ca_roots"),
+                "eab_kid" => doc.eab_kid = self.string(v, "acme.eab_kid"),
+                "eab_hmac_key" => doc.eab_hmac_key = self.string(v, "acme.eab_hmac_key"),
+                _ => self.unknown(k, &ACME_KEYS, "key of [acme]"),
+            }
+        }
+        Some(doc)
     }
 
     fn route(&mut self, at: Place, table: &DeTable<'_>) -> RouteDoc {

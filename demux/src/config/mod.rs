@@ -4,6 +4,7 @@
 //! a checked [`Config`]; every refusal names the option, its variable, the value and what is
 //! accepted, and the file's place when the file set it.
 
+pub mod acme;
 pub mod file;
 pub mod sites;
 
@@ -610,6 +611,8 @@ pub struct Config {
     /// The sites of the configuration file, checked, certificates read; `None` without
     /// `[[site]]` (the command line then makes one site, [`Config::site_table`]).
     pub sites: Option<SiteTable>,
+    /// The `[acme]` table, checked: `Some` when the file has one or a site has `acme = true`.
+    pub acme: Option<crate::acme::AcmeSettings>,
 }
 
 /// Where the access log goes (`--access-log`).
@@ -687,6 +690,7 @@ impl RunArgs {
         self.tcp_and_logs()?;
         let worker_user = self.worker_user(&worker_cmd)?;
         let sites = self.sites(worker_user.as_ref())?;
+        let acme = self.acme(sites.as_ref())?;
         Ok(Config {
             ring,
             node_id,
@@ -697,6 +701,7 @@ impl RunArgs {
             upstream,
             worker_user,
             sites,
+            acme,
             args: self,
         })
     }
@@ -726,6 +731,20 @@ impl RunArgs {
         }
         Ok(Some(
             sites::build(file, worker_user).map_err(anyhow::Error::new)?,
+        ))
+    }
+
+    /// The `[acme]` settings, when the file has the table or a site takes `acme = true`.
+    fn acme(&self, sites: Option<&SiteTable>) -> Result<Option<crate::acme::AcmeSettings>> {
+        let Some(file) = self.file.as_ref() else {
+            return Ok(None);
+        };
+        let wanted = sites.is_some_and(|t| t.sites.iter().any(|s| s.acme));
+        if file.acme.is_none() && !wanted {
+            return Ok(None);
+        }
+        Ok(Some(
+            acme::settings(file, self).map_err(anyhow::Error::new)?,
         ))
     }
 

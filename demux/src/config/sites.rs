@@ -112,13 +112,48 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         }
     }
     let label = names.first().cloned().unwrap_or_default();
+    let acme = doc.acme.as_ref().is_some_and(|a| a.value);
     let pem = match (&doc.cert, &doc.key) {
+        _ if acme => {
+            let cert_or_key = doc.cert.as_ref().or(doc.key.as_ref());
+            if let Some(at) = cert_or_key.map(|c| &c.at) {
+                problem(
+                    problems,
+                    at,
+                    format!(
+                        "site {label}: cert and key beside acme = true: the certificate comes \
+                         from the [acme] CA; drop cert and key, or drop acme = true"
+                    ),
+                );
+            }
+            for n in &doc.names {
+                if n.value.starts_with("*.") {
+                    problem(
+                        problems,
+                        &n.at,
+                        format!(
+                            "site {label}: the wildcard {} with acme = true: a wildcard \
+                             certificate needs the DNS-01 challenge, which ringmux does not \
+                             answer; list each name, or give the site cert and key",
+                            n.value
+                        ),
+                    );
+                }
+            }
+            Some(CertPem {
+                chain: String::new(),
+                key: String::new(),
+            })
+        }
         (Some(cert), Some(key)) => certificate(cert, key, &names, problems),
         (None, _) => {
             problem(
                 problems,
                 &doc.at,
-                format!("site {label}: cert = \"FILE\" (its PEM certificate chain) is missing"),
+                format!(
+                    "site {label}: cert = \"FILE\" (its PEM certificate chain) is missing; or \
+                     acme = true for a certificate from the [acme] CA"
+                ),
             );
             None
         }
@@ -168,7 +203,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         names,
         cert_pem: pem.chain,
         key_pem: pem.key,
-        acme: false,
+        acme,
         routes,
     })
 }

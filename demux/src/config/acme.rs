@@ -1,0 +1,237 @@
+//! The `[acme]` table, checked: the CA, the account's contact, the state directory, the
+//! challenge type and the roots to trust for the CA's own HTTPS. The engine that uses it is
+//! [`crate::acme`].
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+use base64::Engine;
+use ringmux_proto::sites::SiteTable;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+
+use super::file::{AcmeDoc, FileConfig, Place, Problem, Problems};
+use super::RunArgs;
+use crate::acme::{AcmeSettings, AcmeSite, ChallengeKind, Eab, DEFAULT_STATE, LETS_ENCRYPT};
+
+/// The ACME settings of the file's `[acme]` table (every key has a default, so a site with
+/// `acme = true` needs no table), checked against `args` (the listener a challenge needs);
+/// every problem found, each with its place.
+pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Problems> {
+    let doc = file.acme.as_ref();
+    let mut problems = Vec::new();
+    let mut problem = |at: Option<&Place>, message: String| {
+        problems.push(Problem {
+            at: at.cloned(),
+            message,
+        })
+    };
+    // Where a problem of a key left out is placed: the table, or the first `acme = true`.
+    let first_acme_site = file
+        .sites
+        .iter()
+        .find_map(|s| s.acme.as_ref().filter(|a| a.value).map(|a| &a.at));
+    let table_at = doc.map(|d| &d.at).or(first_acme_site);
+    let field = |f: fn(&AcmeDoc) -> Option<&super::file::Located<String>>| doc.and_then(f);
+
+    let directory = match field(|d| d.directory.as_ref()) {
+        None => LETS_ENCRYPT.to_string(),
+        Some(d) => {
+            let host = d
+                .value
+                .strip_prefix("https://")
+                .map(|rest| rest.split(['/', '?', '#']).next().unwrap_or_default());
+            if host.is_none_or(|h| h.is_empty()) {
+                problem(
+                    Some(&d.at),
+                    format!(
+                        "acme.directory = {:?}: expected the CA's directory URL, https://HOST/…, \
+                         e.g. {LETS_ENCRYPT:?} (the default)",
+                        d.value
+                    ),
+                );
+            }
+            d.value.clone()
+        }
+    };
+
+    let email = field(|d| d.email.as_ref()).map(|e| {
+        let address = e.value.strip_prefix("mailto:").unwrap_or(&e.value);
+        let ok = address.split_once('@').is_some_and(|(user, host)| {
+            !user.is_empty() && host.contains('.') && !host.contains('@')
+        }) && !address.chars().any(|c| c.is_whitespace() || c == ',');
+        if !ok {
+            problem(
+                Some(&e.at),
+                format!(
+                    "acme.email = {:?}: expected one address, e.g. \"ops@example.com\"",
+                    e.value
+                ),
+            );
+        }
+        address.to_string()
+    });
+
+    let state = match doc.and_then(|d| d.state.as_ref()) {
+        None => PathBuf::from(DEFAULT_STATE),
+        Some(s) => {
+            if !s.value.is_absolute() {
+                problem(
+                    Some(&s.at),
+                    format!(
+                        "acme.state = {:?}: give an absolute path, e.g. {DEFAULT_STATE:?} (the \
+                         default)",
+                        s.value.display().to_string()
+                    ),
+                );
+            }
+            s.value.clone()
+        }
+    };
+    let state_at = doc
+        .and_then(|d| d.state.as_ref())
+        .map(|s| &s.at)
+        .or(table_at);
+    match std::fs::metadata(&state) {
+        Ok(m) if !m.is_dir() => problem(
+            state_at,
+            format!(
+                "acme.state = {}: not a directory; name a directory (made 0700 if missing)",
+                state.display()
+            ),
+        ),
+        Ok(m) if m.permissions().mode() & 0o077 != 0 => problem(
+            state_at,
+            format!(
+                "acme.state = {}: open to others (mode {:o}), and it holds the account's and \
+                 sites' private keys: chmod 700 {}",
+                state.display(),
+                m.permissions().mode() & 0o7777,
+                state.display()
+            ),
+        ),
+        _ => {}
+    }
+
+    let challenge = match field(|d| d.challenge.as_ref()) {
+        None => ChallengeKind::TlsAlpn01,
+        Some(c) => match c.value.as_str() {
+            "tls-alpn-01" => ChallengeKind::TlsAlpn01,
+            "http-01" => ChallengeKind::Http01,
+            other => {
+                problem(
+                    Some(&c.at),
+                    format!(
+                        "acme.challenge = {other:?}: expected \"tls-alpn-01\" (the default: on \
+                         the TCP listener) or \"http-01\" (on redirect_http)"
+                    ),
+                );
+                ChallengeKind::TlsAlpn01
+            }
+        },
+    };
+    let challenge_at = field(|d| d.challenge.as_ref()).map(|c| &c.at).or(table_at);
+    match challenge {
+        ChallengeKind::TlsAlpn01 if !args.tcp_on() => problem(
+            challenge_at,
+            "acme.challenge = \"tls-alpn-01\" is answered on the TCP listener, but tcp is off: \
+             drop tcp = \"off\", or use challenge = \"http-01\" with redirect_http"
+                .into(),
+        ),
+        ChallengeKind::Http01 if args.redirect_http.is_none() => problem(
+            challenge_at,
+            "acme.challenge = \"http-01\" is answered on the plain-HTTP listener: set \
+             redirect_http = \"0.0.0.0:80\" (port 80 for a public CA)"
+                .into(),
+        ),
+        _ => {}
+    }
+
+    let mut ca_roots = Vec::new();
+    if let Some(r) = doc.and_then(|d| d.ca_roots.as_ref()) {
+        match CertificateDer::pem_file_iter(&r.value) {
+            Err(e) => problem(
+                Some(&r.at),
+                format!("acme.ca_roots = {}: cannot read it: {e}", r.value.display()),
+            ),
+            Ok(certs) => match certs.collect::<Result<Vec<_>, _>>() {
+                Err(e) => problem(
+                    Some(&r.at),
+                    format!(
+                        "acme.ca_roots = {}: not PEM certificates: {e}",
+                        r.value.display()
+                    ),
+                ),
+                Ok(certs) if certs.is_empty() => problem(
+                    Some(&r.at),
+                    format!(
+                        "acme.ca_roots = {}: no CERTIFICATE in it; give a PEM file of the \
+                         roots to trust for the CA's HTTPS",
+                        r.value.display()
+                    ),
+                ),
+                Ok(certs) => ca_roots = certs.into_iter().map(|c| c.to_vec()).collect(),
+            },
+        }
+    }
+
+    let eab = match (
+        field(|d| d.eab_kid.as_ref()),
+        field(|d| d.eab_hmac_key.as_ref()),
+    ) {
+        (None, None) => None,
+        (Some(kid), Some(key)) => {
+            match base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(key.value.trim_end_matches('='))
+            {
+                Ok(hmac_key) if !hmac_key.is_empty() => Some(Eab {
+                    kid: kid.value.clone(),
+                    hmac_key,
+                }),
+                _ => {
+                    problem(
+                        Some(&key.at),
+                        "acme.eab_hmac_key: expected the MAC key the CA gave, in base64url".into(),
+                    );
+                    None
+                }
+            }
+        }
+        (Some(one), None) | (None, Some(one)) => {
+            problem(
+                Some(&one.at),
+                "acme.eab_kid and acme.eab_hmac_key go together (external account binding): \
+                 give both, as the CA gave them, or neither"
+                    .into(),
+            );
+            None
+        }
+    };
+
+    if !problems.is_empty() {
+        return Err(Problems(problems));
+    }
+    Ok(AcmeSettings {
+        directory,
+        email,
+        state,
+        challenge,
+        ca_roots,
+        eab,
+    })
+}
+
+/// The sites of `table` whose certificates come from ACME.
+pub fn sites(table: &SiteTable) -> Vec<AcmeSite> {
+    table
+        .sites
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.acme)
+        .map(|(i, s)| AcmeSite {
+            site: i,
+            label: s.label.clone(),
+            names: s.names.clone(),
+        })
+        .collect()
+}
