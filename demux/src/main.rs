@@ -65,7 +65,7 @@ fn main() -> ExitCode {
             timeout,
         }) => supervisor::control::request(
             &control_socket,
-            control::Request::Reload,
+            &control::Request::Reload,
             Duration::from_secs(timeout),
         ),
         Some(Command::Upgrade {
@@ -73,7 +73,19 @@ fn main() -> ExitCode {
             timeout,
         }) => supervisor::control::request(
             &control_socket,
-            control::Request::Upgrade,
+            &control::Request::Upgrade,
+            Duration::from_secs(timeout),
+        ),
+        Some(Command::Acme {
+            command:
+                config::AcmeCommand::Renew {
+                    name,
+                    control_socket,
+                    timeout,
+                },
+        }) => supervisor::control::request(
+            &control_socket,
+            &control::Request::AcmeRenew(name),
             Duration::from_secs(timeout),
         ),
         Some(Command::LbConfig {
@@ -640,6 +652,14 @@ impl forward::WithForward for Serve {
             tcp,
         } = self;
         let public_addr = public.socket().local_addr()?;
+        // The ACME engine, with the certificates it has stored in the workers' site table.
+        let mut table = SiteTable::from_json(template.sites.as_bytes())?;
+        let acme = supervisor::acme::Relay::start(&cfg, &mut table, router.lanes())?;
+        let template = match acme {
+            Some(_) => supervisor::Template::new(template.handoff, &table),
+            None => template,
+        };
+        metrics::counters::set_certificates(&counters, &table);
         let stop = Arc::new(AtomicBool::new(false));
         let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
         let active_generation = match &resume {
@@ -680,6 +700,7 @@ impl forward::WithForward for Serve {
                     sessions,
                 )?;
                 sup.serve_tcp(tcp);
+                sup.relay_acme(acme);
                 sup.start_all(handles)?;
                 (sup, None, start(dp, control)?)
             }
@@ -700,6 +721,7 @@ impl forward::WithForward for Serve {
                 ) {
                     Ok(mut sup) => {
                         sup.serve_tcp(tcp);
+                        sup.relay_acme(acme);
                         (sup, Some(r.answer), data_plane)
                     }
                     Err(e) => {

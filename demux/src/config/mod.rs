@@ -86,6 +86,11 @@ pub enum Command {
         #[arg(long, default_value_t = 60)]
         timeout: u64,
     },
+    /// Certificates from the ACME CA of the configuration file's `[acme]` table.
+    Acme {
+        #[command(subcommand)]
+        command: AcmeCommand,
+    },
     /// Print the configuration of a load balancer in front of several ringmux nodes (boxes),
     /// each with its own --node-id, that routes every packet carrying one of the nodes'
     /// connection IDs to the node that issued it, so that a client that moves (a new address
@@ -104,6 +109,26 @@ pub enum Command {
     /// to it (`ringmux upgrade` runs it).
     #[command(hide = true)]
     UpgradeCheck,
+}
+
+/// `ringmux acme …`.
+#[derive(Subcommand, Debug)]
+pub enum AcmeCommand {
+    /// Order a new certificate now for the site with this name (or for every site with
+    /// `acme = true`), whatever the age of the one it has, as `certbot renew
+    /// --force-renewal` does. Exits 0 once every worker serves the new certificate, over TCP
+    /// and QUIC alike; non-zero with the CA's error when the order failed (the site serves
+    /// its certificate on).
+    Renew {
+        /// A name of the site to renew; every ACME site when left out.
+        name: Option<String>,
+        /// Control socket of the running ringmux.
+        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
+        control_socket: PathBuf,
+        /// Seconds to wait for the answer (an order takes seconds to minutes).
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
 }
 
 /// The command line, with the configuration file's settings (`--config`) placed before its

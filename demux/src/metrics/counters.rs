@@ -302,6 +302,11 @@ counter_table! {
         /// The labels of the site table's sites, in its order, then [`NO_SITE`]: what a site
         /// index of a report names ([`Counters::with_sites`]).
         pub site_labels: Vec<String>,
+        /// Each site's certificate's expiry: (site, name, notAfter in Unix seconds), as
+        /// [`set_certificates`] last found them.
+        pub certificates: std::sync::RwLock<Vec<(String, String, i64)>>,
+        /// ACME orders issued and failed ([`names::ACME_ORDERS`]), as the engine counted them.
+        pub acme_orders: [AtomicU64; 2],
     }
     table {
         received: Counter(RECEIVED), help "Datagrams received on the public socket";
@@ -524,6 +529,38 @@ pub fn site_labels(table: &ringmux_proto::sites::SiteTable) -> std::sync::Arc<[S
         .map(|s| s.label.clone())
         .chain(std::iter::once(NO_SITE.to_owned()))
         .collect()
+}
+
+/// Records the expiry of every site's certificate in `table` for
+/// [`names::CERTIFICATE_EXPIRY`]; a site without one (an ACME site before its first) is left out.
+pub fn set_certificates(c: &Counters, table: &ringmux_proto::sites::SiteTable) {
+    use rustls::pki_types::pem::PemObject;
+    let mut rows = Vec::new();
+    for site in &table.sites {
+        let Some(Ok(der)) =
+            rustls::pki_types::CertificateDer::pem_slice_iter(site.cert_pem.as_bytes()).next()
+        else {
+            continue;
+        };
+        let Ok(leaf) = crate::config::sites::leaf(&der) else {
+            continue;
+        };
+        let not_after = leaf
+            .not_after
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let names = if site.names.is_empty() {
+            &leaf.names
+        } else {
+            &site.names
+        };
+        for name in names {
+            rows.push((site.label.clone(), name.clone(), not_after));
+        }
+    }
+    if let Ok(mut certs) = c.certificates.write() {
+        *certs = rows;
+    }
 }
 
 impl Counters {

@@ -24,6 +24,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let mut reg = Registry::default();
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     own(&mut reg, c);
+    certificates(&mut reg, c);
     for (name, help, value) in [
         (
             names::DATAPLANE_ALLOCATIONS,
@@ -335,6 +336,37 @@ fn sites(reg: &mut Registry, c: &Counters) {
         base(names::WORKER_SITE_MISDIRECTED),
         "Of the responses by site, the 421s: requests for a name the connection's certificate does not serve (reported by the worker)",
         misdirected,
+    );
+}
+
+/// Each site's certificate's expiry, and the ACME orders.
+fn certificates(reg: &mut Registry, c: &Counters) {
+    let expiry = Family::<Labels, Gauge<i64>>::default();
+    if let Ok(certs) = c.certificates.read() {
+        for (site, name, not_after) in certs.iter() {
+            expiry
+                .get_or_create(&vec![
+                    ("site".into(), site.clone()),
+                    ("name".into(), name.clone()),
+                ])
+                .set(*not_after);
+        }
+    }
+    reg.register(
+        names::CERTIFICATE_EXPIRY,
+        "When the certificate each site serves expires (notAfter), Unix time",
+        expiry,
+    );
+    let orders = Family::<Labels, Counter<u64>>::default();
+    for (result, n) in ["issued", "failed"].iter().zip(&c.acme_orders) {
+        orders
+            .get_or_create(&vec![("result".into(), (*result).into())])
+            .inc_by(n.load(Ordering::Relaxed));
+    }
+    reg.register(
+        base(names::ACME_ORDERS),
+        "ACME certificate orders by result",
+        orders,
     );
 }
 
@@ -837,6 +869,9 @@ mod tests {
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);
+        *c.certificates.write().unwrap() =
+            vec![("a.test".into(), "www.a.test".into(), 1_900_000_000)];
+        c.acme_orders[1].store(2, Ordering::Relaxed);
         let live = Liveness::new(8);
         live.set_up(1, true);
         let text = encode(&c, &live);
@@ -885,5 +920,13 @@ mod tests {
             m.sum_where(names::WORKER_REPORT_PARTS_DROPPED, "kind", "site"),
             2.0
         );
+        assert_eq!(
+            m.get(&format!(
+                "{}{{site=\"a.test\",name=\"www.a.test\"}}",
+                names::CERTIFICATE_EXPIRY
+            )),
+            1_900_000_000.0
+        );
+        assert_eq!(m.sum_where(names::ACME_ORDERS, "result", "failed"), 2.0);
     }
 }

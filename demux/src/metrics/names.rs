@@ -140,6 +140,13 @@ metric_names! {
     /// (`site`: a site row whose index is past the demux's table; `malformed`: a whole report
     /// that did not parse).
     WORKER_REPORT_PARTS_DROPPED = "ringmux_worker_report_parts_dropped_total";
+
+    /// Gauge: when the certificate each site serves expires (its notAfter, Unix time in
+    /// seconds), labels `site` and `name` (each name of the site; for the command line's site,
+    /// the certificate's own). An ACME site appears once it has a certificate.
+    CERTIFICATE_EXPIRY = "ringmux_certificate_expiry_seconds";
+    /// Counter: ACME orders by `result`: `issued`, `failed`.
+    ACME_ORDERS = "ringmux_acme_orders_total";
 }
 
 #[cfg(test)]

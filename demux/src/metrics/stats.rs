@@ -57,6 +57,7 @@ pub fn table(m: &Scrape) -> String {
         );
     }
     generations(m, &mut out);
+    certificates(m, &mut out);
     let by = |p: &str| m.sum_where(names::WORKER_REQUESTS, "protocol", p);
     let _ = writeln!(
         out,
@@ -214,6 +215,45 @@ fn generations(m: &Scrape, out: &mut String) {
     );
     for ((generation, state), (up, conns)) in rows.iter().rev() {
         let _ = writeln!(out, "{generation:>10} {state:>9} {up:>10.0} {conns:>11.0}");
+    }
+}
+
+/// Each certificate's days left, by site and name, and the ACME orders.
+fn certificates(m: &Scrape, out: &mut String) {
+    let samples = m.samples(names::CERTIFICATE_EXPIRY);
+    if samples.is_empty() {
+        return;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let label = |labels: &[(String, String)], key: &str| {
+        labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let rows: Vec<String> = samples
+        .iter()
+        .map(|(labels, not_after)| {
+            let days = ((not_after - now) / 86_400.0).floor();
+            format!(
+                "{} ({}) {days:.0} days",
+                label(labels, "name"),
+                label(labels, "site")
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "certificates: {}", rows.join(", "));
+    let orders = |r: &str| m.sum_where(names::ACME_ORDERS, "result", r);
+    if orders("issued") + orders("failed") > 0.0 {
+        let _ = writeln!(
+            out,
+            "ACME orders: issued {:.0}   failed {:.0}",
+            orders("issued"),
+            orders("failed")
+        );
     }
 }
 

@@ -1,7 +1,9 @@
 //! The operator's control socket: a Unix stream socket (mode 0600) on which `ringmux reload`
-//! asks for a new worker generation and reads the outcome.
+//! asks for a new worker generation, `ringmux upgrade` for a new demux and `ringmux acme
+//! renew` for new ACME certificates, and each reads the outcome.
 //!
-//! The protocol is lines of text. A client sends one request line (`reload`); the demux
+//! The protocol is lines of text. A client sends one request line (`reload`, `upgrade`,
+//! `acme renew` or `acme renew NAME`); the demux
 //! answers with progress lines and one last line, `ok …` or `error: …`, then closes. The
 //! supervisor polls the listener and its clients with its other descriptors and never blocks
 //! on them: a client has 2 s and 64 bytes for its request line, and at most 8 are held at
@@ -16,27 +18,44 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-/// Longest request line.
-const MAX_REQUEST: usize = 64;
+/// Longest request line: `acme renew` and a name of up to 253 characters.
+const MAX_REQUEST: usize = 300;
 /// How long a client has to send its request line.
 const REQUEST_DEADLINE: Duration = Duration::from_secs(2);
 /// Clients held at once; more are told so and closed.
 const MAX_CLIENTS: usize = 8;
 
 /// What a client asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Reload,
     Upgrade,
+    /// New certificates now for the ACME site with this name, or for every ACME site.
+    AcmeRenew(Option<String>),
 }
 
 impl Request {
     /// The request line.
-    pub fn line(self) -> &'static str {
+    pub fn line(&self) -> String {
         match self {
-            Request::Reload => "reload",
-            Request::Upgrade => "upgrade",
+            Request::Reload => "reload".into(),
+            Request::Upgrade => "upgrade".into(),
+            Request::AcmeRenew(None) => "acme renew".into(),
+            Request::AcmeRenew(Some(name)) => format!("acme renew {name}"),
         }
+    }
+
+    /// The request of `line`, if it is one.
+    pub fn parse(line: &str) -> Option<Request> {
+        let mut words = line.split_ascii_whitespace();
+        let r = match (words.next()?, words.next(), words.next()) {
+            ("reload", None, _) => Request::Reload,
+            ("upgrade", None, _) => Request::Upgrade,
+            ("acme", Some("renew"), None) => Request::AcmeRenew(None),
+            ("acme", Some("renew"), Some(name)) => Request::AcmeRenew(Some(name.to_string())),
+            _ => return None,
+        };
+        words.next().is_none().then_some(r)
     }
 }
 
@@ -156,24 +175,19 @@ impl ControlServer {
                 }
                 return true;
             };
-            match std::str::from_utf8(&c.buf[..end]).map(str::trim) {
-                Ok(line)
-                    if [Request::Reload, Request::Upgrade]
-                        .iter()
-                        .any(|r| r.line() == line) =>
-                {
+            match std::str::from_utf8(&c.buf[..end])
+                .ok()
+                .and_then(Request::parse)
+            {
+                Some(r) => {
                     c.asked = true;
-                    let r = if line == "reload" {
-                        Request::Reload
-                    } else {
-                        Request::Upgrade
-                    };
                     out.push((c.id, r));
                     true
                 }
-                _ => {
-                    let _ = (&c.stream)
-                        .write_all(b"error: unknown request (expected: reload or upgrade)\n");
+                None => {
+                    let _ = (&c.stream).write_all(
+                        b"error: unknown request (expected: reload, upgrade, acme renew [NAME])\n",
+                    );
                     false
                 }
             }
@@ -264,7 +278,7 @@ fn peer_pid(stream: &UnixStream) -> Option<u32> {
 
 /// `ringmux reload` and `ringmux upgrade`: asks the ringmux at `path` for `request` and prints
 /// what it says. `Ok` once it answered `ok`; an error with its reason otherwise.
-pub fn request(path: &Path, request: Request, timeout: Duration) -> Result<()> {
+pub fn request(path: &Path, request: &Request, timeout: Duration) -> Result<()> {
     let mut stream = UnixStream::connect(path).with_context(|| {
         format!(
             "connecting to {} (is ringmux running with this --control-socket / \

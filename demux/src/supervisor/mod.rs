@@ -30,6 +30,7 @@ use crate::forward::{IngressHandles, Lanes};
 use crate::metrics::Counters;
 use crate::sys::{self, ChildProcess};
 
+pub mod acme;
 pub mod control;
 pub mod policy;
 pub mod sandbox;
@@ -175,6 +176,8 @@ pub struct Supervisor {
     waiters_upgrade: Vec<u64>,
     /// Where a worker's control message is read: room for the largest ([`MAX_MESSAGE`]).
     control_buf: Box<[u8]>,
+    /// What the ACME engine publishes, relayed to the workers; `None` without ACME sites.
+    acme: Option<acme::Relay>,
 }
 
 /// What a new process image takes over for the supervisor ([`Supervisor::adopt`]).
@@ -307,6 +310,7 @@ impl Supervisor {
             upgrade: None,
             waiters_upgrade: Vec::new(),
             control_buf: vec![0; MAX_MESSAGE].into_boxed_slice(),
+            acme: None,
             cfg,
             template,
             public,
@@ -321,6 +325,75 @@ impl Supervisor {
     /// supervisor keeps them for as long as it runs.
     pub fn serve_tcp(&mut self, listeners: TcpListeners) {
         self.tcp = listeners;
+    }
+
+    /// The ACME sites' certificates and challenges come from `relay` from now on.
+    pub fn relay_acme(&mut self, relay: Option<acme::Relay>) {
+        self.acme = relay;
+    }
+
+    /// The ACME engine's counters and certificates, for the metrics.
+    pub fn acme_status(&self) -> Option<crate::acme::AcmeStatus> {
+        self.acme.as_ref().map(acme::Relay::status)
+    }
+
+    /// Sends what the ACME engine published since the last look: a changed certificate to
+    /// every live worker (and into the template, for every worker started later), changed
+    /// challenges to every live worker; then answers the `ringmux acme renew` clients whose
+    /// renewal is over.
+    fn forward_acme(&mut self) {
+        let Some(relay) = self.acme.as_mut() else {
+            return;
+        };
+        let changes = relay.look();
+        let status = relay.status();
+        self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
+        self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+        if !changes.certs.is_empty() {
+            self.template = Template::new(self.template.handoff.clone(), relay.table());
+            crate::metrics::counters::set_certificates(&self.counters, relay.table());
+        }
+        for i in 0..self.workers.len() {
+            let Some(control) = self.workers[i].control.as_ref() else {
+                continue;
+            };
+            let mut messages: Vec<Message> = changes
+                .certs
+                .iter()
+                .map(|(site, issued)| relay.certificate_message(i, *site, issued))
+                .collect();
+            if changes.challenges {
+                messages.extend(relay.challenges_message(i, false));
+            }
+            for m in messages {
+                if let Err(e) = sys::send_packet(control.as_fd(), &m.encode()) {
+                    tracing::warn!(
+                        instance = self.lanes.at(i).instance,
+                        error = %e,
+                        "could not send an ACME update to the worker"
+                    );
+                }
+            }
+        }
+        for (client, line) in relay.finished_renewals(Instant::now()) {
+            if let Some(c) = self.control.as_mut() {
+                c.answer(client, &line);
+            }
+        }
+    }
+
+    /// `ringmux acme renew [NAME]` from control client `client`.
+    fn acme_renew(&mut self, client: u64, name: Option<String>) {
+        let result = match self.acme.as_mut() {
+            None => Err("no site takes its certificate from ACME (acme = true)".to_string()),
+            Some(r) => r.renew(client, name.as_deref()),
+        };
+        if let Some(c) = self.control.as_mut() {
+            match result {
+                Ok(()) => c.tell(client, "renewing"),
+                Err(why) => c.answer(client, &format!("error: {why}")),
+            }
+        }
     }
 
     /// The listening TCP sockets' numbers, for a new process image.
@@ -616,6 +689,13 @@ impl Supervisor {
                 changed.join(", ")
             ));
         }
+        if self.acme.is_none() && cfg.sites.iter().flat_map(|t| &t.sites).any(|s| s.acme) {
+            return Err(
+                "a site with acme = true, where none had it at start: the ACME client starts \
+                 with ringmux; restart ringmux for it"
+                    .into(),
+            );
+        }
         let sites = match &cfg.sites {
             Some(sites) => sites.clone(),
             None => {
@@ -666,6 +746,9 @@ impl Supervisor {
         if let Some(c) = &self.control {
             fds.extend(c.fds());
         }
+        if let Some(a) = &self.acme {
+            fds.push(a.fd());
+        }
         if let Some(pending) = &self.reload_answer {
             timeout = timeout.min(pending.until.saturating_duration_since(now));
         }
@@ -688,6 +771,7 @@ impl Supervisor {
             match request {
                 control::Request::Reload => actions.extend(self.reload(Some(client))),
                 control::Request::Upgrade => self.upgrade_request(Some(client)),
+                control::Request::AcmeRenew(name) => self.acme_renew(client, name),
             }
         }
         let signal = sys::read_signal(&self.signals);
@@ -734,6 +818,7 @@ impl Supervisor {
             }
             self.collect_reset(i)?;
         }
+        self.forward_acme();
         if Instant::now() >= self.next_sweep {
             self.kill_orphans();
         }
@@ -776,7 +861,16 @@ impl Supervisor {
         let actions = self.policy.on(Instant::now(), policy::Event::Reload);
         if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
             // The next generation starts from these.
-            let (cfg, template) = next;
+            let (cfg, mut template) = next;
+            if let Some(relay) = self.acme.as_mut() {
+                if let Ok(mut table) = SiteTable::from_json(template.sites.as_bytes()) {
+                    relay.reconfigure(&mut table);
+                    template = Template::new(template.handoff, &table);
+                }
+            }
+            if let Ok(table) = SiteTable::from_json(template.sites.as_bytes()) {
+                crate::metrics::counters::set_certificates(&self.counters, &table);
+            }
             if let Ok(mut p) = self.counters.program.write() {
                 *p = cfg.worker_label();
             }
@@ -1217,6 +1311,15 @@ impl Supervisor {
         w.stopped = false;
         w.pidfd = pidfd;
         w.pipes = Some(pipes);
+        // The challenges pending now: the site table it got has every certificate already.
+        if let Some(m) = self
+            .acme
+            .as_mut()
+            .and_then(|a| a.challenges_message(usize::from(lane), true))
+        {
+            let _ = sys::send_packet(ours.as_fd(), &m.encode());
+        }
+        let w = &mut self.workers[usize::from(lane)];
         w.control = Some(ours);
         w.sessions = Some(sessions);
         Ok(())
@@ -1273,8 +1376,11 @@ impl Supervisor {
                 Some(Err(MessageError::Malformed { .. })) => {
                     ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
                 }
-                // APPLIED: what it confirms is tracked from the ACME change on.
-                Some(Ok(Message::Applied(_))) => {}
+                Some(Ok(Message::Applied(seq))) => {
+                    if let Some(a) = self.acme.as_mut() {
+                        a.applied(i, seq);
+                    }
+                }
                 // SHUTDOWN, CERTIFICATE and CHALLENGES go the other way; unknown or oversized
                 // messages are ignored.
                 Some(Ok(Message::Shutdown | Message::Certificate(_) | Message::Challenges(_)))
@@ -1299,6 +1405,9 @@ impl Supervisor {
         self.link.liveness().set_up(i, false);
         ic.worker_pid.store(0, Ordering::Relaxed);
         let draining = self.policy.draining(i);
+        if let Some(a) = self.acme.as_mut() {
+            a.forget(i);
+        }
         let w = &mut self.workers[i];
         let Some(mut child) = w.child.take() else {
             return;
