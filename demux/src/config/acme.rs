@@ -235,3 +235,22 @@ pub fn sites(table: &SiteTable) -> Vec<AcmeSite> {
         })
         .collect()
 }
+
+/// Whether two checked `[acme]` tables say the same (a reload cannot change it: the engine
+/// keeps its account and state directory for its life).
+pub fn same(a: Option<&AcmeSettings>, b: Option<&AcmeSettings>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => {
+            let eab =
+                |s: &AcmeSettings| s.eab.as_ref().map(|e| (e.kid.clone(), e.hmac_key.clone()));
+            a.directory == b.directory
+                && a.email == b.email
+                && a.state == b.state
+                && a.challenge == b.challenge
+                && a.ca_roots == b.ca_roots
+                && eab(a) == eab(b)
+        }
+        _ => false,
+    }
+}

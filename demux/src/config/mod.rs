@@ -288,6 +288,9 @@ impl Config {
         if (self.access_log() == AccessLog::Off) != (new.access_log() == AccessLog::Off) {
             changed.push("access_log on or off (--access-log)".into());
         }
+        if !acme::same(self.acme.as_ref(), new.acme.as_ref()) {
+            changed.push("the [acme] table".into());
+        }
         changed
     }
 }
