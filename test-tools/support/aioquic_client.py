@@ -47,6 +47,8 @@ from aioquic.quic.logger import QuicLogger
 from cryptography import x509
 
 SERVER_NAME = "localhost"
+# Roots to verify the server against (--ca-certs); none: any certificate is taken.
+CA_CERTS = None
 SCENARIO_TIMEOUT = 60.0
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -173,7 +175,12 @@ class H3Client(QuicConnectionProtocol):
 
 def config(logger=None, ticket=None):
     cfg = QuicConfiguration(is_client=True, alpn_protocols=H3_ALPN, idle_timeout=20.0)
-    cfg.verify_mode = ssl.CERT_NONE
+    if CA_CERTS:
+        # Verify the chain against these roots and the name against SERVER_NAME.
+        cfg.verify_mode = ssl.CERT_REQUIRED
+        cfg.load_verify_locations(cafile=CA_CERTS)
+    else:
+        cfg.verify_mode = ssl.CERT_NONE
     cfg.server_name = SERVER_NAME or None
     cfg.quic_logger = logger
     if ticket is not None:
@@ -226,7 +233,11 @@ def peer(proto):
         names = san.value.get_values_for_type(x509.DNSName)
     except x509.ExtensionNotFound:
         names = []
-    return {"subject": cert.subject.rfc4514_string(), "names": names}
+    return {
+        "subject": cert.subject.rfc4514_string(),
+        "names": names,
+        "serial": f"{cert.serial_number:x}",
+    }
 
 
 def events(logger, name):
@@ -364,7 +375,7 @@ async def scenario(args, result):
 
 
 async def main():
-    global SERVER_NAME
+    global SERVER_NAME, CA_CERTS
     ap = argparse.ArgumentParser()
     ap.add_argument("host")
     ap.add_argument("port", type=int)
@@ -377,8 +388,10 @@ async def main():
     ap.add_argument("--bytes", type=int, default=10 << 20, help="download: body size")
     ap.add_argument("--request", action="append", default=[], help="requests: one request")
     ap.add_argument("--server-name", default=SERVER_NAME, help='SNI and host; "": no SNI')
+    ap.add_argument("--ca-certs", help="verify the server's chain against these PEM roots")
     args = ap.parse_args()
     SERVER_NAME = args.server_name
+    CA_CERTS = args.ca_certs
     result = {"ok": False, "error": None, "scenario": args.scenario, "bodies": []}
     try:
         await asyncio.wait_for(scenario(args, result), SCENARIO_TIMEOUT)
