@@ -86,10 +86,7 @@ impl AcmeAnswers {
                 name: c.name.clone(),
                 error,
             };
-            let chain = tls::CertChain::from_pem(&c.cert_pem, &c.key_pem).map_err(refused)?;
-            let key = CertifiedKey::from_der(chain.certs, chain.key, &tls::provider())
-                .map_err(|e| refused(e.into()))?;
-            let key = Arc::new(key);
+            let key = Arc::new(challenge_key(&c.cert_pem, &c.key_pem).map_err(refused)?);
             let config = Arc::new(tls_alpn01_config(key.clone()).map_err(refused)?);
             tls_alpn01.insert(c.name.to_ascii_lowercase(), TlsAlpnAnswer { key, config });
         }
@@ -156,12 +153,21 @@ pub(crate) fn apply_certificate(certs: &SiteCerts, c: &SiteCertificate) -> bool 
     let site = usize::try_from(c.site).unwrap_or(usize::MAX);
     match certs.install(site, &c.cert_pem, &c.key_pem) {
         Ok(key) => {
-            let fingerprint = key.end_entity_cert().map(sha256_hex).unwrap_or_default();
+            let leaf = key.end_entity_cert().ok();
+            let parsed = leaf.and_then(|l| x509_parser::parse_x509_certificate(l).ok());
+            let (serial, not_after) = match parsed {
+                Some((_, cert)) => (
+                    cert.raw_serial_as_string(),
+                    cert.validity().not_after.to_string(),
+                ),
+                None => Default::default(),
+            };
             tracing::info!(
                 seq = c.seq,
                 site = certs.label(site).unwrap_or_default(),
-                sha256 = fingerprint,
-                chain = key.cert.len(),
+                serial,
+                not_after,
+                sha256 = leaf.map(sha256_hex).unwrap_or_default(),
                 "serving a new certificate from ACME"
             );
             true
@@ -197,6 +203,34 @@ pub(crate) fn apply_challenges(answers: &AcmeAnswers, set: &ChallengeSet) -> boo
             false
         }
     }
+}
+
+/// A TLS-ALPN-01 certificate (PEM, leaf first) and its key, parsed, the key checked against
+/// the leaf. Not by rustls' own check (`CertifiedKey::from_der`): webpki refuses to parse a
+/// certificate with a critical extension it does not know, and RFC 8737 §3 makes
+/// `acmeIdentifier` critical in every such certificate, so that no other client accepts it.
+fn challenge_key(cert_pem: &str, key_pem: &str) -> Result<CertifiedKey, TlsError> {
+    let refused = |problem: String| {
+        TlsError::Cert(ringmux_proto::certs::CertError::Pem {
+            origin: "the TLS-ALPN-01 certificate".into(),
+            problem,
+        })
+    };
+    let chain = tls::CertChain::from_pem(cert_pem, key_pem)?;
+    let key = tls::provider().key_provider.load_private_key(chain.key)?;
+    let leaf = chain
+        .certs
+        .first()
+        .ok_or_else(|| refused("no certificate".into()))?;
+    let spki = match x509_parser::parse_x509_certificate(leaf) {
+        Ok((_, leaf)) => leaf.public_key().raw.to_vec(),
+        Err(e) => return Err(refused(format!("unreadable: {e}"))),
+    };
+    // A key that cannot tell its public half is taken, as rustls takes it.
+    if key.public_key().is_some_and(|k| *k != *spki) {
+        return Err(refused("the key is not the certificate's".into()));
+    }
+    Ok(CertifiedKey::new(chain.certs, key))
 }
 
 /// The configuration of [`AcmeAnswers::tls_alpn01_config`].
@@ -255,6 +289,18 @@ mod tests {
         }
     }
 
+    /// A TLS-ALPN-01 certificate for `name`: self-signed, with the critical `acmeIdentifier`
+    /// extension (RFC 8737 §3).
+    fn challenge_pem(name: &str) -> CertPem {
+        let mut params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        params.custom_extensions = vec![rcgen::CustomExtension::new_acme_identifier(&[7; 32])];
+        let key = rcgen::KeyPair::generate().unwrap();
+        CertPem {
+            chain: params.self_signed(&key).unwrap().pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
     fn tls_alpn01(name: &str, pem: &CertPem) -> TlsAlpn01 {
         TlsAlpn01 {
             name: name.into(),
@@ -269,10 +315,7 @@ mod tests {
     fn a_set_replaces_the_one_before_whole() {
         let answers = AcmeAnswers::new();
         assert_eq!((answers.seq(), answers.http01("t1")), (None, None));
-        let (one, two) = (
-            CertPem::self_signed().unwrap(),
-            CertPem::self_signed().unwrap(),
-        );
+        let (one, two) = (challenge_pem("a.test"), challenge_pem("b.test"));
         answers
             .replace(&ChallengeSet {
                 seq: 1,
@@ -341,7 +384,7 @@ mod tests {
     #[test]
     fn the_challenge_configuration_speaks_acme_tls_only() {
         let answers = AcmeAnswers::new();
-        let pem = CertPem::self_signed().unwrap();
+        let pem = challenge_pem("a.test");
         answers
             .replace(&ChallengeSet {
                 seq: 1,
@@ -361,10 +404,7 @@ mod tests {
     /// certificate with `h3`, never the challenge's.
     #[test]
     fn quic_never_presents_a_challenge_certificate() {
-        let (site_pem, challenge) = (
-            CertPem::self_signed().unwrap(),
-            CertPem::self_signed().unwrap(),
-        );
+        let (site_pem, challenge) = (CertPem::self_signed().unwrap(), challenge_pem("a.test"));
         let table = SiteTable {
             sites: vec![Site {
                 label: "a.test".into(),
