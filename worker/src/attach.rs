@@ -48,7 +48,10 @@
 //!
 //! Reads the hand-off (the demux has already pinned the process to its CPU), dies with
 //! the demux, reports `READY` once the endpoint exists, reports counters about once a second,
-//! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`].
+//! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`]. It puts
+//! the ACME certificates the demux sends into [`Worker::certificates`] (QUIC and TCP at once)
+//! and its pending challenges into [`Worker::acme_answers`], and confirms each (`APPLIED`);
+//! answering the challenges on the TCP listeners is the program's (ringmux's own server does).
 
 use std::fmt;
 use std::io;
