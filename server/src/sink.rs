@@ -64,6 +64,7 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
     };
     socket2::SockRef::from(&control).set_nonblocking(true)?;
     let mut last_report = Instant::now();
+    let mut inbox = control::Receiver::new();
     let mut buf = vec![0u8; 65536];
     let mut socket = match &source {
         Source::Socket(s) => Some(OwnSocket::new(s.as_fd())?),
@@ -136,7 +137,7 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
                 ..WorkerReport::default()
             };
             let _ = control::send_nowait(control.as_fd(), &Message::Stats(r));
-            match control::recv(control.as_fd()) {
+            match inbox.recv(control.as_fd()) {
                 Ok(None) | Ok(Some(Ok(Message::Shutdown))) => return Ok(()),
                 _ => {}
             }

@@ -27,6 +27,16 @@
 //! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
 //! server returns when the last one closed; the caller bounds that with its grace.
 //!
+//! ACME challenges (`control-protocol.md`, "Control messages"), from the worker's
+//! [`AcmeAnswers`] ([`TcpOptions::acme`]), are answered here and never over QUIC. TLS-ALPN-01
+//! (RFC 8737 §3): a ClientHello whose ALPN list is `acme-tls/1` alone, for a name with a pending
+//! challenge, gets the challenge's certificate and `acme-tls/1`, and the connection ends after
+//! the handshake; any other ClientHello offering `acme-tls/1` is refused with
+//! `no_application_protocol` (counted as `tls_failed`), never served a site's certificate.
+//! HTTP-01 (RFC 8555 §8.3): on the plain-HTTP listener, `GET` (or `HEAD`)
+//! `/.well-known/acme-challenge/TOKEN` for a pending token is answered 200 with its key
+//! authorization as `text/plain`, before the redirect.
+//!
 //! Every connection hyper is done with is closed gracefully (`close_gracefully`): TLS
 //! `close_notify` and the write side shut, then what the client still sends is read and thrown
 //! away until it closes its side, or what was sent has arrived and the client went quiet, or a
@@ -55,6 +65,9 @@ use tokio::sync::{oneshot, watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info};
+
+use ringmux_proto::message::ACME_TLS_ALPN;
+use ringmux_worker::AcmeAnswers;
 
 use crate::http::{authority_of, fill_pattern, with_path, Body, Logged, Reply, ServerStats, CHUNK};
 use crate::proxy::{ClientGone, Exchange, Upstream};
@@ -182,6 +195,10 @@ pub struct TcpOptions {
     /// Held while the listener accepts, dropped the moment it stops on a drain
     /// (`Worker::accepting`): then the demux knows no new connection reaches this worker.
     pub accepting: Option<Arc<ringmux_worker::Accepting>>,
+    /// The ACME challenges pending now (`Worker::acme_answers`): TLS-ALPN-01 on the HTTPS
+    /// listener, HTTP-01 on the plain-HTTP one (see the module documentation). None by
+    /// default.
+    pub acme: AcmeAnswers,
 }
 
 impl Default for TcpOptions {
@@ -195,6 +212,7 @@ impl Default for TcpOptions {
             max_streams: 128,
             max_header_bytes: 64 * 1024,
             accepting: None,
+            acme: AcmeAnswers::new(),
         }
     }
 }
@@ -327,6 +345,18 @@ async fn serve_connections(
 /// `unrecognized_name` (112), RFC 6066 §3.
 const UNRECOGNIZED_NAME: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x70];
 
+/// A TLS alert record ending a handshake that offers `acme-tls/1` with no challenge to answer:
+/// fatal (2), `no_application_protocol` (120), RFC 7301 §3.2.
+const NO_APPLICATION_PROTOCOL: [u8; 7] = [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x78];
+
+/// What a TLS handshake on the HTTPS listener came to.
+enum Handshake {
+    /// A client to serve HTTP.
+    Serve(tokio_rustls::server::TlsStream<TcpStream>),
+    /// A TLS-ALPN-01 challenge answered: the connection ends here (RFC 8737 §3).
+    Challenge(tokio_rustls::server::TlsStream<TcpStream>),
+}
+
 /// One TCP connection's task state.
 struct Conn {
     kind: Kind,
@@ -342,28 +372,37 @@ impl Conn {
     /// The TLS handshake, once its ClientHello names a site (or the default site answers): a
     /// name no site has, or none, without a default site, is refused with the
     /// `unrecognized_name` alert (counted as `tls_failed`), as RFC 6066 §3 says, before any
-    /// certificate is chosen.
+    /// certificate is chosen. A ClientHello offering `acme-tls/1` is a TLS-ALPN-01
+    /// validation, answered with the challenge's configuration or refused, never with
+    /// `acceptor`'s (see the module documentation).
     async fn handshake(
         &self,
         acceptor: &tokio_rustls::TlsAcceptor,
         stream: TcpStream,
-    ) -> io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
-        use tokio::io::AsyncWriteExt;
+    ) -> io::Result<Handshake> {
         let start =
             tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream)
                 .await?;
         let hello = start.client_hello();
-        if self.router.connection_site(hello.server_name()).is_none() {
+        if let Some(alone) = offers_acme_tls(&hello) {
+            // RFC 8737 §3: the CA offers `acme-tls/1` alone, for the name under validation.
             let name = hello.server_name().map(str::to_owned);
-            let mut io = start.io;
-            let _ = io.write_all(&UNRECOGNIZED_NAME).await;
-            let _ = io.shutdown().await;
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("no site for the server name {name:?}"),
-            ));
+            let config = name
+                .as_deref()
+                .filter(|_| alone)
+                .and_then(|n| self.opts.acme.tls_alpn01_config(n));
+            let Some(config) = config else {
+                let problem = format!("acme-tls/1 offered, no challenge pending for {name:?}");
+                return Err(refuse(start.io, &NO_APPLICATION_PROTOCOL, problem).await);
+            };
+            return start.into_stream(config).await.map(Handshake::Challenge);
         }
-        start.into_stream(acceptor.config().clone()).await
+        if self.router.connection_site(hello.server_name()).is_none() {
+            let problem = format!("no site for the server name {:?}", hello.server_name());
+            return Err(refuse(start.io, &UNRECOGNIZED_NAME, problem).await);
+        }
+        let tls = start.into_stream(acceptor.config().clone()).await?;
+        Ok(Handshake::Serve(tls))
     }
 
     async fn run(mut self, stream: TcpStream, remote: SocketAddr) {
@@ -372,12 +411,14 @@ impl Conn {
             Kind::Https(acceptor) => acceptor.clone(),
             Kind::Redirect { https_port } => {
                 let (router, stats) = (self.router.clone(), self.stats.clone());
+                let acme = self.opts.acme.clone();
                 let port = *https_port;
                 let tracked = self.tracked.clone();
                 let service = hyper::service::service_fn(move |req| {
+                    let (router, stats, acme) = (router.clone(), stats.clone(), acme.clone());
                     counted(
                         tracked.begin(),
-                        redirect(router.clone(), stats.clone(), port, remote, req),
+                        redirect(router, stats, acme, port, remote, req),
                     )
                 });
                 self.tracked.open();
@@ -393,7 +434,17 @@ impl Conn {
         )
         .await
         {
-            Ok(Ok(tls)) => tls,
+            Ok(Ok(Handshake::Serve(tls))) => tls,
+            Ok(Ok(Handshake::Challenge(tls))) => {
+                debug!(%remote, name = tls.get_ref().1.server_name(), "TLS-ALPN-01 answered");
+                // Not counted against the cap while it closes.
+                self.tracked.phase.store(CLOSING, Ordering::Relaxed);
+                if let Err(why) = close_gracefully(tls).await {
+                    self.stats.count_tcp_error(TcpErrorKind::LingerCut);
+                    debug!(%remote, why, "graceful close cut short");
+                }
+                return;
+            }
             Ok(Err(e)) => {
                 // Garbage instead of TLS ends here at once.
                 self.stats.count_tcp_error(TcpErrorKind::TlsFailed);
@@ -549,6 +600,26 @@ impl Conn {
         };
         debug!(%remote, ?why, "asking the connection to finish");
     }
+}
+
+/// Whether a ClientHello offers `acme-tls/1` (RFC 8737 §6.2), and if so whether alone.
+fn offers_acme_tls(hello: &rustls::server::ClientHello<'_>) -> Option<bool> {
+    let (mut acme, mut others) = (false, false);
+    for protocol in hello.alpn()? {
+        match protocol == ACME_TLS_ALPN {
+            true => acme = true,
+            false => others = true,
+        }
+    }
+    acme.then_some(!others)
+}
+
+/// Ends a handshake before it began with a fatal `alert` record, and the write side shut;
+/// the error to report, which says why (`problem`).
+async fn refuse(mut io: TcpStream, alert: &[u8], problem: String) -> io::Error {
+    let _ = io.write_all(alert).await;
+    let _ = io.shutdown().await;
+    io::Error::new(io::ErrorKind::InvalidData, problem)
 }
 
 /// hyper's HTTP/1.1 and HTTP/2 server connections, as [`Conn::drive`] uses them.
@@ -1075,10 +1146,12 @@ async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
     }
 }
 
-/// The redirect of a request on the plain-HTTP listener: 301 to `https://HOST[:PORT]PATH`.
+/// The answer to a request on the plain-HTTP listener: the key authorization of a pending
+/// HTTP-01 challenge, else a 301 to `https://HOST[:PORT]PATH`.
 async fn redirect(
     router: Router,
     stats: Arc<ServerStats>,
+    acme: AcmeAnswers,
     https_port: u16,
     remote: SocketAddr,
     req: Request<Incoming>,
@@ -1088,7 +1161,47 @@ async fn redirect(
     let (parts, _body) = req.into_parts();
     let site = router.site_for_host(authority_of(&parts));
     let logged = Logged::begin(&router, site, remote, "h1", &parts);
-    let host = authority_of(&parts).and_then(|h| h.parse::<http::uri::Authority>().ok());
+    let reply = match http01_answer(&acme, &parts) {
+        Some(key_authorization) => {
+            debug!(%remote, "HTTP-01 answered");
+            Reply::new(StatusCode::OK, "text/plain", Body::Text(key_authorization))
+        }
+        None => redirect_reply(&parts, https_port),
+    };
+    stats.count_response(site, reply.status);
+    let head = parts.method == Method::HEAD;
+    let bytes = if head { 0 } else { reply.body.len() };
+    if let Some(l) = logged {
+        l.end(Some(reply.status), bytes);
+    }
+    let mut resp = Response::new(if head {
+        Empty::new().map_err(|never| match never {}).boxed_unsync()
+    } else {
+        body_of(reply.body, stats)
+    });
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
+    resp
+}
+
+/// HTTP-01 (RFC 8555 §8.3): the key authorization for `GET` or `HEAD`
+/// `/.well-known/acme-challenge/TOKEN` of a pending token, whatever the host (the token alone
+/// names the challenge).
+fn http01_answer(acme: &AcmeAnswers, parts: &http::request::Parts) -> Option<String> {
+    if parts.method != Method::GET && parts.method != Method::HEAD {
+        return None;
+    }
+    let token = parts
+        .uri
+        .path()
+        .strip_prefix("/.well-known/acme-challenge/")?;
+    acme.http01(token)
+}
+
+/// The 301 to `https://HOST[:PORT]PATH` for a request of `parts`, on `https_port` (left out
+/// when 443); 400 without a usable host.
+fn redirect_reply(parts: &http::request::Parts, https_port: u16) -> Reply {
+    let host = authority_of(parts).and_then(|h| h.parse::<http::uri::Authority>().ok());
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let location = host.and_then(|host| {
         let port = if https_port == 443 {
@@ -1098,7 +1211,7 @@ async fn redirect(
         };
         HeaderValue::from_str(&format!("https://{}{port}{path}", host.host())).ok()
     });
-    let reply = match location {
+    match location {
         Some(location) => {
             let mut r = Reply::text(StatusCode::MOVED_PERMANENTLY, b"moved to https\n");
             r.headers.insert(header::LOCATION, location);
@@ -1108,16 +1221,7 @@ async fn redirect(
             StatusCode::BAD_REQUEST,
             b"a host is needed to redirect to https\n",
         ),
-    };
-    stats.count_response(site, reply.status);
-    let bytes = reply.body.len();
-    if let Some(l) = logged {
-        l.end(Some(reply.status), bytes);
     }
-    let mut resp = Response::new(body_of(reply.body, stats));
-    *resp.status_mut() = reply.status;
-    *resp.headers_mut() = reply.headers;
-    resp
 }
 
 /// A response body that writes its request's access-log line when hyper is done with it

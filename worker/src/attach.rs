@@ -48,7 +48,10 @@
 //!
 //! Reads the hand-off (the demux has already pinned the process to its CPU), dies with
 //! the demux, reports `READY` once the endpoint exists, reports counters about once a second,
-//! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`].
+//! and turns the demux's drain request (and SIGTERM) into [`Worker::drain_signal`]. It puts
+//! the ACME certificates the demux sends into [`Worker::certificates`] (QUIC and TCP at once)
+//! and its pending challenges into [`Worker::acme_answers`], and confirms each (`APPLIED`);
+//! answering the challenges on the TCP listeners is the program's (ringmux's own server does).
 
 use std::fmt;
 use std::io;
@@ -63,6 +66,7 @@ use ringmux_proto::{Handoff, HandoffError, Message, WorkerReport, CONTROL_FD_ENV
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use tokio::sync::watch;
 
+use crate::acme::{self, AcmeAnswers};
 use crate::control::{self, ControlError};
 use crate::ingress::Ingress;
 use crate::quic::{endpoint_config, server_config, ServerOptions};
@@ -164,8 +168,10 @@ pub struct Worker {
     public_addr: SocketAddr,
     /// The sites this worker serves, as the demux handed them over.
     sites: SiteTable,
-    /// Their certificates, chosen by SNI.
+    /// Their certificates, chosen by SNI; the demux replaces an ACME site's at run time.
     certificates: SiteCerts,
+    /// The ACME challenges pending now, as the demux sets them.
+    acme: AcmeAnswers,
     /// The operator's QUIC idle timeout (`ringmux --idle-timeout`).
     idle_timeout: Duration,
     alt_svc: Option<String>,
@@ -339,6 +345,7 @@ impl Worker {
             public_addr: h.public_addr,
             sites,
             certificates,
+            acme: AcmeAnswers::new(),
             idle_timeout: h.idle_timeout,
             alt_svc: h.alt_svc,
             shared: Mutex::default(),
@@ -385,9 +392,24 @@ impl Worker {
 
     /// The sites' certificates, chosen by SNI: what [`Worker::tls_config`] and
     /// [`Worker::tcp_tls_config`] present. [`SiteCerts::site_for`] tells which site a
-    /// connection's server name chose.
+    /// connection's server name chose. The demux's `CERTIFICATE` messages replace an ACME
+    /// site's certificate here, for QUIC and TCP at once; [`Worker::sites`] keeps the PEM text
+    /// of the hand-off.
     pub fn certificates(&self) -> &SiteCerts {
         &self.certificates
+    }
+
+    /// The ACME challenges pending now, which the demux's `CHALLENGES` messages replace
+    /// (once [`Worker::endpoint`] started the control task). A program that serves
+    /// [`Worker::tcp_listener`] or [`Worker::redirect_listener`] answers them there, and
+    /// never over QUIC: TLS-ALPN-01 (RFC 8737) on the HTTPS listener, a ClientHello whose
+    /// ALPN list is `acme-tls/1` alone for a pending name handshaking with
+    /// [`AcmeAnswers::tls_alpn01_config`] and closing after it, any other one offering
+    /// `acme-tls/1` refused; HTTP-01 on the plain-HTTP listener,
+    /// `GET /.well-known/acme-challenge/TOKEN` answered 200 with [`AcmeAnswers::http01`]
+    /// as `text/plain` before any redirect (`control-protocol.md`, "Control messages").
+    pub fn acme_answers(&self) -> &AcmeAnswers {
+        &self.acme
     }
 
     /// The demux's listening TCP socket, when ringmux runs with `--tcp on`: serve HTTPS over
@@ -558,6 +580,10 @@ impl Worker {
             ingress_stats,
             self.report.clone(),
             self.accepting.clone(),
+            Pushed {
+                certificates: self.certificates.clone(),
+                acme: self.acme.clone(),
+            },
         ));
         Ok(endpoint)
     }
@@ -743,8 +769,16 @@ fn inherited_number(var: &'static str, program: &str) -> Result<RawFd, AttachErr
     Ok(fd)
 }
 
+/// What the demux changes in a running worker: the ACME sites' certificates and the pending
+/// challenges.
+struct Pushed {
+    certificates: SiteCerts,
+    acme: AcmeAnswers,
+}
+
 /// Talks to the demux until it goes away: counters about once a second, drain requests (and
-/// SIGTERM) into `drain`. When the demux closes the control socket the worker exits at once:
+/// SIGTERM) into `drain`, ACME certificates and challenges into `pushed`, each answered
+/// `APPLIED` once in use. When the demux closes the control socket the worker exits at once:
 /// nothing would route datagrams to it any more.
 async fn control_task(
     control: sys::AsyncReadable,
@@ -753,7 +787,9 @@ async fn control_task(
     ingress: Arc<IngressStats>,
     report: Arc<Mutex<Option<ReportFn>>>,
     accepting: Arc<AcceptState>,
+    pushed: Pushed,
 ) {
+    let mut inbox = control::Receiver::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     // Asked to drain by the demux, and whether STOPPED went out.
     let (mut asked, mut told) = (false, false);
@@ -768,11 +804,21 @@ async fn control_task(
         tokio::select! {
             ready = control.readable() => {
                 let Ok(mut guard) = ready else { return };
-                match control::recv(guard.get_inner().as_fd()) {
+                match inbox.recv(guard.get_inner().as_fd()) {
                     Ok(Some(Ok(Message::Shutdown))) => {
                         tracing::info!("draining on request of the demux");
                         let _ = drain.send(true);
                         asked = true;
+                    }
+                    Ok(Some(Ok(Message::Certificate(c)))) => {
+                        if acme::apply_certificate(&pushed.certificates, &c) {
+                            applied(&control, c.seq);
+                        }
+                    }
+                    Ok(Some(Ok(Message::Challenges(set)))) => {
+                        if acme::apply_challenges(&pushed.acme, &set) {
+                            applied(&control, set.seq);
+                        }
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => {
@@ -809,6 +855,15 @@ async fn control_task(
                 }
             }
         }
+    }
+}
+
+/// Tells the demux the update numbered `seq` is in use. Never waits: the control task also
+/// carries the drain; a demux that does not read its socket has bigger troubles, and its
+/// own timeout tells it the update was not confirmed.
+fn applied(control: &sys::AsyncReadable, seq: u64) {
+    if let Err(e) = control::send_nowait(control.get_ref().as_fd(), &Message::Applied(seq)) {
+        tracing::warn!(seq, error = %e, "could not send APPLIED");
     }
 }
 

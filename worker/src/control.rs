@@ -1,6 +1,6 @@
-//! The worker's end of its control socket: receiving the hand-off, sending `READY` and `STATS`,
-//! reading `SHUTDOWN`. The messages themselves are [`ringmux_proto`]'s; this module only moves
-//! them over the socket.
+//! The worker's end of its control socket: receiving the hand-off, sending `READY`, `STATS`,
+//! `STOPPED` and `APPLIED`, reading `SHUTDOWN`, `CERTIFICATE` and `CHALLENGES`. The messages
+//! themselves are [`ringmux_proto`]'s; this module only moves them over the socket.
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -87,16 +87,44 @@ fn send_blocking(sock: BorrowedFd<'_>, message: &Message, dontwait: bool) -> io:
     sys::send_packet(sock, &message.encode(), dontwait)
 }
 
-/// Receives one message without blocking: `Ok(None)` when the demux closed the socket,
-/// `WouldBlock` when nothing is queued, `Ok(Some(Err(_)))` for a message this worker does not
-/// know (the caller ignores it).
-pub fn recv(sock: BorrowedFd<'_>) -> io::Result<Option<Result<Message, MessageError>>> {
-    let mut buf = [0u8; 256];
-    let n = sys::recv_packet(sock, &mut buf, true)?;
-    match buf.get(..n) {
-        _ if n == 0 => Ok(None),
-        Some(packet) => Ok(Some(Message::decode(packet))),
-        // Longer than any message the demux sends: not one of ours.
-        None => Ok(Some(Err(MessageError::Unknown(buf[..16].to_vec())))),
+/// Receives the demux's messages, one packet at a time, into one buffer of [`MAX_MESSAGE`]
+/// bytes made once (a `CERTIFICATE` carries a whole chain and key).
+pub struct Receiver {
+    buf: Box<[u8]>,
+}
+
+impl Default for Receiver {
+    fn default() -> Self {
+        Receiver::new()
+    }
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver").finish_non_exhaustive()
+    }
+}
+
+impl Receiver {
+    pub fn new() -> Receiver {
+        Receiver {
+            buf: vec![0u8; MAX_MESSAGE].into_boxed_slice(),
+        }
+    }
+
+    /// Receives one message without blocking: `Ok(None)` when the demux closed the socket,
+    /// `WouldBlock` when nothing is queued, `Ok(Some(Err(_)))` for a message this worker
+    /// does not know or one longer than [`MAX_MESSAGE`] (the caller ignores it).
+    pub fn recv(
+        &mut self,
+        sock: BorrowedFd<'_>,
+    ) -> io::Result<Option<Result<Message, MessageError>>> {
+        let n = sys::recv_packet(sock, &mut self.buf, true)?;
+        match self.buf.get(..n) {
+            _ if n == 0 => Ok(None),
+            Some(packet) => Ok(Some(Message::decode(packet))),
+            // Longer than any message the demux sends: not one of ours.
+            None => Ok(Some(Err(MessageError::Unknown(self.buf[..16].to_vec())))),
+        }
     }
 }

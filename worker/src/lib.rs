@@ -46,7 +46,11 @@
 //! `ringmux-server` package, which also makes the `ringmux-worker` program:
 //!
 //! * [`attach`]: [`Worker`], the attachment to the demux.
-//! * [`tls`]: certificate chain, shared session-ticket key, rustls server config.
+//! * [`tls`]: certificate chain, shared session-ticket key, rustls server config; the sites'
+//!   certificates ([`tls::SiteCerts`]), one table that QUIC and TCP share, whose ACME sites'
+//!   certificates the demux replaces at run time.
+//! * [`acme`]: the ACME challenges pending now ([`AcmeAnswers`], [`Worker::acme_answers`]),
+//!   which the TCP listeners answer (HTTP-01, TLS-ALPN-01) and QUIC never does.
 //! * [`quic`]: quinn endpoint/server configuration with the keys shared by all instances.
 //! * [`socket`]: [`socket::RingSocket`], a quinn `AsyncUdpSocket` over a ringmux ingress.
 //! * [`ingress`]: where datagrams come from (ring or unix socket), and the unix framing decoder.
@@ -58,6 +62,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod acme;
 pub mod attach;
 pub mod control;
 pub mod ingress;
@@ -68,6 +73,7 @@ pub mod socket;
 mod sys;
 pub mod tls;
 
+pub use acme::AcmeAnswers;
 pub use attach::{Accepting, AttachError, Drain, RawParts, Worker};
 pub use sys::{cpu_time, poll_readable};
 

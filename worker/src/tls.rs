@@ -27,7 +27,7 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use quinn::crypto::rustls::QuicServerConfig;
@@ -204,7 +204,7 @@ pub fn rustls_config(
 
 /// The crypto provider of every configuration here. Always named: with more than one provider
 /// compiled in (rustls' default features add aws-lc-rs), the process default is ambiguous.
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -231,46 +231,83 @@ impl CertSource for SiteCerts {
 /// name (SNI): an exact name before a one-label wildcard, else the default site's; with no
 /// default site, a handshake without SNI or for a name no site has fails (rustls would send
 /// the `access_denied` alert; `Worker::server_config` and the built-in server's TCP side
-/// refuse such a ClientHello with `unrecognized_name` first). The same resolver serves QUIC and TCP, so both transports
-/// always present the same certificate for a name. Cheap to clone.
+/// refuse such a ClientHello with `unrecognized_name` first). The same resolver serves QUIC
+/// and TCP, so both transports always present the same certificate for a name.
+///
+/// Cheap to clone, and every clone shares one table of certificates: an ACME site's new
+/// certificate ([`SiteCerts::install`]) reaches every configuration built from this one (the
+/// QUIC one and the TCP one alike) at once, for every handshake from then on. An ACME site
+/// has no certificate until its first one is installed, and a handshake for it fails until
+/// then.
 #[derive(Clone)]
 pub struct SiteCerts {
-    keys: Arc<[Arc<CertifiedKey>]>,
+    /// One per site, in the table's order.
+    slots: Arc<[Slot]>,
     index: Arc<SiteIndex>,
+}
+
+/// A site's certificate as handshakes get it now.
+struct Slot {
+    label: Box<str>,
+    /// Its certificate comes from ACME: [`SiteCerts::install`] may replace it.
+    acme: bool,
+    /// `None`: an ACME site before its first certificate. A lock, not an atomic swap: a
+    /// handshake holds it for a reference count's increment, a certificate is replaced every
+    /// few weeks.
+    key: RwLock<Option<Arc<CertifiedKey>>>,
 }
 
 impl fmt::Debug for SiteCerts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SiteCerts")
-            .field("sites", &self.keys.len())
+            .field("sites", &self.slots.len())
             .finish_non_exhaustive()
     }
 }
 
+/// Why [`SiteCerts::install`] refused a certificate; the site keeps the one it had.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    /// The index is past the site table.
+    #[error("no site {site}: the site table has {sites}")]
+    NoSuchSite { site: usize, sites: usize },
+    /// The site's certificate is the operator's, never replaced at run time.
+    #[error("site {label} is not an ACME site: its certificate is the operator's")]
+    NotAcme { label: String },
+    /// The chain or key does not parse, or the key is not the leaf's.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
 impl SiteCerts {
     /// Every site's certificate and key, parsed, each key checked against its certificate; an
-    /// error names the site.
+    /// error names the site. An ACME site without a certificate yet (both PEM texts empty) has
+    /// none until [`SiteCerts::install`].
     pub fn new(table: &SiteTable) -> Result<SiteCerts, TlsError> {
         let provider = provider();
-        let keys = table
+        let slots = table
             .sites
             .iter()
             .map(|site| {
-                let origin = |problem: String| {
-                    TlsError::Cert(CertError::Pem {
-                        origin: format!("site {}", site.label),
-                        problem,
-                    })
+                let pending = site.acme && site.cert_pem.is_empty() && site.key_pem.is_empty();
+                let key = match pending {
+                    true => None,
+                    false => Some(Arc::new(certified_key(
+                        &site.label,
+                        &site.cert_pem,
+                        &site.key_pem,
+                        &provider,
+                    )?)),
                 };
-                let (certs, key) = ringmux_proto::certs::parse_pem(&site.cert_pem, &site.key_pem)
-                    .map_err(|e| origin(e.to_string()))?;
-                CertifiedKey::from_der(certs, key, &provider)
-                    .map(Arc::new)
-                    .map_err(|e| origin(e.to_string()))
+                Ok(Slot {
+                    label: site.label.as_str().into(),
+                    acme: site.acme,
+                    key: RwLock::new(key),
+                })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, TlsError>>()?;
         Ok(SiteCerts {
-            keys: keys.into(),
+            slots: slots.into(),
             index: Arc::new(SiteIndex::new(table)),
         })
     }
@@ -278,8 +315,13 @@ impl SiteCerts {
     /// One chain for every handshake, whatever its server name.
     pub fn single(chain: &CertChain) -> Result<SiteCerts, TlsError> {
         let key = CertifiedKey::from_der(chain.certs.clone(), chain.key.clone_key(), &provider())?;
+        let slot = Slot {
+            label: "-".into(),
+            acme: false,
+            key: RwLock::new(Some(Arc::new(key))),
+        };
         Ok(SiteCerts {
-            keys: vec![Arc::new(key)].into(),
+            slots: vec![slot].into(),
             index: Arc::new(SiteIndex::catch_all(0)),
         })
     }
@@ -289,12 +331,51 @@ impl SiteCerts {
     pub fn site_for(&self, sni: Option<&str>) -> Option<usize> {
         self.index.for_host(sni)
     }
+
+    /// The certificate a handshake for `site` gets now; `None` for an ACME site that has none
+    /// yet, or an index past the table.
+    pub fn current(&self, site: usize) -> Option<Arc<CertifiedKey>> {
+        let slot = self.slots.get(site)?;
+        // A writer that panicked left a whole `Option` behind: the lock guards nothing else.
+        let key = slot.key.read().unwrap_or_else(PoisonError::into_inner);
+        key.clone()
+    }
+
+    /// The label of `site`, as the site table names it.
+    pub fn label(&self, site: usize) -> Option<&str> {
+        self.slots.get(site).map(|s| &*s.label)
+    }
+
+    /// Makes the chain `cert_pem` (leaf first) with the key `key_pem` the certificate of the
+    /// ACME site `site`, for every handshake from now on, on every configuration built from
+    /// this table (QUIC and TCP alike); connections already made keep theirs. Refuses, and the
+    /// site keeps its certificate, when `site` is past the table or not an ACME site, when
+    /// either text does not parse, or when the key is not the leaf's. Returns what it
+    /// installed.
+    pub fn install(
+        &self,
+        site: usize,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Result<Arc<CertifiedKey>, InstallError> {
+        let slot = self.slots.get(site).ok_or(InstallError::NoSuchSite {
+            site,
+            sites: self.slots.len(),
+        })?;
+        if !slot.acme {
+            return Err(InstallError::NotAcme {
+                label: slot.label.to_string(),
+            });
+        }
+        let key = Arc::new(certified_key(&slot.label, cert_pem, key_pem, &provider())?);
+        *slot.key.write().unwrap_or_else(PoisonError::into_inner) = Some(key.clone());
+        Ok(key)
+    }
 }
 
 impl ResolvesServerCert for SiteCerts {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let site = self.site_for(hello.server_name())?;
-        self.keys.get(site).cloned()
+        self.current(self.site_for(hello.server_name())?)
     }
 }
 
@@ -448,6 +529,25 @@ impl ProducesTickets for SharedTicketer {
     }
 }
 
+/// The chain and key of site `label`, parsed, the key checked against the leaf
+/// (`CertifiedKey::from_der`); an error names the site.
+fn certified_key(
+    label: &str,
+    cert_pem: &str,
+    key_pem: &str,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let origin = |problem: String| {
+        TlsError::Cert(CertError::Pem {
+            origin: format!("site {label}"),
+            problem,
+        })
+    };
+    let (certs, key) =
+        ringmux_proto::certs::parse_pem(cert_pem, key_pem).map_err(|e| origin(e.to_string()))?;
+    CertifiedKey::from_der(certs, key, provider).map_err(|e| origin(e.to_string()))
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -456,8 +556,275 @@ fn unix_now() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use ringmux_proto::sites::Site;
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::{ServerName, UnixTime};
+    use rustls::{DigitallySignedStruct, SignatureScheme};
+
+    /// What a client saw of a handshake: the server's leaf and the ALPN protocol chosen.
+    pub(crate) type Seen = (CertificateDer<'static>, Option<Vec<u8>>);
+
+    /// A TLS handshake over TCP with `config`, in memory (rustls on both ends), by a client
+    /// naming `name` and offering `alpn`.
+    pub(crate) fn tcp_handshake(
+        config: Arc<rustls::ServerConfig>,
+        name: &str,
+        alpn: &[&[u8]],
+    ) -> Result<Seen, rustls::Error> {
+        let versions = [&rustls::version::TLS13, &rustls::version::TLS12];
+        let name = ServerName::try_from(name.to_string()).expect("a server name");
+        let client = rustls::ClientConnection::new(client_config(&versions, alpn), name)?;
+        let mut client = rustls::Connection::from(client);
+        let mut server = rustls::Connection::from(rustls::ServerConnection::new(config)?);
+        for _ in 0..10 {
+            let to_server = drain_tls(&mut client);
+            feed_tls(&mut server, &to_server)?;
+            let to_client = drain_tls(&mut server);
+            feed_tls(&mut client, &to_client)?;
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+        }
+        seen(&client)
+    }
+
+    /// A QUIC handshake (RFC 9001's TLS messages, without packets) with `config`, in memory,
+    /// by a client naming `name` and offering `alpn`.
+    pub(crate) fn quic_handshake(
+        config: Arc<rustls::ServerConfig>,
+        name: &str,
+        alpn: &[&[u8]],
+    ) -> Result<Seen, rustls::Error> {
+        use rustls::quic::{ClientConnection, ServerConnection, Version};
+        let name = ServerName::try_from(name.to_string()).expect("a server name");
+        let client_config = client_config(&[&rustls::version::TLS13], alpn);
+        let params = b"transport parameters".to_vec();
+        let mut client = ClientConnection::new(client_config, Version::V1, name, params.clone())?;
+        let mut server = ServerConnection::new(config, Version::V1, params)?;
+        for _ in 0..10 {
+            // Each call writes up to the next change of keys, and each level's bytes are read
+            // on their own, as QUIC carries them in packets of their own (RFC 9001 §4.1.3).
+            loop {
+                let mut bytes = Vec::new();
+                let next = client.write_hs(&mut bytes);
+                if !bytes.is_empty() {
+                    server.read_hs(&bytes)?;
+                }
+                if next.is_none() {
+                    break;
+                }
+            }
+            loop {
+                let mut bytes = Vec::new();
+                let next = server.write_hs(&mut bytes);
+                if !bytes.is_empty() {
+                    client.read_hs(&bytes)?;
+                }
+                if next.is_none() {
+                    break;
+                }
+            }
+            if !client.is_handshaking() && !server.is_handshaking() {
+                break;
+            }
+        }
+        seen(&client)
+    }
+
+    fn seen(client: &rustls::CommonState) -> Result<Seen, rustls::Error> {
+        if client.is_handshaking() {
+            return Err(rustls::Error::General(
+                "the handshake did not finish".into(),
+            ));
+        }
+        let leaf = client
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .ok_or(rustls::Error::NoCertificatesPresented)?;
+        Ok((
+            leaf.clone().into_owned(),
+            client.alpn_protocol().map(<[u8]>::to_vec),
+        ))
+    }
+
+    fn drain_tls(from: &mut rustls::Connection) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        while from.wants_write() {
+            if from.write_tls(&mut bytes).is_err() {
+                break;
+            }
+        }
+        bytes
+    }
+
+    fn feed_tls(to: &mut rustls::Connection, mut bytes: &[u8]) -> Result<(), rustls::Error> {
+        while !bytes.is_empty() {
+            if to.read_tls(&mut bytes).is_err() {
+                break;
+            }
+            to.process_new_packets()?;
+        }
+        Ok(())
+    }
+
+    /// A client that takes any certificate (these tests look at which one it got).
+    fn client_config(
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        alpn: &[&[u8]],
+    ) -> Arc<rustls::ClientConfig> {
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(versions)
+            .expect("protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
+            .with_no_client_auth();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+
+    /// Takes any certificate, checking only the handshake's signatures.
+    #[derive(Debug)]
+    struct AnyCertificate;
+
+    impl ServerCertVerifier for AnyCertificate {
+        fn verify_server_cert(
+            &self,
+            _: &CertificateDer<'_>,
+            _: &[CertificateDer<'_>],
+            _: &ServerName<'_>,
+            _: &[u8],
+            _: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            Ok(ServerCertVerified::assertion())
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            _: &[u8],
+            _: &CertificateDer<'_>,
+            _: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            // rustls checks TLS 1.2 signatures only through webpki, which refuses to read a
+            // TLS-ALPN-01 certificate (its critical acmeIdentifier extension): unchecked here;
+            // TLS 1.3 handshakes check that the server holds the key.
+            Ok(HandshakeSignatureValid::assertion())
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            // By the leaf's key alone, read without webpki (see above).
+            let (_, leaf) = x509_parser::parse_x509_certificate(cert)
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            let spki = rustls::pki_types::SubjectPublicKeyInfoDer::from(leaf.public_key().raw);
+            let algs = provider().signature_verification_algorithms;
+            rustls::crypto::verify_tls13_signature_with_raw_key(message, &spki, dss, &algs)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            provider()
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    }
+
+    /// The leaf of `pem`, as a handshake presents it.
+    pub(crate) fn leaf(pem: &CertPem) -> CertificateDer<'static> {
+        CertChain::from_pem(&pem.chain, &pem.key).unwrap().certs[0].clone()
+    }
+
+    fn acme_table() -> (SiteTable, CertPem) {
+        let operator = CertPem::self_signed().unwrap();
+        let site = |label: &str, acme: bool, pem: Option<&CertPem>| Site {
+            label: label.into(),
+            names: vec![label.into()],
+            cert_pem: pem.map(|p| p.chain.clone()).unwrap_or_default(),
+            key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
+            acme,
+            routes: Vec::new(),
+        };
+        let table = SiteTable {
+            sites: vec![
+                site("a.test", true, None),
+                site("b.test", false, Some(&operator)),
+            ],
+            default_site: None,
+        };
+        (table, operator)
+    }
+
+    /// An ACME site has no certificate until one is installed; each one installed reaches
+    /// configurations for QUIC and TCP made before it, at once; a chain whose key is not the
+    /// leaf's, empty text, an index past the table and a site whose certificate is the
+    /// operator's are refused, and the site keeps what it had.
+    #[test]
+    fn an_installed_certificate_reaches_quic_and_tcp_at_once() {
+        let (table, operator) = acme_table();
+        let certs = SiteCerts::new(&table).unwrap();
+        let quic = Arc::new(quic_tls_config(&certs, &[ALPN_H3]).unwrap());
+        let tcp = Arc::new(tcp_tls_config(&certs).unwrap());
+        let both = |name: &str| {
+            (
+                quic_handshake(quic.clone(), name, &[ALPN_H3]).map(|s| s.0),
+                tcp_handshake(tcp.clone(), name, &[b"h2"]).map(|s| s.0),
+            )
+        };
+        assert!(certs.current(0).is_none());
+        let (q, t) = both("a.test");
+        assert!(q.is_err() && t.is_err(), "no certificate yet: {q:?} {t:?}");
+        assert_eq!(both("b.test"), (Ok(leaf(&operator)), Ok(leaf(&operator))));
+
+        let (first, renewed) = (
+            CertPem::self_signed().unwrap(),
+            CertPem::self_signed().unwrap(),
+        );
+        for pem in [&first, &renewed] {
+            let installed = certs.install(0, &pem.chain, &pem.key).unwrap();
+            assert_eq!(installed.cert[0], leaf(pem));
+            assert_eq!(both("a.test"), (Ok(leaf(pem)), Ok(leaf(pem))));
+        }
+
+        let refused = [
+            certs.install(0, &first.chain, &renewed.key),
+            certs.install(0, "", ""),
+            certs.install(0, &first.chain, "not a key"),
+            certs.install(1, &first.chain, &first.key),
+            certs.install(2, &first.chain, &first.key),
+        ];
+        let refused: Vec<String> = refused
+            .into_iter()
+            .map(|r| r.map(|_| ()).unwrap_err().to_string())
+            .collect();
+        assert!(refused[0].contains("site a.test"), "{refused:?}");
+        assert!(
+            refused[3].contains("b.test is not an ACME site"),
+            "{refused:?}"
+        );
+        assert!(refused[4].contains("no site 2"), "{refused:?}");
+        assert_eq!(both("a.test"), (Ok(leaf(&renewed)), Ok(leaf(&renewed))));
+        assert_eq!(both("b.test"), (Ok(leaf(&operator)), Ok(leaf(&operator))));
+        assert_eq!(certs.label(0), Some("a.test"));
+    }
+
+    /// An ACME site whose certificate the table carries already (a worker started after the
+    /// first `CERTIFICATE`) serves it from the start; a broken one still stops the worker.
+    #[test]
+    fn an_acme_site_with_a_certificate_in_the_table_serves_it() {
+        let (mut table, _) = acme_table();
+        let pem = CertPem::self_signed().unwrap();
+        table.sites[0].cert_pem = pem.chain.clone();
+        table.sites[0].key_pem = pem.key.clone();
+        let certs = SiteCerts::new(&table).unwrap();
+        assert_eq!(certs.current(0).unwrap().cert[0], leaf(&pem));
+        table.sites[0].key_pem = String::new();
+        let err = SiteCerts::new(&table).unwrap_err().to_string();
+        assert!(err.contains("site a.test"), "{err}");
+    }
 
     #[test]
     fn pem_text_and_files_give_the_same_chain() {

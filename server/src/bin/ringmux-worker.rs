@@ -147,6 +147,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                     max_connections: options.serve.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
                     accepting: Some(Arc::new(worker.accepting())),
+                    acme: worker.acme_answers().clone(),
                     ..TcpOptions::default()
                 },
             ))
@@ -169,6 +170,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
                     max_connections: options.serve.tcp_max_connections as usize,
                     idle_timeout: options.tcp_idle_timeout(),
                     accepting: Some(Arc::new(worker.accepting())),
+                    acme: worker.acme_answers().clone(),
                     ..TcpOptions::default()
                 },
             ))
