@@ -2,23 +2,28 @@
 # scripts/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
 # made by `ringmux lb-config nftables`, all on this machine in network namespaces (README
 # "More than one box"). Needs root, iproute2 (`ip netns`), nftables, and for `test`
-# gtlsclient (ngtcp2-client), curl and python3.
+# gtlsclient (ngtcp2-client), conntrack, curl and python3.
 #
 #   rmx-client 10.77.0.2, fd77::2 ──veth── rmx-lb 10.77.0.1 = the VIP, fd77::1 = the IPv6 VIP
-#                                          │  nftables: CIDs to their node, new 4-tuples hashed
+#                                          │  nftables: QUIC by CID to its node, new UDP 4-tuples
+#                                          │  and new TCP connections (443, 80) hashed
 #                            ┌──veth───────┼──────veth──┬──────veth──┐
 #                  rmx-n1 10.77.1.2    rmx-n2 10.77.2.2     rmx-n3 10.77.3.2   (fd77:N::2)
 #
-# Each node runs DIR/ringmux (default target/debug) on [::]:443 with its own 8-byte --node-id,
-# --plaintext-cids and one shared key file; its default route goes back through rmx-lb, whose
-# connection tracking gives the replies the VIP's address. Addresses exist only inside these
-# namespaces.
+# Each node runs DIR/ringmux (default target/debug) on [::]:443, QUIC and HTTPS over TCP, with
+# plain-HTTP redirects on [::]:80 (--redirect-http), its own 8-byte --node-id, --plaintext-cids
+# and one shared key file; its default route goes back through rmx-lb, whose connection
+# tracking gives the replies the VIP's address. The rules balance UDP 443 and TCP 443 and 80
+# (lb-config's --tcp-port 80). Addresses exist only inside these namespaces.
 #
 #   up    clean up leftovers, then build the namespaces, start the nodes, apply the rules
 #   test  up (nodes with --retry always), then: every packet length through the rules, 60+
-#         connections spread over the nodes, a NEW_TOKEN token of one node taken by another,
-#         active migration and NAT rebinding, `ringmux upgrade` of a node under load, a drained
-#         and a removed node, IPv6; then down (also on failure). Exit 0 only if all passed.
+#         connections spread over the nodes, 30 HTTPS connections over TCP spread likewise and
+#         plain HTTP redirected, a NEW_TOKEN token of one node taken by another, active
+#         migration and NAT rebinding, `ringmux upgrade` of a node under load, a drained node
+#         (no new connection, QUIC or TCP, and a TCP download it was serving finishes) and a
+#         removed one, IPv6 (QUIC and TCP); then down (also on failure). Exit 0 only if all
+#         passed.
 #   down  stop the nodes, delete the namespaces and the state folder
 #
 # Every wait polls for an outcome with a bound; nothing sleeps in its place.
@@ -51,6 +56,7 @@ node_id() { printf '72696e676d7578%02x' "$1"; }
 VIP=10.77.0.1
 VIP6=fd77::1
 PORT=443
+HTTP_PORT=80
 TABLE=ringmux
 URL="https://$VIP:$PORT"
 
@@ -115,7 +121,8 @@ link() { # link NS_A IF_A ADDR_A NS_B IF_B ADDR_B ADDR6_A ADDR6_B
 
 # The ruleset for the nodes given as arguments (numbers), plus lb-config options after `--`.
 ruleset() {
-  local args=(lb-config nftables --plaintext-cids --vip "$VIP:$PORT" --table "$TABLE")
+  local args=(lb-config nftables --plaintext-cids --vip "$VIP:$PORT" --tcp-port "$HTTP_PORT"
+    --table "$TABLE")
   while (($#)) && [[ $1 != -- ]]; do
     args+=(--node "$(node_id "$1")=10.77.$1.2")
     shift
@@ -124,7 +131,8 @@ ruleset() {
   "$BIN/ringmux" "${args[@]}" "$@"
 }
 ruleset6() {
-  local args=(lb-config nftables --plaintext-cids --vip "[$VIP6]:$PORT" --table "$TABLE")
+  local args=(lb-config nftables --plaintext-cids --vip "[$VIP6]:$PORT" --tcp-port "$HTTP_PORT"
+    --table "$TABLE")
   for n in "${NODES[@]}"; do args+=(--node "$(node_id "$n")=fd77:$n::2"); done
   "$BIN/ringmux" "${args[@]}"
 }
@@ -132,14 +140,18 @@ apply() { # apply FILE
   in_ns "$NS_LB" nft -f "$1" || fail "nft -f $1 refused the ruleset"
 }
 
-# forget_node N: the balancer's NAT mappings to node N deleted. The rules pick a node for a
-# flow's first packet only; later packets of that 4-tuple follow its conntrack entry (up to
-# 120 s after its last packet), so a new connection from a source port an earlier one to node
-# N used would still reach node N after it was drained or removed. Without the mappings, every
-# packet meets the rules again: a connection of node N keeps reaching it by its connection IDs.
+# forget_node N [udp]: the balancer's NAT mappings to node N deleted (with udp, its UDP ones
+# only). The rules pick a node for a flow's first packet only; later packets of that 4-tuple
+# follow its conntrack entry (up to 120 s after its last packet), so a new QUIC connection from
+# a source port an earlier one to node N used would still reach node N after it was drained or
+# removed. Without the mappings, every packet meets the rules again: a QUIC connection of node
+# N keeps reaching it by its connection IDs. A TCP connection has nothing else to reach its
+# node by: a drained node's are kept (udp), to finish there; a removed node's go.
 forget_node() {
-  in_ns "$NS_LB" conntrack -D -r "10.77.$1.2" >/dev/null 2>&1 || true
-  in_ns "$NS_LB" conntrack -D -f ipv6 -r "fd77:$1::2" >/dev/null 2>&1 || true
+  local proto=()
+  [[ ${2:-} == udp ]] && proto=(-p udp)
+  in_ns "$NS_LB" conntrack -D "${proto[@]}" -r "10.77.$1.2" >/dev/null 2>&1 || true
+  in_ns "$NS_LB" conntrack -D -f ipv6 "${proto[@]}" -r "fd77:$1::2" >/dev/null 2>&1 || true
 }
 
 up() {
@@ -184,7 +196,7 @@ up() {
     say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY"
     mkdir -p "$STATE/n$n"
     in_ns "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
-      --listen "[::]:$PORT" --tcp off --instances 2 \
+      --listen "[::]:$PORT" --redirect-http "[::]:$HTTP_PORT" --instances 2 \
       --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
       --retry "$RETRY" --metrics 127.0.0.1:9433 \
       --control-socket "$STATE/n$n/control.sock" "${user_args[@]}" \
@@ -195,7 +207,7 @@ up() {
     poll 300 grep -q "^ringmux ready" "$STATE/n$n.log" ||
       { tail -n 30 "$STATE/n$n.log" >&2; fail "node $n did not get ready within 30 s"; }
   done
-  say "up: VIP $URL and https://[$VIP6]:$PORT; state in $STATE"
+  say "up: VIP $URL (QUIC and TCP), http://$VIP:$HTTP_PORT and the same on [$VIP6]; state in $STATE"
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -208,10 +220,48 @@ metric() {
 }
 accepted() { metric "$1" 'ringmux_worker_connections_accepted_total{'; }
 accepted_all() { for n in "${NODES[@]}"; do accepted "$n"; done | paste -sd' '; }
+# TCP connections the nodes' workers accepted, HTTPS and plain HTTP (names.rs
+# WORKER_TCP_CONNECTIONS), as accepted_all counts QUIC ones.
+tcp_all() {
+  for n in "${NODES[@]}"; do metric "$n" 'ringmux_worker_tcp_connections_total'; done | paste -sd' '
+}
+# Field $1 of the space-separated counts $2 (node $1's).
+nth() { cut -d' ' -f"$1" <<<"$2"; }
+# The sum of the space-separated counts $1.
+sum_of() {
+  local s=0 c
+  for c in $1; do s=$((s + c)); done
+  echo "$s"
+}
+# The balancer's counters $1_ID (cid, hash, tcp) of every node, in table ip or ip6 ($2, default
+# ip), space-separated; 0 for a node the table has no counter for (removed).
+lb_counts() { # lb_counts PREFIX [ip|ip6]
+  local ids=() n
+  for n in "${NODES[@]}"; do ids+=("$1_$(node_id "$n")"); done
+  in_ns "$NS_LB" nft -j list counters table "${2:-ip}" "$TABLE" |
+    python3 -c '
+import json, sys
+c = {o["counter"]["name"]: o["counter"]["packets"] for o in json.load(sys.stdin)["nftables"] if "counter" in o}
+print(" ".join(str(c.get(n, 0)) for n in sys.argv[1:]))' "${ids[@]}"
+}
+# Whether the balancer's $1 counters differ from the counts $2.
+lb_moved() { [[ $(lb_counts "$1") != "$2" ]]; }
 # A balancer counter's packets.
 counter() {
   in_ns "$NS_LB" nft -j list counter ip "$TABLE" "$1" |
     python3 -c 'import json,sys; print([o["counter"]["packets"] for o in json.load(sys.stdin)["nftables"] if "counter" in o][0])'
+}
+
+# One HTTPS request over a new TCP connection from the client namespace (curl; the nodes' own
+# self-signed certificate, so unchecked): prints the status and the HTTP version.
+https_get() { # https_get URL
+  in_ns "$NS_CLIENT" curl -skg --http2 --max-time 5 -o /dev/null -w '%{http_code} %{http_version}' "$1"
+}
+# One plain-HTTP request to HOST:80 (the nodes' --redirect-http): prints the status and the
+# Location.
+http_get() { # http_get HOST
+  in_ns "$NS_CLIENT" curl -sg --max-time 5 -o /dev/null -w '%{http_code} %{redirect_url}' \
+    "http://$1:$HTTP_PORT/hello.txt?q=1"
 }
 
 # One gtlsclient run from the client namespace; its log in $STATE/gtls.log.
@@ -364,16 +414,17 @@ print("sweep: %d probes (%d templates x lengths 0..%d) each met the rule its lay
 PY
 }
 
-# The nodes' accepted connections (workers report their counters once a second): polls until
-# they add up to $1 more than the space-separated counts in $2, then prints the counts.
-settled() { # settled MORE BEFORE
-  poll 50 adds_up "$1" "$2" ||
-    fail "the nodes' accepted connections did not add up to $1 more than ($2) within 5 s: ($NOW)"
+# The nodes' accepted connections, QUIC (accepted_all, the default) or TCP (tcp_all) as $3
+# says (workers report their counters once a second): polls until they add up to $1 more than
+# the space-separated counts in $2, then prints the counts.
+settled() { # settled MORE BEFORE [accepted_all|tcp_all]
+  poll 50 adds_up "$1" "$2" "${3:-accepted_all}" ||
+    fail "the nodes' accepted connections (${3:-accepted_all}) did not add up to $1 more than ($2) within 5 s: ($NOW)"
   echo "$NOW"
 }
-# Whether the nodes' accepted connections (NOW) are $1 more in all than the counts in $2.
+# Whether the nodes' accepted connections (NOW, by $3) are $1 more in all than the counts in $2.
 adds_up() {
-  NOW=$(accepted_all)
+  NOW=$($3)
   local sum=0 n
   for n in "${NODES[@]}"; do
     sum=$((sum + $(cut -d' ' -f"$n" <<<"$NOW") - $(cut -d' ' -f"$n" <<<"$2")))
@@ -416,6 +467,39 @@ spread() { # spread MIN MAX_TOTAL PER_NODE_MIN NODES...
   done
   echo "$i connections:$SPREAD"
   ((low == 0)) || fail "some node got fewer than $per of $i connections:$SPREAD"
+}
+
+# HTTPS over TCP: $1 new connections to the VIP (a curl each), each a 200 over HTTP/2. Every
+# node in $3.. must get at least $2 of them and every other node none, by the balancer's tcp_ID
+# counters and by the nodes' own counts alike. Sets SPREAD to the per-node counts.
+tcp_spread() { # tcp_spread COUNT PER_NODE_MIN NODES...
+  local total=$1 per=$2
+  shift 2
+  local want=" $* " before after lb0 lb1 n i got mine sent
+  before=$(tcp_all)
+  lb0=$(lb_counts tcp)
+  for ((i = 1; i <= total; i++)); do
+    got=$(https_get "$URL/hello.txt") || fail "HTTPS connection $i over TCP to $URL failed (curl $?)"
+    [[ $got == "200 2" ]] || fail "HTTPS connection $i over TCP: got '$got', not 200 over HTTP/2"
+  done
+  after=$(settled "$total" "$before" tcp_all)
+  lb1=$(lb_counts tcp)
+  SPREAD=""
+  for n in "${NODES[@]}"; do
+    mine=$(($(nth "$n" "$after") - $(nth "$n" "$before")))
+    sent=$(($(nth "$n" "$lb1") - $(nth "$n" "$lb0")))
+    SPREAD+=" node$n=$mine"
+    ((mine == sent)) || fail "node $n accepted $mine TCP connections, the balancer sent it $sent"
+  done
+  echo "$total HTTPS connections over TCP:$SPREAD"
+  for n in "${NODES[@]}"; do
+    mine=$(($(nth "$n" "$after") - $(nth "$n" "$before")))
+    if [[ $want == *" $n "* ]]; then
+      ((mine >= per)) || fail "node $n got fewer than $per of $total TCP connections:$SPREAD"
+    else
+      ((mine == 0)) || fail "node $n got TCP connections it should not have:$SPREAD"
+    fi
+  done
 }
 
 # Connections of 4 requests each, one after the other, until $STATE/stop exists (at most 300):
@@ -465,7 +549,23 @@ run_test() {
   done
   echo "--retry always on every node: Retries sent ${retries[*]}, their tokens accepted ${tokens[*]}"
 
-  say "3. a NEW_TOKEN token from one node taken by another (shared token key, no Retry)"
+  say "3. HTTPS over TCP (30 connections) and plain HTTP over the nodes, through the balancer"
+  local tcp0 got headers
+  tcp0=$(tcp_all)
+  headers=$(in_ns "$NS_CLIENT" curl -sk --http2 --max-time 5 -D - -o /dev/null "$URL/hello.txt") ||
+    fail "HTTPS over TCP to $URL failed"
+  grep -qi "^alt-svc: h3=\":$PORT\"" <<<"$headers" ||
+    fail "HTTPS over TCP: no alt-svc h3=\":$PORT\" (how a browser finds HTTP/3) in: $headers"
+  for ((i = 0; i < 3; i++)); do
+    got=$(http_get "$VIP") || fail "plain HTTP to $VIP:$HTTP_PORT failed (curl $?)"
+    [[ $got == "301 https://$VIP/hello.txt?q=1" ]] ||
+      fail "plain HTTP to $VIP:$HTTP_PORT: got '$got', not a 301 to https://$VIP/hello.txt?q=1"
+  done
+  settled 4 "$tcp0" tcp_all >/dev/null
+  echo "HTTPS over TCP carries alt-svc h3=\":$PORT\"; plain HTTP to $VIP:$HTTP_PORT gets 301 to https://$VIP/"
+  tcp_spread 30 1 "${NODES[@]}"
+
+  say "4. a NEW_TOKEN token from one node taken by another (shared token key, no Retry)"
   python3 -c 'import aioquic' 2>/dev/null || fail "python3's aioquic is missing (pip install aioquic)"
   local before after first crossed="" i token r0=() t0s=()
   before=$(accepted_all)
@@ -496,11 +596,11 @@ run_test() {
   [[ -n $crossed ]] || fail "20 connections with the token all landed on node $first"
   echo "a NEW_TOKEN token node $first issued was accepted by node $crossed, which sent no Retry"
 
-  say "4. active migration and NAT rebinding through the balancer"
+  say "5. active migration and NAT rebinding through the balancer"
   local cid_before cid_after
   # Workers report their counts about once a second: the two connections here must be counted
-  # before step 5 takes its baseline, or one of them would count as one of step 5's and leave
-  # one of step 5's to be counted in step 6.
+  # before step 6 takes its baseline, or one of them would count as one of step 6's and leave
+  # one of step 6's to be counted in step 7.
   before=$(accepted_all)
   for mode in migration rebinding; do
     local extra=(--change-local-addr=100ms --delay-stream=300ms --download="$STATE/dl")
@@ -519,7 +619,7 @@ run_test() {
   done
   settled 2 "$before" >/dev/null
 
-  say "5. ringmux upgrade of every node, one after the other, under load"
+  say "6. ringmux upgrade of every node, one after the other, under load"
   rm -f "$STATE/stop"
   local k pids=() load_before
   load_before=$(accepted_all)
@@ -552,7 +652,26 @@ run_test() {
   settled $((ok + 1)) "$load_before" >/dev/null
   echo "3 nodes upgraded under load: $ok connections of 4 requests each and a 40 MB download, none failed"
 
-  say "6. node 3 draining, then removed: no new connections, its CIDs first kept, then dropped"
+  say "7. node 3 draining, then removed: no new connections (QUIC, TCP), its CIDs first kept, then dropped"
+  # A TCP connection has no CID to find its node by: a drained node keeps its connections by
+  # their conntrack entries alone. Downloads at 1 MiB/s (10 s each) are started one after
+  # another until the balancer sends one to node 3, which must then finish across the drain.
+  local slow=() on3="" lb tcp0
+  tcp0=$(tcp_all)
+  for ((i = 0; i < 20; i++)); do
+    lb=$(lb_counts tcp)
+    (exec ip netns exec "$NS_CLIENT" curl -sk --http2 --max-time 60 --limit-rate 1M \
+      -o "$STATE/slow$i" "$URL/bytes/10000000") &
+    slow+=($!)
+    poll 50 lb_moved tcp "$lb" || fail "the balancer sent TCP download $i nowhere within 5 s"
+    if (($(nth 3 "$(lb_counts tcp)") > $(nth 3 "$lb"))); then
+      on3=$i
+      break
+    fi
+  done
+  [[ -n $on3 ]] || fail "none of 20 TCP downloads went to node 3"
+  # Counted by their nodes before the baselines below.
+  settled "${#slow[@]}" "$tcp0" tcp_all >/dev/null
   # Under --retry always every new connection's first Initial is answered with a Retry by the
   # demux it reached, which counts it at once: node 3's Retries decide. (The nodes' accepted
   # counts come from their workers' reports, about once a second: one reported late can be
@@ -561,11 +680,19 @@ run_test() {
   retries3=$(metric 3 'ringmux_retries_total{result="sent"}')
   ruleset "${NODES[@]}" -- --drain "$(node_id 3)" >"$STATE/rules-drain.nft"
   apply "$STATE/rules-drain.nft"
-  forget_node 3
+  forget_node 3 udp
+  kill -0 "${slow[on3]}" 2>/dev/null ||
+    fail "node 3's TCP download ended before the drain (see $STATE/slow$on3): it shows nothing"
   spread 20 20 0 1 2
   [[ $(metric 3 'ringmux_retries_total{result="sent"}') == "$retries3" ]] ||
     fail "drained node 3 took new connections (it sent Retries):$SPREAD"
+  tcp_spread 30 1 1 2
   sweep 12000 "$(node_id 9)" 3 "${NODES[@]}"
+  wait "${slow[on3]}" || fail "node 3's TCP download, in flight at the drain, failed (curl $?)"
+  [[ $(stat -c %s "$STATE/slow$on3") == 10000000 ]] ||
+    fail "node 3's TCP download, in flight at the drain, has $(stat -c %s "$STATE/slow$on3") bytes, not 10000000"
+  echo "drained node 3 finished its TCP download of 10000000 bytes, in flight at the drain"
+  for pid in "${slow[@]}"; do wait "$pid" || fail "a TCP download of step 7 failed (curl $?)"; done
   ruleset 1 2 >"$STATE/rules-removed.nft"
   apply "$STATE/rules-removed.nft"
   forget_node 3
@@ -573,23 +700,31 @@ run_test() {
   spread 20 20 0 1 2
   [[ $(metric 3 'ringmux_retries_total{result="sent"}') == "$retries3" ]] ||
     fail "removed node 3 took new connections (it sent Retries):$SPREAD"
+  tcp_spread 10 1 1 2
   sweep 14000 "$(node_id 9)" 0 1 2
   apply "$STATE/rules.nft"
 
-  say "7. IPv6 through the ip6 table"
+  say "8. IPv6 through the ip6 table, QUIC and TCP"
   local v6=0
-  before=$(counter unknown_node)
   for ((i = 0; i < 6; i++)); do
     gtls_must "IPv6 connection $i" -6 /hello.txt
     v6=$((v6 + 1))
   done
-  local hashed6=0
-  for n in "${NODES[@]}"; do
-    hashed6=$((hashed6 + $(in_ns "$NS_LB" nft -j list counter ip6 "$TABLE" "hash_$(node_id "$n")" |
-      python3 -c 'import json,sys; print([o["counter"]["packets"] for o in json.load(sys.stdin)["nftables"] if "counter" in o][0])')))
-  done
+  local hashed6 tcp6
+  hashed6=$(sum_of "$(lb_counts hash ip6)")
   ((hashed6 >= v6)) || fail "$v6 IPv6 connections completed but the ip6 table hashed $hashed6 4-tuples"
-  echo "IPv6: $v6 connections through [$VIP6]:$PORT, $hashed6 4-tuples hashed by the ip6 table"
+  tcp6=$(sum_of "$(lb_counts tcp ip6)")
+  for ((i = 0; i < 3; i++)); do
+    got=$(https_get "https://[$VIP6]:$PORT/hello.txt") || fail "HTTPS over TCP to [$VIP6]:$PORT failed (curl $?)"
+    [[ $got == "200 2" ]] || fail "HTTPS over TCP to [$VIP6]:$PORT: got '$got', not 200 over HTTP/2"
+  done
+  got=$(http_get "[$VIP6]") || fail "plain HTTP to [$VIP6]:$HTTP_PORT failed (curl $?)"
+  [[ $got == "301 https://[$VIP6]/hello.txt?q=1" ]] ||
+    fail "plain HTTP to [$VIP6]:$HTTP_PORT: got '$got', not a 301 to https://[$VIP6]/hello.txt?q=1"
+  tcp6=$(($(sum_of "$(lb_counts tcp ip6)") - tcp6))
+  ((tcp6 == 4)) || fail "4 IPv6 TCP connections completed but the ip6 table hashed $tcp6"
+  echo "IPv6: $v6 QUIC connections through [$VIP6]:$PORT, $hashed6 4-tuples hashed by the ip6 table;"
+  echo "      3 HTTPS over TCP and a plain-HTTP redirect, $tcp6 TCP connections hashed by it"
 
   say "all passed in $((SECONDS - t0)) s (after up)"
 }

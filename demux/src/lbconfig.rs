@@ -28,6 +28,20 @@
 //! 3. Anything else (Initials and 0-RTT with a client-chosen DCID, other versions, garbage) is
 //!    hashed by source address and port over the nodes that are not draining (draft-21
 //!    §"Load Balancer Forwarding", its fallback "a pure function of the 4-tuple").
+//!
+//! TCP (on unless `--tcp off`): the VIP's port, where the nodes serve HTTPS over TCP (how a
+//! browser learns of HTTP/3, from alt-svc) and an ACME CA's TLS-ALPN-01 validation connects,
+//! and every `--tcp-port` (80 for the nodes' `--redirect-http` listener and HTTP-01). TCP has
+//! no connection ID to read, and a TCP connection never changes its 4-tuple, so the first
+//! packet of every new connection (conntrack state new: the SYN) is hashed by source address
+//! and port over the nodes that are not draining, as 3 hashes UDP, and sent to that node's
+//! address: the node's port for the VIP's port, the same port for another. Connection
+//! tracking keeps the connection on that node to its end, and nothing else can: a drained
+//! node finishes its TCP connections as long as their conntrack entries are kept (after
+//! draining delete only the node's UDP mappings, `conntrack -D -p udp -r ADDR`), a removed
+//! node's end when its entries are deleted (`conntrack -D -r ADDR`). A new connection from
+//! a source port used before meets the hash again: conntrack starts a new entry for a SYN on
+//! a closed one.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -35,19 +49,21 @@ use std::net::{IpAddr, SocketAddr};
 use anyhow::{bail, Context, Result};
 use ringmux_quic_lb::{CidCodec, QuicLbConfig};
 
-use crate::config::{default_nonce_len, node_id_bytes};
+use crate::config::{default_nonce_len, node_id_bytes, Toggle};
 
 /// The balancers `ringmux lb-config` configures.
 #[derive(clap::Subcommand, Debug)]
 pub enum Balancer {
     /// An nftables ruleset (Linux netfilter) for the box in front of the nodes: apply it with
     /// `nft -f FILE` there, with IP forwarding on and the nodes' routes to clients through that
-    /// box (their replies must pass its connection tracking). Packets carrying a node's
+    /// box (their replies must pass its connection tracking). QUIC: packets carrying a node's
     /// connection ID go to that node (the ID is read in clear: the nodes must run with
     /// --plaintext-cids, since nftables cannot decrypt CIDs); new connections are hashed by
-    /// source address and port; every 4-tuple stays on the node where it started; a short
-    /// header whose connection ID names no listed node is dropped and counted (counter
-    /// unknown_node). One address family per ruleset (table ip or ip6): run it once per VIP.
+    /// source address and port; a short header whose connection ID names no listed node is
+    /// dropped and counted (counter unknown_node). TCP (unless --tcp off): every new
+    /// connection to the VIP's port (the nodes' HTTPS listener) and to each --tcp-port is
+    /// hashed by source address and port. Every 4-tuple, UDP or TCP, stays on the node where
+    /// it started. One address family per ruleset (table ip or ip6): run it once per VIP.
     /// The ruleset replaces its table as a whole in one transaction: generate it again and
     /// apply it to add, drain or remove a node (connections already on a node stay there).
     Nftables(NftablesArgs),
@@ -56,13 +72,13 @@ pub enum Balancer {
 /// `ringmux lb-config nftables`: the nodes, and the QUIC-LB settings they all run with.
 #[derive(clap::Args, Debug, Clone)]
 pub struct NftablesArgs {
-    /// The virtual address and UDP port clients connect to, on the balancer: IPv4 or IPv6
-    /// (`[ADDR]:PORT`).
+    /// The virtual address and port clients connect to, on the balancer, for QUIC (UDP) and,
+    /// unless --tcp off, HTTPS over TCP: IPv4 or IPv6 (`[ADDR]:PORT`).
     #[arg(long, env = "RINGMUX_LB_VIP", value_name = "ADDR:PORT")]
     pub vip: SocketAddr,
     /// A node: its --node-id (hex, the same length for every node) and the address its ringmux
-    /// listens on, of the VIP's family; the port defaults to the VIP's. Repeat for every node,
-    /// or separate them with commas.
+    /// listens on (UDP, and TCP for the VIP's port), of the VIP's family; the port defaults to
+    /// the VIP's. Repeat for every node, or separate them with commas.
     #[arg(
         long = "node",
         env = "RINGMUX_LB_NODES",
@@ -71,8 +87,9 @@ pub struct NftablesArgs {
         required = true
     )]
     pub nodes: Vec<String>,
-    /// Node IDs (of --node) that take no new connections: their connection IDs still reach
-    /// them, hashing skips them. Drain a node this way before removing it from --node.
+    /// Node IDs (of --node) that take no new connections: their connection IDs and their
+    /// TCP connections still reach them, hashing (UDP and TCP) skips them. Drain a node this
+    /// way before removing it from --node.
     #[arg(
         long = "drain",
         env = "RINGMUX_LB_DRAIN",
@@ -91,6 +108,22 @@ pub struct NftablesArgs {
     /// clear and cannot decrypt encrypted CIDs.
     #[arg(long, env = "RINGMUX_PLAINTEXT_CIDS")]
     pub plaintext_cids: bool,
+    /// Balance TCP too (`on`, the default): every new TCP connection to the VIP's port (the
+    /// nodes' HTTPS listener, same port number as QUIC) and to each --tcp-port is hashed by
+    /// source address and port over the nodes not in --drain, and stays on its node to its end.
+    /// `off` when something else balances TCP: the ruleset then touches UDP only.
+    #[arg(long, env = "RINGMUX_LB_TCP", value_enum, default_value = "on")]
+    pub tcp: Toggle,
+    /// Another TCP port of the VIP to balance beside the VIP's own, e.g. 80 for the nodes'
+    /// --redirect-http listener (and ACME HTTP-01 validation); its connections go to the
+    /// chosen node's address with this same port. Repeat, or separate with commas.
+    #[arg(
+        long = "tcp-port",
+        env = "RINGMUX_LB_TCP_PORTS",
+        value_name = "PORT",
+        value_delimiter = ','
+    )]
+    pub tcp_ports: Vec<u16>,
     /// Name of the nftables table the ruleset owns (and replaces whole when applied again).
     #[arg(long, env = "RINGMUX_LB_TABLE", default_value = "ringmux")]
     pub table: String,
@@ -117,6 +150,9 @@ pub struct NftPlan {
     pub cid_len: usize,
     /// jhash seed.
     pub seed: u32,
+    /// The TCP ports of the VIP that are balanced: the VIP's own first, then every
+    /// `--tcp-port`; none with `--tcp off`.
+    pub tcp_ports: Vec<u16>,
 }
 
 /// One node behind the balancer.
@@ -207,6 +243,7 @@ impl NftablesArgs {
                  least one node out of --drain"
             );
         }
+        let tcp_ports = self.tcp_ports()?;
         let nonce_len = self
             .nonce_len
             .unwrap_or_else(|| default_nonce_len(node_id_len));
@@ -236,7 +273,43 @@ impl NftablesArgs {
             node_id_len,
             cid_len: codec.cid_len(),
             seed,
+            tcp_ports,
         })
+    }
+
+    /// The TCP ports to balance: the VIP's, then `--tcp-port` in the order given.
+    fn tcp_ports(&self) -> Result<Vec<u16>> {
+        if self.tcp == Toggle::Off {
+            if let Some(p) = self.tcp_ports.first() {
+                bail!(
+                    "--tcp-port / RINGMUX_LB_TCP_PORTS={p} is given but --tcp / RINGMUX_LB_TCP \
+                     is off: drop --tcp-port (with --tcp off another balancer has TCP), or \
+                     --tcp on to balance TCP here"
+                );
+            }
+            return Ok(Vec::new());
+        }
+        let mut ports = vec![self.vip.port()];
+        for &p in &self.tcp_ports {
+            if p == 0 {
+                bail!(
+                    "--tcp-port / RINGMUX_LB_TCP_PORTS=0 is not valid: give a TCP port the \
+                     nodes listen on, e.g. 80 for their --redirect-http"
+                );
+            }
+            if p == self.vip.port() {
+                bail!(
+                    "--tcp-port {p} is the port of --vip {}, which is balanced over TCP \
+                     already (to the nodes' ports): drop it",
+                    self.vip
+                );
+            }
+            if ports.contains(&p) {
+                bail!("--tcp-port {p} is given twice; give every port once");
+            }
+            ports.push(p);
+        }
+        Ok(ports)
     }
 }
 
@@ -319,17 +392,27 @@ impl NftPlan {
 
 impl NftNode {
     /// The name of its chains and counters: `cid_ID` (sent to it by a CID), `hash_ID` (hashed
-    /// to it).
+    /// to it), `tcp_ID` (its TCP connections).
     fn label(&self) -> String {
         hex::encode(&self.id)
     }
 
-    /// Its address as nftables writes a NAT target.
-    fn target(&self) -> String {
-        match self.addr {
-            SocketAddr::V4(a) => a.to_string(),
-            SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    /// Where a new TCP connection to the VIP's `port` goes on this node: its address for the
+    /// VIP's own port (where its HTTPS listener is, beside QUIC), else its IP with `port`.
+    fn tcp_addr(&self, port: u16, vip: SocketAddr) -> SocketAddr {
+        if port == vip.port() {
+            self.addr
+        } else {
+            SocketAddr::new(self.addr.ip(), port)
         }
+    }
+}
+
+/// `addr` as nftables writes a NAT target.
+fn nat_target(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) => a.to_string(),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
     }
 }
 
@@ -353,6 +436,7 @@ pub fn nftables(plan: &NftPlan) -> String {
         SocketAddr::V6(a) => a.ip().to_string(),
     };
     let vip_port = plan.vip.port();
+    let tcp_ports: Vec<String> = plan.tcp_ports.iter().map(u16::to_string).collect();
     let mut o = String::new();
     // `writeln!` to a String cannot fail.
     macro_rules! line {
@@ -396,6 +480,17 @@ pub fn nftables(plan: &NftPlan) -> String {
     line!("#  3. anything else (new connections' Initials, garbage): hashed by source address and");
     line!("#     port over the nodes not draining.");
     line!("# Counters cid_ID and hash_ID count the 4-tuples each node got by 1-2 and by 3.");
+    line!("#");
+    if plan.tcp_ports.is_empty() {
+        line!("# TCP: not balanced here (--tcp off).");
+    } else {
+        line!(
+            "# TCP to {vip_ip} port(s) {}: every new connection is hashed by source address and port",
+            tcp_ports.join(", ")
+        );
+        line!("# over the nodes not draining, to the node's address (port {vip_port}: the node's port;");
+        line!("# another: the same port), and stays there to its end; counter tcp_ID counts them.");
+    }
     line!("table {fam} {table}");
     line!("delete table {fam} {table}");
     line!("table {fam} {table} {{");
@@ -407,6 +502,10 @@ pub fn nftables(plan: &NftPlan) -> String {
         line!("\t}}");
         line!("\tcounter hash_{l} {{");
         line!("\t}}");
+        if !plan.tcp_ports.is_empty() {
+            line!("\tcounter tcp_{l} {{");
+            line!("\t}}");
+        }
     }
     line!("");
     line!("\t# Node ID -> that node; draining nodes too (their connections go on).");
@@ -427,20 +526,42 @@ pub fn nftables(plan: &NftPlan) -> String {
         line!("\tchain cid_{l} {{");
         line!(
             "\t\tmeta l4proto udp counter name \"cid_{l}\" dnat to {}",
-            n.target()
+            nat_target(n.addr)
         );
         line!("\t}}");
         line!("\tchain hash_{l} {{");
         line!(
             "\t\tmeta l4proto udp counter name \"hash_{l}\" dnat to {}",
-            n.target()
+            nat_target(n.addr)
         );
         line!("\t}}");
+        if !plan.tcp_ports.is_empty() {
+            line!("\tchain tcp_{l} {{");
+            for &port in &plan.tcp_ports {
+                line!(
+                    "\t\ttcp dport {port} counter name \"tcp_{l}\" dnat to {}",
+                    nat_target(n.tcp_addr(port, plan.vip))
+                );
+            }
+            line!("\t}}");
+        }
     }
     line!("");
     line!("\tchain prerouting {{");
     line!("\t\ttype nat hook prerouting priority dstnat; policy accept;");
     line!("\t\t{fam} daddr {vip_ip} udp dport {vip_port} jump quic");
+    match tcp_ports.as_slice() {
+        [] => {}
+        [one] => {
+            line!("\t\t{fam} daddr {vip_ip} tcp dport {one} ct state new jump tcp_new");
+        }
+        many => {
+            line!(
+                "\t\t{fam} daddr {vip_ip} tcp dport {{ {} }} ct state new jump tcp_new",
+                many.join(", ")
+            );
+        }
+    }
     line!("\t}}");
     line!("");
     line!("\tchain quic {{");
@@ -483,6 +604,25 @@ pub fn nftables(plan: &NftPlan) -> String {
         buckets.join(", ")
     );
     line!("\t}}");
+    if !plan.tcp_ports.is_empty() {
+        // The same node set and seed as the UDP hash; conntrack keeps every later packet of
+        // the connection, and only the first meets this chain.
+        let buckets: Vec<String> = hashed
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{i} : goto tcp_{}", n.label()))
+            .collect();
+        line!("");
+        line!("\tchain tcp_new {{");
+        line!("\t\t# A new TCP connection: hashed by source address and port.");
+        line!(
+            "\t\tjhash {fam} saddr . tcp sport mod {} seed {:#010x} vmap {{ {} }}",
+            hashed.len(),
+            plan.seed,
+            buckets.join(", ")
+        );
+        line!("\t}}");
+    }
     line!("}}");
     o
 }
@@ -636,6 +776,78 @@ mod tests {
     }
 
     #[test]
+    fn tcp_to_the_vip_port_is_hashed_by_default() {
+        let text = nftables(&plan(&THREE).unwrap());
+        for want in [
+            "counter tcp_0a01 {",
+            // The VIP's port goes to the node's port, as QUIC does.
+            "chain tcp_0a02 {\n\t\ttcp dport 443 counter name \"tcp_0a02\" dnat to 10.77.2.2:4433\n\t}",
+            "chain tcp_0a03 {\n\t\ttcp dport 443 counter name \"tcp_0a03\" dnat to 10.77.3.2:443\n\t}",
+            // Only new connections meet the hash; conntrack carries the rest.
+            "ip daddr 10.77.0.1 tcp dport 443 ct state new jump tcp_new",
+            "chain tcp_new {",
+            "jhash ip saddr . tcp sport mod 3 seed 0x00005eed vmap { 0 : goto tcp_0a01, 1 : goto tcp_0a02, 2 : goto tcp_0a03 }",
+            "# TCP to 10.77.0.1 port(s) 443:",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
+        assert!(!text.contains("tcp dport 80"), "{text}");
+        // The UDP rules are as they were without TCP.
+        assert!(text.contains("ip daddr 10.77.0.1 udp dport 443 jump quic\n"));
+    }
+
+    #[test]
+    fn tcp_ports_go_to_the_same_port_and_skip_a_draining_node() {
+        let mut a = THREE.to_vec();
+        a.extend(["--tcp-port", "80", "--tcp-port", "8080", "--drain", "0a02"]);
+        let p = plan(&a).unwrap();
+        assert_eq!(p.tcp_ports, [443, 80, 8080]);
+        let text = nftables(&p);
+        for want in [
+            "ip daddr 10.77.0.1 tcp dport { 443, 80, 8080 } ct state new jump tcp_new",
+            // Node 0a02 listens on 4433 for the VIP's 443; port 80 is 80 on every node.
+            "chain tcp_0a02 {\n\t\ttcp dport 443 counter name \"tcp_0a02\" dnat to 10.77.2.2:4433\n\t\ttcp dport 80 counter name \"tcp_0a02\" dnat to 10.77.2.2:80\n\t\ttcp dport 8080 counter name \"tcp_0a02\" dnat to 10.77.2.2:8080\n\t}",
+            "tcp dport 80 counter name \"tcp_0a01\" dnat to 10.77.1.2:80",
+            // Draining: the same node set as the UDP hash.
+            "jhash ip saddr . udp sport mod 2 seed 0x00005eed vmap { 0 : goto hash_0a01, 1 : goto hash_0a03 }",
+            "jhash ip saddr . tcp sport mod 2 seed 0x00005eed vmap { 0 : goto tcp_0a01, 1 : goto tcp_0a03 }",
+        ] {
+            assert!(text.contains(want), "no {want:?} in\n{text}");
+        }
+        // Given by the variable, comma-separated, as --node is.
+        let mut a = THREE.to_vec();
+        a.extend(["--tcp-port", "80,8080"]);
+        assert_eq!(plan(&a).unwrap().tcp_ports, [443, 80, 8080]);
+    }
+
+    #[test]
+    fn tcp_off_leaves_the_ruleset_udp_only() {
+        let mut a = THREE.to_vec();
+        a.extend(["--tcp", "off"]);
+        let p = plan(&a).unwrap();
+        assert!(p.tcp_ports.is_empty());
+        let text = nftables(&p);
+        for absent in [
+            "tcp dport",
+            "tcp sport",
+            "tcp_new",
+            "counter tcp_",
+            "chain tcp_",
+        ] {
+            assert!(!text.contains(absent), "{absent:?} in\n{text}");
+        }
+        assert!(text.contains("# TCP: not balanced here (--tcp off)."));
+        // Everything else as with TCP on.
+        let on = nftables(&plan(&THREE).unwrap());
+        let quic = |t: &str| {
+            let from = &t[t.find("\tchain quic {").unwrap()..];
+            from[..from.find("\n\t}\n").unwrap()].to_string()
+        };
+        assert!(quic(&text).contains("jhash ip saddr . udp sport mod 3"));
+        assert_eq!(quic(&text), quic(&on));
+    }
+
+    #[test]
     fn ipv6_uses_ip6_everywhere() {
         let p = plan(&[
             "--vip",
@@ -653,6 +865,9 @@ mod tests {
             "dnat to [fd77:1::2]:443",
             "dnat to [fd77:2::2]:8443",
             "jhash ip6 saddr . udp sport mod 2",
+            "ip6 daddr fd77::1 tcp dport 443 ct state new jump tcp_new",
+            "tcp dport 443 counter name \"tcp_02\" dnat to [fd77:2::2]:8443",
+            "jhash ip6 saddr . tcp sport mod 2",
         ] {
             assert!(text.contains(want), "no {want:?} in\n{text}");
         }
@@ -726,6 +941,22 @@ mod tests {
             (
                 with(&["--node", "0a=10.0.0.2", "--hash-seed", "xyz"]),
                 &["--hash-seed", "xyz"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--tcp", "off", "--tcp-port", "80"]),
+                &["--tcp-port", "80", "--tcp", "off"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--tcp-port", "0"]),
+                &["--tcp-port", "=0", "--redirect-http"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--tcp-port", "443"]),
+                &["--tcp-port 443", "--vip 10.0.0.1:443", "already"],
+            ),
+            (
+                with(&["--node", "0a=10.0.0.2", "--tcp-port", "80,80"]),
+                &["--tcp-port 80", "twice"],
             ),
         ] {
             let e = refused(&a);

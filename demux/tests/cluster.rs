@@ -6,8 +6,9 @@
 //!   the Retry to the other node, as a balancer does when the first is gone).
 //! * `scripts/cluster.sh test`: three nodes behind an nftables balancer made by `ringmux
 //!   lb-config nftables`, in network namespaces of this machine (every packet length through
-//!   the rules, connections spread, migration, upgrades under load, draining and removal,
-//!   `--retry always`, IPv6). Skipped, saying why, where it cannot run.
+//!   the rules, connections spread, HTTPS over TCP spread and plain HTTP redirected,
+//!   migration, upgrades under load, draining (a TCP download on the drained node finishes)
+//!   and removal, `--retry always`, IPv6). Skipped, saying why, where it cannot run.
 
 use ringmux_test_support::harness;
 
