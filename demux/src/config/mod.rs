@@ -94,7 +94,8 @@ pub enum Command {
     /// Print the configuration of a load balancer in front of several ringmux nodes (boxes),
     /// each with its own --node-id, that routes every packet carrying one of the nodes'
     /// connection IDs to the node that issued it, so that a client that moves (a new address
-    /// or port) keeps its connection. README "More than one box".
+    /// or port) keeps its connection, and spreads new TCP connections (HTTPS, plain HTTP) over
+    /// the nodes. README "More than one box".
     LbConfig {
         #[command(subcommand)]
         balancer: crate::lbconfig::Balancer,
