@@ -452,13 +452,10 @@ impl Engine {
                 // certificate arrives by the polls.
                 Ok(None) => continue,
                 Err(e) => {
-                    let f = Failure {
-                        text: format!(
-                            "cannot take the lock {}/locks/{label}.lock: {e}",
-                            self.store.root().display()
-                        ),
-                        retry_after: None,
-                    };
+                    let f = Failure::new(format!(
+                        "cannot take the lock {}/locks/{label}.lock: {e}",
+                        self.store.root().display()
+                    ));
                     self.order_failed(i, f, now);
                     continue;
                 }
@@ -507,10 +504,9 @@ impl Engine {
             };
             let result = match tokio::time::timeout(deadline, work).await {
                 Ok(r) => r,
-                Err(_) => Err(Failure {
-                    text: format!("the order took longer than {deadline:?}"),
-                    retry_after: None,
-                }),
+                Err(_) => Err(Failure::new(format!(
+                    "the order took longer than {deadline:?}"
+                ))),
             };
             Done::Order {
                 label: site.label,
@@ -630,10 +626,7 @@ impl Engine {
                         .get_or_try_init(|| async {
                             order::stored_account(&store, &settings, &client)
                                 .await?
-                                .ok_or_else(|| Failure {
-                                    text: "no stored account".into(),
-                                    retry_after: None,
-                                })
+                                .ok_or_else(|| Failure::new("no stored account"))
                         })
                         .await;
                     Done::Account(loaded.map(drop).map_err(|f| f.text))

@@ -50,10 +50,13 @@ pub struct Job {
 pub struct Failure {
     pub text: String,
     pub retry_after: Option<SystemTime>,
+    /// The CA refused a nonce more often than the retries allowed: the whole order is tried
+    /// again at once.
+    bad_nonce: bool,
 }
 
 impl Failure {
-    fn new(text: impl Into<String>) -> Failure {
+    pub fn new(text: impl Into<String>) -> Failure {
         let mut text = text.into();
         if text.len() > MAX_ERROR {
             let mut end = MAX_ERROR;
@@ -66,6 +69,7 @@ impl Failure {
         Failure {
             text,
             retry_after: None,
+            bad_nonce: false,
         }
     }
 }
@@ -83,13 +87,24 @@ fn polling() -> RetryPolicy {
 }
 
 /// Runs the order and stores its certificate; the challenge files it wrote are gone when it
-/// returns (or is dropped).
+/// returns (or is dropped). An order that failed on refused nonces alone is made again, up to
+/// twice: instant-acme's retries do not cover every request (fetching an authorization,
+/// polling), and at Pebble's 5 % one order in a few hundred would fail for nothing.
 pub async fn run(job: &Job) -> Result<Certificate, Failure> {
-    let result = order(job).await;
-    result.map_err(|mut f| {
-        f.retry_after = job.client.take_retry_after();
-        f
-    })
+    let mut tries = 3;
+    loop {
+        tries -= 1;
+        match order(job).await {
+            Err(f) if f.bad_nonce && tries > 0 => {
+                tracing::debug!(site = %job.label, error = %f.text, "ACME: order again after a refused nonce");
+            }
+            Err(mut f) => {
+                f.retry_after = job.client.take_retry_after();
+                return Err(f);
+            }
+            Ok(cert) => return Ok(cert),
+        }
+    }
 }
 
 async fn order(job: &Job) -> Result<Certificate, Failure> {
@@ -344,11 +359,13 @@ fn is_bad_nonce(p: &Problem) -> bool {
 
 /// One line for an error of `step`, with the CA's problem document when there is one.
 fn failure(step: &str, e: &Error) -> Failure {
-    Failure::new(match e {
+    let mut f = Failure::new(match e {
         Error::Api(p) => format!("{step}: {}", problem_text(p)),
         Error::Timeout(_) => format!("{step}: the CA did not move the order on in time"),
         e => format!("{step}: {}", crate::one_line(e)),
-    })
+    });
+    f.bad_nonce = matches!(e, Error::Api(p) if is_bad_nonce(p));
+    f
 }
 
 /// A problem document (RFC 7807) as one line: its detail, its type, its subproblems.
