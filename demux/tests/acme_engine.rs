@@ -436,6 +436,71 @@ fn acme_two_engines_sharing_a_state_dir_order_once_and_serve_the_same_certificat
     assert_eq!(a.status().orders_issued, 1);
 }
 
+#[test]
+fn acme_a_ca_answering_nonsense_fails_orders_and_the_engine_lives_on() {
+    let ca = FakeCa::start();
+    let dir = temp_dir("ringmux-acme");
+    let settings = AcmeSettings {
+        directory: format!("https://127.0.0.1:{}/dir", ca.port),
+        email: None,
+        state: dir.path().join("acme"),
+        challenge: ChallengeKind::Http01,
+        ca_roots: vec![ca.root_der.clone()],
+        eab: None,
+    };
+    let base = |port: u16| format!("https://127.0.0.1:{port}");
+    let directory = |nonce: &str| {
+        format!(
+            r#"{{"newNonce":"{nonce}","newAccount":"{b}/acct","newOrder":"{b}/order","revokeCert":"{b}/revoke","keyChange":"{b}/key"}}"#,
+            b = base(ca.port)
+        )
+    };
+    // Each answer of the directory, and what the order's error must say.
+    let cases: Vec<(String, &str)> = vec![
+        (
+            // Unavailable, asking for a retry later than the clock can hold.
+            "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 18446744073709551615\r\n\
+             Content-Length: 0\r\n\r\n"
+                .into(),
+            "JSON",
+        ),
+        (ok("not json"), "JSON"),
+        (ok(&"[".repeat(100_000)), "JSON"),
+        (
+            ok(&directory("https://127.0.0.1/no nonce")),
+            "newNonce is not a URL",
+        ),
+        (ok(&directory(&format!("{}/nonce", base(ca.port)))), "nonce"),
+        (
+            // More than an answer may hold.
+            format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{}",
+                2 << 20,
+                " ".repeat(2 << 20)
+            ),
+            "reading the answer",
+        ),
+    ];
+    let acme = Acme::start(settings, vec![site(0, &["j.test"])]).unwrap();
+    for (n, (answer, says)) in cases.into_iter().enumerate() {
+        ca.answer("/dir", &answer);
+        ca.answer("/nonce", &ok(""));
+        let ticket = acme.renew(None).unwrap();
+        wait_until(&acme, "the order's end", |_, _| {
+            acme.renewed(ticket).is_some()
+        });
+        let e = acme.renewed(ticket).unwrap().unwrap_err();
+        assert!(e.contains(says), "case {n}: {e:?} does not say {says:?}");
+        let status = acme.status();
+        assert_eq!(status.orders_failed, n as u64 + 1, "{status:#?}");
+        // The absurd Retry-After was not taken: the back-off is all.
+        let next = status.sites[0].next_attempt.expect("a next attempt");
+        let limit = SystemTime::now() + Duration::from_secs(60 << n.min(20));
+        assert!(next <= limit, "case {n}: {next:?}");
+    }
+    assert!(acme.view().certs.is_empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // What the tests share
 // ---------------------------------------------------------------------------------------------
@@ -730,5 +795,97 @@ impl rustls::server::ResolvesServerCert for ChallengeCerts {
             .load_private_key(key)
             .ok()?;
         Some(Arc::new(rustls::sign::CertifiedKey::new(chain, key)))
+    }
+}
+
+/// A raw HTTP/1.1 200 with `body`.
+fn ok(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// An HTTPS server on 127.0.0.1 answering each path with the raw response last set for it
+/// (404 otherwise), then closing: a CA that says whatever the test wants.
+struct FakeCa {
+    port: u16,
+    root_der: Vec<u8>,
+    answers: Arc<Mutex<std::collections::HashMap<String, String>>>,
+    _runtime: tokio::runtime::Runtime,
+}
+
+impl FakeCa {
+    fn start() -> FakeCa {
+        let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+        let root_der = made.cert.der().to_vec();
+        let key =
+            rustls::pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![made.cert.der().clone()], key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let answers = Arc::new(Mutex::new(
+            std::collections::HashMap::<String, String>::new(),
+        ));
+        let table = answers.clone();
+        runtime.spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                let (acceptor, table) = (acceptor.clone(), table.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(conn).await else {
+                        return;
+                    };
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 1 << 16 {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let path = text.split_whitespace().nth(1).unwrap_or("").to_string();
+                    let answer = table
+                        .lock()
+                        .unwrap()
+                        .get(&path)
+                        .cloned()
+                        .unwrap_or_else(|| {
+                            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n".into()
+                        });
+                    let answer = answer.replacen("\r\n", "\r\nConnection: close\r\n", 1);
+                    let _ = tls.write_all(answer.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        FakeCa {
+            port,
+            root_der,
+            answers,
+            _runtime: runtime,
+        }
+    }
+
+    fn answer(&self, path: &str, raw: &str) {
+        self.answers
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), raw.to_string());
     }
 }

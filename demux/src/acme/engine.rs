@@ -9,12 +9,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::{AsFd, OwnedFd};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures_util::future::LocalBoxFuture;
 use futures_util::stream::FuturesUnordered;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use instant_acme::{Account, CertificateIdentifier};
 use ringmux_proto::ChallengeSet;
 use rustls::pki_types::CertificateDer;
@@ -502,8 +503,14 @@ impl Engine {
                 };
                 order::run(&job).await
             };
+            // A panic in the ACME client on what a CA sent fails this order, not the thread.
+            let work = AssertUnwindSafe(work).catch_unwind();
             let result = match tokio::time::timeout(deadline, work).await {
-                Ok(r) => r,
+                Ok(Ok(r)) => r,
+                Ok(Err(panic)) => Err(Failure::new(format!(
+                    "the ACME client failed on the CA's answer: {}",
+                    panic_text(&panic)
+                ))),
                 Err(_) => Err(Failure::new(format!(
                     "the order took longer than {deadline:?}"
                 ))),
@@ -644,9 +651,9 @@ impl Engine {
             let leaf = CertificateDer::from(cert.leaf.clone());
             let account = account.clone();
             tasks.push(Box::pin(async move {
-                let result = match CertificateIdentifier::try_from(&leaf) {
-                    Err(e) => Err(AriError::Other(e)),
-                    Ok(id) => match account.renewal_info(&id).await {
+                let ask = async {
+                    let id = CertificateIdentifier::try_from(&leaf).map_err(AriError::Other)?;
+                    match account.renewal_info(&id).await {
                         Ok((info, retry)) => Ok((
                             Window {
                                 start: unix_time(info.suggested_window.start.unix_timestamp()),
@@ -655,8 +662,12 @@ impl Engine {
                             retry,
                         )),
                         Err(instant_acme::Error::Unsupported(_)) => Err(AriError::Unsupported),
-                        Err(e) => Err(AriError::Other(crate::one_line(&e))),
-                    },
+                        Err(e) => Err(AriError::Other(order::error_line(&e))),
+                    }
+                };
+                let result = match AssertUnwindSafe(ask).catch_unwind().await {
+                    Ok(r) => r,
+                    Err(panic) => Err(AriError::Other(panic_text(&panic))),
                 };
                 Done::Ari {
                     label,
@@ -862,6 +873,15 @@ fn validity(c: &Certificate) -> Validity {
     Validity {
         not_before: c.issued.not_before,
         not_after: c.issued.not_after,
+    }
+}
+
+/// What a panic said.
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(s), _) => s.to_string(),
+        (_, Some(s)) => s.clone(),
+        _ => "a panic".into(),
     }
 }
 

@@ -134,6 +134,7 @@ impl Inner {
     async fn send(&self, req: Request<BodyWrapper<Bytes>>) -> Result<BytesResponse, String> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
+        let get = parts.method == http::Method::GET;
         if uri.scheme_str() != Some("https") {
             return Err(format!("{uri}: the CA must be reached over https"));
         }
@@ -157,26 +158,49 @@ impl Inner {
         );
         let req = Request::from_parts(parts, body);
 
-        let mut sender = match self.idle_sender(&authority) {
-            Some(s) => s,
-            None => self.connect(&host, port, &authority).await?,
+        let failed = |e: hyper::Error| format!("{uri}: {}", super::order::error_line(&e));
+        let (mut sender, pooled) = match self.idle_sender(&authority) {
+            Some(s) => (s, true),
+            None => (self.connect(&host, port, &authority).await?, false),
         };
-        let response = sender
-            .send_request(req)
-            .await
-            .map_err(|e| format!("{uri}: {}", crate::one_line(&e)))?;
-        let (parts, body) = response.into_parts();
+        let response = match sender.try_send_request(req).await {
+            Ok(response) => response,
+            // A kept connection the CA closed before the request went out: once more, on a
+            // new one (the request was not sent, so its nonce is unused).
+            Err(mut e) if pooled => match e.take_message() {
+                Some(req) => {
+                    sender = self.connect(&host, port, &authority).await?;
+                    sender.send_request(req).await.map_err(failed)?
+                }
+                None => return Err(failed(e.into_error())),
+            },
+            Err(e) => return Err(failed(e.into_error())),
+        };
+        let (mut parts, body) = response.into_parts();
         let body = Limited::new(body, MAX_BODY)
             .collect()
             .await
             .map_err(|e| format!("{uri}: reading the answer: {e}"))?
             .to_bytes();
-        if parts.status.as_u16() >= 400 {
-            if let Some(at) = parts.headers.get(RETRY_AFTER).and_then(retry_after) {
-                if let Ok(mut slot) = self.retry_after.lock() {
+        if let Some(value) = parts.headers.get(RETRY_AFTER) {
+            let at = retry_after(value);
+            if parts.status.as_u16() >= 400 {
+                if let (Some(at), Ok(mut slot)) = (at, self.retry_after.lock()) {
                     *slot = Some(at);
                 }
             }
+            // instant-acme adds a Retry-After's seconds to the time without checking: a
+            // number too large for the clock would panic there. Bounded here.
+            if text_secs(value).is_some_and(|s| s > MAX_RETRY_AFTER_SECS) {
+                parts
+                    .headers
+                    .insert(RETRY_AFTER, http::HeaderValue::from(MAX_RETRY_AFTER_SECS));
+            }
+        }
+        if get && parts.status.is_success() {
+            // The directory (RFC 8555 §7.1.1): instant-acme builds requests to its URLs
+            // expecting them to parse, and panics if one does not. Refused here instead.
+            check_urls(&body).map_err(|why| format!("{uri}: {why}"))?;
         }
         // The answer is read whole: the connection is ready for the next request.
         if let Ok(mut idle) = self.idle.lock() {
@@ -229,13 +253,36 @@ impl Inner {
     }
 }
 
+/// The longest `Retry-After` passed on to instant-acme: 30 days.
+const MAX_RETRY_AFTER_SECS: u64 = 30 * 86_400;
+
 /// A `Retry-After` (RFC 9110 §10.2.3): seconds, or an HTTP date.
 fn retry_after(value: &http::HeaderValue) -> Option<SystemTime> {
-    let text = value.to_str().ok()?.trim();
-    match text.parse::<u64>() {
-        Ok(secs) => SystemTime::now().checked_add(Duration::from_secs(secs)),
-        Err(_) => httpdate::parse_http_date(text).ok(),
+    match text_secs(value) {
+        Some(secs) => SystemTime::now().checked_add(Duration::from_secs(secs)),
+        None => httpdate::parse_http_date(value.to_str().ok()?.trim()).ok(),
     }
+}
+
+/// A `Retry-After` in seconds, read as instant-acme reads it.
+fn text_secs(value: &http::HeaderValue) -> Option<u64> {
+    value.to_str().ok()?.trim().parse::<u64>().ok()
+}
+
+/// Every string at the top of a JSON object answer is a URL that parses (a directory's are;
+/// so is renewal information's `explanationURL`). Other answers pass.
+fn check_urls(body: &[u8]) -> Result<(), String> {
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(body) else {
+        return Ok(());
+    };
+    for (key, value) in fields {
+        if let serde_json::Value::String(url) = value {
+            if Uri::from_str(&url).is_err() {
+                return Err(format!("{key} is not a URL"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn other(why: String) -> instant_acme::Error {
@@ -267,6 +314,17 @@ mod tests {
             retry_after(&http::HeaderValue::from_static("99999999999999999999")),
             None
         );
+    }
+
+    #[test]
+    fn directory_urls_that_would_not_parse_are_refused() {
+        assert_eq!(
+            check_urls(br#"{"newNonce":"https://ca/nonce","meta":{"x":"not a url"}}"#),
+            Ok(())
+        );
+        assert_eq!(check_urls(b"-----BEGIN CERTIFICATE-----"), Ok(()));
+        let e = check_urls(br#"{"newNonce":"https://ca/no nce"}"#).unwrap_err();
+        assert!(e.contains("newNonce"), "{e}");
     }
 
     #[test]

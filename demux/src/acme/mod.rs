@@ -231,9 +231,10 @@ impl Acme {
         sites: Vec<AcmeSite>,
         pacing: Pacing,
     ) -> anyhow::Result<Acme> {
-        if !settings.directory.starts_with("https://") {
+        let url = settings.directory.parse::<http::Uri>();
+        if !url.is_ok_and(|u| u.scheme_str() == Some("https") && u.host().is_some()) {
             anyhow::bail!(
-                "the ACME directory {} is not an https:// URL (RFC 8555 §6.1)",
+                "the ACME directory {:?} is not an https:// URL (RFC 8555 §6.1)",
                 settings.directory
             );
         }

@@ -362,10 +362,26 @@ fn failure(step: &str, e: &Error) -> Failure {
     let mut f = Failure::new(match e {
         Error::Api(p) => format!("{step}: {}", problem_text(p)),
         Error::Timeout(_) => format!("{step}: the CA did not move the order on in time"),
-        e => format!("{step}: {}", crate::one_line(e)),
+        e => format!("{step}: {}", error_line(e)),
     });
     f.bad_nonce = matches!(e, Error::Api(p) if is_bad_nonce(p));
     f
+}
+
+/// `error` and its sources joined by `: `, as `crate::one_line`, leaving out a source its
+/// error already wrote (instant-acme's and hyper's errors often print their source too).
+pub fn error_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line
 }
 
 /// A problem document (RFC 7807) as one line: its detail, its type, its subproblems.
@@ -427,6 +443,16 @@ mod tests {
         assert!(text.contains("bad name"), "{text}");
         let f = failure("new order", &Error::Api(p));
         assert!(f.text.starts_with("new order: no"), "{}", f.text);
+    }
+
+    #[test]
+    fn an_error_that_prints_its_source_is_not_repeated() {
+        let json = serde_json::from_str::<u8>("x").unwrap_err();
+        let text = json.to_string();
+        let line = error_line(&Error::Json(json));
+        assert_eq!(line.matches(&text).count(), 1, "{line}");
+        let other = Error::Other(Box::new(std::io::Error::other("deep")));
+        assert_eq!(error_line(&other), "deep");
     }
 
     #[test]
