@@ -349,6 +349,101 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
 }
 
 #[test]
+fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
+    let closed = closed_port();
+    let dir = temp_dir("ringmux-acme");
+    let state = dir.path().join("acme");
+    let write = |path: &str, bytes: &[u8]| {
+        let path = state.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, bytes).unwrap();
+    };
+    std::fs::create_dir_all(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let in_an_hour = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let challenge = |token: &str, name: &str, expires: u64| {
+        format!(
+            r#"{{"kind":"http-01","name":"{name}","token":"{token}","key_authorization":"{token}.thumb","expires":{expires}}}"#
+        )
+    };
+    // Another node's pending challenge: answered here too.
+    write(
+        "challenges/peer-token.json",
+        challenge("peer-token", "k.test", in_an_hour).as_bytes(),
+    );
+    // Another's that outlived its order (the node died): removed.
+    write(
+        "challenges/stale-token.json",
+        challenge("stale-token", "k.test", 1).as_bytes(),
+    );
+    // Garbage of every kind.
+    write("challenges/junk.json", b"\xff\x00{");
+    write(
+        "challenges/other-name.json",
+        challenge("peer-token", "k.test", in_an_hour).as_bytes(),
+    );
+    write("challenges/..json", b"{}");
+    write(
+        "certs/k.test/cert.pem",
+        b"-----BEGIN CERTIFICATE-----\nAAAA\n",
+    );
+    write("certs/k.test/key.pem", &[0u8; 100]);
+    write("certs/k.test/attempt.json", b"{\"failures\":\"x\"}");
+    write("account.json", b"[[[");
+    std::os::unix::fs::symlink("/etc/passwd", state.join("certs/k.test/chain.pem")).unwrap();
+
+    let settings = AcmeSettings {
+        directory: format!("https://127.0.0.1:{closed}/dir"),
+        email: None,
+        state: state.clone(),
+        challenge: ChallengeKind::Http01,
+        ca_roots: vec![
+            rcgen::generate_simple_self_signed(vec!["x.test".to_string()])
+                .unwrap()
+                .cert
+                .der()
+                .to_vec(),
+        ],
+        eab: None,
+    };
+    let acme = Acme::start(settings, vec![site(0, &["k.test"])]).unwrap();
+    let view = acme.view();
+    assert!(view.certs.is_empty());
+    let tokens: Vec<&str> = view
+        .challenges
+        .http01
+        .iter()
+        .map(|h| h.token.as_str())
+        .collect();
+    assert_eq!(tokens, ["peer-token"]);
+    assert_eq!(
+        view.challenges.http01[0].key_authorization,
+        "peer-token.thumb"
+    );
+    assert!(!state.join("challenges/stale-token.json").exists());
+    // The order fails on the CA, not on the files.
+    let (_, status) = wait_until(&acme, "a failed order", |_, s| s.orders_failed >= 1);
+    let error = status.sites[0].last_error.clone().unwrap();
+    assert!(error.contains("refused"), "{error}");
+
+    // The peer's order ends: its challenge goes from the view within a poll or two.
+    std::fs::remove_file(state.join("challenges/peer-token.json")).unwrap();
+    let started = Instant::now();
+    wait_until(&acme, "the peer's challenge withdrawn", |v, _| {
+        v.challenges.http01.is_empty()
+    });
+    assert!(
+        started.elapsed() < 3 * STATE_POLL_INTERVAL,
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn acme_a_failed_challenge_counts_and_shows_the_cas_error() {
     // Pebble validates HTTP-01 on a port where nothing listens.
     let (http_port, tls_port) = (closed_port(), closed_port());

@@ -188,6 +188,15 @@ mod tests {
         assert_eq!(san.value.general_names, [GeneralName::DNSName("a.test")]);
     }
 
+    proptest::proptest! {
+        /// Whatever another node (or anyone able to write the directory) put in a file, reading
+        /// it does not panic.
+        #[test]
+        fn any_bytes_are_read_without_panicking(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = ChallengeFile::parse("tok", &bytes, SystemTime::now());
+        }
+    }
+
     #[test]
     fn bad_or_stale_files_are_refused() {
         let now = SystemTime::now();

@@ -596,6 +596,17 @@ mod tests {
         assert_eq!(store.attempt_stamp("a.test"), None);
     }
 
+    proptest::proptest! {
+        /// Whatever a certificate or key file holds, examining it does not panic.
+        #[test]
+        fn any_pem_is_examined_without_panicking(
+            cert in "(-----BEGIN CERTIFICATE-----\n)?[A-Za-z0-9+/=\n]{0,300}(-----END CERTIFICATE-----\n)?",
+            key in "(-----BEGIN PRIVATE KEY-----\n)?[A-Za-z0-9+/=\n]{0,200}(-----END PRIVATE KEY-----\n)?",
+        ) {
+            let _ = examine(cert, key);
+        }
+    }
+
     #[test]
     fn a_site_lock_is_exclusive_until_dropped() {
         let tmp = closed_dir();
