@@ -224,6 +224,31 @@ pub fn clear_wake(fd: BorrowedFd<'_>) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// File locks: the ACME state directory's `locks/` (`acme::store`)
+// ---------------------------------------------------------------------------------------------
+
+/// A file held with an exclusive `flock(2)` lock; dropping it closes the descriptor, which
+/// releases the lock (so does the process's death: a crashed node never leaves a site locked).
+pub type LockedFile = nix::fcntl::Flock<std::fs::File>;
+
+/// Takes an exclusive `flock(2)` lock on `file` without waiting (`LOCK_EX | LOCK_NB`):
+/// `Ok(None)` when another open file description holds it, in this process or any other (on
+/// NFS, Linux maps it to a lock of the server's, seen by every client). `EINTR` is retried;
+/// other errors escape as the kernel said them.
+pub fn try_lock_exclusive(file: std::fs::File) -> io::Result<Option<LockedFile>> {
+    use nix::fcntl::{Flock, FlockArg};
+    let mut file = file;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => return Ok(Some(locked)),
+            Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
+            Err((f, Errno::EINTR)) => file = f,
+            Err((_, e)) => return Err(e.into()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Socket options of the public socket
 // ---------------------------------------------------------------------------------------------
 

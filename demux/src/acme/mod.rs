@@ -19,8 +19,11 @@
 //!   account.json                 0600  the ACME account (its key), per directory URL
 //!   certs/LABEL/cert.pem         0600  the site's chain, leaf first (written whole, renamed)
 //!   certs/LABEL/key.pem          0600  its key
+//!   certs/LABEL/attempt.json     0600  its failed orders in a row and when to retry (absent
+//!                                      after a success): every node backs off alike
 //!   challenges/TOKEN.json        0600  a pending challenge, while its order runs
-//!   locks/LABEL.lock                   flock(2) held by the node ordering LABEL
+//!   locks/LABEL.lock             0600  flock(2) held by the node ordering LABEL
+//!   locks/.account.lock          0600  held while the account is made
 //! ```
 //!
 //! LABEL is the site's first name. Several nodes may share one state directory (a network file
@@ -29,12 +32,31 @@
 //! [`STATE_POLL_INTERVAL`]), so every node answers every challenge and serves the same
 //! certificate.
 //!
-//! The interface below is what the rest of the demux uses; the engine is in the submodules.
+//! The interface below is what the rest of the demux uses; the engine is in the submodules:
+//!
+//! * `engine`: the thread: polls the state directory, starts orders, publishes.
+//! * `order`: one order's ACME exchange (RFC 8555 §7.4) and the account (§7.3).
+//! * `schedule`: when each site orders (renewal, back-off, `Retry-After`, ARI), sans I/O.
+//! * `store`: the state directory's files and locks.
+//! * `challenge`: a pending challenge's file and the workers' answer to it.
+//! * `https`: the HTTPS client instant-acme reaches the CA through.
+//!
+//! Nothing here may panic on what the CA or the state directory (another node's writes) holds:
+//! both are read as untrusted input.
 
-use std::os::fd::BorrowedFd;
+mod challenge;
+mod engine;
+mod https;
+mod order;
+mod schedule;
+mod store;
+
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use anyhow::Context;
 use ringmux_proto::ChallengeSet;
 
 /// How often every node re-reads the state directory for certificates and challenges other
@@ -131,7 +153,7 @@ pub struct AcmeView {
 }
 
 /// Counters and gauges for the metrics and `ringmux stats`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AcmeStatus {
     /// `ringmux_acme_orders_total{result="issued"}`.
     pub orders_issued: u64,
@@ -142,12 +164,16 @@ pub struct AcmeStatus {
     pub sites: Vec<SiteStatus>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SiteStatus {
     pub label: String,
     pub names: Vec<String>,
     pub not_after: Option<SystemTime>,
+    /// The last failure (this node's, or another's sharing the state directory), or why the
+    /// site is never ordered for; `None` once a certificate came.
     pub last_error: Option<String>,
+    /// When the next order is due; `None` while one runs or is about to (due now, or waiting
+    /// for the node that holds the site's lock).
     pub next_attempt: Option<SystemTime>,
 }
 
@@ -155,9 +181,38 @@ pub struct SiteStatus {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenewTicket(pub u64);
 
-/// The engine's thread, and the demux's end of it.
+/// The engine's timing. `Default` is production's; tests shorten the back-off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pacing {
+    /// The first retry after a failed order; doubled after each failure in a row (with up to
+    /// half taken off at random) up to `backoff_cap`. A CA's `Retry-After` may ask for later.
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Each request to the CA: connection, handshake, answer.
+    pub request_deadline: Duration,
+    /// A whole order, from the account to the stored certificate.
+    pub order_deadline: Duration,
+}
+
+impl Default for Pacing {
+    /// One minute doubling to a day; 30 s per request; 10 minutes per order.
+    fn default() -> Self {
+        let backoff = schedule::Backoff::default();
+        Pacing {
+            backoff_base: backoff.base,
+            backoff_cap: backoff.cap,
+            request_deadline: Duration::from_secs(30),
+            order_deadline: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The engine's thread, and the demux's end of it. Dropping it stops the thread (an order
+/// running then is abandoned: its challenge files removed, its lock released).
 pub struct Acme {
-    _private: (),
+    shared: Arc<engine::Shared>,
+    commands: Option<tokio::sync::mpsc::UnboundedSender<engine::Command>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Acme {
@@ -166,38 +221,127 @@ impl Acme {
     /// that is still valid and covers the site's names, and starts the thread. The view is
     /// ready at once ([`Acme::view`]): a site with a valid stored certificate serves it from
     /// the first worker's hand-off, without an order.
-    pub fn start(_settings: AcmeSettings, _sites: Vec<AcmeSite>) -> anyhow::Result<Acme> {
-        anyhow::bail!("ACME is not built yet")
+    pub fn start(settings: AcmeSettings, sites: Vec<AcmeSite>) -> anyhow::Result<Acme> {
+        Acme::start_with(settings, sites, Pacing::default())
+    }
+
+    /// [`Acme::start`] with other timing (tests).
+    pub fn start_with(
+        settings: AcmeSettings,
+        sites: Vec<AcmeSite>,
+        pacing: Pacing,
+    ) -> anyhow::Result<Acme> {
+        let url = settings.directory.parse::<http::Uri>();
+        if !url.is_ok_and(|u| u.scheme_str() == Some("https") && u.host().is_some()) {
+            anyhow::bail!(
+                "the ACME directory {:?} is not an https:// URL (RFC 8555 §6.1)",
+                settings.directory
+            );
+        }
+        let store = store::Store::open(&settings.state)?;
+        let client = https::CaClient::new(&settings.ca_roots, pacing.request_deadline)?;
+        let wake = crate::sys::wake_fd().context("the ACME engine's eventfd")?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("the ACME engine's tokio runtime")?;
+        let shared = Arc::new(engine::Shared {
+            wake,
+            published: Mutex::new(engine::Published {
+                sites: sites.clone(),
+                ..Default::default()
+            }),
+        });
+        let engine = engine::Engine::new(settings, pacing, sites, store, client, shared.clone());
+        let (commands, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name("ringmux-acme".into())
+            .spawn(move || runtime.block_on(engine.run(receiver)))
+            .context("starting the ACME engine's thread")?;
+        Ok(Acme {
+            shared,
+            commands: Some(commands),
+            thread: Some(thread),
+        })
     }
 
     /// Readable when the view or status changed since [`Acme::view`] was last called.
     pub fn wake_fd(&self) -> BorrowedFd<'_> {
-        unimplemented!()
+        self.shared.wake.as_fd()
     }
 
     /// The current view; clears [`Acme::wake_fd`].
     pub fn view(&self) -> AcmeView {
-        unimplemented!()
+        // Cleared before the view is read: a change after the read rings it again.
+        crate::sys::clear_wake(self.shared.wake.as_fd());
+        self.published().view.clone()
     }
 
     pub fn status(&self) -> AcmeStatus {
-        unimplemented!()
+        self.published().status.clone()
     }
 
     /// The ACME sites changed (a reload): order for the new ones, forget the removed ones.
-    pub fn set_sites(&self, _sites: Vec<AcmeSite>) {
-        unimplemented!()
+    pub fn set_sites(&self, sites: Vec<AcmeSite>) {
+        self.published().sites = sites.clone();
+        self.send(engine::Command::SetSites(sites));
     }
 
     /// Orders a new certificate now for the site one of whose names is `name`, or for every
     /// ACME site (`None`), whatever their certificates' age. Err names an unknown name.
-    pub fn renew(&self, _name: Option<&str>) -> Result<RenewTicket, String> {
-        unimplemented!()
+    pub fn renew(&self, name: Option<&str>) -> Result<RenewTicket, String> {
+        let mut p = self.published();
+        let labels: Vec<String> = match name {
+            None => p.sites.iter().map(|s| s.label.clone()).collect(),
+            Some(name) => {
+                let site = p
+                    .sites
+                    .iter()
+                    .find(|s| s.names.iter().any(|n| n.eq_ignore_ascii_case(name)))
+                    .ok_or_else(|| format!("{name} is not a name of an ACME site"))?;
+                vec![site.label.clone()]
+            }
+        };
+        p.next_ticket += 1;
+        let ticket = p.next_ticket;
+        p.tickets.insert(ticket, None);
+        p.trim_tickets();
+        drop(p);
+        self.send(engine::Command::Renew { ticket, labels });
+        Ok(RenewTicket(ticket))
     }
 
     /// `None` while the renewal runs; then `Ok` with the site indexes renewed (their new
     /// certificates are in the view), or `Err` with the CA's error.
-    pub fn renewed(&self, _ticket: RenewTicket) -> Option<Result<Vec<usize>, String>> {
-        unimplemented!()
+    pub fn renewed(&self, ticket: RenewTicket) -> Option<Result<Vec<usize>, String>> {
+        match self.published().tickets.get(&ticket.0) {
+            Some(result) => result.clone(),
+            None => Some(Err(format!("no renewal {} is known", ticket.0))),
+        }
+    }
+
+    fn published(&self) -> MutexGuard<'_, engine::Published> {
+        // A panic elsewhere while holding the lock leaves plain data behind: still usable.
+        match self.shared.published.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn send(&self, command: engine::Command) {
+        if let Some(c) = &self.commands {
+            // Fails only if the thread is gone; the status says nothing new then.
+            let _ = c.send(command);
+        }
+    }
+}
+
+impl Drop for Acme {
+    fn drop(&mut self) {
+        // Closing the channel ends the engine's loop.
+        self.commands = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }

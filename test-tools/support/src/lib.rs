@@ -3,11 +3,13 @@
 //! installed, running one with a deadline); [`aioquic`], the Python client the demux's and the
 //! server's tests drive; [`client_initial`], client Initial packets with chosen ClientHellos;
 //! [`harness`], a real ringmux on loopback and what the end-to-end tests
-//! check it with. A dev-dependency only; nothing here is part of a deployment.
+//! check it with; [`pebble`], an ACME test CA and its DNS on loopback. A dev-dependency only;
+//! nothing here is part of a deployment.
 
 pub mod aioquic;
 pub mod client_initial;
 pub mod harness;
+pub mod pebble;
 pub mod tool;
 
 /// A temporary folder, removed on drop (also when a test panics): the `tempfile` crate's.
