@@ -20,8 +20,9 @@
 //! * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
 //! * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several boxes.
 //!
-//! The demux never links the worker library, quinn's connection layer or HTTP: what it shares
-//! with workers is the contract crate `ringmux-proto`.
+//! The demux never links the worker library, quinn's connection layer or an HTTP server: what
+//! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
+//! ACME engine's, on a thread of its own, talking to the CA only.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

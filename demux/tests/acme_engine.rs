@@ -349,6 +349,43 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
 }
 
 #[test]
+fn acme_start_refuses_a_state_dir_open_to_others_and_a_directory_that_is_not_https() {
+    let dir = temp_dir("ringmux-acme");
+    let state = dir.path().join("acme");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let settings = AcmeSettings {
+        directory: "https://127.0.0.1:1/dir".into(),
+        email: None,
+        state: state.clone(),
+        challenge: ChallengeKind::TlsAlpn01,
+        ca_roots: Vec::new(),
+        eab: None,
+    };
+    let e = format!(
+        "{:#}",
+        Acme::start(settings.clone(), Vec::new()).err().unwrap()
+    );
+    assert!(
+        e.contains(&state.display().to_string()) && e.contains("chmod 700"),
+        "{e}"
+    );
+    for bad in ["http://ca.test/dir", "https:///dir", "https://ca.test/a b"] {
+        let e = Acme::start(
+            AcmeSettings {
+                directory: bad.into(),
+                ..settings.clone()
+            },
+            Vec::new(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("https://"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
     let closed = closed_port();
     let dir = temp_dir("ringmux-acme");

@@ -312,7 +312,8 @@ impl Acme {
     }
 
     /// `None` while the renewal runs; then `Ok` with the site indexes renewed (their new
-    /// certificates are in the view), or `Err` with the CA's error.
+    /// certificates are in the view), or `Err` with the CA's error. A ticket is remembered for
+    /// the last 1024 renewals; an older or unknown one is `Err`.
     pub fn renewed(&self, ticket: RenewTicket) -> Option<Result<Vec<usize>, String>> {
         match self.published().tickets.get(&ticket.0) {
             Some(result) => result.clone(),
