@@ -360,6 +360,58 @@ async fn a_site_is_issued_over_tls_alpn_01_and_a_restart_reuses_it() {
         "the stored certificate"
     );
     assert_eq!(orders(&rm, "issued"), 0.0, "a restart orders nothing");
+
+    // `ringmux stats` shows the days left per name (Pebble's certificates last five years).
+    let stats = ringmux(&rm, &["stats", "--metrics", &rm.metrics.to_string()]).await;
+    let line = stats
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("certificates:"))
+        .unwrap_or_else(|| panic!("no certificates line in ringmux stats:\n{}", stats.stdout))
+        .to_string();
+    for name in ["a.test (a.test)", "www.a.test (a.test)", "b.test (b.test)"] {
+        assert!(line.contains(name), "{name} in {line:?}");
+    }
+    let days: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    assert!(
+        days.iter().any(|d| (1800..=1830).contains(d)),
+        "about 1826 days left for a.test in {line:?}"
+    );
+
+    // An upgrade of the demux in place starts the engine anew from the stored certificate.
+    let up = ringmux(
+        &rm,
+        &[
+            "upgrade",
+            "--control-socket",
+            &rm.control_socket().display().to_string(),
+            "--timeout",
+            "60",
+        ],
+    )
+    .await;
+    assert!(up.success, "ringmux upgrade: {}{}", up.stdout, up.stderr);
+    assert_eq!(
+        served_on_both(&setup, &rm).await,
+        serial,
+        "after the upgrade"
+    );
+    assert_eq!(orders(&rm, "issued"), 0.0, "an upgrade orders nothing");
+}
+
+/// `ringmux ARGS…` run to its end.
+async fn ringmux(rm: &Ringmux, args: &[&str]) -> tool::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tool::run(
+        harness::binary("ringmux").to_str().unwrap(),
+        &args,
+        rm.dir(),
+        ORDER_LIMIT,
+    )
+    .await
 }
 
 /// HTTP-01 on the plain-HTTP listener.
