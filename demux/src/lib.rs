@@ -6,6 +6,8 @@
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
 //! * [`admission`]: new connections under pressure: the demux's Retry, its tokens, and the
 //!   per-source-prefix budget.
+//! * [`dispatch`]: what becomes of one datagram (which lane, or which drop), decided without
+//!   I/O.
 //! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`), one file each behind one trait.
 //! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain.
 //! * [`budget`]: how much of the demux's time each worker's messages may take.

@@ -10,15 +10,15 @@ use super::shm::Shm;
 use super::{Forward, IngressHandles, Setup};
 use crate::metrics::DropReason;
 
-/// Idle rings, never pushed to.
-pub struct Drop {
+/// Idle rings, never pushed to. (Not `Drop`: that name would shadow the prelude's trait.)
+pub struct Discard {
     idle: Shm,
 }
 
-impl Drop {
+impl Discard {
     pub fn create(setup: &Setup<'_>) -> io::Result<(Self, Vec<IngressHandles>)> {
         let (idle, handles) = Shm::create(setup)?;
-        Ok((Drop { idle }, handles))
+        Ok((Discard { idle }, handles))
     }
 
     /// The idle rings a previous process image of the demux handed over.
@@ -26,13 +26,13 @@ impl Drop {
         setup: &Setup<'_>,
         lanes: Vec<Option<crate::forward::handover::Ingress>>,
     ) -> io::Result<Self> {
-        Ok(Drop {
+        Ok(Discard {
             idle: Shm::adopt(setup, lanes)?,
         })
     }
 }
 
-impl Forward for Drop {
+impl Forward for Discard {
     const DELIVERS: bool = false;
 
     #[inline]

@@ -254,7 +254,7 @@ pub fn adopt<W: WithForward>(
     Ok(match mode {
         ForwardMode::Shm => with.run(shm::Shm::adopt(&setup, lanes)?, Vec::new()),
         ForwardMode::Unix => with.run(unix::Unix::adopt(&setup, lanes)?, Vec::new()),
-        ForwardMode::Drop => with.run(drop::Drop::adopt(&setup, lanes)?, Vec::new()),
+        ForwardMode::Drop => with.run(drop::Discard::adopt(&setup, lanes)?, Vec::new()),
         ForwardMode::Reuseport => {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -296,7 +296,7 @@ pub fn start<W: WithForward>(
             with.run(f, h)
         }
         ForwardMode::Drop => {
-            let (f, h) = drop::Drop::create(&setup)?;
+            let (f, h) = drop::Discard::create(&setup)?;
             with.run(f, h)
         }
         ForwardMode::Reuseport => {

@@ -54,6 +54,8 @@ pub struct Changes {
     pub certs: Vec<(usize, Issued)>,
     /// The challenges changed.
     pub challenges: bool,
+    /// The engine had news (a change of its view or of its status).
+    pub woke: bool,
 }
 
 impl Relay {
@@ -103,9 +105,17 @@ impl Relay {
     /// Reads the engine's view: the certificates that changed are put into the table and
     /// returned, with whether the challenges changed.
     pub fn look(&mut self) -> Changes {
+        // Nothing new since the last look (the engine rings its eventfd on every change):
+        // the view is not copied on every round of the supervisor.
+        if !crate::sys::wait_readable(self.engine.wake_fd(), Duration::ZERO).unwrap_or(true) {
+            return Changes::default();
+        }
         let table = &mut self.table;
         let view = self.engine.view();
-        let mut changes = Changes::default();
+        let mut changes = Changes {
+            woke: true,
+            ..Changes::default()
+        };
         for (site, version, issued) in view.certs {
             let Some(acme_site) = self.sites.iter().find(|s| s.site == site) else {
                 continue;

@@ -346,9 +346,11 @@ impl Supervisor {
             return;
         };
         let changes = relay.look();
-        let status = relay.status();
-        self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
-        self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+        if changes.woke {
+            let status = relay.status();
+            self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
+            self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+        }
         if !changes.certs.is_empty() {
             self.template = Template::new(self.template.handoff.clone(), relay.table());
             crate::metrics::counters::set_certificates(&self.counters, relay.table());
