@@ -94,6 +94,17 @@ impl Setup {
     /// `directory` (Pebble's unless given), b.test with its own certificate; state in
     /// `state` under the test's folder.
     fn config(&self, challenge: &str, directory: Option<&str>, state: &str) -> PathBuf {
+        self.config_with(challenge, directory, state, "")
+    }
+
+    /// As [`Setup::config`], with `more` (further `[[site]]`s) at the end.
+    fn config_with(
+        &self,
+        challenge: &str,
+        directory: Option<&str>,
+        state: &str,
+        more: &str,
+    ) -> PathBuf {
         let d = self.dir.path().display();
         let text = format!(
             r#"redirect_http = "127.0.0.1:{http}"
@@ -118,7 +129,7 @@ key = "{d}/b.key"
   [[site.route]]
   path = "/"
   root = "{d}/b"
-"#,
+{more}"#,
             http = self.http_port,
             directory = directory.map_or_else(|| self.pebble.directory_url(), str::to_string),
         );
@@ -598,4 +609,63 @@ async fn a_ca_down_or_a_failed_challenge_leaves_the_other_sites_serving() {
         );
         eprintln!("{what}: {}", tail(&log, 3));
     }
+}
+
+/// A reload that adds an ACME site: the engine orders its certificate while the running sites
+/// serve on, and every worker serves it once issued, without another reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_adds_an_acme_site() {
+    let Some(setup) = Setup::new(None) else {
+        return skip("a_reload_adds_an_acme_site");
+    };
+    let config = setup.config("tls-alpn-01", None, "state");
+    let rm = setup.start(&config);
+    issued(&rm).await;
+    let serial = served_on_both(&setup, &rm).await;
+    open_folder(&setup.path("c"));
+    std::fs::write(setup.path("c/index.html"), A_INDEX).unwrap();
+    let c_site = format!(
+        "\n[[site]]\nnames = [\"c.test\"]\nacme = true\n  [[site.route]]\n  path = \"/\"\n  \
+         root = \"{}\"\n",
+        setup.path("c").display()
+    );
+    // The same file, rewritten: ringmux reload reads the path it started with.
+    let again = setup.config_with("tls-alpn-01", None, "state", &c_site);
+    assert_eq!(again, config);
+    let out = ringmux(
+        &rm,
+        &[
+            "reload",
+            "--control-socket",
+            &rm.control_socket().display().to_string(),
+            "--timeout",
+            "60",
+        ],
+    )
+    .await;
+    assert!(out.success, "ringmux reload: {}{}", out.stdout, out.stderr);
+    rm.wait_for("c.test's certificate from Pebble", ORDER_LIMIT, |m| {
+        m.samples(names::CERTIFICATE_EXPIRY)
+            .iter()
+            .any(|(labels, _)| labels.iter().any(|(k, v)| k == "site" && v == "c.test"))
+    })
+    .await;
+    for (transport, got) in [
+        ("curl (TCP)", curl(&setup, &rm, "c.test").await),
+        ("quinn (HTTP/3)", quinn(&setup, &rm, "c.test").await),
+    ] {
+        let got = got.unwrap_or_else(|e| panic!("{transport} for c.test: {e}"));
+        assert_eq!(
+            (got.status, got.body.as_str()),
+            (200, A_INDEX),
+            "{transport}"
+        );
+        assert_ne!(
+            got.serial, serial,
+            "{transport}: c.test has a certificate of its own"
+        );
+    }
+    // a.test kept its certificate through the reload.
+    assert_eq!(served_on_both(&setup, &rm).await, serial);
+    assert_eq!(orders(&rm, "issued"), 2.0);
 }
