@@ -56,9 +56,18 @@ impl Setup {
     /// Pebble for a ringmux on `port` (TCP, TLS-ALPN-01) and `http_port` (plain HTTP,
     /// HTTP-01); `None` when Pebble is not installed (and `CI` not set).
     fn new(tls_port_for_pebble: Option<u16>) -> Option<Setup> {
+        Setup::with_eab(tls_port_for_pebble, None)
+    }
+
+    /// As [`Setup::new`], Pebble requiring the external account binding `eab`.
+    fn with_eab(
+        tls_port_for_pebble: Option<u16>,
+        eab: Option<(&'static str, &'static str)>,
+    ) -> Option<Setup> {
         let port = free_port();
         let http_port = free_port();
         let mut config = PebbleConfig::new(http_port, tls_port_for_pebble.unwrap_or(port));
+        config.eab = eab;
         // Every order validates again: a renewal is tested on the wire.
         config.authz_reuse = 0;
         let pebble = Pebble::start_with(config)?;
@@ -668,4 +677,47 @@ async fn a_reload_adds_an_acme_site() {
     // a.test kept its certificate through the reload.
     assert_eq!(served_on_both(&setup, &rm).await, serial);
     assert_eq!(orders(&rm, "issued"), 2.0);
+}
+
+/// A CA that requires an external account binding: with the key ID and MAC key it gave, the
+/// site is issued; with a wrong MAC key the account is refused, counted and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_account_binding_is_given_to_a_ca_that_requires_one() {
+    const KID: &str = "kid-1";
+    const KEY: &str = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
+    let Some(setup) = Setup::with_eab(None, Some((KID, KEY))) else {
+        return skip("an_external_account_binding_is_given_to_a_ca_that_requires_one");
+    };
+    let with_eab = |state: &str, key: &str| {
+        let path = setup.config("tls-alpn-01", None, state);
+        let text = std::fs::read_to_string(&path).unwrap().replace(
+            "challenge = ",
+            &format!("eab_kid = \"{KID}\"\neab_hmac_key = \"{key}\"\nchallenge = "),
+        );
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let wrong = KEY.replace('z', "y");
+    let rm = setup.start(&with_eab("wrong", &wrong));
+    rm.wait_for("a refused account counted", ORDER_LIMIT, |m| {
+        m.sum_where(names::ACME_ORDERS, "result", "failed") >= 1.0
+    })
+    .await;
+    assert!(curl(&setup, &rm, "a.test").await.is_err(), "no certificate");
+    let log = rm.log_tail(400);
+    let refused = log
+        .lines()
+        .find(|l| l.contains("WARN") && l.contains("a.test"))
+        .unwrap_or_else(|| panic!("no failure logged for a.test:\n{log}"));
+    eprintln!("a wrong MAC key: {refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("account"),
+        "the failure names the account: {refused}"
+    );
+    drop(rm);
+
+    let rm = setup.start(&with_eab("right", KEY));
+    issued(&rm).await;
+    served_on_both(&setup, &rm).await;
+    assert_eq!(orders(&rm, "issued"), 1.0);
 }

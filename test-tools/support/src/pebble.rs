@@ -50,6 +50,9 @@ pub struct PebbleConfig {
     /// `PEBBLE_AUTHZREUSE`: the percentage of orders that reuse a valid authorization of the
     /// same account (Pebble's default is 50; 0 makes every order validate again).
     pub authz_reuse: u8,
+    /// External account binding required, with this key ID and MAC key (base64url), the only
+    /// one Pebble knows; `None`: not required.
+    pub eab: Option<(&'static str, &'static str)>,
 }
 
 impl PebbleConfig {
@@ -59,6 +62,7 @@ impl PebbleConfig {
             tls_port,
             nonce_reject: 5,
             authz_reuse: 50,
+            eab: None,
         }
     }
 }
@@ -122,7 +126,11 @@ impl Pebble {
                 "httpPort": config.http_port,
                 "tlsPort": config.tls_port,
                 "ocspResponderURL": "",
-                "externalAccountBindingRequired": false,
+                "externalAccountBindingRequired": config.eab.is_some(),
+                "externalAccountMACKeys": config
+                    .eab
+                    .map(|(kid, key)| serde_json::json!({ kid: key }))
+                    .unwrap_or_else(|| serde_json::json!({})),
             }
         });
         let cfg = write("pebble.json", &json.to_string());
