@@ -187,27 +187,37 @@ up() {
   apply "$STATE/rules6.nft"
 
   # As root ringmux runs its workers as nobody, who must reach the worker binary.
-  local user_args=()
+  USER_ARGS=()
   if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -x "$BIN/ringmux-worker" 2>/dev/null; then
     echo "note: $BIN/ringmux-worker is not executable by nobody: workers run as root (--worker-user root)"
-    user_args=(--worker-user root)
+    USER_ARGS=(--worker-user root)
   fi
-  for n in "${NODES[@]}"; do
-    say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY"
-    mkdir -p "$STATE/n$n"
-    in_ns "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
-      --listen "[::]:$PORT" --redirect-http "[::]:$HTTP_PORT" --instances 2 \
-      --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
-      --retry "$RETRY" --metrics 127.0.0.1:9433 \
-      --control-socket "$STATE/n$n/control.sock" "${user_args[@]}" \
-      </dev/null >"$STATE/n$n.log" 2>&1 &
-    echo $! >"$STATE/n$n.pid"
-  done
-  for n in "${NODES[@]}"; do
-    poll 300 grep -q "^ringmux ready" "$STATE/n$n.log" ||
-      { tail -n 30 "$STATE/n$n.log" >&2; fail "node $n did not get ready within 30 s"; }
-  done
+  for n in "${NODES[@]}"; do start_node "$n"; done
+  for n in "${NODES[@]}"; do node_ready "$n"; done
   say "up: VIP $URL (QUIC and TCP), http://$VIP:$HTTP_PORT and the same on [$VIP6]; state in $STATE"
+}
+
+# Starts node $1's ringmux in its namespace with the flags every node has, and the options
+# given after $1 (--config FILE); its output in $STATE/n$1.log, its pid in $STATE/n$1.pid.
+start_node() { # start_node N [OPTION...]
+  local n=$1
+  shift
+  say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY${*:+ $*}"
+  mkdir -p "$STATE/n$n"
+  # Not in_ns, a function, which would run in a subshell of its own: $! is ringmux's pid.
+  ip netns exec "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
+    --listen "[::]:$PORT" --redirect-http "[::]:$HTTP_PORT" --instances 2 \
+    --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
+    --retry "$RETRY" --metrics 127.0.0.1:9433 \
+    --control-socket "$STATE/n$n/control.sock" "${USER_ARGS[@]}" "$@" \
+    </dev/null >"$STATE/n$n.log" 2>&1 &
+  echo $! >"$STATE/n$n.pid"
+  # Stopped by down: no job notice of its end.
+  disown
+}
+node_ready() { # node_ready N
+  poll 300 grep -q "^ringmux ready" "$STATE/n$1.log" ||
+    { tail -n 30 "$STATE/n$1.log" >&2; fail "node $1 did not get ready within 30 s"; }
 }
 
 # ---------------------------------------------------------------------------------------------
