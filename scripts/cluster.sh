@@ -2,7 +2,8 @@
 # scripts/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
 # made by `ringmux lb-config nftables`, all on this machine in network namespaces (README
 # "More than one box"). Needs root, iproute2 (`ip netns`), nftables, and for `test`
-# gtlsclient (ngtcp2-client), conntrack, curl and python3.
+# gtlsclient (ngtcp2-client), conntrack, curl, python3 with aioquic, and pebble (with
+# pebble-challtestsrv).
 #
 #   rmx-client 10.77.0.2, fd77::2 ──veth── rmx-lb 10.77.0.1 = the VIP, fd77::1 = the IPv6 VIP
 #                                          │  nftables: QUIC by CID to its node, new UDP 4-tuples
@@ -14,7 +15,9 @@
 # plain-HTTP redirects on [::]:80 (--redirect-http), its own 8-byte --node-id, --plaintext-cids
 # and one shared key file; its default route goes back through rmx-lb, whose connection
 # tracking gives the replies the VIP's address. The rules balance UDP 443 and TCP 443 and 80
-# (lb-config's --tcp-port 80). Addresses exist only inside these namespaces.
+# (lb-config's --tcp-port 80). Addresses exist only inside these namespaces. The ACME CA of
+# test step 9, Pebble, listens in rmx-client on 10.77.0.2 (ports 14000 and 15000): the nodes
+# reach it through rmx-lb, and it reaches them as a client does, through the VIP.
 #
 #   up    clean up leftovers, then build the namespaces, start the nodes, apply the rules
 #   test  up (nodes with --retry always), then: every packet length through the rules, 60+
@@ -22,8 +25,15 @@
 #         plain HTTP redirected, a NEW_TOKEN token of one node taken by another, active
 #         migration and NAT rebinding, `ringmux upgrade` of a node under load, a drained node
 #         (no new connection, QUIC or TCP, and a TCP download it was serving finishes) and a
-#         removed one, IPv6 (QUIC and TCP); then down (also on failure). Exit 0 only if all
-#         passed.
+#         removed one, IPv6 (QUIC and TCP); last, several nodes with one name: Pebble (an
+#         ACME CA) and its DNS server in rmx-client, every name at the VIP, and the nodes
+#         restarted with --config: one site, cluster.test, `acme = true` over TLS-ALPN-01, one
+#         [acme] state folder for all three. One order in all (the node holding the site's
+#         lock), the CA's validation answered by whichever nodes the balancer sends it to,
+#         every node serving the one certificate: 30 HTTPS connections spread over the nodes
+#         and HTTP/3 (aioquic), each verifying the chain against Pebble's root and the name,
+#         all see one serial. Then down (also on failure; it stops Pebble too). Exit 0 only if
+#         all passed.
 #   down  stop the nodes, delete the namespaces and the state folder
 #
 # Every wait polls for an outcome with a bound; nothing sleeps in its place.
@@ -76,6 +86,7 @@ in_ns() {
 
 down() {
   local ns pid
+  stop_pebble
   for n in "${NODES[@]}"; do
     if [[ -f $STATE/n$n.pid ]]; then
       pid=$(cat "$STATE/n$n.pid")
@@ -187,27 +198,181 @@ up() {
   apply "$STATE/rules6.nft"
 
   # As root ringmux runs its workers as nobody, who must reach the worker binary.
-  local user_args=()
+  USER_ARGS=()
   if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -x "$BIN/ringmux-worker" 2>/dev/null; then
     echo "note: $BIN/ringmux-worker is not executable by nobody: workers run as root (--worker-user root)"
-    user_args=(--worker-user root)
+    USER_ARGS=(--worker-user root)
   fi
-  for n in "${NODES[@]}"; do
-    say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY"
-    mkdir -p "$STATE/n$n"
-    in_ns "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
-      --listen "[::]:$PORT" --redirect-http "[::]:$HTTP_PORT" --instances 2 \
-      --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
-      --retry "$RETRY" --metrics 127.0.0.1:9433 \
-      --control-socket "$STATE/n$n/control.sock" "${user_args[@]}" \
-      </dev/null >"$STATE/n$n.log" 2>&1 &
-    echo $! >"$STATE/n$n.pid"
-  done
-  for n in "${NODES[@]}"; do
-    poll 300 grep -q "^ringmux ready" "$STATE/n$n.log" ||
-      { tail -n 30 "$STATE/n$n.log" >&2; fail "node $n did not get ready within 30 s"; }
-  done
+  for n in "${NODES[@]}"; do start_node "$n"; done
+  for n in "${NODES[@]}"; do node_ready "$n"; done
   say "up: VIP $URL (QUIC and TCP), http://$VIP:$HTTP_PORT and the same on [$VIP6]; state in $STATE"
+}
+
+# Starts node $1's ringmux in its namespace with the flags every node has, and the options
+# given after $1 (--config FILE); its output in $STATE/n$1.log, its pid in $STATE/n$1.pid.
+start_node() { # start_node N [OPTION...]
+  local n=$1
+  shift
+  say "node $n: ringmux --node-id $(node_id "$n") --retry $RETRY${*:+ $*}"
+  mkdir -p "$STATE/n$n"
+  # Not in_ns, a function, which would run in a subshell of its own: $! is ringmux's pid.
+  ip netns exec "rmx-n$n" env RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1 "$BIN/ringmux" \
+    --listen "[::]:$PORT" --redirect-http "[::]:$HTTP_PORT" --instances 2 \
+    --node-id "$(node_id "$n")" --plaintext-cids --key-file "$STATE/keys" \
+    --retry "$RETRY" --metrics 127.0.0.1:9433 \
+    --control-socket "$STATE/n$n/control.sock" "${USER_ARGS[@]}" "$@" \
+    </dev/null >"$STATE/n$n.log" 2>&1 &
+  echo $! >"$STATE/n$n.pid"
+  # Stopped by stop_node or down: no job notice of its end.
+  disown
+}
+node_ready() { # node_ready N
+  poll 300 grep -q "^ringmux ready" "$STATE/n$1.log" ||
+    { tail -n 30 "$STATE/n$1.log" >&2; fail "node $1 did not get ready within 30 s"; }
+}
+# Stops node $1's ringmux (SIGTERM: its workers drain) and waits until nothing runs in its
+# namespace any more, so that a new one can take its ports; its log is kept as n$1.log.N.
+stop_node() { # stop_node N
+  local n=$1 pid
+  pid=$(cat "$STATE/n$n.pid")
+  kill "$pid" 2>/dev/null || true
+  poll 300 ns_empty "rmx-n$n" || fail "node $n's ringmux (pid $pid) did not exit within 30 s of SIGTERM"
+  local k=0
+  while [[ -e $STATE/n$n.log.$k ]]; do k=$((k + 1)); done
+  mv "$STATE/n$n.log" "$STATE/n$n.log.$k"
+}
+ns_empty() { [[ -z $(ip netns pids "$1") ]]; }
+
+# ---------------------------------------------------------------------------------------------
+# The ACME CA of test step 9: Pebble (Let's Encrypt's test CA, Debian's `pebble`) and its DNS
+# server pebble-challtestsrv, in the client namespace: the CA is outside, behind the VIP like
+# any client. The DNS server answers every name with the VIP, so Pebble's validator connects
+# to the VIP's port 443 (TLS-ALPN-01) through the balancer, to whichever node it picks. The
+# nodes reach Pebble's API at 10.77.0.2 by their default route through rmx-lb. (As
+# test-tools/support/src/pebble.rs starts them on loopback for demux/tests/acme.rs.)
+
+PEBBLE=$STATE/pebble
+PEBBLE_ADDR=10.77.0.2
+PEBBLE_DIRECTORY="https://$PEBBLE_ADDR:14000/dir"
+PEBBLE_MANAGEMENT="https://$PEBBLE_ADDR:15000"
+ACME_SITE=cluster.test
+
+# A root and, under it, the certificate of Pebble's own HTTPS (ACME API and management) for
+# its address: python3 -c "$API_CERTIFICATE" DIR ADDRESS writes DIR/api-root.pem (what the
+# nodes' [acme] ca_roots trusts), api-cert.pem and api-key.pem. (cryptography comes with
+# aioquic; openssl may be missing.)
+API_CERTIFICATE='
+import datetime, ipaddress, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+out, address = sys.argv[1], sys.argv[2]
+now = datetime.datetime.now(datetime.timezone.utc)
+
+def named(cn):
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+def usage(ca):
+    return x509.KeyUsage(digital_signature=True, content_commitment=False,
+                         key_encipherment=False, data_encipherment=False, key_agreement=False,
+                         key_cert_sign=ca, crl_sign=ca, encipher_only=False,
+                         decipher_only=False)
+
+def made(subject, issuer, key, signer, ca):
+    b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(hours=1))
+         .not_valid_after(now + datetime.timedelta(days=2))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+         .add_extension(usage(ca), critical=True))
+    if not ca:
+        b = (b.add_extension(x509.SubjectAlternativeName(
+                 [x509.IPAddress(ipaddress.ip_address(address))]), critical=False)
+             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                            critical=False))
+    return b.sign(signer, hashes.SHA256())
+
+def write(name, data):
+    with open(out + "/" + name, "wb") as f:
+        f.write(data)
+
+root_key = ec.generate_private_key(ec.SECP256R1())
+root_name = named("ringmux cluster.sh: Pebble API root")
+root = made(root_name, root_name, root_key, root_key, True)
+key = ec.generate_private_key(ec.SECP256R1())
+leaf = made(named("Pebble at " + address), root_name, key, root_key, False)
+write("api-root.pem", root.public_bytes(serialization.Encoding.PEM))
+write("api-cert.pem", leaf.public_bytes(serialization.Encoding.PEM))
+write("api-key.pem", key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+'
+
+# Starts pebble-challtestsrv and Pebble in the client namespace and waits until Pebble's API
+# answers there and from every node; writes Pebble's issuing root (GET /roots/0 of its
+# management interface, new with every start) to $PEBBLE/issuer.pem.
+start_pebble() {
+  if ! command -v pebble >/dev/null || ! command -v pebble-challtestsrv >/dev/null; then
+    fail "pebble or pebble-challtestsrv is missing (apt-get install pebble)"
+  fi
+  mkdir -p "$PEBBLE"
+  python3 -c "$API_CERTIFICATE" "$PEBBLE" "$PEBBLE_ADDR" ||
+    fail "python3's cryptography could not make Pebble's API certificate"
+  cat >"$PEBBLE/pebble.json" <<EOF
+{
+  "pebble": {
+    "listenAddress": "$PEBBLE_ADDR:14000",
+    "managementListenAddress": "$PEBBLE_ADDR:15000",
+    "certificate": "$PEBBLE/api-cert.pem",
+    "privateKey": "$PEBBLE/api-key.pem",
+    "httpPort": $HTTP_PORT,
+    "tlsPort": $PORT,
+    "ocspResponderURL": "",
+    "externalAccountBindingRequired": false
+  }
+}
+EOF
+  say "Pebble's DNS server: every name is $VIP (the VIP), no AAAA"
+  ip netns exec "$NS_CLIENT" pebble-challtestsrv -defaultIPv4 "$VIP" -defaultIPv6 "" \
+    -dns01 127.0.0.1:8053 -http01 "" -https01 "" -tlsalpn01 "" -management 127.0.0.1:8055 \
+    </dev/null >"$PEBBLE/challtestsrv.log" 2>&1 &
+  echo $! >"$PEBBLE/challtestsrv.pid"
+  disown
+  say "Pebble: ACME at $PEBBLE_DIRECTORY, validating on the VIP's TCP $PORT and $HTTP_PORT"
+  # No sleep before each validation (Pebble's default waits up to 15 s at random).
+  ip netns exec "$NS_CLIENT" env PEBBLE_VA_NOSLEEP=1 pebble -config "$PEBBLE/pebble.json" \
+    -dnsserver 127.0.0.1:8053 </dev/null >"$PEBBLE/pebble.log" 2>&1 &
+  echo $! >"$PEBBLE/pebble.pid"
+  disown
+  poll 300 pebble_answers "$NS_CLIENT" ||
+    { tail -n 20 "$PEBBLE/pebble.log" "$PEBBLE/challtestsrv.log" >&2; fail "Pebble did not answer at $PEBBLE_DIRECTORY within 30 s"; }
+  for n in "${NODES[@]}"; do
+    pebble_answers "rmx-n$n" ||
+      fail "node $n cannot reach Pebble at $PEBBLE_DIRECTORY (its route goes through $NS_LB)"
+  done
+  in_ns "$NS_CLIENT" curl -sSf --max-time 5 --cacert "$PEBBLE/api-root.pem" \
+    -o "$PEBBLE/issuer.pem" "$PEBBLE_MANAGEMENT/roots/0" ||
+    fail "Pebble's management interface did not give its issuing root ($PEBBLE_MANAGEMENT/roots/0)"
+  grep -q "BEGIN CERTIFICATE" "$PEBBLE/issuer.pem" ||
+    fail "$PEBBLE_MANAGEMENT/roots/0 is not a certificate: $(head -c 200 "$PEBBLE/issuer.pem")"
+  echo "Pebble answers in $NS_CLIENT and from every node; its issuing root is in $PEBBLE/issuer.pem"
+}
+# Whether Pebble's directory answers from namespace $1, over HTTPS verified by the API root.
+pebble_answers() {
+  in_ns "$1" curl -sf --max-time 2 --cacert "$PEBBLE/api-root.pem" -o /dev/null "$PEBBLE_DIRECTORY"
+}
+# Stops Pebble and its DNS server, if they are ours (down removes their files with $STATE).
+stop_pebble() {
+  local name pid
+  for name in pebble challtestsrv; do
+    [[ -f $PEBBLE/$name.pid ]] || continue
+    pid=$(cat "$PEBBLE/$name.pid")
+    if [[ -r /proc/$pid/cmdline ]] && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q '^pebble'; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +429,9 @@ http_get() { # http_get HOST
     "http://$1:$HTTP_PORT/hello.txt?q=1"
 }
 
-# One gtlsclient run from the client namespace; its log in $STATE/gtls.log.
+# One gtlsclient run from the client namespace; its log in $STATE/gtls.log (or $GTLS_LOG).
+# The request's URL is https://VIP:PORT/PATH, or $GTLS_URL (its authority is the request's
+# host, the connection still goes to the VIP).
 gtls() {
   local host=$VIP
   if [[ $1 == -6 ]]; then host=$VIP6; shift; fi
@@ -272,6 +439,7 @@ gtls() {
   shift
   local url="https://$host:$PORT$path"
   [[ $host == *:* ]] && url="https://[$host]:$PORT$path"
+  url=${GTLS_URL:-$url}
   in_ns "$NS_CLIENT" gtlsclient --exit-on-all-streams-close --no-quic-dump --no-http-dump \
     --timeout=10s --handshake-timeout=5s "$@" "$host" "$PORT" "$url" >"${GTLS_LOG:-$STATE/gtls.log}" 2>&1 || true
 }
@@ -502,6 +670,92 @@ tcp_spread() { # tcp_spread COUNT PER_NODE_MIN NODES...
   done
 }
 
+# Step 9's configuration: one site, cluster.test, whose certificate comes from Pebble over
+# TLS-ALPN-01, its state in one folder shared by the three nodes (the nodes' other options
+# stay on their command lines, which win over the file).
+write_acme_config() {
+  cat >"$STATE/acme.toml" <<EOF
+default_site = "$ACME_SITE"
+
+[acme]
+directory = "$PEBBLE_DIRECTORY"
+email = "ops@$ACME_SITE"
+state = "$STATE/acme"
+challenge = "tls-alpn-01"
+ca_roots = "$PEBBLE/api-root.pem"
+
+[[site]]
+names = ["$ACME_SITE"]
+acme = true
+
+  [[site.route]]
+  path = "/"
+  respond = { status = 200, body = "cluster\n" }
+EOF
+}
+# The sum over the nodes of the samples of metric lines starting with $1.
+metric_all() {
+  local n s=0
+  for n in "${NODES[@]}"; do s=$((s + $(metric "$n" "$1"))); done
+  echo "$s"
+}
+# Whether every node's metrics show the ACME site's certificate (its expiry).
+certified() {
+  local n
+  for n in "${NODES[@]}"; do
+    (($(metric "$n" "ringmux_certificate_expiry_seconds{site=\"$ACME_SITE\"") > 0)) || return 1
+  done
+}
+# Whether node $1's log has at least $3 lines matching $2 (its workers' log lines are there).
+logged() { (($(grep -c -- "$2" "$STATE/n$1.log" || true) >= $3)); }
+# Milliseconds since $1, an $EPOCHREALTIME.
+ms_since() {
+  local now=${EPOCHREALTIME//[.,]/} then=${1//[.,]/}
+  echo $(((now - then) / 1000))
+}
+# The leaf's serial from curl's %{certs} ($1): lower-case hex, no colons or leading zeros
+# (as aioquic_client.py prints it).
+leaf_serial() {
+  local line
+  line=$(grep -m1 '^Serial Number:' <<<"$1") || return 1
+  line=$(tr -cd '0-9a-fA-F' <<<"${line#Serial Number:}" | tr 'A-F' 'a-f')
+  while [[ $line == 0?* ]]; do line=${line#0}; done
+  echo "${line:-0}"
+}
+
+# One HTTPS request to https://cluster.test/ over a new TCP connection from the client
+# namespace, by its name at the VIP, the chain verified against Pebble's issuing root (no -k):
+# must be a 200 with the route's body; prints the leaf's serial.
+acme_https_get() { # acme_https_get WHAT
+  local out body rest
+  out=$(in_ns "$NS_CLIENT" curl -sS --http2 --max-time 10 --cacert "$PEBBLE/issuer.pem" \
+    --resolve "$ACME_SITE:$PORT:$VIP" -w '~~~%{http_code}\n%{certs}' "https://$ACME_SITE/") ||
+    fail "$1: curl https://$ACME_SITE/ at $VIP failed, or the chain did not verify (curl $?)"
+  body=${out%%~~~*}
+  rest=${out#*~~~}
+  [[ ${rest%%$'\n'*} == 200 && $body == $'cluster\n' ]] ||
+    fail "$1: https://$ACME_SITE/ answered ${rest%%$'\n'*} with '$body', not 200 'cluster'"
+  leaf_serial "$rest" || fail "$1: curl's %{certs} has no Serial Number: ${rest:0:300}"
+}
+# One HTTP/3 request to https://cluster.test/ at the VIP by aioquic (test-tools/support/
+# aioquic_client.py), the chain verified against Pebble's issuing root and the name: must be a
+# 200 with the route's body; prints the leaf's serial.
+acme_h3_get() { # acme_h3_get WHAT
+  local out
+  out=$(in_ns "$NS_CLIENT" python3 test-tools/support/aioquic_client.py "$VIP" "$PORT" paths \
+    --server-name "$ACME_SITE" --ca-certs "$PEBBLE/issuer.pem" --path /) ||
+    fail "$1: aioquic_client.py failed: $(tail -n 5 <<<"$out")"
+  tail -n 1 <<<"$out" | python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+if not j.get("ok"):
+    sys.exit("%s: aioquic: %s" % (sys.argv[1], j.get("error")))
+status, text = j["bodies"][0].split(" ")[1], j["texts"][0]
+if status != "200" or text != "cluster\n":
+    sys.exit("%s: HTTP/3 answered %s with %r, not 200 cluster" % (sys.argv[1], status, text))
+print(j["peer"]["serial"].lstrip("0") or "0")' "$1" || fail "$1 over HTTP/3 failed"
+}
+
 # Connections of 4 requests each, one after the other, until $STATE/stop exists (at most 300):
 # one line ok or FAIL each in $STATE/load$1.results.
 load_loop() {
@@ -526,6 +780,125 @@ loads_running() {
 }
 # Whether node $1 has served more requests than $2.
 serves_more() { (($(metric "$1" 'ringmux_worker_requests_total{') > $2)); }
+
+# Whether every node's TCP connections (tcp_all, NOW) grew since the counts $1 by at least as
+# many as the balancer sent it between its tcp_ID counts $2 and $3.
+tcp_counted() { # tcp_counted BEFORE LB_BEFORE LB_AFTER
+  NOW=$(tcp_all)
+  local n
+  for n in "${NODES[@]}"; do
+    (($(nth "$n" "$NOW") - $(nth "$n" "$1") >= $(nth "$n" "$3") - $(nth "$n" "$2"))) || return 1
+  done
+}
+
+# Step 9: several nodes, one name. The nodes restarted with one ACME site and one state folder
+# for all three; Pebble outside, behind the VIP. One node orders (it holds the site's lock),
+# every node answers the pending challenge (the CA's validation reaches whichever node the
+# balancer picks) and serves the one certificate.
+several_nodes_one_name() {
+  local n i t0 ms lb0 lb1 tcp0 quic0 issued failed ordered="" validated="" spread serial
+  local serials=()
+  start_pebble
+  write_acme_config
+  say "restarting the nodes with --config $STATE/acme.toml (state $STATE/acme, shared)"
+  lb0=$(lb_counts tcp)
+  for n in "${NODES[@]}"; do stop_node "$n"; done
+  for n in "${NODES[@]}"; do start_node "$n" --config "$STATE/acme.toml"; done
+  for n in "${NODES[@]}"; do node_ready "$n"; done
+  t0=$EPOCHREALTIME
+  for ((i = 0; ; i++)); do
+    certified && break
+    failed=$(metric_all 'ringmux_acme_orders_total{result="failed"}')
+    if ((failed > 0)); then
+      grep -h 'ACME' "$STATE"/n?.log | tail -n 20 >&2
+      fail "$failed ACME order(s) failed before every node served $ACME_SITE's certificate"
+    fi
+    ((i < 900)) || fail "not every node served a certificate for $ACME_SITE within 90 s"
+    sleep 0.1
+  done
+  ms=$(ms_since "$t0")
+  # Every worker of every node was sent the pending challenge, and now the certificate (they
+  # log both; a worker confirms each update before the next).
+  for n in "${NODES[@]}"; do
+    logged "$n" 'ACME challenges in use.*tls_alpn01=1' 2 ||
+      fail "node $n's workers did not both get the pending TLS-ALPN-01 challenge (their log: $(grep -c 'ACME challenges in use' "$STATE/n$n.log") challenge sets)"
+    poll 50 logged "$n" 'serving a new certificate from ACME' 2 ||
+      fail "node $n's two workers did not both take the certificate within 5 s of its metrics"
+  done
+  issued=""
+  for n in "${NODES[@]}"; do
+    i=$(metric "$n" 'ringmux_acme_orders_total{result="issued"}')
+    issued+=" node$n=$i"
+    ((i == 0)) || ordered+=" $n"
+  done
+  # The only TCP connections to the VIP since the restart: Pebble's validation. It validates
+  # from 3 "perspectives", a new connection each (so each hashed anew), and fails the
+  # challenge if any fails: each node that got one answered the challenge.
+  local by_others=0
+  lb1=$(lb_counts tcp)
+  for n in "${NODES[@]}"; do
+    i=$(($(nth "$n" "$lb1") - $(nth "$n" "$lb0")))
+    validated+=" node$n=$i"
+    [[ " $ordered " == *" $n "* ]] || by_others=$((by_others + i))
+  done
+  (($(metric_all 'ringmux_acme_orders_total{result="issued"}') == 1)) ||
+    fail "the nodes made more than one order, or none, for one site:$issued"
+  echo "every node serves $ACME_SITE's certificate, $ms ms after they were ready; orders issued:$issued"
+  echo "node$ordered ordered (it held locks/$ACME_SITE.lock); Pebble's validation connections reached$validated:"
+  echo "  $by_others of them answered by nodes that did not order, from the shared challenges/"
+  echo "both workers of every node had the challenge in use, and now serve the certificate"
+
+  say "9b. 30 HTTPS connections to https://$ACME_SITE/, each verified against Pebble's issuing root"
+  tcp0=$(tcp_all)
+  lb0=$(lb_counts tcp)
+  for ((i = 1; i <= 30; i++)); do
+    serial=$(acme_https_get "HTTPS connection $i") || exit 1
+    serials+=("$serial")
+  done
+  lb1=$(lb_counts tcp)
+  poll 50 tcp_counted "$tcp0" "$lb0" "$lb1" ||
+    fail "the nodes did not count the TCP connections the balancer sent them within 5 s: ($tcp0) -> ($NOW), balancer ($lb0) -> ($lb1)"
+  spread=""
+  for n in "${NODES[@]}"; do
+    i=$(($(nth "$n" "$lb1") - $(nth "$n" "$lb0")))
+    spread+=" node$n=$i"
+    ((i >= 1)) || fail "node $n got none of the 30 HTTPS connections:$spread"
+  done
+  (($(sum_of "$lb1") - $(sum_of "$lb0") == 30)) ||
+    fail "the balancer sent $(($(sum_of "$lb1") - $(sum_of "$lb0"))) TCP connections for 30:$spread"
+  [[ $(printf '%s\n' "${serials[@]}" | sort -u | wc -l) == 1 ]] ||
+    fail "the nodes served different certificates: serials $(printf '%s\n' "${serials[@]}" | sort | uniq -c | paste -sd' ')"
+  echo "30 HTTPS connections, chain and name verified, 200 'cluster':$spread; one leaf, serial ${serials[0]}"
+
+  say "9c. HTTP/3 to $ACME_SITE at the VIP: aioquic verifying the chain, and gtlsclient"
+  quic0=$(accepted_all)
+  for ((i = 1; i <= 6; i++)); do
+    serial=$(acme_h3_get "HTTP/3 connection $i") || exit 1
+    [[ $serial == "${serials[0]}" ]] ||
+      fail "HTTP/3 connection $i was served serial $serial, TCP serial ${serials[0]}"
+  done
+  # gtlsclient 0.12 verifies no certificate (it has no option for roots): it shows HTTP/3 to
+  # the name through the balancer, aioquic above the chain.
+  for ((i = 1; i <= 3; i++)); do
+    GTLS_URL="https://$ACME_SITE/" gtls_must "gtlsclient connection $i to $ACME_SITE" / --sni="$ACME_SITE"
+  done
+  local quic1
+  quic1=$(settled 9 "$quic0")
+  spread=""
+  for n in "${NODES[@]}"; do spread+=" node$n=$(($(nth "$n" "$quic1") - $(nth "$n" "$quic0")))"; done
+  echo "6 HTTP/3 connections by aioquic, chain and name verified, serial ${serials[0]}, and 3 by gtlsclient:$spread"
+
+  failed=$(metric_all 'ringmux_acme_orders_total{result="failed"}')
+  (($(metric_all 'ringmux_acme_orders_total{result="issued"}') == 1 && failed == 0)) ||
+    fail "orders after the requests: $(metric_all 'ringmux_acme_orders_total{result="issued"}') issued, $failed failed"
+  local stored
+  stored=$(find "$STATE/acme/certs" -mindepth 1 -maxdepth 1 -printf '%f\n' | paste -sd' ')
+  [[ $stored == "$ACME_SITE" ]] ||
+    fail "the shared state holds certificates for '$stored', not $ACME_SITE alone"
+  [[ -z $(find "$STATE/acme/challenges" -name '*.json') ]] ||
+    fail "challenge files are left in $STATE/acme/challenges after the order"
+  echo "one order in all (none failed); the shared state holds one certificate and no challenge"
+}
 
 run_test() {
   command -v gtlsclient >/dev/null || fail "gtlsclient is missing (apt-get install ngtcp2-client)"
@@ -726,6 +1099,9 @@ run_test() {
   echo "IPv6: $v6 QUIC connections through [$VIP6]:$PORT, $hashed6 4-tuples hashed by the ip6 table;"
   echo "      3 HTTPS over TCP and a plain-HTTP redirect, $tcp6 TCP connections hashed by it"
 
+  say "9. several nodes, one name: a certificate from ACME (Pebble behind the VIP), one order"
+  several_nodes_one_name
+
   say "all passed in $((SECONDS - t0)) s (after up)"
 }
 
@@ -738,6 +1114,10 @@ on_exit() {
       echo "--- node $n log (last 20 lines)"
       tail -n 20 "$STATE/n$n.log"
     done >&2
+    if [[ -f $PEBBLE/pebble.log ]]; then
+      echo "--- Pebble's log (last 20 lines)"
+      tail -n 20 "$PEBBLE/pebble.log"
+    fi >&2
   fi
   down
   exit "$status"

@@ -4,7 +4,8 @@
 # Debian's ngtcp2-client (gtlsclient), curl, chromium (a browser, run headless), util-linux
 # (setpriv), nftables, conntrack and iproute2 (the three-node cluster in network namespaces,
 # scripts/cluster.sh), pebble and pebble-challtestsrv (an ACME CA and its DNS, for the
-# certificate tests), and PyPI's aioquic and niquests (a client that follows Alt-Svc from HTTP/2 to HTTP/3).
+# certificate tests and the cluster's last step), and PyPI's aioquic and niquests (a client
+# that follows Alt-Svc from HTTP/2 to HTTP/3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

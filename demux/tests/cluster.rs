@@ -8,7 +8,11 @@
 //!   lb-config nftables`, in network namespaces of this machine (every packet length through
 //!   the rules, connections spread, HTTPS over TCP spread and plain HTTP redirected,
 //!   migration, upgrades under load, draining (a TCP download on the drained node finishes)
-//!   and removal, `--retry always`, IPv6). Skipped, saying why, where it cannot run.
+//!   and removal, `--retry always`, IPv6; last, certificates from ACME on several nodes: the
+//!   nodes restarted with one `acme = true` site and one shared `[acme] state`, Pebble behind
+//!   the VIP validating through the balancer, one order in all, and every node serving the
+//!   one certificate, verified against Pebble's root over TCP and HTTP/3). Skipped, saying
+//!   why, where it cannot run.
 
 use ringmux_test_support::harness;
 
@@ -23,10 +27,10 @@ use harness::{bounded, check_bytes, Forward, Ringmux, SERVER_NAME};
 use ringmux_bench::client::{client_config, H3Client};
 use ringmux_demux::metrics::names;
 use ringmux_quic_lb::KeySet;
-use ringmux_test_support::{temp_dir, tool};
+use ringmux_test_support::{pebble, temp_dir, tool};
 
 const LIMIT: Duration = Duration::from_secs(90);
-/// The whole namespace test: it takes about half a minute.
+/// The whole namespace test: it takes under a minute.
 const CLUSTER_LIMIT: Duration = Duration::from_secs(300);
 
 /// A UDP relay between a client and two servers: every datagram from the client goes to `a`
@@ -161,6 +165,8 @@ fn three_nodes_behind_an_nftables_balancer() {
         tool::GTLSCLIENT,
         tool::CURL,
         tool::AIOQUIC,
+        pebble::PEBBLE,
+        pebble::PEBBLE_CHALLTESTSRV,
     ];
     for tool in tools {
         if !tool.present() {

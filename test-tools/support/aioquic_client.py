@@ -159,7 +159,7 @@ class H3Client(QuicConnectionProtocol):
         loop = asyncio.get_running_loop()
         old = self._transport
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("0.0.0.0", 0))  # as open_conn's
         await loop.create_datagram_endpoint(lambda: self, sock=sock)
         old.close()  # connection_lost of the base protocol does nothing
         if change_cid:
@@ -198,7 +198,9 @@ async def open_conn(host, port, cfg, dcid=None, ticket_handler=None, wait=True):
         conn._peer_cid.cid = dcid
         conn._original_destination_connection_id = dcid
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
+    # Any address: the route to HOST picks the source (127.0.0.1 for loopback, the
+    # namespace's own address for scripts/cluster.sh's VIP).
+    sock.bind(("0.0.0.0", 0))
     _, proto = await loop.create_datagram_endpoint(lambda: H3Client(conn), sock=sock)
     proto.authority = f"{SERVER_NAME or 'localhost'}:{port}".encode()
     proto.connect((host, port), transmit=wait)
