@@ -74,8 +74,11 @@ impl Failure {
     }
 }
 
-/// The default [`Job::settle`]: two polls of every node.
-pub const SETTLE: Duration = STATE_POLL_INTERVAL.saturating_mul(2);
+/// The default [`Job::settle`]: four polls of every node (2 s). Every node must have read a
+/// new challenge file and sent it to its workers before the CA's validators connect, which may
+/// reach any node; a node busy with other work, or a shared file system slow to show a new
+/// file, still makes it. Seconds against an order that takes seconds anyway.
+pub const SETTLE: Duration = STATE_POLL_INTERVAL.saturating_mul(4);
 
 /// How an order's status is polled: from a quarter second, growing by half each time, for
 /// two minutes (a CA validates from several places; Let's Encrypt takes seconds).
