@@ -237,6 +237,33 @@ impl ServerStats {
         }
     }
 
+    /// Puts this server's counters in a `STATS` report: requests and connections in the keys
+    /// every worker has, the rest as this server's own series (`control-protocol.md`, "STATS
+    /// series"): `requests{protocol}` (`h1`, `h2`, `h3`), `tcp_connections` and
+    /// `tcp_errors{kind}` (by [`crate::tcp::TcpErrorKind`]), every one each time, 0 or not.
+    /// The rows by site are the caller's (their indices are the site table's).
+    pub fn report(&self, r: &mut ringmux_proto::WorkerReport) {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        r.connections_total = l(&self.connections_accepted);
+        r.requests_total = l(&self.requests_total);
+        let by_protocol = [
+            ("h1", &self.requests_h1),
+            ("h2", &self.requests_h2),
+            ("h3", &self.requests_h3),
+        ];
+        let mut series = Vec::new();
+        for (protocol, c) in by_protocol {
+            series.push(r.set_counter("requests", &[("protocol", protocol)], l(c)));
+        }
+        series.push(r.set_counter("tcp_connections", &[], l(&self.tcp_connections)));
+        for kind in crate::tcp::TcpErrorKind::ALL {
+            let v = l(&self.tcp_errors[kind as usize]);
+            series.push(r.set_counter("tcp_errors", &[("kind", kind.as_str())], v));
+        }
+        // Fixed names, held to the rules by the tests: a refusal is a bug here.
+        debug_assert!(series.iter().all(Result::is_ok), "{series:?}");
+    }
+
     pub(crate) fn count_tcp_error(&self, kind: crate::tcp::TcpErrorKind) {
         self.tcp_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
