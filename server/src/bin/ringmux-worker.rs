@@ -15,13 +15,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_server::access_log::AccessLog;
-use ringmux_server::http::{serve_with, ServerStats};
+use ringmux_server::http::{serve_with, HttpOptions, ServerStats};
 use ringmux_server::options::Options;
 use ringmux_server::proxy::ErrorKind as ProxyErrorKind;
 use ringmux_server::sink;
 use ringmux_server::sites::{with_command_line, Router, RouterOptions};
 use ringmux_server::tcp::TcpOptions;
-use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
@@ -58,7 +57,7 @@ fn run(options: Options) -> Result<()> {
 
 async fn serve(worker: Worker, options: Options) -> Result<()> {
     // The endpoint's transport (idle timeout) is the library's; the demux sends the Retries.
-    let opts = ServerOptions::default();
+    let opts = HttpOptions::default();
     let tls = worker.tls_config(&[ALPN_H3])?;
     let endpoint = worker.endpoint(worker.server_config(tls)?)?;
     let stats = Arc::new(ServerStats::default());
