@@ -182,11 +182,14 @@ fn series(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize
     use super::series::{self as series, KNOWN};
     use ringmux_proto::series::SeriesKind;
     use std::collections::BTreeMap;
-    // metric -> (kind, help, labels -> sum)
+    // By the metric's base name (one `# TYPE` line): (metric, kind, help, labels -> sum).
     type Sums = BTreeMap<Labels, u64>;
-    let mut metrics: BTreeMap<String, (SeriesKind, &str, Sums)> = KNOWN
+    let mut metrics: BTreeMap<String, (String, SeriesKind, &str, Sums)> = KNOWN
         .iter()
-        .map(|k| (k.metric.to_owned(), (k.kind, k.help, Sums::new())))
+        .map(|k| {
+            let entry = (k.metric.to_owned(), k.kind, k.help, Sums::new());
+            (series::base(k.metric).to_owned(), entry)
+        })
         .collect();
     for i in 0..c.instance_count {
         for (lane, l) in c.lanes_of(i) {
@@ -195,25 +198,21 @@ fn series(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize
                     continue;
                 }
                 let metric = series::metric(&s);
-                let taken = metrics
-                    .keys()
-                    .find(|m| series::base(m) == series::base(&metric));
-                let entry = match taken {
-                    Some(m) if *m != metric => continue,
-                    _ => metrics
-                        .entry(metric)
-                        .or_insert_with(|| (s.kind(), series::GENERIC_HELP, Sums::new())),
-                };
-                if entry.0 != s.kind() {
+                let entry = metrics
+                    .entry(series::base(&metric).to_owned())
+                    .or_insert_with(|| {
+                        (metric.clone(), s.kind(), series::GENERIC_HELP, Sums::new())
+                    });
+                if entry.0 != metric || entry.1 != s.kind() {
                     continue;
                 }
                 let mut labels = instance(i);
                 labels.extend(s.labels().iter().cloned());
-                let sum = entry.2.entry(labels).or_default();
+                let sum = entry.3.entry(labels).or_default();
                 *sum = sum.saturating_add(v);
             }
         }
-        if let Some((_, _, requests)) = metrics.get_mut(names::WORKER_REQUESTS) {
+        if let Some((_, _, _, requests)) = metrics.get_mut(series::base(names::WORKER_REQUESTS)) {
             let total = c.lanes_of(i).fold(0u64, |sum, (_, l)| {
                 sum.saturating_add(l.reported.get("requests_total"))
             });
@@ -228,7 +227,7 @@ fn series(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize
             *unknown = unknown.saturating_add(total.saturating_sub(known));
         }
     }
-    for (metric, (kind, help, sums)) in metrics {
+    for (metric, kind, help, sums) in metrics.into_values() {
         match kind {
             SeriesKind::Counter => {
                 let family = Family::<Labels, Counter<u64>>::default();
@@ -822,6 +821,31 @@ mod tests {
             ))
         };
         assert_eq!((ok("b.test"), ok("c.test"), ok("a.test")), (7.0, 5.0, 0.0));
+    }
+
+    /// Lanes that disagree on a name's kind (a counter on one instance, a gauge on another)
+    /// never make one family of two types: the first kind seen holds the name.
+    #[test]
+    fn a_name_holds_one_kind_across_instances() {
+        let c = Counters::new(2, 2);
+        for lane in 0..2 {
+            c.instances[lane].set_lane(1, LaneState::Serving);
+        }
+        let mut counter = ringmux_proto::WorkerReport::default();
+        counter.set_counter("x", &[("k", "a")], 5).unwrap();
+        c.instances[0].record_report(&counter, 0);
+        let mut gauge = ringmux_proto::WorkerReport::default();
+        gauge.set_gauge("x", &[("k", "b")], 7).unwrap();
+        c.instances[1].record_report(&gauge, 0);
+        let text = encode(&c, &Liveness::new(2));
+        let m = Scrape::parse(&text);
+        assert_eq!(m.get("ringmux_worker_x_total{instance=\"0\",k=\"a\"}"), 5.0);
+        assert_eq!(
+            text.matches("# TYPE ringmux_worker_x ").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains("k=\"b\""), "{text}");
     }
 
     #[test]
