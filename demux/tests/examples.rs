@@ -2,7 +2,8 @@
 //! `--worker-cmd`: the examples `worker/examples/h3-hello.rs` (h3) and `echo.rs` (raw quinn,
 //! ALPN `echo`). Checked: connections land on every instance in shm and unix modes, a client
 //! migrates mid-transfer, a killed instance's clients get a stateless reset and its replacement
-//! serves, 0-RTT resumes on another instance, and the demux reports what the instances run.
+//! serves, 0-RTT resumes on another instance, the demux reports what the instances run, and
+//! the echo example's own counters reach the metrics.
 //! gtlsclient and aioquic against h3-hello are in `e2e_interop.rs`.
 
 use ringmux_test_support::harness;
@@ -169,6 +170,31 @@ async fn echo_with_migration(forward: Forward) {
     for i in 0..3u8 {
         assert!(m.instance(names::FORWARDED, i) > 0.0, "instance {i}:\n{m}");
     }
+    // The example's own counters (`Worker::counter`), which ringmux knows nothing of, reach
+    // its metrics per instance, in the next report (once a second).
+    let series = |i: u8, direction: &str| {
+        format!("ringmux_worker_echo_bytes_total{{instance=\"{i}\",direction=\"{direction}\"}}")
+    };
+    let m = rm
+        .wait_for(
+            "the echo example's own counters",
+            Duration::from_secs(10),
+            |m| (0..3u8).all(|i| m.get(&series(i, "in")) == N as f64),
+        )
+        .await;
+    for i in 0..3u8 {
+        assert_eq!(m.get(&series(i, "out")), N as f64, "instance {i}:\n{m}");
+        assert_eq!(
+            m.get(&format!(
+                "ringmux_worker_echo_streams_total{{instance=\"{i}\"}}"
+            )),
+            1.0
+        );
+    }
+    assert_eq!(
+        m.sum_where(names::WORKER_REPORT_PARTS_DROPPED, "kind", "series"),
+        0.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

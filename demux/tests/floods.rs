@@ -50,7 +50,9 @@ fn dropped(m: &harness::Metrics, instance: &str, kind: &str) -> f64 {
 
 /// Instance 1 sends STATS with forged counters as fast as the demux reads them. The excess is
 /// dropped and counted; the scrape survives the forged values (they are the worker's word,
-/// exposed as given, sums saturated); instance 0's reports still arrive and it serves.
+/// exposed as given, sums saturated); a series under the demux's own metric's name is refused
+/// and no more than `MAX_SERIES` are kept, the rest counted; instance 0's reports still arrive
+/// and it serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stats_flood_is_dropped_counted_and_starves_no_one() {
     bounded(Duration::from_secs(90), async {
@@ -68,6 +70,30 @@ async fn a_stats_flood_is_dropped_counted_and_starves_no_one() {
             i64::MAX as f64,
             "a forged gauge shows as given, capped to the exposition's range:\n{m}"
         );
+        // Its series: the demux's own metric is not forged, and no more series are kept than
+        // the bound (its 3 requests by protocol and the first forged ones), the rest counted.
+        assert_eq!(m.instance(names::WORKER_RESTARTS, 1), 0.0, "{m}");
+        let forged = m
+            .samples("ringmux_worker_zz_forged_total")
+            .into_iter()
+            .filter(|(labels, _)| labels.contains(&("instance".into(), "1".into())))
+            .count();
+        assert_eq!(forged, ringmux_proto::series::MAX_SERIES - 3, "{m}");
+        assert_eq!(
+            m.sum_where(names::WORKER_REQUESTS, "protocol", "h3"),
+            u64::MAX as f64,
+            "{m}"
+        );
+        let series_dropped = m
+            .samples(names::WORKER_REPORT_PARTS_DROPPED)
+            .into_iter()
+            .filter(|(labels, _)| {
+                labels.contains(&("instance".into(), "1".into()))
+                    && labels.contains(&("kind".into(), "series".into()))
+            })
+            .map(|(_, v)| v)
+            .sum::<f64>();
+        assert!(series_dropped >= 48.0, "once per series per report:\n{m}");
         // Instance 0 serves, and its own report of the request gets through the flood.
         let client = rm.pinned_client(0);
         let conn = rm.connect(&client).await;

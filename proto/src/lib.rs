@@ -12,6 +12,8 @@
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * `serve` (feature `serve-args`): the built-in worker's serving options, declared once
 //!   for `ringmux` and `ringmux-worker`.
+//! * [`series`]: the labelled counters and gauges of a `STATS` report, which any worker
+//!   program names itself.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
 //! * [`sites`]: the sites a worker serves (names, certificate, routes), which the demux hands
 //!   every worker as JSON in a sealed memfd, and the lookup of a name among them.
@@ -31,6 +33,7 @@ pub mod handoff;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod message;
+pub mod series;
 #[cfg(feature = "serve-args")]
 pub mod serve;
 pub mod session;
@@ -47,7 +50,7 @@ pub use upstream::{UpstreamError, UpstreamUrl};
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change; `control-protocol.md`
 /// says what each version changed.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// Largest control message, either direction.
 pub const MAX_MESSAGE: usize = 256 * 1024;

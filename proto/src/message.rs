@@ -19,6 +19,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::series::{Series, SeriesError, SeriesKind, MAX_SERIES};
+
 /// Every control message after the hand-off.
 // A `STATS` report is a few hundred bytes on the stack about once a second per worker: boxing
 // it would only add an allocation.
@@ -204,9 +206,10 @@ fn json_body<T: serde::de::DeserializeOwned>(
 /// `tests/doc.rs` holds to [`STATS_KEYS`]).
 macro_rules! worker_report {
     ($($(#[doc = $doc:literal])* $name:ident,)*) => {
-        /// Worker → demux statistics. Every field but [`WorkerReport::sites`] is a `u64`; on
-        /// the wire `STATS k=v k=v …`, where unknown keys are ignored and missing ones stay 0,
-        /// so either side may add a counter without a version bump.
+        /// Worker → demux statistics: what every worker has (connections, requests,
+        /// datagrams, CPU, pid), each a `u64`, then its responses by site and its own labelled
+        /// series. On the wire `STATS k=v k=v …`, where unknown keys are ignored and missing
+        /// ones stay 0, so either side may add a key without a version bump.
         #[derive(Clone, Debug, Default, PartialEq, Eq)]
         pub struct WorkerReport {
             $($(#[doc = $doc])* pub $name: u64,)*
@@ -216,6 +219,12 @@ macro_rules! worker_report {
             /// Totals since the worker started; a row left out of a report keeps the value the
             /// demux had for it (see [`WorkerReport::encode_rotating`]).
             pub sites: BTreeMap<u32, SiteRow>,
+            /// The program's own labelled counters and gauges ([`Series`]), keys `c:…` and
+            /// `g:…` (`control-protocol.md`, "STATS series"). Set them with
+            /// [`WorkerReport::set_counter`] and [`WorkerReport::set_gauge`], which hold them to
+            /// [`MAX_SERIES`]; a report sends as many as fit [`MAX_STATS`](crate::MAX_STATS)
+            /// (all of them, within that bound).
+            pub series: BTreeMap<Series, u64>,
         }
 
         /// The keys of a `STATS` message, in the order [`WorkerReport::fields`] lists them.
@@ -240,74 +249,52 @@ macro_rules! worker_report {
 worker_report! {
     connections_active,
     connections_total,
+    /// Requests received since start, whatever the protocol; a program may break them down
+    /// by a labelled counter `requests{protocol=…}`.
     requests_total,
-    /// Requests by protocol: HTTP/1.1 and HTTP/2 over TCP, HTTP/3. A program that reports only
-    /// `requests_total` leaves them 0.
-    requests_h1,
-    requests_h2,
-    requests_h3,
     datagrams_in,
     datagrams_dropped,
-    /// Sink mode: datagrams whose connection ID does not belong to this instance.
-    bad_cid,
-    /// Sink mode: ring latency (receive timestamp to dequeue), ns.
-    lat_p50_ns,
-    lat_p99_ns,
-    lat_p999_ns,
-    /// Reverse proxy: upstream failures per kind (connect, reset, timeout, protocol).
-    upstream_errors_connect,
-    upstream_errors_reset,
-    upstream_errors_timeout,
-    upstream_errors_protocol,
-    /// HTTPS over TCP: connections accepted, and those refused or ended for bad input or
-    /// overload, or closed idle, per kind.
-    tcp_connections,
-    tcp_errors_over_cap,
-    tcp_errors_tls_failed,
-    tcp_errors_tls_timeout,
-    tcp_errors_header_timeout,
-    tcp_errors_too_large,
-    tcp_errors_rapid_reset,
-    tcp_errors_protocol,
-    tcp_errors_idle_timeout,
-    tcp_errors_evicted,
-    tcp_errors_linger_cut,
-    /// Access log (`--access-log`): lines written, and dropped (queue full, or the write failed).
-    access_log_lines,
-    access_log_dropped,
     /// CPU time this worker used (user + system), ns.
     cpu_ns,
     pid,
 }
 
-/// The [`STATS_KEYS`] that start with `prefix`, in order: each key's index and the rest of the
-/// key after `prefix` (a metric label).
-pub fn keys_with_prefix(prefix: &str) -> impl Iterator<Item = (usize, &'static str)> + '_ {
-    STATS_KEYS
-        .iter()
-        .enumerate()
-        .filter_map(move |(i, k)| Some((i, k.strip_prefix(prefix)?)))
-}
-
 impl WorkerReport {
-    /// The fields whose key starts with `prefix` (`tcp_errors_`, `upstream_errors_`), in
-    /// [`STATS_KEYS`] order: the rest of the key (a metric label) and the value.
-    pub fn with_prefix<'a>(
-        &'a self,
-        prefix: &'a str,
-    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
-        let fields = self.fields();
-        keys_with_prefix(prefix).map(move |(i, rest)| (rest, fields[i]))
+    /// Sets the counter `name{labels}` ([`Series::new`] says what a name and labels may be):
+    /// a total since the worker started. Refused past [`MAX_SERIES`] series.
+    pub fn set_counter(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        value: u64,
+    ) -> Result<(), SeriesError> {
+        self.set_series(Series::counter(name, labels)?, value)
     }
 
-    /// Sets the fields whose key starts with `prefix`, in [`STATS_KEYS`] order, from `values`.
-    pub fn set_with_prefix(&mut self, prefix: &str, values: impl IntoIterator<Item = u64>) {
-        let keys = STATS_KEYS.iter().filter(|k| k.starts_with(prefix));
-        for (k, v) in keys.zip(values) {
-            if let Some(f) = self.field_mut(k) {
-                *f = v;
-            }
+    /// Sets the gauge `name{labels}`: a value now. As [`WorkerReport::set_counter`].
+    pub fn set_gauge(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        value: u64,
+    ) -> Result<(), SeriesError> {
+        self.set_series(Series::gauge(name, labels)?, value)
+    }
+
+    /// Sets `series`. Refused past [`MAX_SERIES`] series.
+    pub fn set_series(&mut self, series: Series, value: u64) -> Result<(), SeriesError> {
+        if self.series.len() >= MAX_SERIES && !self.series.contains_key(&series) {
+            return Err(SeriesError::TooMany);
         }
+        self.series.insert(series, value);
+        Ok(())
+    }
+
+    /// The value of the counter `name{labels}`, if the report has it.
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+        self.series
+            .get(&Series::counter(name, labels).ok()?)
+            .copied()
     }
 
     /// The wire form with every site row that fits: [`WorkerReport::encode_rotating`] from
@@ -317,7 +304,7 @@ impl WorkerReport {
     }
 
     /// The wire form, at most [`MAX_STATS`](crate::MAX_STATS) bytes: every `u64` field, then
-    /// the site rows from index `first` on, wrapping round to the rows before it, each row's
+    /// the series, as many as fit (every one of [`MAX_SERIES`] does), then the site rows from index `first` on, wrapping round to the rows before it, each row's
     /// numbers that are not 0, as many whole rows as fit. Also the index to start the next
     /// report at: the first row left out, or `first` when every row fits. A worker with more
     /// sites than one report holds passes that back each time, so every row is sent in turn;
@@ -327,6 +314,15 @@ impl WorkerReport {
         let mut s = String::from(WORDS[1]);
         for (k, v) in STATS_KEYS.iter().zip(self.fields()) {
             push_key(&mut s, format_args!("{k}"), v);
+        }
+        let mut token = String::new();
+        for (series, &v) in &self.series {
+            token.clear();
+            push_key(&mut token, format_args!("{series}"), v);
+            if s.len() + token.len() > crate::MAX_STATS {
+                break;
+            }
+            s.push_str(&token);
         }
         let rows = self.sites.range(first..).chain(self.sites.range(..first));
         let mut row_text = String::new();
@@ -350,8 +346,9 @@ impl WorkerReport {
         };
         let mut r = WorkerReport::default();
         for kv in rest.split_whitespace() {
+            // A series' key holds `=` between its braces; no value does.
             let (k, v) = kv
-                .split_once('=')
+                .rsplit_once('=')
                 .ok_or_else(|| bad(format!("{kv:?} is not key=value")))?;
             let v: u64 = v
                 .parse()
@@ -360,6 +357,10 @@ impl WorkerReport {
                 *f = v;
             } else if let Some((site, column)) = site_key(k) {
                 r.sites.entry(site).or_default()[column] = v;
+            } else if let Some(series) = Series::parse_key(k) {
+                let series = series.map_err(|e| bad(e.to_string()))?;
+                // However many the report holds: the receiver bounds what it keeps.
+                r.series.insert(series, v);
             }
         }
         Ok(r)
@@ -551,20 +552,159 @@ mod tests {
     }
 
     #[test]
-    fn fields_by_prefix() {
-        let mut r = WorkerReport::default();
-        r.set_with_prefix("upstream_errors_", [1, 2, 3, 4]);
-        assert_eq!(r.upstream_errors_timeout, 3);
-        let got: Vec<_> = r.with_prefix("upstream_errors_").collect();
-        assert_eq!(
-            got,
-            [
-                ("connect", 1),
-                ("reset", 2),
-                ("timeout", 3),
-                ("protocol", 4)
-            ]
+    fn series_round_trip_before_the_site_rows() {
+        let mut r = report();
+        r.set_counter("requests", &[("protocol", "h3")], 7).unwrap();
+        r.set_counter("echo_bytes", &[("direction", "in")], u64::MAX)
+            .unwrap();
+        r.set_gauge("sink_latency_p50_nanoseconds", &[], 3).unwrap();
+        r.sites.insert(0, [0, 1, 0, 0, 0, 0]);
+        let text = String::from_utf8(Message::Stats(r.clone()).encode()).unwrap();
+        assert!(
+            text.ends_with(&format!(
+                " c:echo_bytes{{direction=in}}={} c:requests{{protocol=h3}}=7 \
+                 g:sink_latency_p50_nanoseconds=3 site0_2xx=1",
+                u64::MAX
+            )),
+            "{text}"
         );
+        assert_eq!(
+            Message::decode(text.as_bytes()),
+            Ok(Message::Stats(r.clone()))
+        );
+        assert_eq!(r.counter("requests", &[("protocol", "h3")]), Some(7));
+        assert_eq!(r.counter("requests", &[("protocol", "h2")]), None);
+    }
+
+    /// A report holds at most `MAX_SERIES` series, and that many of the longest fit one
+    /// report beside the fixed keys, with room for site rows after them.
+    #[test]
+    fn series_are_bounded_and_the_longest_fit() {
+        use crate::series::*;
+        let mut r = report();
+        let name = |i: usize| format!("{:a<width$}", format!("s{i}_"), width = MAX_NAME_LEN);
+        let key = |k: usize| format!("{:k<width$}", format!("k{k}"), width = MAX_LABEL_KEY_LEN);
+        let value = "v".repeat(MAX_LABEL_VALUE_LEN);
+        let keys: Vec<String> = (0..MAX_LABELS).map(key).collect();
+        let labels: Vec<(&str, &str)> = keys.iter().map(|k| (k.as_str(), value.as_str())).collect();
+        for i in 0..MAX_SERIES {
+            r.set_counter(&name(i), &labels, u64::MAX).unwrap();
+        }
+        assert_eq!(r.set_gauge("one_more", &[], 1), Err(SeriesError::TooMany));
+        r.set_counter(&name(0), &labels, 1).unwrap();
+        for site in 0..10_000 {
+            r.sites.insert(site, [u64::MAX; SITE_COLUMNS.len()]);
+        }
+        let (text, next) = r.encode_rotating(0);
+        assert!(text.len() <= crate::MAX_STATS);
+        assert!(next > 10, "room for rows after the series: {next}");
+        let Ok(Message::Stats(back)) = Message::decode(text.as_bytes()) else {
+            panic!("does not decode");
+        };
+        assert_eq!(back.series, r.series);
+        // Past the bound (a report built by hand): whole tokens that fit, never past MAX_STATS.
+        for i in MAX_SERIES..4 * MAX_SERIES {
+            r.series
+                .insert(Series::counter(&name(i), &labels).unwrap(), 1);
+        }
+        let (text, _) = r.encode_rotating(0);
+        assert!(text.len() <= crate::MAX_STATS);
+        assert!(Message::decode(text.as_bytes()).is_ok());
+    }
+
+    /// Series a worker may forge: a token whose series does not hold refuses the report whole
+    /// (as a value that is not a `u64` does); a key with an unknown prefix is ignored.
+    #[test]
+    fn hostile_series_refuse_the_report() {
+        for bad in [
+            "STATS c:A=1",
+            "STATS c:a{instance=0}=1",
+            "STATS c:a{k=V}=1",
+            "STATS c:a{k=\"v\"}=1",
+            "STATS c:a{k=v}=x",
+            "STATS c:a{k=v=1",
+            "STATS c:a{a=1,b=1,c=1,d=1,e=1}=1",
+            "STATS g:=1",
+            "STATS c:a_total=1",
+        ] {
+            assert!(
+                matches!(
+                    Message::decode(bad.as_bytes()),
+                    Err(MessageError::Malformed { .. })
+                ),
+                "{bad}"
+            );
+        }
+        let Ok(Message::Stats(r)) = Message::decode(b"STATS x:a{k=v}=1 c:a{k=v}=1 c:a{k=v}=2")
+        else {
+            panic!()
+        };
+        assert_eq!(r.series.len(), 1);
+        assert_eq!(r.counter("a", &[("k", "v")]), Some(2));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Tokens near the grammar: series keys of the report's alphabet and its delimiters.
+        fn token() -> impl Strategy<Value = String> {
+            prop_oneof![
+                "[cgx]:[a-z_A-Z0-9{},=]{0,40}=[0-9]{1,3}",
+                "[cgx]:[a-z]{1,8}\\{[a-z]{1,4}=[a-z0-9_]{1,6}(,[a-z]{1,4}=[a-z0-9_]{1,6}){0,5}\\}=[0-9]{1,20}",
+                "site[0-9]{1,12}_[0-9x]{3}=[0-9]{1,20}",
+                "(pid|cpu_ns|requests_total)=[0-9]{1,21}",
+                "[ -~]{0,30}",
+            ]
+        }
+
+        proptest! {
+            /// Whatever a worker sends, decoding never panics; a report that decodes holds
+            /// only series that hold, and encodes to a report that decodes to itself.
+            #[test]
+            fn any_stats_decode_safely(tokens in proptest::collection::vec(token(), 0..30)) {
+                let text = format!("STATS {}", tokens.join(" "));
+                if let Ok(Message::Stats(r)) = Message::decode(text.as_bytes()) {
+                    for s in r.series.keys() {
+                        prop_assert_eq!(Series::parse_key(&s.to_string()), Some(Ok(s.clone())));
+                    }
+                    if r.series.len() <= MAX_SERIES {
+                        let Ok(Message::Stats(again)) = Message::decode(&Message::Stats(r.clone()).encode()) else {
+                            panic!("a report that decoded once encodes to one that decodes");
+                        };
+                        prop_assert_eq!((again.fields(), again.series), (r.fields(), r.series));
+                    }
+                }
+            }
+
+            #[test]
+            fn any_bytes_decode_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+                let mut packet = b"STATS ".to_vec();
+                packet.extend(bytes);
+                let _ = Message::decode(&packet);
+            }
+
+            /// Series made through the API round-trip, whatever their values.
+            #[test]
+            fn series_round_trip(
+                series in proptest::collection::btree_map(
+                    ("[a-z][a-z0-9_]{0,10}", proptest::collection::btree_map("[a-z][a-z0-9_]{0,5}", "[a-z0-9_]{1,8}", 0..=4), any::<bool>()),
+                    any::<u64>(),
+                    0..40,
+                )
+            ) {
+                let mut r = WorkerReport::default();
+                for ((name, labels, gauge), v) in series {
+                    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let set = if gauge { r.set_gauge(&name, &labels, v) } else { r.set_counter(&name, &labels, v) };
+                    // Names the rules refuse (`_total`, `instance`) are refused, not sent.
+                    if set.is_err() {
+                        continue;
+                    }
+                }
+                prop_assert_eq!(Message::decode(&Message::Stats(r.clone()).encode()), Ok(Message::Stats(r)));
+            }
+        }
     }
 
     #[test]

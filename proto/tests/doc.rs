@@ -3,6 +3,9 @@
 
 use ringmux_proto::handoff::{IngressKind, KEYS};
 use ringmux_proto::message::{SITE_COLUMNS, STATS_KEYS, WORDS};
+use ringmux_proto::series::{
+    Series, MAX_LABELS, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_NAME_LEN, MAX_SERIES,
+};
 use ringmux_proto::session::{
     Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
@@ -36,7 +39,7 @@ fn rows(heading: &str) -> Vec<Vec<String>> {
             .collect();
         let header = matches!(
             cells[0].as_str(),
-            "key" | "message" | "op" | "limit" | "descriptor"
+            "key" | "message" | "op" | "limit" | "descriptor" | "series"
         );
         if header || cells[0].starts_with("---") {
             continue;
@@ -116,6 +119,38 @@ fn a_thousand_sites_fit_one_report() {
         "{}",
         text.len()
     );
+}
+
+/// The limits of "STATS series" are the code's, and each series the built-in server's table
+/// names is one the rules accept, written as the section says.
+#[test]
+fn series_limits_and_examples_match() {
+    let rows = rows("STATS series");
+    let limits: Vec<(String, String)> = rows
+        .iter()
+        .filter(|r| r[0].starts_with("MAX_"))
+        .map(|r| (r[0].clone(), r[1].clone()))
+        .collect();
+    let code = [
+        ("MAX_SERIES", MAX_SERIES),
+        ("MAX_NAME_LEN", MAX_NAME_LEN),
+        ("MAX_LABELS", MAX_LABELS),
+        ("MAX_LABEL_KEY_LEN", MAX_LABEL_KEY_LEN),
+        ("MAX_LABEL_VALUE_LEN", MAX_LABEL_VALUE_LEN),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    assert_eq!(limits, code);
+    let examples: Vec<&str> = rows
+        .iter()
+        .filter(|r| !r[0].starts_with("MAX_"))
+        .map(|r| r[0].split(',').next().unwrap())
+        .collect();
+    assert_eq!(examples.len(), 7, "{examples:?}");
+    for key in examples {
+        let key = key.replace("…", "x");
+        let parsed = Series::parse_key(&key).unwrap_or_else(|| panic!("{key}: not a series"));
+        assert_eq!(parsed.map(|s| s.to_string()), Ok(key.clone()));
+    }
 }
 
 #[test]

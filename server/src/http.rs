@@ -31,7 +31,6 @@ use crate::access_log::{AccessLog, Entry};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::proxy::{proxy_h3, Outcome, Upstream};
 use crate::sites::{Local, Router, SiteStats, Target};
-use ringmux_worker::quic::ServerOptions;
 
 /// Request stream type of the h3 server over quinn.
 type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
@@ -175,7 +174,7 @@ pub struct ServerStats {
     pub connections_active: AtomicU64,
     /// Connections whose handshake or HTTP/3 setup failed.
     pub connections_failed: AtomicU64,
-    /// Retry packets sent (address validation, [`ServerOptions::retry`]).
+    /// Retry packets sent (address validation, [`HttpOptions::retry`]).
     pub retries_sent: AtomicU64,
     pub requests_total: AtomicU64,
     /// Requests that ended without a complete response: the client reset the stream or went
@@ -237,6 +236,33 @@ impl ServerStats {
         }
     }
 
+    /// Puts this server's counters in a `STATS` report: requests and connections in the keys
+    /// every worker has, the rest as this server's own series (`control-protocol.md`, "STATS
+    /// series"): `requests{protocol}` (`h1`, `h2`, `h3`), `tcp_connections` and
+    /// `tcp_errors{kind}` (by [`crate::tcp::TcpErrorKind`]), every one each time, 0 or not.
+    /// The rows by site are the caller's (their indices are the site table's).
+    pub fn report(&self, r: &mut ringmux_proto::WorkerReport) {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        r.connections_total = l(&self.connections_accepted);
+        r.requests_total = l(&self.requests_total);
+        let by_protocol = [
+            ("h1", &self.requests_h1),
+            ("h2", &self.requests_h2),
+            ("h3", &self.requests_h3),
+        ];
+        let mut series = Vec::new();
+        for (protocol, c) in by_protocol {
+            series.push(r.set_counter("requests", &[("protocol", protocol)], l(c)));
+        }
+        series.push(r.set_counter("tcp_connections", &[], l(&self.tcp_connections)));
+        for kind in crate::tcp::TcpErrorKind::ALL {
+            let v = l(&self.tcp_errors[kind as usize]);
+            series.push(r.set_counter("tcp_errors", &[("kind", kind.as_str())], v));
+        }
+        // Fixed names, held to the rules by the tests: a refusal is a bug here.
+        debug_assert!(series.iter().all(Result::is_ok), "{series:?}");
+    }
+
     pub(crate) fn count_tcp_error(&self, kind: crate::tcp::TcpErrorKind) {
         self.tcp_errors[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
@@ -255,14 +281,38 @@ impl ServerStats {
     }
 }
 
-/// [`serve_with`] with default [`ServerOptions`] (no Retry, early GET/HEAD served).
+/// How [`serve_with`] takes connections and requests: this server's own choices, beside the
+/// QUIC options every worker's endpoint has (`ringmux_worker::quic::ServerOptions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpOptions {
+    /// Answer every Initial without an address-validation token with a Retry (RFC 9000 §8.1.2).
+    /// Costs one round trip per new client; protects against amplification and spoofed floods.
+    /// Under ringmux the demux sends the Retries (`--retry`), so the built-in worker leaves it
+    /// off.
+    pub retry: bool,
+    /// Serve GET and HEAD requests that arrive in 0-RTT before the handshake completes (the
+    /// point of 0-RTT). Other methods always wait for the handshake, so a replayed 0-RTT flight
+    /// can never run them (RFC 8470 §3, RFC 9114 §4.1 on idempotent methods).
+    pub early_requests: bool,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        HttpOptions {
+            retry: false,
+            early_requests: true,
+        }
+    }
+}
+
+/// [`serve_with`] with default [`HttpOptions`] (no Retry, early GET/HEAD served).
 pub async fn serve(
     endpoint: quinn::Endpoint,
     sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
 ) {
-    serve_with(endpoint, sites, stats, shutdown, &ServerOptions::default()).await
+    serve_with(endpoint, sites, stats, shutdown, &HttpOptions::default()).await
 }
 
 /// Serves HTTP/3 on `endpoint` until `shutdown` becomes `true` (or its sender is dropped).
@@ -276,14 +326,14 @@ pub async fn serve(
 /// Each connection serves the site its TLS server name chooses ([`Router::connection_site`]);
 /// a request for a host of another site is answered 421.
 ///
-/// `opts.retry` and `opts.early_requests` are read here; the other options belong to
+/// The QUIC options (idle timeout, streams) are the endpoint's, from
 /// [`ringmux_worker::quic::server_config`].
 pub async fn serve_with(
     endpoint: quinn::Endpoint,
     sites: impl Into<Router>,
     stats: Arc<ServerStats>,
     mut shutdown: watch::Receiver<bool>,
-    opts: &ServerOptions,
+    opts: &HttpOptions,
 ) {
     let router: Router = sites.into();
     stats.sites.init(&router);

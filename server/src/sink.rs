@@ -125,17 +125,14 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
         }
         if last_report.elapsed() >= Duration::from_millis(250) {
             last_report = Instant::now();
-            let r = WorkerReport {
+            let mut r = WorkerReport {
                 datagrams_in: t.received,
                 datagrams_dropped: t.dropped,
-                bad_cid: t.bad_cid,
-                lat_p50_ns: t.hist.value_at_quantile(0.5),
-                lat_p99_ns: t.hist.value_at_quantile(0.99),
-                lat_p999_ns: t.hist.value_at_quantile(0.999),
                 cpu_ns: cpu_ns(),
                 pid: u64::from(std::process::id()),
                 ..WorkerReport::default()
             };
+            report_sink(&mut r, &t);
             let _ = control::send_nowait(control.as_fd(), &Message::Stats(r));
             match inbox.recv(control.as_fd()) {
                 Ok(None) | Ok(Some(Ok(Message::Shutdown))) => return Ok(()),
@@ -143,6 +140,32 @@ pub fn run(source: Source, router: Router, lane: u8, control: OwnedFd) -> io::Re
             }
         }
     }
+}
+
+/// The sink's own series (`control-protocol.md`, "STATS series"): the datagrams that were
+/// not this instance's, and the ring latency's percentiles, which the demux exposes as
+/// `ringmux_worker_bad_cid_total` and `ringmux_sink_latency_p50_nanoseconds` (…).
+fn report_sink(r: &mut WorkerReport, t: &Tally) {
+    let series = [
+        r.set_counter("bad_cid", &[], t.bad_cid),
+        r.set_gauge(
+            "sink_latency_p50_nanoseconds",
+            &[],
+            t.hist.value_at_quantile(0.5),
+        ),
+        r.set_gauge(
+            "sink_latency_p99_nanoseconds",
+            &[],
+            t.hist.value_at_quantile(0.99),
+        ),
+        r.set_gauge(
+            "sink_latency_p999_nanoseconds",
+            &[],
+            t.hist.value_at_quantile(0.999),
+        ),
+    ];
+    // Names checked by the tests: a refusal would be a typo here.
+    debug_assert!(series.iter().all(Result::is_ok), "{series:?}");
 }
 
 /// Receiving in batches on the worker's own socket, as quinn-udp does for a quinn endpoint

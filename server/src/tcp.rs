@@ -1428,19 +1428,30 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
 mod tests {
     use super::*;
 
-    /// The worker reports [`ServerStats::tcp_errors`], in [`TcpErrorKind::ALL`] order, as the
-    /// `tcp_errors_*` keys of its STATS (`WorkerReport::set_with_prefix`): both lists name the
-    /// same kinds in the same order, and each kind indexes its own counter.
+    /// The worker reports [`ServerStats::tcp_errors`] as the series `tcp_errors{kind}`
+    /// ([`ServerStats::report`]): each kind indexes its own counter, names a label value the
+    /// contract takes, and is reported even at 0.
     #[test]
-    fn error_kinds_are_the_stats_keys_in_order() {
-        let keys: Vec<&str> = ringmux_proto::message::keys_with_prefix("tcp_errors_")
-            .map(|(_, kind)| kind)
-            .collect();
-        let kinds: Vec<&str> = TcpErrorKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(kinds, keys);
+    fn error_kinds_are_reported_as_series() {
+        let stats = ServerStats::default();
         for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
             assert_eq!(kind as usize, i, "{kind:?}");
+            stats.count_tcp_error(kind);
+            for _ in 0..i {
+                stats.count_tcp_error(kind);
+            }
         }
+        stats.requests_h2.store(4, Ordering::Relaxed);
+        let mut r = ringmux_proto::WorkerReport::default();
+        stats.report(&mut r);
+        for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
+            let got = r.counter("tcp_errors", &[("kind", kind.as_str())]);
+            assert_eq!(got, Some(i as u64 + 1), "{kind:?}");
+        }
+        assert_eq!(r.counter("requests", &[("protocol", "h2")]), Some(4));
+        assert_eq!(r.counter("requests", &[("protocol", "h1")]), Some(0));
+        assert_eq!(r.counter("tcp_connections", &[]), Some(0));
+        assert_eq!(r.series.len(), 3 + 1 + TcpErrorKind::ALL.len());
     }
 
     /// The server writes more than the client has read and closes; the client reads on and

@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes};
 use http::{Method, StatusCode};
 use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use ringmux_server::files::{Content, DocRoot, FileOptions, Lookup};
-use ringmux_server::http::{fill_pattern, serve_with, ServerStats, Site, HELLO_BODY};
+use ringmux_server::http::{fill_pattern, serve_with, HttpOptions, ServerStats, Site, HELLO_BODY};
 use ringmux_server::sites::{Router, RouterOptions};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption, SharedTicketer};
@@ -52,14 +52,14 @@ impl Server {
         chain: &CertChain,
         resumption: Resumption,
         sites: impl Into<Router>,
-        opts: ServerOptions,
+        opts: HttpOptions,
     ) -> Server {
         let router: Router = sites.into();
         let crypto = server_crypto_with(chain, resumption).expect("server crypto");
         let ep_cfg = endpoint_config(&SECRETS.reset, || {
             Box::new(quinn_proto::RandomConnectionIdGenerator::new(8))
         });
-        let srv_cfg = server_config(crypto, &SECRETS.token, &opts);
+        let srv_cfg = server_config(crypto, &SECRETS.token, &ServerOptions::default());
         let socket = UdpSocket::bind("127.0.0.1:0").expect("bind server socket");
         let endpoint =
             quinn::Endpoint::new(ep_cfg, Some(srv_cfg), socket, Arc::new(quinn::TokioRuntime))
@@ -84,7 +84,7 @@ impl Server {
             chain,
             shared_tickets(),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         )
     }
 
@@ -218,7 +218,7 @@ async fn path_escapes_are_refused() {
         std::fs::write(root.path().join("ok.txt"), b"ok").unwrap();
         let chain = CertChain::self_signed().unwrap();
         let site = root_site(root.path(), FileOptions::default());
-        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let server = Server::start(&chain, shared_tickets(), site, HttpOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
 
@@ -277,7 +277,7 @@ async fn static_files_from_root() {
 
         let chain = CertChain::self_signed().unwrap();
         let site = root_site(root.path(), FileOptions::default());
-        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let server = Server::start(&chain, shared_tickets(), site, HttpOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
 
@@ -404,13 +404,13 @@ async fn shared_tickets_resume_across_instances_without_0rtt() {
             &chain,
             Resumption::SharedTickets(ticketer_a.clone()),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let b = Server::start(
             &chain,
             Resumption::SharedTickets(ticketer_b.clone()),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         assert_ne!(a.addr, b.addr);
         let client = client_for(&chain, &a);
@@ -438,7 +438,7 @@ async fn shared_tickets_resume_across_instances_without_0rtt() {
             &chain,
             Resumption::SharedTickets(other.clone()),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let conn = connect(&client, &c).await;
         assert_eq!(conn.get("/hello.txt").await.unwrap().status, StatusCode::OK);
@@ -465,13 +465,13 @@ async fn zero_rtt_across_instances_with_shared_session_store() {
             &chain,
             Resumption::SessionStore(store.clone()),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let b = Server::start(
             &chain,
             Resumption::SessionStore(store),
             Site::default(),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let client = client_for(&chain, &a);
 
@@ -499,9 +499,9 @@ async fn zero_rtt_across_instances_with_shared_session_store() {
 async fn retry_round_trip() {
     bounded(async {
         let chain = CertChain::self_signed().unwrap();
-        let opts = ServerOptions {
+        let opts = HttpOptions {
             retry: true,
-            ..ServerOptions::default()
+            ..HttpOptions::default()
         };
         let server = Server::start(&chain, shared_tickets(), Site::default(), opts);
         let client = client_for(&chain, &server);
@@ -672,7 +672,7 @@ async fn validators_and_conditional_requests() {
             &chain,
             shared_tickets(),
             root_site(root.path(), opts),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let client = client_for(&chain, &server);
         let c = RawConn::open(&client, &server).await;
@@ -753,7 +753,7 @@ async fn byte_ranges() {
             &chain,
             shared_tickets(),
             root_site(root.path(), FileOptions::default()),
-            ServerOptions::default(),
+            HttpOptions::default(),
         );
         let client = client_for(&chain, &server);
         let c = RawConn::open(&client, &server).await;
@@ -875,7 +875,7 @@ async fn cached_files_are_revalidated() {
                 root: Some(root.clone()),
                 ..Site::default()
             };
-            Server::start(&chain, shared_tickets(), site, ServerOptions::default())
+            Server::start(&chain, shared_tickets(), site, HttpOptions::default())
         };
         let (a, b) = (start(&pinned), start(&checked));
         let client = client_for(&chain, &a);
@@ -967,7 +967,7 @@ async fn files_evicted_from_the_page_cache_are_served_whole() {
             root: Some(docroot.clone()),
             ..Site::default()
         };
-        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let server = Server::start(&chain, shared_tickets(), site, HttpOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
         let r = conn.get("/cold.bin").await.unwrap();
@@ -1135,7 +1135,7 @@ async fn symlink_swaps_during_requests_never_serve_outside_content() {
             root: Some(race.docroot()),
             ..Site::default()
         };
-        let server = Server::start(&chain, shared_tickets(), site, ServerOptions::default());
+        let server = Server::start(&chain, shared_tickets(), site, HttpOptions::default());
         let client = client_for(&chain, &server);
         let conn = connect(&client, &server).await;
         let (mut served, mut refused) = (0u32, 0u32);
@@ -1205,7 +1205,7 @@ fn interop_server(chain: &CertChain, root: &Path) -> Server {
         chain,
         shared_tickets(),
         root_site(root, opts),
-        ServerOptions::default(),
+        HttpOptions::default(),
     )
 }
 
@@ -1445,7 +1445,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
         };
         let router = Router::new(&table, &RouterOptions::default()).unwrap();
         let chain = CertChain::self_signed().unwrap();
-        let server = Server::start(&chain, shared_tickets(), router, ServerOptions::default());
+        let server = Server::start(&chain, shared_tickets(), router, HttpOptions::default());
         let client = client_for(&chain, &server);
         let conn = RawConn::open(&client, &server).await;
 

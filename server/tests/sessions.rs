@@ -18,7 +18,7 @@ use ringmux_demux::sys::seqpacket_pair as session_socket_pair;
 use ringmux_proto::session::{
     decode_reply, encode_request, Op, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
 };
-use ringmux_server::http::{serve_with, ServerStats, Site};
+use ringmux_server::http::{serve_with, HttpOptions, ServerStats, Site};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::sessions::RemoteSessionStore;
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption};
@@ -505,7 +505,16 @@ impl Server {
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn({
             let stats = stats.clone();
-            async move { serve_with(endpoint, Arc::new(Site::default()), stats, stop_rx, &opts).await }
+            async move {
+                serve_with(
+                    endpoint,
+                    Arc::new(Site::default()),
+                    stats,
+                    stop_rx,
+                    &HttpOptions::default(),
+                )
+                .await
+            }
         });
         Server {
             addr,

@@ -62,6 +62,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
+use ringmux_proto::series::{Series, SeriesError};
 use ringmux_proto::{Handoff, HandoffError, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
 use tokio::sync::watch;
@@ -151,9 +152,7 @@ impl Drain {
     }
 }
 
-/// Fills the application's part of a `STATS` report (connections, requests); see
-/// [`Worker::set_report`].
-pub type ReportFn = Box<dyn Fn(&mut WorkerReport) + Send + Sync>;
+pub use crate::counters::ReportFn;
 
 /// One ringmux instance: the hand-off received, its descriptors held until the endpoint is
 /// made. See the module documentation.
@@ -180,7 +179,8 @@ pub struct Worker {
     shared: Mutex<Shared>,
     sessions: Arc<RemoteSessionStore>,
     drain_tx: watch::Sender<bool>,
-    report: Arc<Mutex<Option<ReportFn>>>,
+    /// What each report carries of the program's: its series and its [`ReportFn`].
+    report: Arc<crate::counters::Report>,
     /// The loops that accept from the shared listeners ([`Worker::accepting`]).
     accepting: Arc<AcceptState>,
 }
@@ -614,14 +614,45 @@ impl Worker {
         self.drain_signal().wait().await
     }
 
-    /// Sets what fills the application's counters (connections, requests, responses by site)
-    /// of each report to the demux; ringmux shows them per instance in its metrics. Without it,
-    /// connections (open now, and accepted since start) come from the endpoint and requests
-    /// stay 0. Responses by site ([`WorkerReport::sites`]) go by the site's index in
-    /// [`Worker::sites`]; when one report cannot hold every row, each report carries the rows
-    /// after the previous one's.
+    /// Sets what fills the application's counters (connections, requests, responses by site,
+    /// series of its own) of each report to the demux; ringmux shows them per instance in its
+    /// metrics. Without it, connections (open now, and accepted since start) come from the
+    /// endpoint and requests stay 0. Responses by site ([`WorkerReport::sites`]) go by the
+    /// site's index in [`Worker::sites`]; when one report cannot hold every row, each report
+    /// carries the rows after the previous one's. Series of the program's own
+    /// ([`WorkerReport::set_counter`], [`WorkerReport::set_gauge`]) are exposed as
+    /// `ringmux_worker_NAME_total{instance,…}` (see [`Worker::counter`], which needs no
+    /// closure); the function runs after the declared ones are in the report.
     pub fn set_report(&self, f: impl Fn(&mut WorkerReport) + Send + Sync + 'static) {
-        *self.report.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+        *self.report.fill.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(f));
+    }
+
+    /// A counter of the program's own, `name{labels}`, reported in every `STATS` from now on
+    /// and exposed by ringmux as `ringmux_worker_NAME_total{instance="I",KEY="VALUE",…}`,
+    /// summed over the instance's workers. Declaring one series twice gives the same counter.
+    /// Names and label keys are `[a-z0-9_]` from a letter, values `[a-z0-9_]`, within the
+    /// bounds of [`ringmux_proto::series`]; a name of ringmux's own metrics (`restarts`,
+    /// `connections`, …) is dropped by the demux and counted in
+    /// `ringmux_worker_report_parts_dropped_total{kind="series"}`.
+    ///
+    /// ```no_run
+    /// # let worker = ringmux_worker::Worker::attach()?;
+    /// let bytes_in = worker.counter("echo_bytes", &[("direction", "in")])?;
+    /// bytes_in.add(512); // ringmux_worker_echo_bytes_total{instance="0",direction="in"} 512
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn counter(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<crate::Counter, SeriesError> {
+        self.report.counter(Series::counter(name, labels)?)
+    }
+
+    /// A gauge of the program's own, `name{labels}`: as [`Worker::counter`], exposed as
+    /// `ringmux_worker_NAME{instance="I",…}`, the value of the instance's newest worker.
+    pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Result<crate::Gauge, SeriesError> {
+        self.report.gauge(Series::gauge(name, labels)?)
     }
 
     /// For a worker that reads its datagrams itself, without quinn (ringmux's benchmark sink,
@@ -785,7 +816,7 @@ async fn control_task(
     drain: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     ingress: Arc<IngressStats>,
-    report: Arc<Mutex<Option<ReportFn>>>,
+    report: Arc<crate::counters::Report>,
     accepting: Arc<AcceptState>,
     pushed: Pushed,
 ) {
@@ -847,9 +878,7 @@ async fn control_task(
                     pid: u64::from(std::process::id()),
                     ..WorkerReport::default()
                 };
-                if let Some(f) = report.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-                    f(&mut r);
-                }
+                report.fill(&mut r);
                 if let Ok(next) = control::send_stats_nowait(control.get_ref().as_fd(), &r, next_site) {
                     next_site = next;
                 }

@@ -54,6 +54,8 @@
 //! * [`quic`]: quinn endpoint/server configuration with the keys shared by all instances.
 //! * [`socket`]: [`socket::RingSocket`], a quinn `AsyncUdpSocket` over a ringmux ingress.
 //! * [`ingress`]: where datagrams come from (ring or unix socket), and the unix framing decoder.
+//! * [`counters`]: the program's own counters and gauges ([`Worker::counter`]), which ringmux
+//!   exposes as `ringmux_worker_NAME_total{instance,…}`.
 //! * [`control`]: the worker's end of the control socket (messages from `ringmux-proto`).
 //! * [`sessions`]: the TLS session store every instance shares, held by the demux.
 //!
@@ -65,6 +67,7 @@
 pub mod acme;
 pub mod attach;
 pub mod control;
+pub mod counters;
 pub mod ingress;
 pub mod quic;
 pub mod sessions;
@@ -75,6 +78,8 @@ pub mod tls;
 
 pub use acme::AcmeAnswers;
 pub use attach::{Accepting, AttachError, Drain, RawParts, Worker};
+pub use counters::{Counter, Gauge};
+pub use ringmux_proto::series::SeriesError;
 pub use sys::{cpu_time, poll_readable};
 
 // The contract and the CID codec must agree on how many generations a CID tells apart.

@@ -21,13 +21,6 @@ pub struct ServerOptions {
     /// Concurrent request streams a client may open (`initial_max_streams_bidi`). Keep ≥ 100:
     /// browsers and load generators expect at least that (RFC 9114 §6.1 "SHOULD NOT be < 100").
     pub max_streams: u32,
-    /// Answer every Initial without an address-validation token with a Retry (RFC 9000 §8.1.2).
-    /// Costs one round trip per new client; protects against amplification and spoofed floods.
-    pub retry: bool,
-    /// Serve GET and HEAD requests that arrive in 0-RTT before the handshake completes (the
-    /// point of 0-RTT). Other methods always wait for the handshake, so a replayed 0-RTT flight
-    /// can never run them (RFC 8470 §3, RFC 9114 §4.1 on idempotent methods).
-    pub early_requests: bool,
 }
 
 impl Default for ServerOptions {
@@ -35,8 +28,6 @@ impl Default for ServerOptions {
         ServerOptions {
             idle_timeout: Duration::from_secs(30),
             max_streams: 256,
-            retry: false,
-            early_requests: true,
         }
     }
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use ringmux_proto::message::{keys_with_prefix, SiteRow, STATS_KEYS};
+use ringmux_proto::message::{SiteRow, STATS_KEYS};
 
 use super::names;
 use crate::upgrade::CounterState;
@@ -244,6 +244,8 @@ counter_table! {
         pub reported: Reported,
         /// What the lane's worker last reported of each site ([`SiteRows`]).
         pub sites: SiteRows,
+        /// The series the lane's worker last reported ([`super::series`]).
+        pub series: super::series::LaneSeries,
     }
     table {
         forwarded: Counter(FORWARDED), help "Datagrams forwarded to an instance",
@@ -272,10 +274,12 @@ counter_table! {
         control_dropped: Counter(WORKER_MESSAGES_DROPPED, "control");
         session_dropped: Counter(WORKER_MESSAGES_DROPPED, "session");
         /// Parts of the lane's worker's `STATS` reports dropped: site rows past the demux's
-        /// table ([`InstanceCounters::record_report`]), and reports that did not parse.
+        /// table ([`InstanceCounters::record_report`]), reports that did not parse, and series
+        /// refused or past the bound ([`super::series::LaneSeries::update`]).
         site_rows_dropped: Counter(WORKER_REPORT_PARTS_DROPPED, "site"),
-            help "Parts of a worker's STATS reports the demux dropped, by kind: site (a site row whose index is past the demux's site table), malformed (a whole report that did not parse)";
+            help "Parts of a worker's STATS reports the demux dropped, by kind: site (a site row whose index is past the demux's site table), malformed (a whole report that did not parse), series (a labelled series past the bound, or under a name of the demux's own)";
         reports_malformed: Counter(WORKER_REPORT_PARTS_DROPPED, "malformed");
+        series_dropped: Counter(WORKER_REPORT_PARTS_DROPPED, "series");
     }
 }
 
@@ -388,15 +392,6 @@ impl Reported {
             self.0[i].store(v, Ordering::Relaxed);
         }
     }
-
-    /// The keys that start with `prefix`, each with the rest of the key (a metric label) and
-    /// its value, in [`STATS_KEYS`] order.
-    pub fn with_prefix<'a>(
-        &'a self,
-        prefix: &'a str,
-    ) -> impl Iterator<Item = (&'static str, u64)> + 'a {
-        keys_with_prefix(prefix).map(|(i, rest)| (rest, self.0[i].load(Ordering::Relaxed)))
-    }
 }
 
 /// How the metrics name the row of requests no site answered (the row after the table's).
@@ -508,15 +503,18 @@ impl InstanceCounters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Stores what a worker's `STATS` message says: its counters whole, and its site rows of
-    /// the `sites` the demux knows (the table's and the row of no site, [`Counters::site_labels`]);
-    /// a row past them is dropped and counted.
+    /// Stores what a worker's `STATS` message says: its counters whole, its site rows of
+    /// the `sites` the demux knows (the table's and the row of no site, [`Counters::site_labels`]),
+    /// and its series within their bound; a row past them, and a series refused, are dropped
+    /// and counted.
     pub fn record_report(&self, r: &ringmux_proto::WorkerReport, sites: usize) {
         for (c, v) in self.reported.0.iter().zip(r.fields()) {
             c.store(v, Ordering::Relaxed);
         }
         let dropped = self.sites.update(&r.sites, sites);
         self.site_rows_dropped.fetch_add(dropped, Ordering::Relaxed);
+        let dropped = self.series.update(&r.series);
+        self.series_dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 }
 

@@ -63,7 +63,8 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let active_gen = ld(&c.active_generation);
     let active_lane = |i: usize| usize::from(ringmux_proto::generation_slot(active_gen)) * n + i;
     lanes(&mut reg, c, active_lane);
-    reported(&mut reg, c, active_lane);
+    reported(&mut reg, c);
+    series(&mut reg, c, active_lane);
     sites(&mut reg, c);
     let up = Family::<Labels, Gauge<i64>>::default();
     for i in 0..n {
@@ -100,200 +101,152 @@ enum Over {
     Lanes,
     /// A gauge: the sum over every generation (open connections).
     LanesNow,
-    /// A gauge: the newest generation's worker only.
-    Newest,
 }
 
-/// The metrics made of what workers report (`STATS`, `ringmux_proto::WorkerReport`): the
-/// report key, or a key prefix whose remainders are the values of one label, with the metric's
-/// name, help and sum. A new worker counter is one line here beside its line in the report.
+/// The metrics made of the keys every worker reports (`STATS`, `ringmux_proto::WorkerReport`):
+/// the report key, with the metric's name, help and sum. What a program reports beyond them is
+/// its series, exposed by [`series`].
 ///
 /// Each value is the worker's word, exposed as given: a worker may report anything, up to
-/// 2^64 − 1. Sums over lanes and protocols saturate, so no report can overflow them (a panic
-/// in a debug build), and a gauge above `i64::MAX` shows as `i64::MAX`.
-const REPORTED: &[(&str, Option<&str>, &str, Over, &str)] = &[
+/// 2^64 − 1. Sums over lanes saturate, so no report can overflow them (a panic in a debug
+/// build), and a gauge above `i64::MAX` shows as `i64::MAX`.
+const REPORTED: &[(&str, &str, Over, &str)] = &[
     (
         "connections_total",
-        None,
         names::WORKER_CONNECTIONS_ACCEPTED,
         Over::Lanes,
         "QUIC connections accepted (reported by the worker)",
     ),
     (
         "connections_active",
-        None,
         names::WORKER_CONNECTIONS,
         Over::LanesNow,
         "Open QUIC connections (reported by the worker)",
     ),
     (
         "datagrams_dropped",
-        None,
         names::WORKER_DATAGRAMS_DROPPED,
         Over::Lanes,
         "Datagrams the worker dropped at ingress",
     ),
     (
         "datagrams_in",
-        None,
         names::WORKER_DATAGRAMS,
         Over::Lanes,
         "Datagrams the worker took from its ingress",
     ),
     (
-        "bad_cid",
-        None,
-        names::WORKER_BAD_CID,
-        Over::Lanes,
-        "Sink mode: datagrams whose connection ID is not the instance's",
-    ),
-    (
         "cpu_ns",
-        None,
         names::WORKER_CPU,
         Over::Lanes,
         "CPU time used by the worker process",
     ),
-    (
-        "lat_p50_ns",
-        None,
-        names::SINK_LATENCY_P50,
-        Over::Newest,
-        "Sink mode: ring latency p50 (receive to dequeue)",
-    ),
-    (
-        "lat_p99_ns",
-        None,
-        names::SINK_LATENCY_P99,
-        Over::Newest,
-        "Sink mode: ring latency p99",
-    ),
-    (
-        "lat_p999_ns",
-        None,
-        names::SINK_LATENCY_P999,
-        Over::Newest,
-        "Sink mode: ring latency p99.9",
-    ),
-    (
-        "upstream_errors_",
-        Some("kind"),
-        names::WORKER_UPSTREAM_ERRORS,
-        Over::Lanes,
-        "Reverse proxy (--upstream): upstream failures by kind (reported by the worker)",
-    ),
-    (
-        "tcp_connections",
-        None,
-        names::WORKER_TCP_CONNECTIONS,
-        Over::Lanes,
-        "HTTPS over TCP: connections accepted (reported by the worker)",
-    ),
-    (
-        "tcp_errors_",
-        Some("kind"),
-        names::WORKER_TCP_ERRORS,
-        Over::Lanes,
-        "HTTPS over TCP: connections refused or ended for bad input or overload, or closed idle, \
-      by kind (reported by the worker)",
-    ),
-    (
-        "access_log_lines",
-        None,
-        names::WORKER_ACCESS_LOG_LINES,
-        Over::Lanes,
-        "Access log (--access-log): lines written (reported by the worker)",
-    ),
-    (
-        "access_log_dropped",
-        None,
-        names::WORKER_ACCESS_LOG_DROPPED,
-        Over::Lanes,
-        "Access log (--access-log): lines dropped, the worker's queue full or the write failed \
-      (reported by the worker)",
-    ),
 ];
 
-/// Registers [`REPORTED`], and the requests by protocol (`requests_h1`, `_h2`, `_h3`, and
-/// what `requests_total` counts beyond them as `unknown`).
-fn reported(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize) {
-    let n = c.instance_count;
-    // (label value, value) pairs of instance `i`: one unlabelled value, or one per key suffix.
-    let values =
-        |i: usize, key: &str, label: Option<&str>, over: Over| -> Vec<(Option<String>, u64)> {
-            let lanes: Vec<&InstanceCounters> = match over {
-                Over::Newest => c.instances.get(active_lane(i)).into_iter().collect(),
-                Over::Lanes | Over::LanesNow => c.lanes_of(i).map(|(_, l)| l).collect(),
-            };
-            if label.is_none() {
-                let sum = lanes
-                    .iter()
-                    .fold(0u64, |sum, l| sum.saturating_add(l.reported.get(key)));
-                return vec![(None, sum)];
-            }
-            let mut out: Vec<(Option<String>, u64)> = Vec::new();
-            for l in &lanes {
-                for (k, (suffix, v)) in l.reported.with_prefix(key).enumerate() {
-                    match out.get_mut(k) {
-                        Some((_, sum)) => *sum = sum.saturating_add(v),
-                        None => out.push((Some(suffix.to_owned()), v)),
-                    }
-                }
-            }
-            out
+/// Registers [`REPORTED`], summed over each instance's lanes.
+fn reported(reg: &mut Registry, c: &Counters) {
+    for &(key, name, over, help) in REPORTED {
+        let sum = |i: usize| {
+            c.lanes_of(i)
+                .fold(0u64, |sum, (_, l)| sum.saturating_add(l.reported.get(key)))
         };
-    for &(key, label, name, over, help) in REPORTED {
-        let labels_of = |i: usize, value: &Option<String>| {
-            let mut labels = instance(i);
-            if let (Some(label), Some(value)) = (label, value) {
-                labels.push((label.into(), value.clone()));
-            }
-            labels
-        };
-        if matches!(over, Over::Lanes) {
-            let family = Family::<Labels, Counter<u64>>::default();
-            for i in 0..n {
-                for (value, v) in values(i, key, label, over) {
-                    family.get_or_create(&labels_of(i, &value)).inc_by(v);
+        match over {
+            Over::Lanes => {
+                let family = Family::<Labels, Counter<u64>>::default();
+                for i in 0..c.instance_count {
+                    family.get_or_create(&instance(i)).inc_by(sum(i));
                 }
+                reg.register(base(name), help, family);
             }
-            reg.register(base(name), help, family);
-        } else {
-            let family = Family::<Labels, Gauge<i64>>::default();
-            for i in 0..n {
-                for (value, v) in values(i, key, label, over) {
+            Over::LanesNow => {
+                let family = Family::<Labels, Gauge<i64>>::default();
+                for i in 0..c.instance_count {
                     family
-                        .get_or_create(&labels_of(i, &value))
+                        .get_or_create(&instance(i))
+                        .set(i64::try_from(sum(i)).unwrap_or(i64::MAX));
+                }
+                reg.register(name, help, family);
+            }
+        }
+    }
+}
+
+/// The series workers name themselves ([`super::series`]): a counter summed over every
+/// generation of the instance's workers, a gauge of its newest one, each sum saturating. A
+/// [`KNOWN`](super::series::KNOWN) metric is there, with its help, whether or not any worker
+/// reports it; `ringmux_worker_requests_total` also gets `protocol="unknown"`, what
+/// `requests_total` counts beyond the requests reported by protocol. A metric of one kind
+/// hides the other kind's series of its name (each lane holds one kind per name; lanes may
+/// disagree).
+fn series(reg: &mut Registry, c: &Counters, active_lane: impl Fn(usize) -> usize) {
+    use super::series::{self as series, KNOWN};
+    use ringmux_proto::series::SeriesKind;
+    use std::collections::BTreeMap;
+    // By the metric's base name (one `# TYPE` line): (metric, kind, help, labels -> sum).
+    type Sums = BTreeMap<Labels, u64>;
+    let mut metrics: BTreeMap<String, (String, SeriesKind, &str, Sums)> = KNOWN
+        .iter()
+        .map(|k| {
+            let entry = (k.metric.to_owned(), k.kind, k.help, Sums::new());
+            (series::base(k.metric).to_owned(), entry)
+        })
+        .collect();
+    for i in 0..c.instance_count {
+        for (lane, l) in c.lanes_of(i) {
+            for (s, v) in l.series.get() {
+                if s.kind() == SeriesKind::Gauge && lane != active_lane(i) {
+                    continue;
+                }
+                let metric = series::metric(&s);
+                let entry = metrics
+                    .entry(series::base(&metric).to_owned())
+                    .or_insert_with(|| {
+                        (metric.clone(), s.kind(), series::GENERIC_HELP, Sums::new())
+                    });
+                if entry.0 != metric || entry.1 != s.kind() {
+                    continue;
+                }
+                let mut labels = instance(i);
+                labels.extend(s.labels().iter().cloned());
+                let sum = entry.3.entry(labels).or_default();
+                *sum = sum.saturating_add(v);
+            }
+        }
+        if let Some((_, _, _, requests)) = metrics.get_mut(series::base(names::WORKER_REQUESTS)) {
+            let total = c.lanes_of(i).fold(0u64, |sum, (_, l)| {
+                sum.saturating_add(l.reported.get("requests_total"))
+            });
+            let mine = instance(i);
+            let known = requests
+                .iter()
+                .filter(|(labels, _)| labels[0] == mine[0])
+                .fold(0u64, |sum, (_, v)| sum.saturating_add(*v));
+            let mut labels = mine;
+            labels.push(("protocol".into(), "unknown".into()));
+            let unknown = requests.entry(labels).or_default();
+            *unknown = unknown.saturating_add(total.saturating_sub(known));
+        }
+    }
+    for (metric, kind, help, sums) in metrics.into_values() {
+        match kind {
+            SeriesKind::Counter => {
+                let family = Family::<Labels, Counter<u64>>::default();
+                for (labels, v) in sums {
+                    family.get_or_create(&labels).inc_by(v);
+                }
+                reg.register(base(&metric), help, family);
+            }
+            SeriesKind::Gauge => {
+                let family = Family::<Labels, Gauge<i64>>::default();
+                for (labels, v) in sums {
+                    family
+                        .get_or_create(&labels)
                         .set(i64::try_from(v).unwrap_or(i64::MAX));
                 }
+                reg.register(metric, help, family);
             }
-            reg.register(name, help, family);
         }
     }
-    let requests = Family::<Labels, Counter<u64>>::default();
-    for i in 0..n {
-        let total: u64 = values(i, "requests_total", None, Over::Lanes)[0].1;
-        let by_protocol = values(i, "requests_h", Some("protocol"), Over::Lanes);
-        let known = by_protocol
-            .iter()
-            .fold(0u64, |sum, (_, v)| sum.saturating_add(*v));
-        let unknown = (Some("unknown".to_owned()), total.saturating_sub(known));
-        for (suffix, v) in by_protocol.into_iter().chain(std::iter::once(unknown)) {
-            let protocol = match suffix.as_deref() {
-                Some("unknown") | None => "unknown".to_owned(),
-                Some(digit) => format!("h{digit}"),
-            };
-            let mut labels = instance(i);
-            labels.push(("protocol".into(), protocol));
-            requests.get_or_create(&labels).inc_by(v);
-        }
-    }
-    reg.register(
-        base(names::WORKER_REQUESTS),
-        "HTTP requests served, by protocol: h1 and h2 over TCP, h3; unknown for a program that \
-         reports no protocol (reported by the worker)",
-        requests,
-    );
 }
 
 /// The responses by site of each instance, summed over its lanes as the other reported
@@ -788,16 +741,22 @@ mod tests {
     #[test]
     fn forged_reports_saturate_their_sums() {
         let c = Counters::new(2, 8);
-        let forged = ringmux_proto::WorkerReport {
+        let mut forged = ringmux_proto::WorkerReport {
             connections_active: u64::MAX,
             requests_total: u64::MAX,
-            requests_h1: u64::MAX,
-            requests_h2: u64::MAX,
-            tcp_errors_over_cap: u64::MAX,
-            tcp_errors_tls_failed: u64::MAX,
             sites: [(0, [u64::MAX; 6])].into_iter().collect(),
             ..Default::default()
         };
+        for (name, label) in [
+            ("requests", ("protocol", "h1")),
+            ("requests", ("protocol", "h2")),
+            ("tcp_errors", ("kind", "over_cap")),
+            ("tcp_errors", ("kind", "tls_failed")),
+            ("echo_bytes", ("direction", "in")),
+        ] {
+            forged.set_counter(name, &[label], u64::MAX).unwrap();
+        }
+        forged.set_gauge("queue", &[], u64::MAX).unwrap();
         // Lanes 1 and 3: instance 1 in generation slots 0 and 1.
         for lane in [1, 3] {
             c.instances[lane].set_lane(1, LaneState::Serving);
@@ -816,6 +775,15 @@ mod tests {
         );
         let requests = |p: &str| m.sum_where(names::WORKER_REQUESTS, "protocol", p);
         assert_eq!((requests("h1"), requests("unknown")), (max, 0.0));
+        assert_eq!(
+            m.get("ringmux_worker_echo_bytes_total{instance=\"1\",direction=\"in\"}"),
+            max
+        );
+        assert_eq!(
+            m.get("ringmux_worker_queue{instance=\"1\"}"),
+            i64::MAX as f64,
+            "a gauge of the newest generation's worker"
+        );
         assert_eq!(
             m.sum_where(names::WORKER_MESSAGES_DROPPED, "kind", "stats"),
             max
@@ -855,6 +823,31 @@ mod tests {
         assert_eq!((ok("b.test"), ok("c.test"), ok("a.test")), (7.0, 5.0, 0.0));
     }
 
+    /// Lanes that disagree on a name's kind (a counter on one instance, a gauge on another)
+    /// never make one family of two types: the first kind seen holds the name.
+    #[test]
+    fn a_name_holds_one_kind_across_instances() {
+        let c = Counters::new(2, 2);
+        for lane in 0..2 {
+            c.instances[lane].set_lane(1, LaneState::Serving);
+        }
+        let mut counter = ringmux_proto::WorkerReport::default();
+        counter.set_counter("x", &[("k", "a")], 5).unwrap();
+        c.instances[0].record_report(&counter, 0);
+        let mut gauge = ringmux_proto::WorkerReport::default();
+        gauge.set_gauge("x", &[("k", "b")], 7).unwrap();
+        c.instances[1].record_report(&gauge, 0);
+        let text = encode(&c, &Liveness::new(2));
+        let m = Scrape::parse(&text);
+        assert_eq!(m.get("ringmux_worker_x_total{instance=\"0\",k=\"a\"}"), 5.0);
+        assert_eq!(
+            text.matches("# TYPE ringmux_worker_x ").count(),
+            1,
+            "{text}"
+        );
+        assert!(!text.contains("k=\"b\""), "{text}");
+    }
+
     #[test]
     fn every_name_is_exposed_with_its_values() {
         let mut c = Counters::new(2, 8);
@@ -862,6 +855,14 @@ mod tests {
         let mut r = ringmux_proto::WorkerReport::default();
         r.sites.insert(0, [0, 4, 0, 1, 0, 1]);
         r.sites.insert(2, [9; 6]);
+        for k in super::super::series::KNOWN {
+            let labels: Vec<(&str, &str)> = k.label.iter().map(|l| (*l, "x")).collect();
+            r.set_series(
+                ringmux_proto::series::Series::new(k.kind, k.name, &labels).unwrap(),
+                1,
+            )
+            .unwrap();
+        }
         c.instances[1].record_report(&r, c.site_labels.len());
         r.sites.insert(1, [0, 0, 0, 3, 0, 0]);
         c.instances[3].record_report(&r, c.site_labels.len());

@@ -1301,6 +1301,7 @@ impl Supervisor {
         // The new worker's totals start at 0, and it reports only the sites it answered, by
         // the indices of the table it was handed.
         lane_counters.sites.start(self.template.site_labels.clone());
+        lane_counters.series.clear();
         let w = &mut self.workers[usize::from(lane)];
         tracing::info!(
             instance = i,

@@ -9,19 +9,18 @@
 //! command line ([`Options`], which ringmux fills from its own options of the same names); the
 //! rest comes in the hand-off.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_server::access_log::AccessLog;
-use ringmux_server::http::{serve_with, ServerStats};
+use ringmux_server::http::{serve_with, HttpOptions, ServerStats};
 use ringmux_server::options::Options;
+use ringmux_server::proxy::ErrorKind as ProxyErrorKind;
 use ringmux_server::sink;
 use ringmux_server::sites::{with_command_line, Router, RouterOptions};
 use ringmux_server::tcp::TcpOptions;
-use ringmux_worker::quic::ServerOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
@@ -58,7 +57,7 @@ fn run(options: Options) -> Result<()> {
 
 async fn serve(worker: Worker, options: Options) -> Result<()> {
     // The endpoint's transport (idle timeout) is the library's; the demux sends the Retries.
-    let opts = ServerOptions::default();
+    let opts = HttpOptions::default();
     let tls = worker.tls_config(&[ALPN_H3])?;
     let endpoint = worker.endpoint(worker.server_config(tls)?)?;
     let stats = Arc::new(ServerStats::default());
@@ -90,25 +89,18 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
     let reported_router = router.clone();
     let reported_log = access_log.clone();
     worker.set_report(move |r| {
-        r.connections_total = reported.connections_accepted.load(Ordering::Relaxed);
-        r.requests_total = reported.requests_total.load(Ordering::Relaxed);
-        r.requests_h1 = reported.requests_h1.load(Ordering::Relaxed);
-        r.requests_h2 = reported.requests_h2.load(Ordering::Relaxed);
-        r.requests_h3 = reported.requests_h3.load(Ordering::Relaxed);
-        r.tcp_connections = reported.tcp_connections.load(Ordering::Relaxed);
-        r.set_with_prefix(
-            "tcp_errors_",
-            reported
-                .tcp_errors
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed)),
-        );
-        if let Some(log) = &reported_log {
-            r.access_log_lines = log.written();
-            r.access_log_dropped = log.dropped();
-        }
-        if reported_router.proxies() {
-            r.set_with_prefix("upstream_errors_", reported_router.upstream_errors());
+        reported.report(r);
+        // Every series each time, 0 or not, as every key was before they were series.
+        let (written, dropped) = reported_log
+            .as_ref()
+            .map_or((0, 0), |log| (log.written(), log.dropped()));
+        let _ = r.set_counter("access_log_lines", &[], written);
+        let _ = r.set_counter("access_log_dropped", &[], dropped);
+        for (kind, v) in ProxyErrorKind::ALL
+            .iter()
+            .zip(reported_router.upstream_errors())
+        {
+            let _ = r.set_counter("upstream_errors", &[("kind", kind.as_str())], v);
         }
         // The rows are the table's sites in its order, then no site's: the indices the demux
         // knows them by (`control-protocol.md`, "STATS keys by site").
