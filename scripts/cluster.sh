@@ -249,7 +249,7 @@ ns_empty() { [[ -z $(ip netns pids "$1") ]]; }
 # any client. The DNS server answers every name with the VIP, so Pebble's validator connects
 # to the VIP's port 443 (TLS-ALPN-01) through the balancer, to whichever node it picks. The
 # nodes reach Pebble's API at 10.77.0.2 by their default route through rmx-lb. (As
-# test-tools/support/src/pebble.rs starts them on loopback for demux/tests/acme.rs.)
+# test-tools/testkit/src/pebble.rs starts them on loopback for demux/tests/acme.rs.)
 
 PEBBLE=$STATE/pebble
 PEBBLE_ADDR=10.77.0.2
@@ -737,12 +737,12 @@ acme_https_get() { # acme_https_get WHAT
     fail "$1: https://$ACME_SITE/ answered ${rest%%$'\n'*} with '$body', not 200 'cluster'"
   leaf_serial "$rest" || fail "$1: curl's %{certs} has no Serial Number: ${rest:0:300}"
 }
-# One HTTP/3 request to https://cluster.test/ at the VIP by aioquic (test-tools/support/
+# One HTTP/3 request to https://cluster.test/ at the VIP by aioquic (test-tools/testkit/
 # aioquic_client.py), the chain verified against Pebble's issuing root and the name: must be a
 # 200 with the route's body; prints the leaf's serial.
 acme_h3_get() { # acme_h3_get WHAT
   local out
-  out=$(in_ns "$NS_CLIENT" python3 test-tools/support/aioquic_client.py "$VIP" "$PORT" paths \
+  out=$(in_ns "$NS_CLIENT" python3 test-tools/testkit/aioquic_client.py "$VIP" "$PORT" paths \
     --server-name "$ACME_SITE" --ca-certs "$PEBBLE/issuer.pem" --path /) ||
     fail "$1: aioquic_client.py failed: $(tail -n 5 <<<"$out")"
   tail -n 1 <<<"$out" | python3 -c '

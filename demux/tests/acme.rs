@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use harness::{Forward, Ringmux};
 use ringmux_demux::metrics::names;
-use ringmux_test_support::aioquic::Json;
-use ringmux_test_support::pebble::{Pebble, PebbleConfig};
-use ringmux_test_support::tool::{self, tail};
-use ringmux_test_support::{harness, temp_dir, TempDir};
+use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::pebble::{Pebble, PebbleConfig};
+use ringmux_testkit::tool::{self, tail};
+use ringmux_testkit::{harness, temp_dir, TempDir};
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// An order from Pebble takes a second or two here; this bounds every wait for one.
@@ -235,7 +235,7 @@ async fn curl(setup: &Setup, rm: &Ringmux, name: &str) -> Result<Served, String>
 /// aioquic over HTTP/3 for `name` on `rm`, verifying the chain against Pebble's root.
 async fn aioquic(setup: &Setup, rm: &Ringmux, name: &str) -> Result<Served, String> {
     let args: Vec<String> = vec![
-        ringmux_test_support::aioquic::script()
+        ringmux_testkit::aioquic::script()
             .to_string_lossy()
             .into_owned(),
         "127.0.0.1".into(),
@@ -249,7 +249,7 @@ async fn aioquic(setup: &Setup, rm: &Ringmux, name: &str) -> Result<Served, Stri
         "/".into(),
     ];
     let out = tool::run("python3", &args, rm.dir(), CLIENT_TIMEOUT).await;
-    let j: Json = ringmux_test_support::aioquic::result(&out.stdout).ok_or_else(|| {
+    let j: Json = ringmux_testkit::aioquic::result(&out.stdout).ok_or_else(|| {
         format!(
             "aioquic: no result in {:?}: {}",
             out.stdout,
@@ -281,9 +281,9 @@ async fn quinn(setup: &Setup, rm: &Ringmux, name: &str) -> Result<Served, String
             .map_err(|e| e.to_string())?
             .collect::<Result<_, _>>()
             .map_err(|e| e.to_string())?;
-    let config = ringmux_bench::client::client_config(Some(&roots)).map_err(|e| e.to_string())?;
+    let config = ringmux_testkit::client::client_config(Some(&roots)).map_err(|e| e.to_string())?;
     let client =
-        ringmux_bench::client::H3Client::new(config, rm.listen).map_err(|e| e.to_string())?;
+        ringmux_testkit::client::H3Client::new(config, rm.listen).map_err(|e| e.to_string())?;
     let conn = client
         .connect(rm.listen, name)
         .await

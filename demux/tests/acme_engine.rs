@@ -1,5 +1,5 @@
 //! The ACME engine (`ringmux_demux::acme`) against a real CA: Pebble and its DNS on loopback
-//! (`ringmux_test_support::pebble`), with challenge responders written here that answer from
+//! (`ringmux_testkit::pebble`), with challenge responders written here that answer from
 //! the engine's view the way the workers do (HTTP-01 on a plain TCP port, TLS-ALPN-01 on a
 //! rustls port offering only `acme-tls/1`).
 //!
@@ -21,8 +21,8 @@ use ringmux_demux::acme::{
     Acme, AcmeSettings, AcmeSite, AcmeStatus, AcmeView, ChallengeKind, Issued, STATE_POLL_INTERVAL,
 };
 use ringmux_proto::ChallengeSet;
-use ringmux_test_support::pebble::{Pebble, PebbleConfig};
-use ringmux_test_support::temp_dir;
+use ringmux_testkit::pebble::{Pebble, PebbleConfig};
+use ringmux_testkit::temp_dir;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};

@@ -19,7 +19,7 @@
 //! of Chromium's was counted before Chromium had its answer, before the probe, and that report
 //! holds them all.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -31,9 +31,9 @@ use harness::{bounded, Forward, Ringmux};
 use http_body_util::{BodyExt, Empty};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
-use ringmux_test_support::{temp_dir, tool, TempDir};
+use ringmux_testkit::tcp_client::{tls_connect, TcpConn, Version};
+use ringmux_testkit::{temp_dir, tool, TempDir};
 
 /// Bound of one Chromium run (a page load from loopback takes well under a second).
 const CHROMIUM_LIMIT: Duration = Duration::from_secs(30);

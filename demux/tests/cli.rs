@@ -6,7 +6,7 @@
 use std::process::{Command, Output};
 
 use ringmux_quic_lb::KeySet;
-use ringmux_test_support::{harness, temp_dir};
+use ringmux_testkit::{harness, temp_dir};
 
 fn ringmux(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(harness::binary("ringmux"))

@@ -14,7 +14,7 @@
 //!   one certificate, verified against Pebble's root over TCP and HTTP/3). Skipped, saying
 //!   why, where it cannot run.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -24,10 +24,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use harness::{bounded, check_bytes, Forward, Ringmux, SERVER_NAME};
-use ringmux_bench::client::{client_config, H3Client};
 use ringmux_demux::metrics::names;
 use ringmux_quic_lb::KeySet;
-use ringmux_test_support::{pebble, temp_dir, tool};
+use ringmux_testkit::client::{client_config, H3Client};
+use ringmux_testkit::{pebble, temp_dir, tool};
 
 const LIMIT: Duration = Duration::from_secs(90);
 /// The whole namespace test: it takes under a minute.

@@ -1,5 +1,5 @@
 //! End to end with third-party HTTP/3 clients: ngtcp2's `gtlsclient` (Debian `ngtcp2-client`)
-//! and aioquic (Python, driven through `ringmux_test_support::aioquic`'s script). How they behave
+//! and aioquic (Python, driven through `ringmux_testkit::aioquic`'s script). How they behave
 //! and what their output means is said where each is used: gtlsclient exits 0 whatever
 //! happened and writes everything to stderr; aioquic ignores stateless resets.
 //!
@@ -7,9 +7,9 @@
 //! its absence is a failure.
 
 use ringmux_demux::metrics::names;
-use ringmux_test_support::aioquic::Json;
-use ringmux_test_support::tool::{self, tail};
-use ringmux_test_support::{harness, temp_dir};
+use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::tool::{self, tail};
+use ringmux_testkit::{harness, temp_dir};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use harness::{
     bounded, check_bytes, expected_bytes, hex, sha256_hex, upload_byte, Forward, PyUpstream,
     Ringmux,
 };
-use ringmux_bench::client::Fnv64;
+use ringmux_testkit::client::Fnv64;
 
 const LIMIT: Duration = Duration::from_secs(120);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -428,7 +428,7 @@ async fn aioquic(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
 
 /// Runs one scenario of aioquic_client.py and returns its JSON result, checked for `ok`.
 async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
-    let script = ringmux_test_support::aioquic::script();
+    let script = ringmux_testkit::aioquic::script();
     let mut args = vec![
         script.to_string_lossy().into_owned(),
         "127.0.0.1".into(),
@@ -439,7 +439,7 @@ async fn aioquic_raw(rm: &Ringmux, scenario: &str, extra: &[String]) -> Json {
     ];
     args.extend(extra.iter().cloned());
     let out = tool::run("python3", &args, rm.dir(), CLIENT_TIMEOUT).await;
-    let json = ringmux_test_support::aioquic::result(&out.stdout).unwrap_or_else(|| {
+    let json = ringmux_testkit::aioquic::result(&out.stdout).unwrap_or_else(|| {
         panic!(
             "aioquic {scenario}: no JSON result in {:?}\n{}",
             out.stdout,
@@ -916,7 +916,7 @@ async fn aioquic_against_the_h3_hello_example() {
 
 /// `ringmux --upstream` in front of each upstream: hyper's and Python's `http.server`.
 fn proxies() -> Vec<(&'static str, Ringmux, Box<dyn std::any::Any>)> {
-    let hyper = ringmux_bench::upstream::Upstream::start("127.0.0.1:0".parse().unwrap(), 1)
+    let hyper = ringmux_testkit::upstream::Upstream::start("127.0.0.1:0".parse().unwrap(), 1)
         .expect("starting the hyper upstream");
     let py = PyUpstream::start();
     let hyper_url = format!("http://{}", hyper.addr());

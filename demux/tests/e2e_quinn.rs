@@ -1,7 +1,7 @@
 //! End to end with the project's quinn + h3 client: real ringmux processes on loopback, every
 //! scenario once over shared-memory rings and once over unix sockets.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -258,8 +258,8 @@ async fn dual_stack_listen_serves_ipv4_and_ipv6() {
 /// A connection pinned to each of the two instances fetches and checks a body via `target`.
 async fn each_instance_serves(rm: &Ringmux, target: std::net::SocketAddr) {
     for instance in 0..2u8 {
-        let mut client = ringmux_bench::client::H3Client::new(
-            ringmux_bench::client::client_config(None).unwrap(),
+        let mut client = ringmux_testkit::client::H3Client::new(
+            ringmux_testkit::client::client_config(None).unwrap(),
             target,
         )
         .unwrap();
@@ -300,7 +300,7 @@ async fn specific_ipv6_listen_serves_every_instance() {
 /// Runs h3-probe against `url` (any certificate, bodies of 1000 bytes) with `args`, at most 60
 /// seconds, and returns its JSON report; fails the test if it fails.
 async fn run_probe(url: &str, args: &[&str]) -> serde_json::Value {
-    let dir = ringmux_test_support::temp_dir("ringmux-probe");
+    let dir = ringmux_testkit::temp_dir("ringmux-probe");
     let json = dir.path().join("probe.json");
     let probe = harness::binary("h3-probe");
     let out = tokio::process::Command::new(&probe)
@@ -543,7 +543,7 @@ async fn reload_keeps_connections_reuseport() {
 /// A quinn client whose connections start with DCIDs the kernel's steering program sends to
 /// `instance`: it spreads client-chosen DCIDs by their first four octets, read as a big-endian
 /// number, modulo the instances (`demux/src/forward/steering.rs`).
-fn steered_client(rm: &Ringmux, instance: u8) -> ringmux_bench::client::H3Client {
+fn steered_client(rm: &Ringmux, instance: u8) -> ringmux_testkit::client::H3Client {
     let mut client = rm.client();
     client.set_initial_dst_cid_provider(Arc::new(move || {
         let mut dcid = harness::random_u64().to_be_bytes();

@@ -6,7 +6,7 @@
 //! the echo example's own counters reach the metrics.
 //! gtlsclient and aioquic against h3-hello are in `e2e_interop.rs`.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::net::UdpSocket;
 use std::path::PathBuf;
@@ -17,8 +17,8 @@ use bytes::Bytes;
 use harness::{bounded, dcid_routed_to, zero_rtt_across, Forward, Ringmux, SERVER_NAME};
 use http::{Method, StatusCode};
 use quinn::ConnectionId;
-use ringmux_bench::client::client_config_alpn;
 use ringmux_demux::metrics::names;
+use ringmux_testkit::client::client_config_alpn;
 
 const LIMIT: Duration = Duration::from_secs(120);
 
@@ -35,7 +35,7 @@ fn start_example(name: &str, instances: u8, forward: Forward, extra: &[&str]) ->
     Ringmux::start(instances, forward, &args)
 }
 
-fn body_text(resp: &ringmux_bench::client::Response) -> String {
+fn body_text(resp: &ringmux_testkit::client::Response) -> String {
     String::from_utf8_lossy(resp.body.as_deref().unwrap_or_default()).into_owned()
 }
 
@@ -88,7 +88,7 @@ async fn h3_hello_on_every_instance(forward: Forward) {
         "{programs:?}"
     );
     // The same application over TCP, through `Worker::tcp_listener` (curl, when installed).
-    if ringmux_test_support::tool::CURL.present() {
+    if ringmux_testkit::tool::CURL.present() {
         let url = format!("https://{}/echo", rm.listen);
         let out = tokio::process::Command::new("curl")
             .args([
@@ -296,7 +296,7 @@ async fn h3_hello_zero_rtt_on_another_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_program_that_never_attaches_is_named() {
     bounded(LIMIT, async {
-        let dir = ringmux_test_support::temp_dir("ringmux-notworker");
+        let dir = ringmux_testkit::temp_dir("ringmux-notworker");
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
             .args([
                 "--listen",

@@ -1,7 +1,7 @@
 //! Fault injection against real ringmux processes: a worker killed mid-transfer, SIGTERM and
 //! SIGKILL of the demux, and a storm of malformed datagrams next to real traffic.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -454,7 +454,7 @@ fn udp_drops(port: u16) -> Option<u64> {
 /// the process as a shell or a terminal would and then executes ringmux with its arguments.
 fn start_wrapped(script: &str) -> Ringmux {
     use std::os::unix::fs::PermissionsExt;
-    let dir = ringmux_test_support::temp_dir("ringmux-wrapped");
+    let dir = ringmux_testkit::temp_dir("ringmux-wrapped");
     let wrapper = dir.path().join("ringmux-wrapped");
     std::fs::write(&wrapper, script).unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -560,7 +560,7 @@ async fn a_failing_standard_error_costs_lines_not_the_demux() {
     bounded(LIMIT, async {
         let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
         let rm = Ringmux::start_logging_to(
-            ringmux_test_support::temp_dir("ringmux-stderr"),
+            ringmux_testkit::temp_dir("ringmux-stderr"),
             &harness::binary("ringmux"),
             2,
             Forward::Shm,

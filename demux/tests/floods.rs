@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ringmux_demux::metrics::names;
-use ringmux_test_support::{harness, temp_dir, TempDir};
+use ringmux_testkit::{harness, temp_dir, TempDir};
 
 use harness::{bounded, check_bytes, pin, Forward, Ringmux, SERVER_NAME};
 

@@ -3,7 +3,7 @@
 //! token-less Initial to such a CID must get a Retry like any other, never a worker's
 //! handshake, so that an attacker who harvested one CID cannot open connections from addresses
 //! it does not hold. The Initials here are real: ClientHellos written by rustls' QUIC client,
-//! protected with rustls' Initial keys (`ringmux_test_support::client_initial`), which a worker's quinn
+//! protected with rustls' Initial keys (`ringmux_testkit::client_initial`), which a worker's quinn
 //! would answer with its ServerHello.
 
 use ringmux_demux::metrics::names;
@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use harness::{bounded, check_bytes, hex, Forward, Metrics, Ringmux, SERVER_NAME};
 use quinn::ConnectionId;
-use ringmux_test_support::client_initial::{crypto_frame, initial_packet};
-use ringmux_test_support::{harness, tool};
+use ringmux_testkit::client_initial::{crypto_frame, initial_packet};
+use ringmux_testkit::{harness, tool};
 
 const LIMIT: Duration = Duration::from_secs(120);
 /// Fresh source ports that send Initials to the harvested CID.

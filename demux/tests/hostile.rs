@@ -5,7 +5,7 @@
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
 //! accounted for.
 
-use ringmux_test_support::{harness, temp_dir, tool, TempDir};
+use ringmux_testkit::{harness, temp_dir, tool, TempDir};
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -1391,9 +1391,9 @@ async fn a_worker_cannot_take_a_session_offered_to_another_instance() {
         // The fault worker's tickets (test-tools/fault-worker: FOREIGN_TICKET, OWN_TICKET).
         for (instance, ticket) in [(0u8, [0xa0u8; 32]), (1, [0xb1; 32])] {
             let dcid = rm.dcid_for(instance, 8);
-            let hello = ringmux_test_support::client_initial::client_hello(&[&ticket], 0);
-            let frames = ringmux_test_support::client_initial::crypto_frame(0, &hello);
-            let p = ringmux_test_support::client_initial::initial_packet(
+            let hello = ringmux_testkit::client_initial::client_hello(&[&ticket], 0);
+            let frames = ringmux_testkit::client_initial::crypto_frame(0, &hello);
+            let p = ringmux_testkit::client_initial::initial_packet(
                 &dcid,
                 &dcid,
                 &scid,

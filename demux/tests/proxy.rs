@@ -1,5 +1,5 @@
 //! The reverse proxy (`ringmux --upstream`) end to end: ringmux and its built-in workers in
-//! front of a real HTTP/1.1 service started by the test, hyper's (`ringmux_bench::upstream`) or
+//! front of a real HTTP/1.1 service started by the test, hyper's (`ringmux_testkit::upstream`) or
 //! Python's `http.server` (`test-tools/python/http1_upstream.py`). Checked: methods, bodies
 //! both ways (100 MiB each way by SHA-256, with the workers' peak memory), trailers both ways,
 //! headers both ways (hop-by-hop removed, the client's address in `forwarded`/`x-forwarded-*`,
@@ -7,7 +7,7 @@
 //! that cancels its stream cancels the upstream exchange. gtlsclient and aioquic through the
 //! proxy are in `e2e_interop.rs`.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
@@ -18,10 +18,10 @@ use harness::{bounded, hex, peak_rss, sha256_hex, upload_byte, Forward, PyUpstre
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use ringmux_bench::client::{H3Conn, Response};
-use ringmux_bench::tcp_client::{ClientBody, TcpConn, Version};
-use ringmux_bench::upstream::{pattern_byte, Upstream};
 use ringmux_demux::metrics::names;
+use ringmux_testkit::client::{H3Conn, Response};
+use ringmux_testkit::tcp_client::{ClientBody, TcpConn, Version};
+use ringmux_testkit::upstream::{pattern_byte, Upstream};
 
 const LIMIT: Duration = Duration::from_secs(180);
 

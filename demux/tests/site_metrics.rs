@@ -4,7 +4,7 @@
 //! (`ringmux_worker_site_responses_total`, `ringmux_worker_site_misdirected_total`) and as
 //! `ringmux stats` shows them.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -78,7 +78,7 @@ fn sample(m: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn responses_are_counted_by_site() {
-    let dir = ringmux_test_support::temp_dir("ringmux-sites");
+    let dir = ringmux_testkit::temp_dir("ringmux-sites");
     let config = two_sites(dir.path());
     let rm = Ringmux::start(1, Forward::Shm, &["--config", &config]);
     bounded(LIMIT, async {

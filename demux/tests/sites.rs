@@ -15,9 +15,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{bounded, Forward, PyUpstream, Ringmux};
-use ringmux_test_support::aioquic::Json;
-use ringmux_test_support::tool::{self, tail};
-use ringmux_test_support::{harness, temp_dir, TempDir};
+use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::tool::{self, tail};
+use ringmux_testkit::{harness, temp_dir, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -328,7 +328,7 @@ fn subject_of(site: &SiteSpec) -> String {
 /// of `paths` (a path, or https://HOST/PATH for another :authority): the script's result.
 async fn aioquic(rm: &Ringmux, server_name: &str, paths: &[&str]) -> Json {
     let mut args = vec![
-        ringmux_test_support::aioquic::script()
+        ringmux_testkit::aioquic::script()
             .to_string_lossy()
             .into_owned(),
         "127.0.0.1".into(),
@@ -341,7 +341,7 @@ async fn aioquic(rm: &Ringmux, server_name: &str, paths: &[&str]) -> Json {
         args.extend(["--path".to_string(), p.to_string()]);
     }
     let out = tool::run("python3", &args, rm.dir(), CLIENT_TIMEOUT).await;
-    ringmux_test_support::aioquic::result(&out.stdout).unwrap_or_else(|| {
+    ringmux_testkit::aioquic::result(&out.stdout).unwrap_or_else(|| {
         panic!(
             "aioquic: no JSON result in {:?}\n{}",
             out.stdout,
@@ -1350,7 +1350,7 @@ async fn a_reload_replaces_a_certificate_while_downloads_from_another_site_run()
             .collect();
         let h3 = {
             let args = vec![
-                ringmux_test_support::aioquic::script()
+                ringmux_testkit::aioquic::script()
                     .to_string_lossy()
                     .into_owned(),
                 "127.0.0.1".into(),
@@ -1415,7 +1415,7 @@ async fn a_reload_replaces_a_certificate_while_downloads_from_another_site_run()
             );
         }
         let out = h3.await.unwrap();
-        let j = ringmux_test_support::aioquic::result(&out.stdout).expect("aioquic's result");
+        let j = ringmux_testkit::aioquic::result(&out.stdout).expect("aioquic's result");
         assert_eq!(
             j["bodies"][0].as_str(),
             Some(format!("/big.bin 200 {} {:016x}", big.len(), fnv1a(&big)).as_str()),

@@ -3,7 +3,7 @@
 //! says where HTTP/3 is (`alt-svc`), bad input is closed while both transports serve, and a
 //! download in flight survives a reload.
 
-use ringmux_test_support::harness;
+use ringmux_testkit::harness;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 
 use harness::{bounded, check_bytes, expected_bytes, Forward, Ringmux};
 use http_body_util::{BodyExt, Empty};
-use ringmux_bench::client::Fnv64;
-use ringmux_bench::tcp_client::{tls_connect, TcpConn, Version};
 use ringmux_demux::metrics::names;
-use ringmux_test_support::{temp_dir, tool};
+use ringmux_testkit::client::Fnv64;
+use ringmux_testkit::tcp_client::{tls_connect, TcpConn, Version};
+use ringmux_testkit::{temp_dir, tool};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// What one curl run got: status, header fields (names lower-case), body.
@@ -820,7 +820,7 @@ fn tcp_kind(m: &harness::Metrics, kind: &str) -> f64 {
 
 /// An HTTP/2 connection over TLS that sends the client preface and an empty SETTINGS frame
 /// (RFC 9113 §3.4) and then nothing at all.
-async fn silent_h2(addr: SocketAddr) -> ringmux_bench::tcp_client::TlsStream {
+async fn silent_h2(addr: SocketAddr) -> ringmux_testkit::tcp_client::TlsStream {
     let mut tls = tls_connect(addr, b"h2").await.expect("TLS with ALPN h2");
     tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         .await
@@ -835,7 +835,7 @@ async fn silent_h2(addr: SocketAddr) -> ringmux_bench::tcp_client::TlsStream {
 /// of the stream after TLS close_notify, an error otherwise (the end of the TCP stream without
 /// it, a reset). `None` if it was still open after `limit`.
 async fn read_until_closed(
-    conn: &mut ringmux_bench::tcp_client::TlsStream,
+    conn: &mut ringmux_testkit::tcp_client::TlsStream,
     limit: Duration,
 ) -> Option<(Vec<u8>, std::io::Result<()>)> {
     let mut sent = Vec::new();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use ringmux_demux::tickets::{Claim, HelloInspector, TicketBindings, BINDING_HOLD, MAX_HELLO};
-use ringmux_test_support::client_initial::{client_hello, crypto_frame, initial_packet};
+use ringmux_testkit::client_initial::{client_hello, crypto_frame, initial_packet};
 
 const DCID: &[u8] = &[0x83, 0x94, 0xc8, 0xf0, 0x3e, 0x51, 0x57, 0x08];
 const SCID: &[u8] = &[1, 2, 3, 4, 5, 6, 7, 8];

@@ -18,11 +18,10 @@ use ringmux_proto::sites::{Action, Route, Site, SiteTable};
 use ringmux_server::http::ServerStats;
 use ringmux_server::sites::{Router, RouterOptions};
 use ringmux_server::tcp::{serve, serve_redirects, TcpErrorKind, TcpOptions};
+use ringmux_testkit::tls::AnyCertificate;
 use ringmux_worker::tls::{tcp_tls_config, SiteCerts};
 use ringmux_worker::AcmeAnswers;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
@@ -359,53 +358,4 @@ async fn http01_answers_the_token_and_redirects_the_rest() {
         assert!(head.starts_with("HTTP/1.1 301"), "{head}");
     })
     .await;
-}
-
-/// Takes any certificate, checking only the handshake's signatures.
-#[derive(Debug)]
-struct AnyCertificate;
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _: &[u8],
-        _: &CertificateDer<'_>,
-        _: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // rustls checks TLS 1.2 signatures only through webpki, which refuses to read a
-        // TLS-ALPN-01 certificate (its critical acmeIdentifier extension): unchecked here;
-        // TLS 1.3 handshakes check that the server holds the key.
-        Ok(HandshakeSignatureValid::assertion())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // By the leaf's key alone, read without webpki (see above).
-        let (_, leaf) = x509_parser::parse_x509_certificate(cert)
-            .map_err(|e| rustls::Error::General(e.to_string()))?;
-        let spki = rustls::pki_types::SubjectPublicKeyInfoDer::from(leaf.public_key().raw);
-        let algs = rustls::crypto::ring::default_provider().signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature_with_raw_key(message, &spki, dss, &algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }

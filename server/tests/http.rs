@@ -1,10 +1,10 @@
 //! End-to-end HTTP/3 tests: real quinn server endpoints on loopback UDP sockets with the
-//! worker's TLS/QUIC configuration and `serve`, driven by the `ringmux-bench` client.
+//! worker's TLS/QUIC configuration and `serve`, driven by the test kit's client.
 //!
 //! Every test body runs under a timeout, and every wait is on an event (a response, a task
 //! ending), never a sleep.
 
-use ringmux_test_support::{aioquic, temp_dir, tool, TempDir};
+use ringmux_testkit::{aioquic, temp_dir, tool, TempDir};
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{Method, StatusCode};
-use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use ringmux_server::files::{Content, DocRoot, FileOptions, Lookup};
 use ringmux_server::http::{fill_pattern, serve_with, HttpOptions, ServerStats, Site, HELLO_BODY};
 use ringmux_server::sites::{Router, RouterOptions};
+use ringmux_testkit::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption, SharedTicketer};
 use rustls::server::ServerSessionMemoryCache;
@@ -1179,7 +1179,7 @@ async fn symlink_swaps_during_requests_never_serve_outside_content() {
 // Third-party clients: ngtcp2's gtlsclient and aioquic, as in demux/tests/e2e_interop.rs
 // (gtlsclient exits 0 whatever happened and writes everything to stderr; aioquic ignores
 // stateless resets). A client that is not installed skips its test loudly, unless CI is set:
-// then its absence is a failure (`ringmux_test_support::tool`).
+// then its absence is a failure (`ringmux_testkit::tool`).
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(50);
 

@@ -12,13 +12,13 @@ use std::thread::JoinHandle as ThreadHandle;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
-use ringmux_bench::client::{client_config, H3Client};
 use ringmux_demux::sessions::{CacheLimits, SessionCache, TakeGate};
 use ringmux_demux::sys::seqpacket_pair as session_socket_pair;
 use ringmux_proto::session::{
     decode_reply, encode_request, Op, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
 };
 use ringmux_server::http::{serve_with, HttpOptions, ServerStats, Site};
+use ringmux_testkit::client::{client_config, H3Client};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::sessions::RemoteSessionStore;
 use ringmux_worker::tls::{server_crypto_with, CertChain, Resumption};

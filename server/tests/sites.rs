@@ -17,7 +17,7 @@ use ringmux_server::access_log::AccessLog;
 use ringmux_server::http::{ServerStats, HELLO_BODY};
 use ringmux_server::sites::{Router, RouterOptions, SiteCounts};
 use ringmux_server::tcp::{serve, TcpOptions};
-use ringmux_test_support::temp_dir;
+use ringmux_testkit::temp_dir;
 use ringmux_worker::tls::{tcp_tls_config, CertChain};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;

@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use quinn::ConnectionId;
-use ringmux_bench::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
 
 /// Name the tests use as SNI / :authority host (the self-signed certificate covers it, and the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """aioquic HTTP/3 client of ringmux's tests (demux/tests/e2e_interop.rs, server/tests/http.rs;
-ringmux_test_support::aioquic says where this file is).
+ringmux_testkit::aioquic says where this file is).
 
     aioquic_client.py HOST PORT SCENARIO [--dir DIR] [--dcid HEX] [--dcid2 HEX] [--path P]...
         [--upload-bytes N] [--bytes N] [--request SPEC]... [--server-name NAME]

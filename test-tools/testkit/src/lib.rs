@@ -1,16 +1,22 @@
-//! What the workspace's test binaries share, written once: [`temp_dir`], a temporary folder
-//! removed when dropped; [`tool`], the third-party programs tests run (whether one is
-//! installed, running one with a deadline); [`aioquic`], the Python client the demux's and the
-//! server's tests drive; [`client_initial`], client Initial packets with chosen ClientHellos;
-//! [`harness`], a real ringmux on loopback and what the end-to-end tests
-//! check it with; [`pebble`], an ACME test CA and its DNS on loopback. A dev-dependency only;
-//! nothing here is part of a deployment.
+//! ringmux's test kit: what the workspace's tests and benchmarks share, written once.
+//! [`temp_dir`], a temporary folder removed when dropped; [`tool`], the third-party programs
+//! tests run (whether one is installed, running one with a deadline); the clients:
+//! [`client`] (HTTP/3 over quinn and h3), [`tcp_client`] (HTTPS over TCP, HTTP/1.1 or HTTP/2),
+//! [`aioquic`] (the Python client), [`client_initial`] (client Initial packets with chosen
+//! ClientHellos), all trusting any certificate through the one verifier of [`tls`];
+//! [`upstream`], an HTTP/1.1 service to put behind the proxy; [`harness`], a real ringmux on
+//! loopback and what the end-to-end tests check it with; [`pebble`], an ACME test CA and its
+//! DNS on loopback. Tests and benchmarks only; nothing here is part of a deployment.
 
 pub mod aioquic;
+pub mod client;
 pub mod client_initial;
 pub mod harness;
 pub mod pebble;
+pub mod tcp_client;
+pub mod tls;
 pub mod tool;
+pub mod upstream;
 
 /// A temporary folder, removed on drop (also when a test panics): the `tempfile` crate's.
 pub use tempfile::TempDir;

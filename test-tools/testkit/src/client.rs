@@ -1,8 +1,8 @@
 //! A small HTTP/3 client over quinn + h3: what `h3-probe` and the end-to-end tests use to talk
 //! to ringmux workers.
 //!
-//! This module owns client-side TLS (including the "accept any certificate" verifier that is
-//! only for load testing), the client endpoint, connections with or without 0-RTT, and simple
+//! This module owns client-side TLS (trusting given roots, or any certificate through
+//! [`crate::tls::AnyCertificate`]), the client endpoint, connections with or without 0-RTT, and simple
 //! requests whose bodies are counted and checksummed rather than kept. It never retries: a
 //! failure is returned to the caller, who counts it.
 
@@ -16,11 +16,10 @@ use h3::error::{Code, ConnectionError as H3ConnectionError, StreamError};
 use http::{HeaderMap, Method, StatusCode};
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::ConnectionId;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::CertificateDer;
 use tokio::task::JoinHandle;
+
+use crate::tls::AnyCertificate;
 
 /// Errors of the client. [`ClientError::kind`] gives a short stable label for error counts.
 #[derive(Debug, thiserror::Error)]
@@ -108,7 +107,7 @@ pub fn client_config_alpn(
         }
         None => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(&provider)))
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate))
             .with_no_client_auth(),
     };
     tls.alpn_protocols = vec![alpn.to_vec()];
@@ -126,7 +125,7 @@ pub(crate) fn any_certificate_tls(alpn: &[&[u8]]) -> Result<rustls::ClientConfig
     let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyCert::new(&provider)))
+        .with_custom_certificate_verifier(Arc::new(AnyCertificate))
         .with_no_client_auth();
     tls.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     Ok(tls)
@@ -539,56 +538,6 @@ impl Fnv64 {
 fn h3_no_error() -> quinn::VarInt {
     // H3_NO_ERROR is 0x100, well within the VarInt range.
     quinn::VarInt::from_u32(Code::H3_NO_ERROR.value() as u32)
-}
-
-/// Accepts any server certificate but still verifies the handshake signature with it, so the
-/// TLS exchange is real; only the identity check is skipped.
-#[derive(Debug)]
-struct AcceptAnyCert {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl AcceptAnyCert {
-    fn new(provider: &CryptoProvider) -> Self {
-        AcceptAnyCert {
-            algorithms: provider.signature_verification_algorithms,
-        }
-    }
-}
-
-impl ServerCertVerifier for AcceptAnyCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
