@@ -1,17 +1,22 @@
 //! ringmux's test kit: what the workspace's tests and benchmarks share, written once.
 //! [`temp_dir`], a temporary folder removed when dropped; [`tool`], the third-party programs
-//! tests run (whether one is installed, running one with a deadline); the clients:
-//! [`client`] (HTTP/3 over quinn and h3), [`tcp_client`] (HTTPS over TCP, HTTP/1.1 or HTTP/2),
-//! [`aioquic`] (the Python client), [`client_initial`] (client Initial packets with chosen
-//! ClientHellos), all trusting any certificate through the one verifier of [`tls`];
-//! [`upstream`], an HTTP/1.1 service to put behind the proxy; [`harness`], a real ringmux on
-//! loopback and what the end-to-end tests check it with; [`pebble`], an ACME test CA and its
-//! DNS on loopback. Tests and benchmarks only; nothing here is part of a deployment.
+//! tests run (whether one is installed, running one with a deadline); the clients: [`client`]
+//! (HTTP/3 over quinn and h3) and [`tcp_client`] (HTTPS over TCP, HTTP/1.1 or HTTP/2), which
+//! take any certificate through the one verifier of [`tls`], [`aioquic`] (the Python client),
+//! [`curl`] (Debian's, over TCP), [`client_initial`] (client Initial packets with chosen
+//! ClientHellos); [`upstream`], an HTTP/1.1 service to put behind the proxy; [`pebble`], an
+//! ACME test CA and its DNS on loopback. Tests and benchmarks only; nothing here is part of a
+//! deployment.
+//!
+//! It depends on no ringmux crate, so every crate's own tests may use it (the demux's and the
+//! server's take their temporary folders here, the worker's its verifier) without a cycle; the
+//! harness that runs a whole ringmux, which reads the demux's metrics, is the system tests'
+//! (`systests/`).
 
 pub mod aioquic;
 pub mod client;
 pub mod client_initial;
-pub mod harness;
+pub mod curl;
 pub mod pebble;
 pub mod tcp_client;
 pub mod tls;

@@ -7,9 +7,10 @@
 //! its absence is a failure.
 
 use ringmux_demux::metrics::names;
+use ringmux_systests::harness;
 use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::temp_dir;
 use ringmux_testkit::tool::{self, tail};
-use ringmux_testkit::{harness, temp_dir};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -1308,9 +1309,7 @@ async fn a_failing_upgrade_leaves_the_old_demux_serving() {
         use ringmux_demux::upgrade::{Compat, STATE_FORMAT};
         let bin = temp_dir("ringmux-upgrade-bin");
         let demux = bin.path().join("ringmux");
-        let real = Path::new(env!("CARGO_BIN_EXE_ringmux"))
-            .display()
-            .to_string();
+        let real = harness::binary("ringmux").display().to_string();
         std::fs::copy(&real, &demux).unwrap();
         let rm = Ringmux::start_in(
             temp_dir("ringmux-e2e"),

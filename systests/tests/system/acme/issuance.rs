@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use harness::{Forward, Ringmux};
 use ringmux_demux::metrics::names;
+use ringmux_systests::harness;
 use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::curl;
 use ringmux_testkit::pebble::{Pebble, PebbleConfig};
 use ringmux_testkit::tool::{self, tail};
-use ringmux_testkit::{harness, temp_dir, TempDir};
+use ringmux_testkit::{temp_dir, TempDir};
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// An order from Pebble takes a second or two here; this bounds every wait for one.
@@ -197,37 +199,27 @@ fn serial_text(s: &str) -> String {
 /// curl over TCP (HTTP/2) for `name` on `rm`, verifying the chain against Pebble's root.
 async fn curl(setup: &Setup, rm: &Ringmux, name: &str) -> Result<Served, String> {
     let port = rm.listen.port();
-    let args: Vec<String> = vec![
-        "-sS".into(),
-        "--http2".into(),
-        "--max-time".into(),
-        "20".into(),
-        "--cacert".into(),
-        setup.path("issuer.pem").display().to_string(),
-        "--resolve".into(),
-        format!("{name}:{port}:127.0.0.1"),
-        "-w".into(),
-        "~~~%{http_code}\\n%{certs}".into(),
-        format!("https://{name}:{port}/"),
-    ];
-    let out = tool::run("curl", &args, rm.dir(), CLIENT_TIMEOUT).await;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let (body, rest) = out
-        .stdout
-        .split_once("~~~")
-        .map(|(b, r)| (b.to_string(), r))
-        .ok_or_else(|| format!("curl printed {:?}", out.stdout))?;
-    let mut lines = rest.lines();
-    let status = lines.next().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let serial = lines
-        .find_map(|l| l.strip_prefix("Serial Number:"))
+    let issuer = setup.path("issuer.pem");
+    let reach = curl::Reach::Name(name);
+    let args = ["--http2"];
+    let got = curl::get(
+        rm.dir(),
+        port,
+        reach,
+        Some(&issuer),
+        &args,
+        "/",
+        CLIENT_TIMEOUT,
+    )
+    .await?;
+    let serial = got
+        .serial
+        .as_deref()
         .map(serial_text)
-        .ok_or_else(|| format!("no serial number in curl's %{{certs}}: {:?}", out.stdout))?;
+        .ok_or_else(|| format!("no serial number in curl's %{{certs}}: {got:?}"))?;
     Ok(Served {
-        status,
-        body,
+        status: got.status,
+        body: got.body,
         serial,
     })
 }

@@ -8,8 +8,8 @@
 //!
 //! The binaries it runs are the workspace's, found where cargo builds them ([`binary`]).
 
-use crate::{temp_dir, TempDir};
 use ringmux_demux::metrics::names;
+use ringmux_testkit::{temp_dir, TempDir};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 use quinn::ConnectionId;
 use ringmux_quic_lb::{KeySet, QuicLbConfig, Router};
+use ringmux_testkit::client::{client_config, Fnv64, H3Client, H3Conn, Response};
 
 /// Name the tests use as SNI / :authority host (the self-signed certificate covers it, and the
 /// test client accepts any certificate anyway).
@@ -468,7 +468,7 @@ pub async fn fault_report(
 /// A client nobody here wrote (Debian's gtlsclient) fetches `/hello.txt` from instance
 /// `instance`. Skipped (said loudly) where it is not installed, except under CI.
 pub async fn third_party_served(rm: &Ringmux, instance: u8) {
-    if !crate::tool::GTLSCLIENT.present() {
+    if !ringmux_testkit::tool::GTLSCLIENT.present() {
         return;
     }
     let log = gtls_get(rm, &rm.dcid_for(instance, 18), "/hello.txt").await;
@@ -768,7 +768,8 @@ pub struct PyUpstream {
 impl PyUpstream {
     /// Starts it and waits (bounded) for its "listening PORT" line.
     pub fn start() -> PyUpstream {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python/http1_upstream.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../test-tools/python/http1_upstream.py");
         let mut child = Command::new("python3")
             .arg(&script)
             .arg("0")

@@ -7,7 +7,7 @@
 //! that cancels its stream cancels the upstream exchange. gtlsclient and aioquic through the
 //! proxy are in `e2e_interop.rs`.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;

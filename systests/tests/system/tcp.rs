@@ -3,7 +3,7 @@
 //! says where HTTP/3 is (`alt-svc`), bad input is closed while both transports serve, and a
 //! download in flight survives a reload.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

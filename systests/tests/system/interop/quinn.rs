@@ -1,7 +1,7 @@
 //! End to end with the project's quinn + h3 client: real ringmux processes on loopback, every
 //! scenario once over shared-memory rings and once over unix sockets.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -13,10 +13,20 @@ use harness::{bounded, check_bytes, pin, zero_rtt_across, Forward, Ringmux, SERV
 
 const LIMIT: Duration = Duration::from_secs(90);
 
-/// The harness, a crate of its own, finds the binaries where cargo built this package's own.
+/// The harness finds the binaries where cargo built them for these tests: in the profile's
+/// folder of the target folder cargo names for this package's tests (`CARGO_TARGET_TMPDIR` is
+/// its `tmp`; the ringmux binary is another package's, so there is no `CARGO_BIN_EXE_ringmux`).
 #[test]
 fn the_harness_runs_the_ringmux_cargo_built_for_these_tests() {
-    let cargo = std::path::Path::new(env!("CARGO_BIN_EXE_ringmux"));
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("the target folder");
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    let cargo = target.join(profile).join("ringmux");
     assert_eq!(
         harness::binary("ringmux").canonicalize().unwrap(),
         cargo.canonicalize().unwrap()

@@ -15,9 +15,11 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use harness::{bounded, Forward, PyUpstream, Ringmux};
+use ringmux_systests::harness;
 use ringmux_testkit::aioquic::Json;
+use ringmux_testkit::curl::{self, Reach};
 use ringmux_testkit::tool::{self, tail};
-use ringmux_testkit::{harness, temp_dir, TempDir};
+use ringmux_testkit::{temp_dir, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(120);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -223,14 +225,6 @@ impl Got {
     }
 }
 
-/// How curl reaches the server: by a name (the TLS server name; `--resolve` sends it to
-/// loopback) or by the address (then curl sends no server name).
-#[derive(Clone, Copy)]
-enum Reach<'a> {
-    Name(&'a str),
-    Address,
-}
-
 /// curl `path` on `rm` over TCP, reaching it as `reach`, trusting `cacert` (`None`: any
 /// certificate) with `args` (`--http1.1`, `-H`, ...): what it got, or its standard error if it
 /// failed.
@@ -241,64 +235,20 @@ async fn curl(
     args: &[&str],
     path: &str,
 ) -> Result<Got, String> {
-    let dir = rm.dir();
-    let n = harness::random_u64();
-    let head = dir.join(format!("head-{n}"));
-    let body = dir.join(format!("body-{n}"));
     let port = rm.listen.port();
-    let mut all: Vec<String> = [
-        "-sS",
-        "--max-time",
-        "20",
-        "-w",
-        "%{http_code} %{http_version}\\n%{certs}",
-        "-D",
-    ]
-    .map(String::from)
-    .to_vec();
-    all.push(head.to_string_lossy().into_owned());
-    all.push("-o".into());
-    all.push(body.to_string_lossy().into_owned());
-    match cacert {
-        Some(c) => all.extend(["--cacert".to_string(), c.to_string_lossy().into_owned()]),
-        None => all.push("-k".into()),
-    }
-    let url = match reach {
-        Reach::Name(name) => {
-            all.extend(["--resolve".into(), format!("{name}:{port}:127.0.0.1")]);
-            format!("https://{name}:{port}{path}")
-        }
-        Reach::Address => format!("https://127.0.0.1:{port}{path}"),
-    };
-    all.extend(args.iter().map(|a| a.to_string()));
-    all.push(url);
-    let out = tool::run("curl", &all, dir, CLIENT_TIMEOUT).await;
-    if !out.success {
-        return Err(out.stderr);
-    }
-    let mut lines = out.stdout.lines();
-    let (status, version) = lines
-        .next()
-        .and_then(|l| l.split_once(' '))
-        .unwrap_or_else(|| panic!("curl {all:?}: no status in {:?}", out.stdout));
+    let got = curl::get(rm.dir(), port, reach, cacert, args, path, CLIENT_TIMEOUT).await?;
     // The first certificate curl lists is the leaf.
-    let subject = lines
-        .find_map(|l| l.strip_prefix("Subject:"))
-        .unwrap_or_else(|| panic!("curl {all:?}: no certificate subject in {:?}", out.stdout))
+    let subject = got
+        .subject
+        .as_deref()
+        .unwrap_or_else(|| panic!("curl {args:?} {path}: no certificate subject in {got:?}"))
         .replace(' ', "");
-    let text = std::fs::read_to_string(&head).expect("curl's header dump");
-    let headers = text
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
     Ok(Got {
-        status: status.parse().expect("a status"),
-        version: version.to_string(),
+        status: got.status,
+        version: got.version,
         subject,
-        headers,
-        body: std::fs::read_to_string(&body).unwrap_or_default(),
+        headers: got.headers,
+        body: got.body,
     })
 }
 

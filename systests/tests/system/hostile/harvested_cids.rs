@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use harness::{bounded, check_bytes, hex, Forward, Metrics, Ringmux, SERVER_NAME};
 use quinn::ConnectionId;
+use ringmux_systests::harness;
 use ringmux_testkit::client_initial::{crypto_frame, initial_packet};
-use ringmux_testkit::{harness, tool};
+use ringmux_testkit::tool;
 
 const LIMIT: Duration = Duration::from_secs(120);
 /// Fresh source ports that send Initials to the harvested CID.

@@ -1,7 +1,7 @@
 //! Fault injection against real ringmux processes: a worker killed mid-transfer, SIGTERM and
 //! SIGKILL of the demux, and a storm of malformed datagrams next to real traffic.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;

@@ -6,7 +6,8 @@
 use std::process::{Command, Output};
 
 use ringmux_quic_lb::KeySet;
-use ringmux_testkit::{harness, temp_dir};
+use ringmux_systests::harness;
+use ringmux_testkit::temp_dir;
 
 fn ringmux(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(harness::binary("ringmux"))

@@ -4,7 +4,7 @@
 //! (`ringmux_worker_site_responses_total`, `ringmux_worker_site_misdirected_total`) and as
 //! `ringmux stats` shows them.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -5,7 +5,8 @@
 //! stops draining, while the other instance serves; memory stays flat and every datagram is
 //! accounted for.
 
-use ringmux_testkit::{harness, temp_dir, tool, TempDir};
+use ringmux_systests::harness;
+use ringmux_testkit::{temp_dir, tool, TempDir};
 
 use ringmux_demux::metrics::names;
 use std::net::UdpSocket;
@@ -981,8 +982,7 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
     bounded(Duration::from_secs(60), async {
         let dir = temp_dir("ringmux-attack-caps");
         open_to_workers(&dir);
-        let demux =
-            world_executable_copy(std::path::Path::new(env!("CARGO_BIN_EXE_ringmux")), &dir);
+        let demux = world_executable_copy(&harness::binary("ringmux"), &dir);
         let fault = world_executable_copy(&fault_worker(), &dir);
         let real = world_executable_copy(&harness::worker_bin(), &dir);
         // The harness's own files (key file, control socket, log).

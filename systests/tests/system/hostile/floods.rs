@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use ringmux_demux::metrics::names;
-use ringmux_testkit::{harness, temp_dir, TempDir};
+use ringmux_systests::harness;
+use ringmux_testkit::{temp_dir, TempDir};
 
 use harness::{bounded, check_bytes, pin, Forward, Ringmux, SERVER_NAME};
 

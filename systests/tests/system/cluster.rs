@@ -14,7 +14,7 @@
 //!   one certificate, verified against Pebble's root over TCP and HTTP/3). Skipped, saying
 //!   why, where it cannot run.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! the echo example's own counters reach the metrics.
 //! gtlsclient and aioquic against h3-hello are in `e2e_interop.rs`.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::net::UdpSocket;
 use std::path::PathBuf;
@@ -297,7 +297,7 @@ async fn h3_hello_zero_rtt_on_another_instance() {
 async fn a_program_that_never_attaches_is_named() {
     bounded(LIMIT, async {
         let dir = ringmux_testkit::temp_dir("ringmux-notworker");
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_ringmux"))
+        let out = tokio::process::Command::new(harness::binary("ringmux"))
             .args([
                 "--listen",
                 "127.0.0.1:0",

@@ -19,7 +19,7 @@
 //! of Chromium's was counted before Chromium had its answer, before the probe, and that report
 //! holds them all.
 
-use ringmux_testkit::harness;
+use ringmux_systests::harness;
 
 use std::fs::File;
 use std::net::SocketAddr;
