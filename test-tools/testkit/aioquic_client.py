@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""aioquic HTTP/3 client of ringmux's tests (demux/tests/e2e_interop.rs, server/tests/http.rs;
+"""aioquic HTTP/3 client of ringmux's tests (systests/tests/system/interop/clients.rs, systests/tests/system/server/http.rs;
 ringmux_testkit::aioquic says where this file is).
 
     aioquic_client.py HOST PORT SCENARIO [--dir DIR] [--dcid HEX] [--dcid2 HEX] [--path P]...
@@ -199,7 +199,7 @@ async def open_conn(host, port, cfg, dcid=None, ticket_handler=None, wait=True):
         conn._original_destination_connection_id = dcid
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     # Any address: the route to HOST picks the source (127.0.0.1 for loopback, the
-    # namespace's own address for scripts/cluster.sh's VIP).
+    # namespace's own address for deploy/cluster.sh's VIP).
     sock.bind(("0.0.0.0", 0))
     _, proto = await loop.create_datagram_endpoint(lambda: H3Client(conn), sock=sock)
     proto.authority = f"{SERVER_NAME or 'localhost'}:{port}".encode()

@@ -4,7 +4,7 @@
 //! * Two ringmux processes on loopback with one key file and different node IDs: a Retry
 //!   token the first mints is accepted by the second (a relay sends the client's Initial after
 //!   the Retry to the other node, as a balancer does when the first is gone).
-//! * `scripts/cluster.sh test`: three nodes behind an nftables balancer made by `ringmux
+//! * `deploy/cluster.sh test`: three nodes behind an nftables balancer made by `ringmux
 //!   lb-config nftables`, in network namespaces of this machine (every packet length through
 //!   the rules, connections spread, HTTPS over TCP spread and plain HTTP redirected,
 //!   migration, upgrades under load, draining (a TCP download on the drained node finishes)
@@ -149,7 +149,7 @@ async fn a_retry_token_of_one_node_is_taken_by_another() {
     .await
 }
 
-/// `scripts/cluster.sh test`, bounded; its output is printed. Skipped, saying why, when not
+/// `deploy/cluster.sh test`, bounded; its output is printed. Skipped, saying why, when not
 /// root or when network namespaces cannot be made; under CI a missing tool fails instead
 /// (`scripts/test.sh` installs them).
 #[test]
@@ -197,7 +197,7 @@ fn three_nodes_behind_an_nftables_balancer() {
     let out = temp_dir("ringmux-cluster");
     let log_path = out.path().join("cluster.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut child = Command::new(root.join("scripts/cluster.sh"))
+    let mut child = Command::new(root.join("deploy/cluster.sh"))
         .args(["test", "--bin"])
         .arg(bin)
         .env("RMX_CLUSTER_DIR", out.path().join("state"))
@@ -205,7 +205,7 @@ fn three_nodes_behind_an_nftables_balancer() {
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
-        .expect("starting scripts/cluster.sh");
+        .expect("starting deploy/cluster.sh");
     let deadline = Instant::now() + CLUSTER_LIMIT;
     let status = loop {
         if let Some(status) = child.try_wait().expect("waitpid") {
@@ -226,12 +226,12 @@ fn three_nodes_behind_an_nftables_balancer() {
         }
         let _ = child.kill();
         let _ = child.wait();
-        let _ = Command::new(root.join("scripts/cluster.sh"))
+        let _ = Command::new(root.join("deploy/cluster.sh"))
             .arg("down")
             .env("RMX_CLUSTER_DIR", out.path().join("state"))
             .status();
         panic!(
-            "scripts/cluster.sh test did not finish within {CLUSTER_LIMIT:?}:\n{}",
+            "deploy/cluster.sh test did not finish within {CLUSTER_LIMIT:?}:\n{}",
             std::fs::read_to_string(&log_path).unwrap_or_default()
         )
     });
@@ -239,7 +239,7 @@ fn three_nodes_behind_an_nftables_balancer() {
     println!("{text}");
     assert!(
         status.success(),
-        "scripts/cluster.sh test failed ({status}):\n{text}"
+        "deploy/cluster.sh test failed ({status}):\n{text}"
     );
     assert!(
         text.contains("== cluster: all passed"),

@@ -16,7 +16,7 @@ mod acme {
 mod browser;
 /// The command line's errors as an operator reads them.
 mod cli;
-/// Several nodes behind a load balancer, in network namespaces (`scripts/cluster.sh test`).
+/// Several nodes behind a load balancer, in network namespaces (`deploy/cluster.sh test`).
 mod cluster;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {

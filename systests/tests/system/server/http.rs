@@ -1176,7 +1176,7 @@ async fn symlink_swaps_during_requests_never_serve_outside_content() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Third-party clients: ngtcp2's gtlsclient and aioquic, as in demux/tests/e2e_interop.rs
+// Third-party clients: ngtcp2's gtlsclient and aioquic, as in systests/tests/system/interop/clients.rs
 // (gtlsclient exits 0 whatever happened and writes everything to stderr; aioquic ignores
 // stateless resets). A client that is not installed skips its test loudly, unless CI is set:
 // then its absence is a failure (`ringmux_testkit::tool`).

@@ -15,10 +15,10 @@
 # within-round ratios proxy/builtin and proxy1m/bytes1m. Client, workers and upstream share the
 # machine's CPUs: compare cases within a run, not with other machines.
 #
-# Usage: scripts/bench-proxy.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
+# Usage: bench/scripts/bench-proxy.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
 #          [--cases "builtin proxy bytes1m proxy1m"] [--out DIR] [--no-build]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 rounds=5
 secs=6

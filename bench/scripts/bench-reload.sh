@@ -11,9 +11,9 @@
 # and prints req/s, p50, p99, p99.9, max and errors of each round, then the medians and the
 # KIND/steady ratios. Release binaries (cargo build --release --bins).
 #
-#   scripts/bench-reload.sh [ROUNDS] [reload|upgrade]     (default 5 rounds, reload)
+#   bench/scripts/bench-reload.sh [ROUNDS] [reload|upgrade]     (default 5 rounds, reload)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rounds=${1:-5}
 kind=${2:-reload}
 [[ $kind == reload || $kind == upgrade ]] || {

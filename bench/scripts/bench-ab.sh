@@ -19,13 +19,13 @@
 # autogroup, the client would take its CPU from the demux's share alone, since every worker has
 # a session, so an autogroup, of its own.
 #
-# Usage: scripts/bench-ab.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
+# Usage: bench/scripts/bench-ab.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
 #          [--instances K] [--path /bytes/1024] [--modes "shm unix"] [--cpus LIST]
 #          [--out DIR] [--no-build] [--bin DIR]
 # --bin DIR: the ringmux, ringmux-worker and h3-probe to run (default target/release, built
 # first unless --no-build), e.g. a copy of another build for an A/B of two builds.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 rounds=3
 duration=10

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
+# deploy/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
 # made by `ringmux lb-config nftables`, all on this machine in network namespaces (README
 # "More than one box"). Needs root, iproute2 (`ip netns`), nftables, and for `test`
 # gtlsclient (ngtcp2-client), conntrack, curl, python3 with aioquic, and pebble (with
@@ -249,7 +249,7 @@ ns_empty() { [[ -z $(ip netns pids "$1") ]]; }
 # any client. The DNS server answers every name with the VIP, so Pebble's validator connects
 # to the VIP's port 443 (TLS-ALPN-01) through the balancer, to whichever node it picks. The
 # nodes reach Pebble's API at 10.77.0.2 by their default route through rmx-lb. (As
-# test-tools/testkit/src/pebble.rs starts them on loopback for demux/tests/acme.rs.)
+# test-tools/testkit/src/pebble.rs starts them on loopback for systests/tests/system/acme/issuance.rs.)
 
 PEBBLE=$STATE/pebble
 PEBBLE_ADDR=10.77.0.2

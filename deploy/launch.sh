@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ringmux on a dedicated Linux box (README.md, "Running on a dedicated box"):
 #
-#   scripts/launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
+#   deploy/launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
 #
 # 1. Checks the kernel has what ringmux uses: UDP GSO (4.18), UDP GRO (5.0),
 #    memfd F_SEAL_FUTURE_WRITE (5.1), pidfd_open (5.3).

@@ -17,10 +17,10 @@
 # h3-probe's JSON. The client shares the machine with the servers: compare targets within a
 # run, not across machines.
 #
-# Usage: scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
+# Usage: bench/scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
 #          [--instances K] [--out DIR] [--no-build] [--no-caddy-h3] [--h3-probe-arg ARG]...
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 rounds=3
 duration=8

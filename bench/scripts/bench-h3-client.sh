@@ -5,14 +5,14 @@
 # server received per request (ringmux_datagrams_received_total). No warm-up, so every figure
 # covers the same span.
 #
-# Usage: scripts/bench-h3-client.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
+# Usage: bench/scripts/bench-h3-client.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
 #          [--ringmux PATH] LABEL=PROBE[,ARG...]...
-# e.g.   scripts/bench-h3-client.sh before=/tmp/h3-probe-main now=target/release/h3-probe \
+# e.g.   bench/scripts/bench-h3-client.sh before=/tmp/h3-probe-main now=target/release/h3-probe \
 #          now-task-per-stream=target/release/h3-probe,--task-per-stream
 # Needs openssl, curl and time (GNU time). Run as root or not; the client shares the box with
 # the server, so compare runs within one invocation.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rounds=3
 seconds=6
 connections=16

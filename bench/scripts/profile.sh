@@ -11,10 +11,10 @@
 # around it. strace stops the tracee at every syscall: the demux gets far slower, so its batches
 # grow; read the strace figures as "which syscalls, roughly how many", not as a rate.
 #
-# Usage: scripts/profile.sh [--mode shm|unix|drop] [--seconds S] [--gro on|off]
+# Usage: bench/scripts/profile.sh [--mode shm|unix|drop] [--seconds S] [--gro on|off]
 #          [--instances K] [--rate PPS] [--cpus LIST] [--out DIR] [--no-build]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 mode=shm
 duration=5

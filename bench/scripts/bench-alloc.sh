@@ -9,10 +9,10 @@
 # Needs root (uprobes) and perf (Debian: linux-perf). Adds the three probes if they are
 # missing and removes the ones it added.
 #
-# Usage: scripts/bench-alloc.sh [--requests N] [--paths "/hello.txt /small.bin"]
+# Usage: bench/scripts/bench-alloc.sh [--requests N] [--paths "/hello.txt /small.bin"]
 #          [--connections C] [--streams S] [--bin DIR | --no-build]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 requests=20000
 paths="/hello.txt /small.bin"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What sites cost (issue #41): three configurations side by side in one run, rounds interleaved,
-# each round one `scripts/bench-ab.sh` run of the shm mode (h3-probe 16 x 8, GET /bytes/1024):
+# each round one `bench/scripts/bench-ab.sh` run of the shm mode (h3-probe 16 x 8, GET /bytes/1024):
 #   old    the previous build (--old DIR), the command line's one site, the built-in /bytes/N
 #   new    this build, the same command line
 #   files  this build, the command line's site with --root (GET of a 1024-byte file)
@@ -12,12 +12,12 @@
 # connections of one request each, with one certificate and with --certs certificates loaded
 # (each its own site), rounds interleaved; reported as connections per second of wall time.
 #
-# Usage: scripts/bench-sites.sh --old DIR [--rounds N] [--seconds S] [--sites N] [--certs N]
+# Usage: bench/scripts/bench-sites.sh --old DIR [--rounds N] [--seconds S] [--sites N] [--certs N]
 #          [--handshakes N] [--out DIR]
 # DIR holds ringmux, ringmux-worker and h3-probe of the build to compare with; this build is
 # target/release (built first). Needs openssl (certificates) and jq.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 old=""
 rounds=3
@@ -86,7 +86,7 @@ printf 'round\tconfig\treq_per_s\tp50_us\tp99_us\terrors\tworker_us_per_request\
 run() {
   local name=$1 bin=$2 round=$3
   shift 3
-  env "$@" scripts/bench-ab.sh --bin "$bin" --modes shm --rounds 1 --seconds "$seconds" \
+  env "$@" bench/scripts/bench-ab.sh --bin "$bin" --modes shm --rounds 1 --seconds "$seconds" \
     --out "$out/$name-$round" >"$out/$name-$round.txt" 2>&1
   awk -F'\t' -v r="$round" -v n="$name" 'NR == 2 { printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r, n, $3, $4, $5, $6, $9, $13 }' \
     "$out/$name-$round/rounds.tsv" >>"$tsv"

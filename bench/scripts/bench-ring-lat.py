@@ -10,7 +10,7 @@ recording every message (one loop added by a checked text substitution of its so
 the three side by side in interleaved rounds, printing medians and ringmux / C ratios of each
 measure.
 
-Usage: scripts/bench-ring-lat.py --reference DIR [--rounds 3] [--seconds 2] [--interval-us 20]
+Usage: bench/scripts/bench-ring-lat.py --reference DIR [--rounds 3] [--seconds 2] [--interval-us 20]
 DIR holds the C reference's bench.c. Needs gcc and cargo; run as root for SCHED_FIFO, as both
 benches ask for it (otherwise both run on the normal scheduler).
 """
@@ -80,7 +80,7 @@ def main():
     a = ap.parse_args()
     if a.interval_us != 20:
         sys.exit("--interval-us: the ring bench publishes every 20 µs; only 20 compares")
-    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
     with tempfile.TemporaryDirectory() as tmp:
         bins = build(a.reference, tmp)
         c_args = ["ring", "mode=lat", "cons=sleep", f"interval_us={a.interval_us}",

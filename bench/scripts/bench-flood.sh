@@ -11,9 +11,9 @@
 # time, process start included). Prints every round, then medians per rate and side.
 # Release binaries (cargo build --release --bins); python3 with aioquic.
 #
-#   scripts/bench-flood.sh [ROUNDS]     (default 3)
+#   bench/scripts/bench-flood.sh [ROUNDS]     (default 3)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 rounds=${1:-3}
 bin=target/release
 for b in ringmux ringmux-worker h3-probe; do
