@@ -2,7 +2,7 @@
 """A flood of new QUIC connections: real QUIC v1 Initials (aioquic ClientHellos, each with its
 own random DCID, padded to 1200 bytes as clients do), sent at a fixed rate from many source
 ports, never followed up (no Retry, no handshake). For ringmux's admission tests and
-scripts/bench-flood.sh.
+bench/scripts/bench-flood.sh.
 
     initial-flood.py HOST PORT --count N [--unique K] [--rate R] [--ports P] [--source IP]
                      [--cache FILE]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI check of scripts/launch.sh without the ringmux binaries and without touching the machine:
+# CI check of deploy/launch.sh without the ringmux binaries and without touching the machine:
 # dry runs against fake /sys and /proc trees made in a temporary directory (2 CPUs; 2 CPUs that
 # are one SMT core; 8 CPUs as 4 SMT pairs on 2 sockets/NUMA nodes with interleaved numbering),
 # checking the printed plan and the exported settings; the failure paths (old kernel, bad
@@ -8,7 +8,7 @@
 # machine. Exits non-zero on any mismatch and prints the offending output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-launch=$PWD/scripts/launch.sh
+launch=$PWD/deploy/launch.sh
 
 # The caller's settings must not leak into the expectations.
 for v in $(compgen -e); do
@@ -302,7 +302,7 @@ want "^stub args: \[reload\]\$"
 
 # --- the systemd unit ------------------------------------------------------------------------
 
-unit="$PWD/scripts/ringmux.service"
+unit="$PWD/deploy/ringmux.service"
 name="unit: systemctl reload runs ringmux reload on the unit's control socket"
 echo "== $name"
 out=$(cat "$unit")
@@ -344,7 +344,7 @@ fi
 
 # --- this machine --------------------------------------------------------------------------
 
-echo "== this machine: scripts/launch.sh --dry-run"
+echo "== this machine: deploy/launch.sh --dry-run"
 set +e
 out=$("$launch" --dry-run 2>&1)
 status=$?

@@ -3,7 +3,7 @@
 # On a fresh machine it first installs what the interop tests need (run as root, or have them):
 # Debian's ngtcp2-client (gtlsclient), curl, chromium (a browser, run headless), util-linux
 # (setpriv), nftables, conntrack and iproute2 (the three-node cluster in network namespaces,
-# scripts/cluster.sh), pebble and pebble-challtestsrv (an ACME CA and its DNS, for the
+# deploy/cluster.sh), pebble and pebble-challtestsrv (an ACME CA and its DNS, for the
 # certificate tests and the cluster's last step), and PyPI's aioquic and niquests (a client
 # that follows Alt-Svc from HTTP/2 to HTTP/3).
 set -euo pipefail

@@ -1,13 +1,10 @@
-//! ringmux benchmarks and load generators.
+//! ringmux benchmarks and load generators; the clients they drive are the test kit's
+//! (`ringmux_testkit::client`, `ringmux_testkit::upstream`).
 //!
-//! * [`client`]: an HTTP/3 client (quinn + h3) for `h3-probe` and end-to-end tests.
-//! * [`upstream`]: an HTTP/1.1 service (hyper) to put behind `ringmux --upstream`.
+//! * [`fwd`]: the forwarding benchmark (`fwd-bench`): ringmux against the C reference.
 //! * [`stats`]: latency histograms, error counts and the JSON report of `h3-probe`.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod client;
 pub mod fwd;
 pub mod stats;
-pub mod tcp_client;
-pub mod upstream;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
-use ringmux_test_support::client_initial::{client_hello, crypto_frame, initial_packet};
+use ringmux_testkit::client_initial::{client_hello, crypto_frame, initial_packet};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();

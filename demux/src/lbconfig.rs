@@ -8,7 +8,7 @@
 //!
 //! This module owns turning a checked description of the nodes ([`NftPlan`]) into an nftables
 //! ruleset ([`nftables`]) for a Linux box in front of them: a pure function, tested on its text
-//! here and on real packets by `scripts/cluster.sh test`. It never runs `nft` itself and never
+//! here and on real packets by `deploy/cluster.sh test`. It never runs `nft` itself and never
 //! touches the network. Plaintext CIDs only: nftables reads bytes at fixed offsets and cannot
 //! decrypt a CID; an encrypted configuration needs a balancer that holds the QUIC-LB key.
 //!

@@ -900,7 +900,7 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
         tracing::warn!(
             requested = cfg.args.rcvbuf,
             got,
-            "receive buffer capped by net.core.rmem_max (see scripts/launch.sh)"
+            "receive buffer capped by net.core.rmem_max (see deploy/launch.sh)"
         );
     }
     s.bind(&addr.into())

@@ -332,7 +332,7 @@ mod tests {
 
     #[test]
     fn lines_are_written_whole_and_a_full_queue_drops_and_counts() {
-        let dir = ringmux_test_support::temp_dir("ringmux-access-log");
+        let dir = ringmux_testkit::temp_dir("ringmux-access-log");
         let path = dir.path().join("access.log");
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -1208,7 +1208,7 @@ mod tests {
     /// past it.
     #[tokio::test]
     async fn roots_share_one_cache_budget() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-files-shared");
+        let tmp = ringmux_testkit::temp_dir("ringmux-files-shared");
         let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
         for dir in [&a, &b] {
             std::fs::create_dir_all(dir).unwrap();
@@ -1248,7 +1248,7 @@ mod tests {
     /// driven directly here).
     #[tokio::test]
     async fn blocking_fallbacks_open_beneath_and_read_whole() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-files-unit");
+        let tmp = ringmux_testkit::temp_dir("ringmux-files-unit");
         let dir = tmp.path().to_path_buf();
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
@@ -1289,7 +1289,7 @@ mod tests {
         assert!(matches!(e, RootError::Open { .. }), "{e:?}");
         assert!(e.to_string().contains("/nonexistent/ringmux-root"), "{e}");
         // A file is not a directory (O_DIRECTORY): ENOTDIR, named.
-        let tmp = ringmux_test_support::temp_dir("ringmux-root-file");
+        let tmp = ringmux_testkit::temp_dir("ringmux-root-file");
         let file = tmp.path().join("f");
         std::fs::write(&file, b"x").unwrap();
         let e = DocRoot::open(&file, FileOptions::default()).unwrap_err();

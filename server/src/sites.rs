@@ -1057,7 +1057,7 @@ mod tests {
 
     #[test]
     fn builtin_and_file_routes_are_lookups_beneath_their_prefix() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-sites-lookup");
+        let tmp = ringmux_testkit::temp_dir("ringmux-sites-lookup");
         let t = SiteTable {
             sites: vec![site(
                 "s",
@@ -1284,7 +1284,7 @@ mod tests {
 
     #[test]
     fn roots_and_upstreams_are_opened_once() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-sites-once");
+        let tmp = ringmux_testkit::temp_dir("ringmux-sites-once");
         let files = || Action::Files {
             root: tmp.path().into(),
         };

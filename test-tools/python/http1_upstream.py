@@ -4,7 +4,7 @@
     http1_upstream.py [PORT]
 
 Listens on 127.0.0.1:PORT (0 or absent: any free port) and prints "listening PORT" on stdout
-once it accepts connections. Runs until killed. Paths (the same as ringmux_bench::upstream):
+once it accepts connections. Runs until killed. Paths (the same as ringmux_testkit::upstream):
 
     GET /hello             "hello from upstream (python)\n"
     GET /bytes/N           N bytes, byte i = i % 251, with content-length

@@ -559,9 +559,8 @@ fn unix_now() -> u64 {
 pub(crate) mod tests {
     use super::*;
     use ringmux_proto::sites::Site;
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::{ServerName, UnixTime};
-    use rustls::{DigitallySignedStruct, SignatureScheme};
+    use ringmux_testkit::tls::AnyCertificate;
+    use rustls::pki_types::ServerName;
 
     /// What a client saw of a handshake: the server's leaf and the ALPN protocol chosen.
     pub(crate) type Seen = (CertificateDer<'static>, Option<Vec<u8>>);
@@ -682,55 +681,6 @@ pub(crate) mod tests {
             .with_no_client_auth();
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Arc::new(config)
-    }
-
-    /// Takes any certificate, checking only the handshake's signatures.
-    #[derive(Debug)]
-    struct AnyCertificate;
-
-    impl ServerCertVerifier for AnyCertificate {
-        fn verify_server_cert(
-            &self,
-            _: &CertificateDer<'_>,
-            _: &[CertificateDer<'_>],
-            _: &ServerName<'_>,
-            _: &[u8],
-            _: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            _: &[u8],
-            _: &CertificateDer<'_>,
-            _: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            // rustls checks TLS 1.2 signatures only through webpki, which refuses to read a
-            // TLS-ALPN-01 certificate (its critical acmeIdentifier extension): unchecked here;
-            // TLS 1.3 handshakes check that the server holds the key.
-            Ok(HandshakeSignatureValid::assertion())
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            // By the leaf's key alone, read without webpki (see above).
-            let (_, leaf) = x509_parser::parse_x509_certificate(cert)
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            let spki = rustls::pki_types::SubjectPublicKeyInfoDer::from(leaf.public_key().raw);
-            let algs = provider().signature_verification_algorithms;
-            rustls::crypto::verify_tls13_signature_with_raw_key(message, &spki, dss, &algs)
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            provider()
-                .signature_verification_algorithms
-                .supported_schemes()
-        }
     }
 
     /// The leaf of `pem`, as a handshake presents it.

@@ -4,7 +4,7 @@
 //! table, within-round ratios and the targets; writes JSON and an SVG chart.
 //!
 //! `fwd-bench blast` only sends and `fwd-bench keygen` writes a key file (for
-//! scripts/profile.sh).
+//! bench/scripts/profile.sh).
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};

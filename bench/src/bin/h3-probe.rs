@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Parser;
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use ringmux_bench::client::{client_config, ClientError, H3Client, H3Conn};
 use ringmux_bench::fwd::os;
 use ringmux_bench::stats::{ProbeReport, ProbeShard, ProbeStats};
+use ringmux_testkit::client::{client_config, ClientError, H3Client, H3Conn};
 use tokio::sync::watch;
 
 /// HTTP/3 load generator: C connections × S concurrent streams of GET.

@@ -1,12 +1,12 @@
 //! `http1-upstream`: the HTTP/1.1 service of the proxy benchmark, to run behind
-//! `ringmux --upstream http://ADDR`. Its paths are listed in `ringmux_bench::upstream`
+//! `ringmux --upstream http://ADDR`. Its paths are listed in `ringmux_testkit::upstream`
 //! (`/hello`, `/bytes/N`, `/sha256`, `/headers`, …). Runs until SIGINT or SIGTERM.
 
 use std::net::SocketAddr;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ringmux_bench::upstream::Upstream;
+use ringmux_testkit::upstream::Upstream;
 
 /// An HTTP/1.1 test service (hyper) for `ringmux --upstream`.
 #[derive(Parser, Debug)]

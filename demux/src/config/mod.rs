@@ -1611,7 +1611,7 @@ mod tests {
 
     #[test]
     fn a_worker_user_must_reach_the_worker_program() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-reach");
+        let tmp = ringmux_testkit::temp_dir("ringmux-reach");
         let base = tmp.path().to_path_buf();
         let inner = base.join("inner");
         std::fs::create_dir_all(&inner).unwrap();
@@ -1656,7 +1656,7 @@ mod tests {
 
     #[test]
     fn a_worker_user_must_enter_the_root() {
-        let tmp = ringmux_test_support::temp_dir("ringmux-reach-root");
+        let tmp = ringmux_testkit::temp_dir("ringmux-reach-root");
         let above = tmp.path().join("above");
         let root = above.join("site");
         std::fs::create_dir_all(&root).unwrap();
