@@ -30,7 +30,6 @@
 
 pub mod acme;
 pub mod admission;
-pub mod alloc;
 pub mod budget;
 pub mod certs;
 pub mod config;
@@ -45,6 +44,8 @@ pub mod supervisor;
 pub mod sys;
 pub mod tickets;
 pub mod upgrade;
+
+pub use sys::alloc;
 
 /// `error` and each of its sources, joined by `: `, as anyhow's `{:#}` shows a chain: one line
 /// for an operator where an error travels as text (a control client's answer, the reason an

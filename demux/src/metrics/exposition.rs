@@ -29,7 +29,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         (
             names::DATAPLANE_ALLOCATIONS,
             "Heap allocations made on the data-plane thread after start-up (should stay flat)",
-            crate::alloc::dataplane_allocations(),
+            crate::sys::alloc::dataplane_allocations(),
         ),
         (
             names::LOG_LINES_DROPPED,
