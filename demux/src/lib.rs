@@ -25,6 +25,7 @@
 //! The demux never links the worker library, quinn's connection layer or an HTTP server: what
 //! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
 //! ACME engine's, on a thread of its own, talking to the CA only.
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
