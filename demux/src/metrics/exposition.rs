@@ -14,8 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::counters::{Declared, Kind, LaneState, DERIVED};
-use super::{names, Counters, DropReason, InstanceCounters};
-use crate::dataplane::Liveness;
+use super::{names, Counters, DropReason, InstanceCounters, Liveness};
 
 type Labels = Vec<(String, String)>;
 
