@@ -21,6 +21,7 @@
 //! * [`alloc`]: the counting allocator behind `ringmux_dataplane_allocations_total`.
 //! * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
 //! * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several boxes.
+//! * [`options`]: option values both command lines parse (on/off, a node's QUIC-LB identity).
 //!
 //! The demux never links the worker library, quinn's connection layer or an HTTP server: what
 //! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
@@ -40,6 +41,7 @@ pub mod forward;
 pub mod lbconfig;
 pub mod logs;
 pub mod metrics;
+pub mod options;
 pub mod sessions;
 pub mod supervisor;
 pub mod sys;
