@@ -64,13 +64,13 @@ impl SyscallFilter {
 }
 
 /// A Landlock ruleset (Linux 5.13) from which every worker enters a domain of its own between
-/// fork and exec ([`WorkerSetup::domain`]). Landlock lets a process inside a domain trace, and
-/// so open the memory of (`/proc/PID/mem`), only processes in the same domain or one nested in
-/// it (the kernel's `security/landlock/task.c`): a worker can reach neither a sibling, each in
-/// its own domain, nor the demux, in none, from its first instruction on, whatever users they
-/// run as and whether or not they are dumpable yet. Where the kernel has Landlock ABI 6 (Linux
-/// 6.12), the domain is also scoped for signals and abstract Unix sockets: nothing outside it
-/// can be signalled or connected to that way.
+/// fork and exec ([`WorkerSetup::domain`](super::WorkerSetup::domain)). Landlock lets a
+/// process inside a domain trace, and so open the memory of (`/proc/PID/mem`), only processes
+/// in the same domain or one nested in it (the kernel's `security/landlock/task.c`): a worker
+/// can reach neither a sibling, each in its own domain, nor the demux, in none, from its first
+/// instruction on, whatever users they run as and whether or not they are dumpable yet. Where
+/// the kernel has Landlock ABI 6 (Linux 6.12), the domain is also scoped for signals and
+/// abstract Unix sockets: nothing outside it can be signalled or connected to that way.
 ///
 /// Nor may a worker open any file under `/proc` or `/sys` for writing. A process's own files
 /// there (`oom_score_adj`, `autogroup`, `comm`, ...) are writable by its user, which is a

@@ -40,8 +40,9 @@ pub struct WorkerSetup<'a> {
     /// switch, which would have taken `CAP_SETPCAP` with every other capability), where the
     /// demux holds `CAP_SETPCAP`.
     pub drop_bounding_set: bool,
-    /// The Landlock ruleset ([`worker_domain`]) the worker enters, in a domain of its own,
-    /// just before the filter; `None` with `--sandbox off` or where the kernel has no Landlock.
+    /// The Landlock ruleset ([`worker_domain`](super::worker_domain)) the worker enters, in a
+    /// domain of its own, just before the filter; `None` with `--sandbox off` or where the
+    /// kernel has no Landlock.
     pub domain: Option<&'a WorkerDomain>,
 }
 
