@@ -49,7 +49,7 @@ use std::net::{IpAddr, SocketAddr};
 use anyhow::{bail, Context, Result};
 use ringmux_quic_lb::{CidCodec, QuicLbConfig};
 
-use crate::config::{default_nonce_len, node_id_bytes, Toggle};
+use crate::options::{default_nonce_len, node_id_bytes, Toggle};
 
 /// The balancers `ringmux lb-config` configures.
 #[derive(clap::Subcommand, Debug)]

@@ -1,5 +1,6 @@
 //! `ringmux`: the demux and supervisor. See `ringmux --help` and README.md; the parts
 //! live in the library (`lib.rs`).
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 

@@ -14,8 +14,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::counters::{Declared, Kind, LaneState, DERIVED};
-use super::{names, Counters, DropReason, InstanceCounters};
-use crate::dataplane::Liveness;
+use super::{names, Counters, DropReason, InstanceCounters, Liveness};
 
 type Labels = Vec<(String, String)>;
 
@@ -29,7 +28,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         (
             names::DATAPLANE_ALLOCATIONS,
             "Heap allocations made on the data-plane thread after start-up (should stay flat)",
-            crate::alloc::dataplane_allocations(),
+            crate::sys::alloc::dataplane_allocations(),
         ),
         (
             names::LOG_LINES_DROPPED,

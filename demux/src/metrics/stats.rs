@@ -269,7 +269,7 @@ mod tests {
         let c = Counters::new(2, 8);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
-        let live = crate::dataplane::Liveness::new(8);
+        let live = crate::metrics::Liveness::new(8);
         live.set_up(1, true);
         // Generation 1 drains in lanes 0 and 1 (one worker up, 5 connections); generation 2
         // serves in lanes 2 and 3 (slot 1), instance 0's worker also forwarded 4 datagrams.
@@ -362,7 +362,7 @@ mod tests {
             &report(&[(1, [1, 7, 0, 0, 3, 0]), (3, [0, 0, 0, 2, 0, 2])]),
             4,
         );
-        let live = crate::dataplane::Liveness::new(8);
+        let live = crate::metrics::Liveness::new(8);
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         let lines: Vec<Vec<&str>> = t
             .lines()

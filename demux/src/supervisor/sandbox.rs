@@ -35,7 +35,7 @@
 //! other architecture's calls (32-bit `int 0x80`) kill the process.
 //!
 //! The filter is compiled once, in the demux, with a placeholder for the worker's PID, which
-//! only the child knows; [`WorkerFilter::bind_to`] writes it in after fork without allocating.
+//! only the child knows; [`SyscallFilter::bind_to`] writes it in after fork without allocating.
 
 use std::collections::BTreeMap;
 
@@ -43,6 +43,8 @@ use seccompiler::{
     sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
     SeccompFilter, SeccompRule, TargetArch,
 };
+
+use crate::sys::SyscallFilter;
 
 /// The descriptor at which every worker holds its sending socket.
 pub const PUBLIC_FD: u64 = ringmux_proto::PUBLIC_FD as u64;
@@ -82,7 +84,7 @@ impl Shared {
 /// `ioctl` `FIONBIO`: non-blocking mode, allowed but on the shared listener.
 const FIONBIO: u64 = 0x5421;
 
-/// Stands for the worker's own PID in a compiled filter until [`WorkerFilter::bind_to`]
+/// Stands for the worker's own PID in a compiled filter until [`SyscallFilter::bind_to`]
 /// replaces it. Above the kernel's largest PID (`PID_MAX_LIMIT`, 2^22), so it matches no
 /// process, and no other constant of the filter has this value (a test checks).
 const SELF_PID: u32 = 0x7e57_0001;
@@ -152,12 +154,11 @@ pub const PRCTLS_ALLOWED: &[(u64, &str)] = &[
 const PR_SET_PDEATHSIG: u64 = 1;
 const PR_SET_DUMPABLE: u64 = 4;
 
-/// A compiled worker filter: install every program, in order, in the child.
-#[derive(Clone, Debug)]
-pub struct WorkerFilter {
-    /// The refusals (`EPERM`), then the `ENOSYS` answers for `clone3` and the x32 numbering.
-    programs: [BpfProgram; 2],
-}
+/// A compiled worker filter: the system-call layer's [`SyscallFilter`], plain BPF that
+/// `sys::prepare_worker` installs in the child without knowing what it refuses; what it
+/// refuses is this module's ([`WorkerFilter::compile`]). Its programs: the refusals (`EPERM`),
+/// then the `ENOSYS` answers for `clone3` and the x32 numbering.
+pub type WorkerFilter = SyscallFilter;
 
 /// The filter could not be built for this machine.
 #[derive(Debug, thiserror::Error)]
@@ -194,24 +195,10 @@ impl WorkerFilter {
             SeccompAction::Errno(libc::EPERM as u32),
             arch,
         )?;
-        Ok(WorkerFilter {
-            programs: [refusals.try_into()?, enosys_program()],
-        })
-    }
-
-    /// Writes the worker's own PID into the filter. Runs in the forked child (no allocation,
-    /// no lock): call it once, with the child's PID, before installing.
-    pub fn bind_to(&mut self, pid: u32) {
-        for insn in self.programs.iter_mut().flatten() {
-            if insn.k == SELF_PID {
-                insn.k = pid;
-            }
-        }
-    }
-
-    /// The programs to install, in order.
-    pub fn programs(&self) -> impl Iterator<Item = &[sock_filter]> {
-        self.programs.iter().map(Vec::as_slice)
+        Ok(SyscallFilter::new(
+            vec![refusals.try_into()?, enosys_program()],
+            SELF_PID,
+        ))
     }
 }
 
