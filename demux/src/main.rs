@@ -470,29 +470,7 @@ fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Re
     if let Ok(mut p) = counters.program.write() {
         *p = cfg.worker_label();
     }
-    // The last line for the clients that asked for the upgrade that made this image.
-    let answer = handed.map(|h| {
-        counters.restore(&h.counters);
-        let counted = match h.refused {
-            None => &counters.upgrades,
-            Some(_) => &counters.upgrades_failed,
-        };
-        counted.fetch_add(1, Ordering::Relaxed);
-        counters.upgrade_queued_bytes.store(
-            sys::queued_bytes(public.socket().as_fd()).unwrap_or(0),
-            Ordering::Relaxed,
-        );
-        match h.refused {
-            None => format!(
-                "ok upgraded: pid {} serves with {}",
-                std::process::id(),
-                binary.display()
-            ),
-            Some(why) => format!(
-                "error: the new binary refused the hand-over: {why}; the previous demux serves on"
-            ),
-        }
-    });
+    let answer = handed.map(|h| carry_on(&counters, &public, h, &binary));
     let liveness = Liveness::new(router.lanes());
     // A lane handed over: its ingress to the forwarding mode, its worker to the supervisor,
     // and up before the data plane starts.
@@ -577,6 +555,39 @@ fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Re
         forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
     } else {
         forward::adopt(mode, setup, ingresses, serve).context("taking over the rings")?
+    }
+}
+
+/// Goes on from what the previous image counted (`handed`), counts its upgrade (or its
+/// refusal) and what waited in the public socket's queue meanwhile, and returns the last line
+/// for the clients that asked for the upgrade.
+fn carry_on(
+    counters: &Counters,
+    public: &dataplane::PublicSocket,
+    handed: Handed,
+    binary: &std::path::Path,
+) -> String {
+    counters.restore(&handed.counters);
+    let counted = match handed.refused {
+        None => &counters.upgrades,
+        Some(_) => &counters.upgrades_failed,
+    };
+    counted.fetch_add(1, Ordering::Relaxed);
+    counters.upgrade_queued_bytes.store(
+        sys::queued_bytes(public.socket().as_fd()).unwrap_or(0),
+        Ordering::Relaxed,
+    );
+    match handed.refused {
+        None => format!(
+            "ok upgraded: pid {} serves with {}",
+            std::process::id(),
+            binary.display()
+        ),
+        Some(why) => {
+            format!(
+                "error: the new binary refused the hand-over: {why}; the previous demux serves on"
+            )
+        }
     }
 }
 
