@@ -757,16 +757,19 @@ fn hand_over<F: Forward>(
     upgrade: &supervisor::Upgrade,
 ) -> String {
     use std::os::fd::AsRawFd;
-    let exported = match sup.export(upgrade) {
-        Ok(e) => e,
-        Err(e) => return format!("{e:#}"),
-    };
     let (public, ingress) = match dp.export() {
         Ok(x) => x,
         Err(e) => return format!("exporting the rings: {e}"),
     };
-    let mut lanes = exported.lanes;
-    for (lane, ingress) in lanes.iter_mut().zip(ingress) {
+    let mut fds = upgrade::Fds {
+        metrics: handing.metrics.as_ref().map(AsRawFd::as_raw_fd),
+        ..upgrade::Fds::new(public)
+    };
+    let exported = match sup.export(upgrade, &mut fds) {
+        Ok(e) => e,
+        Err(e) => return format!("{e:#}"),
+    };
+    for (lane, ingress) in fds.lanes.iter_mut().zip(ingress) {
         lane.ingress = ingress;
     }
     let state = upgrade::State {
@@ -775,15 +778,7 @@ fn hand_over<F: Forward>(
         instances: handing.cfg.instances,
         keys: handing.keys.clone(),
         sites: exported.sites,
-        fds: upgrade::Fds {
-            public,
-            metrics: handing.metrics.as_ref().map(AsRawFd::as_raw_fd),
-            tcp: exported.tcp,
-            redirect: exported.redirect,
-            control: exported.control,
-            answers: exported.answers,
-            lanes,
-        },
+        fds,
         active_generation: exported.active_generation,
         counters: handing.counters.snapshot(),
         sessions: exported.sessions,

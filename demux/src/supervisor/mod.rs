@@ -223,18 +223,12 @@ pub struct Upgrade {
     pub clients: Vec<u64>,
 }
 
-/// What the supervisor hands to a new process image: its descriptors by number (the lanes
-/// without their ingresses, which are the data plane's), and its plain state.
+/// What the supervisor hands to a new process image besides its descriptors.
 pub struct Exported {
     pub active_generation: u64,
     /// The site table's JSON.
     pub sites: String,
-    pub tcp: Option<RawFd>,
-    pub redirect: Option<RawFd>,
-    pub control: Option<RawFd>,
-    pub answers: Vec<RawFd>,
     pub sessions: Vec<crate::upgrade::SessionEntry>,
-    pub lanes: Vec<crate::upgrade::Lane<RawFd>>,
 }
 
 impl Supervisor {
@@ -580,12 +574,19 @@ impl Supervisor {
         self.upgrade = Some(Upgrade { binary, clients });
     }
 
-    /// Everything a new process image takes over from the supervisor. The session cache stops
-    /// answering until [`Supervisor::upgrade_failed`] (if the upgrade does not happen).
-    pub fn export(&mut self, upgrade: &Upgrade) -> Result<Exported> {
+    /// Everything a new process image takes over from the supervisor: its descriptors by
+    /// number into `fds` (the TCP listeners, the control socket with the clients of `upgrade`,
+    /// and a lane each, with its worker, for the data plane to add the ingress to), and the
+    /// rest returned. The session cache stops answering until [`Supervisor::upgrade_failed`]
+    /// (if the upgrade does not happen).
+    pub fn export(
+        &mut self,
+        upgrade: &Upgrade,
+        fds: &mut crate::upgrade::Fds<RawFd>,
+    ) -> Result<Exported> {
         let now = Instant::now();
         let phases = self.policy.export(now).map_err(anyhow::Error::msg)?;
-        let lanes = phases
+        fds.lanes = phases
             .into_iter()
             .enumerate()
             .map(|(l, (generation, phase))| {
@@ -611,13 +612,13 @@ impl Supervisor {
                 }
             })
             .collect();
-        let (control, answers) = match &self.control {
-            Some(c) => {
-                let (l, a) = c.export(&upgrade.clients);
-                (Some(l), a)
-            }
-            None => (None, Vec::new()),
-        };
+        if let Some(c) = &self.control {
+            let (listener, answers) = c.export(&upgrade.clients);
+            fds.control = Some(listener);
+            fds.answers = answers;
+        }
+        fds.tcp = self.tcp.https.as_ref().map(AsRawFd::as_raw_fd);
+        fds.redirect = self.tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
         let sessions = self
             .sessions
             .cache()
@@ -628,12 +629,7 @@ impl Supervisor {
         Ok(Exported {
             active_generation: self.policy.active(),
             sites: self.template.sites.clone(),
-            tcp: self.tcp.https.as_ref().map(AsRawFd::as_raw_fd),
-            redirect: self.tcp.redirect.as_ref().map(AsRawFd::as_raw_fd),
-            control,
-            answers,
             sessions,
-            lanes,
         })
     }
 
