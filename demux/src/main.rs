@@ -6,7 +6,9 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,8 +23,9 @@ use ringmux_demux::certs::CertPem;
 use ringmux_demux::config::{self, Command, Config};
 use ringmux_demux::dataplane::{self, DataPlane, DataPlaneLink, Liveness};
 use ringmux_demux::forward::{self, Forward, IngressHandles};
+use ringmux_demux::metrics::counters::CounterSnapshot;
 use ringmux_demux::metrics::{self, Counters};
-use ringmux_demux::sessions::Sessions;
+use ringmux_demux::sessions::{Frozen, Sessions};
 use ringmux_demux::supervisor::control;
 use ringmux_demux::tickets::{HelloInspector, TicketBindings};
 use ringmux_demux::{alloc, lbconfig, logs, supervisor, sys, upgrade};
@@ -217,10 +220,11 @@ fn run(cfg: Config) -> Result<()> {
              as nobody"
         );
     }
-    match upgrade::inherited() {
-        None => fresh(cfg, signals),
-        Some(inherited) => resume(cfg, signals, inherited?),
-    }
+    let start = match upgrade::inherited() {
+        None => Start::bind(&cfg)?,
+        Some(inherited) => Start::take(&cfg, inherited?)?,
+    };
+    serve(cfg, signals, start)
 }
 
 /// The `--forward` mode's name, as the hand-over state records it.
@@ -308,276 +312,282 @@ fn admission_and_sessions(
     (admission, sessions)
 }
 
-/// A first start: bind, make the rings, start the workers.
-fn fresh(cfg: Config, signals: nix::sys::signalfd::SignalFd) -> Result<()> {
-    let keys = match &cfg.args.key_file {
-        Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
-        None => KeySet::generate().context("generating keys")?,
-    };
-    let sites = match &cfg.sites {
-        Some(sites) => sites.clone(),
-        None => cfg.site_table(match (&cfg.args.cert, &cfg.args.key) {
-            (Some(c), Some(k)) => {
-                CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
-            }
-            _ => CertPem::self_signed()?,
-        }),
-    };
-    let (udp, https) = bind_public_and_tcp(&cfg)?;
-    let tcp = supervisor::TcpListeners {
-        https,
-        redirect: match cfg.args.redirect_http {
+/// What a start begins with: every descriptor the demux keeps ([`upgrade::Fds`]), the keys
+/// and the sites, and what runs on from a previous process image. A first start binds and
+/// makes them ([`Start::bind`]); a start by `ringmux upgrade` takes them from the hand-over
+/// ([`Start::take`]). That is the only difference between the two: [`serve`] runs on either.
+struct Start {
+    fds: upgrade::Fds<OwnedFd>,
+    keys: KeySet,
+    sites: SiteTable,
+    /// The generation new connections go to.
+    active_generation: u64,
+    /// The session cache handed over.
+    frozen: Vec<Frozen>,
+    /// When the previous image received its last datagram (`CLOCK_MONOTONIC`, ns; 0: none).
+    last_recv_ns: u64,
+    /// The `ringmux` binary on disk (what an upgrade executes).
+    binary: PathBuf,
+    /// What the previous image counted, and how its upgrade ended; `None` at a first start.
+    handed: Option<Handed>,
+}
+
+/// What a start by `ringmux upgrade` carries on with besides the descriptors.
+struct Handed {
+    counters: CounterSnapshot,
+    /// Why the image after this binary refused the hand-over, when this is the previous
+    /// binary executed again.
+    refused: Option<String>,
+}
+
+impl Start {
+    /// A first start: the keys and sites of the configuration, the public socket and the
+    /// listeners bound.
+    fn bind(cfg: &Config) -> Result<Start> {
+        let keys = match &cfg.args.key_file {
+            Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
+            None => KeySet::generate().context("generating keys")?,
+        };
+        let sites = match &cfg.sites {
+            Some(sites) => sites.clone(),
+            None => cfg.site_table(match (&cfg.args.cert, &cfg.args.key) {
+                (Some(c), Some(k)) => {
+                    CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
+                }
+                _ => CertPem::self_signed()?,
+            }),
+        };
+        let (udp, https) = bind_public_and_tcp(cfg)?;
+        let redirect = match cfg.args.redirect_http {
             Some(addr) => Some(
                 sys::tcp_listener(addr)
                     .with_context(|| format!("listening on TCP {addr} (--redirect-http)"))?
                     .into(),
             ),
             None => None,
-        },
-    };
-    let demux = Demux::new(cfg, signals, keys, sites, udp)?;
-    let metrics = match demux.cfg.metrics {
-        Some(addr) => Some(metrics::exposition::bind(addr)?),
-        None => None,
-    };
-    demux.serve(metrics, tcp, Start::Fresh)
+        };
+        let metrics = match cfg.metrics {
+            Some(addr) => Some(metrics::exposition::bind(addr)?.into()),
+            None => None,
+        };
+        let fds = upgrade::Fds {
+            tcp: https,
+            redirect,
+            metrics,
+            control: supervisor::bind_control(cfg)?,
+            ..upgrade::Fds::new(udp.into())
+        };
+        Ok(Start {
+            fds,
+            keys,
+            sites,
+            active_generation: 1,
+            frozen: Vec::new(),
+            last_recv_ns: 0,
+            binary: std::env::current_exe().unwrap_or_else(|_| "ringmux".into()),
+            handed: None,
+        })
+    }
+
+    /// A start by `ringmux upgrade`: everything the previous image handed over. A state this
+    /// image cannot use sends it back to the previous binary, which serves on and says why.
+    fn take(cfg: &Config, inherited: upgrade::Inherited) -> Result<Start> {
+        let state = inherited.take(&forward_name(cfg), cfg.instances)?;
+        let keys = hex::decode(&state.keys)
+            .ok()
+            .and_then(|b| KeySet::from_bytes(&b).ok())
+            .context("the hand-over's keys")?;
+        let sites = SiteTable::from_json(state.sites.as_bytes())
+            .map_err(|e| anyhow::anyhow!("the hand-over's {e}"))?;
+        let mut fds = state.fds;
+        let public = std::net::UdpSocket::from(fds.public);
+        let public_addr = public.local_addr()?;
+        fds.public = public.into();
+        // The same command line runs again: a difference means another configuration after all.
+        if fds.tcp.is_some() != cfg.tcp_addr(public_addr).is_some() {
+            anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
+        }
+        if fds.redirect.is_some() != cfg.args.redirect_http.is_some() {
+            anyhow::bail!(
+                "--redirect-http differs from the running demux's: restart ringmux to change it"
+            )
+        }
+        if let (None, Some(addr)) = (&fds.metrics, cfg.metrics) {
+            fds.metrics = Some(metrics::exposition::bind(addr)?.into());
+        }
+        Ok(Start {
+            fds,
+            keys,
+            sites,
+            active_generation: state.active_generation,
+            frozen: state
+                .sessions
+                .into_iter()
+                .filter_map(|e| e.thaw(cfg.instances))
+                .collect(),
+            last_recv_ns: state.last_recv_ns,
+            binary: std::ffi::OsString::from_vec(state.binary).into(),
+            handed: Some(Handed {
+                counters: state.counters,
+                refused: inherited.refused,
+            }),
+        })
+    }
 }
 
-/// A start by `ringmux upgrade`: take over what the previous image handed over. A state this
-/// image cannot use sends it back to the previous binary, which serves on and says why.
-fn resume(
-    cfg: Config,
-    signals: nix::sys::signalfd::SignalFd,
-    inherited: upgrade::Inherited,
-) -> Result<()> {
-    let back = |refusal: upgrade::Refusal| -> anyhow::Error {
-        let why = refusal.reason();
-        if inherited.refused.is_some() {
-            // Already the previous binary, gone back to: no further back.
-            return anyhow::anyhow!("the hand-over state was refused twice: {why}");
+/// Runs the demux on what `start` holds until shutdown: the routing, the counters and the
+/// workers' template around its keys and sites; the metrics, the ACME engine, the session
+/// threads; then the forwarding mode on its lanes (made anew, or the ones handed over), and
+/// [`Serve`] on it.
+fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Result<()> {
+    let Start {
+        fds,
+        keys,
+        sites,
+        active_generation,
+        frozen,
+        last_recv_ns,
+        binary,
+        handed,
+    } = start;
+    let upgrade::Fds {
+        public,
+        metrics,
+        tcp,
+        redirect,
+        control,
+        answers,
+        lanes,
+    } = fds;
+    let (lb, router) = routing(&cfg, &keys)?;
+    let public = dataplane::PublicSocket::new(
+        std::net::UdpSocket::from(public),
+        cfg.args.ecn == config::Toggle::On,
+    )
+    .context("configuring the public socket")?;
+    let public_addr = public.socket().local_addr()?;
+    let counters = Arc::new(Counters::new(cfg.instances, router.lanes()).with_sites(&sites));
+    logs::count_into(counters.clone());
+    if let Ok(mut p) = counters.program.write() {
+        *p = cfg.worker_label();
+    }
+    let answer = handed.map(|h| carry_on(&counters, &public, h, &binary));
+    let liveness = Liveness::new(router.lanes());
+    // A lane handed over: its ingress to the forwarding mode, its worker to the supervisor,
+    // and up before the data plane starts.
+    let mut ingresses = Vec::with_capacity(lanes.len());
+    let mut workers = Vec::with_capacity(lanes.len());
+    for (l, mut lane) in lanes.into_iter().enumerate() {
+        if lane.phase != upgrade::LanePhase::Idle {
+            liveness.set_up(l, true);
         }
-        tracing::error!(reason = %why, "refusing the hand-over; going back to the previous binary");
-        anyhow::Error::new(upgrade::go_back(&inherited, &why)).context(format!(
-            "refusing the hand-over ({why}); going back to the previous binary failed"
-        ))
-    };
-    let state = inherited.parse().map_err(back)?;
-    let taken = state
-        .take(&forward_name(&cfg), cfg.instances)
-        .map_err(back)?;
-    upgrade::forget_fallback();
-    let keys = hex::decode(&taken.keys)
-        .ok()
-        .and_then(|b| KeySet::from_bytes(&b).ok())
-        .context("the hand-over's keys")?;
-    let sites = SiteTable::from_json(taken.sites.as_bytes())
-        .map_err(|e| anyhow::anyhow!("the hand-over's {e}"))?;
-    let udp = std::net::UdpSocket::from(taken.public);
-    // The same command line runs again: a difference means another configuration after all.
-    if taken.tcp.is_some() != cfg.tcp_addr(udp.local_addr()?).is_some() {
-        anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
+        ingresses.push(lane.ingress.take());
+        workers.push(lane);
     }
-    if taken.redirect.is_some() != cfg.args.redirect_http.is_some() {
-        anyhow::bail!(
-            "--redirect-http differs from the running demux's: restart ringmux to change it"
-        )
+    // The ACME engine, with the certificates it has stored in the workers' site table.
+    let mut table = sites;
+    let acme = supervisor::acme::Relay::start(&cfg, &mut table, router.lanes())?;
+    let template = template(&cfg, &lb, &keys, &table, public_addr);
+    metrics::counters::set_certificates(&counters, &table);
+    let (metrics_addr, metrics) = serve_metrics(
+        metrics.map(std::net::TcpListener::from),
+        &counters,
+        &liveness,
+    )?;
+    let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (link, plane_control) = DataPlaneLink::new(stop.clone(), liveness);
+    let setup = forward::Setup {
+        instances: cfg.instances,
+        lanes: router.lanes(),
+        ring: &cfg.ring,
+        shed_at: cfg.shed_at_slots(),
+        // Only a mode whose lanes join the public socket's group needs a duplicate of it.
+        public: match cfg.args.forward.workers_receive() {
+            true => Some(forward::Public {
+                socket: public.socket().try_clone()?.into(),
+                router: router.clone(),
+                rcvbuf: cfg.args.rcvbuf,
+                sndbuf: cfg.args.sndbuf,
+            }),
+            false => None,
+        },
+    };
+    let mode = cfg.args.forward;
+    let serve = Serve {
+        supervisor: supervisor::Parts {
+            cfg: cfg.clone(),
+            template,
+            public: public_addr,
+            counters: counters.clone(),
+            link,
+            signals,
+            sessions,
+            tcp: supervisor::TcpListeners {
+                https: tcp,
+                redirect,
+            },
+            acme,
+            control: control.map(|listener| (listener, answers)),
+            lanes: workers,
+            active_generation,
+            frozen,
+            binary,
+        },
+        plane: Plane {
+            public,
+            router,
+            admission,
+            control: plane_control,
+            stop,
+            active_generation,
+            last_recv_ns,
+        },
+        handing: Handing {
+            cfg: cfg.clone(),
+            counters,
+            metrics,
+            keys: hex::encode(keys.to_bytes()),
+        },
+        metrics_addr,
+        answer,
+    };
+    if ingresses.is_empty() {
+        forward::start(mode, setup, serve).context("creating the forwarding mode's ingress")?
+    } else {
+        forward::adopt(mode, setup, ingresses, serve).context("taking over the rings")?
     }
-    let tcp = supervisor::TcpListeners {
-        https: taken.tcp,
-        redirect: taken.redirect,
+}
+
+/// Goes on from what the previous image counted (`handed`), counts its upgrade (or its
+/// refusal) and what waited in the public socket's queue meanwhile, and returns the last line
+/// for the clients that asked for the upgrade.
+fn carry_on(
+    counters: &Counters,
+    public: &dataplane::PublicSocket,
+    handed: Handed,
+    binary: &std::path::Path,
+) -> String {
+    counters.restore(&handed.counters);
+    let counted = match handed.refused {
+        None => &counters.upgrades,
+        Some(_) => &counters.upgrades_failed,
     };
-    let demux = Demux::new(cfg, signals, keys, sites, udp)?;
-    let counters = &demux.counters;
-    counters.restore(&taken.counters);
-    match &inherited.refused {
-        None => counters.upgrades.fetch_add(1, Ordering::Relaxed),
-        Some(_) => counters.upgrades_failed.fetch_add(1, Ordering::Relaxed),
-    };
+    counted.fetch_add(1, Ordering::Relaxed);
     counters.upgrade_queued_bytes.store(
-        sys::queued_bytes(demux.public.socket().as_fd()).unwrap_or(0),
+        sys::queued_bytes(public.socket().as_fd()).unwrap_or(0),
         Ordering::Relaxed,
     );
-    let metrics = match (taken.metrics, demux.cfg.metrics) {
-        (Some(fd), _) => Some(std::net::TcpListener::from(fd)),
-        (None, Some(addr)) => Some(metrics::exposition::bind(addr)?),
-        (None, None) => None,
-    };
-    let mut ingress = Vec::with_capacity(demux.lanes());
-    let mut workers = Vec::with_capacity(demux.lanes());
-    for (lane, l) in taken.lanes.into_iter().enumerate() {
-        // Up before the data plane starts, which is before the supervisor is set up.
-        if l.phase != upgrade::LanePhase::Idle {
-            demux.liveness.set_up(lane, true);
-        }
-        ingress.push(l.ingress);
-        workers.push((l.generation, l.phase, l.worker));
-    }
-    let sessions = taken
-        .sessions
-        .into_iter()
-        .filter_map(|e| {
-            Some(ringmux_demux::sessions::Frozen {
-                key: hex::decode(e.key).ok()?,
-                value: hex::decode(e.value).ok()?,
-                age: Duration::from_millis(e.age_ms),
-                // An instance this image does not have (the count is the same across an
-                // upgrade, so only a forged state) is held to the global limits alone.
-                instance: e.instance.filter(|i| *i < demux.cfg.instances),
-            })
-        })
-        .collect();
-    let control = taken.control.map(|l| {
-        (
-            l,
-            demux.cfg.args.control_socket.clone().into(),
-            taken.answers,
-        )
-    });
-    let answer = match &inherited.refused {
+    match handed.refused {
         None => format!(
             "ok upgraded: pid {} serves with {}",
             std::process::id(),
-            taken.binary.display()
+            binary.display()
         ),
-        Some(why) => format!(
-            "error: the new binary refused the hand-over: {why}; the previous demux serves on"
-        ),
-    };
-    let resumed = Resumed {
-        adopted: supervisor::Adopted {
-            active_generation: taken.active_generation,
-            sessions,
-            lanes: workers,
-            control,
-            binary: taken.binary.clone(),
-        },
-        answer,
-        last_recv_ns: taken.last_recv_ns,
-    };
-    demux.serve(metrics, tcp, Start::Resume(ingress, resumed))
-}
-
-/// What a first start and a start by `ringmux upgrade` build alike, around the keys, the
-/// certificate and the public socket each came by its own way: the routing, the counters and
-/// liveness, the workers' template. [`Demux::serve`] builds the rest and runs.
-struct Demux {
-    cfg: Config,
-    signals: nix::sys::signalfd::SignalFd,
-    keys: KeySet,
-    router: Router,
-    template: supervisor::Template,
-    public: dataplane::PublicSocket,
-    counters: Arc<Counters>,
-    liveness: Arc<Liveness>,
-}
-
-/// How [`Demux::serve`] comes by the forwarding mode's ingresses.
-enum Start {
-    /// Made anew, with the workers to start on them.
-    Fresh,
-    /// Handed over by the previous image (one entry per lane), its workers running on them.
-    Resume(Vec<Option<upgrade::Ingress>>, Resumed),
-}
-
-impl Demux {
-    fn new(
-        cfg: Config,
-        signals: nix::sys::signalfd::SignalFd,
-        keys: KeySet,
-        sites: SiteTable,
-        udp: std::net::UdpSocket,
-    ) -> Result<Demux> {
-        let (lb, router) = routing(&cfg, &keys)?;
-        let public = dataplane::PublicSocket::new(udp, cfg.args.ecn == config::Toggle::On)
-            .context("configuring the public socket")?;
-        let public_addr = public.socket().local_addr()?;
-        let lanes = router.lanes();
-        let counters = Arc::new(Counters::new(cfg.instances, lanes).with_sites(&sites));
-        logs::count_into(counters.clone());
-        if let Ok(mut p) = counters.program.write() {
-            *p = cfg.worker_label();
-        }
-        let template = template(&cfg, &lb, &keys, &sites, public_addr);
-        Ok(Demux {
-            signals,
-            keys,
-            router,
-            template,
-            public,
-            counters,
-            liveness: Liveness::new(lanes),
-            cfg,
-        })
-    }
-
-    /// Lanes in all (instances × generation slots).
-    fn lanes(&self) -> usize {
-        self.router.lanes()
-    }
-
-    /// Serves the metrics on `metrics`, builds the forwarding mode (`start`) and runs
-    /// everything on it until shutdown.
-    fn serve(
-        self,
-        metrics: Option<std::net::TcpListener>,
-        tcp: supervisor::TcpListeners,
-        start: Start,
-    ) -> Result<()> {
-        let Demux {
-            cfg,
-            signals,
-            keys,
-            router,
-            template,
-            public,
-            counters,
-            liveness,
-        } = self;
-        let (metrics_addr, metrics_listener) = serve_metrics(metrics, &counters, &liveness)?;
-        let setup = forward::Setup {
-            instances: cfg.instances,
-            lanes: router.lanes(),
-            ring: &cfg.ring,
-            shed_at: cfg.shed_at_slots(),
-            // Only a mode whose lanes join the public socket's group needs a duplicate of it.
-            public: match cfg.args.forward.workers_receive() {
-                true => Some(forward::Public {
-                    socket: public.socket().try_clone()?.into(),
-                    router: router.clone(),
-                    rcvbuf: cfg.args.rcvbuf,
-                    sndbuf: cfg.args.sndbuf,
-                }),
-                false => None,
-            },
-        };
-        let mode = cfg.args.forward;
-        let (admission, sessions) = admission_and_sessions(&cfg, &router, &keys.token, &counters);
-        let (ingress, resume) = match start {
-            Start::Fresh => (None, None),
-            Start::Resume(ingress, resumed) => (Some(ingress), Some(resumed)),
-        };
-        let serve = Serve {
-            cfg: cfg.clone(),
-            template,
-            public,
-            router,
-            counters,
-            liveness,
-            signals,
-            metrics_addr,
-            metrics_listener,
-            keys: hex::encode(keys.to_bytes()),
-            admission,
-            sessions,
-            resume,
-            tcp,
-        };
-        match ingress {
-            None => forward::start(mode, setup, serve)
-                .context("creating the forwarding mode's ingress")?,
-            Some(ingress) => {
-                forward::adopt(mode, setup, ingress, serve).context("taking over the rings")?
-            }
+        Some(why) => {
+            format!(
+                "error: the new binary refused the hand-over: {why}; the previous demux serves on"
+            )
         }
     }
 }
@@ -597,87 +607,72 @@ fn serve_metrics(
     Ok((Some(bound), Some(kept)))
 }
 
-/// What a resumed image does differently.
-struct Resumed {
-    adopted: supervisor::Adopted,
-    /// The last line for the clients that asked for the upgrade.
-    answer: String,
-    /// When the previous image received its last datagram (`CLOCK_MONOTONIC`, ns).
-    last_recv_ns: u64,
-}
-
 /// Everything the demux runs, once the forwarding mode exists.
 struct Serve {
-    cfg: Config,
-    template: supervisor::Template,
+    /// The supervisor, whole.
+    supervisor: supervisor::Parts,
+    /// The data plane, but for its forwarding mode.
+    plane: Plane,
+    /// What a hand-over writes besides what the supervisor and the data plane export.
+    handing: Handing,
+    metrics_addr: Option<SocketAddr>,
+    /// The last line for the clients that asked for the upgrade that made this image.
+    answer: Option<String>,
+}
+
+/// The data plane's parts, but for its forwarding mode.
+struct Plane {
     public: dataplane::PublicSocket,
     router: Router,
-    counters: Arc<Counters>,
-    liveness: Arc<Liveness>,
-    signals: nix::sys::signalfd::SignalFd,
-    metrics_addr: Option<SocketAddr>,
-    /// A duplicate of the metrics listener, to hand over.
-    metrics_listener: Option<std::net::TcpListener>,
-    /// The shared keys, hex (`KeySet::to_bytes`), to hand over.
-    keys: String,
     /// The data plane's admission of new connections (it mints with the shared token key, and
     /// binds the tickets of the ClientHellos it lets in to their instance).
     admission: Admission,
-    /// The session threads, held to those bindings.
-    sessions: Sessions,
-    resume: Option<Resumed>,
-    /// The listening TCP sockets every worker accepts from (`--tcp on`, `--redirect-http`).
-    tcp: supervisor::TcpListeners,
+    control: dataplane::Control,
+    stop: Arc<AtomicBool>,
+    active_generation: u64,
+    /// When a previous image received its last datagram (0: none).
+    last_recv_ns: u64,
+}
+
+/// What [`hand_over`] writes besides what the supervisor and the data plane export.
+struct Handing {
+    cfg: Config,
+    counters: Arc<Counters>,
+    /// A duplicate of the metrics listener.
+    metrics: Option<std::net::TcpListener>,
+    /// The shared keys, hex (`KeySet::to_bytes`).
+    keys: String,
 }
 
 impl forward::WithForward for Serve {
     type Output = Result<()>;
 
-    /// Starts (or takes over) the workers, then the data plane, supervises until shutdown;
-    /// carries out an upgrade when asked for one (and serves on if it fails).
+    /// Starts the workers to start (none when every lane was handed over with its worker),
+    /// then the data plane, supervises until shutdown; carries out an upgrade when asked for
+    /// one (and serves on if it fails).
     fn run<F: Forward>(self, forward: F, handles: Vec<IngressHandles>) -> Result<()> {
         let Serve {
-            cfg,
-            template,
-            public,
-            router,
-            counters,
-            liveness,
-            signals,
+            supervisor: parts,
+            plane,
+            handing,
             metrics_addr,
-            metrics_listener,
-            keys,
-            admission,
-            sessions,
-            resume,
-            tcp,
+            answer,
         } = self;
-        let public_addr = public.socket().local_addr()?;
-        // The ACME engine, with the certificates it has stored in the workers' site table.
-        let mut table = SiteTable::from_json(template.sites.as_bytes())?;
-        let acme = supervisor::acme::Relay::start(&cfg, &mut table, router.lanes())?;
-        let template = match acme {
-            Some(_) => supervisor::Template::new(template.handoff, &table),
-            None => template,
-        };
-        metrics::counters::set_certificates(&counters, &table);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (link, control) = DataPlaneLink::new(stop.clone(), liveness);
-        let active_generation = match &resume {
-            Some(r) => r.adopted.active_generation,
-            None => counters.active_generation.load(Ordering::Relaxed),
-        };
+        let cfg = &handing.cfg;
+        let counters = &handing.counters;
+        let public_addr = parts.public;
+        let stop = plane.stop;
         let dp = DataPlane::new(
-            public,
-            router,
+            plane.public,
+            plane.router,
             forward,
             counters.clone(),
-            admission,
+            plane.admission,
             cfg.args.recv_batch,
             Duration::from_secs(cfg.args.stall_secs),
         )
-        .with_active_slot(ringmux_proto::generation_slot(active_generation))
-        .resumed_after(resume.as_ref().map(|r| r.last_recv_ns));
+        .with_active_slot(ringmux_proto::generation_slot(plane.active_generation))
+        .resumed_after(Some(plane.last_recv_ns));
         let cpu = cfg.demux_cpu();
         let start = move |dp: DataPlane<F>, control: dataplane::Control| {
             std::thread::Builder::new()
@@ -689,73 +684,44 @@ impl forward::WithForward for Serve {
                     dp.run(control)
                 })
         };
-        let (mut sup, answer, mut data_plane) = match resume {
-            None => {
-                let mut sup = supervisor::Supervisor::new(
-                    cfg.clone(),
-                    template,
-                    public_addr,
-                    counters.clone(),
-                    link,
-                    signals,
-                    sessions,
-                )?;
-                sup.serve_tcp(tcp);
-                sup.relay_acme(acme);
-                sup.start_all(handles)?;
-                (sup, None, start(dp, control)?)
-            }
-            Some(r) => {
-                // The workers never stopped and the rings are taken over: forward at once
-                // (the datagrams wait in the socket's queue meanwhile) and set up the rest of
-                // the supervisor while the data plane runs. Its lanes are marked up already.
-                let data_plane = start(dp, control)?;
-                match supervisor::Supervisor::adopt(
-                    cfg.clone(),
-                    template,
-                    public_addr,
-                    counters.clone(),
-                    link,
-                    signals,
-                    sessions,
-                    r.adopted,
-                ) {
-                    Ok(mut sup) => {
-                        sup.serve_tcp(tcp);
-                        sup.relay_acme(acme);
-                        (sup, Some(r.answer), data_plane)
-                    }
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        let _ = data_plane.join();
-                        return Err(e);
-                    }
+        let (mut sup, mut data_plane) = if handles.is_empty() {
+            // Every lane was handed over with its worker running and its ring taken over:
+            // forward at once (the datagrams wait in the socket's queue meanwhile) and set the
+            // supervisor up while the data plane runs.
+            let data_plane = start(dp, plane.control)?;
+            match supervisor::Supervisor::new(parts) {
+                Ok(sup) => (sup, data_plane),
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    let _ = data_plane.join();
+                    return Err(e);
                 }
             }
+        } else {
+            // Workers to start are ready, or dead, before the data plane forwards to them.
+            let mut sup = supervisor::Supervisor::new(parts)?;
+            sup.start_all(handles)?;
+            (sup, start(dp, plane.control)?)
         };
-        let mut first = true;
+        tracing::info!(
+            listen = %public_addr,
+            instances = cfg.instances,
+            forward = ?cfg.args.forward,
+            "serving https://{}/",
+            display_addr(public_addr)
+        );
+        // One machine-readable line on stdout for scripts and tests: the bound addresses (a
+        // standard output that fails loses it; ringmux serves on).
+        let _ = writeln!(
+            std::io::stdout(),
+            "ringmux ready listen={public_addr} metrics={} pid={}",
+            metrics_addr.map_or("off".to_string(), |a| a.to_string()),
+            std::process::id()
+        );
+        if let Some(line) = &answer {
+            sup.answer_upgrade(line);
+        }
         loop {
-            if first {
-                first = false;
-                tracing::info!(
-                    listen = %public_addr,
-                    instances = cfg.instances,
-                    forward = ?cfg.args.forward,
-                    "serving https://{}/",
-                    display_addr(public_addr)
-                );
-                // One machine-readable line on stdout for scripts and tests: the bound addresses
-                // (a standard output that fails loses it; ringmux serves on).
-                let _ = writeln!(
-                    std::io::stdout(),
-                    "ringmux ready listen={public_addr} metrics={} pid={}",
-                    metrics_addr.map_or("off".to_string(), |a| a.to_string()),
-                    std::process::id()
-                );
-                if let Some(line) = &answer {
-                    sup.answer_upgrade(line);
-                }
-            }
             let outcome = sup.run();
             stop.store(true, Ordering::Relaxed);
             let Ok((mut dp, control)) = data_plane.join() else {
@@ -774,15 +740,7 @@ impl forward::WithForward for Serve {
                     return done.map(|_| ());
                 }
             };
-            let why = hand_over(
-                &cfg,
-                &mut sup,
-                &mut dp,
-                &upgrade,
-                &counters,
-                metrics_listener.as_ref(),
-                &keys,
-            );
+            let why = hand_over(&handing, &mut sup, &mut dp, &upgrade);
             sup.upgrade_failed(upgrade, &why);
             stop.store(false, Ordering::Relaxed);
             data_plane = start(dp, control)?;
@@ -790,55 +748,41 @@ impl forward::WithForward for Serve {
     }
 }
 
-/// Hands everything over to the binary of `upgrade` and executes it; returns only if that
-/// failed, saying why.
+/// Hands everything over to the binary of `upgrade` and executes it: the descriptors the
+/// supervisor and the data plane export, with `handing`'s, as one [`upgrade::Fds`]. Returns
+/// only if that failed, saying why.
 fn hand_over<F: Forward>(
-    cfg: &Config,
+    handing: &Handing,
     sup: &mut supervisor::Supervisor,
     dp: &mut DataPlane<F>,
     upgrade: &supervisor::Upgrade,
-    counters: &Counters,
-    metrics: Option<&std::net::TcpListener>,
-    keys: &str,
 ) -> String {
     use std::os::fd::AsRawFd;
-    let exported = match sup.export(upgrade) {
-        Ok(e) => e,
-        Err(e) => return format!("{e:#}"),
-    };
-    let (public_fd, ingress) = match dp.export() {
+    let (public, ingress) = match dp.export() {
         Ok(x) => x,
         Err(e) => return format!("exporting the rings: {e}"),
     };
-    let lanes = exported
-        .lanes
-        .into_iter()
-        .zip(ingress)
-        .map(
-            |((generation, phase, worker), ingress)| upgrade::LaneState {
-                generation,
-                phase,
-                worker,
-                ingress,
-            },
-        )
-        .collect();
+    let mut fds = upgrade::Fds {
+        metrics: handing.metrics.as_ref().map(AsRawFd::as_raw_fd),
+        ..upgrade::Fds::new(public)
+    };
+    let exported = match sup.export(upgrade, &mut fds) {
+        Ok(e) => e,
+        Err(e) => return format!("{e:#}"),
+    };
+    for (lane, ingress) in fds.lanes.iter_mut().zip(ingress) {
+        lane.ingress = ingress;
+    }
     let state = upgrade::State {
         compat: upgrade::Compat::ours(),
-        forward: forward_name(cfg),
-        instances: cfg.instances,
-        keys: keys.to_string(),
+        forward: forward_name(&handing.cfg),
+        instances: handing.cfg.instances,
+        keys: handing.keys.clone(),
         sites: exported.sites,
-        public_fd,
-        metrics_fd: metrics.map(|m| m.as_raw_fd()),
-        tcp_fd: sup.tcp_fds().https,
-        redirect_fd: sup.tcp_fds().redirect,
-        control_fd: exported.control_fd,
-        answer_fds: exported.answer_fds,
+        fds,
         active_generation: exported.active_generation,
-        counters: counters.snapshot(),
+        counters: handing.counters.snapshot(),
         sessions: exported.sessions,
-        lanes,
         last_recv_ns: dp.last_recv_ns(),
         argv: upgrade::argv(),
         binary: upgrade.binary.clone().into_os_string().into_encoded_bytes(),

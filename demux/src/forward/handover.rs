@@ -1,56 +1,62 @@
-//! A lane's ingress across `ringmux upgrade`: what each mode exports (descriptor numbers and
-//! state, serialised into the upgrade's state), and what the new process image takes over
-//! (the same, owned). The upgrade itself (`crate::upgrade`) checks every number before it
-//! takes one and never looks inside an ingress.
+//! A lane's ingress across `ringmux upgrade`: what each mode exports and what the new process
+//! image takes over are one type, [`Ingress`], over how its descriptors are held: by number
+//! (`Ingress<RawFd>`, [`IngressState`], serialised into the upgrade's state) or owned
+//! (`Ingress<OwnedFd>`, what a mode's `adopt` maps again). The upgrade (`crate::upgrade`)
+//! checks every number before it takes one and never looks inside an ingress.
 
 use std::os::fd::{OwnedFd, RawFd};
 
 use serde::{Deserialize, Serialize};
 
-/// A lane's ingress, as its forwarding mode exported it.
+/// A lane's ingress, as its forwarding mode exported it; its descriptors are `F`s.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub enum IngressState {
+pub enum Ingress<F = OwnedFd> {
     /// Region, consumer page, doorbell read end, doorbell write end; the producer's numbers.
     Shm {
-        fds: [RawFd; 4],
+        fds: [F; 4],
         ring: ringmux_ring::ProducerState,
     },
     /// The demux's end of the socket.
-    Unix { fd: RawFd },
+    Unix { fd: F },
 }
 
-/// A lane's ingress with its descriptors owned.
-pub enum Ingress {
-    Shm {
-        fds: ringmux_ring::ProducerFds,
-        ring: ringmux_ring::ProducerState,
-    },
-    Unix(OwnedFd),
-}
+/// A lane's ingress by descriptor number, as a mode exports it and the state names it.
+pub type IngressState = Ingress<RawFd>;
 
-impl IngressState {
-    /// Appends every descriptor number the ingress names to `fds`.
-    pub fn fds(&self, fds: &mut Vec<RawFd>) {
-        match self {
-            IngressState::Shm { fds: f, .. } => fds.extend(f),
-            IngressState::Unix { fd } => fds.push(*fd),
-        }
+impl<F> Ingress<F> {
+    /// Every descriptor of the ingress.
+    pub fn fds(&self) -> impl Iterator<Item = &F> {
+        let (ring, socket) = match self {
+            Ingress::Shm { fds, .. } => (Some(fds), None),
+            Ingress::Unix { fd } => (None, Some(fd)),
+        };
+        ring.into_iter().flatten().chain(socket)
     }
 
-    /// The ingress with its descriptors owned, each taken by `take` (which refuses a number
-    /// that is not open or was taken already).
-    pub fn take<E>(self, mut take: impl FnMut(RawFd) -> Result<OwnedFd, E>) -> Result<Ingress, E> {
+    /// The same ingress with each descriptor passed through `f` (taking a number over, say),
+    /// in the order [`Ingress::fds`] lists them; the first error stops it.
+    pub fn try_map<G, E>(self, f: &mut impl FnMut(F) -> Result<G, E>) -> Result<Ingress<G>, E> {
         Ok(match self {
-            IngressState::Shm { fds, ring } => Ingress::Shm {
-                fds: ringmux_ring::ProducerFds {
-                    region: take(fds[0])?,
-                    page: take(fds[1])?,
-                    doorbell_rx: take(fds[2])?,
-                    doorbell_tx: take(fds[3])?,
-                },
+            Ingress::Shm {
+                fds: [region, page, rx, tx],
+                ring,
+            } => Ingress::Shm {
+                fds: [f(region)?, f(page)?, f(rx)?, f(tx)?],
                 ring,
             },
-            IngressState::Unix { fd } => Ingress::Unix(take(fd)?),
+            Ingress::Unix { fd } => Ingress::Unix { fd: f(fd)? },
         })
+    }
+}
+
+/// A ring's descriptors in [`Ingress::Shm`]'s order, as `Producer::adopt` takes them.
+pub fn producer_fds(
+    [region, page, doorbell_rx, doorbell_tx]: [OwnedFd; 4],
+) -> ringmux_ring::ProducerFds {
+    ringmux_ring::ProducerFds {
+        region,
+        page,
+        doorbell_rx,
+        doorbell_tx,
     }
 }

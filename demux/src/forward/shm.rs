@@ -16,7 +16,7 @@ use ringmux_ring::{Producer, PushError, RingConfig};
 
 use std::os::fd::AsRawFd;
 
-use super::handover::{Ingress, IngressState};
+use super::handover::{self, Ingress, IngressState};
 use super::{AdoptError, Forward, Gauges, IngressHandles, Setup};
 use crate::metrics::DropReason;
 
@@ -61,10 +61,10 @@ impl Shm {
             rings.push(match ingress {
                 None => None,
                 Some(Ingress::Shm { fds, ring }) => Some(
-                    Producer::adopt(setup.ring, fds, ring)
+                    Producer::adopt(setup.ring, handover::producer_fds(fds), ring)
                         .map_err(|source| AdoptError::Ring { lane, source })?,
                 ),
-                Some(Ingress::Unix(_)) => {
+                Some(Ingress::Unix { .. }) => {
                     return Err(AdoptError::OtherMode {
                         lane,
                         handed: "a unix socket",

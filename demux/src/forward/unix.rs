@@ -38,7 +38,7 @@ impl Unix {
             .enumerate()
             .map(|(lane, ingress)| match ingress {
                 None => Ok(None),
-                Some(Ingress::Unix(fd)) => {
+                Some(Ingress::Unix { fd }) => {
                     socket2::SockRef::from(&fd).set_nonblocking(true)?;
                     Ok(Some(fd))
                 }

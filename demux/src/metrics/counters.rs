@@ -18,7 +18,6 @@ use std::sync::Mutex;
 use ringmux_proto::message::{SiteRow, STATS_KEYS};
 
 use super::names;
-use crate::upgrade::CounterState;
 
 /// Defines [`DropReason`] from one list: the enum, `ALL` (in declaration order, so
 /// `ALL[r as usize] == r` for every reason) and the metric label of each.
@@ -602,9 +601,9 @@ impl Counters {
 
     /// What runs on across a demux upgrade: every counter of the tables, by its key, and the
     /// drops by reason; also in the previous release's positional form.
-    pub fn snapshot(&self) -> CounterState {
+    pub fn snapshot(&self) -> CounterSnapshot {
         let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let mut s = CounterState {
+        let mut s = CounterSnapshot {
             totals: keyed(Self::TABLE, self),
             drops: DropReason::ALL
                 .iter()
@@ -623,7 +622,7 @@ impl Counters {
 
     /// Takes over what a previous process image counted ([`Counters::snapshot`], or the
     /// previous release's positional form); entries it did not have stay 0.
-    pub fn restore(&self, s: &CounterState) {
+    pub fn restore(&self, s: &CounterSnapshot) {
         let s = legacy::read(s);
         let set = |c: &AtomicU64, v: Option<&u64>| {
             if let Some(v) = v {
@@ -660,6 +659,45 @@ impl Counters {
     }
 }
 
+/// What runs on across `ringmux upgrade` of the counters (what workers report comes again
+/// within a second), by key: [`Counters::snapshot`] writes every counter of the tables, so a
+/// counter added there runs on with no change here; the upgrade's state carries it as it is.
+/// The positional fields after them are the previous release's form, which an image of that
+/// release writes and reads alone: read when the keyed ones are absent, and written too.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    /// The demux's own counters (`Counters::TABLE`), by field name.
+    #[serde(default)]
+    pub totals: BTreeMap<String, u64>,
+    /// Datagrams dropped, by reason (`DropReason::as_str`).
+    #[serde(default)]
+    pub drops: BTreeMap<String, u64>,
+    /// Per lane: its counters (`InstanceCounters::TABLE`), by field name.
+    #[serde(default)]
+    pub per_lane: Vec<BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub received: u64,
+    #[serde(default)]
+    pub recv_calls: u64,
+    /// In `DropReason::ALL`'s order.
+    #[serde(default)]
+    pub dropped: Vec<u64>,
+    #[serde(default)]
+    pub reloads: u64,
+    #[serde(default)]
+    pub reloads_failed: u64,
+    #[serde(default)]
+    pub upgrades: u64,
+    #[serde(default)]
+    pub upgrades_failed: u64,
+    /// Per lane: forwarded, doorbells, discarded_on_reset, restarts, violations.
+    #[serde(default)]
+    pub lanes: Vec<[u64; 5]>,
+    /// Retries sent and unsent, tokens accepted (absent from an image without admission).
+    #[serde(default)]
+    pub admission: [u64; 3],
+}
+
 /// The counters of `table` that run on across an upgrade, by key.
 fn keyed<T>(table: &'static [Declared<T>], of: &T) -> BTreeMap<String, u64> {
     table
@@ -669,7 +707,7 @@ fn keyed<T>(table: &'static [Declared<T>], of: &T) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The previous release's positional form of [`CounterState`] (named totals, `dropped` in
+/// The previous release's positional form of [`CounterSnapshot`] (named totals, `dropped` in
 /// [`DropReason::ALL`]'s order, five counters per lane, three of admission), frozen at that
 /// release's counters: an image of it wrote only this form and reads only this form, so this
 /// image reads it from one, and writes it too, so that one can take over from this.
@@ -686,7 +724,7 @@ mod legacy {
     const ADMISSION: [&str; 3] = ["retries_sent", "retries_unsent", "tokens_accepted"];
 
     /// The named totals, by key.
-    fn totals(s: &mut CounterState) -> [(&'static str, &mut u64); 6] {
+    fn totals(s: &mut CounterSnapshot) -> [(&'static str, &mut u64); 6] {
         [
             ("received", &mut s.received),
             ("recv_calls", &mut s.recv_calls),
@@ -698,7 +736,7 @@ mod legacy {
     }
 
     /// Fills the positional form from the keyed one.
-    pub(super) fn write(s: &mut CounterState) {
+    pub(super) fn write(s: &mut CounterSnapshot) {
         let (totals_by_key, drops, per_lane) = (s.totals.clone(), &s.drops, &s.per_lane);
         let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
         s.dropped = DropReason::ALL
@@ -713,9 +751,9 @@ mod legacy {
     }
 
     /// The keyed form of `s`: its positional fields, with its keyed ones over them.
-    pub(super) fn read(s: &CounterState) -> CounterState {
+    pub(super) fn read(s: &CounterSnapshot) -> CounterSnapshot {
         let mut positional = s.clone();
-        let mut keyed = CounterState::default();
+        let mut keyed = CounterSnapshot::default();
         for (k, v) in totals(&mut positional) {
             keyed.totals.insert(k.to_string(), *v);
         }
@@ -876,7 +914,7 @@ mod tests {
             "lanes": [[238, 245, 259, 266, 273], [301, 308, 322, 329, 336]],
             "admission": [70, 77, 84]
         }"#;
-        let state: CounterState = serde_json::from_str(old).unwrap();
+        let state: CounterSnapshot = serde_json::from_str(old).unwrap();
         let c = Counters::new(1, 2);
         c.restore(&state);
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);

@@ -78,9 +78,11 @@ pub struct ControlServer {
 }
 
 impl ControlServer {
-    /// Binds `path` (mode 0600), making its folder if missing. A socket left at `path` by a
-    /// demux that is gone is replaced; one that a running ringmux answers on is an error.
-    pub fn bind(path: &Path) -> Result<ControlServer> {
+    /// Binds `path` (mode 0600), making its folder if missing, and returns the listener for
+    /// [`ControlServer::adopt`] (which removes the socket file when the server is dropped). A
+    /// socket left at `path` by a demux that is gone is replaced; one that a running ringmux
+    /// answers on is an error.
+    pub fn listen(path: &Path) -> Result<OwnedFd> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             if !dir.exists() {
                 std::fs::create_dir_all(dir)
@@ -104,12 +106,7 @@ impl ControlServer {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .with_context(|| format!("making {} private (0600)", path.display()))?;
         listener.set_nonblocking(true)?;
-        Ok(ControlServer {
-            listener,
-            path: path.to_path_buf(),
-            clients: Vec::new(),
-            next_id: 1,
-        })
+        Ok(listener.into())
     }
 
     /// The descriptors to poll for reading: the listener and every client still to be read.
@@ -224,8 +221,9 @@ impl ControlServer {
         (self.listener.as_raw_fd(), clients)
     }
 
-    /// The server a previous process image [`ControlServer::export`]ed, at `path`, with the
-    /// clients that wait for an answer; returns it and their ids.
+    /// The server on `listener` at `path` ([`ControlServer::listen`]ed, or a previous process
+    /// image's [`ControlServer::export`]ed), with the clients that wait for an answer; returns
+    /// it and their ids.
     pub fn adopt(
         listener: OwnedFd,
         path: &Path,

@@ -10,7 +10,7 @@
 //! This module carries out; [`policy`] decides (READY deadlines, back-off, crash loops,
 //! draining), without processes or clocks, tested on a fake clock.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command as Process, Stdio};
 use std::sync::atomic::Ordering;
@@ -94,13 +94,6 @@ pub struct TcpListeners {
     pub redirect: Option<OwnedFd>,
 }
 
-/// The numbers of [`TcpListeners`].
-#[derive(Debug, Clone, Copy)]
-pub struct TcpFds {
-    pub https: Option<std::os::fd::RawFd>,
-    pub redirect: Option<std::os::fd::RawFd>,
-}
-
 /// The answer to a reload that succeeded, waiting for the replaced workers to stop accepting.
 struct ReloadAnswer {
     line: String,
@@ -180,19 +173,37 @@ pub struct Supervisor {
     acme: Option<acme::Relay>,
 }
 
-/// What a new process image takes over for the supervisor ([`Supervisor::adopt`]).
-pub struct Adopted {
+/// Everything a supervisor is made of, handed over whole at construction: what every start
+/// makes (the configuration, the workers' template, the link to the data plane), the
+/// descriptors it keeps for every worker (the TCP listeners, the control socket), and the
+/// lanes a previous process image handed over with their workers (none at a first start:
+/// [`Supervisor::start_all`] starts them).
+pub struct Parts {
+    pub cfg: Config,
+    pub template: Template,
+    /// The public socket's address: every worker's sending socket is bound to it.
+    pub public: std::net::SocketAddr,
+    pub counters: Arc<Counters>,
+    pub link: DataPlaneLink,
+    pub signals: SignalFd,
+    /// Serves the workers' session sockets, held to the bindings the data plane's admission
+    /// records (`tickets.rs`).
+    pub sessions: crate::sessions::Sessions,
+    /// The listening TCP sockets every worker accepts from.
+    pub tcp: TcpListeners,
+    /// What the ACME engine publishes, relayed to the workers; `None` without ACME sites.
+    pub acme: Option<acme::Relay>,
+    /// `ringmux reload`'s socket (unless `--control-socket off`), and the clients of the
+    /// upgrade that made this process image, waiting on it for its outcome.
+    pub control: Option<(OwnedFd, Vec<OwnedFd>)>,
+    /// The lanes handed over, each with its running worker; only their worker's descriptors
+    /// are here (the ingresses went to the forwarding mode). Empty at a first start.
+    pub lanes: Vec<crate::upgrade::Lane<OwnedFd>>,
+    /// The generation new connections go to (with handed-over lanes).
     pub active_generation: u64,
-    pub sessions: Vec<crate::sessions::Frozen>,
-    /// Per lane: generation, phase, worker.
-    pub lanes: Vec<(
-        u64,
-        crate::upgrade::LanePhase,
-        Option<crate::upgrade::TakenWorker>,
-    )>,
-    /// The control socket's listener and path, and the clients waiting on the upgrade.
-    pub control: Option<(OwnedFd, std::path::PathBuf, Vec<OwnedFd>)>,
-    /// The `ringmux` binary on disk.
+    /// The session cache handed over.
+    pub frozen: Vec<crate::sessions::Frozen>,
+    /// The `ringmux` binary on disk (what an upgrade executes).
     pub binary: std::path::PathBuf,
 }
 
@@ -212,52 +223,36 @@ pub struct Upgrade {
     pub clients: Vec<u64>,
 }
 
-/// What the supervisor hands to a new process image.
+/// What the supervisor hands to a new process image besides its descriptors.
 pub struct Exported {
     pub active_generation: u64,
     /// The site table's JSON.
     pub sites: String,
-    pub control_fd: Option<std::os::fd::RawFd>,
-    pub answer_fds: Vec<std::os::fd::RawFd>,
     pub sessions: Vec<crate::upgrade::SessionEntry>,
-    /// Per lane: generation, phase, worker.
-    pub lanes: Vec<(
-        u64,
-        crate::upgrade::LanePhase,
-        Option<crate::upgrade::WorkerState>,
-    )>,
 }
 
 impl Supervisor {
-    /// `sessions` serves the workers' session sockets, held to the bindings the data plane's
-    /// admission records (`tickets.rs`).
-    #[allow(clippy::too_many_arguments)] // each is state main made and hands over whole
-    pub fn new(
-        cfg: Config,
-        template: Template,
-        public: std::net::SocketAddr,
-        counters: Arc<Counters>,
-        link: DataPlaneLink,
-        signals: SignalFd,
-        sessions: crate::sessions::Sessions,
-    ) -> Result<Self> {
-        let control = bind_control(&cfg)?;
-        Self::with_control(
-            cfg, template, public, counters, link, signals, sessions, control,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)] // as `new`, plus the control socket
-    fn with_control(
-        cfg: Config,
-        template: Template,
-        public: std::net::SocketAddr,
-        counters: Arc<Counters>,
-        link: DataPlaneLink,
-        signals: SignalFd,
-        sessions: crate::sessions::Sessions,
-        control: Option<ControlServer>,
-    ) -> Result<Self> {
+    /// The supervisor of `parts`: it adopts the workers of the lanes handed over (this
+    /// process's children still, with their sockets and pipes) and serves the control socket;
+    /// its clients of the upgrade are told the last line once this image serves
+    /// ([`Supervisor::answer_upgrade`]).
+    pub fn new(parts: Parts) -> Result<Self> {
+        let Parts {
+            cfg,
+            template,
+            public,
+            counters,
+            link,
+            signals,
+            sessions,
+            tcp,
+            acme,
+            control,
+            lanes: handed,
+            active_generation,
+            frozen,
+            binary,
+        } = parts;
         let numbering = Lanes::new(cfg.instances);
         let lanes = numbering.count();
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
@@ -292,13 +287,34 @@ impl Supervisor {
         };
         let access_log = cfg.access_log() != crate::config::AccessLog::Off;
         crate::logs::access_to(cfg.access_log().open()?);
-        Ok(Supervisor {
+        let now = Instant::now();
+        let policy = match handed.is_empty() {
+            true => Policy::new(limits, numbering, now),
+            false => {
+                let phases: Vec<(u64, crate::upgrade::LanePhase)> =
+                    handed.iter().map(|l| (l.generation, l.phase)).collect();
+                counters
+                    .active_generation
+                    .store(active_generation, Ordering::Relaxed);
+                Policy::adopt(limits, numbering, now, active_generation, &phases)
+            }
+        };
+        sessions.cache().restore(frozen, now);
+        let (control, waiters_upgrade) = match control {
+            Some((listener, waiting)) => {
+                let path = std::path::Path::new(&cfg.args.control_socket);
+                let (server, ids) = ControlServer::adopt(listener, path, waiting);
+                (Some(server), ids)
+            }
+            None => (None, Vec::new()),
+        };
+        let mut sup = Supervisor {
             filter,
             domain,
-            tcp: TcpListeners::default(),
+            tcp,
             access_log,
-            next_sweep: Instant::now() + ORPHAN_SWEEP,
-            policy: Policy::new(limits, numbering, Instant::now()),
+            next_sweep: now + ORPHAN_SWEEP,
+            policy,
             workers: (0..lanes).map(|_| Worker::default()).collect(),
             lanes: numbering,
             control,
@@ -306,11 +322,11 @@ impl Supervisor {
             reload_answer: None,
             start_errors: vec![None; lanes],
             deferred: Vec::new(),
-            binary: std::env::current_exe().unwrap_or_else(|_| "ringmux".into()),
+            binary,
             upgrade: None,
-            waiters_upgrade: Vec::new(),
+            waiters_upgrade,
             control_buf: vec![0; MAX_MESSAGE].into_boxed_slice(),
-            acme: None,
+            acme,
             cfg,
             template,
             public,
@@ -318,18 +334,61 @@ impl Supervisor {
             link,
             signals,
             sessions,
-        })
+        };
+        for (l, lane) in handed.into_iter().enumerate() {
+            if let Some(w) = lane.worker {
+                sup.adopt_worker(l, lane.phase, w)?;
+            }
+        }
+        Ok(sup)
     }
 
-    /// Every worker started from now on gets `listeners` as its descriptors 5 and 6; the
-    /// supervisor keeps them for as long as it runs.
-    pub fn serve_tcp(&mut self, listeners: TcpListeners) {
-        self.tcp = listeners;
-    }
-
-    /// The ACME sites' certificates and challenges come from `relay` from now on.
-    pub fn relay_acme(&mut self, relay: Option<acme::Relay>) {
-        self.acme = relay;
+    /// Lane `l`'s running worker `w`, handed over by a previous process image.
+    fn adopt_worker(
+        &mut self,
+        l: usize,
+        phase: crate::upgrade::LanePhase,
+        w: crate::upgrade::Worker<OwnedFd>,
+    ) -> Result<()> {
+        let pidfd = sys::pidfd_open(w.pid).ok();
+        let sessions = w.sessions.try_clone()?;
+        self.sessions.serve(self.lanes.at(l).instance, w.sessions);
+        let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
+        self.counters.instances[l]
+            .worker_pid
+            .store(u64::from(w.pid), Ordering::Relaxed);
+        if phase != crate::upgrade::LanePhase::Idle {
+            self.link.liveness().set_up(l, true);
+        }
+        // Its output (and access log) read on from where the old image stopped; a worker
+        // of an image that kept no pipes writes to the demux's standard error still.
+        let pipes = match w.output {
+            Some(output) => {
+                let pipes = crate::logs::WorkerPipes {
+                    output: output.try_clone()?,
+                    access: w.access.as_ref().map(OwnedFd::try_clone).transpose()?,
+                };
+                crate::logs::watch(
+                    l,
+                    self.lanes.at(l).instance,
+                    crate::logs::WorkerPipes {
+                        output,
+                        access: w.access,
+                    },
+                );
+                Some(pipes)
+            }
+            None => None,
+        };
+        self.workers[l] = Worker {
+            child: Some(ChildProcess::from_pid(w.pid)),
+            pidfd,
+            control: Some(w.control),
+            sessions: Some(sessions),
+            pipes,
+            ..Worker::default()
+        };
+        Ok(())
     }
 
     /// The ACME engine's counters and certificates, for the metrics.
@@ -398,15 +457,6 @@ impl Supervisor {
         }
     }
 
-    /// The listening TCP sockets' numbers, for a new process image.
-    pub fn tcp_fds(&self) -> TcpFds {
-        use std::os::fd::AsRawFd;
-        TcpFds {
-            https: self.tcp.https.as_ref().map(|t| t.as_raw_fd()),
-            redirect: self.tcp.redirect.as_ref().map(|t| t.as_raw_fd()),
-        }
-    }
-
     /// Starts every worker with its initial descriptors and waits until each has reported ready
     /// or died. One that dies or stays silent is logged, replaced and retried with back-off like
     /// any later death (once the data plane runs); only a program of which no instance at all
@@ -459,89 +509,6 @@ impl Supervisor {
                 return Ok(Outcome::Upgrade(u));
             }
         }
-    }
-
-    /// The supervisor a previous process image handed over: its workers (still this process's
-    /// children), their sockets, the session cache, the control socket and the clients waiting
-    /// on the upgrade. Those are told `answer` (the last line) once the new image is set up;
-    /// see [`Supervisor::answer_upgrade`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn adopt(
-        cfg: Config,
-        template: Template,
-        public: std::net::SocketAddr,
-        counters: Arc<Counters>,
-        link: DataPlaneLink,
-        signals: SignalFd,
-        sessions: crate::sessions::Sessions,
-        taken: Adopted,
-    ) -> Result<Self> {
-        let mut sup = Supervisor::with_control(
-            cfg, template, public, counters, link, signals, sessions, None,
-        )?;
-        let phases: Vec<(u64, crate::upgrade::LanePhase)> =
-            taken.lanes.iter().map(|l| (l.0, l.1)).collect();
-        sup.policy = Policy::adopt(
-            Limits::new(sup.cfg.ready_timeout(), sup.cfg.grace()),
-            sup.lanes,
-            Instant::now(),
-            taken.active_generation,
-            &phases,
-        );
-        sup.counters
-            .active_generation
-            .store(taken.active_generation, Ordering::Relaxed);
-        sup.binary = taken.binary;
-        sup.sessions.cache().restore(taken.sessions, Instant::now());
-        for (l, (_, phase, worker)) in taken.lanes.into_iter().enumerate() {
-            let Some(w) = worker else {
-                continue;
-            };
-            let pidfd = sys::pidfd_open(w.pid).ok();
-            let sessions = w.sessions.try_clone()?;
-            sup.sessions.serve(sup.lanes.at(l).instance, w.sessions);
-            let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
-            sup.counters.instances[l]
-                .worker_pid
-                .store(u64::from(w.pid), Ordering::Relaxed);
-            if phase != crate::upgrade::LanePhase::Idle {
-                sup.link.liveness().set_up(l, true);
-            }
-            // Its output (and access log) read on from where the old image stopped; a worker
-            // of an image that kept no pipes writes to the demux's standard error still.
-            let pipes = match w.output {
-                Some(output) => {
-                    let pipes = crate::logs::WorkerPipes {
-                        output: output.try_clone()?,
-                        access: w.access.as_ref().map(OwnedFd::try_clone).transpose()?,
-                    };
-                    crate::logs::watch(
-                        l,
-                        sup.lanes.at(l).instance,
-                        crate::logs::WorkerPipes {
-                            output,
-                            access: w.access,
-                        },
-                    );
-                    Some(pipes)
-                }
-                None => None,
-            };
-            sup.workers[l] = Worker {
-                child: Some(ChildProcess::from_pid(w.pid)),
-                pidfd,
-                control: Some(w.control),
-                sessions: Some(sessions),
-                pipes,
-                ..Worker::default()
-            };
-        }
-        if let Some((listener, path, waiting)) = taken.control {
-            let (server, ids) = ControlServer::adopt(listener, &path, waiting);
-            sup.control = Some(server);
-            sup.waiters_upgrade = ids;
-        }
-        Ok(sup)
     }
 
     /// Tells the clients that asked for the upgrade `line`, and closes them.
@@ -607,58 +574,62 @@ impl Supervisor {
         self.upgrade = Some(Upgrade { binary, clients });
     }
 
-    /// Everything a new process image takes over from the supervisor. The session cache stops
-    /// answering until [`Supervisor::upgrade_failed`] (if the upgrade does not happen).
-    pub fn export(&mut self, upgrade: &Upgrade) -> Result<Exported> {
+    /// Everything a new process image takes over from the supervisor: its descriptors by
+    /// number into `fds` (the TCP listeners, the control socket with the clients of `upgrade`,
+    /// and a lane each, with its worker, for the data plane to add the ingress to), and the
+    /// rest returned. The session cache stops answering until [`Supervisor::upgrade_failed`]
+    /// (if the upgrade does not happen).
+    pub fn export(
+        &mut self,
+        upgrade: &Upgrade,
+        fds: &mut crate::upgrade::Fds<RawFd>,
+    ) -> Result<Exported> {
         let now = Instant::now();
         let phases = self.policy.export(now).map_err(anyhow::Error::msg)?;
-        let lanes = phases
+        fds.lanes = phases
             .into_iter()
             .enumerate()
             .map(|(l, (generation, phase))| {
                 let w = &self.workers[l];
                 let worker = match (&w.child, &w.control, &w.sessions) {
-                    (Some(c), Some(control), Some(sessions)) => Some(crate::upgrade::WorkerState {
+                    (Some(c), Some(control), Some(sessions)) => Some(crate::upgrade::Worker {
                         pid: c.id(),
-                        control_fd: control.as_raw_fd(),
-                        sessions_fd: sessions.as_raw_fd(),
-                        output_fd: w.pipes.as_ref().map(|p| p.output.as_raw_fd()),
-                        access_fd: w
+                        control: control.as_raw_fd(),
+                        sessions: sessions.as_raw_fd(),
+                        output: w.pipes.as_ref().map(|p| p.output.as_raw_fd()),
+                        access: w
                             .pipes
                             .as_ref()
                             .and_then(|p| p.access.as_ref().map(|a| a.as_raw_fd())),
                     }),
                     _ => None,
                 };
-                (generation, phase, worker)
+                crate::upgrade::Lane {
+                    generation,
+                    phase,
+                    worker,
+                    ingress: None,
+                }
             })
             .collect();
-        let (control_fd, answer_fds) = match &self.control {
-            Some(c) => {
-                let (l, a) = c.export(&upgrade.clients);
-                (Some(l), a)
-            }
-            None => (None, Vec::new()),
-        };
+        if let Some(c) = &self.control {
+            let (listener, answers) = c.export(&upgrade.clients);
+            fds.control = Some(listener);
+            fds.answers = answers;
+        }
+        fds.tcp = self.tcp.https.as_ref().map(AsRawFd::as_raw_fd);
+        fds.redirect = self.tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
         let sessions = self
             .sessions
             .cache()
             .freeze(now)
             .into_iter()
-            .map(|e| crate::upgrade::SessionEntry {
-                key: hex::encode(e.key),
-                value: hex::encode(e.value),
-                age_ms: e.age.as_millis() as u64,
-                instance: e.instance,
-            })
+            .map(crate::upgrade::SessionEntry::freeze)
             .collect();
         Ok(Exported {
             active_generation: self.policy.active(),
             sites: self.template.sites.clone(),
-            control_fd,
-            answer_fds,
             sessions,
-            lanes,
         })
     }
 
@@ -1493,11 +1464,12 @@ impl Supervisor {
     }
 }
 
-/// Binds `--control-socket`, unless it is `off`; the default path failing only warns.
-fn bind_control(cfg: &Config) -> Result<Option<ControlServer>> {
+/// Binds `--control-socket`, unless it is `off`, for [`Parts::control`]; the default path
+/// failing only warns.
+pub fn bind_control(cfg: &Config) -> Result<Option<OwnedFd>> {
     let control = match cfg.args.control_socket.as_str() {
         "off" => None,
-        path => match ControlServer::bind(std::path::Path::new(path)) {
+        path => match ControlServer::listen(std::path::Path::new(path)) {
             Ok(c) => Some(c),
             // Without root the default folder cannot be made: say so, and serve on.
             Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {

@@ -15,6 +15,10 @@
 //! cannot answer, or answers otherwise, is refused and the old image serves on. If the new image
 //! refuses its state all the same, it executes the old binary again from a descriptor kept for
 //! that ([`FALLBACK_ENV`]), which takes the state back and says why ([`REFUSED_ENV`]).
+//!
+//! The descriptors that cross are one set, [`Fds`] (`fds.rs`), by number in the document
+//! ([`State`], `state.rs`) and owned once taken: a start by `ringmux upgrade` differs from a
+//! first start only in that it takes that set rather than binding it.
 
 use std::ffi::{CString, OsString};
 use std::fs::File;
@@ -28,7 +32,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-pub use crate::forward::handover::{Ingress, IngressState};
+mod fds;
+mod state;
+
+pub use fds::{Fds, Ingress, Lane, LanePhase, Worker};
+pub use state::{SessionEntry, State};
 
 /// The environment variable naming the state memfd in a new image.
 pub const STATE_ENV: &str = "RINGMUX_UPGRADE_STATE_FD";
@@ -194,281 +202,6 @@ pub enum PreflightError {
     },
 }
 
-/// Everything a new image takes over. Descriptor numbers are open in the new image (their
-/// close-on-exec flag cleared by the old one).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct State {
-    pub compat: Compat,
-    /// `--forward` of the old image: the new one must run the same mode.
-    pub forward: String,
-    pub instances: u8,
-    /// The shared keys (`KeySet::to_bytes`), hex.
-    pub keys: String,
-    /// The site table's JSON, certificates and keys included.
-    pub sites: String,
-    pub public_fd: RawFd,
-    pub metrics_fd: Option<RawFd>,
-    /// The listening TCP socket every worker accepts from (`--tcp on`).
-    pub tcp_fd: Option<RawFd>,
-    /// The listening socket for plain HTTP every worker redirects from (`--redirect-http`).
-    pub redirect_fd: Option<RawFd>,
-    pub control_fd: Option<RawFd>,
-    /// Control clients waiting for the upgrade's outcome.
-    pub answer_fds: Vec<RawFd>,
-    pub active_generation: u64,
-    pub counters: CounterState,
-    pub sessions: Vec<SessionEntry>,
-    pub lanes: Vec<LaneState>,
-    /// When the old image received its last datagram (`CLOCK_MONOTONIC`, ns): the new one
-    /// measures the hand-over's pause from it.
-    pub last_recv_ns: u64,
-    /// The old image's command line, byte for byte: what an image going back to the old binary
-    /// runs it with (the new binary may have been a wrapper that changed its own).
-    pub argv: Vec<Vec<u8>>,
-    /// Where the `ringmux` binary is on disk, bytes: what the next upgrade executes (an image
-    /// that went back to the old binary runs a deleted file, whose path says so).
-    pub binary: Vec<u8>,
-}
-
-/// The counters that run on across images (what workers report comes again within a second),
-/// by key: `Counters::snapshot` writes every counter of the tables in `metrics/counters.rs`, so
-/// a counter added there runs on with no change here. The positional fields after them are the
-/// previous release's form, which an image of that release writes and reads alone: read when
-/// the keyed ones are absent, and written too.
-#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
-pub struct CounterState {
-    /// The demux's own counters (`Counters::TABLE`), by field name.
-    #[serde(default)]
-    pub totals: std::collections::BTreeMap<String, u64>,
-    /// Datagrams dropped, by reason (`DropReason::as_str`).
-    #[serde(default)]
-    pub drops: std::collections::BTreeMap<String, u64>,
-    /// Per lane: its counters (`InstanceCounters::TABLE`), by field name.
-    #[serde(default)]
-    pub per_lane: Vec<std::collections::BTreeMap<String, u64>>,
-    #[serde(default)]
-    pub received: u64,
-    #[serde(default)]
-    pub recv_calls: u64,
-    /// In `DropReason::ALL`'s order.
-    #[serde(default)]
-    pub dropped: Vec<u64>,
-    #[serde(default)]
-    pub reloads: u64,
-    #[serde(default)]
-    pub reloads_failed: u64,
-    #[serde(default)]
-    pub upgrades: u64,
-    #[serde(default)]
-    pub upgrades_failed: u64,
-    /// Per lane: forwarded, doorbells, discarded_on_reset, restarts, violations.
-    #[serde(default)]
-    pub lanes: Vec<[u64; 5]>,
-    /// Retries sent and unsent, tokens accepted (absent from an image without admission).
-    #[serde(default)]
-    pub admission: [u64; 3],
-}
-
-/// One entry of the session cache.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct SessionEntry {
-    /// Hex.
-    pub key: String,
-    pub value: String,
-    /// How old it was when handed over.
-    pub age_ms: u64,
-    /// The instance that stored it, charged to its quota of the cache; absent from an image
-    /// from before quotas (such an entry is held to the global limits alone), and an image from
-    /// before quotas ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<u8>,
-}
-
-/// One lane: its worker and its ingress.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct LaneState {
-    pub generation: u64,
-    pub phase: LanePhase,
-    pub worker: Option<WorkerState>,
-    pub ingress: Option<IngressState>,
-}
-
-/// What the lane's worker is doing.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LanePhase {
-    Idle,
-    Ready,
-    Draining { elapsed_ms: u64, told: bool },
-}
-
-/// A running worker: a child of the demux.
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WorkerState {
-    pub pid: u32,
-    /// The demux's end of its control socket.
-    pub control_fd: RawFd,
-    /// The demux's end of its session socket.
-    pub sessions_fd: RawFd,
-    /// The read end of its output pipe (absent from an image whose workers wrote to its
-    /// standard error).
-    #[serde(default)]
-    pub output_fd: Option<RawFd>,
-    /// The read end of its access-log pipe (`--access-log`).
-    #[serde(default)]
-    pub access_fd: Option<RawFd>,
-}
-
-impl State {
-    /// Every descriptor number the state names.
-    pub fn fds(&self) -> Vec<RawFd> {
-        let mut fds = vec![self.public_fd];
-        fds.extend(self.metrics_fd);
-        fds.extend(self.tcp_fd);
-        fds.extend(self.redirect_fd);
-        fds.extend(self.control_fd);
-        fds.extend(&self.answer_fds);
-        for lane in &self.lanes {
-            if let Some(w) = &lane.worker {
-                fds.extend([w.control_fd, w.sessions_fd]);
-                fds.extend(w.output_fd);
-                fds.extend(w.access_fd);
-            }
-            if let Some(ingress) = &lane.ingress {
-                ingress.fds(&mut fds);
-            }
-        }
-        fds
-    }
-
-    /// Checks what a new image can check before it touches a descriptor: the format, the mode
-    /// and instances it runs, and that every descriptor is open and named once.
-    pub fn check(&self, forward: &str, instances: u8) -> Result<(), Refusal> {
-        if let Some(why) = self.compat.refusal(&Compat::ours()) {
-            return Err(why.into());
-        }
-        if self.forward != forward || self.instances != instances {
-            return Err(Refusal::OtherConfiguration {
-                running_forward: self.forward.clone(),
-                running_instances: self.instances,
-                forward: forward.to_string(),
-                instances,
-            });
-        }
-        let lanes = usize::from(instances) * usize::from(ringmux_proto::GENERATION_SLOTS);
-        if self.lanes.len() != lanes {
-            return Err(Refusal::LaneCount {
-                lanes: self.lanes.len(),
-                instances,
-            });
-        }
-        let mut fds = self.fds();
-        fds.sort_unstable();
-        if let Some(w) = fds.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Refusal::NamedTwice { fd: w[0] });
-        }
-        for fd in fds {
-            if fd < 3 || !ringmux_inherit::is_open(fd) {
-                return Err(Refusal::NotOpen { fd });
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A [`State`] whose descriptors this image owns now (each close-on-exec again).
-pub struct Taken {
-    pub keys: String,
-    pub sites: String,
-    pub public: OwnedFd,
-    pub metrics: Option<OwnedFd>,
-    pub tcp: Option<OwnedFd>,
-    pub redirect: Option<OwnedFd>,
-    pub control: Option<OwnedFd>,
-    pub answers: Vec<OwnedFd>,
-    pub active_generation: u64,
-    pub counters: CounterState,
-    pub sessions: Vec<SessionEntry>,
-    pub lanes: Vec<TakenLane>,
-    pub last_recv_ns: u64,
-    pub binary: std::path::PathBuf,
-}
-
-/// A lane of a [`Taken`] state.
-pub struct TakenLane {
-    pub generation: u64,
-    pub phase: LanePhase,
-    pub worker: Option<TakenWorker>,
-    pub ingress: Option<Ingress>,
-}
-
-/// A running worker of a [`Taken`] state.
-pub struct TakenWorker {
-    pub pid: u32,
-    pub control: OwnedFd,
-    pub sessions: OwnedFd,
-    pub output: Option<OwnedFd>,
-    pub access: Option<OwnedFd>,
-}
-
-impl State {
-    /// [`State::check`]s the state, then takes every descriptor it names. On an error nothing
-    /// was taken.
-    pub fn take(self, forward: &str, instances: u8) -> Result<Taken, Refusal> {
-        self.check(forward, instances)?;
-        let take = |fd: RawFd| -> Result<OwnedFd, Refusal> {
-            ringmux_inherit::adopt(fd, true).map_err(|e| Refusal::Untakeable {
-                fd,
-                source: e.into(),
-            })
-        };
-        let lanes = self
-            .lanes
-            .into_iter()
-            .map(|l| {
-                let worker = l
-                    .worker
-                    .map(|w| -> Result<TakenWorker, Refusal> {
-                        Ok(TakenWorker {
-                            pid: w.pid,
-                            control: take(w.control_fd)?,
-                            sessions: take(w.sessions_fd)?,
-                            output: w.output_fd.map(take).transpose()?,
-                            access: w.access_fd.map(take).transpose()?,
-                        })
-                    })
-                    .transpose()?;
-                let ingress = l.ingress.map(|i| i.take(&take)).transpose()?;
-                Ok(TakenLane {
-                    generation: l.generation,
-                    phase: l.phase,
-                    worker,
-                    ingress,
-                })
-            })
-            .collect::<Result<Vec<_>, Refusal>>()?;
-        Ok(Taken {
-            keys: self.keys,
-            sites: self.sites,
-            public: take(self.public_fd)?,
-            metrics: self.metrics_fd.map(take).transpose()?,
-            tcp: self.tcp_fd.map(take).transpose()?,
-            redirect: self.redirect_fd.map(take).transpose()?,
-            control: self.control_fd.map(take).transpose()?,
-            answers: self
-                .answer_fds
-                .into_iter()
-                .map(take)
-                .collect::<Result<_, _>>()?,
-            active_generation: self.active_generation,
-            counters: self.counters,
-            sessions: self.sessions,
-            lanes,
-            last_recv_ns: self.last_recv_ns,
-            binary: OsString::from_vec(self.binary).into(),
-        })
-    }
-}
-
 /// What a previous image left, if this image was started by an upgrade.
 pub struct Inherited {
     /// The state document as written (to go back with, should this image refuse it).
@@ -479,8 +212,35 @@ pub struct Inherited {
 
 impl Inherited {
     /// The state.
-    pub fn parse(&self) -> Result<State, Refusal> {
+    pub fn parse(&self) -> Result<State<RawFd>, Refusal> {
         serde_json::from_slice(&self.raw).map_err(Refusal::Unreadable)
+    }
+
+    /// The state, its descriptors taken ([`State::take`]) and the previous binary's
+    /// descriptor closed, for an image running `forward` with `instances`. A state this image
+    /// cannot use sends it back to the previous binary, which serves on and says why: this
+    /// returns only if that failed.
+    pub fn take(&self, forward: &str, instances: u8) -> Result<State<OwnedFd>> {
+        let state = self
+            .parse()
+            .and_then(|s| s.take(forward, instances))
+            .map_err(|refusal| self.go_back(refusal))?;
+        forget_fallback();
+        Ok(state)
+    }
+
+    /// Executes the previous binary again, refusing the state for `refusal`; the error says
+    /// why that failed.
+    fn go_back(&self, refusal: Refusal) -> anyhow::Error {
+        let why = refusal.reason();
+        if self.refused.is_some() {
+            // Already the previous binary, gone back to: no further back.
+            return anyhow::anyhow!("the hand-over state was refused twice: {why}");
+        }
+        tracing::error!(reason = %why, "refusing the hand-over; going back to the previous binary");
+        anyhow::Error::new(go_back(self, &why)).context(format!(
+            "refusing the hand-over ({why}); going back to the previous binary failed"
+        ))
     }
 }
 
@@ -558,7 +318,7 @@ pub fn preflight(binary: &Path) -> Result<Compat, PreflightError> {
 /// Replaces this process image with `binary`, handing it `state` and running it with
 /// `state.argv`. Returns only if `execve` failed: then every descriptor is close-on-exec again
 /// and the caller carries on.
-pub fn exec(binary: &Path, state: &State) -> io::Error {
+pub fn exec(binary: &Path, state: &State<RawFd>) -> io::Error {
     let bytes = match serde_json::to_vec(state) {
         Ok(b) => b,
         Err(e) => return io::Error::other(e),
@@ -717,29 +477,26 @@ mod tests {
             instances: 1,
             keys: String::new(),
             sites: String::new(),
-            public_fd: fd,
-            metrics_fd: None,
-            tcp_fd: None,
-            redirect_fd: None,
-            control_fd: None,
-            answer_fds: vec![],
+            fds: Fds {
+                lanes: vec![
+                    Lane {
+                        generation: 0,
+                        phase: LanePhase::Idle,
+                        worker: None,
+                        ingress: None,
+                    };
+                    lanes
+                ],
+                ..Fds::new(fd)
+            },
             active_generation: 1,
-            counters: CounterState::default(),
+            counters: Default::default(),
             sessions: vec![],
-            lanes: vec![
-                LaneState {
-                    generation: 0,
-                    phase: LanePhase::Idle,
-                    worker: None,
-                    ingress: None,
-                };
-                lanes
-            ],
             last_recv_ns: 0,
             argv: vec![],
             binary: vec![],
         };
-        let refused = |s: &State, forward: &str, instances: u8| {
+        let refused = |s: &State<RawFd>, forward: &str, instances: u8| {
             s.check(forward, instances)
                 .expect_err("a bad state was accepted")
                 .reason()
@@ -759,16 +516,58 @@ mod tests {
         );
         assert!(refused(&state, "unix", 1).contains("--forward"));
         assert!(refused(&state, "shm", 2).contains("--instances"));
-        state.metrics_fd = Some(fd);
+        state.fds.metrics = Some(fd);
         assert!(matches!(
             state.check("shm", 1),
             Err(Refusal::NamedTwice { fd: twice }) if twice == fd
         ));
         assert!(refused(&state, "shm", 1).contains("twice"));
-        state.metrics_fd = Some(1 << 20);
+        state.fds.metrics = Some(1 << 20);
         assert!(refused(&state, "shm", 1).contains(&format!("descriptor {} is not open", 1 << 20)));
-        state.metrics_fd = None;
+        state.fds.metrics = None;
         state.compat.ring_layout += 1;
         assert!(refused(&state, "shm", 1).contains("ring layout"));
+    }
+
+    /// The document keeps the names and shape an image of state format 4 wrote before its
+    /// descriptors were one generic set: either image reads what the other writes.
+    #[test]
+    fn the_document_keeps_the_format_4_names() {
+        let ours = Compat::ours();
+        let written = serde_json::json!({
+            "compat": {
+                "state_format": ours.state_format,
+                "protocol": ours.protocol,
+                "ring_layout": ours.ring_layout,
+            },
+            "forward": "unix", "instances": 1, "keys": "00", "sites": "{}",
+            "public_fd": 3, "metrics_fd": null, "tcp_fd": 7, "redirect_fd": null,
+            "control_fd": 8, "answer_fds": [9],
+            "active_generation": 2,
+            "sessions": [{"key": "0a", "value": "0b", "age_ms": 5}],
+            "lanes": [
+                {
+                    "generation": 2, "phase": "Ready",
+                    "worker": {
+                        "pid": 42, "control_fd": 10, "sessions_fd": 11,
+                        "output_fd": 12, "access_fd": null,
+                    },
+                    "ingress": {"Unix": {"fd": 13}},
+                },
+                {
+                    "generation": 1, "phase": {"Draining": {"elapsed_ms": 3, "told": true}},
+                    "worker": null, "ingress": null,
+                },
+            ],
+            "last_recv_ns": 5, "argv": [[114]], "binary": [47],
+        });
+        let mut with_counters = written.clone();
+        with_counters["counters"] = serde_json::json!({});
+        let state: State<RawFd> = serde_json::from_value(with_counters).unwrap();
+        assert_eq!(state.fds(), [3, 7, 8, 9, 10, 11, 12, 13]);
+        assert_eq!(state.fds.lanes[0].worker.as_ref().unwrap().pid, 42);
+        let mut again = serde_json::to_value(&state).unwrap();
+        again.as_object_mut().unwrap().remove("counters");
+        assert_eq!(again, written);
     }
 }
