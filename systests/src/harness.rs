@@ -308,6 +308,30 @@ impl Ringmux {
         }
     }
 
+    /// Waits until ringmux's (and its workers') log satisfies `pred`, polling every 50 ms up to
+    /// `timeout`, and returns the log then. A line a worker wrote reaches the file through the
+    /// demux's log thread, after the response that caused it: read the log through this, not at
+    /// once after a request.
+    pub async fn wait_for_log(
+        &self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let path = self.dir.path().join("ringmux.log");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            if pred(&log) {
+                return log;
+            }
+            if Instant::now() >= deadline {
+                panic!("timed out after {timeout:?} waiting for {what} in the log:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits for a quiet moment at which every received datagram is accounted for:
     /// `received == Σ forwarded + Σ dropped`.
     pub async fn wait_balanced(&self, timeout: Duration) -> Metrics {

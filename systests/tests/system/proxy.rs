@@ -344,19 +344,26 @@ async fn upstream_failures_are_502_504_and_counted() {
         assert_eq!(r.status, StatusCode::BAD_GATEWAY);
         conn.close().await.expect("close");
 
-        let log = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
-        let failing = |kind: &str| {
+        let failing = |log: &str, kind: &str| {
             log.lines()
                 .filter(|l| {
                     l.contains("upstream failing") && l.contains(&format!("kind=\"{kind}\""))
                 })
                 .count()
         };
+        let again = |log: &str| log.matches("upstream answering again").count();
+        // The last failure's line reaches the log after its 502 reached the client: wait for
+        // every expected line, then check that there is no more than expected.
+        let log = rm
+            .wait_for_log("the upstream's failures", Duration::from_secs(20), |log| {
+                failing(log, "reset") >= 2 && failing(log, "timeout") >= 2 && again(log) >= 2
+            })
+            .await;
         // reset: once for the first three, once after /hello succeeded. timeout: once for the
         // two 504s, once for the stalled body (its head had come: a success in between).
-        assert_eq!(failing("reset"), 2, "{log}");
-        assert_eq!(failing("timeout"), 2, "{log}");
-        assert_eq!(log.matches("upstream answering again").count(), 2, "{log}");
+        assert_eq!(failing(&log, "reset"), 2, "{log}");
+        assert_eq!(failing(&log, "timeout"), 2, "{log}");
+        assert_eq!(again(&log), 2, "{log}");
     })
     .await;
 

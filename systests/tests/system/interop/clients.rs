@@ -1220,7 +1220,12 @@ async fn reloads_and_an_upgrade_under_load_lose_nothing() {
         assert_eq!(m.labelled(names::RELOADS, "result", "ok"), 4.0);
         assert_eq!(m.labelled(names::UPGRADES, "result", "ok"), 1.0);
         assert_eq!(m.labelled(names::UPGRADES, "result", "failed"), 0.0);
-        let log = std::fs::read_to_string(rm.dir().join("ringmux.log")).unwrap();
+        let exited = |log: &str| log.lines().filter(|l| l.contains("worker exited")).count();
+        let log = rm
+            .wait_for_log("every old worker's exit", Duration::from_secs(20), |log| {
+                exited(log) >= 8
+            })
+            .await;
         let exits: Vec<&str> = log
             .lines()
             .filter(|l| l.contains("worker exited"))
