@@ -17,11 +17,9 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
 
-use std::time::Duration;
-
 use quinn::udp::{EcnCodepoint, RecvMeta};
 use ringmux_proto::{Handoff, IngressKind};
-use ringmux_ring::{AdaptiveSpin, Consumer, DatagramMeta};
+use ringmux_ring::{Consumer, DatagramMeta};
 use tokio::io::unix::AsyncFd;
 
 pub use unix::{recv_unix, UnixRecv};
@@ -63,17 +61,13 @@ impl Ingress {
             IngressKind::Reuseport => None,
             IngressKind::Shm => {
                 let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
-                let spin = Duration::from_micros(u64::from(h.spin_us));
-                let mut consumer =
-                    Consumer::attach(ring, page, bell, h.generation, spin).map_err(|e| {
+                let consumer =
+                    Consumer::attach(ring, page, bell, h.generation, h.spin).map_err(|e| {
                         AttachError::Handoff {
                             what: "ring",
                             problem: e.to_string(),
                         }
                     })?;
-                if !h.spin_adaptive {
-                    *consumer.spin_mut() = AdaptiveSpin::fixed(spin);
-                }
                 Some(Ingress::Ring(consumer))
             }
             IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
