@@ -6,7 +6,7 @@
 //! The core answers requests whatever the transport, and imports no front:
 //!
 //! * [`request`]: what a request names (authority, cleaned path).
-//! * [`reply`]: what it is answered with ([`reply::Reply`], its body), the built-ins and the
+//! * [`reply`]: what it is answered with (`Reply`, its body), the built-ins and the
 //!   file replies.
 //! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]; one site alone:
 //!   [`sites::Site`]): which site a request belongs to (421 when its connection's certificate

@@ -5,7 +5,7 @@
 //! `text/plain`, before the redirect.
 //!
 //! A front on the TCP transport: connections are accepted, capped, timed out, drained and
-//! closed as [`crate::tcp`] does for HTTPS ([`serve_plain`]); this module only answers.
+//! closed as [`crate::tcp`] does for HTTPS (`tcp::serve_plain`); this module only answers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,9 +1,9 @@
-//! What a request is answered with, whatever the transport: [`Reply`] (status, header fields,
-//! [`Body`]) and the answers the worker makes itself: files from a document root
+//! What a request is answered with, whatever the transport: `Reply` (status, header fields,
+//! `Body`) and the answers the worker makes itself: files from a document root
 //! ([`crate::files`]) and the built-ins (`/hello.txt`, `/bytes/N`).
 //!
 //! This module never touches a stream or a connection: each front (`h3`, `tcp`, `redirect`)
-//! sends a [`Reply`] its own way, a [`Body::File`] in [`CHUNK`]s.
+//! sends a `Reply` its own way, a `Body::File` in `CHUNK`s.
 
 use std::borrow::Cow;
 use std::fs::File;

@@ -34,7 +34,7 @@
 //! the handshake; any other ClientHello offering `acme-tls/1` is refused with
 //! `no_application_protocol` (counted as `tls_failed`), never served a site's certificate.
 //! HTTP-01 is the plain-HTTP listener's (`crate::redirect`), which runs on this module's
-//! connection handling ([`serve_plain`]).
+//! connection handling (`serve_plain`).
 //!
 //! Every connection hyper is done with is closed gracefully (`close_gracefully`): TLS
 //! `close_notify` and the write side shut, then what the client still sends is read and thrown

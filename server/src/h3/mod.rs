@@ -1,6 +1,6 @@
 //! The HTTP/3 front of a worker: accepting QUIC connections on a quinn endpoint, serving
 //! requests by the worker's sites ([`Router`]) with the answers every transport shares
-//! ([`crate::reply`], the proxy's exchange through [`proxy`]), graceful shutdown, and counting
+//! ([`crate::reply`], the proxy's exchange through `h3::proxy`), graceful shutdown, and counting
 //! into [`ServerStats`].
 //!
 //! This module owns the HTTP/3 transport only. It never creates endpoints or sockets (the caller
