@@ -8,8 +8,8 @@ use http::StatusCode;
 
 use crate::sites::SiteStats;
 
-/// Counters of one worker's server, over every transport. All `Relaxed`: independent statistics, nothing is
-/// published through them.
+/// Counters of one worker's server, over every transport. All `Relaxed`: independent
+/// statistics, nothing is published through them.
 #[derive(Debug, Default)]
 pub struct ServerStats {
     pub connections_accepted: AtomicU64,
@@ -32,8 +32,7 @@ pub struct ServerStats {
     /// HTTPS over TCP (the `tcp` front): connections accepted (those closed at once over the
     /// cap included).
     pub tcp_connections: AtomicU64,
-    /// TCP connections refused or ended for bad input or overload, by
-    /// [`TcpErrorKind`].
+    /// TCP connections refused or ended for bad input or overload, by [`TcpErrorKind`].
     pub tcp_errors: [AtomicU64; TcpErrorKind::ALL.len()],
     /// Requests by protocol (each also counted in `requests_total`).
     pub requests_h1: AtomicU64,
