@@ -266,8 +266,7 @@ fn template(
         worker_generation: 1,
         // Both set per worker from its ingress descriptors.
         ingress: IngressKind::default(),
-        spin_us: cfg.ring.spin_us,
-        spin_adaptive: cfg.args.spin == config::SpinMode::Adaptive,
+        spin: cfg.spin,
         public_addr,
         tcp: cfg.args.tcp_on(),
         redirect: cfg.args.redirect_http.is_some(),

@@ -15,6 +15,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use ringmux_ring::SpinPolicy;
+
 use crate::PROTOCOL_VERSION;
 
 /// How datagrams reach the worker, and so which descriptors come with the hand-off. The
@@ -83,11 +85,9 @@ pub struct Handoff {
     /// generation's worker of the same instance.
     pub worker_generation: u64,
     pub ingress: IngressKind,
-    /// How long an idle worker polls its ring before sleeping on its doorbell, µs.
-    pub spin_us: u32,
-    /// The spin adapts to the gaps between datagrams (at most `spin_us`); `false`: always
-    /// `spin_us`.
-    pub spin_adaptive: bool,
+    /// How an idle worker polls its ring before sleeping on its doorbell (`--spin`,
+    /// `--spin-us`): given as it stands to `ringmux_ring::Consumer::attach`.
+    pub spin: SpinPolicy,
     /// The public address clients send to (the worker's `local_addr`).
     pub public_addr: SocketAddr,
     /// The demux's listening TCP socket is at [`crate::TCP_FD`] (HTTPS over TCP beside HTTP/3,
@@ -136,15 +136,14 @@ pub enum HandoffError {
 }
 
 /// Every key of the wire form, in the order [`Handoff::encode`] writes them.
-pub const KEYS: [&str; 22] = [
+pub const KEYS: [&str; 21] = [
     "protocol",
     "instance",
     "instances",
     "generation",
     "worker_generation",
     "ingress",
-    "spin_us",
-    "spin_adaptive",
+    "spin",
     "public_addr",
     "tcp",
     "redirect",
@@ -191,8 +190,7 @@ impl Handoff {
             self.generation.to_string(),
             self.worker_generation.to_string(),
             self.ingress.as_str().to_string(),
-            self.spin_us.to_string(),
-            flag(self.spin_adaptive).to_string(),
+            spin_value(self.spin),
             self.public_addr.to_string(),
             flag(self.tcp).to_string(),
             flag(self.redirect).to_string(),
@@ -271,8 +269,7 @@ impl Handoff {
                 IngressKind::from_name(name)
                     .ok_or_else(|| field("ingress", format!("unknown {name:?}")))?
             },
-            spin_us: num("spin_us", get("spin_us")?)?,
-            spin_adaptive: flag("spin_adaptive")?,
+            spin: parse_spin(get("spin")?)?,
             public_addr: num("public_addr", get("public_addr")?)?,
             tcp: flag("tcp")?,
             redirect: flag("redirect")?,
@@ -292,6 +289,31 @@ impl Handoff {
             alt_svc: Some(string("alt_svc")?).filter(|v| !v.is_empty()),
         })
     }
+}
+
+/// The wire form of `spin`: `fixed:US` or `adaptive:US`, the (longest) spin in µs.
+fn spin_value(spin: SpinPolicy) -> String {
+    let mode = if spin.adapts() { "adaptive" } else { "fixed" };
+    // At most `SpinPolicy::MAX_US` when made by `from_micros`; a longer one is written as the
+    // longest the field holds, which the worker refuses.
+    let us = u32::try_from(spin.max().as_micros()).unwrap_or(u32::MAX);
+    format!("{mode}:{us}")
+}
+
+/// [`spin_value`] read back, the spin checked against `SpinPolicy::MAX_US`.
+fn parse_spin(v: &str) -> Result<SpinPolicy, HandoffError> {
+    let (mode, us) = v.split_once(':').ok_or_else(|| {
+        field(
+            "spin",
+            format!("expected fixed:US or adaptive:US, got {v:?}"),
+        )
+    })?;
+    let adaptive = match mode {
+        "fixed" => false,
+        "adaptive" => true,
+        other => return Err(field("spin", format!("unknown mode {other:?}"))),
+    };
+    SpinPolicy::from_micros(num("spin", us)?, adaptive).map_err(|e| field("spin", e.to_string()))
 }
 
 fn millis(d: Duration) -> u64 {
@@ -331,8 +353,9 @@ mod tests {
             generation: 7,
             worker_generation: 6,
             ingress: IngressKind::Shm,
-            spin_us: 50,
-            spin_adaptive: true,
+            spin: SpinPolicy::Adaptive {
+                max: Duration::from_micros(50),
+            },
             public_addr: "[::]:4433".parse().unwrap(),
             tcp: true,
             redirect: true,
@@ -358,6 +381,7 @@ mod tests {
             cid_lifetime: None,
             ingress: IngressKind::Unix,
             alt_svc: None,
+            spin: SpinPolicy::Fixed(Duration::ZERO),
             ..h
         };
         assert_eq!(Handoff::decode(h2.encode().as_bytes()).unwrap(), h2);
@@ -403,6 +427,9 @@ mod tests {
                 "idle_timeout_ms",
             ),
             ("keys=010203ff", "keys=0g", "keys"),
+            ("spin=adaptive:50", "spin=adaptive:2000000", "spin"),
+            ("spin=adaptive:50", "spin=sometimes:50", "spin"),
+            ("spin=adaptive:50", "spin=50", "spin"),
             ("end=\n", "", "end"),
         ];
         for (from, to, name) in cases {

@@ -50,7 +50,7 @@ pub use upstream::{UpstreamError, UpstreamUrl};
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any
 /// field, descriptor or message). Raise it with every incompatible change; `control-protocol.md`
 /// says what each version changed.
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;
 
 /// Largest control message, either direction.
 pub const MAX_MESSAGE: usize = 256 * 1024;

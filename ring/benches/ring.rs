@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ringmux_ring::{
-    monotonic_ns as now_ns, Consumer, DatagramMeta, Producer, PushError, RingConfig,
+    monotonic_ns as now_ns, Consumer, DatagramMeta, Producer, PushError, RingConfig, SpinPolicy,
 };
 
 const MSG: usize = 1200;
@@ -129,12 +129,9 @@ fn run(mode: &str, seconds: f64) {
     let spin_us = match mode {
         "lat-spin" => 1_000_000,
         "lat-sleep" | "lat-sleep-read" => 0,
-        _ => RingConfig::default().spin_us,
+        _ => SpinPolicy::DEFAULT_US,
     };
-    let cfg = RingConfig {
-        spin_us,
-        ..RingConfig::default()
-    };
+    let cfg = RingConfig::default();
     let mut p = Producer::create(&cfg).expect("create ring");
     let h = p.handles();
     let fds = [
@@ -231,6 +228,7 @@ fn consumer(mode: &str) {
         .unwrap()
         .parse()
         .unwrap();
+    let max = Duration::from_micros(spin);
     let take = |fd| {
         // SAFETY: the parent placed the ring's descriptors at 3, 4, 5 for this process, and
         // each is taken once.
@@ -238,7 +236,7 @@ fn consumer(mode: &str) {
     };
     let (r, pg, b) = (take(3), take(4), take(5));
     let mut c =
-        Consumer::attach(r, pg, b, generation, Duration::from_micros(spin)).expect("attach");
+        Consumer::attach(r, pg, b, generation, SpinPolicy::Adaptive { max }).expect("attach");
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).unwrap();
     // The C reference's measure: per look that found data, the newest message only. A late
     // wake-up shows there as one short latency (the newest message arrived just before it), so

@@ -1,44 +1,33 @@
-//! Ring geometry and tuning: [`RingConfig`], its defaults and its bounds. Every bad value is
-//! refused with an error that names the field, the value and the accepted range. Where the
-//! values come from (the demux's `--ring-slots`, `--slot-bytes` and `--spin-us`, or their
-//! `RINGMUX_*` variables) is the caller's business: it names its own flag from [`RingField`].
-
-use std::time::Duration;
+//! Ring geometry: [`RingConfig`], its defaults and its bounds. Every bad value is refused with
+//! an error that names the field, the value and the accepted range; the consumer's spin
+//! ([`crate::SpinPolicy`]) is refused the same way. Where the values come from (the demux's
+//! `--ring-slots`, `--slot-bytes` and `--spin-us`, or their `RINGMUX_*` variables) is the
+//! caller's business: it names its own flag from [`RingField`].
 
 use crate::layout::DESC_BYTES;
 
-/// Geometry of one ring and the consumer's spin budget.
+/// Geometry of one ring: what the producer creates and the consumer checks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RingConfig {
     /// Number of slots: a power of two in [`RingConfig::SLOTS_RANGE`].
     pub slots: u32,
     /// Bytes per slot, descriptor included: a multiple of 64 in [`RingConfig::SLOT_BYTES_RANGE`].
     pub slot_bytes: u32,
-    /// How long an idle consumer polls the ring before it sleeps on the doorbell, in µs.
-    pub spin_us: u32,
 }
 
 impl Default for RingConfig {
     /// 4096 slots of 2 KiB (8 MiB a ring): a 64-byte descriptor and up to 1984 payload bytes, more
     /// than the 1500-byte Ethernet MTU; room for about 4 ms of a 1 M datagram/s burst.
-    ///
-    /// Spin 50 µs: on these virtualised machines a doorbell costs the waker ~11 µs and the sleeper
-    /// ~9 µs of CPU and ~28 µs of latency (measured with the C reference forwarder beside
-    /// `ring/benches/ring.rs`, bench/RESULTS.md), the price of receiving 25–30
-    /// datagrams. A consumer that keeps polling for 50 µs after its ring runs dry rides out the
-    /// gaps between receive batches at any load above ~20 k datagrams/s, so doorbells vanish under
-    /// load (the reference measured 0.0002 per datagram with ~50 µs), while an idle worker still
-    /// goes to sleep within 50 µs and burns no CPU.
     fn default() -> Self {
         RingConfig {
             slots: 4096,
             slot_bytes: 2048,
-            spin_us: 50,
         }
     }
 }
 
-/// A field of [`RingConfig`], as a [`ConfigError`] names it.
+/// A setting of the ring, as a [`ConfigError`] names it: a field of [`RingConfig`], or the
+/// consumer's spin ([`crate::SpinPolicy::from_micros`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RingField {
     Slots,
@@ -47,7 +36,7 @@ pub enum RingField {
 }
 
 impl RingField {
-    /// The field's name in [`RingConfig`].
+    /// The setting's name.
     pub fn name(self) -> &'static str {
         match self {
             RingField::Slots => "slots",
@@ -57,7 +46,7 @@ impl RingField {
     }
 }
 
-/// A field of [`RingConfig`] outside its accepted range.
+/// A setting of the ring outside its accepted range.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{}={value} is not valid: expected {expected}", field.name())]
 pub struct ConfigError {
@@ -71,12 +60,10 @@ pub struct ConfigError {
 impl RingConfig {
     pub const SLOTS_RANGE: (u32, u32) = (4, 1 << 20);
     pub const SLOT_BYTES_RANGE: (u32, u32) = (DESC_BYTES + 1216, DESC_BYTES + 65536);
-    pub const SPIN_US_MAX: u32 = 1_000_000;
 
     const SLOTS_EXPECTED: &'static str = "a power of two from 4 to 1048576";
     const SLOT_BYTES_EXPECTED: &'static str =
         "a multiple of 64 from 1280 (64-byte descriptor + 1216-byte payload, QUIC's 1200-byte minimum with room) to 65600";
-    const SPIN_EXPECTED: &'static str = "microseconds from 0 to 1000000";
 
     /// Checks every field against its range.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -92,20 +79,12 @@ impl RingConfig {
                 Self::SLOT_BYTES_EXPECTED,
             ));
         }
-        if self.spin_us > Self::SPIN_US_MAX {
-            return Err(err(RingField::SpinUs, self.spin_us, Self::SPIN_EXPECTED));
-        }
         Ok(())
     }
 
     /// Largest datagram a slot carries.
     pub fn payload_capacity(&self) -> usize {
         (self.slot_bytes - DESC_BYTES) as usize
-    }
-
-    /// The consumer's spin budget.
-    pub fn spin(&self) -> Duration {
-        Duration::from_micros(u64::from(self.spin_us))
     }
 }
 
@@ -129,7 +108,6 @@ mod tests {
         let small = RingConfig {
             slots: 1024,
             slot_bytes: 1600,
-            spin_us: 0,
         };
         assert_eq!(small.validate(), Ok(()));
     }
@@ -171,14 +149,6 @@ mod tests {
                 },
                 RingField::SlotBytes,
                 65664,
-            ),
-            (
-                RingConfig {
-                    spin_us: 2_000_000,
-                    ..d
-                },
-                RingField::SpinUs,
-                2_000_000,
             ),
         ] {
             let e = bad.validate().unwrap_err();

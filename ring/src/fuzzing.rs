@@ -15,7 +15,12 @@ use crate::layout::{LAYOUT_VERSION, MAGIC, SLOTS_OFFSET};
 use nix::fcntl::SealFlag;
 
 use crate::shm::{add_seals, memfd, BASE_SEALS, REGION_SEALS};
-use crate::Consumer;
+use crate::{Consumer, SpinPolicy};
+
+/// The fuzzed consumer never spins.
+const NO_SPIN: SpinPolicy = SpinPolicy::Adaptive {
+    max: Duration::ZERO,
+};
 
 /// Geometry of the "valid header" mode: the smallest legal ring.
 const SLOTS: u32 = 4;
@@ -57,7 +62,7 @@ pub fn consume_arbitrary(data: &[u8]) -> usize {
     let Ok(bell) = bell.consumer_end().try_clone_to_owned() else {
         return 0;
     };
-    let Ok(mut c) = Consumer::attach(ring, page, bell, generation, Duration::ZERO) else {
+    let Ok(mut c) = Consumer::attach(ring, page, bell, generation, NO_SPIN) else {
         return 0;
     };
     let mut handed = 0;

@@ -8,7 +8,7 @@
 //!
 //! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
 //! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (pipe), `config.rs`
-//! (geometry, the spin budget and their bounds).
+//! (geometry and its bounds), `spin.rs` (how an idle consumer spins: [`SpinPolicy`]).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -36,7 +36,7 @@ pub use shm::{
     AttachError, Consumer, ConsumerHandles, Producer, ProducerFds, ProducerState, RingStats,
     WaitError,
 };
-pub use spin::AdaptiveSpin;
+pub use spin::{AdaptiveSpin, SpinPolicy};
 
 /// The algorithm's halves over arbitrary memory, for the loom model (`tests/loom.rs`).
 #[cfg(loom)]

@@ -3,7 +3,7 @@
 //! in `ring.rs`; this file adds the syscalls and the checks an attacher makes before it trusts a
 //! descriptor it was handed.
 
-use crate::spin::AdaptiveSpin;
+use crate::spin::{AdaptiveSpin, SpinPolicy};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -494,13 +494,13 @@ pub struct Consumer {
 impl Consumer {
     /// Attaches to a ring from received descriptors: checks seals, size, magic, version, features,
     /// geometry and generation; maps the producer region read-only and only the consumer page
-    /// read-write.
+    /// read-write. An idle consumer spins by `spin` before it sleeps ([`Consumer::wait`]).
     pub fn attach(
         ring: OwnedFd,
         page: OwnedFd,
         doorbell: OwnedFd,
         generation: u64,
-        spin: Duration,
+        spin: SpinPolicy,
     ) -> Result<Self, AttachError> {
         let ring = File::from(ring);
         let page = File::from(page);
@@ -716,7 +716,6 @@ fn validate_header(
     let cfg = RingConfig {
         slots,
         slot_bytes: slot_size,
-        spin_us: 0,
     };
     cfg.validate()
         .map_err(|e| AttachError::Geometry(e.to_string()))?;

@@ -7,7 +7,7 @@
 //! where a sleep costs a doorbell write and a wake-up, about 20 µs of CPU on the two sides
 //! together ([`WAKE_COST`]). A spin that ends empty is pure waste, its whole budget burned before
 //! the sleep that follows anyway. So the consumer keeps two running averages over its idle
-//! periods: the share of them shorter than the configured maximum (`RingConfig::spin_us`), and how
+//! periods: the share of them shorter than the configured maximum ([`SpinPolicy::max`]), and how
 //! long those short ones last. It spins for four typical short gaps, and only when that
 //! pays on average: when `share × WAKE_COST` exceeds `(1 − share) × budget`, the wake-ups saved
 //! against the spins that end empty. Otherwise it sleeps at once.
@@ -22,9 +22,78 @@
 //!
 //! The price: a gap longer than four typical ones but shorter than the maximum now costs a
 //! wake-up the fixed spin would have saved, so at moderate rates a few more datagrams wait for
-//! one (bench/RESULTS.md). [`AdaptiveSpin::fixed`] keeps the fixed spin (`--spin fixed`).
+//! one (bench/RESULTS.md). [`SpinPolicy::Fixed`] keeps the fixed spin (`--spin fixed`).
 
 use std::time::Duration;
+
+use crate::config::{ConfigError, RingField};
+
+/// How an idle consumer spins before it sleeps on the doorbell: one value from the demux's
+/// command line (`--spin`, `--spin-us`) through the worker's hand-off to
+/// `Consumer::attach`, which spins by it ([`AdaptiveSpin`]). The producer never spins, so the
+/// ring's geometry (`RingConfig`) holds none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpinPolicy {
+    /// Always spin this long: the shortest tail and the cheapest producer under saturation.
+    Fixed(Duration),
+    /// Spin about four typical short gaps between datagrams, at most `max`, and not at all
+    /// when the gaps are mostly longer than `max` (this module's description).
+    Adaptive { max: Duration },
+}
+
+impl Default for SpinPolicy {
+    /// The fixed spin of [`SpinPolicy::DEFAULT_US`].
+    fn default() -> Self {
+        SpinPolicy::Fixed(Duration::from_micros(u64::from(SpinPolicy::DEFAULT_US)))
+    }
+}
+
+impl SpinPolicy {
+    /// The default spin, µs.
+    ///
+    /// 50 µs: on these virtualised machines a doorbell costs the waker ~11 µs and the sleeper
+    /// ~9 µs of CPU and ~28 µs of latency (measured with the C reference forwarder beside
+    /// `ring/benches/ring.rs`, bench/RESULTS.md), the price of receiving 25–30
+    /// datagrams. A consumer that keeps polling for 50 µs after its ring runs dry rides out the
+    /// gaps between receive batches at any load above ~20 k datagrams/s, so doorbells vanish
+    /// under load (the reference measured 0.0002 per datagram with ~50 µs), while an idle
+    /// worker still goes to sleep within 50 µs and burns no CPU.
+    pub const DEFAULT_US: u32 = 50;
+    /// The longest spin a policy may name, µs.
+    pub const MAX_US: u32 = 1_000_000;
+
+    const EXPECTED: &'static str = "microseconds from 0 to 1000000";
+
+    /// The policy that spins `us` µs (at most, when `adaptive`), checked against
+    /// [`SpinPolicy::MAX_US`]; a refusal names [`RingField::SpinUs`].
+    pub fn from_micros(us: u32, adaptive: bool) -> Result<SpinPolicy, ConfigError> {
+        if us > Self::MAX_US {
+            return Err(ConfigError {
+                field: RingField::SpinUs,
+                value: us,
+                expected: Self::EXPECTED,
+            });
+        }
+        let max = Duration::from_micros(u64::from(us));
+        Ok(if adaptive {
+            SpinPolicy::Adaptive { max }
+        } else {
+            SpinPolicy::Fixed(max)
+        })
+    }
+
+    /// The longest an idle period spins: the fixed spin, or the adaptive one's cap.
+    pub fn max(&self) -> Duration {
+        match *self {
+            SpinPolicy::Fixed(max) | SpinPolicy::Adaptive { max } => max,
+        }
+    }
+
+    /// Whether the spin adapts to the gaps between datagrams.
+    pub fn adapts(&self) -> bool {
+        matches!(self, SpinPolicy::Adaptive { .. })
+    }
+}
 
 /// What one sleep and wake-up cost the box: the producer's doorbell write and the sleeper's
 /// wake-up together (an eventfd write that wakes a sleeper on the other CPU costs the writer
@@ -34,7 +103,7 @@ pub const WAKE_COST: Duration = Duration::from_micros(20);
 /// The spin budget of one consumer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdaptiveSpin {
-    /// `false`: always `max` (`fixed`).
+    /// `false`: always `max` ([`SpinPolicy::Fixed`]).
     adapts: bool,
     max: Duration,
     budget: Duration,
@@ -53,22 +122,16 @@ const GAP_WEIGHT: f64 = 1.0 / 8.0;
 const GAPS: f64 = 4.0;
 
 impl AdaptiveSpin {
-    /// Starts as the fixed spin of old: the whole maximum.
-    pub fn new(max: Duration) -> AdaptiveSpin {
+    /// The spin of `policy`. Either starts as the fixed spin of old, the whole maximum; only an
+    /// [`SpinPolicy::Adaptive`] one moves from there.
+    pub fn new(policy: SpinPolicy) -> AdaptiveSpin {
+        let max = policy.max();
         AdaptiveSpin {
-            adapts: true,
+            adapts: policy.adapts(),
             max,
             budget: max,
             short_share: 1.0,
             short_gap_ns: max.as_nanos() as f64 / 2.0,
-        }
-    }
-
-    /// Always spins `max`: the fixed spin, for the shortest tail.
-    pub fn fixed(max: Duration) -> AdaptiveSpin {
-        AdaptiveSpin {
-            adapts: false,
-            ..AdaptiveSpin::new(max)
         }
     }
 
@@ -116,8 +179,12 @@ mod tests {
 
     const MAX: Duration = Duration::from_micros(50);
 
+    fn adaptive(max: Duration) -> AdaptiveSpin {
+        AdaptiveSpin::new(SpinPolicy::Adaptive { max })
+    }
+
     fn after(gaps: &[u64]) -> AdaptiveSpin {
-        let mut s = AdaptiveSpin::new(MAX);
+        let mut s = adaptive(MAX);
         for _ in 0..200 {
             for &g in gaps {
                 s.idle_ended(Duration::from_micros(g));
@@ -128,7 +195,7 @@ mod tests {
 
     #[test]
     fn close_arrivals_spin_four_of_their_gaps() {
-        assert_eq!(AdaptiveSpin::new(MAX).budget(), MAX);
+        assert_eq!(adaptive(MAX).budget(), MAX);
         let b = after(&[5]).budget();
         assert!(
             (Duration::from_micros(19)..=Duration::from_micros(21)).contains(&b),
@@ -162,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_fixed_spin_stays() {
-        let mut s = AdaptiveSpin::fixed(MAX);
+        let mut s = AdaptiveSpin::new(SpinPolicy::Fixed(MAX));
         for _ in 0..100 {
             s.idle_ended(Duration::from_millis(1));
         }
@@ -171,8 +238,30 @@ mod tests {
 
     #[test]
     fn zero_maximum_never_spins() {
-        let mut s = AdaptiveSpin::new(Duration::ZERO);
+        let mut s = adaptive(Duration::ZERO);
         s.idle_ended(Duration::from_micros(3));
         assert_eq!(s.budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn policies_are_checked_against_the_longest_spin() {
+        assert_eq!(
+            SpinPolicy::from_micros(50, false),
+            Ok(SpinPolicy::Fixed(MAX))
+        );
+        assert_eq!(
+            SpinPolicy::from_micros(50, false),
+            Ok(SpinPolicy::default())
+        );
+        assert_eq!(
+            SpinPolicy::from_micros(SpinPolicy::MAX_US, true),
+            Ok(SpinPolicy::Adaptive {
+                max: Duration::from_secs(1)
+            })
+        );
+        let e = SpinPolicy::from_micros(2_000_000, true).unwrap_err();
+        assert_eq!((e.field, e.value), (RingField::SpinUs, 2_000_000));
+        let msg = e.to_string();
+        assert!(msg.contains("spin_us") && msg.contains("expected"), "{msg}");
     }
 }

@@ -34,7 +34,6 @@ fn config() -> RingConfig {
     RingConfig {
         slots: 16,
         slot_bytes: 2048,
-        spin_us: 0,
     }
 }
 
@@ -42,7 +41,7 @@ fn config() -> RingConfig {
 fn an_adopted_ring_carries_on_where_the_old_producer_stopped() {
     let cfg = config();
     let mut p = Producer::create(&cfg).unwrap();
-    let mut c = common::attach(&p, Duration::ZERO);
+    let mut c = common::attach(&p, common::NO_SPIN);
     for i in 0..5u8 {
         p.try_push(&meta(), &[i; 100]).unwrap();
     }
@@ -103,7 +102,7 @@ fn an_adopted_ring_carries_on_where_the_old_producer_stopped() {
 fn adopt_refuses_a_state_that_does_not_fit() {
     let cfg = config();
     let mut p = Producer::create(&cfg).unwrap();
-    let _c = common::attach(&p, Duration::ZERO);
+    let _c = common::attach(&p, common::NO_SPIN);
     p.try_push(&meta(), b"x").unwrap();
     p.publish();
     let (state, _) = fds_of(&mut p);

@@ -13,6 +13,7 @@ use std::time::Duration;
 use memmap2::MmapOptions;
 use ringmux_ring::{
     AttachError, Consumer, ConsumerViolation, DatagramMeta, Producer, PushError, RingConfig,
+    SpinPolicy,
 };
 
 fn meta() -> DatagramMeta {
@@ -184,7 +185,7 @@ fn a_replaced_consumer_reads_nothing_of_the_next_generation() {
         old_page,
         "the same consumer page after reset"
     );
-    let mut new = common::attach(&p, Duration::ZERO);
+    let mut new = common::attach(&p, common::NO_SPIN);
     for _ in 0..10 {
         p.try_push(&meta(), b"second generation").unwrap();
     }
@@ -242,7 +243,7 @@ fn garbage_head_and_flag_never_panic_the_producer() {
     assert!(violations > 0);
     // After a reset the producer works again with a fresh consumer page.
     p.reset().unwrap();
-    let mut c = common::attach(&p, Duration::ZERO);
+    let mut c = common::attach(&p, common::NO_SPIN);
     p.try_push(&meta(), b"after").unwrap();
     p.publish();
     let mut got = Vec::new();
@@ -315,7 +316,6 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
     let cfg = RingConfig {
         slots: 8,
         slot_bytes: 2048,
-        spin_us: 0,
     };
     let mut p = Producer::create(&cfg).unwrap();
     let old = p.handles().generation;
@@ -326,7 +326,9 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
         common::dup(h.page),
         common::dup(h.doorbell),
         old,
-        Duration::ZERO,
+        SpinPolicy::Adaptive {
+            max: Duration::ZERO,
+        },
     )
     .err()
     .unwrap();
@@ -347,7 +349,9 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
         common::dup(h.page),
         common::dup(h.doorbell),
         2,
-        Duration::ZERO,
+        SpinPolicy::Adaptive {
+            max: Duration::ZERO,
+        },
     )
     .err()
     .unwrap();
@@ -360,7 +364,9 @@ fn attach_refuses_stale_generation_and_bad_descriptors() {
         common::dup(h.page),
         common::dup(h.doorbell),
         2,
-        Duration::ZERO,
+        SpinPolicy::Adaptive {
+            max: Duration::ZERO,
+        },
     )
     .err()
     .unwrap();
@@ -396,7 +402,6 @@ fn attach_checks_the_header_before_mapping_the_region() {
     let cfg = RingConfig {
         slots: 8,
         slot_bytes: 2048,
-        spin_us: 0,
     };
     let p = Producer::create(&cfg).unwrap();
     let h = p.handles();
@@ -405,7 +410,9 @@ fn attach_checks_the_header_before_mapping_the_region() {
         common::dup(h.page),
         common::dup(h.doorbell),
         1,
-        Duration::ZERO,
+        SpinPolicy::Adaptive {
+            max: Duration::ZERO,
+        },
     )
     .err()
     .unwrap();

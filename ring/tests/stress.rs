@@ -9,7 +9,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
-use ringmux_ring::{DatagramMeta, PushError};
+use ringmux_ring::{DatagramMeta, PushError, SpinPolicy};
 
 const TOTAL: u64 = 10_000_000;
 const END_MARK: u64 = u64::MAX;
@@ -131,7 +131,9 @@ fn stress_consumer() {
     if common::child_role().as_deref() != Some("stress_consumer") {
         return;
     }
-    let mut c = common::child_attach(Duration::from_micros(50));
+    let mut c = common::child_attach(SpinPolicy::Adaptive {
+        max: Duration::from_micros(50),
+    });
     let mut expect = vec![0u8; 1500];
     let mut got = vec![0u8; 1500];
     let (mut next, mut received, mut gaps, mut bad) = (0u64, 0u64, 0u64, 0u64);

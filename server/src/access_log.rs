@@ -31,7 +31,10 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use http::{Method, StatusCode};
 use tracing::warn;
+
+use crate::request::authority_of;
 
 /// Lines a worker may have waiting to be written; one more is dropped.
 pub const QUEUE_LINES: usize = 16 * 1024;
@@ -257,6 +260,64 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     let y = yoe + era * 400 + i64::from(m <= 2);
     (y, m, d)
+}
+
+/// A request's access-log line, begun when its head arrived (`Router::begin_log`).
+pub(crate) struct Logged {
+    log: Arc<AccessLog>,
+    /// The site's label, or `-`; `None`: the line names no site (`Router::log_label`).
+    site: Option<Arc<str>>,
+    time: SystemTime,
+    start: Instant,
+    client: SocketAddr,
+    protocol: &'static str,
+    method: Method,
+    authority: Option<String>,
+    path: String,
+}
+
+impl Logged {
+    /// Begins the line of `parts` from `client` over `protocol` in `log`, naming the site
+    /// labelled `site`.
+    pub(crate) fn begin(
+        log: &Arc<AccessLog>,
+        site: Option<Arc<str>>,
+        client: SocketAddr,
+        protocol: &'static str,
+        parts: &http::request::Parts,
+    ) -> Logged {
+        let authority = authority_of(parts).map(str::to_owned);
+        Logged {
+            log: log.clone(),
+            site,
+            time: SystemTime::now(),
+            start: Instant::now(),
+            client,
+            protocol,
+            method: parts.method.clone(),
+            authority,
+            path: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+        }
+    }
+
+    /// Writes the line: `status` (`None`: no response went out) and the body bytes sent.
+    pub(crate) fn end(self, status: Option<StatusCode>, bytes: u64) {
+        self.log.record(&Entry {
+            time: self.time,
+            client: self.client,
+            protocol: self.protocol,
+            method: self.method.as_str(),
+            authority: self.authority.as_deref(),
+            path: &self.path,
+            status: status.map(|s| s.as_u16()),
+            bytes,
+            duration: self.start.elapsed(),
+            site: self.site.as_deref(),
+        });
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 //! * The RFC 9110 decisions over a file's validators: [`evaluate`] (conditional requests,
 //!   §13.2.2; ranges, §14) and [`content_type`].
 //!
-//! It never touches HTTP/3 streams (that is [`crate::http`]) and never follows a path outside
+//! It never touches a stream or a connection (that is each front's) and never follows a path outside
 //! its root.
 
 mod sys;
@@ -296,7 +296,7 @@ impl DocRoot {
     }
 
     /// Looks up `rel`, a relative path of plain components joined by `/` (no `.`, `..` or
-    /// empty components: [`crate::http`] cleans request paths first), `""` for the root.
+    /// empty components: [`crate::request`] cleans request paths first), `""` for the root.
     pub async fn lookup(&self, rel: &str) -> io::Result<Lookup> {
         let inner = &self.inner;
         let stale = match self.cached(rel) {

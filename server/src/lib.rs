@@ -3,26 +3,42 @@
 //! ringmux: it attaches to the demux, serves HTTP/3 on the endpoint the library hands it, and
 //! HTTPS over TCP on the listener the demux shares.
 //!
-//! * [`http`]: the HTTP/3 server loop, the one-site [`http::Site`], server counters.
-//! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]): which site a request
-//!   belongs to (421 when its connection's certificate is another site's) and which route
-//!   answers it.
-//! * [`tcp`]: HTTPS over TCP (HTTP/1.1 and HTTP/2 by ALPN) with `alt-svc`, and the plain-HTTP
-//!   redirects.
+//! The core answers requests whatever the transport, and imports no front:
+//!
+//! * [`request`]: what a request names (authority, cleaned path).
+//! * [`reply`]: what it is answered with (`Reply`, its body), the built-ins and the
+//!   file replies.
+//! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]; one site alone:
+//!   [`sites::Site`]): which site a request belongs to (421 when its connection's certificate
+//!   is another site's) and which route answers it.
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
-//! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), for both transports.
+//! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
+//!   every transport.
 //! * [`access_log`]: one line per request, written off the request path.
-//! * [`options`]: the `ringmux-worker` program's command line, which ringmux fills from its own
-//!   options when it runs the built-in worker.
-//! * [`sink`]: the count-only benchmark worker (no quinn).
+//! * [`stats`]: the server's counters and how they go into a `STATS` report.
+//!
+//! One front per transport on top of it:
+//!
+//! * [`h3`]: HTTP/3 on the endpoint the library hands the worker.
+//! * [`tcp`]: HTTPS over TCP (HTTP/1.1 and HTTP/2 by ALPN) with `alt-svc`.
+//! * [`redirect`]: the plain-HTTP listener's redirects and HTTP-01 answers, on `tcp`'s
+//!   connection handling.
+//!
+//! Beside them, [`options`]: the `ringmux-worker` program's command line, which ringmux fills
+//! from its own options when it runs the built-in worker; [`sink`]: the count-only benchmark
+//! worker (no quinn).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod access_log;
 pub mod files;
-pub mod http;
+pub mod h3;
 pub mod options;
 pub mod proxy;
+pub mod redirect;
+pub mod reply;
+pub mod request;
 pub mod sink;
 pub mod sites;
+pub mod stats;
 pub mod tcp;

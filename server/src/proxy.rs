@@ -2,8 +2,9 @@
 //! request, over HTTP/3 or TCP, is passed to an HTTP/1.1 service, the way nginx's `proxy_pass`
 //! does. [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
 //! whose body streams from the client and returns the upstream's response, whose body streams
-//! back ([`UpstreamBody`]); [`proxy_h3`] drives it on an h3 request stream, the TCP server
-//! (`crate::tcp`) hands it hyper's request and returns its response to hyper.
+//! back ([`UpstreamBody`]); the HTTP/3 front (`h3::proxy`) drives it on an h3 request stream,
+//! the TCP front (`tcp`) hands it hyper's request and returns its response to hyper. This
+//! module knows neither transport.
 //!
 //! * One [`Upstream`] per worker holds hyper's client and its pool of keep-alive connections
 //!   (TCP_NODELAY), so requests reuse connections instead of opening one each.
@@ -38,15 +39,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
-use h3::error::Code;
-use h3::server::RequestStream;
+use bytes::Bytes;
 use http::header::{self, HeaderName};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as _, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, StreamBody};
+use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -62,7 +61,7 @@ const POOL_IDLE_MAX: usize = 256;
 /// How long an idle upstream connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
-type BoxError = Box<dyn StdError + Send + Sync>;
+pub(crate) type BoxError = Box<dyn StdError + Send + Sync>;
 
 /// The body of a request to the upstream.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -149,21 +148,6 @@ pub enum Exchange {
     /// The client went away (or reset its stream) before its request was sent upstream.
     ClientGone,
 }
-
-/// How a proxied HTTP/3 request ended, for the caller's counters.
-#[derive(Debug)]
-pub enum Outcome {
-    /// The upstream's response (or our 502/504) went out whole, with this status and this
-    /// many body bytes.
-    Answered { status: StatusCode, bytes: u64 },
-    /// The exchange broke off: the client went away, or the upstream failed mid-body.
-    Failed,
-}
-
-/// The request stream of the h3 server over quinn.
-type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
-type RecvHalf = RequestStream<h3_quinn::RecvStream, Bytes>;
-type SendHalf = RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
 /// The client's side of an exchange failed (reset its stream, went away): not the upstream's
 /// fault, and not counted as an upstream error. A request body passed to [`Upstream::exchange`]
@@ -271,7 +255,7 @@ impl Upstream {
         early: bool,
     ) -> Request<ProxyBody> {
         let (mut parts, body) = request.into_parts();
-        let authority = crate::http::authority_of(&parts).map(str::to_owned);
+        let authority = crate::request::authority_of(&parts).map(str::to_owned);
         let path = parts
             .uri
             .path_and_query()
@@ -429,165 +413,8 @@ impl http_body::Body for UpstreamBody {
 }
 
 /// An empty request body.
-fn empty_body() -> ProxyBody {
+pub(crate) fn empty_body() -> ProxyBody {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
-}
-
-/// Passes one HTTP/3 request to `upstream` and its response back on `stream`. `remote` is the
-/// client's current address, `early` whether the request arrived in 0-RTT. Counts response
-/// body bytes handed to QUIC into `sent`.
-pub async fn proxy_h3(
-    upstream: &Arc<Upstream>,
-    request: Request<()>,
-    stream: Stream,
-    remote: SocketAddr,
-    early: bool,
-    sent: &AtomicU64,
-) -> Outcome {
-    let (mut tx, mut rx) = stream.split();
-    let (parts, ()) = request.into_parts();
-    let head = parts.method == Method::HEAD;
-    // The body's length is known from `content-length`; without one, a body that is empty
-    // must be known as empty before the head goes upstream.
-    let body = if parts.headers.contains_key(header::CONTENT_LENGTH) {
-        request_body(rx, None)
-    } else {
-        let first = match rx.recv_data().await {
-            Err(e) => return client_gone_early(e),
-            Ok(Some(mut first)) => Some(Frame::data(first.copy_to_bytes(first.remaining()))),
-            Ok(None) => match rx.recv_trailers().await {
-                Err(e) => return client_gone_early(e),
-                Ok(None) => None,
-                Ok(Some(t)) => Some(Frame::trailers(t)),
-            },
-        };
-        match first {
-            None => empty_body(),
-            first => request_body(rx, first),
-        }
-    };
-    let response = match upstream
-        .exchange(Request::from_parts(parts, body), remote, early)
-        .await
-    {
-        Exchange::Response(r) => r,
-        Exchange::Reply(status, body) => return reply(&mut tx, status, body).await,
-        Exchange::ClientGone => {
-            tx.stop_stream(Code::H3_REQUEST_CANCELLED);
-            return Outcome::Failed;
-        }
-    };
-    let (parts, mut body) = response.into_parts();
-    let status = parts.status;
-    if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {
-        debug!(error = %e, "client went away before the response head");
-        return Outcome::Failed;
-    }
-    let mut bytes = 0u64;
-    if head {
-        return finish(&mut tx, status, bytes).await;
-    }
-    while let Some(frame) = body.frame().await {
-        let sending = match frame {
-            // Counted already; the head is out: a reset, not a short body that looks complete.
-            Err(_) => {
-                tx.stop_stream(Code::H3_INTERNAL_ERROR);
-                return Outcome::Failed;
-            }
-            Ok(frame) => match frame.into_data() {
-                Ok(data) if data.is_empty() => continue,
-                Ok(data) => {
-                    let n = data.len() as u64;
-                    let r = tx.send_data(data).await;
-                    if r.is_ok() {
-                        sent.fetch_add(n, Ordering::Relaxed);
-                        bytes += n;
-                    }
-                    r
-                }
-                Err(frame) => match frame.into_trailers() {
-                    Ok(trailers) => tx.send_trailers(trailers).await,
-                    Err(_) => continue,
-                },
-            },
-        };
-        if let Err(e) = sending {
-            debug!(error = %e, "client went away during the response body");
-            return Outcome::Failed;
-        }
-    }
-    finish(&mut tx, status, bytes).await
-}
-
-fn client_gone_early(e: h3::error::StreamError) -> Outcome {
-    debug!(error = %e, "client went away before its request was sent upstream");
-    Outcome::Failed
-}
-
-/// Finishes the stream after a complete response of `bytes` body bytes.
-async fn finish(tx: &mut SendHalf, status: StatusCode, bytes: u64) -> Outcome {
-    match tx.finish().await {
-        Ok(()) => Outcome::Answered { status, bytes },
-        Err(e) => {
-            debug!(error = %e, "client went away at the end of the response");
-            Outcome::Failed
-        }
-    }
-}
-
-/// A complete short text response of ours.
-async fn reply(tx: &mut SendHalf, status: StatusCode, body: &'static [u8]) -> Outcome {
-    let mut head = Response::new(());
-    *head.status_mut() = status;
-    let h = head.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    if let Err(e) = tx.send_response(head).await {
-        debug!(error = %e, "client went away before our response");
-        return Outcome::Failed;
-    }
-    if let Err(e) = tx.send_data(Bytes::from_static(body)).await {
-        debug!(error = %e, "client went away during our response");
-        return Outcome::Failed;
-    }
-    finish(tx, status, body.len() as u64).await
-}
-
-/// The request body as hyper polls it: `first` (a frame already read), then the stream's data
-/// frames, then its trailers. A client error ends it with [`ClientGone`].
-fn request_body(rx: RecvHalf, first: Option<Frame<Bytes>>) -> ProxyBody {
-    enum State {
-        Data(RecvHalf),
-        Done,
-    }
-    let gone = |e: h3::error::StreamError| BoxError::from(ClientGone(Box::new(e)));
-    let first = futures_util::stream::iter(first.map(Ok));
-    let rest = futures_util::stream::unfold(State::Data(rx), move |state| async move {
-        let State::Data(mut rx) = state else {
-            return None;
-        };
-        loop {
-            match rx.recv_data().await {
-                Ok(Some(mut buf)) => {
-                    if !buf.has_remaining() {
-                        continue;
-                    }
-                    let data = buf.copy_to_bytes(buf.remaining());
-                    return Some((Ok(Frame::data(data)), State::Data(rx)));
-                }
-                Ok(None) => {
-                    return match rx.recv_trailers().await {
-                        Ok(None) => None,
-                        Ok(Some(t)) => Some((Ok(Frame::trailers(t)), State::Done)),
-                        Err(e) => Some((Err(gone(e)), State::Done)),
-                    };
-                }
-                Err(e) => return Some((Err(gone(e)), State::Done)),
-            }
-        }
-    });
-    use futures_util::StreamExt;
-    StreamBody::new(first.chain(rest)).boxed_unsync()
 }
 
 /// Removes the hop-by-hop fields (RFC 9110 §7.6.1), including those `connection` names.

@@ -1,7 +1,7 @@
 //! The sites of a worker made ready to serve: which site a request belongs to, and which route
 //! of it answers. Built once, when the worker starts, from the site table
-//! ([`ringmux_proto::sites::SiteTable`]) and the worker's options; shared by HTTP/3
-//! ([`crate::http`]) and HTTPS over TCP ([`crate::tcp`]).
+//! ([`ringmux_proto::sites::SiteTable`]) and the worker's options; shared by every front
+//! (HTTP/3, HTTPS over TCP, the plain-HTTP listener), none of which it knows.
 //!
 //! * Every document root of the table is opened once ([`DocRoot`]), all of them sharing one
 //!   cache of small files of the worker's budget ([`FileCache`]), and every upstream URL is
@@ -18,6 +18,7 @@
 //! This module decides; it never reads a request body nor writes a response (the transports do).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,13 +27,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
-use ringmux_proto::sites::{longest_prefix, Action, Route, Site, SiteIndex, SiteTable};
+use ringmux_proto::sites::{self as table, longest_prefix, Action, Route, SiteIndex, SiteTable};
 use ringmux_proto::UpstreamUrl;
 
-use crate::access_log::AccessLog;
+use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
-use crate::http::{self as served, Body, Reply};
 use crate::proxy::{ErrorKind, Upstream};
+use crate::reply::{self, Body, Reply};
+use crate::request::authority_of;
 
 /// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
@@ -56,7 +58,7 @@ pub struct RouterOptions {
 impl Default for RouterOptions {
     fn default() -> Self {
         RouterOptions {
-            max_bytes: served::DEFAULT_MAX_BYTES,
+            max_bytes: reply::DEFAULT_MAX_BYTES,
             files: FileOptions::default(),
             upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
             access_log: None,
@@ -216,9 +218,9 @@ impl Lookup<'_> {
             let Some(root) = self.root else {
                 return not_found();
             };
-            served::files(root, method, headers, self.path, self.rest).await
+            reply::files(root, method, headers, self.path, self.rest).await
         } else {
-            served::builtin(
+            reply::builtin(
                 self.root,
                 self.max_bytes,
                 method,
@@ -370,7 +372,7 @@ impl Router {
                 return Choice::NoHost;
             }
         }
-        let site = match served::authority_of(parts) {
+        let site = match authority_of(parts) {
             Some(authority) => self.inner.index.for_host(Some(authority)),
             None => connection,
         };
@@ -409,6 +411,25 @@ impl Router {
 
     pub(crate) fn access_log(&self) -> Option<&Arc<AccessLog>> {
         self.inner.access_log.as_ref()
+    }
+
+    /// Begins the access-log line of `parts` from `client` over `protocol`, answered by `site`,
+    /// if the worker logs.
+    pub(crate) fn begin_log(
+        &self,
+        site: Option<usize>,
+        client: SocketAddr,
+        protocol: &'static str,
+        parts: &http::request::Parts,
+    ) -> Option<Logged> {
+        let log = self.access_log()?;
+        Some(Logged::begin(
+            log,
+            self.log_label(site),
+            client,
+            protocol,
+            parts,
+        ))
     }
 
     /// What the access log writes for site `site`: `None` when it names no site.
@@ -669,8 +690,8 @@ pub fn command_line_table() -> SiteTable {
     }
 }
 
-fn command_line_site(routes: Vec<Route>) -> Site {
-    Site {
+fn command_line_site(routes: Vec<Route>) -> table::Site {
+    table::Site {
         label: COMMAND_LINE_LABEL.into(),
         names: Vec::new(),
         // The server never reads these: the worker library chooses certificates.
@@ -773,10 +794,49 @@ impl SiteStats {
     }
 }
 
-/// One site answering every host, as [`crate::http::Site`] describes it: the built-in routes
+/// One site answering every host, as the command line sets it up without a site table: what
+/// each front (`h3::serve`, `tcp::serve`) serves when given one ([`Router::from`]), for tests
+/// and programs embedding the server. The worker program serves a [`Router`] over its site table,
+/// whose built-in and upstream routes answer as this describes.
+///
+/// * `GET`/`HEAD` of a regular file under `root` (if set; [`crate::files`]), with
+///   `content-type` from the extension, `ETag`, `Last-Modified`, `Accept-Ranges` and the
+///   configured `Cache-Control`; conditional requests (304, 412) and one byte range (206, 416)
+///   per RFC 9110. A path ending in `/` serves that directory's `index.html`; a directory
+///   named without the slash is redirected (301) to the path with it. Request paths are
+///   percent-decoded one segment at a time; a segment that is `..` or decodes to something
+///   holding `/`, NUL or a backslash, or to invalid UTF-8, is refused with 400. Symlinks are
+///   followed only while they stay beneath `root` (relative targets; absolute ones are refused).
+/// * Built-ins, when `root` has no file of that name: `/hello.txt` ([`HELLO_BODY`](crate::reply::HELLO_BODY)) and
+///   `/bytes/N`: N bytes of [`fill_pattern`](crate::reply::fill_pattern), N ≤ `max_bytes` (400 otherwise).
+/// * `POST /echo-len`: reads the whole request body and answers with its length in decimal.
+/// * Any other method: 405 (after reading the request body).
+#[derive(Debug, Clone)]
+pub struct Site {
+    pub root: Option<DocRoot>,
+    pub max_bytes: u64,
+    /// Proxy every request to this upstream instead ([`crate::proxy`]); `root` and the
+    /// built-ins are then not used.
+    pub upstream: Option<Arc<Upstream>>,
+    /// One line per request, over TCP and HTTP/3 (`--access-log`).
+    pub access_log: Option<Arc<AccessLog>>,
+}
+
+impl Default for Site {
+    fn default() -> Self {
+        Site {
+            root: None,
+            max_bytes: reply::DEFAULT_MAX_BYTES,
+            upstream: None,
+            access_log: None,
+        }
+    }
+}
+
+/// One site answering every host, as [`Site`] describes it: the built-in routes
 /// (files from its root, then the built-ins) or its upstream.
-impl From<&served::Site> for Router {
-    fn from(site: &served::Site) -> Router {
+impl From<&Site> for Router {
+    fn from(site: &Site) -> Router {
         let handler = match &site.upstream {
             Some(upstream) => Handler::Upstream {
                 upstream: upstream.clone(),
@@ -805,14 +865,14 @@ impl From<&served::Site> for Router {
     }
 }
 
-impl From<Arc<served::Site>> for Router {
-    fn from(site: Arc<served::Site>) -> Router {
+impl From<Arc<Site>> for Router {
+    fn from(site: Arc<Site>) -> Router {
         Router::from(&*site)
     }
 }
 
-impl From<served::Site> for Router {
-    fn from(site: served::Site) -> Router {
+impl From<Site> for Router {
+    fn from(site: Site) -> Router {
         Router::from(&site)
     }
 }
@@ -835,8 +895,8 @@ mod tests {
         }
     }
 
-    fn site(label: &str, names: &[&str], routes: Vec<Route>) -> Site {
-        Site {
+    fn site(label: &str, names: &[&str], routes: Vec<Route>) -> table::Site {
+        table::Site {
             label: label.into(),
             names: names.iter().map(|n| n.to_string()).collect(),
             cert_pem: String::new(),

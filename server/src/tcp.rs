@@ -33,9 +33,8 @@
 //! challenge, gets the challenge's certificate and `acme-tls/1`, and the connection ends after
 //! the handshake; any other ClientHello offering `acme-tls/1` is refused with
 //! `no_application_protocol` (counted as `tls_failed`), never served a site's certificate.
-//! HTTP-01 (RFC 8555 §8.3): on the plain-HTTP listener, `GET` (or `HEAD`)
-//! `/.well-known/acme-challenge/TOKEN` for a pending token is answered 200 with its key
-//! authorization as `text/plain`, before the redirect.
+//! HTTP-01 is the plain-HTTP listener's (`crate::redirect`), which runs on this module's
+//! connection handling (`serve_plain`).
 //!
 //! Every connection hyper is done with is closed gracefully (`close_gracefully`): TLS
 //! `close_notify` and the write side shut, then what the client still sends is read and thrown
@@ -66,78 +65,23 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
+use futures_util::future::BoxFuture;
 use ringmux_proto::message::ACME_TLS_ALPN;
 use ringmux_worker::AcmeAnswers;
 
-use crate::http::{authority_of, fill_pattern, with_path, Body, Logged, Reply, ServerStats, CHUNK};
+use crate::access_log::Logged;
 use crate::proxy::{ClientGone, Exchange, Upstream};
+use crate::reply::{fill_pattern, Body, Reply, CHUNK};
+use crate::request::with_path;
 use crate::sites::{Local, Router, Target};
+use crate::stats::ServerStats;
+pub use crate::stats::TcpErrorKind;
 
 mod sys;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Why a TCP connection was refused or ended early, for
-/// `ringmux_worker_tcp_errors_total{kind}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TcpErrorKind {
-    /// Closed at accept: this worker serves [`TcpOptions::max_connections`] already.
-    OverCap,
-    /// The TLS handshake failed (garbage instead of TLS, a client that gave up).
-    TlsFailed,
-    /// The TLS handshake did not finish within [`TcpOptions::handshake_timeout`].
-    TlsTimeout,
-    /// An HTTP/1.1 request head did not arrive within [`TcpOptions::header_timeout`].
-    HeaderTimeout,
-    /// An HTTP/1.1 request head larger than [`TcpOptions::max_header_bytes`] (answered 431).
-    TooLarge,
-    /// An HTTP/2 client that reset or provoked too many streams (rapid reset): its connection
-    /// was closed with GOAWAY `ENHANCE_YOUR_CALM`.
-    RapidReset,
-    /// Any other HTTP/1.1 or HTTP/2 protocol violation that ended the connection.
-    Protocol,
-    /// An HTTP/2 connection without a request in flight for [`TcpOptions::idle_timeout`]: sent
-    /// GOAWAY and closed.
-    IdleTimeout,
-    /// An idle connection closed to make room for a new one at
-    /// [`TcpOptions::max_connections`].
-    Evicted,
-    /// A graceful close cut short by its bound (`close_gracefully`): the client had stopped
-    /// taking what was sent, or kept sending, and may have lost the end of a response.
-    LingerCut,
-}
-
 impl TcpErrorKind {
-    /// Every kind, in the order of [`ServerStats::tcp_errors`].
-    pub const ALL: [TcpErrorKind; 10] = [
-        TcpErrorKind::OverCap,
-        TcpErrorKind::TlsFailed,
-        TcpErrorKind::TlsTimeout,
-        TcpErrorKind::HeaderTimeout,
-        TcpErrorKind::TooLarge,
-        TcpErrorKind::RapidReset,
-        TcpErrorKind::Protocol,
-        TcpErrorKind::IdleTimeout,
-        TcpErrorKind::Evicted,
-        TcpErrorKind::LingerCut,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TcpErrorKind::OverCap => "over_cap",
-            TcpErrorKind::TlsFailed => "tls_failed",
-            TcpErrorKind::TlsTimeout => "tls_timeout",
-            TcpErrorKind::HeaderTimeout => "header_timeout",
-            TcpErrorKind::TooLarge => "too_large",
-            TcpErrorKind::RapidReset => "rapid_reset",
-            TcpErrorKind::Protocol => "protocol",
-            TcpErrorKind::IdleTimeout => "idle_timeout",
-            TcpErrorKind::Evicted => "evicted",
-            TcpErrorKind::LingerCut => "linger_cut",
-        }
-    }
-
     /// What ended a connection with `e`, if it was the client's bad input; `None` for a client
     /// that simply went away.
     fn of(e: &(dyn std::error::Error + 'static)) -> Option<TcpErrorKind> {
@@ -218,7 +162,7 @@ impl Default for TcpOptions {
 }
 
 /// A response body over TCP.
-type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
+pub(crate) type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
 
 /// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
 /// dropped), then drains: see the module documentation.
@@ -234,29 +178,36 @@ pub async fn serve(
     serve_connections(listener, https, sites.into(), stats, shutdown, opts).await;
 }
 
-/// Serves plain HTTP on `listener` (`--redirect-http`) until `shutdown`, as [`serve`] serves
-/// HTTPS: every request is answered with a 301 to `https://` with the same host and path, on
-/// `https_port` (left out when 443). A request without a usable `host` gets 400. Counted as
-/// HTTP/1.1 requests, and logged when the worker logs, under the site the host names.
-pub async fn serve_redirects(
+/// What answers each request of a plain-HTTP/1.1 listener ([`serve_plain`]), given the client's
+/// address.
+pub(crate) type PlainAnswer = Arc<
+    dyn Fn(SocketAddr, Request<Incoming>) -> BoxFuture<'static, Response<TcpBody>> + Send + Sync,
+>;
+
+/// Serves plain HTTP/1.1 on `listener` until `shutdown`, as [`serve`] serves HTTPS (the same
+/// accepting, cap, timeouts, drain and graceful close), each request answered by `answer`.
+/// `what` names the listener in the log. The plain-HTTP listener (`crate::redirect`) runs on it.
+pub(crate) async fn serve_plain(
     listener: tokio::net::TcpListener,
-    https_port: u16,
-    sites: impl Into<Router>,
+    what: &'static str,
+    answer: PlainAnswer,
+    router: Router,
     stats: Arc<ServerStats>,
     shutdown: watch::Receiver<bool>,
     opts: TcpOptions,
 ) {
-    let redirect = Kind::Redirect { https_port };
-    serve_connections(listener, redirect, sites.into(), stats, shutdown, opts).await;
+    let plain = Kind::Plain { what, answer };
+    serve_connections(listener, plain, router, stats, shutdown, opts).await;
 }
 
 /// What a listener serves.
 #[derive(Clone)]
 enum Kind {
     Https(tokio_rustls::TlsAcceptor),
-    /// Plain HTTP/1.1, answered with redirects to HTTPS on this port.
-    Redirect {
-        https_port: u16,
+    /// Plain HTTP/1.1, each request answered by `answer`.
+    Plain {
+        what: &'static str,
+        answer: PlainAnswer,
     },
 }
 
@@ -264,7 +215,7 @@ impl Kind {
     fn name(&self) -> &'static str {
         match self {
             Kind::Https(_) => "HTTPS over TCP",
-            Kind::Redirect { .. } => "plain HTTP (redirects)",
+            Kind::Plain { what, .. } => what,
         }
     }
 }
@@ -409,17 +360,11 @@ impl Conn {
         let _ = stream.set_nodelay(true);
         let acceptor = match &self.kind {
             Kind::Https(acceptor) => acceptor.clone(),
-            Kind::Redirect { https_port } => {
-                let (router, stats) = (self.router.clone(), self.stats.clone());
-                let acme = self.opts.acme.clone();
-                let port = *https_port;
+            Kind::Plain { answer, .. } => {
+                let answer = answer.clone();
                 let tracked = self.tracked.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    let (router, stats, acme) = (router.clone(), stats.clone(), acme.clone());
-                    counted(
-                        tracked.begin(),
-                        redirect(router, stats, acme, port, remote, req),
-                    )
+                    counted(tracked.begin(), answer(remote, req))
                 });
                 self.tracked.open();
                 let (io, back) = lend(stream);
@@ -1111,7 +1056,7 @@ async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
     let (mut parts, body) = req.into_parts();
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
-    let logged = Logged::begin(&conn.router, site, conn.remote, protocol, &parts);
+    let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
     let target = conn.router.target(choice, &parts.method, &parts.uri);
     let mut resp = match target {
         Target::Proxy { upstream, path } => {
@@ -1143,84 +1088,6 @@ async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
                 .boxed_unsync()
             })
         }
-    }
-}
-
-/// The answer to a request on the plain-HTTP listener: the key authorization of a pending
-/// HTTP-01 challenge, else a 301 to `https://HOST[:PORT]PATH`.
-async fn redirect(
-    router: Router,
-    stats: Arc<ServerStats>,
-    acme: AcmeAnswers,
-    https_port: u16,
-    remote: SocketAddr,
-    req: Request<Incoming>,
-) -> Response<TcpBody> {
-    stats.requests_total.fetch_add(1, Ordering::Relaxed);
-    stats.requests_h1.fetch_add(1, Ordering::Relaxed);
-    let (parts, _body) = req.into_parts();
-    let site = router.site_for_host(authority_of(&parts));
-    let logged = Logged::begin(&router, site, remote, "h1", &parts);
-    let reply = match http01_answer(&acme, &parts) {
-        Some(key_authorization) => {
-            debug!(%remote, "HTTP-01 answered");
-            Reply::new(StatusCode::OK, "text/plain", Body::Text(key_authorization))
-        }
-        None => redirect_reply(&parts, https_port),
-    };
-    stats.count_response(site, reply.status);
-    let head = parts.method == Method::HEAD;
-    let bytes = if head { 0 } else { reply.body.len() };
-    if let Some(l) = logged {
-        l.end(Some(reply.status), bytes);
-    }
-    let mut resp = Response::new(if head {
-        Empty::new().map_err(|never| match never {}).boxed_unsync()
-    } else {
-        body_of(reply.body, stats)
-    });
-    *resp.status_mut() = reply.status;
-    *resp.headers_mut() = reply.headers;
-    resp
-}
-
-/// HTTP-01 (RFC 8555 §8.3): the key authorization for `GET` or `HEAD`
-/// `/.well-known/acme-challenge/TOKEN` of a pending token, whatever the host (the token alone
-/// names the challenge).
-fn http01_answer(acme: &AcmeAnswers, parts: &http::request::Parts) -> Option<String> {
-    if parts.method != Method::GET && parts.method != Method::HEAD {
-        return None;
-    }
-    let token = parts
-        .uri
-        .path()
-        .strip_prefix("/.well-known/acme-challenge/")?;
-    acme.http01(token)
-}
-
-/// The 301 to `https://HOST[:PORT]PATH` for a request of `parts`, on `https_port` (left out
-/// when 443); 400 without a usable host.
-fn redirect_reply(parts: &http::request::Parts, https_port: u16) -> Reply {
-    let host = authority_of(parts).and_then(|h| h.parse::<http::uri::Authority>().ok());
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let location = host.and_then(|host| {
-        let port = if https_port == 443 {
-            String::new()
-        } else {
-            format!(":{https_port}")
-        };
-        HeaderValue::from_str(&format!("https://{}{port}{path}", host.host())).ok()
-    });
-    match location {
-        Some(location) => {
-            let mut r = Reply::text(StatusCode::MOVED_PERMANENTLY, b"moved to https\n");
-            r.headers.insert(header::LOCATION, location);
-            r
-        }
-        None => Reply::text(
-            StatusCode::BAD_REQUEST,
-            b"a host is needed to redirect to https\n",
-        ),
     }
 }
 
@@ -1361,7 +1228,7 @@ async fn count_body(mut body: Incoming) -> Result<u64, hyper::Error> {
 /// A [`Body`] as a hyper body: in-memory ones whole, generated and file bodies as a stream of
 /// [`CHUNK`]s (a file never held whole; one that shrinks under us ends the body with an error,
 /// which breaks the connection rather than sending a short body that looks complete).
-fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
+pub(crate) fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
     let whole = |b: Bytes| {
         stats
             .bytes_sent
@@ -1427,32 +1294,6 @@ fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The worker reports [`ServerStats::tcp_errors`] as the series `tcp_errors{kind}`
-    /// ([`ServerStats::report`]): each kind indexes its own counter, names a label value the
-    /// contract takes, and is reported even at 0.
-    #[test]
-    fn error_kinds_are_reported_as_series() {
-        let stats = ServerStats::default();
-        for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
-            assert_eq!(kind as usize, i, "{kind:?}");
-            stats.count_tcp_error(kind);
-            for _ in 0..i {
-                stats.count_tcp_error(kind);
-            }
-        }
-        stats.requests_h2.store(4, Ordering::Relaxed);
-        let mut r = ringmux_proto::WorkerReport::default();
-        stats.report(&mut r);
-        for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
-            let got = r.counter("tcp_errors", &[("kind", kind.as_str())]);
-            assert_eq!(got, Some(i as u64 + 1), "{kind:?}");
-        }
-        assert_eq!(r.counter("requests", &[("protocol", "h2")]), Some(4));
-        assert_eq!(r.counter("requests", &[("protocol", "h1")]), Some(0));
-        assert_eq!(r.counter("tcp_connections", &[]), Some(0));
-        assert_eq!(r.series.len(), 3 + 1 + TcpErrorKind::ALL.len());
-    }
 
     /// The server writes more than the client has read and closes; the client reads on and
     /// sends a byte after each read, as an HTTP/2 client sends WINDOW_UPDATE. Closed gracefully,

@@ -608,7 +608,7 @@ pub fn expected_bytes(n: u64) -> (u64, u64) {
     let mut offset = 0u64;
     while offset < n {
         let len = (n - offset).min(buf.len() as u64) as usize;
-        ringmux_server::http::fill_pattern(offset, &mut buf[..len]);
+        ringmux_server::reply::fill_pattern(offset, &mut buf[..len]);
         sum.update(&buf[..len]);
         offset += len as u64;
     }

@@ -63,8 +63,11 @@ use std::time::Duration;
 
 use quinn::crypto::rustls::QuicServerConfig;
 use ringmux_proto::series::{Series, SeriesError};
-use ringmux_proto::{Handoff, HandoffError, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV};
+use ringmux_proto::{
+    Handoff, HandoffError, IngressKind, Message, WorkerReport, CONTROL_FD_ENV, PUBLIC_FD_ENV,
+};
 use ringmux_quic_lb::{CidGenerator, KeySet, QuicLbConfig, Router};
+use ringmux_ring::Consumer;
 use tokio::sync::watch;
 
 use crate::acme::{self, AcmeAnswers};
@@ -330,7 +333,7 @@ impl Worker {
             fds.next()
                 .ok_or_else(|| bad("descriptors", format!("{what} missing")))
         };
-        let ingress = Ingress::from_handoff(&h, &mut next)?;
+        let ingress = ingress_of(&h, &mut next)?;
         let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
         let sites = read_site_table(next("site table")?).map_err(|e| bad("site table", e))?;
         let certificates = SiteCerts::new(&sites)?;
@@ -912,4 +915,28 @@ fn read_site_table(fd: OwnedFd) -> Result<SiteTable, String> {
         ));
     }
     SiteTable::from_json(&text).map_err(|e| e.to_string())
+}
+
+/// The ingress hand-off `h` describes, built from its descriptors: `next` gives them in
+/// hand-off order, naming the one it wants. `None`: the worker receives on its own socket
+/// (descriptor 4) and has no ingress.
+fn ingress_of(
+    h: &Handoff,
+    mut next: impl FnMut(&'static str) -> Result<OwnedFd, AttachError>,
+) -> Result<Option<Ingress>, AttachError> {
+    Ok(match h.ingress {
+        IngressKind::Reuseport => None,
+        IngressKind::Shm => {
+            let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
+            let consumer =
+                Consumer::attach(ring, page, bell, h.generation, h.spin).map_err(|e| {
+                    AttachError::Handoff {
+                        what: "ring",
+                        problem: e.to_string(),
+                    }
+                })?;
+            Some(Ingress::Ring(consumer))
+        }
+        IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
+    })
 }

@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use ringmux_proto::serve::ServeArgs;
 use ringmux_proto::sites::{Action, Route, Site, SiteTable};
 use ringmux_proto::UpstreamUrl;
-use ringmux_ring::{RingConfig, RingField};
+use ringmux_ring::{ConfigError, RingConfig, RingField, SpinPolicy};
 
 /// Spreads one public QUIC/HTTP-3 UDP port over several worker processes.
 ///
@@ -453,14 +453,6 @@ pub struct RunArgs {
     pub cpus: Vec<usize>,
     #[command(flatten)]
     pub ring: RingArgs,
-    /// How a worker's spin adapts: `fixed` (the default) always spins --spin-us: the shortest
-    /// tail and the cheapest demux under saturation. `adaptive` spins about four typical short
-    /// gaps between datagrams (at most --spin-us), and not at all when the gaps are mostly
-    /// longer than --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would
-    /// not: up to a third less CPU for the box at moderate rates, more wake-ups and a longer
-    /// p99 there, and a dearer demux under saturation (bench/RESULTS.md has the figures).
-    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "fixed")]
-    pub spin: SpinMode,
     /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
     #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]
     pub recv_batch: usize,
@@ -572,8 +564,9 @@ pub struct RunArgs {
     pub stall_secs: u64,
 }
 
-/// The rings' geometry and the workers' spin budget: the one place that names their flags and
-/// variables; [`RingArgs::validate`] makes the [`RingConfig`] the rings are built from.
+/// The rings' geometry and the workers' spin: the one place that names their flags and
+/// variables; [`RingArgs::validate`] makes the [`RingConfig`] the rings are built from,
+/// [`RingArgs::spin`] the [`SpinPolicy`] every worker's consumer spins by.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RingArgs {
     /// Slots per ring: a power of two from 4 to 1048576.
@@ -584,8 +577,16 @@ pub struct RingArgs {
     pub slot_bytes: u32,
     /// How long an idle worker polls its ring before sleeping on the doorbell, in µs (0–1000000):
     /// the most, with --spin adaptive.
-    #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = RingConfig::default().spin_us)]
+    #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = SpinPolicy::DEFAULT_US)]
     pub spin_us: u32,
+    /// How a worker's spin adapts: `fixed` (the default) always spins --spin-us: the shortest
+    /// tail and the cheapest demux under saturation. `adaptive` spins about four typical short
+    /// gaps between datagrams (at most --spin-us), and not at all when the gaps are mostly
+    /// longer than --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would
+    /// not: up to a third less CPU for the box at moderate rates, more wake-ups and a longer
+    /// p99 there, and a dearer demux under saturation (bench/RESULTS.md has the figures).
+    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "fixed")]
+    pub spin: SpinMode,
 }
 
 impl RingArgs {
@@ -595,18 +596,26 @@ impl RingArgs {
         let ring = RingConfig {
             slots: self.ring_slots,
             slot_bytes: self.slot_bytes,
-            spin_us: self.spin_us,
         };
-        ring.validate().map_err(|e| {
-            let flag = match e.field {
-                RingField::Slots => "--ring-slots / RINGMUX_RING_SLOTS",
-                RingField::SlotBytes => "--slot-bytes / RINGMUX_SLOT_BYTES",
-                RingField::SpinUs => "--spin-us / RINGMUX_SPIN_US",
-            };
-            anyhow::anyhow!("{flag}={} is not valid: expected {}", e.value, e.expected)
-        })?;
+        ring.validate().map_err(ring_error)?;
         Ok(ring)
     }
+
+    /// The workers' spin (`--spin`, `--spin-us`), checked against the ring's bound; a refusal
+    /// names the flag as [`RingArgs::validate`]'s do.
+    pub fn spin(&self) -> Result<SpinPolicy> {
+        SpinPolicy::from_micros(self.spin_us, self.spin == SpinMode::Adaptive).map_err(ring_error)
+    }
+}
+
+/// A ring setting's refusal, naming its flag and variable.
+fn ring_error(e: ConfigError) -> anyhow::Error {
+    let flag = match e.field {
+        RingField::Slots => "--ring-slots / RINGMUX_RING_SLOTS",
+        RingField::SlotBytes => "--slot-bytes / RINGMUX_SLOT_BYTES",
+        RingField::SpinUs => "--spin-us / RINGMUX_SPIN_US",
+    };
+    anyhow::anyhow!("{flag}={} is not valid: expected {}", e.value, e.expected)
 }
 
 /// The QUIC-LB settings of the command line, checked ([`Config`] keeps them).
@@ -621,6 +630,8 @@ struct QuicLbSettings {
 pub struct Config {
     pub args: RunArgs,
     pub ring: RingConfig,
+    /// How every worker's consumer spins (`--spin`, `--spin-us`), handed to it as it stands.
+    pub spin: SpinPolicy,
     pub node_id: Vec<u8>,
     pub nonce_len: u8,
     pub metrics: Option<SocketAddr>,
@@ -700,6 +711,7 @@ impl RunArgs {
 
     fn validate_options(self) -> Result<Config> {
         let ring = self.ring.validate()?;
+        let spin = self.ring.spin()?;
         let QuicLbSettings {
             instances,
             node_id,
@@ -717,6 +729,7 @@ impl RunArgs {
         let acme = self.acme(sites.as_ref())?;
         Ok(Config {
             ring,
+            spin,
             node_id,
             nonce_len,
             metrics,

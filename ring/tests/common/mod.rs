@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use ringmux_ring::{Consumer, Producer, RingConfig};
+use ringmux_ring::{Consumer, Producer, RingConfig, SpinPolicy};
 
 /// Descriptor numbers a child finds its ring at.
 pub const CHILD_RING_FD: i32 = 3;
@@ -19,20 +19,25 @@ pub fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
     fd.try_clone_to_owned().expect("dup")
 }
 
+/// A consumer that never spins: it sleeps as soon as its ring runs dry.
+pub const NO_SPIN: SpinPolicy = SpinPolicy::Adaptive {
+    max: Duration::ZERO,
+};
+
 /// A producer and a consumer attached to it in this process.
 pub fn pair(slots: u32, spin_us: u32) -> (Producer, Consumer) {
     let cfg = RingConfig {
         slots,
         slot_bytes: 2048,
-        spin_us,
     };
     let p = Producer::create(&cfg).expect("create ring");
-    let c = attach(&p, cfg.spin());
+    let max = Duration::from_micros(u64::from(spin_us));
+    let c = attach(&p, SpinPolicy::Adaptive { max });
     (p, c)
 }
 
 /// A consumer of `p`'s current generation, attached in this process.
-pub fn attach(p: &Producer, spin: Duration) -> Consumer {
+pub fn attach(p: &Producer, spin: SpinPolicy) -> Consumer {
     let h = p.handles();
     Consumer::attach(
         dup(h.ring),
@@ -100,7 +105,7 @@ pub fn child_role() -> Option<String> {
 }
 
 /// In a child: attach to the inherited ring.
-pub fn child_attach(spin: Duration) -> Consumer {
+pub fn child_attach(spin: SpinPolicy) -> Consumer {
     use std::os::fd::FromRawFd;
     let generation: u64 = std::env::var("RINGMUX_TEST_GENERATION")
         .unwrap()

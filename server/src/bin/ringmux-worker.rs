@@ -15,11 +15,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ringmux_server::access_log::AccessLog;
-use ringmux_server::http::{serve_with, HttpOptions, ServerStats};
+use ringmux_server::h3::{serve_with, HttpOptions};
 use ringmux_server::options::Options;
 use ringmux_server::proxy::ErrorKind as ProxyErrorKind;
 use ringmux_server::sink;
 use ringmux_server::sites::{with_command_line, Router, RouterOptions};
+use ringmux_server::stats::ServerStats;
 use ringmux_server::tcp::TcpOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
@@ -152,7 +153,7 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
             let listener = tokio::net::TcpListener::from_std(listener)
                 .context("registering the plain-HTTP listener")?;
             tracing::info!("answering plain HTTP with redirects to HTTPS");
-            Some(ringmux_server::tcp::serve_redirects(
+            Some(ringmux_server::redirect::serve_redirects(
                 listener,
                 port,
                 router.clone(),

@@ -115,7 +115,7 @@ async fn curl_gets_the_same_site_over_http1_and_http2_with_alt_svc() {
         for (version, proto) in [("--http1.1", "HTTP/1.1"), ("--http2", "HTTP/2")] {
             let hello = curl(&rm, &[version, "-w", "%{http_version}"], "/hello.txt").await;
             assert_eq!(hello.status, 200, "{proto}");
-            assert_eq!(hello.body, ringmux_server::http::HELLO_BODY, "{proto}");
+            assert_eq!(hello.body, ringmux_server::reply::HELLO_BODY, "{proto}");
             assert_eq!(hello.header("alt-svc"), Some(alt_svc.as_str()), "{proto}");
             let big = curl(&rm, &[version], "/bytes/1000000").await;
             assert_eq!(fnv(&big.body), expected_bytes(1_000_000), "{proto}");

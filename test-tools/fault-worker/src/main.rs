@@ -36,7 +36,7 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::sys::socket::MsgFlags;
 use ringmux_proto::session::{decode_reply, encode_request, Op, MAX_REPLY_LEN};
 use ringmux_proto::{Handoff, Message, MAX_MESSAGE};
-use ringmux_ring::Consumer;
+use ringmux_ring::{Consumer, SpinPolicy};
 use ringmux_worker::control;
 
 mod attacks;
@@ -141,7 +141,10 @@ fn main() {
         let f = std::fs::File::from(ring.try_clone().expect("ring descriptor"));
         f.metadata().map(|m| m.ino()).unwrap_or(0)
     };
-    let mut c = Consumer::attach(ring, page, bell, h.generation, Duration::ZERO).expect("attach");
+    let no_spin = SpinPolicy::Adaptive {
+        max: Duration::ZERO,
+    };
+    let mut c = Consumer::attach(ring, page, bell, h.generation, no_spin).expect("attach");
     control::send(control.as_fd(), &Message::Ready).expect("ready");
     eprintln!("fault-worker: instance {} plays {fault}", h.instance);
     let head = page_map.as_mut_ptr().cast::<u64>();

@@ -9,24 +9,20 @@
 //! such as ringmux's benchmark sink) read from an
 //! [`Ingress`].
 
+mod received;
 pub mod shm;
 pub mod unix;
 
 use std::io::{self, IoSliceMut};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::AtomicU64;
 use std::task::{Context, Poll};
 
-use std::time::Duration;
-
-use quinn::udp::{EcnCodepoint, RecvMeta};
-use ringmux_proto::{Handoff, IngressKind};
-use ringmux_ring::{AdaptiveSpin, Consumer, DatagramMeta};
+use quinn::udp::RecvMeta;
+use ringmux_ring::Consumer;
 use tokio::io::unix::AsyncFd;
 
+pub use received::IngressStats;
 pub use unix::{recv_unix, UnixRecv};
-
-use crate::attach::AttachError;
 
 /// Where datagrams come from.
 // One per worker, made once: the ring consumer's size never moves in the hot path.
@@ -38,48 +34,7 @@ pub enum Ingress {
     Unix(OwnedFd),
 }
 
-/// Datagram counters of one socket.
-#[derive(Debug, Default)]
-pub struct IngressStats {
-    /// Datagrams handed to quinn.
-    pub received: AtomicU64,
-    /// Datagrams dropped: larger than quinn's buffer, or a descriptor that failed validation.
-    pub dropped: AtomicU64,
-    /// Times the socket went to sleep on its doorbell.
-    pub sleeps: AtomicU64,
-    /// Sends that hit `EAGAIN`.
-    pub send_would_block: AtomicU64,
-}
-
 impl Ingress {
-    /// The ingress hand-off `h` describes, built from its descriptors: `next` gives them in
-    /// hand-off order, naming the one it wants. `None`: the worker receives on its own socket
-    /// (descriptor 4) and has no ingress.
-    pub(crate) fn from_handoff(
-        h: &Handoff,
-        mut next: impl FnMut(&'static str) -> Result<OwnedFd, AttachError>,
-    ) -> Result<Option<Ingress>, AttachError> {
-        Ok(match h.ingress {
-            IngressKind::Reuseport => None,
-            IngressKind::Shm => {
-                let (ring, page, bell) = (next("ring")?, next("page")?, next("doorbell")?);
-                let spin = Duration::from_micros(u64::from(h.spin_us));
-                let mut consumer =
-                    Consumer::attach(ring, page, bell, h.generation, spin).map_err(|e| {
-                        AttachError::Handoff {
-                            what: "ring",
-                            problem: e.to_string(),
-                        }
-                    })?;
-                if !h.spin_adaptive {
-                    *consumer.spin_mut() = AdaptiveSpin::fixed(spin);
-                }
-                Some(Ingress::Ring(consumer))
-            }
-            IngressKind::Unix => Some(Ingress::Unix(next("unix ingress socket")?)),
-        })
-    }
-
     /// The descriptor whose readability wakes a reader: the doorbell of a ring, the socket
     /// itself for the unix ingress.
     pub(crate) fn wake_fd(&self) -> io::Result<OwnedFd> {
@@ -107,15 +62,5 @@ impl Ingress {
             Ingress::Ring(consumer) => shm::poll_recv(consumer, idle, wake, stats, cx, bufs, meta),
             Ingress::Unix(_) => unix::poll_recv(wake, stats, cx, bufs, meta),
         }
-    }
-}
-
-fn recv_meta(m: &DatagramMeta, len: usize) -> RecvMeta {
-    RecvMeta {
-        addr: m.remote,
-        len,
-        stride: len,
-        ecn: EcnCodepoint::from_bits(m.ecn),
-        dst_ip: m.local_ip,
     }
 }

@@ -11,7 +11,7 @@ use quinn::udp::RecvMeta;
 use ringmux_ring::Consumer;
 use tokio::io::unix::AsyncFd;
 
-use super::{recv_meta, IngressStats};
+use super::received::{recv_meta, IngressStats};
 
 /// The ring's idle bookkeeping between polls.
 #[derive(Debug, Default)]

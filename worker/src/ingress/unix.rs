@@ -12,7 +12,7 @@ use ringmux_ring::layout::{SlotDesc, DESC_BYTES};
 use ringmux_ring::{decode_desc, DatagramMeta};
 use tokio::io::unix::AsyncFd;
 
-use super::{recv_meta, IngressStats};
+use super::received::{recv_meta, IngressStats};
 use crate::sys::{self, Frame};
 
 /// What one [`recv_unix`] read.

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use ringmux_proto::message::{ChallengeSet, Http01, TlsAlpn01, ACME_TLS_ALPN};
 use ringmux_proto::sites::{Action, Route, Site, SiteTable};
-use ringmux_server::http::ServerStats;
+use ringmux_server::redirect::serve_redirects;
 use ringmux_server::sites::{Router, RouterOptions};
-use ringmux_server::tcp::{serve, serve_redirects, TcpErrorKind, TcpOptions};
+use ringmux_server::stats::ServerStats;
+use ringmux_server::tcp::{serve, TcpErrorKind, TcpOptions};
 use ringmux_testkit::tls::AnyCertificate;
 use ringmux_worker::tls::{tcp_tls_config, SiteCerts};
 use ringmux_worker::AcmeAnswers;

@@ -17,7 +17,9 @@ use ringmux_demux::sys::seqpacket_pair as session_socket_pair;
 use ringmux_proto::session::{
     decode_reply, encode_request, Op, MAX_KEY_LEN, MAX_REQUEST_LEN, MAX_VALUE_LEN,
 };
-use ringmux_server::http::{serve_with, HttpOptions, ServerStats, Site};
+use ringmux_server::h3::{serve_with, HttpOptions};
+use ringmux_server::sites::Site;
+use ringmux_server::stats::ServerStats;
 use ringmux_testkit::client::{client_config, H3Client};
 use ringmux_worker::quic::{endpoint_config, server_config, ServerOptions};
 use ringmux_worker::sessions::RemoteSessionStore;
