@@ -29,8 +29,14 @@
 //!
 //! The demux never links the worker library, quinn's connection layer or an HTTP server: what
 //! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
-//! ACME engine's, on a thread of its own, talking to the CA only. `scripts/mod-graph.py` prints
-//! which of these modules imports which, and any circle among them.
+//! ACME engine's, on a thread of its own, talking to the CA only.
+//!
+//! The modules are layered: each imports only modules below it, bottom to top `sys`;
+//! `options`, `certs`; `metrics` (the labels it counts by and the log thread's dropped lines
+//! included); `budget`, `logs`; `tickets`, `sessions`, `admission`, `dispatch`; `forward`;
+//! `dataplane`; `acme`; `lbconfig`, `config`; `upgrade`; `supervisor` (which reads a
+//! [`config::Config`], at start and at every reload); and `main.rs`. `scripts/mod-graph.py`
+//! prints which imports which and fails on a circle or a mutual import (CI runs it).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
