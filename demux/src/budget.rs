@@ -94,6 +94,16 @@ impl MessageKind {
             MessageKind::Control
         }
     }
+
+    /// Counts a message of this kind of the lane's worker dropped past its budget.
+    pub fn count_dropped(self, lane: &crate::metrics::InstanceCounters) {
+        let counter = match self {
+            MessageKind::Stats => &lane.stats_dropped,
+            MessageKind::Control => &lane.control_dropped,
+            MessageKind::Session => &lane.session_dropped,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// What to do with a message just read ([`Budget::spend`]).

@@ -1,58 +1,66 @@
 //! The parts of `ringmux`, the demux and supervisor, as a library so that each can be tested on
-//! its own; `main.rs` composes them. See `ringmux --help` and README.md.
+//! its own; `main.rs` composes them. See `ringmux --help` and README.md. The folders follow the
+//! README's story:
 //!
-//! * [`config`]: the command line, the configuration file and their checks.
-//! * [`options`]: option values both command lines parse (on/off, a node's QUIC-LB identity).
-//! * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several boxes.
-//! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance.
-//! * [`dispatch`]: what becomes of one datagram (which lane, or which drop), decided without
-//!   I/O.
-//! * [`admission`]: new connections under pressure: the demux's Retry, its tokens, and the
-//!   per-source-prefix budget.
-//! * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`, `reuseport`), one file each
-//!   behind one trait; the lanes they forward to; what crosses `ringmux upgrade` per lane.
-//! * [`supervisor`]: worker processes: start, hand off, watch, restart, drain, decided apart
-//!   from their effects; the workers' system-call filter; the operator's control socket; the
-//!   ACME engine's certificates to the workers.
-//! * [`budget`]: how much of the demux's time each worker's messages may take.
-//! * [`sessions`]: the TLS session cache all workers share.
-//! * [`tickets`]: which instance may take which session: the ClientHellos' ticket IDs, read
-//!   from the Initials the demux forwards.
-//! * [`certs`]: the certificate handed to the workers.
-//! * [`acme`]: certificates from an ACME CA, on a thread of their own.
+//! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance; in its
+//!   folder, re-exported here:
+//!   * [`dispatch`]: what becomes of one datagram (which lane, or which drop), decided without
+//!     I/O.
+//!   * [`admission`]: new connections under pressure: the demux's Retry, its tokens, and the
+//!     per-source-prefix budget.
+//!   * [`tickets`]: which instance may take which session: the ClientHellos' ticket IDs, read
+//!     from the Initials the demux forwards.
+//!   * [`forward`]: the forwarding modes (`shm`, `unix`, `drop`, `reuseport`), one file each
+//!     behind one trait; the lanes they forward to; what crosses `ringmux upgrade` per lane.
+//! * The control plane:
+//!   * [`supervisor`]: worker processes: start, hand off, watch, restart, drain, decided apart
+//!     from their effects; the workers' system-call filter; the operator's control socket; the
+//!     ACME engine's certificates to the workers.
+//!   * [`budget`]: how much of the demux's time each worker's messages may take.
+//!   * [`sessions`]: the TLS session cache all workers share.
+//!   * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
+//!   * [`certs`]: the certificate handed to the workers, and what a leaf certificate says.
+//!   * [`acme`]: certificates from an ACME CA, on a thread of their own.
 //! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
 //! * [`metrics`]: counters, which lanes are up, the Prometheus endpoint, `ringmux stats`.
-//! * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
+//! * The command line (folder `cli/`, private; re-exported here):
+//!   * [`config`]: the command line, the configuration file and their checks.
+//!   * [`options`]: option values both command lines parse (on/off, a node's QUIC-LB identity).
+//!   * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several
+//!     boxes.
 //! * [`sys`]: every system call of the demux, wrapped once, one file per topic, and the
 //!   counting allocator behind `ringmux_dataplane_allocations_total` ([`alloc`], re-exported
 //!   here). The only module allowed unsafe code; it imports nothing of the crate above it.
 //!
 //! The demux never links the worker library, quinn's connection layer or an HTTP server: what
 //! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
-//! ACME engine's, on a thread of its own, talking to the CA only. `scripts/mod-graph.py` prints
-//! which of these modules imports which, and any circle among them.
+//! ACME engine's, on a thread of its own, talking to the CA only.
+//!
+//! The modules are layered: each imports only modules below it, bottom to top `sys`; `certs`;
+//! `metrics` (the labels it counts by and the log thread's dropped lines included); `budget`,
+//! `logs`; `dataplane` (inside it `tickets`, `admission`, `dispatch`, `forward`, then the
+//! loop); `sessions`; `acme`; `cli` (`options`, `lbconfig`, `config`); `upgrade`; `supervisor`
+//! (which reads a [`config::Config`], at start and at every reload); and `main.rs`.
+//! `scripts/mod-graph.py` prints which imports which and fails on a circle or a mutual import
+//! (CI runs it).
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod acme;
-pub mod admission;
 pub mod budget;
 pub mod certs;
-pub mod config;
+mod cli;
 pub mod dataplane;
-pub mod dispatch;
-pub mod forward;
-pub mod lbconfig;
 pub mod logs;
 pub mod metrics;
-pub mod options;
 pub mod sessions;
 pub mod supervisor;
 pub mod sys;
-pub mod tickets;
 pub mod upgrade;
 
+pub use cli::{config, lbconfig, options};
+pub use dataplane::{admission, dispatch, forward, tickets};
 pub use sys::alloc;
 
 /// `error` and each of its sources, joined by `: `, as anyhow's `{:#}` shows a chain: one line

@@ -27,12 +27,13 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::budget::{Bucket, Budget, Limits, Rate, Verdict};
+use crate::metrics::counters::{ACCESS_LINES_DROPPED as ACCESS_DROPPED, LINES_DROPPED};
 use crate::metrics::Counters;
 use crate::sys;
 
@@ -72,24 +73,8 @@ const READ_SIZE: usize = 64 * 1024;
 /// How long a write to a non-blocking, full standard error waits before its lines are dropped.
 const WRITE_WAIT: Duration = Duration::from_millis(20);
 
-/// The demux's own lines dropped (queue full, or their write failed), and the workers' output
-/// lines whose write failed.
-static LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
-/// Access-log lines whose write failed.
-static ACCESS_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// The log thread's queue, once [`start`] ran.
 static SHARED: OnceLock<Arc<Shared>> = OnceLock::new();
-
-/// Lines not written: the demux's own (queue full or write failed) and workers' output lines
-/// whose write failed (`ringmux_log_lines_dropped_total`).
-pub fn lines_dropped() -> u64 {
-    LINES_DROPPED.load(Ordering::Relaxed)
-}
-
-/// Access-log lines the demux could not write (`ringmux_access_log_lines_dropped_total`).
-pub fn access_lines_dropped() -> u64 {
-    ACCESS_DROPPED.load(Ordering::Relaxed)
-}
 
 /// Where access-log lines go.
 #[derive(Debug)]

@@ -26,7 +26,7 @@ use ringmux_proto::session::{decode_reply, encode_reply, Op, Request, MAX_REQUES
 use tracing::{debug, warn};
 
 use crate::budget::{self, Budget, MessageKind, Verdict};
-use crate::metrics::Counters;
+use crate::metrics::{Counters, TakeResult};
 use crate::sys;
 use crate::tickets::{Claim, TicketBindings};
 
@@ -82,40 +82,6 @@ impl Sessions {
             // Without the thread the worker's lookups time out: resumption degrades to full
             // handshakes, nothing else breaks.
             tracing::error!(instance, error = %e, "could not start the session thread");
-        }
-    }
-}
-
-/// What became of a worker's TAKE, the `result` label of `ringmux_session_takes_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(usize)]
-pub enum TakeResult {
-    /// Granted, and the session was there.
-    Hit,
-    /// Granted, and it was not (already taken, evicted, expired, never stored).
-    Miss,
-    /// Refused: the ticket's ClientHello went to another instance.
-    Foreign,
-    /// Refused: the demux saw no ClientHello with the ticket in the last few seconds.
-    Unbound,
-}
-
-impl TakeResult {
-    /// Every result, in declaration order: `ALL[r as usize] == r`.
-    pub const ALL: [TakeResult; 4] = [
-        TakeResult::Hit,
-        TakeResult::Miss,
-        TakeResult::Foreign,
-        TakeResult::Unbound,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TakeResult::Hit => "hit",
-            TakeResult::Miss => "miss",
-            TakeResult::Foreign => "foreign",
-            TakeResult::Unbound => "unbound",
         }
     }
 }
@@ -179,7 +145,7 @@ impl TakeGate {
             // The instance's lane in the first generation slot (lane numbers are `slot *
             // instances + instance`): the metric sums an instance's lanes.
             if let Some(lane) = counters.instances.get(usize::from(*instance)) {
-                lane.count_dropped(MessageKind::Session);
+                MessageKind::Session.count_dropped(lane);
             }
         }
     }
@@ -323,6 +289,46 @@ pub struct Frozen {
     pub age: Duration,
     /// The instance that stored it (see [`SessionCache::handle_as`]).
     pub instance: Option<u8>,
+}
+
+/// One entry of the session cache as `ringmux upgrade`'s document carries it
+/// (`upgrade::State::sessions`): [`Frozen`] in hex.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SessionEntry {
+    /// Hex.
+    pub key: String,
+    pub value: String,
+    /// How old it was when handed over.
+    pub age_ms: u64,
+    /// The instance that stored it, charged to its quota of the cache; absent from an image
+    /// from before quotas (such an entry is held to the global limits alone), and an image from
+    /// before quotas ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<u8>,
+}
+
+impl SessionEntry {
+    /// The entry as the old image writes it.
+    pub fn freeze(e: Frozen) -> SessionEntry {
+        SessionEntry {
+            key: hex::encode(e.key),
+            value: hex::encode(e.value),
+            age_ms: e.age.as_millis() as u64,
+            instance: e.instance,
+        }
+    }
+
+    /// The entry for a cache of `instances` instances; `None` if it does not decode.
+    pub fn thaw(self, instances: u8) -> Option<Frozen> {
+        Some(Frozen {
+            key: hex::decode(self.key).ok()?,
+            value: hex::decode(self.value).ok()?,
+            age: Duration::from_millis(self.age_ms),
+            // An instance this image does not have (the count is the same across an upgrade,
+            // so only a forged state) is held to the global limits alone.
+            instance: self.instance.filter(|i| *i < instances),
+        })
+    }
 }
 
 impl SessionCache {
@@ -825,7 +831,7 @@ mod tests {
         );
         // An image from before quotas hands over entries without an instance.
         let json = r#"{"key":"6b","value":"76","age_ms":5}"#;
-        let e: crate::upgrade::SessionEntry = serde_json::from_str(json).unwrap();
+        let e: SessionEntry = serde_json::from_str(json).unwrap();
         assert_eq!(e.instance, None);
         assert!(!serde_json::to_string(&e).unwrap().contains("instance"));
     }

@@ -348,7 +348,7 @@ impl Certificate {
     pub fn fits(&self, names: &[String], now: SystemTime) -> Result<(), String> {
         let missing: Vec<&str> = names
             .iter()
-            .filter(|n| !crate::config::sites::covers(&self.names, &n.to_ascii_lowercase()))
+            .filter(|n| !crate::certs::covers(&self.names, &n.to_ascii_lowercase()))
             .map(String::as_str)
             .collect();
         if !missing.is_empty() {
@@ -377,7 +377,7 @@ pub fn examine(chain_pem: String, key_pem: String) -> Result<Certificate, String
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, key, &provider)
         .map_err(|e| format!("the key does not go with the certificate: {e}"))?;
-    let leaf = crate::config::sites::leaf(&leaf_der)?;
+    let leaf = crate::certs::leaf(&leaf_der)?;
     let serial = serial_hex(&leaf_der)?;
     Ok(Certificate {
         issued: Issued {

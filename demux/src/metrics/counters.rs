@@ -231,6 +231,51 @@ macro_rules! counter_table {
     };
 }
 
+/// Lines not written: the demux's own (queue full or write failed) and workers' output lines
+/// whose write failed (`ringmux_log_lines_dropped_total`; the log thread, `logs.rs`, adds).
+pub static LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Access-log lines the demux could not write (`ringmux_access_log_lines_dropped_total`; the
+/// log thread adds).
+pub static ACCESS_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// What became of a worker's TAKE, the `result` label of `ringmux_session_takes_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum TakeResult {
+    /// Granted, and the session was there.
+    Hit,
+    /// Granted, and it was not (already taken, evicted, expired, never stored).
+    Miss,
+    /// Refused: the ticket's ClientHello went to another instance.
+    Foreign,
+    /// Refused: the demux saw no ClientHello with the ticket in the last few seconds.
+    Unbound,
+}
+
+impl TakeResult {
+    /// Every result, in declaration order: `ALL[r as usize] == r`.
+    pub const ALL: [TakeResult; 4] = [
+        TakeResult::Hit,
+        TakeResult::Miss,
+        TakeResult::Foreign,
+        TakeResult::Unbound,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TakeResult::Hit => "hit",
+            TakeResult::Miss => "miss",
+            TakeResult::Foreign => "foreign",
+            TakeResult::Unbound => "unbound",
+        }
+    }
+}
+
+/// The `result` labels of `ringmux_client_hellos_total`, in the order of the data plane's
+/// ClientHello inspector's counts (`tickets::HelloStats::values`).
+pub const HELLO_RESULTS: [&str; 4] = ["read", "unopened", "unparsed", "abandoned"];
+
 counter_table! {
     /// Per-lane counters: one instance's worker in one generation slot (lane `slot * instances +
     /// instance`). The metrics sum them per instance and per worker generation.
@@ -295,11 +340,11 @@ counter_table! {
         pub instance_count: usize,
         /// The worker generation new connections go to (the upgrade state carries it apart).
         pub active_generation: AtomicU64,
-        /// Workers' session TAKEs by [`crate::sessions::TakeResult`] (the session threads add).
-        pub session_takes: [AtomicU64; crate::sessions::TakeResult::ALL.len()],
-        /// What the data plane's ClientHello inspector counted, by `HelloStats::LABELS`
-        /// (`tickets.rs`; the data plane stores).
-        pub client_hellos: [AtomicU64; crate::tickets::HelloStats::LABELS.len()],
+        /// Workers' session TAKEs by [`TakeResult`] (the session threads add).
+        pub session_takes: [AtomicU64; TakeResult::ALL.len()],
+        /// What the data plane's ClientHello inspector counted, by [`HELLO_RESULTS`]
+        /// (`tickets.rs`'s `HelloStats`; the data plane stores).
+        pub client_hellos: [AtomicU64; HELLO_RESULTS.len()],
         /// The program the instances run (`--worker-cmd`), for `ringmux_worker_info`.
         pub program: std::sync::RwLock<String>,
         /// The labels of the site table's sites, in its order, then [`NO_SITE`]: what a site
@@ -491,17 +536,6 @@ impl InstanceCounters {
         LaneState::from_code(self.state.load(Ordering::Relaxed))
     }
 
-    /// Counts a message of the lane's worker dropped past its budget (`budget.rs`).
-    pub fn count_dropped(&self, kind: crate::budget::MessageKind) {
-        use crate::budget::MessageKind;
-        let counter = match kind {
-            MessageKind::Stats => &self.stats_dropped,
-            MessageKind::Control => &self.control_dropped,
-            MessageKind::Session => &self.session_dropped,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
     /// Stores what a worker's `STATS` message says: its counters whole, its site rows of
     /// the `sites` the demux knows (the table's and the row of no site, [`Counters::site_labels`]),
     /// and its series within their bound; a row past them, and a series refused, are dropped
@@ -539,7 +573,7 @@ pub fn set_certificates(c: &Counters, table: &ringmux_proto::sites::SiteTable) {
         else {
             continue;
         };
-        let Ok(leaf) = crate::config::sites::leaf(&der) else {
+        let Ok(leaf) = crate::certs::leaf(&der) else {
             continue;
         };
         let not_after = leaf
@@ -643,7 +677,7 @@ impl Counters {
     }
 
     /// Counts one session TAKE (any session thread).
-    pub fn count_take(&self, result: crate::sessions::TakeResult) {
+    pub fn count_take(&self, result: TakeResult) {
         self.session_takes[result as usize].fetch_add(1, Ordering::Relaxed);
     }
 

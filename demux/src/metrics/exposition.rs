@@ -33,12 +33,12 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         (
             names::LOG_LINES_DROPPED,
             "Log lines of the demux and of its workers' output it could not write (queue full, or the write to its standard error failed)",
-            crate::logs::lines_dropped(),
+            super::counters::LINES_DROPPED.load(Ordering::Relaxed),
         ),
         (
             names::ACCESS_LOG_LINES_DROPPED,
             "Access-log lines the demux could not write (a failed write: a full disk)",
-            crate::logs::access_lines_dropped(),
+            super::counters::ACCESS_LINES_DROPPED.load(Ordering::Relaxed),
         ),
     ] {
         let counter = Counter::<u64>::default();
@@ -366,7 +366,7 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
     // Counters by `result` of the arrays by an enum: name, help, and each result's label and
     // value.
     type ByResult<'a> = (&'a str, &'a str, Vec<(&'a str, &'a AtomicU64)>);
-    let takes = crate::sessions::TakeResult::ALL
+    let takes = super::TakeResult::ALL
         .iter()
         .map(|r| (r.as_str(), &c.session_takes[*r as usize]))
         .collect();
@@ -379,7 +379,7 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         (
             names::CLIENT_HELLOS,
             "Initials the demux read for the session tickets of their ClientHellos, by result: read (a whole ClientHello), unopened (did not open with its DCID's keys: after a Retry, a client's later Initials; garbage), unparsed (not a ClientHello that parses), abandoned (too long, or crowded out while incomplete)",
-            crate::tickets::HelloStats::LABELS
+            super::counters::HELLO_RESULTS
                 .iter()
                 .zip(&c.client_hellos)
                 .map(|(l, v)| (*l, v))

@@ -12,6 +12,6 @@ pub mod scrape;
 pub mod series;
 pub mod stats;
 
-pub use counters::{Counters, DropReason, InstanceCounters, LaneState};
+pub use counters::{Counters, DropReason, InstanceCounters, LaneState, TakeResult};
 pub use liveness::Liveness;
 pub use scrape::{fetch, Scrape};

@@ -288,9 +288,9 @@ mod tests {
         c.tokens_accepted.store(5, Ordering::Relaxed);
         c.dropped[DropReason::TokenRefused as usize].store(1, Ordering::Relaxed);
         c.under_pressure.store(1, Ordering::Relaxed);
-        c.count_take(crate::sessions::TakeResult::Hit);
-        c.count_take(crate::sessions::TakeResult::Hit);
-        c.count_take(crate::sessions::TakeResult::Foreign);
+        c.count_take(crate::metrics::TakeResult::Hit);
+        c.count_take(crate::metrics::TakeResult::Hit);
+        c.count_take(crate::metrics::TakeResult::Foreign);
         c.client_hellos[0].store(9, Ordering::Relaxed);
         // Instance 1's session requests past their rate, in two of its lanes.
         c.instances[1].session_dropped.store(2, Ordering::Relaxed);

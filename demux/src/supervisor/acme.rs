@@ -305,11 +305,8 @@ fn covers_names(issued: &Issued, names: &[String]) -> Result<(), String> {
         .next()
         .ok_or("no certificate in the chain")?
         .map_err(|e| e.to_string())?;
-    let leaf = crate::config::sites::leaf(&der)?;
-    match names
-        .iter()
-        .find(|n| !crate::config::sites::covers(&leaf.names, n))
-    {
+    let leaf = crate::certs::leaf(&der)?;
+    match names.iter().find(|n| !crate::certs::covers(&leaf.names, n)) {
         Some(n) => Err(format!(
             "it does not cover {n} (it covers {})",
             leaf.names.join(", ")

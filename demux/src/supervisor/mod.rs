@@ -228,7 +228,7 @@ pub struct Exported {
     pub active_generation: u64,
     /// The site table's JSON.
     pub sites: String,
-    pub sessions: Vec<crate::upgrade::SessionEntry>,
+    pub sessions: Vec<crate::sessions::SessionEntry>,
 }
 
 impl Supervisor {
@@ -624,7 +624,7 @@ impl Supervisor {
             .cache()
             .freeze(now)
             .into_iter()
-            .map(crate::upgrade::SessionEntry::freeze)
+            .map(crate::sessions::SessionEntry::freeze)
             .collect();
         Ok(Exported {
             active_generation: self.policy.active(),
@@ -1326,7 +1326,7 @@ impl Supervisor {
             let packet = &buf[..n.min(buf.len())];
             let ready = packet == ringmux_proto::message::WORDS[0].as_bytes();
             if w.budget.spend(Instant::now()) == Verdict::Drop && !ready {
-                ic.count_dropped(MessageKind::of_control(packet));
+                MessageKind::of_control(packet).count_dropped(ic);
                 continue;
             }
             match buf.get(..n).map(Message::decode) {

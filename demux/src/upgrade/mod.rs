@@ -36,7 +36,7 @@ mod fds;
 mod state;
 
 pub use fds::{Fds, Ingress, Lane, LanePhase, Worker};
-pub use state::{SessionEntry, State};
+pub use state::State;
 
 /// The environment variable naming the state memfd in a new image.
 pub const STATE_ENV: &str = "RINGMUX_UPGRADE_STATE_FD";

@@ -3,14 +3,13 @@
 //! ([`State::take`]) gives the same document with the descriptors owned, nothing else changed.
 
 use std::os::fd::{OwnedFd, RawFd};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::fds::Fds;
 use super::{Compat, Refusal};
 use crate::metrics::counters::CounterSnapshot;
-use crate::sessions::Frozen;
+use crate::sessions::SessionEntry;
 
 /// Everything a new image takes over, its descriptors held as `F`: numbers in the document
 /// (open in the new image, their close-on-exec flag cleared by the old one), owned once taken.
@@ -39,45 +38,6 @@ pub struct State<F> {
     /// Where the `ringmux` binary is on disk, bytes: what the next upgrade executes (an image
     /// that went back to the old binary runs a deleted file, whose path says so).
     pub binary: Vec<u8>,
-}
-
-/// One entry of the session cache.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct SessionEntry {
-    /// Hex.
-    pub key: String,
-    pub value: String,
-    /// How old it was when handed over.
-    pub age_ms: u64,
-    /// The instance that stored it, charged to its quota of the cache; absent from an image
-    /// from before quotas (such an entry is held to the global limits alone), and an image from
-    /// before quotas ignores it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance: Option<u8>,
-}
-
-impl SessionEntry {
-    /// The entry as the old image writes it.
-    pub fn freeze(e: Frozen) -> SessionEntry {
-        SessionEntry {
-            key: hex::encode(e.key),
-            value: hex::encode(e.value),
-            age_ms: e.age.as_millis() as u64,
-            instance: e.instance,
-        }
-    }
-
-    /// The entry for a cache of `instances` instances; `None` if it does not decode.
-    pub fn thaw(self, instances: u8) -> Option<Frozen> {
-        Some(Frozen {
-            key: hex::decode(self.key).ok()?,
-            value: hex::decode(self.value).ok()?,
-            age: Duration::from_millis(self.age_ms),
-            // An instance this image does not have (the count is the same across an upgrade,
-            // so only a forged state) is held to the global limits alone.
-            instance: self.instance.filter(|i| *i < instances),
-        })
-    }
 }
 
 impl State<RawFd> {

@@ -257,7 +257,7 @@ struct Pending {
 
 impl HelloStats {
     /// The `result` labels of `ringmux_client_hellos_total`, in the order of [`HelloStats::values`].
-    pub const LABELS: [&'static str; 4] = ["read", "unopened", "unparsed", "abandoned"];
+    pub const LABELS: [&'static str; 4] = crate::metrics::counters::HELLO_RESULTS;
 
     /// The counts, labelled by [`HelloStats::LABELS`].
     pub fn values(&self) -> [u64; 4] {

@@ -1,6 +1,6 @@
 //! What becomes of one datagram, decided without I/O: route it to a lane by its connection ID,
 //! let admission judge a packet that opens a connection, and say whether to forward it, drop it
-//! (and why) or answer it with a Retry. The receive loop (`dataplane.rs`) does the I/O around
+//! (and why) or answer it with a Retry. The receive loop (`dataplane/mod.rs`) does the I/O around
 //! it: receive, split trains, push what [`classify`] forwards, send the Retries.
 
 use std::net::SocketAddr;

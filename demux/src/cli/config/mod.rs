@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::admission::RetryMode;
+pub use crate::forward::ForwardMode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -324,20 +325,6 @@ fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
 
 /// Where the control socket (`ringmux reload`) is by default.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
-
-/// How the demux hands datagrams to workers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ForwardMode {
-    /// Shared-memory rings with pipe doorbells (the design).
-    Shm,
-    /// One `sendmsg` per datagram on a unix SOCK_SEQPACKET socket (the baseline it replaces).
-    Unix,
-    /// Receive and route, then discard: the floor benchmarks compare against.
-    Drop,
-    /// Kernel steering: each worker receives on its own `SO_REUSEPORT` socket, a classic BPF
-    /// program picks it by connection ID; the demux only supervises. Needs `--plaintext-cids`.
-    Reuseport,
-}
 
 /// What the workers run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

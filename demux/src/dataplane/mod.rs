@@ -8,6 +8,16 @@
 //! instances up or down, asks for ring resets (a new consumer generation for a replacement
 //! worker) and reads back fresh hand-off descriptors; the loop reports protocol violations and
 //! stalls. Commands are looked at once per batch (one relaxed load when there are none).
+//!
+//! Beside the loop, the rest of the data plane: what becomes of one datagram ([`dispatch`]),
+//! new connections under pressure ([`admission`]), the ClientHellos' session tickets
+//! ([`tickets`]) and the forwarding modes ([`forward`]). The crate root re-exports the four
+//! (`ringmux_demux::forward`, …).
+
+pub mod admission;
+pub mod dispatch;
+pub mod forward;
+pub mod tickets;
 
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};

@@ -652,7 +652,7 @@ fn integer(text: &str, radix: u32) -> Option<i64> {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = include_str!("../../../examples/ringmux.toml");
+    const EXAMPLE: &str = include_str!("../../../../examples/ringmux.toml");
 
     /// `examples/ringmux.toml` with every commented `# key = …` line of a setting made live:
     /// its defaults and examples, which must all be valid.

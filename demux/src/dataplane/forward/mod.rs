@@ -10,11 +10,11 @@
 //! | `reuseport` | [`reuseport`] | nothing: the kernel steers each datagram to its lane's socket ([`steering`]) | its lane's `SO_REUSEPORT` socket, as descriptor 4 |
 //!
 //! Everything that differs per mode lives here, on the mode's types: the data plane's side
-//! ([`Forward`]), what the rest of the demux asks of it (the `impl ForwardMode` below: does it
+//! ([`Forward`]), what the rest of the demux asks of it ([`ForwardMode`], the `--forward` option: does it
 //! upgrade, does the demux see handshakes, do workers receive on their own sockets), what a
 //! worker is handed ([`IngressHandles::hand_off`]), what crosses `ringmux upgrade`
 //! ([`handover`]), and how lanes are numbered ([`lane`]). Adding a mode: a file here
-//! implementing [`Forward`], a variant of `config::ForwardMode` answered in that impl, one line
+//! implementing [`Forward`], a variant of [`ForwardMode`] answered in its impl, one line
 //! in [`start`] (and [`adopt`] if it upgrades), its `ringmux_proto::IngressKind` on the wire and
 //! its reader in the worker's `ingress/`.
 
@@ -33,7 +33,6 @@ use ringmux_proto::{Handoff, IngressKind};
 use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::RingConfig;
 
-use crate::config::ForwardMode;
 use crate::metrics::DropReason;
 pub use lane::{Lane, Lanes};
 
@@ -86,6 +85,20 @@ pub trait Forward: Send + 'static {
     fn gauges(&mut self, _lane: usize) -> Option<Gauges> {
         None
     }
+}
+
+/// How the demux hands datagrams to workers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardMode {
+    /// Shared-memory rings with pipe doorbells (the design).
+    Shm,
+    /// One `sendmsg` per datagram on a unix SOCK_SEQPACKET socket (the baseline it replaces).
+    Unix,
+    /// Receive and route, then discard: the floor benchmarks compare against.
+    Drop,
+    /// Kernel steering: each worker receives on its own `SO_REUSEPORT` socket, a classic BPF
+    /// program picks it by connection ID; the demux only supervises. Needs `--plaintext-cids`.
+    Reuseport,
 }
 
 /// What differs per mode outside the data plane, asked of the mode rather than found by
