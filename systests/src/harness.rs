@@ -60,6 +60,24 @@ pub struct Ringmux {
     control: PathBuf,
 }
 
+/// Everything [`Ringmux::launch`] starts a demux with.
+pub struct Launch<'a> {
+    /// Its files: the key file, the control socket, `ringmux.log`.
+    pub dir: TempDir,
+    /// The demux binary (a copy an upgrade test can replace, or [`binary`]`("ringmux")`).
+    pub demux: &'a Path,
+    pub instances: u8,
+    pub forward: Forward,
+    /// Further arguments; the harness adds its own defaults for those not given here.
+    pub extra: &'a [&'a str],
+    pub worker_bin: PathBuf,
+    /// Extra environment for the demux, which its workers inherit.
+    pub env: &'a [(&'a str, String)],
+    /// The demux's standard error (`None`: the file `ringmux.log` in `dir`, which
+    /// [`Ringmux::log_tail`] reads).
+    pub stderr: Option<std::os::fd::OwnedFd>,
+}
+
 impl Ringmux {
     /// Starts ringmux with `instances` workers in `forward` mode plus `extra` arguments, and
     /// waits (bounded) for its ready line.
@@ -99,22 +117,30 @@ impl Ringmux {
         worker_bin: PathBuf,
         env: &[(&str, String)],
     ) -> Ringmux {
-        Ringmux::start_logging_to(dir, demux, instances, forward, extra, worker_bin, env, None)
+        Ringmux::launch(Launch {
+            dir,
+            demux,
+            instances,
+            forward,
+            extra,
+            worker_bin,
+            env,
+            stderr: None,
+        })
     }
 
-    /// As [`Ringmux::start_in`], with `stderr` as the demux's standard error (`None`: the file
-    /// `ringmux.log` in `dir`, which [`Ringmux::log_tail`] reads).
-    #[allow(clippy::too_many_arguments)] // start_in's, plus the descriptor
-    pub fn start_logging_to(
-        dir: TempDir,
-        demux: &Path,
-        instances: u8,
-        forward: Forward,
-        extra: &[&str],
-        worker_bin: PathBuf,
-        env: &[(&str, String)],
-        stderr: Option<std::os::fd::OwnedFd>,
-    ) -> Ringmux {
+    /// Starts ringmux as `launch` says and waits (bounded) for its ready line.
+    pub fn launch(launch: Launch<'_>) -> Ringmux {
+        let Launch {
+            dir,
+            demux,
+            instances,
+            forward,
+            extra,
+            worker_bin,
+            env,
+            stderr,
+        } = launch;
         let keys = KeySet::generate().expect("generating keys");
         let key_file = dir.path().join("keys");
         keys.write_new(&key_file).expect("writing the key file");

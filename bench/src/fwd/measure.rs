@@ -343,14 +343,16 @@ fn saturated(
     Ok(finish(
         &m0,
         &m1,
-        w,
-        dp.cpu_ns,
-        process_ns,
-        w1.saturating_sub(w0),
-        busy_s,
-        None,
-        sent,
-        load,
+        Taken {
+            w,
+            data_plane_ns: dp.cpu_ns,
+            process_ns,
+            sink_ns: w1.saturating_sub(w0),
+            seconds: busy_s,
+            offered_per_s: None,
+            sent,
+            loadavg: load,
+        },
     ))
 }
 
@@ -398,34 +400,49 @@ fn live(plan: &Plan, rm: &mut Ringmux, blaster: &mut Blaster, workers: &[u32]) -
     let mut r = finish(
         &m_start,
         &m_end,
-        w,
-        (dpb - dpa).cpu_ns,
-        pb.saturating_sub(pa),
-        w1.saturating_sub(w0),
-        window_s,
-        Some(offered),
-        sent,
-        load,
+        Taken {
+            w,
+            data_plane_ns: (dpb - dpa).cpu_ns,
+            process_ns: pb.saturating_sub(pa),
+            sink_ns: w1.saturating_sub(w0),
+            seconds: window_s,
+            offered_per_s: Some(offered),
+            sent,
+            loadavg: load,
+        },
     );
     r.box_ns_per_delivered = (r.sink_received > 0).then(|| box_ns as f64 / r.sink_received as f64);
     Ok(r)
 }
 
-/// Turns raw counts into a [`Round`]. `session0`/`session1` are settled scrapes around the
-/// whole session (doorbells, sink counts, latency); `w` is the measured window.
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    session0: &Metrics,
-    session1: &Metrics,
+/// What one measured window took, as [`finish`] turns it into a [`Round`].
+struct Taken {
+    /// The counters' differences over the window.
     w: Window,
+    /// CPU time of the data-plane thread, of the whole demux process, and of the sinks, ns.
     data_plane_ns: u64,
     process_ns: u64,
     sink_ns: u64,
+    /// How long the window was (live) or the data plane was busy (saturated), seconds.
     seconds: f64,
     offered_per_s: Option<f64>,
     sent: SendStats,
     loadavg: String,
-) -> Round {
+}
+
+/// Turns raw counts into a [`Round`]. `session0`/`session1` are settled scrapes around the
+/// whole session (doorbells, sink counts, latency); `taken` is the measured window.
+fn finish(session0: &Metrics, session1: &Metrics, taken: Taken) -> Round {
+    let Taken {
+        w,
+        data_plane_ns,
+        process_ns,
+        sink_ns,
+        seconds,
+        offered_per_s,
+        sent,
+        loadavg,
+    } = taken;
     let per = |num: f64, den: u64| if den == 0 { 0.0 } else { num / den as f64 };
     let s = |n: &str| (session1.sum(n) - session0.sum(n)).max(0.0) as u64;
     let sink_received = s(SINK_IN);

@@ -559,16 +559,16 @@ async fn a_failing_standard_error_costs_lines_not_the_demux() {
     use std::io::Write;
     bounded(LIMIT, async {
         let (read, write) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
-        let rm = Ringmux::start_logging_to(
-            ringmux_testkit::temp_dir("ringmux-stderr"),
-            &harness::binary("ringmux"),
-            2,
-            Forward::Shm,
-            &["--grace", "2"],
-            harness::worker_bin(),
-            &[],
-            Some(write.try_clone().unwrap()),
-        );
+        let rm = Ringmux::launch(harness::Launch {
+            dir: ringmux_testkit::temp_dir("ringmux-stderr"),
+            demux: &harness::binary("ringmux"),
+            instances: 2,
+            forward: Forward::Shm,
+            extra: &["--grace", "2"],
+            worker_bin: harness::worker_bin(),
+            env: &[],
+            stderr: Some(write.try_clone().unwrap()),
+        });
         // The same open file description as the demux's standard error: non-blocking for it
         // too from now on. Then fill the pipe.
         rustix::io::ioctl_fionbio(&write, true).unwrap();
