@@ -16,9 +16,9 @@
 //! token     = AES-256-GCM(key, 96-bit zero nonce, no AAD)(plaintext) ‖ tag ‖ nonce (16 octets)
 //! ```
 //!
-//! `e2e_quinn::retry_*` and `e2e_interop::*_retry` pin it against real quinn workers and
-//! third-party clients. Validation tokens (quinn's NEW_TOKEN, type `0x01` with an IP and an
-//! issue time) decode the same way.
+//! The system tests `interop::quinn::retry_*` and `interop::clients::*_retry` pin it against
+//! real quinn workers and third-party clients. Validation tokens (quinn's NEW_TOKEN, type `0x01`
+//! with an IP and an issue time) decode the same way.
 //!
 //! The Initials it lets in that open a connection are shown to the [`HelloInspector`], which
 //! tells the session store which instance each ClientHello's tickets went to (`tickets.rs`).

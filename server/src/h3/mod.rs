@@ -283,7 +283,7 @@ impl Conn {
             // share, is about 1 950 bytes) would hand us the connection after the first with a
             // peer stream limit of 0. h3 then waits to open its control stream, and quinn does
             // not wake that wait when the limits arrive: the connection never gets its
-            // SETTINGS (found with headless Chromium, `demux/tests/browser.rs`).
+            // SETTINGS (found with headless Chromium, `systests/tests/system/browser.rs`).
             connecting.handshake_data().await?;
             // Server side `into_0rtt` always succeeds: streams opened in 0-RTT are handed to us
             // now and our responses go out as 0.5-RTT data.

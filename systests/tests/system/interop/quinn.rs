@@ -552,7 +552,7 @@ async fn reload_keeps_connections_reuseport() {
 
 /// A quinn client whose connections start with DCIDs the kernel's steering program sends to
 /// `instance`: it spreads client-chosen DCIDs by their first four octets, read as a big-endian
-/// number, modulo the instances (`demux/src/forward/steering.rs`).
+/// number, modulo the instances (`demux/src/dataplane/forward/steering.rs`).
 fn steered_client(rm: &Ringmux, instance: u8) -> ringmux_testkit::client::H3Client {
     let mut client = rm.client();
     client.set_initial_dst_cid_provider(Arc::new(move || {
