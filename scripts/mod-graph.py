@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""The demux's module graph: which top-level module of demux/src imports which, and any circle.
+"""A crate's module graph: which top-level module of its src imports which, and any circle.
 
 For checking the layering by hand or in CI. Every `crate::Y` path in a file of module X
-(demux/src/X.rs or demux/src/X/), every `super::Y` path that climbs to the crate root, and
-every `ringmux_demux::Y` path of the binary (shown as `main`) is an edge X -> Y between two
+(SRC/X.rs or SRC/X/), every `super::Y` path that climbs to the crate root, and every
+`ringmux_demux::Y` path of the demux's binary (shown as `main`) is an edge X -> Y between two
 top-level modules; a module the crate root re-exports (`pub use sys::alloc;`,
-`pub use dataplane::{forward, tickets};`) counts as its owner's. Comments are skipped; test code counts. Prints one edge a line with the files that
-make it, then every pair of modules that import each other and every circle (a strongly
-connected set of modules), and exits with 1 if there is either: .ci/run runs it so that the
-demux's modules stay layered.
+`pub use dataplane::{forward, tickets};`) counts as its owner's. Comments are skipped; test
+code counts. Prints one edge a line with the files that make it, then every pair of modules
+that import each other and every circle (a strongly connected set of modules), and exits with
+1 if there is either: .ci/run runs it over every crate so that their modules stay layered.
 
 Usage: scripts/mod-graph.py [SRC_DIR]   (default: demux/src)
 """
