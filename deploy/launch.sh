@@ -79,6 +79,7 @@ readonly SETTINGS=(
   "SPIN|--spin|value|fixed"
   "ECN|--ecn|value|on"
   "RECV_BATCH|--recv-batch|value|32"
+  "RECV_COALESCE_US|--recv-coalesce-us|value|250"
   "RCVBUF|--rcvbuf|value|33554432"
   "SNDBUF|--sndbuf|value|8388608"
   "GRACE|--grace|value|10"

@@ -670,6 +670,7 @@ impl forward::WithForward for Serve {
             cfg.args.recv_batch,
             Duration::from_secs(cfg.args.stall_secs),
         )
+        .coalescing(Duration::from_micros(cfg.args.recv_coalesce_us))
         .with_active_slot(ringmux_proto::generation_slot(plane.active_generation))
         .resumed_after(Some(plane.last_recv_ns));
         let cpu = cfg.demux_cpu();

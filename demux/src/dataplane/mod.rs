@@ -15,6 +15,7 @@
 //! (`ringmux_demux::forward`, …).
 
 pub mod admission;
+pub mod coalesce;
 pub mod dispatch;
 pub mod forward;
 pub mod tickets;
@@ -33,6 +34,7 @@ use ringmux_ring::layout::SlotDesc;
 use ringmux_ring::{encode_desc, monotonic_ns, DatagramMeta};
 
 use crate::admission::Admission;
+use crate::dataplane::coalesce::{Coalesce, Wait};
 use crate::dispatch::{classify, Arrival, Disposition};
 use crate::forward::{Forward, IngressHandles};
 use crate::metrics::{Counters, DropReason};
@@ -232,6 +234,11 @@ pub struct DataPlane<F> {
     resumed_after: Option<u64>,
     /// Receive errors logged so far (the first ten are).
     errors_logged: u32,
+    /// How the loop waits once the queue is empty: the socket, or a coalescing window.
+    coalesce: Coalesce,
+    /// When the coalescing window the next receive follows began (ns): no datagram it takes
+    /// arrived before, so it is their receive timestamp (the window's wait counts as latency).
+    window_began_ns: Option<u64>,
 }
 
 /// Per-lane bookkeeping the loop keeps to itself.
@@ -272,7 +279,16 @@ impl<F: Forward> DataPlane<F> {
             last_recv_ns: 0,
             errors_logged: 0,
             resumed_after: None,
+            coalesce: Coalesce::new(Duration::ZERO, batch),
+            window_began_ns: None,
         }
+    }
+
+    /// After a receive that emptied the socket's queue, sleep up to `max` for more datagrams
+    /// while they keep coming ([`coalesce`]; zero: always wait on the socket).
+    pub fn coalescing(mut self, max: Duration) -> Self {
+        self.coalesce = Coalesce::new(max, self.batch);
+        self
     }
 
     /// Measures the pause of an upgrade from `last_recv_ns`, when the previous image received
@@ -327,12 +343,20 @@ impl<F: Forward> DataPlane<F> {
         let (mut local, mut received, mut recv_calls, mut dropped) = self.resume_counting(now);
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
-        // The last receive returned fewer messages than it had room for.
+        // The last receive returned fewer messages than it had room for, and how many it
+        // returned.
         let mut queue_empty = false;
+        let mut found = 0usize;
         // Resets waiting for their ring (at most one per lane), and the round's copy.
         let mut deferred = Vec::with_capacity(n_lanes);
         let mut retry = Vec::with_capacity(n_lanes);
         crate::alloc::count_this_thread();
+        if !self.coalesce.max().is_zero() {
+            // Windows end when asked, not up to 50 µs later.
+            if let Err(e) = sys::set_timer_slack(Duration::from_micros(1)) {
+                tracing::warn!(error = %e, "could not shorten the data plane's timer slack");
+            }
+        }
 
         while !control.stop.load(Ordering::Relaxed) {
             self.take_commands(&control, &mut local, &mut active, &mut deferred, &mut retry);
@@ -345,7 +369,7 @@ impl<F: Forward> DataPlane<F> {
             } else {
                 Duration::from_millis(1)
             };
-            let n = match self.receive(&mut iovs, &mut metas, &mut queue_empty, wait) {
+            let n = match self.receive(&mut iovs, &mut metas, &mut queue_empty, found, wait) {
                 Received::Batch(n) => n,
                 Received::Idle => {
                     self.refresh_gauges(&mut local, &control, &mut last_gauges);
@@ -355,6 +379,8 @@ impl<F: Forward> DataPlane<F> {
             };
             recv_calls += 1;
             let ts = monotonic_ns();
+            // Datagrams a coalescing window gathered are stamped with its beginning.
+            let rx_ns = self.window_began_ns.take().unwrap_or(ts);
             self.begin_batch(&mut local, ts);
             // Routes are remembered within one batch only: a reset or restart between batches
             // can never see a stale entry (routing is pure anyway).
@@ -373,7 +399,7 @@ impl<F: Forward> DataPlane<F> {
                         local_ip: meta.dst_ip.or(fixed_local_ip),
                         ecn: meta.ecn.map_or(0, |e| e as u8),
                         segment_size: 0,
-                        rx_timestamp_ns: ts,
+                        rx_timestamp_ns: rx_ns,
                     },
                     0,
                 );
@@ -416,6 +442,9 @@ impl<F: Forward> DataPlane<F> {
                 }
             }
             self.forward.publish();
+            // Arrivals are counted in messages: a GRO train came as one, and woke one wake-up.
+            found = n;
+            self.coalesce.received(ts, n);
             self.publish_counters(received, recv_calls, &dropped, &local, ts);
             // Reuses the batch's receive timestamp: no second clock read per batch.
             if ts.saturating_sub(last_gauges_ns) >= GAUGE_PERIOD.as_nanos() as u64 {
@@ -478,23 +507,34 @@ impl<F: Forward> DataPlane<F> {
         }
     }
 
-    /// Occupancy and doorbell gauges; stall and violation reports.
-    /// Publishes what admission counted, and whether it is under pressure at `now_ns`.
-    /// One receive (after a wait in `poll` when the last one came back short, the queue empty
-    /// then), waiting at most `wait` when nothing is queued.
+    /// One receive, waiting first when the last one came back short (the queue empty then,
+    /// after `found` messages): for a coalescing window while datagrams keep coming, else in
+    /// `poll` for at most `wait`.
     fn receive(
         &mut self,
         iovs: &mut [IoSliceMut<'_>],
         metas: &mut [RecvMeta],
         queue_empty: &mut bool,
+        found: usize,
         wait: Duration,
     ) -> Received {
         if std::mem::take(queue_empty) {
-            // Sleep in poll straight away (it returns at once if datagrams came meanwhile)
-            // instead of paying for a receive that finds nothing: at light load, where each
-            // wake-up brings one batch, that is one system call of three per wake-up.
-            if !sys::wait_readable(self.public.socket.as_fd(), wait).unwrap_or(true) {
-                return Received::Idle;
+            match self.coalesce.next_wait(found) {
+                Wait::Window(window) => {
+                    // Nobody waits on the socket meanwhile: arrivals wake no one.
+                    self.window_began_ns = Some(monotonic_ns());
+                    std::thread::sleep(window);
+                    self.counters.recv_windows.fetch_add(1, Ordering::Relaxed);
+                }
+                // Sleep in poll straight away (it returns at once if datagrams came
+                // meanwhile) instead of paying for a receive that finds nothing: at light
+                // load, where each wake-up brings one batch, that is one system call of three
+                // per wake-up.
+                Wait::Socket => {
+                    if !sys::wait_readable(self.public.socket.as_fd(), wait).unwrap_or(true) {
+                        return Received::Idle;
+                    }
+                }
             }
         }
         match self
@@ -507,6 +547,10 @@ impl<F: Forward> DataPlane<F> {
                 Received::Batch(n)
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if self.window_began_ns.take().is_some() {
+                    // A window that brought nothing: the flow stopped; back to the socket.
+                    self.coalesce.received(monotonic_ns(), 0);
+                }
                 let _ = sys::wait_readable(self.public.socket.as_fd(), wait);
                 Received::Idle
             }
@@ -669,6 +713,7 @@ impl<F: Forward> DataPlane<F> {
         }
     }
 
+    /// Publishes what admission counted, and whether it is under pressure at `now_ns`.
     fn publish_admission(&self, now_ns: u64) {
         let st = &self.admission.stats;
         let c = &self.counters;
@@ -686,6 +731,7 @@ impl<F: Forward> DataPlane<F> {
         );
     }
 
+    /// Occupancy and doorbell gauges; stall and violation reports.
     fn refresh_gauges(&mut self, local: &mut [Local], control: &Control, last: &mut Instant) {
         *last = Instant::now();
         // Pressure ends while nothing arrives too.

@@ -359,6 +359,8 @@ counter_table! {
     table {
         received: Counter(RECEIVED), help "Datagrams received on the public socket";
         recv_calls: Counter(RECV_CALLS), help "Receive system calls (recvmmsg) that returned data";
+        recv_windows: Counter(RECV_WINDOWS),
+            help "Receive coalescing windows: waits on a timer for more datagrams instead of on the socket (--recv-coalesce-us)";
         /// Reloads that finished (a new generation serves) and that failed (the old one serves
         /// on).
         reloads: Counter(RELOADS, "ok"),

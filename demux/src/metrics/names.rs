@@ -20,6 +20,8 @@ metric_names! {
     RECEIVED = "ringmux_datagrams_received_total";
     /// Receive system calls (recvmmsg) that returned data.
     RECV_CALLS = "ringmux_recv_calls_total";
+    /// Receive coalescing windows slept (waits on a timer instead of on the socket).
+    RECV_WINDOWS = "ringmux_recv_coalescing_windows_total";
     /// Heap allocations on the data-plane thread after start-up.
     DATAPLANE_ALLOCATIONS = "ringmux_dataplane_allocations_total";
     /// Datagrams not forwarded, label `reason` (a [`super::DropReason`]).

@@ -37,7 +37,7 @@ pub use files::{
 pub use poll::{
     clear_wake, poll_readable, poll_which, wait_readable, wait_writable, wake, wake_fd,
 };
-pub use process::{children, kill_and_reap, pidfd_open, pin_to_cpu, ChildProcess};
+pub use process::{children, kill_and_reap, pidfd_open, pin_to_cpu, set_timer_slack, ChildProcess};
 pub use signals::{block_all_signals, read_signal, shutdown_signals, signal_fd};
 pub use sockets::{
     attach_reuseport_program, force_buffer, is_disconnect, lock_filter, queued_bytes, recv_packet,

@@ -18,6 +18,8 @@ mod browser;
 mod cli;
 /// Several nodes behind a load balancer, in network namespaces (`deploy/cluster.sh test`).
 mod cluster;
+/// The demux's receive coalescing under a steady flow.
+mod coalescing;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {
     mod faults;

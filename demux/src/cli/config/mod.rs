@@ -443,6 +443,14 @@ pub struct RunArgs {
     /// Receive buffers per recvmmsg call (1–32), each up to 64 KiB with GRO.
     #[arg(long, env = "RINGMUX_RECV_BATCH", default_value_t = 32)]
     pub recv_batch: usize,
+    /// Longest receive coalescing window, in µs (0–1000; 0: off). While datagrams keep coming
+    /// (at least 4 expected within it), the demux sleeps this long (at most; shorter when a
+    /// receive batch fills sooner) on a timer instead of being woken by each arrival, then
+    /// takes every datagram that came in one receive: one wake-up, and one doorbell per worker,
+    /// for all of them. Each datagram waits at most this long more; a window that brings
+    /// nothing returns to waking on each arrival.
+    #[arg(long, env = "RINGMUX_RECV_COALESCE_US", default_value_t = 250)]
+    pub recv_coalesce_us: u64,
     /// Read each datagram's ECN bits (IP_RECVTOS / IPV6_RECVTCLASS) and pass them to the
     /// workers, so QUIC's ECN validation and congestion feedback work for traffic from clients.
     /// `off` saves the kernel one control message per datagram (about 5 % of the demux's cost
@@ -814,6 +822,12 @@ impl RunArgs {
                 "--recv-batch / RINGMUX_RECV_BATCH={} is not valid: expected 1 to {}",
                 self.recv_batch,
                 quinn_udp::BATCH_SIZE
+            );
+        }
+        if self.recv_coalesce_us > 1000 {
+            bail!(
+                "--recv-coalesce-us / RINGMUX_RECV_COALESCE_US={} is not valid: expected 0 to 1000 (µs; 0: no coalescing)",
+                self.recv_coalesce_us
             );
         }
         if !(1..=100).contains(&self.initial_shed_at) {
@@ -1390,6 +1404,15 @@ mod tests {
             (
                 &["--recv-batch", "33"],
                 &["--recv-batch", "RINGMUX_RECV_BATCH", "33"],
+            ),
+            (
+                &["--recv-coalesce-us", "1001"],
+                &[
+                    "--recv-coalesce-us",
+                    "RINGMUX_RECV_COALESCE_US",
+                    "1001",
+                    "0 to 1000",
+                ],
             ),
             (
                 &["--node-id", "zz"],
