@@ -76,7 +76,7 @@ readonly SETTINGS=(
   "RING_SLOTS|--ring-slots|value|4096"
   "SLOT_BYTES|--slot-bytes|value|2048"
   "SPIN_US|--spin-us|value|50"
-  "SPIN|--spin|value|fixed"
+  "SPIN|--spin|value|adaptive"
   "ECN|--ecn|value|on"
   "RECV_BATCH|--recv-batch|value|32"
   "RECV_COALESCE_US|--recv-coalesce-us|value|250"

@@ -574,13 +574,14 @@ pub struct RingArgs {
     /// the most, with --spin adaptive.
     #[arg(long, env = "RINGMUX_SPIN_US", default_value_t = SpinPolicy::DEFAULT_US)]
     pub spin_us: u32,
-    /// How a worker's spin adapts: `fixed` (the default) always spins --spin-us: the shortest
-    /// tail and the cheapest demux under saturation. `adaptive` spins about four typical short
+    /// How a worker's spin adapts: `adaptive` (the default) spins about four typical short
     /// gaps between datagrams (at most --spin-us), and not at all when the gaps are mostly
-    /// longer than --spin-us (trains of datagrams), since an empty spin burns CPU a sleep would
-    /// not: up to a third less CPU for the box at moderate rates, more wake-ups and a longer
-    /// p99 there, and a dearer demux under saturation (bench/RESULTS.md has the figures).
-    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "fixed")]
+    /// longer than --spin-us (trains of datagrams, or the demux's coalescing windows), since an
+    /// empty spin burns CPU a sleep would not: the box's CPU per request end to end and per
+    /// datagram at moderate rates is the lowest with it, and saturated it costs the same.
+    /// `fixed` always spins --spin-us: a shorter ring-latency tail at moderate rates (tens of
+    /// µs at the 99th percentile) for more CPU (bench/RESULTS.md has the figures).
+    #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "adaptive")]
     pub spin: SpinMode,
 }
 
