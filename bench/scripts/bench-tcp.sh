@@ -9,6 +9,10 @@
 # measured window, from its JSON; h2load: its whole run from GNU time, scaled by
 # seconds / (seconds + the 1 s warm-up)), and the ringmux/Caddy req/s ratios within each
 # round, per transport.
+# --files LIST picks the files (default "small big"): tiny (1 byte), small (1 KiB), big (1 MiB).
+# The tiny-response shape of published HTTP/3 comparisons (64 connections x 64 streams, a tiny
+# body): --connections 64 --streams 64 --files tiny; the summary gives each server's requests
+# per server core-second (1 / its CPU per request).
 # --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only).
 # --h3-probe-arg ARG (repeatable) passes ARG to every h3-probe run, e.g.
 # --h3-probe-arg=--task-per-stream for the client's earlier shape.
@@ -18,7 +22,8 @@
 # run, not across machines.
 #
 # Usage: bench/scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
-#          [--instances K] [--out DIR] [--no-build] [--no-caddy-h3] [--h3-probe-arg ARG]...
+#          [--instances K] [--files "tiny small big"] [--out DIR] [--no-build] [--no-caddy-h3]
+#          [--h3-probe-arg ARG]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -30,6 +35,7 @@ instances=2
 out=""
 build=1
 caddy_h3=1
+files="small big"
 probe_args=()
 while (($#)); do
   case $1 in
@@ -38,6 +44,7 @@ while (($#)); do
     --connections) connections=$2; shift 2 ;;
     --streams) streams=$2; shift 2 ;;
     --instances) instances=$2; shift 2 ;;
+    --files) files=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --no-caddy-h3) caddy_h3=0; shift ;;
@@ -69,6 +76,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+for file in $files; do
+  [[ $file == tiny || $file == small || $file == big ]] || { echo "bench-tcp.sh: --files takes tiny, small and big, not $file" >&2; exit 2; }
+done
+head -c 1 /dev/urandom >"$work/root/tiny.bin"
 head -c 1024 /dev/urandom >"$work/root/small.bin"
 head -c 1048576 /dev/urandom >"$work/root/big.bin"
 chmod 644 "$work/root/"*.bin
@@ -144,7 +155,7 @@ for round in $(seq 1 "$rounds"); do
   caddy run --config "$work/Caddyfile" --adapter caddyfile >"$work/caddy.log" 2>&1 &
   caddy_pid=$!
   for _ in $(seq 1 100); do curl -sk -o /dev/null "https://127.0.0.1:$caddy_port/small.bin" && break; sleep 0.1; done
-  for file in small big; do
+  for file in $files; do
     for target in $targets; do
       log=$work/$target-$file-$round.log
       case $target in
@@ -191,21 +202,23 @@ def f(v):
         return float(v)
     except ValueError:
         return float("nan")
-print("| target | file | req/s | p99 µs | server µs/request | box µs/request | client µs/request |")
-print("|---|---|---|---|---|---|---|")
-for file in ("small", "big"):
+files = [f for f in ("tiny", "small", "big") if any(r["file"] == f for r in rows)]
+print("| target | file | req/s | p99 µs | server µs/request | server requests per core-second | box µs/request | client µs/request |")
+print("|---|---|---|---|---|---|---|---|")
+for file in files:
     for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
         if not sel:
             continue
         cell = lambda k: "%.0f (%.0f–%.0f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
         cellf = lambda k: "%.1f (%.1f–%.1f)" % (statistics.median(f(r[k]) for r in sel), min(f(r[k]) for r in sel), max(f(r[k]) for r in sel))
-        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {cellf('box_us_per_request')} | {cellf('client_us_per_request')} |")
+        per_core = statistics.median(1e6 / f(r["server_us_per_request"]) for r in sel if f(r["server_us_per_request"]) > 0)
+        print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {per_core:.0f} | {cellf('box_us_per_request')} | {cellf('client_us_per_request')} |")
 targets = {r["target"] for r in rows}
 for ours, theirs, what in (("ringmux-tcp", "caddy-tcp", "over TCP"), ("ringmux-h3", "caddy-h3", "over HTTP/3")):
     if theirs not in targets:
         continue
-    for file in ("small", "big"):
+    for file in files:
         ratios = []
         for rnd in sorted({r["round"] for r in rows}):
             get = lambda t: next(f(r["req_per_s"]) for r in rows if r["round"] == rnd and r["target"] == t and r["file"] == file)
