@@ -66,6 +66,9 @@ pub const THROTTLE: f64 = 1.2;
 /// Arrivals two measurements must hold together for a decision (fewer: the way in force
 /// stays).
 const MIN_COMPARED: u64 = 64;
+/// The shortest measurement of the way in force a decision trusts: traffic that resumes after
+/// a pause longer than [`STEADY`] starts a trial at once, with nothing measured before it.
+const MIN_BEFORE: Duration = Duration::from_millis(10);
 
 /// The data plane's receive-coalescing state.
 #[derive(Debug, Clone)]
@@ -128,7 +131,7 @@ impl Trials {
         } else if elapsed >= TRIAL.as_nanos() as u64 {
             let rate = |(n, ns): (u64, u64)| n as f64 / ns.max(1) as f64;
             let (before, trial) = (self.before, (self.count, elapsed));
-            if before.0 + trial.0 >= MIN_COMPARED {
+            if before.0 + trial.0 >= MIN_COMPARED && before.1 >= MIN_BEFORE.as_nanos() as u64 {
                 let (with, without) = if self.on {
                     (rate(before), rate(trial))
                 } else {
@@ -331,6 +334,16 @@ mod tests {
             60,
             |_| 3,
         );
+        assert!(c.in_force(), "{c:?}");
+    }
+
+    #[test]
+    fn traffic_resuming_after_a_pause_is_not_compared_with_the_pause() {
+        let mut c = steady(3, 60);
+        let mut t = c.last_ns + 5_000_000_000;
+        // The first receive after five idle seconds starts a trial (of no windows) with
+        // nothing measured before it; arrivals as fast as ever must not read as throttled.
+        feed(&mut c, &mut t, (TRIAL * 2).as_nanos() as u64, 60, |_| 3);
         assert!(c.in_force(), "{c:?}");
     }
 
