@@ -19,8 +19,8 @@
 //!   [`HORIZON`], so that bursts (a client's flight, a sender's `sendmmsg`) count by their
 //!   average over many of them, not by how fast one comes in. An arrival is what the socket
 //!   queues and what would wake the data plane: a datagram, or a whole GRO train, which one
-//!   receive buffer takes ([`Coalesce::received`] counts messages). Trains a few per window apart gain nothing from waiting: they already come one
-//!   wake-up each.
+//!   receive buffer takes ([`Coalesce::received`] counts messages). Trains a few per window
+//!   apart gain nothing from waiting: they already come one wake-up each.
 //! * After a short receive, the next wait is the timer when at least [`MIN_EXPECTED`]
 //!   arrivals are expected within the longest window; else `poll` on the socket, as before.
 //! * The window is the time a full receive batch takes to arrive at that rate, at most the
@@ -31,13 +31,13 @@
 //! * Coalescing must not slow the arrivals themselves. Clients that wait for each response
 //!   before sending the next request (a few connections with a request or two in flight) send
 //!   only as fast as they are answered, and a window delays every answer: measured here, two
-//!   connections of two streams made 2.5 times fewer requests with it. So, as Linux's dynamic
-//!   interrupt moderation (`net_dim`) steps its moderation by the throughput each step brings,
-//!   the data plane tries the other way every [`STEADY`] for [`TRIAL`] and compares the
-//!   arrival rates: coalescing stays (or comes back) unless the arrivals come [`THROTTLE`]
-//!   times faster without it. Many independent clients send at their own pace, and a busy box
-//!   answers faster with the CPU the windows save, so for them it stays. It starts off, and
-//!   is first tried after [`STEADY`].
+//!   connections of two streams made a third of the requests with it (bench/RESULTS.md).
+//!   So, as Linux's dynamic interrupt moderation (`net_dim`) steps its moderation by the
+//!   throughput each step brings, the data plane tries the other way every [`STEADY`] for
+//!   [`TRIAL`] and compares the arrival rates: coalescing stays (or comes back) unless the
+//!   arrivals come [`THROTTLE`] times faster without it. Many independent clients send at
+//!   their own pace, and a busy box answers faster with the CPU the windows save, so for them
+//!   it stays. It starts off, and is first tried after [`STEADY`].
 //!
 //! Sans I/O: the data plane reports each receive ([`Coalesce::received`]) and asks how to wait
 //! ([`Coalesce::next_wait`]).
