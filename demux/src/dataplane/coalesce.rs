@@ -54,7 +54,7 @@ pub const MIN_EXPECTED: f64 = 4.0;
 /// of load a person would notice.
 const HORIZON_NS: f64 = 10_000_000.0;
 
-/// [`HORIZON_NS`] as a duration, for the documentation.
+/// The horizon arrivals are averaged over (weight `exp(-age / HORIZON)`), as a duration.
 pub const HORIZON: Duration = Duration::from_nanos(HORIZON_NS as u64);
 
 /// How long the way in force (coalescing or not) runs between two trials of the other.
