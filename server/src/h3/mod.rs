@@ -237,7 +237,10 @@ impl Conn {
                             early_requests: self.early_requests,
                         };
                         let stats = self.stats.clone();
-                        requests.spawn(async move {
+                        // Boxed: the request's state (h3's header decoding, the reply) is
+                        // kilobytes, and a task's future is moved in and out of its cell
+                        // several times per request; the box is moved once.
+                        requests.spawn(Box::pin(async move {
                             match resolver.resolve_request().await {
                                 Ok((request, stream)) => req.handle(request, stream).await,
                                 Err(e) => {
@@ -245,7 +248,7 @@ impl Conn {
                                     debug!(error = %e, "bad request headers");
                                 }
                             }
-                        });
+                        }));
                     }
                     // The client sent GOAWAY and everything it asked for is done.
                     Ok(None) => break,
@@ -379,7 +382,9 @@ impl Req {
                     parts.uri = with_path(&parts.uri, path);
                 }
                 let request = Request::from_parts(parts, ());
-                let (status, bytes) = match self.proxy(site, &upstream, request, stream).await {
+                // Boxed: the proxy's state is most of a request's, and files need none of it.
+                let proxied = Box::pin(self.proxy(site, &upstream, request, stream)).await;
+                let (status, bytes) = match proxied {
                     Outcome::Answered { status, bytes } => (Some(status), bytes),
                     Outcome::Failed => (None, 0),
                 };
