@@ -25,14 +25,6 @@ use ringmux_server::tcp::TcpOptions;
 use ringmux_worker::tls::ALPN_H3;
 use ringmux_worker::Worker;
 
-/// mimalloc: per-thread free lists and size-segregated pages answer the worker's many small,
-/// short-lived allocations (quinn's frames, h3's headers, a request's state) in fewer
-/// instructions than glibc's malloc, which took ~12 % of a worker's samples on many small
-/// responses; it costs each worker ~8 MiB more resident memory, its first arena committed
-/// up front (bench/RESULTS.md, issue #43).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Longest a drained worker waits for its last connections after the HTTP/3 server returned
 /// (the demux enforces its own `--grace` on top).
 const DRAIN_WAIT: Duration = Duration::from_secs(60);
