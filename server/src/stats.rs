@@ -130,6 +130,9 @@ pub enum TcpErrorKind {
     OverCap,
     /// The TLS handshake failed (garbage instead of TLS, a client that gave up).
     TlsFailed,
+    /// The ClientHello named no site of this server (or none, without a default site):
+    /// refused with the `unrecognized_name` alert (RFC 6066 §3) before any certificate.
+    UnknownName,
     /// The TLS handshake did not finish within `TcpOptions::handshake_timeout`.
     TlsTimeout,
     /// An HTTP/1.1 request head did not arrive within `TcpOptions::header_timeout`.
@@ -154,9 +157,10 @@ pub enum TcpErrorKind {
 
 impl TcpErrorKind {
     /// Every kind, in the order of [`ServerStats::tcp_errors`].
-    pub const ALL: [TcpErrorKind; 10] = [
+    pub const ALL: [TcpErrorKind; 11] = [
         TcpErrorKind::OverCap,
         TcpErrorKind::TlsFailed,
+        TcpErrorKind::UnknownName,
         TcpErrorKind::TlsTimeout,
         TcpErrorKind::HeaderTimeout,
         TcpErrorKind::TooLarge,
@@ -172,6 +176,7 @@ impl TcpErrorKind {
         match self {
             TcpErrorKind::OverCap => "over_cap",
             TcpErrorKind::TlsFailed => "tls_failed",
+            TcpErrorKind::UnknownName => "unknown_name",
             TcpErrorKind::TlsTimeout => "tls_timeout",
             TcpErrorKind::HeaderTimeout => "header_timeout",
             TcpErrorKind::TooLarge => "too_large",

@@ -306,6 +306,8 @@ enum Handshake {
     Serve(tokio_rustls::server::TlsStream<TcpStream>),
     /// A TLS-ALPN-01 challenge answered: the connection ends here (RFC 8737 §3).
     Challenge(tokio_rustls::server::TlsStream<TcpStream>),
+    /// Refused with `unrecognized_name`: the ClientHello named no site (why, for the log).
+    UnknownName(io::Error),
 }
 
 /// One TCP connection's task state.
@@ -322,7 +324,7 @@ struct Conn {
 impl Conn {
     /// The TLS handshake, once its ClientHello names a site (or the default site answers): a
     /// name no site has, or none, without a default site, is refused with the
-    /// `unrecognized_name` alert (counted as `tls_failed`), as RFC 6066 §3 says, before any
+    /// `unrecognized_name` alert (counted as `unknown_name`, not as `tls_failed`), as RFC 6066 §3 says, before any
     /// certificate is chosen. A ClientHello offering `acme-tls/1` is a TLS-ALPN-01
     /// validation, answered with the challenge's configuration or refused, never with
     /// `acceptor`'s (see the module documentation).
@@ -350,7 +352,8 @@ impl Conn {
         }
         if self.router.connection_site(hello.server_name()).is_none() {
             let problem = format!("no site for the server name {:?}", hello.server_name());
-            return Err(refuse(start.io, &UNRECOGNIZED_NAME, problem).await);
+            let refused = refuse(start.io, &UNRECOGNIZED_NAME, problem).await;
+            return Ok(Handshake::UnknownName(refused));
         }
         let tls = start.into_stream(acceptor.config().clone()).await?;
         Ok(Handshake::Serve(tls))
@@ -388,6 +391,11 @@ impl Conn {
                     self.stats.count_tcp_error(TcpErrorKind::LingerCut);
                     debug!(%remote, why, "graceful close cut short");
                 }
+                return;
+            }
+            Ok(Ok(Handshake::UnknownName(why))) => {
+                self.stats.count_tcp_error(TcpErrorKind::UnknownName);
+                debug!(%remote, error = %why, "TLS handshake refused");
                 return;
             }
             Ok(Err(e)) => {

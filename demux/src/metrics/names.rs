@@ -122,8 +122,9 @@ metric_names! {
     /// Counter: HTTPS-over-TCP connections a worker accepted, label `instance`.
     WORKER_TCP_CONNECTIONS = "ringmux_worker_tcp_connections_total";
     /// Counter: TCP connections refused or ended for bad input or overload, or closed idle,
-    /// labels `instance` and `kind` (`over_cap`, `tls_failed`, `tls_timeout`, `header_timeout`,
-    /// `too_large`, `rapid_reset`, `protocol`, `idle_timeout`, `evicted`, `linger_cut`).
+    /// labels `instance` and `kind` (`over_cap`, `tls_failed`, `unknown_name`, `tls_timeout`,
+    /// `header_timeout`, `too_large`, `rapid_reset`, `protocol`, `idle_timeout`, `evicted`,
+    /// `linger_cut`).
     WORKER_TCP_ERRORS = "ringmux_worker_tcp_errors_total";
 
     /// Counter: access-log lines a worker wrote, label `instance`.

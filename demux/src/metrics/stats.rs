@@ -68,10 +68,7 @@ pub fn table(m: &Scrape) -> String {
         by("unknown"),
     );
     let tcp_error = |k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
-    let refused: f64 = ["over_cap", "tls_failed", "tls_timeout"]
-        .into_iter()
-        .map(tcp_error)
-        .sum();
+    let failed = tcp_error("tls_failed") + tcp_error("tls_timeout");
     let ended: f64 = ["header_timeout", "too_large", "rapid_reset", "protocol"]
         .into_iter()
         .map(tcp_error)
@@ -79,10 +76,12 @@ pub fn table(m: &Scrape) -> String {
     let idle: f64 = ["idle_timeout", "evicted"].into_iter().map(tcp_error).sum();
     let _ = writeln!(
         out,
-        "tcp: {:.0} connections   {refused:.0} refused (over cap, TLS)   {ended:.0} ended for \
-         bad input   {idle:.0} closed idle (timeout, at the cap)   {:.0} closes cut short \
-         (see ringmux_worker_tcp_errors_total)",
+        "tcp: {:.0} connections   refused: {:.0} over cap, {failed:.0} TLS failed, {:.0} for \
+         a name no site has   {ended:.0} ended for bad input   {idle:.0} closed idle (timeout, \
+         at the cap)   {:.0} closes cut short (see ringmux_worker_tcp_errors_total)",
         m.sum(names::WORKER_TCP_CONNECTIONS),
+        tcp_error("over_cap"),
+        tcp_error("unknown_name"),
         tcp_error("linger_cut"),
     );
     sites(m, &mut out);

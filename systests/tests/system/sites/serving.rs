@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use harness::{bounded, Forward, PyUpstream, Ringmux};
+use harness::{bounded, Forward, Metrics, PyUpstream, Ringmux};
+use ringmux_demux::metrics::names;
 use ringmux_systests::harness;
 use ringmux_testkit::aioquic::Json;
 use ringmux_testkit::curl::{self, Reach};
@@ -470,6 +471,18 @@ async fn without_a_default_site_unknown_names_and_no_name_fail_the_handshake() {
                 );
             }
         }
+        // Each refusal is counted as one for its name, none as a failed handshake (`ringmux
+        // stats` once showed them as "refused (over cap, TLS)").
+        let refused = 2.0 * TCP_VERSIONS.len() as f64;
+        let kind = |m: &Metrics, k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
+        let m = rm
+            .wait_for("the refusals counted", LIMIT, |m| {
+                kind(m, "unknown_name") >= refused
+            })
+            .await;
+        assert_eq!(kind(&m, "unknown_name"), refused, "{m}");
+        assert_eq!(kind(&m, "tls_failed"), 0.0, "{m}");
+        assert_eq!(kind(&m, "over_cap"), 0.0, "{m}");
         for (what, name) in [("no server name", ""), ("an unknown name", "nope.test")] {
             let j = aioquic(&rm, name, &["/"]).await;
             assert_eq!(j["ok"], Json::Bool(false), "{what} over QUIC: {j}");
