@@ -61,22 +61,17 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        Some(Command::Stats { metrics }) => {
-            metrics::fetch(metrics.as_str()).and_then(|m| print(&metrics::stats::table(&m)))
-        }
-        Some(Command::Reload {
-            control_socket,
-            timeout,
-        }) => supervisor::control::request(
-            &control_socket,
+        Some(Command::Stats { target }) => target
+            .address()
+            .and_then(|a| metrics::fetch(a.as_str()))
+            .and_then(|m| print(&metrics::stats::table(&m))),
+        Some(Command::Reload { target, timeout }) => control_request(
+            &target,
             &control::Request::Reload,
             Duration::from_secs(timeout),
         ),
-        Some(Command::Upgrade {
-            control_socket,
-            timeout,
-        }) => supervisor::control::request(
-            &control_socket,
+        Some(Command::Upgrade { target, timeout }) => control_request(
+            &target,
             &control::Request::Upgrade,
             Duration::from_secs(timeout),
         ),
@@ -84,11 +79,11 @@ fn main() -> ExitCode {
             command:
                 config::AcmeCommand::Renew {
                     name,
-                    control_socket,
+                    target,
                     timeout,
                 },
-        }) => supervisor::control::request(
-            &control_socket,
+        }) => control_request(
+            &target,
             &control::Request::AcmeRenew(name),
             Duration::from_secs(timeout),
         ),
@@ -112,6 +107,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Sends `request` to the running ringmux `target` names and prints its answer.
+fn control_request(
+    target: &config::running::ControlTarget,
+    request: &control::Request,
+    timeout: Duration,
+) -> Result<()> {
+    supervisor::control::request(&target.socket()?, request, timeout)
 }
 
 /// `ringmux check`: the configuration checked as a start checks it, and the certificate of the
@@ -166,7 +170,39 @@ fn check(run: config::RunArgs) -> Result<()> {
             "one site from the command line, answering every name\n".to_string()
         }
     };
-    print(&format!("{summary}configuration OK\n"))
+    print(&format!(
+        "{summary}configuration OK\n{}",
+        running_verdict(&cfg)
+    ))
+}
+
+/// What the ringmux running on `cfg`'s control socket would make of a reload now (`ringmux
+/// check`): a warning when it would refuse it (above all a setting only a restart changes),
+/// else a line saying it would take it; nothing when no ringmux runs there.
+fn running_verdict(cfg: &Config) -> String {
+    let socket = cfg.args.control_socket.as_str();
+    let path = std::path::Path::new(socket);
+    if socket == "off" || !path.exists() {
+        return String::new();
+    }
+    let asked = control::exchange(
+        path,
+        &control::Request::ReloadCheck,
+        Duration::from_secs(60),
+        |_| Ok(()),
+    );
+    match asked {
+        Ok(last) if last.starts_with("ok") => format!("the ringmux running on {socket}: {last}\n"),
+        Ok(last) if last.starts_with("error: unknown request") => format!(
+            "note: the ringmux running on {socket} is older and cannot say whether it would \
+             reload this file\n"
+        ),
+        Ok(last) => format!(
+            "warning: the ringmux running on {socket} would refuse a reload now: {}\n",
+            last.strip_prefix("error: ").unwrap_or(&last)
+        ),
+        Err(e) => format!("note: no ringmux answers on {socket} ({e:#})\n"),
+    }
 }
 
 /// Writes `text` to standard output: a command's answer (an output closed early is an error,
@@ -829,7 +865,7 @@ fn bind_public_and_tcp(
 }
 
 fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
-    let addr: SocketAddr = cfg.args.listen;
+    let addr = free_udp_address(cfg.args.listen)?;
     let s = sys::udp_socket(addr)
         .with_context(|| format!("a UDP socket for {addr} (dual-stack on [::])"))?;
     // The first member of the address's SO_REUSEPORT group: every worker's own socket joins it
@@ -859,6 +895,36 @@ fn bind_public(cfg: &Config) -> Result<std::net::UdpSocket> {
     }
     s.set_nonblocking(true)?;
     Ok(s.into())
+}
+
+/// `listen` if no socket holds its UDP address and port now (a port of 0: one the kernel finds
+/// free). The public socket binds with `SO_REUSEPORT` (every worker's sending socket joins its
+/// group), which on its own would let a second ringmux on the same address join the first one's
+/// group, say it is ready and never receive a datagram (the group's program steers every one to
+/// the first member). A probe bound without `SO_REUSEPORT` fails where any socket holds the
+/// address, whatever its options; it is closed before the public socket binds.
+fn free_udp_address(listen: SocketAddr) -> Result<SocketAddr> {
+    let probe = sys::udp_socket(listen)
+        .with_context(|| format!("a UDP socket for {listen} (dual-stack on [::])"))?;
+    match probe.bind(&listen.into()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "UDP {listen} (--listen / RINGMUX_LISTEN) is in use already, by another ringmux or \
+             another program (`ss -ulpn 'sport = :{port}'` names it): stop it, or give this \
+             ringmux another address or port",
+            port = listen.port()
+        ),
+        Err(e) => {
+            return Err(anyhow::Error::new(e)
+                .context(format!("binding {listen} (--listen / RINGMUX_LISTEN)")))
+        }
+    }
+    let bound = probe
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .context("the probe socket's address")?;
+    Ok(SocketAddr::new(listen.ip(), bound.port()))
 }
 
 fn pin(cpu: usize) {

@@ -2,8 +2,8 @@
 //! asks for a new worker generation, `ringmux upgrade` for a new demux and `ringmux acme
 //! renew` for new ACME certificates, and each reads the outcome.
 //!
-//! The protocol is lines of text. A client sends one request line (`reload`, `upgrade`,
-//! `acme renew` or `acme renew NAME`); the demux
+//! The protocol is lines of text. A client sends one request line (`reload`, `reload check`,
+//! `upgrade`, `acme renew` or `acme renew NAME`); the demux
 //! answers with progress lines and one last line, `ok …` or `error: …`, then closes. The
 //! supervisor polls the listener and its clients with its other descriptors and never blocks
 //! on them: a client has 2 s and 64 bytes for its request line, and at most 8 are held at
@@ -29,6 +29,9 @@ const MAX_CLIENTS: usize = 8;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Reload,
+    /// Whether a reload now would be refused (`ringmux check`): the configuration read and
+    /// checked as a reload reads it, nothing started.
+    ReloadCheck,
     Upgrade,
     /// New certificates now for the ACME site with this name, or for every ACME site.
     AcmeRenew(Option<String>),
@@ -39,6 +42,7 @@ impl Request {
     pub fn line(&self) -> String {
         match self {
             Request::Reload => "reload".into(),
+            Request::ReloadCheck => "reload check".into(),
             Request::Upgrade => "upgrade".into(),
             Request::AcmeRenew(None) => "acme renew".into(),
             Request::AcmeRenew(Some(name)) => format!("acme renew {name}"),
@@ -50,6 +54,7 @@ impl Request {
         let mut words = line.split_ascii_whitespace();
         let r = match (words.next()?, words.next(), words.next()) {
             ("reload", None, _) => Request::Reload,
+            ("reload", Some("check"), None) => Request::ReloadCheck,
             ("upgrade", None, _) => Request::Upgrade,
             ("acme", Some("renew"), None) => Request::AcmeRenew(None),
             ("acme", Some("renew"), Some(name)) => Request::AcmeRenew(Some(name.to_string())),
@@ -183,7 +188,8 @@ impl ControlServer {
                 }
                 None => {
                     let _ = (&c.stream).write_all(
-                        b"error: unknown request (expected: reload, upgrade, acme renew [NAME])\n",
+                        b"error: unknown request (expected: reload, reload check, upgrade, acme renew \
+                          [NAME])\n",
                     );
                     false
                 }
@@ -277,6 +283,27 @@ fn peer_pid(stream: &UnixStream) -> Option<u32> {
 /// `ringmux reload` and `ringmux upgrade`: asks the ringmux at `path` for `request` and prints
 /// what it says. `Ok` once it answered `ok`; an error with its reason otherwise.
 pub fn request(path: &Path, request: &Request, timeout: Duration) -> Result<()> {
+    let last = exchange(path, request, timeout, |line| {
+        // The control client's own output: closed early, it stops (no panic).
+        writeln!(io::stdout(), "{line}").context("writing the answer")
+    })?;
+    if last.starts_with("ok") {
+        Ok(())
+    } else if let Some(reason) = last.strip_prefix("error: ") {
+        bail!("{} failed: {reason}", request.line())
+    } else {
+        bail!("ringmux closed the control socket without an answer")
+    }
+}
+
+/// Asks the ringmux at `path` for `request` and returns its last line (`ok …` or `error: …`,
+/// empty when it closed without one), passing every line to `each` as it arrives.
+pub fn exchange(
+    path: &Path,
+    request: &Request,
+    timeout: Duration,
+    mut each: impl FnMut(&str) -> Result<()>,
+) -> Result<String> {
     let mut stream = UnixStream::connect(path).with_context(|| {
         format!(
             "connecting to {} (is ringmux running with this --control-socket / \
@@ -294,8 +321,7 @@ pub fn request(path: &Path, request: &Request, timeout: Duration) -> Result<()> 
             Ok(0) => break,
             Ok(_) => {
                 let line = line.trim_end().to_string();
-                // The control client's own output: closed early, it stops (no panic).
-                writeln!(io::stdout(), "{line}").context("writing the answer")?;
+                each(&line)?;
                 last = line;
             }
             Err(e)
@@ -306,11 +332,35 @@ pub fn request(path: &Path, request: &Request, timeout: Duration) -> Result<()> 
             Err(e) => return Err(e).context("reading the answer"),
         }
     }
-    if last.starts_with("ok") {
-        Ok(())
-    } else if let Some(reason) = last.strip_prefix("error: ") {
-        bail!("{} failed: {reason}", request.line())
-    } else {
-        bail!("ringmux closed the control socket without an answer")
+    Ok(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Request;
+
+    /// Every request's line parses back to it; anything else, a word more or less included,
+    /// is no request.
+    #[test]
+    fn request_lines_round_trip_and_nothing_else_parses() {
+        for r in [
+            Request::Reload,
+            Request::ReloadCheck,
+            Request::Upgrade,
+            Request::AcmeRenew(None),
+            Request::AcmeRenew(Some("example.com".into())),
+        ] {
+            assert_eq!(Request::parse(&r.line()), Some(r.clone()), "{r:?}");
+        }
+        for line in [
+            "",
+            "reload now",
+            "reload check please",
+            "check",
+            "acme",
+            "acme renew a b",
+        ] {
+            assert_eq!(Request::parse(line), None, "{line:?}");
+        }
     }
 }

@@ -647,6 +647,22 @@ impl Supervisor {
         }
     }
 
+    /// Answers `client` whether a reload now would start a new generation: the configuration
+    /// read and checked as [`Supervisor::next_configuration`] reads it, nothing started.
+    fn reload_check(&mut self, client: u64) {
+        let file = match &self.cfg.args.config {
+            Some(path) => path.display().to_string(),
+            None => "no configuration file".to_string(),
+        };
+        let answer = match self.next_configuration() {
+            Ok(_) => format!("ok: a reload would start a new generation from {file}"),
+            Err(why) => format!("error: a reload would be refused ({file}): {why}"),
+        };
+        if let Some(c) = self.control.as_mut() {
+            c.answer(client, &answer);
+        }
+    }
+
     /// The configuration and worker template a reload starts the next generation with: the
     /// command line (and its configuration file, and the environment) read again and checked
     /// as a start checks them, the certificates read again. `Err` says why not: a problem of
@@ -743,6 +759,7 @@ impl Supervisor {
         for (client, request) in requests {
             match request {
                 control::Request::Reload => actions.extend(self.reload(Some(client))),
+                control::Request::ReloadCheck => self.reload_check(client),
                 control::Request::Upgrade => self.upgrade_request(Some(client)),
                 control::Request::AcmeRenew(name) => self.acme_renew(client, name),
             }

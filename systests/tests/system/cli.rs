@@ -104,3 +104,178 @@ fn a_root_the_workers_cannot_reach_is_refused_at_start() {
         "it must not start"
     );
 }
+
+/// Runs ringmux with `args` until it exits, or kills it after 30 s and says it started.
+fn until_exit(args: &[&str]) -> Output {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let mut child = Command::new(harness::binary("ringmux"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running ringmux");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("waitpid").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("its output");
+            panic!(
+                "ringmux did not exit within 30 s: it started\n{}",
+                stderr(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("its output")
+}
+
+/// A second ringmux on the UDP address of a running one is refused at start, naming the
+/// address, in every forwarding mode: the public socket's `SO_REUSEPORT` would otherwise let it
+/// join the first one's group, say it is ready and receive nothing (with `--tcp off` no TCP
+/// listener fails first).
+#[test]
+fn a_second_ringmux_on_a_busy_udp_port_is_refused() {
+    use harness::{Forward, Ringmux};
+    for forward in [Forward::Shm, Forward::Unix, Forward::Reuseport] {
+        let first = Ringmux::start(1, forward, &["--tcp", "off"]);
+        let listen = first.listen.to_string();
+        let dir = temp_dir("ringmux-cli-busy");
+        let control = dir.path().join("control.sock");
+        let mut args = vec![
+            "--listen",
+            &listen,
+            "--tcp",
+            "off",
+            "--forward",
+            forward.as_arg(),
+            "--metrics",
+            "127.0.0.1:0",
+            "--control-socket",
+            control.to_str().expect("a UTF-8 path"),
+        ];
+        if forward == Forward::Reuseport {
+            args.push("--plaintext-cids");
+        }
+        let out = until_exit(&args);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{forward:?}: {err}");
+        assert!(
+            err.contains(&format!("UDP {listen}")) && err.contains("in use already"),
+            "{forward:?}: {err}"
+        );
+        // The first one serves on.
+        let up = first
+            .metrics()
+            .sum(ringmux_demux::metrics::names::WORKER_UP);
+        assert_eq!(up, 1.0, "{forward:?}: the first ringmux's worker");
+    }
+}
+
+/// Runs `ringmux ARGS` as a client command, bounded, with none of the variables that would name
+/// the running ringmux: what it finds, it finds through the file. Exit status and output.
+async fn client(args: &[&str]) -> (bool, String) {
+    let out = tokio::process::Command::new(harness::binary("ringmux"))
+        .args(args)
+        .env_remove("RINGMUX_CONTROL_SOCKET")
+        .env_remove("RINGMUX_METRICS")
+        .env_remove("RINGMUX_CONFIG")
+        .env("RUST_LOG", "warn")
+        .kill_on_drop(true)
+        .output();
+    let out = harness::bounded(std::time::Duration::from_secs(60), out)
+        .await
+        .expect("running ringmux");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `reload`, `stats`, `acme renew` and `check` take the running ringmux's file: they find its
+/// control socket and metrics address there; a flag still wins; and `check` warns when the
+/// running ringmux would refuse the file as a restart-only change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_commands_find_the_running_ringmux_through_its_file() {
+    use harness::{Forward, Ringmux};
+    let dir = temp_dir("ringmux-cli-file");
+    let file = dir.path().join("ringmux.toml");
+    let control = dir.path().join("control.sock");
+    // As root, `check` asks whether the workers' user may run this build's worker: keep them
+    // root, as the harness does where the build's folder is closed to nobody.
+    let user = match nix::unistd::geteuid().is_root() {
+        true => "worker_user = \"root\"\n",
+        false => "",
+    };
+    let settings = |tcp: &str| {
+        format!(
+            "control_socket = {control:?}\nmetrics = \"{{METRICS}}\"\ntcp = \"{tcp}\"\n{user}",
+            control = control.to_str().expect("a UTF-8 path"),
+        )
+    };
+    // The metrics address is known once ringmux runs: the file names port 0 until then, and the
+    // running ringmux's command line (the harness's --metrics) wins over it anyway.
+    std::fs::write(&file, settings("off").replace("{METRICS}", "127.0.0.1:0")).unwrap();
+    let file_arg = file.to_str().expect("a UTF-8 path");
+    let rm = Ringmux::start(
+        1,
+        Forward::Shm,
+        &[
+            "--config",
+            file_arg,
+            "--control-socket",
+            control.to_str().unwrap(),
+        ],
+    );
+    let metrics = rm.metrics.to_string();
+    std::fs::write(&file, settings("off").replace("{METRICS}", &metrics)).unwrap();
+
+    let (ok, out) = client(&["reload", "--config", file_arg]).await;
+    assert!(ok && out.contains("ok"), "reload --config: {out}");
+    let (ok, out) = client(&["stats", "--config", file_arg]).await;
+    assert!(ok && out.contains("instance"), "stats --config: {out}");
+    // The running ringmux answers (it has no [acme] table): the file named its socket.
+    let (ok, out) = client(&["acme", "renew", "--config", file_arg]).await;
+    assert!(
+        !ok && !out.contains("connecting to"),
+        "acme renew --config: {out}"
+    );
+    // An explicit flag wins over the file.
+    let elsewhere = dir.path().join("elsewhere.sock");
+    let elsewhere = elsewhere.to_str().unwrap();
+    let (ok, out) = client(&[
+        "reload",
+        "--config",
+        file_arg,
+        "--control-socket",
+        elsewhere,
+    ])
+    .await;
+    assert!(
+        !ok && out.contains("connecting to") && out.contains(elsewhere),
+        "the flag: {out}"
+    );
+
+    let (ok, out) = client(&["check", "--config", file_arg]).await;
+    assert!(
+        ok && out.contains("a reload would start a new generation") && !out.contains("warning"),
+        "check, nothing changed: {out}"
+    );
+    // TCP on: a change only a restart applies.
+    std::fs::write(&file, settings("on").replace("{METRICS}", &metrics)).unwrap();
+    let (ok, out) = client(&["check", "--config", file_arg]).await;
+    assert!(ok, "the file itself is fine for a start: {out}");
+    assert!(
+        out.contains("warning: the ringmux running on") && out.contains("tcp (--tcp)"),
+        "check, tcp changed: {out}"
+    );
+    let (ok, out) = client(&["reload", "--config", file_arg]).await;
+    assert!(
+        !ok && out.contains("tcp (--tcp)"),
+        "the reload it warned of: {out}"
+    );
+}

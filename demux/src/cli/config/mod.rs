@@ -6,6 +6,7 @@
 
 pub mod acme;
 pub mod file;
+pub mod running;
 pub mod sites;
 
 pub use crate::options::{default_nonce_len, node_id_bytes, Toggle};
@@ -53,9 +54,8 @@ pub enum Command {
     },
     /// Print the metrics of a running ringmux as a table.
     Stats {
-        /// Metrics address of the running ringmux.
-        #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
-        metrics: String,
+        #[command(flatten)]
+        target: running::MetricsTarget,
     },
     /// Start a new generation of every worker, then drain the old one; no connection is lost.
     /// Same as SIGHUP to the running ringmux. Re-read on reload: the configuration file
@@ -66,9 +66,8 @@ pub enum Command {
     /// one accepts no new connection; non-zero with the reason when it failed or was refused
     /// (the old generation then serves on).
     Reload {
-        /// Control socket of the running ringmux.
-        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
-        control_socket: PathBuf,
+        #[command(flatten)]
+        target: running::ControlTarget,
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
@@ -82,9 +81,8 @@ pub enum Command {
     /// new demux serves; non-zero with the reason when it was refused (the old demux then serves
     /// on). Run `ringmux reload` afterwards to move the workers to the new build too.
     Upgrade {
-        /// Control socket of the running ringmux.
-        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
-        control_socket: PathBuf,
+        #[command(flatten)]
+        target: running::ControlTarget,
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
@@ -126,9 +124,8 @@ pub enum AcmeCommand {
     Renew {
         /// A name of the site to renew; every ACME site when left out.
         name: Option<String>,
-        /// Control socket of the running ringmux.
-        #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
-        control_socket: PathBuf,
+        #[command(flatten)]
+        target: running::ControlTarget,
         /// Seconds to wait for the answer (an order takes seconds to minutes).
         #[arg(long, default_value_t = 600)]
         timeout: u64,
@@ -325,6 +322,8 @@ fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
 
 /// Where the control socket (`ringmux reload`) is by default.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
+/// Where the metrics are served by default.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9433";
 
 /// What the workers run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -413,7 +412,7 @@ pub struct RunArgs {
     #[arg(long, env = "RINGMUX_CONTROL_SOCKET", default_value = DEFAULT_CONTROL_SOCKET)]
     pub control_socket: String,
     /// Prometheus metrics address (`http://ADDR/metrics`); `off` disables.
-    #[arg(long, env = "RINGMUX_METRICS", default_value = "127.0.0.1:9433")]
+    #[arg(long, env = "RINGMUX_METRICS", default_value = DEFAULT_METRICS)]
     pub metrics: String,
     /// PEM certificate chain. Default: a self-signed certificate for localhost, 127.0.0.1 and ::1.
     /// Not with `[[site]]` tables, each of which has its own.
