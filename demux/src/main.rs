@@ -287,13 +287,15 @@ fn routing(cfg: &Config, keys: &KeySet) -> Result<(QuicLbConfig, Router)> {
     Ok((lb, router))
 }
 
-/// What every worker is handed, apart from its own descriptors and numbers.
+/// What every worker is handed, apart from its own descriptors and numbers; `redirect`: the
+/// demux holds a plain-HTTP listener for them.
 fn template(
     cfg: &Config,
     lb: &QuicLbConfig,
     keys: &KeySet,
     sites: &SiteTable,
     public_addr: SocketAddr,
+    redirect: bool,
 ) -> supervisor::Template {
     let handoff = Handoff {
         instance: 0,
@@ -305,7 +307,7 @@ fn template(
         spin: cfg.spin,
         public_addr,
         tcp: cfg.args.tcp_on(),
-        redirect: cfg.args.redirect_http.is_some(),
+        redirect,
         access_log: cfg.access_log() != config::AccessLog::Off,
         config_id: lb.config_id,
         node_id: lb.node_id.clone(),
@@ -393,12 +395,26 @@ impl Start {
             }),
         };
         let (udp, https) = bind_public_and_tcp(cfg)?;
-        let redirect = match cfg.args.redirect_http {
-            Some(addr) => Some(
+        let redirect = match cfg.args.plain_http() {
+            Some(config::PlainHttp::Required(addr)) => Some(
                 sys::tcp_listener(addr)
                     .with_context(|| format!("listening on TCP {addr} (--redirect-http)"))?
                     .into(),
             ),
+            Some(config::PlainHttp::Auto(addr)) => match sys::tcp_listener(addr) {
+                Ok(l) => Some(l.into()),
+                Err(e) => {
+                    tracing::warn!(
+                        %addr,
+                        error = %e,
+                        "plain HTTP is not served: HTTPS listens on port 443, so ringmux \
+                         redirects port 80 of its address, which it cannot listen on; free \
+                         the port, give --redirect-http / RINGMUX_REDIRECT_HTTP another \
+                         address, or turn it off (off)"
+                    );
+                    None
+                }
+            },
             None => None,
         };
         let metrics = match cfg.metrics {
@@ -442,7 +458,11 @@ impl Start {
         if fds.tcp.is_some() != cfg.tcp_addr(public_addr).is_some() {
             anyhow::bail!("--tcp differs from the running demux's: restart ringmux to change it")
         }
-        if fds.redirect.is_some() != cfg.args.redirect_http.is_some() {
+        let plain_http = cfg.args.plain_http();
+        // Port 80 beside 443 (`Auto`) was served or not, as it could be bound at start.
+        if !matches!(plain_http, Some(config::PlainHttp::Auto(_)))
+            && fds.redirect.is_some() != plain_http.is_some()
+        {
             anyhow::bail!(
                 "--redirect-http differs from the running demux's: restart ringmux to change it"
             )
@@ -522,7 +542,7 @@ fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Re
     // The ACME engine, with the certificates it has stored in the workers' site table.
     let mut table = sites;
     let acme = supervisor::acme::Relay::start(&cfg, &mut table, router.lanes())?;
-    let template = template(&cfg, &lb, &keys, &table, public_addr);
+    let template = template(&cfg, &lb, &keys, &table, public_addr, redirect.is_some());
     metrics::counters::set_certificates(&counters, &table);
     let (metrics_addr, metrics) = serve_metrics(
         metrics.map(std::net::TcpListener::from),

@@ -47,6 +47,11 @@ pub struct Site {
     /// The routes, each a path prefix and what it does; the longest matching prefix wins
     /// ([`Site::route`]).
     pub routes: Vec<Route>,
+    /// Names among `names` (exact ones) that only redirect: a request for one is answered
+    /// with a 301 to the same path and query on the site's first name (and the port the
+    /// request named, if any), under the site's certificate ([`Site::redirects`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redirect_names: Vec<String>,
 }
 
 impl std::fmt::Debug for Site {
@@ -92,6 +97,12 @@ pub enum Action {
 }
 
 impl Site {
+    /// Whether a request for `host` (a request's authority: a port, brackets, upper case
+    /// and a final dot allowed) is for one of the names that only redirect.
+    pub fn redirects(&self, host: &str) -> bool {
+        host_is_one_of(host, &self.redirect_names)
+    }
+
     /// The route for request path `path`, and the rest of the path after the route's prefix
     /// (starting with `/`, or empty when the path is the prefix itself).
     pub fn route<'p>(&self, path: &'p str) -> Option<(&Route, &'p str)> {
@@ -181,6 +192,13 @@ impl SiteIndex {
     }
 }
 
+/// Whether `host` (a request's authority: a port, brackets, upper case and a final dot
+/// allowed) is one of the exact, lower-case `names`.
+pub fn host_is_one_of(host: &str, names: &[String]) -> bool {
+    !names.is_empty()
+        && normalise_host(host).is_some_and(|h| names.iter().any(|n| n.as_str() == h.as_ref()))
+}
+
 /// `host` as the index holds names: without a port, brackets or a final dot, lower case.
 /// `None` for an empty host.
 fn normalise_host(host: &str) -> Option<std::borrow::Cow<'_, str>> {
@@ -228,6 +246,12 @@ impl SiteTable {
                     site.label, r.path
                 )));
             }
+            if let Some(n) = site.redirect_names.iter().find(|n| !site.names.contains(n)) {
+                return Err(SitesError(format!(
+                    "site {}: redirect name {n:?} is not one of its names",
+                    site.label
+                )));
+            }
         }
         Ok(table)
     }
@@ -273,6 +297,7 @@ mod tests {
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,
+            redirect_names: Vec::new(),
             routes: routes
                 .iter()
                 .map(|p| Route {

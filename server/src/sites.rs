@@ -125,6 +125,11 @@ impl std::fmt::Debug for Router {
 struct Served {
     label: Arc<str>,
     routes: Vec<Routed>,
+    /// Where its names that only redirect send requests: its first name, when it has such
+    /// names.
+    home: Option<String>,
+    /// Its names that only redirect (`table::Site::redirect_names`).
+    redirect_names: Vec<String>,
 }
 
 /// A route with what it does, opened.
@@ -160,6 +165,9 @@ pub enum Choice {
     Misdirected,
     /// 400: an HTTP/1.1 request without exactly one `host` (RFC 9112 §3.2).
     NoHost,
+    /// 301 to the site's first name: the request names one of the site's names that only
+    /// redirect (`redirect_names`), with `port` if it named one other than 443.
+    Redirect { site: usize, port: Option<u16> },
 }
 
 impl Choice {
@@ -167,7 +175,7 @@ impl Choice {
     /// connection, `connection`.
     pub fn answering(self, connection: Option<usize>) -> Option<usize> {
         match self {
-            Choice::Site(s) => Some(s),
+            Choice::Site(s) | Choice::Redirect { site: s, .. } => Some(s),
             Choice::Misdirected | Choice::NoHost => connection,
         }
     }
@@ -335,6 +343,10 @@ impl Router {
             sites.push(Served {
                 label: Arc::from(site.label.as_str()),
                 routes,
+                home: (!site.redirect_names.is_empty())
+                    .then(|| site.names.first().cloned())
+                    .flatten(),
+                redirect_names: site.redirect_names.clone(),
             });
         }
         let log_sites = true;
@@ -372,12 +384,24 @@ impl Router {
                 return Choice::NoHost;
             }
         }
-        let site = match authority_of(parts) {
+        let authority = authority_of(parts);
+        let site = match authority {
             Some(authority) => self.inner.index.for_host(Some(authority)),
             None => connection,
         };
         match site {
-            Some(s) if Some(s) == connection => Choice::Site(s),
+            Some(s) if Some(s) == connection => match (authority, self.inner.sites.get(s)) {
+                (Some(a), Some(served))
+                    if served.home.is_some()
+                        && table::host_is_one_of(a, &served.redirect_names) =>
+                {
+                    Choice::Redirect {
+                        site: s,
+                        port: port_of(a).filter(|&p| p != 443),
+                    }
+                }
+                _ => Choice::Site(s),
+            },
             _ => Choice::Misdirected,
         }
     }
@@ -454,6 +478,13 @@ impl Router {
             Choice::Site(site) => site,
             Choice::Misdirected => return Target::reply(misdirected()),
             Choice::NoHost => return Target::reply(no_host()),
+            Choice::Redirect { site, port } => {
+                let home = self.inner.sites.get(site).and_then(|s| s.home.as_deref());
+                return Target::reply(match home {
+                    Some(home) => to_home(home, port, uri),
+                    None => not_found(),
+                });
+            }
         };
         let Some(served) = self.inner.sites.get(site) else {
             return Target::reply(not_found());
@@ -622,6 +653,31 @@ fn redirect(to: &str, status: StatusCode, uri: &Uri) -> Reply {
     }
 }
 
+/// The 301 of a name that only redirects: `https://HOME[:PORT]` and the request's path and
+/// query.
+fn to_home(home: &str, port: Option<u16>, uri: &Uri) -> Reply {
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let path = if path.starts_with('/') { path } else { "/" };
+    let location = match port {
+        Some(port) => format!("https://{home}:{port}{path}"),
+        None => format!("https://{home}{path}"),
+    };
+    redirect(
+        &location,
+        StatusCode::MOVED_PERMANENTLY,
+        &Uri::from_static("/"),
+    )
+}
+
+/// The port of an authority (`host:port`, `[v6]:port`), if it names one.
+fn port_of(authority: &str) -> Option<u16> {
+    let (host, port) = authority.rsplit_once(':')?;
+    if host.contains(':') && !host.ends_with(']') {
+        return None; // a bare IPv6 address, no port
+    }
+    port.parse().ok()
+}
+
 fn not_found() -> Reply {
     Reply::text(StatusCode::NOT_FOUND, b"not found\n")
 }
@@ -699,6 +755,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         key_pem: String::new(),
         acme: false,
         routes,
+        redirect_names: Vec::new(),
     }
 }
 
@@ -852,6 +909,8 @@ impl From<&Site> for Router {
                         prefix: "/".into(),
                         handler,
                     }],
+                    home: None,
+                    redirect_names: Vec::new(),
                 }],
                 index: SiteIndex::new(&command_line_table()),
                 max_bytes: site.max_bytes,
@@ -902,6 +961,7 @@ mod tests {
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,
+            redirect_names: Vec::new(),
             routes,
         }
     }
@@ -1163,6 +1223,50 @@ mod tests {
             b = b.header(header::HOST, *h);
         }
         b.body(()).unwrap().into_parts().0
+    }
+
+    /// A site's names that only redirect get a 301 to its first name, the path, the query and
+    /// a port other than 443 kept, on every transport's request form; its other names are
+    /// served as before.
+    #[test]
+    fn names_that_only_redirect_go_to_the_first_name() {
+        use http::Version;
+        let mut t = table(None);
+        t.sites[0].names.push("www.a.test".into());
+        t.sites[0].redirect_names.push("www.a.test".into());
+        let r = router(&t);
+        let a = r.connection_site(Some("www.a.test"));
+        assert_eq!(a, Some(0), "the redirect name has the site's certificate");
+        let h2 = |authority: &str| {
+            parts(
+                Version::HTTP_2,
+                &format!("https://{authority}/p/q?x=1&y"),
+                &[],
+            )
+        };
+        let h1 = |host: &str| parts(Version::HTTP_11, "/p/q?x=1&y", &[host]);
+        for (req, http11, port) in [
+            (h2("www.a.test"), false, None),
+            (h2("WWW.A.TEST.:443"), false, None),
+            (h2("www.a.test:8443"), false, Some(8443)),
+            (h1("www.a.test:8443"), true, Some(8443)),
+        ] {
+            let choice = r.choose(a, &req, http11);
+            assert_eq!(choice, Choice::Redirect { site: 0, port }, "{:?}", req.uri);
+            assert_eq!(choice.answering(a), Some(0));
+            let Target::Local(Local::Reply(reply)) = r.target(choice, &Method::GET, &req.uri)
+            else {
+                panic!("a redirect is a reply");
+            };
+            assert_eq!(reply.status, StatusCode::MOVED_PERMANENTLY);
+            let want = match port {
+                Some(p) => format!("https://a.test:{p}/p/q?x=1&y"),
+                None => "https://a.test/p/q?x=1&y".to_string(),
+            };
+            assert_eq!(reply.headers[header::LOCATION], want.as_str());
+        }
+        // The first name is served, on the same connection too.
+        assert_eq!(r.choose(a, &h2("a.test"), false), Choice::Site(0));
     }
 
     #[test]

@@ -412,6 +412,7 @@ mod tests {
                 cert_pem: String::new(),
                 key_pem: String::new(),
                 acme: true,
+                redirect_names: Vec::new(),
                 routes: Vec::new(),
             }],
             default_site: None,
@@ -454,6 +455,7 @@ mod tests {
                 },
                 key_pem: if acme { String::new() } else { pem.key.clone() },
                 acme,
+                redirect_names: Vec::new(),
                 routes: Vec::new(),
             });
         }

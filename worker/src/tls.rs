@@ -696,6 +696,7 @@ pub(crate) mod tests {
             cert_pem: pem.map(|p| p.chain.clone()).unwrap_or_default(),
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
+            redirect_names: Vec::new(),
             routes: Vec::new(),
         };
         let table = SiteTable {

@@ -261,7 +261,7 @@ impl Supervisor {
                 cfg.args.forward.workers_receive(),
                 sandbox::Shared {
                     tcp: cfg.args.tcp_on(),
-                    redirect: cfg.args.redirect_http.is_some(),
+                    redirect: tcp.redirect.is_some(),
                 },
             )?),
             crate::config::Toggle::Off => None,

@@ -904,3 +904,71 @@ async fn h2_get(client: &mut h2::client::SendRequest<bytes::Bytes>, path: &str) 
     }
     status
 }
+
+/// Plain HTTP with nothing to configure: an HTTPS listener on port 443 and no
+/// `--redirect-http` serve port 80 of the same address with redirects; a port 80 that is taken
+/// is a warning, not a failure; `--redirect-http off` serves none. Needs root (port 443, 80);
+/// each case on an address of its own in 127.0.0.0/8.
+#[tokio::test]
+async fn port_80_redirects_by_itself_beside_port_443() {
+    if !have_curl() || !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs curl and root (ports 443 and 80)");
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let served = Ringmux::start(1, Forward::Shm, &["--listen", "127.8.0.1:443"]);
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{redirect_url}",
+            ])
+            .args(["-H", "host: a.test", "http://127.8.0.1/p/q?x=1"])
+            .output()
+            .await
+            .expect("curl");
+        let got = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(
+            got,
+            "301 https://a.test/p/q?x=1",
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        drop(served);
+
+        // Port 80 taken: ringmux serves HTTPS all the same, and says why port 80 is not.
+        let taken = std::net::TcpListener::bind("127.8.0.2:80").expect("taking port 80");
+        let rm = Ringmux::start(1, Forward::Shm, &["--listen", "127.8.0.2:443"]);
+        assert_eq!(curl_at("127.8.0.2:443").await, 200);
+        rm.wait_for_log("the warning", Duration::from_secs(10), |log| {
+            log.contains("plain HTTP is not served") && log.contains("127.8.0.2:80")
+        })
+        .await;
+        drop((rm, taken));
+
+        // Off: nothing listens on port 80.
+        let _rm = Ringmux::start(
+            1,
+            Forward::Shm,
+            &["--listen", "127.8.0.3:443", "--redirect-http", "off"],
+        );
+        assert_eq!(curl_at("127.8.0.3:443").await, 200);
+        let refused =
+            std::net::TcpStream::connect("127.8.0.3:80").expect_err("nothing listens on port 80");
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+    })
+    .await;
+}
+
+/// The status of `GET https://ADDR/hello.txt` over TCP (any certificate).
+async fn curl_at(addr: &str) -> u16 {
+    let out = tokio::process::Command::new("curl")
+        .args(["-sSk", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("https://{addr}/hello.txt"))
+        .output()
+        .await
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).parse().unwrap_or(0)
+}

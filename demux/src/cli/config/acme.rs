@@ -138,10 +138,11 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
              drop tcp = \"off\", or use challenge = \"http-01\" with redirect_http"
                 .into(),
         ),
-        ChallengeKind::Http01 if args.redirect_http.is_none() => problem(
+        ChallengeKind::Http01 if args.plain_http().is_none() => problem(
             challenge_at,
             "acme.challenge = \"http-01\" is answered on the plain-HTTP listener: set \
-             redirect_http = \"0.0.0.0:80\" (port 80 for a public CA)"
+             redirect_http = \"0.0.0.0:80\" (port 80 for a public CA), or listen on port 443 \
+             without redirect_http = \"off\" (port 80 is then served by itself)"
                 .into(),
         ),
         _ => {}

@@ -85,6 +85,8 @@ pub struct Setting {
 pub struct SiteDoc {
     pub at: Place,
     pub names: Vec<Located<String>>,
+    /// `redirect_names = [...]`: names answered with a redirect to the first of `names`.
+    pub redirect_names: Vec<Located<String>>,
     pub cert: Option<Located<PathBuf>>,
     pub key: Option<Located<PathBuf>>,
     /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
@@ -134,7 +136,7 @@ pub struct FileConfig {
 }
 
 /// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 5] = ["names", "cert", "key", "acme", "route"];
+pub const SITE_KEYS: [&str; 6] = ["names", "redirect_names", "cert", "key", "acme", "route"];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
     "directory",
@@ -500,6 +502,7 @@ impl Parser<'_> {
             let mut site = SiteDoc {
                 at,
                 names: Vec::new(),
+                redirect_names: Vec::new(),
                 cert: None,
                 key: None,
                 acme: None,
@@ -507,26 +510,8 @@ impl Parser<'_> {
             };
             for (k, v) in table {
                 match k.get_ref().as_ref() {
-                    "names" => match v.get_ref() {
-                        DeValue::Array(items) => {
-                            for item in items {
-                                if let Some(name) = self.string(item, "names") {
-                                    site.names.push(name);
-                                }
-                            }
-                        }
-                        other => {
-                            let at = self.at(v);
-                            self.problem(
-                                at,
-                                format!(
-                                    "names: expected a list of names, e.g. [\"example.com\", \
-                                     \"www.example.com\"], not {}",
-                                    other.type_str()
-                                ),
-                            );
-                        }
-                    },
+                    "names" => site.names = self.names(v, "names"),
+                    "redirect_names" => site.redirect_names = self.names(v, "redirect_names"),
                     "cert" => site.cert = self.path(v, "cert"),
                     "key" => site.key = self.path(v, "key"),
                     "acme" => site.acme = self.boolean(v, "acme"),
@@ -542,6 +527,26 @@ impl Parser<'_> {
             sites.push(site);
         }
         sites
+    }
+
+    /// A list of names (`names`, `redirect_names`), each with its place.
+    fn names(&mut self, v: &Value<'_>, key: &str) -> Vec<Located<String>> {
+        let DeValue::Array(items) = v.get_ref() else {
+            let at = self.at(v);
+            self.problem(
+                at,
+                format!(
+                    "{key}: expected a list of names, e.g. [\"example.com\", \
+                     \"www.example.com\"], not {}",
+                    v.get_ref().type_str()
+                ),
+            );
+            return Vec::new();
+        };
+        items
+            .iter()
+            .filter_map(|item| self.string(item, key))
+            .collect()
     }
 
     fn acme(&mut self, value: &Value<'_>) -> Option<AcmeDoc> {

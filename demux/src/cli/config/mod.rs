@@ -320,6 +320,41 @@ fn placed(e: anyhow::Error, file: &file::FileConfig) -> anyhow::Error {
     }
 }
 
+/// `--redirect-http`: an address, or `off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RedirectHttp {
+    Off,
+    At(SocketAddr),
+}
+
+fn parse_redirect_http(s: &str) -> std::result::Result<RedirectHttp, String> {
+    match s.trim() {
+        "off" => Ok(RedirectHttp::Off),
+        addr => addr
+            .parse()
+            .map(RedirectHttp::At)
+            .map_err(|e| format!("{e}: expected IP:PORT (e.g. 0.0.0.0:80 or [::]:80) or off")),
+    }
+}
+
+/// Where plain HTTP is served ([`RunArgs::plain_http`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainHttp {
+    /// `--redirect-http ADDR`: not listening there is a failure.
+    Required(SocketAddr),
+    /// Port 80 beside an HTTPS listener on 443, `--redirect-http` unset: a port that is
+    /// taken is a warning.
+    Auto(SocketAddr),
+}
+
+impl PlainHttp {
+    pub fn addr(self) -> SocketAddr {
+        match self {
+            PlainHttp::Required(a) | PlainHttp::Auto(a) => a,
+        }
+    }
+}
+
 /// Where the control socket (`ringmux reload`) is by default.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
 /// Where the metrics are served by default.
@@ -380,10 +415,12 @@ pub struct RunArgs {
     pub alt_svc: String,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
-    /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
-    /// the demux makes, as they serve HTTPS.
-    #[arg(long, env = "RINGMUX_REDIRECT_HTTP", value_name = "ADDR")]
-    pub redirect_http: Option<SocketAddr>,
+    /// --tcp-listen, left out when 443), and ACME's HTTP-01 challenges. Needs --tcp on. The
+    /// workers serve it, from one socket the demux makes, as they serve HTTPS. Unset, and
+    /// the HTTPS listener on port 443: port 80 of the same address, as Caddy does (a port 80
+    /// that is taken is then a warning, not a failure); `off`: no plain HTTP at all.
+    #[arg(long, env = "RINGMUX_REDIRECT_HTTP", value_name = "ADDR|off", value_parser = parse_redirect_http)]
+    pub redirect_http: Option<RedirectHttp>,
     /// Write one line per request, over TCP and HTTP/3, to this file (opened for appending,
     /// created 0640 if missing, opened again at every `ringmux reload` so a rotated log is
     /// let go), to `stderr`, or `off` (the default). The fields: time (UTC), client address,
@@ -692,6 +729,20 @@ impl RunArgs {
     /// Whether to serve HTTPS over TCP (`--tcp`).
     pub fn tcp_on(&self) -> bool {
         self.tcp == Toggle::On
+    }
+
+    /// Where plain HTTP is served, if anywhere: `--redirect-http`'s address, else port 80 of the
+    /// HTTPS listener's address when that listens on port 443.
+    pub fn plain_http(&self) -> Option<PlainHttp> {
+        match self.redirect_http {
+            Some(RedirectHttp::Off) => None,
+            Some(RedirectHttp::At(addr)) => Some(PlainHttp::Required(addr)),
+            None if self.tcp_on() => {
+                let https = self.tcp_listen.unwrap_or(self.listen);
+                (https.port() == 443).then(|| PlainHttp::Auto(SocketAddr::new(https.ip(), 80)))
+            }
+            None => None,
+        }
     }
 
     /// The checked configuration; a refusal of an option the configuration file set names
@@ -1019,7 +1070,7 @@ impl RunArgs {
 
     /// HTTPS over TCP, its redirects and the access log.
     fn tcp_and_logs(&self) -> Result<()> {
-        if self.redirect_http.is_some() && !self.tcp_on() {
+        if matches!(self.redirect_http, Some(RedirectHttp::At(_))) && !self.tcp_on() {
             bail!(
                 "--redirect-http / RINGMUX_REDIRECT_HTTP is set but --tcp / RINGMUX_TCP is off: \
                  the redirects would point to an HTTPS port nothing listens on; drop --tcp off"
@@ -1251,6 +1302,7 @@ impl Config {
                     path: "/".into(),
                     action,
                 }],
+                redirect_names: Vec::new(),
             }],
             default_site: Some(0),
         }

@@ -112,6 +112,29 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         }
     }
     let label = names.first().cloned().unwrap_or_default();
+    // Names that only redirect to the first name: served under the site's certificate, so
+    // they join `names` (the certificate must cover them, ACME orders them, SNI and the name
+    // checks find them) and are listed apart as well.
+    let mut redirect_names = Vec::new();
+    for n in &doc.redirect_names {
+        let name = match check_name(&n.value) {
+            Ok(name) if name.starts_with("*.") => Err(format!(
+                "site {label}: redirect_names holds the wildcard {}: a redirect needs names a \
+                 client can be sent from one by one; list them",
+                n.value
+            )),
+            Ok(name) if names.contains(&name) || redirect_names.contains(&name) => Err(format!(
+                "site {label}: {name} is in names or redirect_names already; give it once"
+            )),
+            Ok(name) => Ok(name),
+            Err(why) => Err(format!("redirect_names {:?}: {why}", n.value)),
+        };
+        match name {
+            Ok(name) => redirect_names.push(name),
+            Err(why) => problem(problems, &n.at, why),
+        }
+    }
+    names.extend(redirect_names.iter().cloned());
     let acme = doc.acme.as_ref().is_some_and(|a| a.value);
     let pem = match (&doc.cert, &doc.key) {
         _ if acme => {
@@ -126,7 +149,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
                     ),
                 );
             }
-            for n in &doc.names {
+            for n in doc.names.iter().chain(&doc.redirect_names) {
                 if n.value.starts_with("*.") {
                     problem(
                         problems,
@@ -205,6 +228,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         key_pem: pem.key,
         acme,
         routes,
+        redirect_names,
     })
 }
 

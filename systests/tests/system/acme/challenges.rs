@@ -89,6 +89,7 @@ impl Server {
             cert_pem: pem.map(|p| p.cert.clone()).unwrap_or_default(),
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
+            redirect_names: Vec::new(),
             routes: vec![Route {
                 path: "/".into(),
                 action: Action::Respond {

@@ -1418,6 +1418,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,
+            redirect_names: Vec::new(),
             routes,
         };
         let respond = |path: &str, status, body: &str| Route {

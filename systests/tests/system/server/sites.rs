@@ -153,6 +153,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         cert_pem: String::new(),
         key_pem: String::new(),
         acme: false,
+        redirect_names: Vec::new(),
         routes,
     }
 }

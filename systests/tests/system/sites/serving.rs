@@ -196,7 +196,14 @@ root = "{d}/root-w"
 
     /// A ringmux of two workers serving the sites, with `extra` at the top of its file.
     fn start(&self, extra: &str) -> Ringmux {
+        self.start_edited(extra, |text| text)
+    }
+
+    /// As [`Sites::start`], the file's text passed through `edit` first.
+    fn start_edited(&self, extra: &str, edit: impl FnOnce(String) -> String) -> Ringmux {
         let config = self.config(extra);
+        let text = std::fs::read_to_string(&config).unwrap();
+        std::fs::write(&config, edit(text)).unwrap();
         Ringmux::start(2, Forward::Shm, &["--config", &config.to_string_lossy()])
     }
 }
@@ -1412,4 +1419,74 @@ fn open_file_bytes(path: &Path, bytes: &[u8]) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::write(path, bytes).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+/// `redirect_names`: www.a.test, under a.test's certificate, answers every request with a 301
+/// to a.test, the path, the query and the port kept, over HTTP/1.1, HTTP/2 and HTTP/3; a.test
+/// itself is served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirect_names_send_clients_to_the_first_name() {
+    if !tool::CURL.present() || !tool::AIOQUIC.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let sites = Sites::new();
+        let rm = sites.start_edited("", |text| {
+            text.replacen(
+                "names = [\"a.test\", \"www.a.test\"]",
+                "names = [\"a.test\"]\nredirect_names = [\"www.a.test\"]",
+                1,
+            )
+        });
+        let port = rm.listen.port();
+        let location = format!("https://a.test:{port}/x/y?q=1&r=2");
+        for (flag, version) in TCP_VERSIONS {
+            let got = curl_ok(
+                &rm,
+                Reach::Name("www.a.test"),
+                Some(&sites.cert(&A)),
+                &[flag],
+                "/x/y?q=1&r=2",
+            )
+            .await;
+            assert_eq!(
+                (got.status, got.version.as_str()),
+                (301, version),
+                "{flag}: {got:?}"
+            );
+            assert_eq!(got.header("location"), Some(location.as_str()), "{flag}");
+            assert_eq!(got.subject, subject_of(&A), "{flag}: a.test's certificate");
+            let home = curl_ok(
+                &rm,
+                Reach::Name("a.test"),
+                Some(&sites.cert(&A)),
+                &[flag],
+                "/",
+            )
+            .await;
+            assert_eq!((home.status, home.body.as_str()), (200, A.index), "{flag}");
+        }
+        let with_port = format!("https://www.a.test:{port}/x/y?q=1&r=2");
+        let (got, subject) =
+            aioquic_ok(&rm, "www.a.test", &[&with_port, "https://www.a.test/z"]).await;
+        assert_eq!(
+            subject.replace(' ', ""),
+            subject_of(&A),
+            "h3: a.test's certificate"
+        );
+        assert_eq!(got[0].status, 301, "h3: {got:?}");
+        assert_eq!(got[0].headers["location"], location.as_str(), "h3");
+        assert_eq!(got[1].status, 301, "h3: {got:?}");
+        assert_eq!(
+            got[1].headers["location"], "https://a.test/z",
+            "h3, no port named"
+        );
+        let (got, _) = aioquic_ok(&rm, "a.test", &["/"]).await;
+        assert_eq!(
+            (got[0].status, got[0].body.as_str()),
+            (200, A.index),
+            "h3 a.test"
+        );
+    })
+    .await
 }
