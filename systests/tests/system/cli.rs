@@ -104,3 +104,33 @@ fn a_root_the_workers_cannot_reach_is_refused_at_start() {
         "it must not start"
     );
 }
+
+/// `ringmux check` warns when the workers keep ringmux's own user (`--worker-user self`),
+/// and refuses a `--worker-read` path that does not exist, naming it.
+#[test]
+fn check_warns_of_workers_of_ringmuxs_own_user_and_checks_what_they_may_read() {
+    let check = |more: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = ["check", "--worker-bin", "/bin/true"]
+            .iter()
+            .map(|a| a.as_ref())
+            .collect();
+        args.extend(more.iter().map(|a| std::ffi::OsStr::new(*a)));
+        ringmux(&args)
+    };
+    let out = check(&["--worker-user", "self"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("warning: ") && l.contains("self")),
+        "{text}"
+    );
+    assert!(text.contains("configuration OK"), "{text}");
+    let out = check(&["--worker-user", "self", "--worker-read", "/no/such/thing"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--worker-read / RINGMUX_WORKER_READ=/no/such/thing"),
+        "{err}"
+    );
+}
