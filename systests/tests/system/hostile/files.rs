@@ -179,20 +179,52 @@ fn world_executable_copy(bin: &Path, dir: &TempDir) -> PathBuf {
     to
 }
 
-/// The effective user ID of process `pid`, from `/proc/PID/status`.
-fn effective_uid(pid: u32) -> u32 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .expect("effective uid")
+/// What a worker runs with, from `/proc/PID/status`.
+#[derive(Debug)]
+struct Credentials {
+    /// Its effective user ID.
+    uid: u32,
+    /// Its supplementary groups, as the file lists them.
+    groups: String,
+    /// Its effective, permitted and ambient capability sets, hexadecimal.
+    caps: [String; 3],
+}
+
+impl Credentials {
+    fn of(pid: u32) -> Credentials {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_else(|| panic!("{name} in {status}"))
+                .trim()
+                .to_string()
+        };
+        Credentials {
+            uid: field("Uid:")
+                .split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse().ok())
+                .expect("effective uid"),
+            groups: field("Groups:"),
+            caps: [field("CapEff:"), field("CapPrm:"), field("CapAmb:")],
+        }
+    }
+
+    /// Asserts: user `uid`, no supplementary group, no capability.
+    fn assert_alone(&self, uid: u32) {
+        assert_eq!(self.uid, uid, "{self:?}");
+        assert_eq!(self.groups, "", "{self:?}");
+        for set in &self.caps {
+            assert_eq!(set, "0000000000000000", "{self:?}");
+        }
+    }
 }
 
 /// Starts ringmux in `mode` with instance 1 playing the `files` attack, and returns its report
-/// once written, with the workers' user IDs.
-async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<u32>) {
+/// once written, with the workers' credentials.
+async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<Credentials>) {
     let owner = match mode {
         Mode::Root => 0,
         _ => RINGMUX_UID,
@@ -228,6 +260,11 @@ async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<u32
         Mode::NoLandlock => extra.extend(["--worker-user", "self", "--sandbox", "filter-only"]),
         Mode::Root | Mode::Unit => {}
     }
+    // The unit's ringmux in a supplementary group, which its workers must not keep.
+    let groups = match mode {
+        Mode::Unit => "--groups=4",
+        _ => "--clear-groups",
+    };
     let launcher = match caps {
         None => demux,
         Some(caps) => {
@@ -238,7 +275,7 @@ async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<u32
                 &wrapper,
                 format!(
                     "#!/bin/sh\nchown -R {RINGMUX_UID}:{RINGMUX_UID} '{files}'\nexec \
-                     '{setpriv}' --reuid={RINGMUX_UID} --regid={RINGMUX_UID} --clear-groups \
+                     '{setpriv}' --reuid={RINGMUX_UID} --regid={RINGMUX_UID} {groups} \
                      --inh-caps={caps} --ambient-caps={caps} '{demux}' \"$@\"\n",
                     files = files.path().display(),
                     setpriv = setpriv.display(),
@@ -252,11 +289,21 @@ async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<u32
     };
     let rm = Ringmux::start_in(files, &launcher, 2, Forward::Shm, &extra, fault, &env);
     let report = harness::fault_report(dir.path(), Duration::from_secs(30)).await;
-    let uids = rm
+    if mode == Mode::Unit {
+        // The demux does hold the group and the capabilities its workers must not keep.
+        let demux = Credentials::of(rm.pid);
+        assert_eq!(
+            (demux.uid, demux.groups.as_str()),
+            (RINGMUX_UID, "4"),
+            "{demux:?}"
+        );
+        assert_ne!(demux.caps[0], "0000000000000000", "{demux:?}");
+    }
+    let credentials = rm
         .worker_pids()
         .await
         .into_iter()
-        .map(effective_uid)
+        .map(Credentials::of)
         .collect();
     // The attack's files are still where they were: what was refused was refused, not missed.
     for f in [
@@ -267,7 +314,7 @@ async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<u32
         let text = std::fs::read_to_string(targets.state().join(f)).unwrap();
         assert!(text.len() > 10, "{f}: {text:?}");
     }
-    (report, uids)
+    (report, credentials)
 }
 
 /// Asserts every attempt of [`REFUSED`] refused by the kernel (`EACCES`, or `EXDEV` for a
@@ -307,9 +354,11 @@ fn runnable() -> Option<PathBuf> {
 async fn a_worker_of_a_root_ringmux_reaches_no_file_it_does_not_need() {
     let Some(setpriv) = runnable() else { return };
     bounded(Duration::from_secs(60), async {
-        let (report, uids) = attack(Mode::Root, &setpriv).await;
+        let (report, workers) = attack(Mode::Root, &setpriv).await;
         assert_refused(Mode::Root, &report);
-        assert!(uids.iter().all(|u| *u == NOBODY_UID), "{uids:?}");
+        for worker in &workers {
+            worker.assert_alone(NOBODY_UID);
+        }
     })
     .await;
 }
@@ -318,9 +367,11 @@ async fn a_worker_of_a_root_ringmux_reaches_no_file_it_does_not_need() {
 async fn a_worker_of_ringmux_run_as_the_unit_runs_it_reaches_no_file_it_does_not_need() {
     let Some(setpriv) = runnable() else { return };
     bounded(Duration::from_secs(60), async {
-        let (report, uids) = attack(Mode::Unit, &setpriv).await;
+        let (report, workers) = attack(Mode::Unit, &setpriv).await;
         assert_refused(Mode::Unit, &report);
-        assert!(uids.iter().all(|u| *u == NOBODY_UID), "{uids:?}");
+        for worker in &workers {
+            worker.assert_alone(NOBODY_UID);
+        }
     })
     .await;
 }
@@ -329,9 +380,11 @@ async fn a_worker_of_ringmux_run_as_the_unit_runs_it_reaches_no_file_it_does_not
 async fn a_worker_of_ringmuxs_own_user_reaches_no_file_it_does_not_need() {
     let Some(setpriv) = runnable() else { return };
     bounded(Duration::from_secs(60), async {
-        let (report, uids) = attack(Mode::SameUser, &setpriv).await;
+        let (report, workers) = attack(Mode::SameUser, &setpriv).await;
         assert_refused(Mode::SameUser, &report);
-        assert!(uids.iter().all(|u| *u == RINGMUX_UID), "{uids:?}");
+        for worker in &workers {
+            worker.assert_alone(RINGMUX_UID);
+        }
     })
     .await;
 }
