@@ -170,8 +170,13 @@ fn check(run: config::RunArgs) -> Result<()> {
             "one site from the command line, answering every name\n".to_string()
         }
     };
+    let warnings: String = cfg
+        .confinement_warnings()
+        .iter()
+        .map(|w| format!("warning: {w}\n"))
+        .collect();
     print(&format!(
-        "{summary}configuration OK\n{}",
+        "{summary}{warnings}configuration OK\n{}",
         running_verdict(&cfg)
     ))
 }
@@ -241,20 +246,8 @@ fn run(cfg: Config) -> Result<()> {
     // No process of the same user (a worker above all) may trace this one or read its memory,
     // and every orphaned descendant of a worker becomes this process's child, to be killed.
     sys::harden_demux().context("making the demux non-dumpable and a child subreaper")?;
-    if cfg.args.sandbox == config::Toggle::Off {
-        tracing::warn!(
-            "--sandbox off: workers run UNCONFINED. Any worker can stop, trace or read the \
-             demux and its siblings, start processes and read every instance's datagrams. \
-             For debugging a worker only"
-        );
-    } else if cfg.worker_user.is_none() && nix::unistd::geteuid().is_root() {
-        tracing::warn!(
-            "workers run as root (--worker-user root, or ringmux lacks CAP_SETUID): confined \
-             by the system-call filter and without capabilities, but they own every root-owned \
-             file, the demux's /proc files among them (one can make the demux the OOM killer's \
-             first choice). Leave --worker-user (RINGMUX_WORKER_USER) out, as root, to run them \
-             as nobody"
-        );
+    for warning in cfg.confinement_warnings() {
+        tracing::warn!("{warning}");
     }
     let start = match upgrade::inherited() {
         None => Start::bind(&cfg)?,

@@ -207,6 +207,23 @@ impl Ringmux {
             );
             args.extend(["--worker-user", "root"]);
         }
+        // Unprivileged, ringmux cannot give its workers a user of their own: accept its own.
+        if !nix::unistd::geteuid().is_root() && !extra.contains(&"--worker-user") {
+            args.extend(["--worker-user", "self"]);
+        }
+        // The fault worker (test-tools/fault-worker) writes its marker and report beside the
+        // marker and becomes the real worker: both granted by the workers' allow-list.
+        let fault_files: Vec<String> = env
+            .iter()
+            .filter_map(|(k, v)| match *k {
+                "RINGMUX_FAULT_MARKER" => Path::new(v)
+                    .parent()
+                    .map(|d| format!("--worker-write={}", d.display())),
+                "RINGMUX_REAL_WORKER" => Some(format!("--worker-read={v}")),
+                _ => None,
+            })
+            .collect();
+        args.extend(fault_files.iter().map(String::as_str));
         args.extend_from_slice(extra);
         let mut child = Command::new(demux)
             .args(&args)

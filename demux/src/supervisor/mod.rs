@@ -32,12 +32,15 @@ use crate::sys::{self, ChildProcess};
 
 pub mod acme;
 pub mod control;
+pub mod filesystem;
 pub mod policy;
 pub mod sandbox;
 
 use control::ControlServer;
 use policy::{Action, Failure, Limits, Policy, Refusal};
 use sandbox::WorkerFilter;
+
+use crate::config::Sandbox;
 
 /// How often the supervisor looks for processes re-parented to the demux (descendants of a
 /// worker whose parent died) when no worker died since the last look.
@@ -257,34 +260,25 @@ impl Supervisor {
         let lanes = numbering.count();
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
         let filter = match cfg.args.sandbox {
-            crate::config::Toggle::On => Some(WorkerFilter::compile(
+            Sandbox::On | Sandbox::FilterOnly => Some(WorkerFilter::compile(
                 cfg.args.forward.workers_receive(),
                 sandbox::Shared {
                     tcp: cfg.args.tcp_on(),
                     redirect: tcp.redirect.is_some(),
                 },
             )?),
-            crate::config::Toggle::Off => None,
+            Sandbox::Off => None,
         };
-        let domain = match (&filter, sys::worker_domain()) {
-            (None, _) => None,
-            (Some(_), Ok(Some(ruleset))) => {
-                tracing::debug!("workers enter Landlock domains of their own");
-                Some(ruleset)
-            }
-            (Some(_), Ok(None)) => {
+        let domain = worker_domain(&cfg)?;
+        if domain.is_some() {
+            let abi = sys::landlock_abi().unwrap_or(0);
+            for gap in sys::landlock_gaps(abi) {
                 tracing::warn!(
-                    "this kernel has no Landlock (Linux 5.13 or later, with landlock among the \
-                     boot's LSMs): a worker of ringmux's user, or of the --worker-user all \
-                     instances share, can open a sibling's memory in the first milliseconds \
-                     after that sibling starts"
+                    landlock_abi = abi,
+                    "this kernel's Landlock leaves one right to every worker: {gap}"
                 );
-                None
             }
-            (Some(_), Err(e)) => {
-                return Err(anyhow::anyhow!(e).context("creating the workers' Landlock ruleset"))
-            }
-        };
+        }
         let access_log = cfg.access_log() != crate::config::AccessLog::Off;
         crate::logs::access_to(cfg.access_log().open()?);
         let now = Instant::now();
@@ -848,10 +842,28 @@ impl Supervisor {
                 return Vec::new();
             }
         };
+        // The next generation's allow-list: its site roots and settings.
+        let domain = match worker_domain(&next.0) {
+            Ok(domain) => domain,
+            Err(why) => {
+                let why = format!("{why:#}");
+                tracing::error!(error = %why, "reload refused");
+                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                answer(
+                    self,
+                    &format!(
+                        "error: {why}; generation {} serves on",
+                        self.policy.active()
+                    ),
+                );
+                return Vec::new();
+            }
+        };
         let actions = self.policy.on(Instant::now(), policy::Event::Reload);
         if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
             // The next generation starts from these.
             let (cfg, mut template) = next;
+            self.domain = domain;
             if let Some(relay) = self.acme.as_mut() {
                 if let Ok(mut table) = SiteTable::from_json(template.sites.as_bytes()) {
                     relay.reconfigure(&mut table);
@@ -1243,12 +1255,15 @@ impl Supervisor {
             redirect: self.tcp.redirect.as_ref().map(|t| t.as_fd()),
             access_log: access_end.as_ref().map(|t| t.as_fd()),
             domain: self.domain.as_ref(),
+            switched_user: self.cfg.worker_user.is_some(),
             cpu: h.cpu,
             filter: self.filter.clone(),
             // No confined worker holds a capability: one that runs as root keeps root's user
             // ID but none of root's capabilities, and one of an unprivileged ringmux none of
             // the ambient ones it was given (CAP_NET_BIND_SERVICE in the shipped unit).
-            drop_capabilities: self.filter.is_some(),
+            // A worker of another user holds none either: a ringmux that is not root keeps its
+            // capabilities (CAP_SETUID among them) across the switch, filter or not.
+            drop_capabilities: self.filter.is_some() || self.cfg.worker_user.is_some(),
             drop_bounding_set: self.filter.is_some()
                 && self.cfg.worker_user.is_none()
                 && sys::may_drop_bounding_set(),
@@ -1510,4 +1525,28 @@ pub fn bind_control(cfg: &Config) -> Result<Option<OwnedFd>> {
 enum Liveness {
     Alive,
     Gone,
+}
+
+/// The Landlock ruleset the workers `cfg` starts enter a domain of each: its allow-list
+/// ([`filesystem::allow_list`]), with `--sandbox on`; `None` otherwise. Fails where the kernel
+/// has no Landlock (the configuration's check refuses that first) or a path of the list
+/// cannot be opened.
+fn worker_domain(cfg: &Config) -> Result<Option<sys::WorkerDomain>> {
+    if cfg.args.sandbox != Sandbox::On {
+        return Ok(None);
+    }
+    let access = filesystem::allow_list(cfg);
+    let domain = sys::worker_domain(&access)
+        .context("creating the workers' Landlock ruleset")?
+        .context(
+            "this kernel has no Landlock: set --sandbox / RINGMUX_SANDBOX=filter-only to run \
+             the workers under the system-call filter alone",
+        )?;
+    tracing::info!(
+        read_execute = ?access.run,
+        read = ?access.read,
+        write = ?access.write,
+        "workers enter Landlock domains of their own: the file system beyond these is closed to them"
+    );
+    Ok(Some(domain))
 }

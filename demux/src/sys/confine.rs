@@ -63,47 +63,140 @@ impl SyscallFilter {
     }
 }
 
-/// A Landlock ruleset (Linux 5.13) from which every worker enters a domain of its own between
-/// fork and exec ([`WorkerSetup::domain`](super::WorkerSetup::domain)). Landlock lets a
-/// process inside a domain trace, and so open the memory of (`/proc/PID/mem`), only processes
-/// in the same domain or one nested in it (the kernel's `security/landlock/task.c`): a worker
-/// can reach neither a sibling, each in its own domain, nor the demux, in none, from its first
-/// instruction on, whatever users they run as and whether or not they are dumpable yet. Where
-/// the kernel has Landlock ABI 6 (Linux 6.12), the domain is also scoped for signals and
-/// abstract Unix sockets: nothing outside it can be signalled or connected to that way.
-///
-/// Nor may a worker open any file under `/proc` or `/sys` for writing. A process's own files
-/// there (`oom_score_adj`, `autogroup`, `comm`, ...) are writable by its user, which is a
-/// sibling's too, in the moments after its `execve` before it makes itself non-dumpable, and
-/// a descriptor opened then writes on after; a worker left root (without capabilities) still
-/// owns the demux's. The ruleset grants writing beneath every other entry of `/` (listed when
-/// it is made), so every other file a worker could write before stays writable; it also
-/// handles creating character and block devices, which no worker may do anyway (`CAP_MKNOD`).
-///
-/// Built with the `landlock` crate, best effort: a kernel before ABI 6 enforces what it knows
-/// (everything but the scopes). `Ok(None)`: this kernel has no Landlock (not built, or not
-/// enabled at boot).
-pub fn worker_domain() -> io::Result<Option<WorkerDomain>> {
-    use landlock::{
-        AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope,
+/// What a worker may reach of the file system, beneath each path (a folder and everything in
+/// it, or a file): the allow-list of its Landlock domain ([`worker_domain`]). Nothing else is
+/// granted: a path in none of the lists can be neither read, written, executed, created,
+/// removed nor renamed into or out of by the worker. (Landlock checks a path when it is
+/// opened: descriptors the worker is handed, its pipes, sockets and memfds, are not paths.)
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsAccess {
+    /// Read and execute: the program, its loader and shared libraries, `worker_read`.
+    pub run: Vec<std::path::PathBuf>,
+    /// Read only: the site roots and the few system files the worker's libraries read.
+    pub read: Vec<std::path::PathBuf>,
+    /// Every right (read, write, truncate, create, remove, rename): `worker_write`.
+    pub write: Vec<std::path::PathBuf>,
+}
+
+/// The file-system rights a Landlock ABI older than this kernel's leaves unhandled, and so
+/// granted everywhere ([`landlock_gaps`]).
+const GAPS: [(u8, &str); 5] = [
+    (
+        2,
+        "renaming or linking a file into another folder (ABI 2, Linux 5.19; before it, \
+         always refused)",
+    ),
+    (3, "truncating a file (ABI 3, Linux 6.2)"),
+    (5, "ioctl on a device file (ABI 5, Linux 6.10)"),
+    (
+        6,
+        "the signal and abstract-socket scopes (ABI 6, Linux 6.12): a worker may signal or \
+         connect to an abstract Unix socket outside its domain, within what the system-call \
+         filter allows",
+    ),
+    (
+        9,
+        "connecting to a Unix socket by its path (ABI 9, Linux 7.1): file permissions alone \
+         keep a worker from ringmux's control socket",
+    ),
+];
+
+/// Which Landlock ABI this kernel has, as far as the allow-list uses it: `None` without
+/// Landlock (not built, or not enabled at boot), else the newest of the ABIs that bring
+/// file-system rights or scopes (1, 2, 3, 5, 6, 9) whose every right and scope it knows (a
+/// kernel of ABI 7 or 8 says 6: they add neither). Probed by asking for each ABI's rights as a
+/// hard requirement (a ruleset made and dropped per ABI): no raw system call here.
+pub fn landlock_abi() -> Option<u8> {
+    use landlock::{Access, AccessFs, CompatLevel, Compatible, Ruleset, RulesetAttr, Scope, ABI};
+    let supports = |abi: ABI| {
+        let ruleset = Ruleset::default()
+            .set_compatibility(CompatLevel::HardRequirement)
+            .handle_access(AccessFs::from_all(abi));
+        let ruleset = match abi >= ABI::V6 {
+            true => ruleset.and_then(|r| r.scope(Scope::from_all(abi))),
+            false => ruleset,
+        };
+        ruleset.and_then(|r| r.create()).is_ok()
     };
+    let mut found = None;
+    for (level, abi) in [
+        (1, ABI::V1),
+        (2, ABI::V2),
+        (3, ABI::V3),
+        (5, ABI::V5),
+        (6, ABI::V6),
+        (9, ABI::V9),
+    ] {
+        if !supports(abi) {
+            break;
+        }
+        found = Some(level);
+    }
+    found
+}
+
+/// What the workers' domains leave unhandled with Landlock ABI `abi` (from
+/// [`landlock_abi`]): each a right or scope that older ABIs do not know, described for the
+/// log.
+pub fn landlock_gaps(abi: u8) -> impl Iterator<Item = &'static str> {
+    GAPS.into_iter()
+        .filter(move |(since, _)| abi < *since)
+        .map(|(_, what)| what)
+}
+
+/// A Landlock ruleset (Linux 5.13) from which every worker enters a domain of its own between
+/// fork and exec ([`WorkerSetup::domain`](super::WorkerSetup::domain)).
+///
+/// The file system is an allow-list: the ruleset handles every file-system access right the
+/// kernel's ABI knows (reading files and listing folders, executing, writing, truncating,
+/// creating and removing each kind of file, renaming or linking across folders, device
+/// ioctls) and grants them only beneath the paths of `access`. So a worker reads its program,
+/// libraries and site roots and nothing else (no key, no configuration, no ACME state, no
+/// other process's `/proc` files), and writes nowhere but `access.write`, whatever user it
+/// runs as. Best effort: an older ABI enforces what it knows ([`landlock_gaps`] says what
+/// is left).
+///
+/// Landlock also lets a process inside a domain trace, and so open the memory of
+/// (`/proc/PID/mem`), only processes in the same domain or one nested in it (the kernel's
+/// `security/landlock/task.c`): a worker can reach neither a sibling, each in its own domain,
+/// nor the demux, in none, from its first instruction on, whatever users they run as and
+/// whether or not they are dumpable yet. Where the kernel has Landlock ABI 6 (Linux 6.12),
+/// the domain is also scoped for signals and abstract Unix sockets: nothing outside it can be
+/// signalled or connected to that way.
+///
+/// A path of `access` that cannot be opened fails with its name. `Ok(None)`: this kernel has
+/// no Landlock.
+pub fn worker_domain(access: &FsAccess) -> io::Result<Option<WorkerDomain>> {
+    use landlock::{
+        Access, AccessFs, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, ABI,
+    };
+    // The newest ABI the crate knows, best effort: the crate keeps what the kernel knows.
+    let all = AccessFs::from_all(ABI::V10);
+    let run = AccessFs::from_read(ABI::V10);
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let mut ruleset = Ruleset::default()
-        .handle_access(AccessFs::MakeChar | AccessFs::MakeBlock | AccessFs::WriteFile)
+        .handle_access(all)
         .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
         .and_then(|r| r.create())
         .map_err(io::Error::other)?;
-    for entry in std::fs::read_dir("/")? {
-        let path = entry?.path();
-        if path == std::path::Path::new("/proc") || path == std::path::Path::new("/sys") {
-            continue;
+    let lists = [
+        (&access.run, run),
+        (&access.read, read),
+        (&access.write, all),
+    ];
+    for (paths, rights) in lists {
+        for path in paths {
+            let fd = PathFd::new(path).map_err(|e| {
+                io::Error::other(format!(
+                    "{}: cannot open it for the workers' Landlock rules: {e}",
+                    path.display()
+                ))
+            })?;
+            // On a file, the crate keeps the rights a file can have (best effort).
+            ruleset = ruleset
+                .add_rule(PathBeneath::new(fd, rights))
+                .map_err(io::Error::other)?;
         }
-        // An entry that went away, or a dangling link, has nothing to grant.
-        let Ok(fd) = PathFd::new(&path) else {
-            continue;
-        };
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, AccessFs::WriteFile))
-            .map_err(io::Error::other)?;
     }
     // A ruleset holds a descriptor only where the kernel made one: with Landlock.
     let probe: Option<OwnedFd> = ruleset.try_clone()?.into();
@@ -180,15 +273,17 @@ pub fn may_drop_bounding_set() -> bool {
         .is_ok_and(|c| c.effective.contains(rustix::thread::CapabilitySet::SETPCAP))
 }
 
-/// Whether this process can start workers as another user: it runs as root with
-/// `CAP_SETUID` and `CAP_SETGID` in its effective set.
+/// Whether this process can start workers as another user: it holds `CAP_SETUID` and
+/// `CAP_SETGID` in its effective set, as root or not (a unit's `AmbientCapabilities=`).
+/// Switching, the child also empties its supplementary groups (`CAP_SETGID`), and a
+/// worker that was not root keeps the capabilities across the switch: the pre-exec hook
+/// drops every one of them.
 pub fn may_switch_user() -> bool {
     use rustix::thread::CapabilitySet;
-    nix::unistd::geteuid().is_root()
-        && rustix::thread::capabilities(None).is_ok_and(|c| {
-            c.effective
-                .contains(CapabilitySet::SETUID | CapabilitySet::SETGID)
-        })
+    rustix::thread::capabilities(None).is_ok_and(|c| {
+        c.effective
+            .contains(CapabilitySet::SETUID | CapabilitySet::SETGID)
+    })
 }
 
 /// Makes this process non-dumpable (`PR_SET_DUMPABLE` 0): no process of the same user may

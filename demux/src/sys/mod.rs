@@ -28,8 +28,8 @@ mod sockets;
 mod spawn;
 
 pub use confine::{
-    harden_demux, make_non_dumpable, may_drop_bounding_set, may_switch_user, worker_domain,
-    SyscallFilter, WorkerDomain,
+    harden_demux, landlock_abi, landlock_gaps, make_non_dumpable, may_drop_bounding_set,
+    may_switch_user, worker_domain, FsAccess, SyscallFilter, WorkerDomain,
 };
 pub use files::{
     log_pipe, read_some, sealed_memfd, try_lock_exclusive, write_all_or_fail, LockedFile,

@@ -40,6 +40,10 @@ pub struct WorkerSetup<'a> {
     /// switch, which would have taken `CAP_SETPCAP` with every other capability), where the
     /// demux holds `CAP_SETPCAP`.
     pub drop_bounding_set: bool,
+    /// The worker runs as another user (`Command::uid`): check, before anything else, that it
+    /// kept no supplementary group of ringmux's (std empties them with `setgroups` as it
+    /// switches, and lets a refusal pass silently).
+    pub switched_user: bool,
     /// The Landlock ruleset ([`worker_domain`](super::worker_domain)) the worker enters, in a
     /// domain of its own, just before the filter; `None` with `--sandbox off` or where the
     /// kernel has no Landlock.
@@ -56,7 +60,7 @@ pub struct WorkerSetup<'a> {
 /// `execve`; it fires when the spawning thread, the supervisor's, exits), a Landlock domain of
 /// its own (when given) and, last, the filter. A user set on `cmd` (`Command::uid`/`gid`) is
 /// switched to before all of this, so the death signal, which a change of credentials clears,
-/// is armed after it.
+/// is armed after it, and the worker must have been left no supplementary group.
 ///
 /// Fails only if a descriptor cannot be duplicated (`EMFILE`); `cmd` keeps the duplicates until
 /// it is dropped. In the child, a failure of any step fails the spawn with that step's error.
@@ -95,6 +99,7 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     let cpu = setup.cpu;
     let drop_capabilities = setup.drop_capabilities;
     let drop_bounding = setup.drop_bounding_set;
+    let switched_user = setup.switched_user;
     // Each fork runs the hook on its own copy of this memory: taking the ruleset out in one
     // child leaves it in the parent for the next spawn.
     let mut domain = setup.domain.map(WorkerDomain::copy).transpose()?;
@@ -104,6 +109,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     // dup2, close_range, fcntl, setsid, prctl, sigprocmask, getpid, landlock_restrict_self, seccomp) on
     // descriptors, a mask and a filter owned by the child, and no allocation.
     let setup = move || -> io::Result<()> {
+        if switched_user && supplementary_groups() != 0 {
+            return Err(io::Error::from(Errno::EPERM));
+        }
         // Pinned before exec, so whatever program runs starts on its CPU (nix's CPU set is a
         // plain bit array: no allocation here).
         if let Some(cpu) = cpu {
@@ -153,6 +161,14 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     // hook must (it runs in the forked child of a multi-threaded process).
     unsafe { cmd.pre_exec(setup) };
     Ok(())
+}
+
+/// How many supplementary groups the calling process has (`getgroups` with an empty list;
+/// -1 if it fails). Async-signal-safe, for the pre-exec hook.
+fn supplementary_groups() -> libc::c_int {
+    // SAFETY: with a size of 0, getgroups writes nothing through the (null) list; it only
+    // counts.
+    unsafe { libc::getgroups(0, std::ptr::null_mut()) }
 }
 
 /// Marks every descriptor from `first` on close-on-exec (`close_range` with

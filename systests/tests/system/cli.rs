@@ -155,7 +155,13 @@ fn a_second_ringmux_on_a_busy_udp_port_is_refused() {
             "127.0.0.1:0",
             "--control-socket",
             control.to_str().expect("a UTF-8 path"),
+            // Refused before any worker starts: any program every user may run.
+            "--worker-bin",
+            "/bin/true",
         ];
+        if !nix::unistd::geteuid().is_root() {
+            args.extend(["--worker-user", "self"]);
+        }
         if forward == Forward::Reuseport {
             args.push("--plaintext-cids");
         }
@@ -205,11 +211,12 @@ async fn the_client_commands_find_the_running_ringmux_through_its_file() {
     let dir = temp_dir("ringmux-cli-file");
     let file = dir.path().join("ringmux.toml");
     let control = dir.path().join("control.sock");
-    // As root, `check` asks whether the workers' user may run this build's worker: keep them
-    // root, as the harness does where the build's folder is closed to nobody.
+    // `check` asks whether the workers' user may run the worker program: one every user may
+    // run (the running ringmux's --worker-bin, from the harness, wins over the file); not as
+    // root, the workers keep ringmux's user.
     let user = match nix::unistd::geteuid().is_root() {
-        true => "worker_user = \"root\"\n",
-        false => "",
+        true => "worker_bin = \"/bin/true\"\n",
+        false => "worker_bin = \"/bin/true\"\nworker_user = \"self\"\n",
     };
     let settings = |tcp: &str| {
         format!(
@@ -277,5 +284,35 @@ async fn the_client_commands_find_the_running_ringmux_through_its_file() {
     assert!(
         !ok && out.contains("tcp (--tcp)"),
         "the reload it warned of: {out}"
+    );
+}
+
+/// `ringmux check` warns when the workers keep ringmux's own user (`--worker-user self`),
+/// and refuses a `--worker-read` path that does not exist, naming it.
+#[test]
+fn check_warns_of_workers_of_ringmuxs_own_user_and_checks_what_they_may_read() {
+    let check = |more: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = ["check", "--worker-bin", "/bin/true"]
+            .iter()
+            .map(|a| a.as_ref())
+            .collect();
+        args.extend(more.iter().map(|a| std::ffi::OsStr::new(*a)));
+        ringmux(&args)
+    };
+    let out = check(&["--worker-user", "self"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("warning: ") && l.contains("self")),
+        "{text}"
+    );
+    assert!(text.contains("configuration OK"), "{text}");
+    let out = check(&["--worker-user", "self", "--worker-read", "/no/such/thing"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--worker-read / RINGMUX_WORKER_READ=/no/such/thing"),
+        "{err}"
     );
 }

@@ -23,6 +23,7 @@ mod coalescing;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {
     mod faults;
+    mod files;
     mod floods;
     mod harvested_cids;
     mod workers;

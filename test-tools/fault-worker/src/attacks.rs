@@ -1,6 +1,7 @@
 //! The attacks a confined worker must fail at: on the demux (`signal-parent`), on a sibling
 //! (`signal-sibling`), by starting processes (`fork`), and on the public socket
-//! (`recv-public`), and on the operator's control socket (`reload`). Each attempt is made for real and its outcome recorded: `ok` if the kernel
+//! (`recv-public`), on the operator's control socket (`reload`), and on the files a worker
+//! must not reach (`files`). Each attempt is made for real and its outcome recorded: `ok` if the kernel
 //! let it through, else the errno's name (`EPERM` is the filter's answer). Attempts that would
 //! do lasting harm if they got through are undone where they can be (a stopped demux is
 //! continued, a forked child exits at once), and the ones that cannot be undone (a ptrace
@@ -43,6 +44,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "tcp-listener" => tcp_listener(&mut out),
         "log-rewrite" => log_rewrite(&mut out),
         "stderr-flood" => stderr_flood(&mut out),
+        "files" => files(&mut out),
         _ => return None,
     }
     Some(out)
@@ -1040,4 +1042,94 @@ fn stderr_flood(out: &mut Outcomes) {
     }
     out.push(("flood-lines", written.to_string()));
     out.push(("flood-eagain", again.to_string()));
+}
+
+/// What a worker must neither read nor write, from its first instruction: the ACME state of
+/// the folder `RINGMUX_FAULT_STATE` (the account key, the key of site `RINGMUX_FAULT_SITE`,
+/// a certificate planted by writing, creating or renaming into `certs/SITE/`, a challenge
+/// written into `challenges/`), files outside every root (`RINGMUX_FAULT_CONFIG`,
+/// `RINGMUX_FAULT_SHADOW`, `/etc/passwd`), changes inside the site root `RINGMUX_FAULT_ROOT`
+/// (which holds `index.html`, readable: `root-read` is the one attempt that must succeed), and
+/// writing anywhere else (`/tmp`, `/dev/shm`, the working folder, beside the state). A file
+/// to rename is prepared beside the marker (`RINGMUX_FAULT_MARKER`), the one place the test
+/// lets a worker write. Whatever got through is undone where it can be.
+fn files(out: &mut Outcomes) {
+    use std::fs::{self, OpenOptions};
+    use std::path::PathBuf;
+    let var = |name: &str| PathBuf::from(std::env::var_os(name).unwrap_or_default());
+    let state = var("RINGMUX_FAULT_STATE");
+    let site = std::env::var("RINGMUX_FAULT_SITE").unwrap_or_default();
+    let root = var("RINGMUX_FAULT_ROOT");
+    let marker = var("RINGMUX_FAULT_MARKER");
+    let certs = state.join("certs").join(&site);
+    let read = |path: PathBuf| io_outcome(fs::read(path));
+    let create = |path: PathBuf| {
+        let r = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"planted\n"));
+        if r.is_ok() {
+            let _ = fs::remove_file(&path);
+        }
+        io_outcome(r)
+    };
+    // Keys and the account.
+    out.push(("read-account-key", read(state.join("account.json"))));
+    out.push(("read-site-key", read(certs.join("key.pem"))));
+    out.push(("read-site-cert", read(certs.join("cert.pem"))));
+    out.push(("list-state", io_outcome(fs::read_dir(&state).map(|_| ()))));
+    // A certificate of the worker's own, as the demux writes one: by rename, or in place.
+    out.push((
+        "plant-cert-open-for-writing",
+        io_outcome(OpenOptions::new().write(true).open(certs.join("cert.pem"))),
+    ));
+    out.push(("plant-cert-create", create(certs.join("planted.pem"))));
+    let staged = marker.with_extension("planted");
+    let rename = fs::write(&staged, b"-----BEGIN CERTIFICATE-----\n")
+        .and_then(|()| fs::rename(&staged, certs.join("cert.pem")));
+    let _ = fs::remove_file(&staged);
+    out.push(("plant-cert-rename", io_outcome(rename)));
+    out.push((
+        "write-challenge",
+        create(state.join("challenges").join("evil-token.json")),
+    ));
+    out.push(("write-state", create(state.join("evil.json"))));
+    // Files outside every root.
+    out.push(("read-config", read(var("RINGMUX_FAULT_CONFIG"))));
+    out.push(("read-shadow", read(var("RINGMUX_FAULT_SHADOW"))));
+    out.push(("read-etc-passwd", read(PathBuf::from("/etc/passwd"))));
+    // The site root: readable, not changeable.
+    out.push(("root-read", read(root.join("index.html"))));
+    out.push(("root-create", create(root.join("planted.html"))));
+    out.push((
+        "root-open-for-writing",
+        io_outcome(OpenOptions::new().write(true).open(root.join("index.html"))),
+    ));
+    let moved = fs::rename(root.join("index.html"), root.join("moved.html"));
+    if moved.is_ok() {
+        let _ = fs::rename(root.join("moved.html"), root.join("index.html"));
+    }
+    out.push(("root-rename", io_outcome(moved)));
+    let made = fs::create_dir(root.join("sub"));
+    if made.is_ok() {
+        let _ = fs::remove_dir(root.join("sub"));
+    }
+    out.push(("root-mkdir", io_outcome(made)));
+    // Last: a removal cannot be undone.
+    out.push((
+        "root-remove",
+        io_outcome(fs::remove_file(root.join("index.html"))),
+    ));
+    // Anywhere else.
+    let name = format!("ringmux-fault-{}", std::process::id());
+    out.push(("write-tmp", create(PathBuf::from("/tmp").join(&name))));
+    out.push((
+        "write-dev-shm",
+        create(PathBuf::from("/dev/shm").join(&name)),
+    ));
+    out.push(("write-cwd", create(PathBuf::from(&name))));
+    if let Some(beside) = state.parent() {
+        out.push(("write-beside-state", create(beside.join(&name))));
+    }
 }

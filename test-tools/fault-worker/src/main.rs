@@ -21,7 +21,8 @@
 //!   the same process: `signal-parent`, `signal-sibling`, `fork`, `recv-public`, `reload` (asks
 //!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`),
 //!   `steal-steering` (under `--forward reuseport`: change the kernel's steering, join the
-//!   group, connect or swap its own socket) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
+//!   group, connect or swap its own socket), `files` (reads and writes the ACME state, files
+//!   outside the roots, the site root and elsewhere) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
 //!   reached it, tries to take a session whose ClientHello went to another instance and one
 //!   whose ClientHello came to it, and records both answers); `stats-flood` and
 //!   `session-flood`, floods of well-formed reports and session-store PUTs (`floods.rs`);

@@ -253,9 +253,9 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 }
 
 /// The options a reload takes up: what the workers of a new generation are given (the sites
-/// and their certificates, the built-in worker's options, the program) and the access log's
-/// path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 14] = [
+/// and their certificates, the built-in worker's options, the program, what it may read and
+/// write) and the access log's path. Every other option needs a restart.
+pub const RELOADABLE: [&str; 16] = [
     "cert",
     "key",
     "root",
@@ -270,6 +270,8 @@ pub const RELOADABLE: [&str; 14] = [
     "worker_bin",
     "worker_cmd",
     "worker_mode",
+    "worker_read",
+    "worker_write",
 ];
 
 impl Config {
@@ -367,6 +369,17 @@ pub enum WorkerMode {
     Http,
     /// Drain and count without quinn, checking each datagram's connection ID (benchmarks).
     Sink,
+}
+
+/// How workers are confined (`--sandbox`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sandbox {
+    /// The system-call filter and the Landlock allow-list; refuses to start without Landlock.
+    On,
+    /// The system-call filter alone, for a kernel without Landlock.
+    FilterOnly,
+    /// Nothing: for debugging a worker only.
+    Off,
 }
 
 /// How a worker's spin before sleeping adapts (`--spin`).
@@ -519,20 +532,50 @@ pub struct RunArgs {
     pub worker_cmd: Option<String>,
     /// Confine every worker before its program starts: a system-call filter refuses signals
     /// to any other process, ptrace and reading other processes' memory, new processes, and
-    /// receiving on, changing or duplicating the public socket (README "Workers are
-    /// untrusted"). `off` is for debugging a worker only: any worker can then stop, trace or
-    /// read the demux and its siblings, and read every instance's datagrams.
-    #[arg(long, env = "RINGMUX_SANDBOX", value_enum, default_value_t = Toggle::On)]
-    pub sandbox: Toggle,
+    /// receiving on, changing or duplicating the public socket; a Landlock domain makes the
+    /// file system an allow-list (read its program, libraries and site roots, plus
+    /// --worker-read; write nowhere but --worker-write) (README "Workers are untrusted").
+    /// Without Landlock (Linux 5.13, `landlock` among the boot's LSMs) ringmux refuses to
+    /// start: `filter-only` runs the filter alone, and a worker then reads and writes every
+    /// file its user may. `off` is for debugging a worker only: any worker can then stop,
+    /// trace or read the demux and its siblings, and read every instance's datagrams.
+    #[arg(long, env = "RINGMUX_SANDBOX", value_enum, default_value_t = Sandbox::On)]
+    pub sandbox: Sandbox,
     /// Run the workers as this user (a name or a numeric UID), with its primary group and no
-    /// supplementary groups, so that they cannot signal, trace or read the demux whatever the
-    /// filter allows. Needs ringmux to run as root. Default: `nobody` when ringmux runs as root
-    /// (a worker of user ID 0, even without capabilities, owns every root-owned file, the
-    /// demux's own /proc files among them), else ringmux's own user. `root` keeps the workers
-    /// as root, without capabilities. The worker program must be executable by that user
-    /// (every folder above it open to it), and files under --root readable.
+    /// supplementary groups, so that the file permissions keep them from ringmux's own files
+    /// (keys, ACME state) and they cannot signal, trace or read the demux whatever the filter
+    /// allows. Needs ringmux to hold CAP_SETUID and CAP_SETGID: root, or a unit that grants
+    /// them (deploy/ringmux.service: ringmux as `ringmux`, workers as `ringmux-worker`).
+    /// Default: `nobody` when ringmux holds them. Without them, or naming ringmux's own user,
+    /// ringmux refuses to start unless this is `self`: the workers then keep ringmux's user
+    /// and Landlock's allow-list is all that keeps them from its files. As root, `root` keeps
+    /// the workers root, without capabilities (as `self`). The worker program must be
+    /// executable by that user (every folder above it open to it), and the site roots
+    /// readable.
     #[arg(long, env = "RINGMUX_WORKER_USER")]
     pub worker_user: Option<String>,
+    /// What the workers may read beyond their program, its libraries and the site roots,
+    /// for a program of your own (--worker-cmd): absolute paths, comma-separated (a TOML
+    /// array in the file), each granting reading and executing everything beneath it
+    /// (Landlock). They must exist.
+    #[arg(
+        long,
+        env = "RINGMUX_WORKER_READ",
+        value_delimiter = ',',
+        value_name = "PATHS"
+    )]
+    pub worker_read: Vec<PathBuf>,
+    /// Where the workers may write, for a program of your own: absolute paths,
+    /// comma-separated (a TOML array in the file), each granting every right beneath it
+    /// (read, write, create, remove, rename). Default: nowhere (a worker's log and access log
+    /// are pipes). They must exist; never name ringmux's state, keys or configuration.
+    #[arg(
+        long,
+        env = "RINGMUX_WORKER_WRITE",
+        value_delimiter = ',',
+        value_name = "PATHS"
+    )]
+    pub worker_write: Vec<PathBuf>,
     /// Seconds a starting worker has to report READY before it is killed and replaced.
     #[arg(long, env = "RINGMUX_READY_TIMEOUT", default_value_t = 30)]
     pub ready_timeout: u64,
@@ -771,6 +814,7 @@ impl RunArgs {
         let worker_cmd = self.worker_program()?;
         self.tcp_and_logs()?;
         let worker_user = self.worker_user(&worker_cmd)?;
+        self.confinement()?;
         let sites = self.sites(worker_user.as_ref())?;
         let acme = self.acme(sites.as_ref())?;
         Ok(Config {
@@ -1091,24 +1135,34 @@ impl RunArgs {
     }
 
     /// The user the workers run as, if not the demux's own, and that it can execute
-    /// `worker_cmd`'s program.
+    /// `worker_cmd`'s program. Workers keep ringmux's own user only when asked to
+    /// (`self`, or `root` as root) or with `--sandbox off`: a worker of ringmux's user could
+    /// otherwise read and write every file ringmux may, its keys and ACME state among them,
+    /// but for Landlock.
     fn worker_user(&self, worker_cmd: &[String]) -> Result<Option<WorkerUser>> {
-        // Root that may switch users (a root without CAP_SETUID/CAP_SETGID, in a container
-        // say, cannot: its workers stay of its own user, as any unprivileged ringmux's do).
-        let root = crate::sys::may_switch_user();
+        let flag = "--worker-user / RINGMUX_WORKER_USER";
+        let me = nix::unistd::geteuid();
         let worker_user = match self.worker_user.as_deref().map(str::trim) {
-            Some("root" | "0") if nix::unistd::geteuid().is_root() => None,
+            Some(SELF_WORKER_USER) => None,
+            Some("root" | "0") if me.is_root() => None,
             Some(u) => Some(WorkerUser::look_up(u)?),
-            None if root && self.sandbox == Toggle::On => {
+            None if self.sandbox == Sandbox::Off => None,
+            None if crate::sys::may_switch_user() => {
                 Some(WorkerUser::look_up(DEFAULT_WORKER_USER).with_context(|| {
                     format!(
-                        "ringmux runs as root, so its workers run as {DEFAULT_WORKER_USER:?} \
-                         unless --worker-user / RINGMUX_WORKER_USER names another user (or \
-                         root, to keep them root without capabilities)"
+                        "ringmux may switch users (CAP_SETUID and CAP_SETGID), so its workers \
+                         run as {DEFAULT_WORKER_USER:?} unless {flag} names another user (or \
+                         `self`, to keep them ringmux's own)"
                     )
                 })?)
             }
-            None => None,
+            None => bail!(
+                "ringmux runs as UID {me} without CAP_SETUID and CAP_SETGID, so its workers \
+                 would run as its own user and could read and write every file it may but for \
+                 Landlock: grant ringmux both capabilities (as deploy/ringmux.service does) \
+                 and set {flag} to a user of the workers' own (e.g. ringmux-worker), or set \
+                 {flag}=self (TOML: worker_user = \"self\") to accept workers of ringmux's user"
+            ),
         };
         if let Some(user) = &worker_user {
             let program = Path::new(&worker_cmd[0]);
@@ -1142,6 +1196,42 @@ impl RunArgs {
         }
         Ok(worker_user)
     }
+
+    /// The file system's allow-list: `--worker-read` and `--worker-write` name absolute paths
+    /// that exist, and Landlock is there to enforce it (unless `--sandbox` says otherwise).
+    fn confinement(&self) -> Result<()> {
+        for (flag, paths) in [
+            ("--worker-read / RINGMUX_WORKER_READ", &self.worker_read),
+            ("--worker-write / RINGMUX_WORKER_WRITE", &self.worker_write),
+        ] {
+            for path in paths {
+                if !path.is_absolute() {
+                    bail!(
+                        "{flag}={} is not valid: expected absolute paths (starting with /)",
+                        path.display()
+                    );
+                }
+                if let Err(e) = std::fs::symlink_metadata(path) {
+                    bail!(
+                        "{flag}={}: {}; name paths that exist (the workers are granted what is \
+                         beneath each)",
+                        path.display(),
+                        crate::one_line(&e)
+                    );
+                }
+            }
+        }
+        if self.sandbox == Sandbox::On && crate::sys::landlock_abi().is_none() {
+            bail!(
+                "this kernel has no Landlock (Linux 5.13 or later, with landlock among the \
+                 boot's LSMs: lsm=...,landlock), which keeps every worker to the files it needs: \
+                 use a kernel with it, or set --sandbox / RINGMUX_SANDBOX=filter-only to run \
+                 the workers under the system-call filter alone, where each may read and write \
+                 every file its user may"
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Why a [`WorkerUser`] may not execute the worker program ([`WorkerUser::can_execute`]).
@@ -1162,8 +1252,12 @@ pub enum Unreachable {
     NotExecutable { program: PathBuf },
 }
 
-/// Whom the workers of a ringmux running as root run as, unless `--worker-user` says otherwise.
+/// Whom the workers of a ringmux that may switch users (root, or CAP_SETUID and CAP_SETGID)
+/// run as, unless `--worker-user` says otherwise.
 pub const DEFAULT_WORKER_USER: &str = "nobody";
+
+/// `--worker-user self`: the workers keep ringmux's own user, asked for explicitly.
+pub const SELF_WORKER_USER: &str = "self";
 
 impl WorkerUser {
     /// `Ok` if this user may execute `program`: search permission on every folder above it and
@@ -1229,8 +1323,8 @@ impl WorkerUser {
         Ok(())
     }
 
-    /// `spec`, a user name or a numeric UID, from the user database; the demux must be root to
-    /// switch to it.
+    /// `spec`, a user name or a numeric UID, from the user database: neither root nor
+    /// ringmux's own user, and ringmux must hold CAP_SETUID and CAP_SETGID to switch to it.
     fn look_up(spec: &str) -> Result<WorkerUser> {
         use nix::unistd::{Uid, User};
         let flag = "--worker-user / RINGMUX_WORKER_USER";
@@ -1251,11 +1345,20 @@ impl WorkerUser {
                  nobody, or `root` itself to keep the workers root without capabilities"
             );
         }
+        let me = nix::unistd::geteuid();
+        if user.uid == me {
+            bail!(
+                "{flag}={spec:?} is ringmux's own user (UID {me}): its workers could read and \
+                 write every file ringmux may but for Landlock. Name a user of the workers' own \
+                 (e.g. ringmux-worker), or `self` to accept workers of ringmux's user"
+            );
+        }
         if !crate::sys::may_switch_user() {
             bail!(
-                "{flag}={spec:?} needs ringmux to run as root with CAP_SETUID and CAP_SETGID \
-                 (it is UID {}); without it the workers run as ringmux's own user",
-                nix::unistd::geteuid()
+                "{flag}={spec:?} needs ringmux to hold CAP_SETUID and CAP_SETGID (as root, or \
+                 granted by its unit: AmbientCapabilities=CAP_SETUID CAP_SETGID, see \
+                 deploy/ringmux.service); it is UID {me} without them. Grant them, or set \
+                 {flag}=self to run the workers as ringmux's own user"
             );
         }
         Ok(WorkerUser {
@@ -1336,6 +1439,44 @@ impl Config {
         }
     }
 
+    /// What the operator should know of how the workers are confined, said at start and by
+    /// `ringmux check`: a confinement turned down (`--sandbox`), workers of ringmux's own user.
+    pub fn confinement_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        match self.args.sandbox {
+            Sandbox::Off => warnings.push(
+                "--sandbox off: workers run UNCONFINED. Any worker can stop, trace or read the \
+                 demux and its siblings, start processes, read every instance's datagrams and \
+                 every file its user may. For debugging a worker only"
+                    .to_string(),
+            ),
+            Sandbox::FilterOnly => warnings.push(
+                "--sandbox filter-only: no Landlock allow-list; every worker may read and write \
+                 every file its user may"
+                    .to_string(),
+            ),
+            Sandbox::On => {}
+        }
+        if self.args.sandbox != Sandbox::Off && self.worker_user.is_none() {
+            let me = nix::unistd::geteuid();
+            warnings.push(match me.is_root() {
+                true => "workers run as root (--worker-user root or self): confined by the \
+                         system-call filter and Landlock and without capabilities, but of the \
+                         demux's user ID. Leave --worker-user (RINGMUX_WORKER_USER) out, as \
+                         root, to run them as nobody"
+                    .to_string(),
+                false => format!(
+                    "workers run as ringmux's own user (UID {me}, --worker-user self): the \
+                     file permissions do not keep them from ringmux's files (keys, ACME \
+                     state, configuration); only the Landlock allow-list does. Grant ringmux \
+                     CAP_SETUID and CAP_SETGID and name a user of the workers' own \
+                     (deploy/ringmux.service)"
+                ),
+            });
+        }
+        warnings
+    }
+
     /// The program every instance runs (for logs and metrics).
     pub fn worker_program(&self) -> &str {
         &self.worker_cmd[0]
@@ -1399,6 +1540,10 @@ mod tests {
     /// Parses and validates a command line (the worker program is /bin/true, which exists).
     fn check(args: &[&str]) -> Result<Config> {
         let mut argv = vec!["ringmux", "--worker-bin", "/bin/true"];
+        // Without CAP_SETUID, workers of ringmux's user must be asked for.
+        if !crate::sys::may_switch_user() && !args.contains(&"--worker-user") {
+            argv.extend(["--worker-user", "self"]);
+        }
         argv.extend_from_slice(args);
         parse_from(argv.into_iter().map(Into::into).collect())?
             .run
@@ -1604,6 +1749,72 @@ mod tests {
         );
         let e = refused(&["--upstream", "http://localhost:8080", "--root", "/"]);
         assert!(e.contains("--root") && e.contains("--upstream"), "{e}");
+    }
+
+    #[test]
+    fn worker_read_and_write_name_absolute_paths_that_exist() {
+        let c = check(&[
+            "--worker-read",
+            "/usr/lib,/etc/ssl",
+            "--worker-write",
+            "/tmp",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.args.worker_read,
+            [PathBuf::from("/usr/lib"), PathBuf::from("/etc/ssl")]
+        );
+        assert_eq!(c.args.worker_write, [PathBuf::from("/tmp")]);
+        let e = refused(&["--worker-read", "usr/lib"]);
+        assert!(
+            e.contains("--worker-read / RINGMUX_WORKER_READ=usr/lib") && e.contains("absolute"),
+            "{e}"
+        );
+        let e = refused(&["--worker-write", "/no/such/folder"]);
+        assert!(
+            e.contains("--worker-write / RINGMUX_WORKER_WRITE=/no/such/folder")
+                && e.contains("exist"),
+            "{e}"
+        );
+    }
+
+    /// `self` keeps the workers ringmux's own user, and says so; naming ringmux's own user
+    /// otherwise is refused.
+    #[test]
+    fn workers_of_ringmuxs_own_user_are_asked_for_by_name() {
+        let c = check(&["--worker-user", "self"]).unwrap();
+        assert_eq!(c.worker_user, None);
+        let warnings = c.confinement_warnings().join("\n");
+        assert!(
+            warnings.contains("--worker-user") && warnings.contains("self"),
+            "{warnings}"
+        );
+        let me = nix::unistd::geteuid();
+        if !me.is_root() {
+            let e = refused(&["--worker-user", &me.to_string()]);
+            assert!(
+                e.contains("ringmux's own user") && e.contains("self"),
+                "{e}"
+            );
+        }
+        let c = check(&["--sandbox", "filter-only", "--worker-user", "self"]).unwrap();
+        let warnings = c.confinement_warnings().join("\n");
+        assert!(warnings.contains("filter-only"), "{warnings}");
+    }
+
+    /// As root (or with CAP_SETUID and CAP_SETGID), the workers run as nobody unless told.
+    #[test]
+    fn a_ringmux_that_may_switch_users_runs_its_workers_as_nobody() {
+        if !crate::sys::may_switch_user() {
+            eprintln!("skipped: this test process may not switch users");
+            return;
+        }
+        let c = check(&[]).unwrap();
+        assert_eq!(
+            c.worker_user.as_ref().map(|u| u.name.as_str()),
+            Some(DEFAULT_WORKER_USER)
+        );
+        assert!(c.confinement_warnings().is_empty());
     }
 
     #[test]

@@ -35,6 +35,12 @@ fn fault_env(fault: &str, dir: &TempDir, real: &std::path::Path) -> Vec<(&'stati
     ]
 }
 
+/// What an attack that looks for processes under `/proc` (siblings, the demux, its own
+/// status) is given: every worker's allow-list closes `/proc` (README "Workers are
+/// untrusted"), so without it the attack would find nothing, and what refuses it would be the
+/// allow-list rather than the wall it aims at (the filter, the Landlock domain's ptrace scope).
+const READ_PROC: [&str; 2] = ["--worker-read", "/proc"];
+
 /// Starts 2 instances whose instance 1 plays `fault` once.
 fn start_faulty(fault: &str, extra: &[&str], dir: &TempDir) -> Ringmux {
     start_faulty_in(Forward::Shm, fault, extra, dir)
@@ -488,7 +494,7 @@ async fn an_unconfined_worker_can_stop_the_demux() {
 #[tokio::test]
 async fn a_confined_worker_cannot_signal_a_sibling() {
     bounded(Duration::from_secs(60), async {
-        let r = play_attack("signal-sibling", &[]).await;
+        let r = play_attack("signal-sibling", &READ_PROC).await;
         assert_eq!(
             r.get("siblings-found").map(String::as_str),
             Some("1"),
@@ -737,7 +743,13 @@ async fn spy_while(trigger: Trigger) -> std::collections::HashMap<String, String
     let dir = temp_dir("ringmux-attack-spy");
     // The spy never says it stopped accepting (STOPPED): a reload answers after
     // STOPPED_WAIT, and the spy must outlive that to write its report.
-    let rm = start_faulty("spy", &["--grace", "10"], &dir);
+    let mut extra = vec!["--grace", "10", READ_PROC[0], READ_PROC[1]];
+    if matches!(trigger, Trigger::Upgrade) {
+        // Without CAP_SETUID (the upgrade test empties the bounding set) ringmux cannot give
+        // its workers a user of their own, and starts only when told they keep its.
+        extra.extend(["--worker-user", "self"]);
+    }
+    let rm = start_faulty("spy", &extra, &dir);
     wait_file(&dir.path().join("played.watching")).await;
     let (ok, text) = match trigger {
         Trigger::Reload => rm.reload(Duration::from_secs(30)).await,
@@ -900,7 +912,13 @@ async fn workers_run_as_the_worker_user() {
         let fault = world_executable_copy(&fault_worker(), &dir);
         let real = world_executable_copy(&harness::worker_bin(), &dir);
         let env = fault_env("signal-sibling", &dir, &real);
-        let rm = Ringmux::start_with(2, Forward::Shm, &["--worker-user", "nobody"], fault, &env);
+        let rm = Ringmux::start_with(
+            2,
+            Forward::Shm,
+            &["--worker-user", "nobody", READ_PROC[0], READ_PROC[1]],
+            fault,
+            &env,
+        );
         let r = report(&dir).await;
         assert_outcomes(&r, &["open-sibling-mem"], "EACCES");
         assert_outcomes(&r, &["kill-sibling", "pidfd-signal-sibling"], "EPERM");
@@ -930,7 +948,7 @@ async fn a_root_demuxs_workers_run_as_nobody_and_cannot_touch_its_proc_files() {
         .flatten()
         .expect("a user named nobody");
     bounded(Duration::from_secs(90), async {
-        let landlock = ringmux_demux::sys::worker_domain().is_ok_and(|d| d.is_some());
+        let landlock = ringmux_demux::sys::landlock_abi().is_some();
         let as_root = if landlock { "EACCES" } else { "ok" };
         for (extra, expected) in [
             (&[][..], "EACCES"),
@@ -1009,7 +1027,16 @@ async fn a_worker_holds_no_capability_ringmux_was_given() {
         )
         .unwrap();
         let env = fault_env("capabilities", &dir, &real);
-        let rm = Ringmux::start_in(files, &wrapper, 2, Forward::Shm, &[], fault, &env);
+        // Without CAP_SETUID it cannot give its workers a user of their own: they keep its.
+        let rm = Ringmux::start_in(
+            files,
+            &wrapper,
+            2,
+            Forward::Shm,
+            &["--worker-user", "self", READ_PROC[0], READ_PROC[1]],
+            fault,
+            &env,
+        );
         let r = report(&dir).await;
         assert_outcomes(
             &r,

@@ -1241,6 +1241,12 @@ async fn reloads_and_an_upgrade_under_load_lose_nothing() {
     .await
 }
 
+/// What a worker program that is a shell script exec'ing the built-in worker reads beyond
+/// itself (`--worker-read`): the shell and the worker.
+fn script_reads() -> String {
+    format!("/bin,/usr/bin,{}", harness::worker_bin().display())
+}
+
 /// Writes an executable shell script `name` into `dir`.
 fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
@@ -1264,7 +1270,12 @@ async fn a_failing_reload_leaves_the_old_generation_serving() {
         let good = format!("exec {} \"$@\"", worker.display());
         let prog = script(bin.path(), "worker.sh", &good);
         let cmd = prog.to_string_lossy().into_owned();
-        let rm = Ringmux::start(2, Forward::Shm, &["--worker-cmd", &cmd]);
+        let reads = script_reads();
+        let rm = Ringmux::start(
+            2,
+            Forward::Shm,
+            &["--worker-cmd", &cmd, "--worker-read", &reads],
+        );
         assert_gtls_ok("before", &gtls(&rm, &[], &["/hello.txt"]).await, 1);
 
         script(bin.path(), "worker.sh", "echo 'broken build' >&2; exit 3");
@@ -1426,7 +1437,22 @@ async fn sigterm_during_a_reload_drains_every_generation() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&prog, std::fs::Permissions::from_mode(0o755)).unwrap();
         let cmd = prog.to_string_lossy().into_owned();
-        let mut rm = Ringmux::start(2, Forward::Shm, &["--worker-cmd", &cmd, "--grace", "20"]);
+        // The script opens the fifo beside it for reading and writing.
+        let (reads, writes) = (script_reads(), bin.path().to_string_lossy().into_owned());
+        let mut rm = Ringmux::start(
+            2,
+            Forward::Shm,
+            &[
+                "--worker-cmd",
+                &cmd,
+                "--grace",
+                "20",
+                "--worker-read",
+                &reads,
+                "--worker-write",
+                &writes,
+            ],
+        );
 
         // SIGHUP: generation 2.
         rm.signal(libc::SIGHUP);
