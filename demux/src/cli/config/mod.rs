@@ -381,8 +381,9 @@ pub struct RunArgs {
     pub alt_svc: String,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
-    /// --tcp-listen, left out when 443). Needs --tcp on. The workers serve it, from one socket
-    /// the demux makes, as they serve HTTPS.
+    /// --tcp-listen, left out when 443); with `[[site]]` tables, only for their names (another
+    /// host gets 421). Needs --tcp on. The workers serve it, from one socket the demux makes, as
+    /// they serve HTTPS.
     #[arg(long, env = "RINGMUX_REDIRECT_HTTP", value_name = "ADDR")]
     pub redirect_http: Option<SocketAddr>,
     /// Write one line per request, over TCP and HTTP/3, to this file (opened for appending,
