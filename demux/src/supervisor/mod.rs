@@ -673,8 +673,9 @@ impl Supervisor {
             Some(sites) => sites.clone(),
             None => {
                 let cert = match (&cfg.args.cert, &cfg.args.key) {
-                    (Some(c), Some(k)) => crate::certs::CertPem::load(c, k)
-                        .map_err(|e| format!("--cert / --key: {e}"))?,
+                    (Some(c), Some(k)) => {
+                        crate::certs::load(c, k).map_err(|e| format!("--cert / --key: {e}"))?
+                    }
                     // The self-signed certificate made at start, kept.
                     _ => {
                         let running = SiteTable::from_json(self.template.sites.as_bytes())

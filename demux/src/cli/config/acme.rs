@@ -149,12 +149,14 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
 
     let mut ca_roots = Vec::new();
     if let Some(r) = doc.and_then(|d| d.ca_roots.as_ref()) {
-        match CertificateDer::pem_file_iter(&r.value) {
+        let read = crate::sys::read_operator_file(&r.value, crate::sys::MAX_PEM_FILE);
+        match read.map(|f| CertificateDer::pem_slice_iter(&f.bytes).collect::<Result<Vec<_>, _>>())
+        {
             Err(e) => problem(
                 Some(&r.at),
                 format!("acme.ca_roots = {}: cannot read it: {e}", r.value.display()),
             ),
-            Ok(certs) => match certs.collect::<Result<Vec<_>, _>>() {
+            Ok(certs) => match certs {
                 Err(e) => problem(
                     Some(&r.at),
                     format!(

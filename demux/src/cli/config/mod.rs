@@ -1001,6 +1001,13 @@ impl RunArgs {
                     root.display()
                 );
             }
+            if let Ok(Some(fs)) = crate::sys::pseudo_file_system(root) {
+                bail!(
+                    "--root / RINGMUX_ROOT={}: on {fs}, a file system the kernel makes up (its \
+                     files are the system's state, not a site's); name a folder of files",
+                    root.display()
+                );
+            }
         }
         let upstream = match &self.upstream {
             Some(up) => match up.parse::<UpstreamUrl>() {

@@ -635,6 +635,16 @@ impl Parts {
             std::fs::set_permissions(d.join("closed"), std::fs::Permissions::from_mode(0o700))
                 .unwrap();
         }
+        // Files that are no files: a FIFO nothing writes to, and a 2 GiB sparse file.
+        nix::unistd::mkfifo(
+            &d.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        std::fs::File::create(d.join("sparse"))
+            .unwrap()
+            .set_len(2 << 30)
+            .unwrap();
         Parts { dir }
     }
 
@@ -979,6 +989,63 @@ fn check_names_every_problem_at_its_place() {
                 ),
                 (3, 9, "acme.email = \"ops\": expected one address".into()),
             ],
+        ),
+        (
+            "a certificate that is a FIFO",
+            SITE.replace("a.pem", "fifo"),
+            vec![(
+                3,
+                8,
+                format!(
+                    "cannot read the certificate file {}: a FIFO, not a regular file",
+                    p("fifo")
+                ),
+            )],
+        ),
+        (
+            "a key that is a device",
+            SITE.replace("{D}/a.key", "/dev/zero"),
+            vec![(
+                3,
+                8,
+                "cannot read the private key file /dev/zero: a character device, not a regular \
+                 file"
+                    .into(),
+            )],
+        ),
+        (
+            "a certificate of 2 GiB",
+            SITE.replace("a.pem", "sparse"),
+            vec![(
+                3,
+                8,
+                format!(
+                    "cannot read the certificate file {}: 2147483648 bytes, more than the \
+                     1048576",
+                    p("sparse")
+                ),
+            )],
+        ),
+        (
+            "roots that are a FIFO",
+            format!("[acme]\nca_roots = \"{{D}}/fifo\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                12,
+                format!(
+                    "acme.ca_roots = {}: cannot read it: a FIFO, not a regular file",
+                    p("fifo")
+                ),
+            )],
+        ),
+        (
+            "a root in /proc",
+            SITE.replace("{D}/root", "/proc/self"),
+            vec![(
+                7,
+                8,
+                "root = /proc/self: on proc, a file system the kernel makes up".into(),
+            )],
         ),
         (
             "roots that are no certificates",
