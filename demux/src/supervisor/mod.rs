@@ -409,6 +409,13 @@ impl Supervisor {
             let status = relay.status();
             self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
             self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+            let refused = status
+                .state_refused
+                .iter()
+                .chain([&status.foreign_challenges]);
+            for (c, n) in self.counters.acme_state_refused.iter().zip(refused) {
+                c.store(*n, Ordering::Relaxed);
+            }
         }
         if !changes.certs.is_empty() {
             self.template = Template::new(self.template.handoff.clone(), relay.table());

@@ -220,6 +220,7 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
         challenge,
         ca_roots,
         eab,
+        key_file: args.key_file.clone(),
     })
 }
 
@@ -252,6 +253,7 @@ pub fn same(a: Option<&AcmeSettings>, b: Option<&AcmeSettings>) -> bool {
                 && a.challenge == b.challenge
                 && a.ca_roots == b.ca_roots
                 && eab(a) == eab(b)
+                && a.key_file == b.key_file
         }
         _ => false,
     }
