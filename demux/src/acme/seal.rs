@@ -27,6 +27,8 @@
 //! too. Either way no worker may read it: the key file and the state directory are outside
 //! every worker's reach (the workers' file-system allow-list). A state directory several nodes
 //! share is best used with a key file: then the key is not in the shared folder at all.
+//! Replacing the key file (or removing `seal.key`) makes every stored file unverifiable: the
+//! sites are ordered anew and a new account is made.
 //!
 //! # Files from before the seal
 //!

@@ -149,12 +149,28 @@ key = "{d}/b.key"
         path
     }
 
+    /// A ringmux of the setup's: one key file for every start, as a deployment keeps its own
+    /// (the seals of the ACME state directory's files are made with a key derived from it).
     fn start(&self, config: &Path) -> Ringmux {
         let listen = SocketAddr::from(([127, 0, 0, 1], self.port)).to_string();
+        let key_file = self.dir.path().join("keys");
+        if !key_file.exists() {
+            ringmux_quic_lb::KeySet::generate()
+                .unwrap()
+                .write_new(&key_file)
+                .unwrap();
+        }
         Ringmux::start(
             2,
             Forward::Shm,
-            &["--config", config.to_str().unwrap(), "--listen", &listen],
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--listen",
+                &listen,
+                "--key-file",
+                key_file.to_str().unwrap(),
+            ],
         )
     }
 }
