@@ -388,7 +388,8 @@ pub struct RunArgs {
     pub redirect_http: Option<SocketAddr>,
     /// Write one line per request, over TCP and HTTP/3, to this file (opened for appending,
     /// created 0640 if missing, opened again at every `ringmux reload` so a rotated log is
-    /// let go), to `stderr`, or `off` (the default). The fields: time (UTC), client address,
+    /// let go), to `stderr` (each line prefixed `[instance N] `, as the workers' output is), or
+    /// `off` (the default). The fields: time (UTC), client address,
     /// protocol (h1, h2, h3), method, authority, path, status, response body bytes, duration in
     /// seconds, instance. Lines are written off the request path; when a worker's queue is
     /// full a line is dropped and counted (ringmux_worker_access_log_dropped_total), never
