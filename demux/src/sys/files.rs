@@ -89,8 +89,9 @@ fn too_large(len: u64, limit: u64) -> io::Error {
 
 /// The name of the pseudo file system `path` lives on (proc, sysfs, debugfs, cgroup, …: files
 /// the kernel makes up, which no site may serve), or `None` for a file system of files.
-/// Judged by `statfs(2)`'s `f_type`; `devtmpfs` reports itself as tmpfs, so a path under
-/// `/dev` (after symbolic links) counts as `devtmpfs` too.
+/// Judged by `statfs(2)`'s `f_type`; `devtmpfs` reports itself as tmpfs, so a path on the
+/// file system of `/dev` itself (after symbolic links; not `/dev/shm`, a tmpfs of its own)
+/// counts as `devtmpfs` too.
 pub fn pseudo_file_system(path: &Path) -> io::Result<Option<&'static str>> {
     const PSEUDO: [(i64, &str); 17] = [
         (0x9fa0, "proc"),
@@ -111,8 +112,11 @@ pub fn pseudo_file_system(path: &Path) -> io::Result<Option<&'static str>> {
         (0xf97c_ff8c, "selinuxfs"),
         (0x6e73_6673, "nsfs"),
     ];
+    use std::os::unix::fs::MetadataExt;
     let canonical = std::fs::canonicalize(path)?;
-    if canonical.starts_with("/dev") {
+    if canonical.starts_with("/dev")
+        && std::fs::metadata(&canonical)?.dev() == std::fs::metadata("/dev")?.dev()
+    {
         return Ok(Some("devtmpfs"));
     }
     let kind = nix::sys::statfs::statfs(&canonical)?.filesystem_type().0 as i64;
@@ -278,6 +282,10 @@ mod tests {
             pseudo_file_system(Path::new("/dev")).unwrap(),
             Some("devtmpfs")
         );
+        // /dev/shm is a tmpfs of files of its own.
+        if Path::new("/dev/shm").is_dir() {
+            assert_eq!(pseudo_file_system(Path::new("/dev/shm")).unwrap(), None);
+        }
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(pseudo_file_system(dir.path()).unwrap(), None);
         // A link to /proc is judged by where it leads.
