@@ -9,14 +9,18 @@
 //! * **Each worker's standard output and error** are a pipe of its own, not the demux's
 //!   standard error: the worker can do what it likes to its end (`O_NONBLOCK`, a flood, closing
 //!   it) and reaches nothing of the demux's or a sibling's. The thread reads each pipe, cuts
-//!   lines at [`MAX_LINE`] bytes, replaces control characters, prefixes `[instance N] ` and
+//!   lines at [`MAX_LINE`] bytes, replaces control characters and invalid UTF-8 ([`clean`]),
+//!   prefixes `[instance N] ` and
 //!   writes them to ringmux's standard error within each worker's budget ([`OUTPUT`]); the
 //!   excess is read and dropped, counted per instance
 //!   (`ringmux_worker_log_lines_dropped_total`). A worker past its budget is read at most every
 //!   20 ms, so a flood costs the demux a bounded share of a core.
 //! * **Each worker's access log** (`--access-log`, its descriptor 7) is a pipe of its own too:
 //!   the thread appends its lines to the file (opened by the demux, appending) or to standard
-//!   error. No worker holds the file, so none can rewrite it, whatever it calls; a worker past
+//!   error, cut and cleaned as the output is: one line per newline the worker wrote, so a
+//!   worker cannot break a line of another's. On standard error each access line carries its
+//!   `[instance N] ` prefix too: every line there that does not start with one is the
+//!   demux's own. No worker holds the file, so none can rewrite it, whatever it calls; a worker past
 //!   its budget ([`ACCESS`]) is not read until the budget refills, and its own bounded queue
 //!   then drops and counts its lines (`ringmux_worker_access_log_dropped_total`). A line the
 //!   demux could not write (a full disk) is counted in `ringmux_access_log_lines_dropped_total`.
@@ -317,8 +321,16 @@ impl Source {
     }
 
     /// Splits `chunk` into lines, each ended, cut or passed to `out` (the output lines only
-    /// while the budget lasts; the others are counted in `tally`).
-    fn take_in(&mut self, chunk: &[u8], now: Instant, out: &mut Vec<u8>, tally: &mut Tally) {
+    /// while the budget lasts; the others are counted in `tally`). `to_stderr`: access lines
+    /// go to standard error, and are prefixed as output lines are.
+    fn take_in(
+        &mut self,
+        chunk: &[u8],
+        now: Instant,
+        to_stderr: bool,
+        out: &mut Vec<u8>,
+        tally: &mut Tally,
+    ) {
         let max = self.max_line();
         for piece in chunk.split_inclusive(|&b| b == b'\n') {
             let ended = piece.last() == Some(&b'\n');
@@ -334,19 +346,27 @@ impl Source {
             let room = max - self.line.len();
             if body.len() > room {
                 self.line.extend_from_slice(&body[..room]);
-                self.end_line(true, now, out, tally);
+                self.end_line(true, now, to_stderr, out, tally);
                 self.skipping = !ended;
                 continue;
             }
             self.line.extend_from_slice(body);
             if ended {
-                self.end_line(false, now, out, tally);
+                self.end_line(false, now, to_stderr, out, tally);
             }
         }
     }
 
-    /// Passes the line read so far to `out`, or drops it (over the budget).
-    fn end_line(&mut self, cut: bool, now: Instant, out: &mut Vec<u8>, tally: &mut Tally) {
+    /// Passes the line read so far to `out`, or drops it (over the budget). Every line that
+    /// goes to standard error (`to_stderr` for an access line) starts with the prefix.
+    fn end_line(
+        &mut self,
+        cut: bool,
+        now: Instant,
+        to_stderr: bool,
+        out: &mut Vec<u8>,
+        tally: &mut Tally,
+    ) {
         if let Pace::Output(budget) = &mut self.pace {
             if budget.spend(now) == Verdict::Drop {
                 tally.dropped += 1;
@@ -354,10 +374,10 @@ impl Source {
                 return;
             }
         }
-        if self.stream == Stream::Output {
+        if self.stream == Stream::Output || to_stderr {
             out.extend_from_slice(&self.prefix);
         }
-        out.extend(self.line.iter().map(|&b| printable(b)));
+        clean(&self.line, out);
         if cut {
             out.extend_from_slice(CUT_MARK);
         }
@@ -379,14 +399,40 @@ impl Source {
     }
 }
 
-/// A byte as a log line may carry it: tabs and printable bytes as they are (UTF-8 included),
-/// other control characters (escape sequences of a terminal, carriage returns) as `?`.
-fn printable(b: u8) -> u8 {
-    if b == b'\t' || (b >= 0x20 && b != 0x7f) {
-        b
-    } else {
-        b'?'
+/// Appends `line` to `out` as a log line may carry it: tabs and printable characters as they
+/// are (UTF-8 included); as `?`, each control character — C0 (escape sequences of a terminal,
+/// carriage returns), DEL and C1 (U+0080–U+009F, such as U+009B, an 8-bit CSI, and U+0085, a
+/// next line) — the line and paragraph separators U+2028 and U+2029 and the bidirectional
+/// embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069), which could make a line
+/// look like another; and each byte that is not part of valid UTF-8 (a raw 0x80–0x9F is an
+/// 8-bit C1 control to a terminal that reads Latin-1). So what a worker wrote comes out as
+/// valid UTF-8, one line, showing what it holds.
+pub fn clean(line: &[u8], out: &mut Vec<u8>) {
+    for chunk in line.utf8_chunks() {
+        let valid = chunk.valid();
+        if valid
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+        {
+            out.extend_from_slice(valid.as_bytes());
+        } else {
+            for c in valid.chars() {
+                if c == '\t' || !is_unsafe_char(c) {
+                    let mut utf8 = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                } else {
+                    out.push(b'?');
+                }
+            }
+        }
+        out.extend(std::iter::repeat_n(b'?', chunk.invalid().len()));
     }
+}
+
+/// Whether `c` may not appear as itself in a log line (see [`clean`]).
+fn is_unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// The log thread.
@@ -483,6 +529,7 @@ impl Writer {
                 // the pipe, after it.
                 let (mut out, mut access) = (Vec::new(), Vec::new());
                 let now = Instant::now();
+                let to_stderr = matches!(self.access, AccessOut::Stderr);
                 for s in &mut self.sources {
                     if !s.line.is_empty() {
                         let mut tally = Tally::default();
@@ -490,7 +537,7 @@ impl Writer {
                             Stream::Output => &mut out,
                             Stream::Access => &mut access,
                         };
-                        s.end_line(false, now, target, &mut tally);
+                        s.end_line(false, now, to_stderr, target, &mut tally);
                     }
                 }
                 self.write_out(&out, &access);
@@ -507,6 +554,7 @@ impl Writer {
         let now = Instant::now();
         let (mut out, mut access) = (Vec::new(), Vec::new());
         let mut gone = Vec::new();
+        let to_stderr = matches!(self.access, AccessOut::Stderr);
         for &i in sources {
             let s = &mut self.sources[i];
             let mut tally = Tally::default();
@@ -517,7 +565,7 @@ impl Writer {
                             Stream::Output => &mut out,
                             Stream::Access => &mut access,
                         };
-                        s.end_line(false, now, target, &mut tally);
+                        s.end_line(false, now, to_stderr, target, &mut tally);
                     }
                     gone.push(i);
                 }
@@ -526,7 +574,7 @@ impl Writer {
                         Stream::Output => &mut out,
                         Stream::Access => &mut access,
                     };
-                    s.take_in(&self.buf[..n], now, target, &mut tally);
+                    s.take_in(&self.buf[..n], now, to_stderr, target, &mut tally);
                     s.pace(n, now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -585,11 +633,11 @@ mod tests {
         let now = Instant::now();
         let mut s = source(Stream::Output, now);
         let (mut out, mut tally) = (Vec::new(), Tally::default());
-        s.take_in(b"one\ntw", now, &mut out, &mut tally);
-        s.take_in(b"o\x1b[31m\r\n", now, &mut out, &mut tally);
+        s.take_in(b"one\ntw", now, false, &mut out, &mut tally);
+        s.take_in(b"o\x1b[31m\r\n", now, false, &mut out, &mut tally);
         let long = vec![b'x'; MAX_LINE + 10];
-        s.take_in(&long, now, &mut out, &mut tally);
-        s.take_in(b"yyy\nlast\n", now, &mut out, &mut tally);
+        s.take_in(&long, now, false, &mut out, &mut tally);
+        s.take_in(b"yyy\nlast\n", now, false, &mut out, &mut tally);
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "[instance 1] one");
@@ -604,13 +652,40 @@ mod tests {
     }
 
     #[test]
+    fn control_characters_c1_included_and_invalid_utf8_become_question_marks() {
+        let cleaned = |b: &[u8]| {
+            let mut out = Vec::new();
+            clean(b, &mut out);
+            String::from_utf8(out).expect("always UTF-8")
+        };
+        assert_eq!(
+            cleaned(b"plain\ttab \xc3\xa9t\xc3\xa9 \xe2\x82\xac"),
+            "plain\ttab été €"
+        );
+        // C0, DEL, C1 as UTF-8 (U+0080, U+0085, U+009B, U+009F), raw C1 bytes.
+        assert_eq!(cleaned(b"a\x1b[2Jb\x7fc\x00d\x08"), "a?[2Jb?c?d?");
+        assert_eq!(cleaned(b"\xc2\x80\xc2\x85x\xc2\x9b31m\xc2\x9f"), "??x?31m?");
+        assert_eq!(cleaned(b"\x85\x9b31m\x80\x9f"), "??31m??");
+        // U+00A0 is past C1: kept.
+        assert_eq!(cleaned(b"\xc2\xa0"), "\u{a0}");
+        // Separators and bidirectional controls.
+        assert_eq!(
+            cleaned("x\u{2028}y\u{2029}z\u{202e}w\u{2066}v".as_bytes()),
+            "x?y?z?w?v"
+        );
+        // Invalid UTF-8: each byte that is not part of a character.
+        assert_eq!(cleaned(b"\xff\xfeok\xc3"), "??ok?");
+        assert_eq!(cleaned(b"\xed\xa0\x80"), "???");
+    }
+
+    #[test]
     fn output_past_its_budget_is_dropped_and_counted_then_paused() {
         let now = Instant::now();
         let mut s = source(Stream::Output, now);
         let (mut out, mut tally) = (Vec::new(), Tally::default());
         let burst = OUTPUT.serve.burst as usize;
         let flood = b"line\n".repeat(burst + 50);
-        s.take_in(&flood, now, &mut out, &mut tally);
+        s.take_in(&flood, now, false, &mut out, &mut tally);
         s.pace(flood.len(), now);
         assert_eq!((tally.written, tally.dropped), (burst as u64, 50));
         assert_eq!(
@@ -620,7 +695,7 @@ mod tests {
         // Far past what it may read and drop: the pipe waits, at least the pause.
         let flood = b"line\n".repeat(2 * OUTPUT.drop.burst as usize);
         let mut tally = Tally::default();
-        s.take_in(&flood, now, &mut out, &mut tally);
+        s.take_in(&flood, now, false, &mut out, &mut tally);
         s.pace(flood.len(), now);
         assert_eq!(tally.written, 0);
         let resume = s.resume.expect("paused past its budget");
@@ -628,7 +703,7 @@ mod tests {
         // Later the rate's worth passes again.
         let later = resume + Duration::from_secs(1);
         let mut tally = Tally::default();
-        s.take_in(&b"line\n".repeat(burst), later, &mut out, &mut tally);
+        s.take_in(&b"line\n".repeat(burst), later, false, &mut out, &mut tally);
         assert!(
             tally.written >= u64::from(OUTPUT.serve.per_second),
             "{}",
@@ -637,14 +712,28 @@ mod tests {
     }
 
     #[test]
-    fn access_lines_pass_unprefixed_and_a_flood_waits_for_its_budget() {
+    fn access_lines_pass_unprefixed_to_a_file_and_a_flood_waits_for_its_budget() {
         let now = Instant::now();
         let mut s = source(Stream::Access, now);
         let (mut out, mut tally) = (Vec::new(), Tally::default());
-        s.take_in(b"2026 a b\n2026 c", now, &mut out, &mut tally);
+        s.take_in(b"2026 a b\n2026 c", now, false, &mut out, &mut tally);
         s.pace(15, now);
         assert_eq!(out, b"2026 a b\n");
+        // A line with a carriage return or a C1 next-line cannot pass for two.
+        let mut out = Vec::new();
+        s.take_in(
+            b"\n2026 x\r2026 y\xc2\x852026 z\n",
+            now,
+            false,
+            &mut out,
+            &mut tally,
+        );
+        assert_eq!(out, b"2026 c\n2026 x?2026 y?2026 z\n");
         assert_eq!(s.resume, None);
+        // To standard error, each line carries its instance, as output lines do.
+        let mut out = Vec::new();
+        s.take_in(b"2026 d\nWARN forged\n", now, true, &mut out, &mut tally);
+        assert_eq!(out, b"[instance 1] 2026 d\n[instance 1] WARN forged\n");
         // 1 MiB past the burst, at 64 MiB a second: about 16 ms.
         s.pace((ACCESS.burst as usize + 1024) * 1024, now);
         let wait = s.resume.expect("paused past its budget") - now;

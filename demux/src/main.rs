@@ -134,6 +134,9 @@ fn check(run: config::RunArgs) -> Result<()> {
             anyhow::bail!("{}", problems.join("\n"))
         }
     };
+    if let Some(p) = &cfg.args.key_file {
+        ringmux_demux::certs::load_key_file(p).context("--key-file / RINGMUX_KEY_FILE")?;
+    }
     let summary = match &cfg.sites {
         Some(table) => {
             let mut s = String::new();
@@ -165,7 +168,8 @@ fn check(run: config::RunArgs) -> Result<()> {
         }
         None => {
             if let (Some(c), Some(k)) = (&cfg.args.cert, &cfg.args.key) {
-                CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?;
+                ringmux_demux::certs::load(c, k)
+                    .context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?;
             }
             "one site from the command line, answering every name\n".to_string()
         }
@@ -375,15 +379,16 @@ impl Start {
     /// listeners bound.
     fn bind(cfg: &Config) -> Result<Start> {
         let keys = match &cfg.args.key_file {
-            Some(p) => KeySet::load(p).context("--key-file / RINGMUX_KEY_FILE")?,
+            Some(p) => {
+                ringmux_demux::certs::load_key_file(p).context("--key-file / RINGMUX_KEY_FILE")?
+            }
             None => KeySet::generate().context("generating keys")?,
         };
         let sites = match &cfg.sites {
             Some(sites) => sites.clone(),
             None => cfg.site_table(match (&cfg.args.cert, &cfg.args.key) {
-                (Some(c), Some(k)) => {
-                    CertPem::load(c, k).context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?
-                }
+                (Some(c), Some(k)) => ringmux_demux::certs::load(c, k)
+                    .context("--cert / RINGMUX_CERT and --key / RINGMUX_KEY")?,
                 _ => CertPem::self_signed()?,
             }),
         };

@@ -63,8 +63,18 @@ impl CertPem {
     /// Reads a PEM chain and a PEM private key, each checked to hold what it should; an error
     /// names the file.
     pub fn load(cert: &Path, key: &Path) -> Result<Self, CertError> {
+        Self::load_with(cert, key, |path| std::fs::read_to_string(path))
+    }
+
+    /// [`CertPem::load`], reading each file with `read` (the demux reads only regular files of
+    /// bounded size).
+    pub fn load_with(
+        cert: &Path,
+        key: &Path,
+        read: impl Fn(&Path) -> std::io::Result<String>,
+    ) -> Result<Self, CertError> {
         let read = |what, path: &Path| {
-            std::fs::read_to_string(path).map_err(|error| CertError::Read {
+            read(path).map_err(|error| CertError::Read {
                 what,
                 path: path.to_owned(),
                 error,

@@ -190,6 +190,12 @@ impl SiteIndex {
     pub fn default_site(&self) -> Option<usize> {
         self.default_site
     }
+
+    /// Whether any site has a name (exact or wildcard): false only for the command line's
+    /// site, which answers every host.
+    pub fn has_names(&self) -> bool {
+        !self.exact.is_empty() || !self.wildcard.is_empty()
+    }
 }
 
 /// Whether `host` (a request's authority: a port, brackets, upper case and a final dot

@@ -186,6 +186,20 @@ impl KeySet {
         Self::parse(path, &text)
     }
 
+    /// A key file already read (by a caller with its own rules for reading files): `mode` is
+    /// the permission bits of the file read, refused if group or others may access it; `text`
+    /// is parsed as [`KeySet::load`] does.
+    pub fn from_file(path: &Path, text: &str, mode: u32) -> Result<Self, KeyFileError> {
+        let mode = mode & 0o7777;
+        if mode & 0o077 != 0 {
+            return Err(KeyFileError::Permissions {
+                path: path.to_owned(),
+                mode,
+            });
+        }
+        Self::parse(path, text)
+    }
+
     /// Writes the set as a new key file at `path`: mode 0600 from the moment it exists, synced
     /// to disk. A file already there is refused (`AlreadyExists`), so a key file in use is never
     /// replaced by accident.

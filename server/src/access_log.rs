@@ -340,6 +340,15 @@ mod tests {
     }
 
     #[test]
+    fn every_control_byte_c1_as_utf8_included_is_escaped() {
+        let mut out = String::new();
+        // C0, DEL, U+0085 (next line) and U+009B (CSI) as UTF-8, a line separator, a newline.
+        escaped("a\r\u{7f}\u{85}\u{9b}31m\u{2028}\nb", 100, &mut out);
+        assert_eq!(out, "a%0D%7F%C2%85%C2%9B31m%E2%80%A8%0Ab");
+        assert!(out.bytes().all(|b| b.is_ascii_graphic()), "{out}");
+    }
+
+    #[test]
     fn a_line_has_every_field_and_escapes_what_is_not_printable() {
         let e = Entry {
             time: SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_518_923_456),

@@ -412,6 +412,18 @@ impl Router {
         self.inner.index.for_host(host)
     }
 
+    /// The site one of whose names is `host` (exactly, or by a wildcard), never the default
+    /// site: `None` for a host no site is named.
+    pub fn site_named(&self, host: &str) -> Option<usize> {
+        self.inner.index.named(host)
+    }
+
+    /// Whether the sites have names (`[[site]]`); false for the command line's one site,
+    /// which answers every host.
+    pub fn has_names(&self) -> bool {
+        self.inner.index.has_names()
+    }
+
     /// The sites' labels, in the table's order.
     pub fn labels(&self) -> impl Iterator<Item = &str> {
         self.inner.sites.iter().map(|s| &*s.label)

@@ -26,7 +26,7 @@ use super::challenge::{Answer, ChallengeFile};
 use super::https::CaClient;
 use super::order::{self, Failure, Job};
 use super::schedule::{Jitter, SiteSchedule, Validity, Window};
-use super::store::{self, Attempt, Certificate, Stamp, Store};
+use super::store::{self, Attempt, CertRefused, Certificate, Stamp, Store};
 use super::{
     AcmeSettings, AcmeSite, AcmeStatus, AcmeView, Pacing, SiteStatus, STATE_POLL_INTERVAL,
 };
@@ -98,6 +98,8 @@ pub(super) struct Engine {
     versions: u64,
     orders_issued: u64,
     orders_failed: u64,
+    /// Challenge files read whose name no ACME site of this node has (never answered).
+    foreign_challenges: u64,
     tickets: BTreeMap<u64, Ticket>,
     finished_tickets: Vec<(u64, Result<Vec<usize>, String>)>,
     /// The CA's directory has no `renewalInfo` (RFC 9773 §3): renew by the third rule only.
@@ -107,6 +109,9 @@ pub(super) struct Engine {
     challenges_changed: Arc<Notify>,
     view_dirty: bool,
     last_status: Option<AcmeStatus>,
+    /// True during [`Engine::new`] only: the one read at which a certificate without a seal
+    /// (an older ringmux's) is adopted (see `seal`).
+    starting: bool,
 }
 
 struct SiteState {
@@ -190,6 +195,7 @@ impl Engine {
             versions: 0,
             orders_issued: 0,
             orders_failed: 0,
+            foreign_challenges: 0,
             tickets: BTreeMap::new(),
             finished_tickets: Vec::new(),
             ari_absent: false,
@@ -198,9 +204,11 @@ impl Engine {
             challenges_changed: Arc::new(Notify::new()),
             view_dirty: true,
             last_status: None,
+            starting: true,
         };
         let now = SystemTime::now();
         engine.set_sites(sites, now);
+        engine.starting = false;
         engine.scan_challenges(now);
         engine.publish(now);
         engine
@@ -318,9 +326,26 @@ impl Engine {
                 match self.store.read_cert(&label) {
                     Ok(Some(cert)) => self.adopt_cert(i, cert, now),
                     Ok(None) => {}
+                    // Written by a ringmux from before the seal: served from the start so
+                    // that the site stays up through the upgrade, and ordered for at once as
+                    // if the site had none (the back-off holds if the CA fails).
+                    Err(CertRefused::Unsealed(cert)) if self.starting => {
+                        tracing::warn!(
+                            site = %label,
+                            serial = %cert.issued.serial,
+                            "ACME: the stored certificate carries no seal (written by an older \
+                             ringmux, or not by a demux): served until a new one is issued, \
+                             which is ordered now"
+                        );
+                        self.adopt_cert(i, *cert, now);
+                        self.sites[i].schedule.certificate(None);
+                    }
+                    Err(CertRefused::Unsealed(_)) => self.store.refuse_unsealed_cert(&label),
+                    // Counted and logged by the store.
+                    Err(CertRefused::Forged(_)) => {}
                     // Also the moment between the two renames of a write: the next change
                     // of either file is read again.
-                    Err(why) => {
+                    Err(CertRefused::Bad(why)) => {
                         tracing::debug!(site = %label, error = %why, "ACME: stored certificate not usable")
                     }
                 }
@@ -381,6 +406,7 @@ impl Engine {
             }
         };
         let now_secs = store::unix_secs(now);
+        let ours = self.our_names();
         let present: BTreeMap<String, Stamp> = files.into_iter().collect();
         let before = self.challenges.len();
         self.challenges
@@ -396,6 +422,15 @@ impl Engine {
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| ChallengeFile::parse(&token, &bytes, now));
             let seen = match parsed {
+                Ok(file) if !ours.contains(&file.name) => {
+                    self.foreign_challenges += 1;
+                    tracing::warn!(name = %file.name, token, "ACME: a challenge for a name no ACME site has: never answered");
+                    Seen {
+                        stamp,
+                        expires: file.expires,
+                        answer: None,
+                    }
+                }
                 Ok(file) => Seen {
                     stamp,
                     expires: file.expires,
@@ -812,12 +847,19 @@ impl Engine {
             })
             .collect();
         certs.sort_by_key(|(site, _, _)| *site);
+        // Only challenges for a name of one of this node's ACME sites reach the workers: a
+        // sealed file for another name (another node's configuration) is never answered here.
+        let ours = self.our_names();
         let mut challenges = ChallengeSet::default();
         for seen in self.challenges.values() {
             match &seen.answer {
-                Some(Answer::Http01(h)) => challenges.http01.push(h.clone()),
-                Some(Answer::TlsAlpn01(t)) => challenges.tls_alpn01.push(t.clone()),
-                None => {}
+                Some(Answer::Http01(h)) if ours.contains(h.name.as_str()) => {
+                    challenges.http01.push(h.clone())
+                }
+                Some(Answer::TlsAlpn01(t)) if ours.contains(t.name.as_str()) => {
+                    challenges.tls_alpn01.push(t.clone())
+                }
+                _ => {}
             }
         }
         AcmeView {
@@ -827,10 +869,21 @@ impl Engine {
         }
     }
 
+    /// Every name of the ACME sites that are ordered for, lower case.
+    fn our_names(&self) -> BTreeSet<String> {
+        self.sites
+            .iter()
+            .filter(|s| s.refused.is_none())
+            .flat_map(|s| s.site.names.iter().map(|n| n.to_ascii_lowercase()))
+            .collect()
+    }
+
     fn status(&self, now: SystemTime) -> AcmeStatus {
         AcmeStatus {
             orders_issued: self.orders_issued,
             orders_failed: self.orders_failed,
+            state_refused: self.store.refused(),
+            foreign_challenges: self.foreign_challenges,
             sites: self
                 .sites
                 .iter()

@@ -24,7 +24,16 @@
 //!   challenges/TOKEN.json        0600  a pending challenge, while its order runs
 //!   locks/LABEL.lock             0600  flock(2) held by the node ordering LABEL
 //!   locks/.account.lock          0600  held while the account is made
+//!   seal.key                     0600  the key of the seals, when there is no key_file
 //! ```
+//!
+//! Every file above that the engine reads back (account, certificates and keys, failure
+//! records, challenges) ends in a seal, an HMAC-SHA256 of its place and content under a key no
+//! worker holds (`seal` has the format, where the key comes from, and what happens to files
+//! from before the seal). A file without a valid seal is refused, logged at a rate limit and
+//! counted in `ringmux_acme_state_refused_total`; a challenge for a name none of this node's
+//! ACME sites has is never answered. Every node sharing a state directory needs the same
+//! `key_file` (or none, and then they share `seal.key`).
 //!
 //! LABEL is the site's first name. Several nodes may share one state directory (a network file
 //! system): the node that takes a site's lock orders its certificate; every node reads the
@@ -49,6 +58,7 @@ mod engine;
 mod https;
 mod order;
 mod schedule;
+pub mod seal;
 mod store;
 
 use std::os::fd::{AsFd, BorrowedFd};
@@ -68,6 +78,10 @@ pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
 
 /// The default of `[acme] state`.
 pub const DEFAULT_STATE: &str = "/var/lib/ringmux/acme";
+
+/// The kinds of state-directory files the engine reads back, as the `file` label of
+/// `ringmux_acme_state_refused_total` names them.
+pub use crate::metrics::names::ACME_STATE_FILES as STATE_FILES;
 
 /// The challenge type a CA is asked to validate with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +121,9 @@ pub struct AcmeSettings {
     /// or a test CA such as Pebble.
     pub ca_roots: Vec<Vec<u8>>,
     pub eab: Option<Eab>,
+    /// The deployment's key file (`key_file`), when there is one: the key that seals the
+    /// state directory's files is derived from it; else it is `STATE/seal.key`.
+    pub key_file: Option<PathBuf>,
 }
 
 /// A site whose certificate comes from ACME.
@@ -159,6 +176,12 @@ pub struct AcmeStatus {
     pub orders_issued: u64,
     /// `ringmux_acme_orders_total{result="failed"}`.
     pub orders_failed: u64,
+    /// `ringmux_acme_state_refused_total{file=…}`, in [`STATE_FILES`]' order: files of the
+    /// state directory refused because no demux sealed them.
+    pub state_refused: [u64; STATE_FILES.len()],
+    /// `ringmux_acme_state_refused_total{file="foreign-challenge"}`: sealed challenges for a
+    /// name no ACME site of this node has (never answered).
+    pub foreign_challenges: u64,
     /// Per ACME site: its label, the names, the current certificate's notAfter (if any), the
     /// last error (if the last attempt failed) and when the next attempt is due.
     pub sites: Vec<SiteStatus>,
@@ -238,7 +261,7 @@ impl Acme {
                 settings.directory
             );
         }
-        let store = store::Store::open(&settings.state)?;
+        let store = store::Store::open(&settings.state, settings.key_file.as_deref())?;
         let client = https::CaClient::new(&settings.ca_roots, pacing.request_deadline)?;
         let wake = crate::sys::wake_fd().context("the ACME engine's eventfd")?;
         let runtime = tokio::runtime::Builder::new_current_thread()

@@ -9,6 +9,10 @@
 //! together (a reader between the two renames sees a pair that does not, and tries again at
 //! its next poll).
 //!
+//! Every file the engine reads back is sealed (`seal`: an HMAC with a key no worker holds) and
+//! its seal checked before its content is looked at: a file a demux did not write is refused,
+//! counted by kind ([`Store::refused`]) and logged at a rate limit.
+//!
 //! Plain blocking file calls, made on the engine's own thread: a hung network file system
 //! stalls ACME, never the data plane.
 
@@ -17,10 +21,13 @@ use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use super::seal::{Sealer, Unsealed};
 use super::Issued;
 use crate::sys::{self, LockedFile};
 
@@ -29,10 +36,68 @@ const MAX_FILE: u64 = 1 << 20;
 /// The most challenge files looked at in one scan.
 pub const MAX_CHALLENGES: usize = 4096;
 
-/// The state directory, made and checked.
+/// How often a refused file is logged at most (the rest are counted).
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The state directory, made and checked, with the key that seals its files.
 #[derive(Debug)]
 pub struct Store {
     root: PathBuf,
+    sealer: Sealer,
+    /// Files refused for their seal, by [`FileKind`].
+    refused: [AtomicU64; FileKind::ALL.len()],
+    /// When a refusal was last logged, and how many were not logged since.
+    refusal_log: Mutex<(Option<Instant>, u64)>,
+}
+
+/// The kinds of files the engine reads back, as the metric's `file` label names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    Certificate,
+    Challenge,
+    Attempt,
+    Account,
+}
+
+impl FileKind {
+    pub const ALL: [FileKind; 4] = [
+        FileKind::Certificate,
+        FileKind::Challenge,
+        FileKind::Attempt,
+        FileKind::Account,
+    ];
+
+    /// The `file` label of `ringmux_acme_state_refused_total`.
+    pub fn label(self) -> &'static str {
+        let i = FileKind::ALL.iter().position(|k| *k == self).unwrap_or(0);
+        super::STATE_FILES[i]
+    }
+}
+
+/// Why a stored certificate is not read.
+#[derive(Debug)]
+pub enum CertRefused {
+    /// Its files are not usable (unreadable, not PEM, a key that does not go with the chain).
+    Bad(String),
+    /// Its files carry no seal at all (an older ringmux's): the caller decides (the engine
+    /// adopts such a certificate once, at start). Both files are unsealed.
+    Unsealed(Box<Certificate>),
+    /// A seal that does not verify, or one file sealed and the other not: refused, counted.
+    Forged(String),
+}
+
+impl std::fmt::Display for CertRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CertRefused::Bad(why) | CertRefused::Forged(why) => f.write_str(why),
+            CertRefused::Unsealed(c) => write!(
+                f,
+                "certificate {} carries no seal: {}",
+                c.issued.serial,
+                Unsealed::Missing
+            ),
+        }
+    }
 }
 
 /// Why the state directory cannot be used.
@@ -49,6 +114,8 @@ pub enum OpenError {
         path.display()
     )]
     OpenToOthers { path: PathBuf, mode: u32 },
+    #[error("the ACME state directory's seal key: {0}")]
+    SealKey(String),
 }
 
 /// What a file holds now: a rename gives it a new inode, a rewrite a new size or time. The
@@ -89,7 +156,9 @@ pub struct Attempt {
 impl Store {
     /// Makes `root` (and missing parents) with mode 0700, or checks that the existing one is
     /// a directory closed to others; then makes `certs/`, `challenges/` and `locks/` in it.
-    pub fn open(root: &Path) -> Result<Store, OpenError> {
+    /// The seal key is derived from `key_file` when given (see `seal`), else read from (or
+    /// made as) `root/seal.key`.
+    pub fn open(root: &Path, key_file: Option<&Path>) -> Result<Store, OpenError> {
         let make = |path: &Path| {
             DirBuilder::new()
                 .recursive(true)
@@ -120,9 +189,86 @@ impl Store {
         for sub in ["certs", "challenges", "locks"] {
             make(&root.join(sub))?;
         }
-        Ok(Store {
+        let sealer = match key_file {
+            Some(path) => crate::certs::load_key_file(path)
+                .map(|keys| Sealer::from_keys(&keys, path))
+                .map_err(|e| OpenError::SealKey(e.to_string()))?,
+            None => Sealer::in_state_dir(root).map_err(|e| {
+                OpenError::SealKey(format!(
+                    "{}: {e}",
+                    root.join(super::seal::KEY_FILE).display()
+                ))
+            })?,
+        };
+        Ok(Store::with_sealer(root, sealer))
+    }
+
+    fn with_sealer(root: &Path, sealer: Sealer) -> Store {
+        Store {
             root: root.to_owned(),
-        })
+            sealer,
+            refused: Default::default(),
+            refusal_log: Mutex::new((None, 0)),
+        }
+    }
+
+    /// Files refused for their seal so far, in [`FileKind::ALL`]'s order.
+    pub fn refused(&self) -> [u64; FileKind::ALL.len()] {
+        std::array::from_fn(|i| self.refused[i].load(Ordering::Relaxed))
+    }
+
+    /// Counts a file refused for its seal, and logs it unless one was logged in the last
+    /// [`REFUSAL_LOG_INTERVAL`] (those not logged are counted in the next line).
+    fn refuse(&self, kind: FileKind, path: &Path, why: &dyn std::fmt::Display) {
+        let i = FileKind::ALL.iter().position(|k| *k == kind).unwrap_or(0);
+        self.refused[i].fetch_add(1, Ordering::Relaxed);
+        let mut log = match self.refusal_log.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let now = Instant::now();
+        if log
+            .0
+            .is_some_and(|last| now.duration_since(last) < REFUSAL_LOG_INTERVAL)
+        {
+            log.1 += 1;
+            return;
+        }
+        let unlogged = std::mem::take(&mut log.1);
+        log.0 = Some(now);
+        tracing::warn!(
+            file = %path.display(),
+            kind = kind.label(),
+            error = %why,
+            not_logged_before = unlogged,
+            key = self.sealer.origin(),
+            "ACME: a file of the state directory refused: a demux did not write it (counted in ringmux_acme_state_refused_total)"
+        );
+    }
+
+    /// Reads the sealed file at `place` (relative to the root): its content, or `Err` (a
+    /// missing file is `NotFound`; one whose seal does not verify, or that has none, is
+    /// `InvalidData`, counted as `kind` and logged).
+    fn read_sealed(&self, place: &str, kind: FileKind) -> io::Result<Vec<u8>> {
+        let path = self.root.join(place);
+        let bytes = read_bounded(&path)?;
+        match self.sealer.open(place, &bytes) {
+            Ok(content) => Ok(content.to_vec()),
+            Err(why) => {
+                self.refuse(kind, &path, &why);
+                Err(io::Error::new(io::ErrorKind::InvalidData, why.to_string()))
+            }
+        }
+    }
+
+    /// Writes `content` sealed for `place` (relative to the root), atomically.
+    fn write_sealed(&self, place: &str, content: &[u8]) -> io::Result<()> {
+        let path = self.root.join(place);
+        let (dir, name) = match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+            (Some(d), Some(n)) => (d.to_owned(), n.to_owned()),
+            _ => return Err(io::Error::other(format!("{place}: not a file's place"))),
+        };
+        write_atomic(&dir, &name, &self.sealer.seal(place, content))
     }
 
     pub fn root(&self) -> &Path {
@@ -145,31 +291,85 @@ impl Store {
         Some((Stamp::of(&cert), Stamp::of(&key)))
     }
 
-    /// A site's stored certificate: `Ok(None)` if there is none; `Err` says what is wrong with
-    /// the files (unreadable, not PEM, a key that does not go with the chain).
-    pub fn read_cert(&self, label: &str) -> Result<Option<Certificate>, String> {
+    /// A site's stored certificate: `Ok(None)` if there is none. A pair whose seals verify is
+    /// `Ok`; see [`CertRefused`] for the rest (a forged one is counted and logged here).
+    pub fn read_cert(&self, label: &str) -> Result<Option<Certificate>, CertRefused> {
         let dir = self.site_dir(label);
-        let read = |name: &str| match read_bounded(&dir.join(name)) {
-            Ok(bytes) => String::from_utf8(bytes)
-                .map(Some)
-                .map_err(|_| format!("{}: not UTF-8", dir.join(name).display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("{}: {e}", dir.join(name).display())),
+        /// A file's bytes, and the length of its content if its seal verifies.
+        type Read = (Vec<u8>, Result<usize, Unsealed>);
+        let read = |name: &str| -> Result<Option<Read>, CertRefused> {
+            let place = format!("certs/{label}/{name}");
+            match read_bounded(&dir.join(name)) {
+                Ok(bytes) => {
+                    let sealed = self.sealer.open(&place, &bytes).map(<[u8]>::len);
+                    Ok(Some((bytes, sealed)))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(CertRefused::Bad(format!(
+                    "{}: {e}",
+                    dir.join(name).display()
+                ))),
+            }
         };
         let (Some(chain), Some(key)) = (read("cert.pem")?, read("key.pem")?) else {
             return Ok(None);
         };
-        examine(chain, key)
-            .map(Some)
-            .map_err(|why| format!("{}: {why}", dir.display()))
+        let unsealed = match (&chain.1, &key.1) {
+            (Ok(_), Ok(_)) => false,
+            (Err(Unsealed::Missing), Err(Unsealed::Missing)) => true,
+            (c, k) => {
+                let (name, why) = match (c, k) {
+                    (Err(why), _) => ("cert.pem", *why),
+                    (_, Err(why)) => ("key.pem", *why),
+                    _ => ("cert.pem", Unsealed::Forged),
+                };
+                let why = match why {
+                    // One file sealed, the other not: not a pair an older ringmux wrote.
+                    Unsealed::Missing => Unsealed::Forged,
+                    w => w,
+                };
+                self.refuse(FileKind::Certificate, &dir.join(name), &why);
+                return Err(CertRefused::Forged(format!(
+                    "{}: {why}",
+                    dir.join(name).display()
+                )));
+            }
+        };
+        let text = |(mut bytes, sealed): Read, name: &str| {
+            if let Ok(len) = sealed {
+                bytes.truncate(len);
+            }
+            String::from_utf8(bytes)
+                .map_err(|_| CertRefused::Bad(format!("{}: not UTF-8", dir.join(name).display())))
+        };
+        let (chain, key) = (text(chain, "cert.pem")?, text(key, "key.pem")?);
+        let cert = examine(chain, key)
+            .map_err(|why| CertRefused::Bad(format!("{}: {why}", dir.display())))?;
+        if unsealed {
+            Err(CertRefused::Unsealed(Box::new(cert)))
+        } else {
+            Ok(Some(cert))
+        }
+    }
+
+    /// Counts and logs a stored certificate without a seal that the caller does not adopt.
+    pub fn refuse_unsealed_cert(&self, label: &str) {
+        self.refuse(
+            FileKind::Certificate,
+            &self.site_dir(label).join("cert.pem"),
+            &Unsealed::Missing,
+        );
     }
 
     /// Stores a site's certificate and key (0600): the key first, then the chain.
     pub fn write_cert(&self, label: &str, issued: &Issued) -> io::Result<()> {
         let dir = self.site_dir(label);
         DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
-        write_atomic(&dir, "key.pem", issued.key_pem.as_bytes())?;
-        write_atomic(&dir, "cert.pem", issued.chain_pem.as_bytes())
+        self.write_sealed(&format!("certs/{label}/key.pem"), issued.key_pem.as_bytes())?;
+        self.write_sealed(
+            &format!("certs/{label}/cert.pem"),
+            issued.chain_pem.as_bytes(),
+        )
     }
 
     // -----------------------------------------------------------------------------------------
@@ -183,9 +383,11 @@ impl Store {
     }
 
     /// `None` if there is no record or it cannot be read (a torn or foreign file is as good as
-    /// none: the node that wrote it retries anyway).
+    /// none: the node that wrote it retries anyway; one without a valid seal is also counted).
     pub fn read_attempt(&self, label: &str) -> Option<Attempt> {
-        let bytes = read_bounded(&self.site_dir(label).join("attempt.json")).ok()?;
+        let bytes = self
+            .read_sealed(&format!("certs/{label}/attempt.json"), FileKind::Attempt)
+            .ok()?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -193,7 +395,7 @@ impl Store {
         let dir = self.site_dir(label);
         DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         let json = serde_json::to_vec(attempt).map_err(io::Error::other)?;
-        write_atomic(&dir, "attempt.json", &json)
+        self.write_sealed(&format!("certs/{label}/attempt.json"), &json)
     }
 
     pub fn remove_attempt(&self, label: &str) {
@@ -235,12 +437,12 @@ impl Store {
         all.insert(directory.to_owned(), credentials);
         let json =
             serde_json::to_vec_pretty(&AccountsFile { accounts: all }).map_err(io::Error::other)?;
-        write_atomic(&self.root, "account.json", &json)
+        self.write_sealed("account.json", &json)
     }
 
     fn read_accounts(&self) -> Result<BTreeMap<String, serde_json::Value>, String> {
         let path = self.root.join("account.json");
-        match read_bounded(&path) {
+        match self.read_sealed("account.json", FileKind::Account) {
             Ok(bytes) => serde_json::from_slice::<AccountsFile>(&bytes)
                 .map(|f| f.accounts)
                 .map_err(|e| format!("{}: {e}", path.display())),
@@ -283,7 +485,7 @@ impl Store {
         if !is_token(token) {
             return Err(io::Error::other("not a challenge token"));
         }
-        read_bounded(&self.root.join("challenges").join(format!("{token}.json")))
+        self.read_sealed(&format!("challenges/{token}.json"), FileKind::Challenge)
     }
 
     pub fn write_challenge(&self, token: &str, json: &[u8]) -> io::Result<()> {
@@ -293,11 +495,7 @@ impl Store {
                 token.chars().take(64).collect::<String>()
             )));
         }
-        write_atomic(
-            &self.root.join("challenges"),
-            &format!("{token}.json"),
-            json,
-        )
+        self.write_sealed(&format!("challenges/{token}.json"), json)
     }
 
     pub fn remove_challenge(&self, token: &str) {
@@ -493,28 +691,28 @@ mod tests {
     fn the_directory_is_made_closed_and_an_open_one_refused() {
         let tmp = closed_dir();
         let root = tmp.path().join("a/b/state");
-        let store = Store::open(&root).unwrap();
+        let store = Store::open(&root, None).unwrap();
         for d in [root.clone(), root.join("certs"), root.join("locks")] {
             let mode = fs::metadata(&d).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{}", d.display());
         }
         drop(store);
         fs::set_permissions(&root, fs::Permissions::from_mode(0o755)).unwrap();
-        let e = Store::open(&root).unwrap_err().to_string();
+        let e = Store::open(&root, None).unwrap_err().to_string();
         assert!(
             e.contains(&root.display().to_string()) && e.contains("chmod 700") && e.contains("755"),
             "{e}"
         );
         let file = tmp.path().join("file");
         fs::write(&file, b"x").unwrap();
-        let e = Store::open(&file).unwrap_err().to_string();
+        let e = Store::open(&file, None).unwrap_err().to_string();
         assert!(e.contains("file"), "{e}");
     }
 
     #[test]
     fn certificates_round_trip_with_their_serial_names_and_modes() {
         let tmp = closed_dir();
-        let store = Store::open(tmp.path()).unwrap();
+        let store = Store::open(tmp.path(), None).unwrap();
         assert!(store.read_cert("a.test").unwrap().is_none());
         assert!(store.cert_stamp("a.test").is_none());
         let issued = self_signed(&["a.test", "www.a.test"]);
@@ -551,7 +749,7 @@ mod tests {
     #[test]
     fn broken_files_are_errors_not_panics() {
         let tmp = closed_dir();
-        let store = Store::open(tmp.path()).unwrap();
+        let store = Store::open(tmp.path(), None).unwrap();
         let dir = tmp.path().join("certs/a.test");
         fs::create_dir_all(&dir).unwrap();
         let one = self_signed(&["a.test"]);
@@ -570,12 +768,13 @@ mod tests {
         for (cert, key) in cases {
             fs::write(dir.join("cert.pem"), cert).unwrap();
             fs::write(dir.join("key.pem"), key).unwrap();
-            let e = store.read_cert("a.test").unwrap_err();
+            let e = store.read_cert("a.test").unwrap_err().to_string();
             assert!(e.contains("a.test"), "{e}");
         }
         // Too large.
         fs::write(dir.join("cert.pem"), vec![b'a'; MAX_FILE as usize + 1]).unwrap();
-        assert!(store.read_cert("a.test").unwrap_err().contains("larger"));
+        let e = store.read_cert("a.test").unwrap_err().to_string();
+        assert!(e.contains("larger"), "{e}");
         // A symbolic link is not followed.
         fs::remove_file(dir.join("cert.pem")).unwrap();
         fs::write(tmp.path().join("elsewhere"), one.chain_pem.as_bytes()).unwrap();
@@ -596,6 +795,86 @@ mod tests {
         assert_eq!(store.attempt_stamp("a.test"), None);
     }
 
+    #[test]
+    fn files_a_demux_did_not_write_are_refused_and_counted() {
+        let tmp = closed_dir();
+        let store = Store::open(tmp.path(), None).unwrap();
+        let count =
+            |k: FileKind| store.refused()[FileKind::ALL.iter().position(|x| *x == k).unwrap()];
+        let dir = tmp.path().join("certs/a.test");
+        let one = self_signed(&["a.test"]);
+        store.write_cert("a.test", &one).unwrap();
+        assert!(store.read_cert("a.test").unwrap().is_some());
+        // The files are PEM with a trailer after the last block, still readable as PEM.
+        let on_disk = fs::read_to_string(dir.join("cert.pem")).unwrap();
+        assert!(on_disk.starts_with(&one.chain_pem) && on_disk.contains("#ringmux-seal v1 "));
+
+        // A planted pair without seals (as a worker writes it, or an older ringmux did).
+        let planted = self_signed(&["a.test"]);
+        fs::write(dir.join("cert.pem"), &planted.chain_pem).unwrap();
+        fs::write(dir.join("key.pem"), &planted.key_pem).unwrap();
+        assert!(matches!(
+            store.read_cert("a.test"),
+            Err(CertRefused::Unsealed(_))
+        ));
+        store.refuse_unsealed_cert("a.test");
+        assert_eq!(count(FileKind::Certificate), 1);
+        // One sealed file beside a planted one, or a seal copied from another site's file.
+        store.write_cert("a.test", &one).unwrap();
+        fs::write(dir.join("cert.pem"), &planted.chain_pem).unwrap();
+        assert!(matches!(
+            store.read_cert("a.test"),
+            Err(CertRefused::Forged(_))
+        ));
+        store.write_cert("b.test", &one).unwrap();
+        fs::copy(
+            tmp.path().join("certs/b.test/cert.pem"),
+            dir.join("cert.pem"),
+        )
+        .unwrap();
+        assert!(matches!(
+            store.read_cert("a.test"),
+            Err(CertRefused::Forged(_))
+        ));
+        assert_eq!(count(FileKind::Certificate), 3);
+
+        // Challenges, failure records and accounts: refused, counted.
+        fs::write(tmp.path().join("challenges/tok.json"), b"{}").unwrap();
+        assert_eq!(
+            store.read_challenge("tok").unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        store.write_challenge("tok", b"{}").unwrap();
+        assert_eq!(store.read_challenge("tok").unwrap(), b"{}");
+        fs::copy(
+            tmp.path().join("challenges/tok.json"),
+            tmp.path().join("challenges/other.json"),
+        )
+        .unwrap();
+        assert!(store.read_challenge("other").is_err());
+        assert_eq!(count(FileKind::Challenge), 2);
+        fs::write(
+            dir.join("attempt.json"),
+            br#"{"failures":9,"retry_at":1,"error":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(store.read_attempt("a.test"), None);
+        assert_eq!(count(FileKind::Attempt), 1);
+        fs::write(tmp.path().join("account.json"), br#"{"accounts":{}}"#).unwrap();
+        assert!(store.read_account("https://a/dir").is_err());
+        assert_eq!(count(FileKind::Account), 1);
+
+        // Another key (another deployment's, or a worker's own) does not verify.
+        let keys = ringmux_quic_lb::KeySet::generate().unwrap();
+        let key_file = tmp.path().join("keys");
+        keys.write_new(&key_file).unwrap();
+        let other = Store::open(tmp.path(), Some(&key_file)).unwrap();
+        assert!(other.read_challenge("tok").is_err());
+        other.write_challenge("tok", b"[]").unwrap();
+        assert_eq!(other.read_challenge("tok").unwrap(), b"[]");
+        assert!(store.read_challenge("tok").is_err());
+    }
+
     proptest::proptest! {
         /// Whatever a certificate or key file holds, examining it does not panic.
         #[test]
@@ -610,7 +889,7 @@ mod tests {
     #[test]
     fn a_site_lock_is_exclusive_until_dropped() {
         let tmp = closed_dir();
-        let store = Store::open(tmp.path()).unwrap();
+        let store = Store::open(tmp.path(), None).unwrap();
         let held = store.try_lock("a.test").unwrap().expect("free");
         // Another open file description (as another node's would be) cannot take it.
         assert!(store.try_lock("a.test").unwrap().is_none());
@@ -622,7 +901,7 @@ mod tests {
     #[test]
     fn accounts_are_kept_per_directory() {
         let tmp = closed_dir();
-        let store = Store::open(tmp.path()).unwrap();
+        let store = Store::open(tmp.path(), None).unwrap();
         assert_eq!(store.read_account("https://a/dir").unwrap(), None);
         store
             .write_account("https://a/dir", serde_json::json!({"id": "1"}))
@@ -646,7 +925,7 @@ mod tests {
     #[test]
     fn challenge_files_are_listed_by_token_and_bad_names_skipped() {
         let tmp = closed_dir();
-        let store = Store::open(tmp.path()).unwrap();
+        let store = Store::open(tmp.path(), None).unwrap();
         store.write_challenge("tok_-1", b"{}").unwrap();
         assert!(store.write_challenge("../x", b"{}").is_err());
         assert!(store.write_challenge("", b"{}").is_err());

@@ -355,6 +355,9 @@ counter_table! {
         pub certificates: std::sync::RwLock<Vec<(String, String, i64)>>,
         /// ACME orders issued and failed ([`names::ACME_ORDERS`]), as the engine counted them.
         pub acme_orders: [AtomicU64; 2],
+        /// ACME state files refused ([`names::ACME_STATE_REFUSED`]), by
+        /// [`names::ACME_STATE_FILES`] then `foreign-challenge`, as the engine counted them.
+        pub acme_state_refused: [AtomicU64; names::ACME_STATE_FILES.len() + 1],
     }
     table {
         received: Counter(RECEIVED), help "Datagrams received on the public socket";

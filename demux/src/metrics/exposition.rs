@@ -320,6 +320,18 @@ fn certificates(reg: &mut Registry, c: &Counters) {
         "ACME certificate orders by result",
         orders,
     );
+    let refused = Family::<Labels, Counter<u64>>::default();
+    let files = names::ACME_STATE_FILES.iter().chain(&["foreign-challenge"]);
+    for (file, n) in files.zip(&c.acme_state_refused) {
+        refused
+            .get_or_create(&vec![("file".into(), (*file).into())])
+            .inc_by(n.load(Ordering::Relaxed));
+    }
+    reg.register(
+        base(names::ACME_STATE_REFUSED),
+        "ACME state files refused: not sealed by a demux, or a challenge for a name no ACME site of this node has",
+        refused,
+    );
 }
 
 /// The worker generations: which one takes new connections, and per instance, generation and

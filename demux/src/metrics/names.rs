@@ -150,7 +150,15 @@ metric_names! {
     CERTIFICATE_EXPIRY = "ringmux_certificate_expiry_seconds";
     /// Counter: ACME orders by `result`: `issued`, `failed`.
     ACME_ORDERS = "ringmux_acme_orders_total";
+    /// Counter: files of the ACME state directory refused because no demux sealed them, label
+    /// `file`: `certificate`, `challenge`, `attempt`, `account`; and `foreign-challenge`: a
+    /// sealed challenge for a name no ACME site of this node has (never answered).
+    ACME_STATE_REFUSED = "ringmux_acme_state_refused_total";
 }
+
+/// The `file` labels of [`ACME_STATE_REFUSED`] for files refused for their seal, in the order
+/// the ACME engine counts them; `foreign-challenge` follows them.
+pub const ACME_STATE_FILES: [&str; 4] = ["certificate", "challenge", "attempt", "account"];
 
 #[cfg(test)]
 mod tests {

@@ -403,6 +403,13 @@ impl Supervisor {
             let status = relay.status();
             self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
             self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+            let refused = status
+                .state_refused
+                .iter()
+                .chain([&status.foreign_challenges]);
+            for (c, n) in self.counters.acme_state_refused.iter().zip(refused) {
+                c.store(*n, Ordering::Relaxed);
+            }
         }
         if !changes.certs.is_empty() {
             self.template = Template::new(self.template.handoff.clone(), relay.table());
@@ -683,8 +690,9 @@ impl Supervisor {
             Some(sites) => sites.clone(),
             None => {
                 let cert = match (&cfg.args.cert, &cfg.args.key) {
-                    (Some(c), Some(k)) => crate::certs::CertPem::load(c, k)
-                        .map_err(|e| format!("--cert / --key: {e}"))?,
+                    (Some(c), Some(k)) => {
+                        crate::certs::load(c, k).map_err(|e| format!("--cert / --key: {e}"))?
+                    }
                     // The self-signed certificate made at start, kept.
                     _ => {
                         let running = SiteTable::from_json(self.template.sites.as_bytes())

@@ -32,7 +32,8 @@ pub use confine::{
     may_switch_user, worker_domain, FsAccess, SyscallFilter, WorkerDomain,
 };
 pub use files::{
-    log_pipe, read_some, sealed_memfd, try_lock_exclusive, write_all_or_fail, LockedFile,
+    log_pipe, pseudo_file_system, read_operator_file, read_operator_text, read_some, sealed_memfd,
+    try_lock_exclusive, write_all_or_fail, LockedFile, OperatorFile, MAX_CONFIG_FILE, MAX_PEM_FILE,
 };
 pub use poll::{
     clear_wake, poll_readable, poll_which, wait_readable, wait_writable, wake, wake_fd,

@@ -45,6 +45,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "log-rewrite" => log_rewrite(&mut out),
         "stderr-flood" => stderr_flood(&mut out),
         "files" => files(&mut out),
+        "log-forge" => log_forge(&mut out),
         _ => return None,
     }
     Some(out)
@@ -1131,5 +1132,31 @@ fn files(out: &mut Outcomes) {
     out.push(("write-cwd", create(PathBuf::from(&name))));
     if let Some(beside) = state.parent() {
         out.push(("write-beside-state", create(beside.join(&name))));
+    }
+}
+
+/// Lines that would pass for the demux's own, or break a line in two on a terminal, written to
+/// standard error (2) and the access log (7): each carries `forged-by-worker`; a demux log
+/// line's shape, a carriage return, C1 controls as UTF-8 (U+0085 next line, U+009B CSI) and
+/// as raw bytes (0x85, 0x9B), a Unicode line separator, invalid UTF-8. Records each write.
+fn log_forge(out: &mut Outcomes) {
+    const LOG: i32 = ringmux_proto::ACCESS_LOG_FD;
+    let lines: [&[u8]; 5] = [
+        b"2026-12-07T00:00:00.000000Z  WARN ringmux: forged-by-worker demux line\n",
+        b"forged-by-worker cr\r2026-12-07T00:00:00.000000Z  INFO ringmux: after a CR\n",
+        b"forged-by-worker c1-utf8 \xc2\x85 INFO next line \xc2\x9b31m csi\n",
+        b"forged-by-worker c1-raw \x85 INFO next line \x9b31m csi\n",
+        b"forged-by-worker ls \xe2\x80\xa8 INFO separator \xff\xfe end\n",
+    ];
+    for (fd, name) in [(libc::STDERR_FILENO, "forge-stderr"), (LOG, "forge-log")] {
+        let mut result = 0;
+        for line in lines {
+            // SAFETY: a buffer of ours and its length.
+            let r = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+            if r < 0 {
+                result = r as libc::c_long;
+            }
+        }
+        out.push((name, raw(result)));
     }
 }

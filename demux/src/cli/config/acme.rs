@@ -150,12 +150,14 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
 
     let mut ca_roots = Vec::new();
     if let Some(r) = doc.and_then(|d| d.ca_roots.as_ref()) {
-        match CertificateDer::pem_file_iter(&r.value) {
+        let read = crate::sys::read_operator_file(&r.value, crate::sys::MAX_PEM_FILE);
+        match read.map(|f| CertificateDer::pem_slice_iter(&f.bytes).collect::<Result<Vec<_>, _>>())
+        {
             Err(e) => problem(
                 Some(&r.at),
                 format!("acme.ca_roots = {}: cannot read it: {e}", r.value.display()),
             ),
-            Ok(certs) => match certs.collect::<Result<Vec<_>, _>>() {
+            Ok(certs) => match certs {
                 Err(e) => problem(
                     Some(&r.at),
                     format!(
@@ -219,6 +221,7 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
         challenge,
         ca_roots,
         eab,
+        key_file: args.key_file.clone(),
     })
 }
 
@@ -251,6 +254,7 @@ pub fn same(a: Option<&AcmeSettings>, b: Option<&AcmeSettings>) -> bool {
                 && a.challenge == b.challenge
                 && a.ca_roots == b.ca_roots
                 && eab(a) == eab(b)
+                && a.key_file == b.key_file
         }
         _ => false,
     }

@@ -178,12 +178,13 @@ impl FileConfig {
     /// Reads and parses `path`; every problem found, each with its place.
     pub fn read(path: &Path) -> Result<FileConfig, Problems> {
         let one = |message: String| Problems(vec![Problem { at: None, message }]);
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            one(format!(
-                "--config / RINGMUX_CONFIG={}: cannot read it: {e}",
-                path.display()
-            ))
-        })?;
+        let text =
+            crate::sys::read_operator_text(path, crate::sys::MAX_CONFIG_FILE).map_err(|e| {
+                one(format!(
+                    "--config / RINGMUX_CONFIG={}: cannot read it: {e}",
+                    path.display()
+                ))
+            })?;
         FileConfig::parse(path, &text)
     }
 

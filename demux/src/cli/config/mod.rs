@@ -428,15 +428,17 @@ pub struct RunArgs {
     pub alt_svc: String,
     /// Also listen for plain HTTP on this TCP address (port 80 on a real site) and answer every
     /// request with a 301 to `https://` with the same host and path (the HTTPS port of --tcp /
-    /// --tcp-listen, left out when 443), and ACME's HTTP-01 challenges. Needs --tcp on. The
-    /// workers serve it, from one socket the demux makes, as they serve HTTPS. Unset, and
-    /// the HTTPS listener on port 443: port 80 of the same address, as Caddy does (a port 80
-    /// that is taken is then a warning, not a failure); `off`: no plain HTTP at all.
+    /// --tcp-listen, left out when 443), and ACME's HTTP-01 challenges; with `[[site]]` tables,
+    /// only for their names (another host gets 421). Needs --tcp on. The workers serve it, from
+    /// one socket the demux makes, as they serve HTTPS. Unset, and the HTTPS listener on port
+    /// 443: port 80 of the same address, as Caddy does (a port 80 that is taken is then a
+    /// warning, not a failure); `off`: no plain HTTP at all.
     #[arg(long, env = "RINGMUX_REDIRECT_HTTP", value_name = "ADDR|off", value_parser = parse_redirect_http)]
     pub redirect_http: Option<RedirectHttp>,
     /// Write one line per request, over TCP and HTTP/3, to this file (opened for appending,
     /// created 0640 if missing, opened again at every `ringmux reload` so a rotated log is
-    /// let go), to `stderr`, or `off` (the default). The fields: time (UTC), client address,
+    /// let go), to `stderr` (each line prefixed `[instance N] `, as the workers' output is), or
+    /// `off` (the default). The fields: time (UTC), client address,
     /// protocol (h1, h2, h3), method, authority, path, status, response body bytes, duration in
     /// seconds, instance. Lines are written off the request path; when a worker's queue is
     /// full a line is dropped and counted (ringmux_worker_access_log_dropped_total), never
@@ -1091,6 +1093,13 @@ impl RunArgs {
                 bail!(
                     "--root / RINGMUX_ROOT={}: the folder cannot be read ({e}); the workers \
                      could serve nothing from it",
+                    root.display()
+                );
+            }
+            if let Ok(Some(fs)) = crate::sys::pseudo_file_system(root) {
+                bail!(
+                    "--root / RINGMUX_ROOT={}: on {fs}, a file system the kernel makes up (its \
+                     files are the system's state, not a site's); name a folder of files",
                     root.display()
                 );
             }

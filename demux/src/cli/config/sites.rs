@@ -280,7 +280,7 @@ fn certificate(
     names: &[String],
     problems: &mut Vec<Problem>,
 ) -> Option<CertPem> {
-    let pem = match CertPem::load(&cert.value, &key.value) {
+    let pem = match crate::certs::load(&cert.value, &key.value) {
         Ok(p) => p,
         Err(e) => {
             problem(problems, &cert.at, e.to_string());
@@ -513,6 +513,18 @@ fn check_root(
             problems,
             &root.at,
             format!("root = {}: the folder cannot be read ({e})", dir.display()),
+        );
+        return;
+    }
+    if let Ok(Some(fs)) = crate::sys::pseudo_file_system(dir) {
+        problem(
+            problems,
+            &root.at,
+            format!(
+                "root = {}: on {fs}, a file system the kernel makes up (its files are the \
+                 system's state, not a site's); name a folder of files",
+                dir.display()
+            ),
         );
         return;
     }

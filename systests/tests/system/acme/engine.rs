@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use ringmux_demux::acme::seal::Sealer;
 use ringmux_demux::acme::{
     Acme, AcmeSettings, AcmeSite, AcmeStatus, AcmeView, ChallengeKind, Issued, STATE_POLL_INTERVAL,
 };
@@ -307,6 +308,7 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
                 .to_vec(),
         ],
         eab: None,
+        key_file: None,
     };
     let acme = Acme::start(settings, vec![site(0, &["e.test"])]).unwrap();
     let (_, status) = wait_until(&acme, "a failed order", |_, s| s.orders_failed >= 1);
@@ -361,6 +363,7 @@ fn acme_start_refuses_a_state_dir_open_to_others_and_a_directory_that_is_not_htt
         challenge: ChallengeKind::TlsAlpn01,
         ca_roots: Vec::new(),
         eab: None,
+        key_file: None,
     };
     let e = format!(
         "{:#}",
@@ -407,15 +410,24 @@ fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
             r#"{{"kind":"http-01","name":"{name}","token":"{token}","key_authorization":"{token}.thumb","expires":{expires}}}"#
         )
     };
+    // Another node's demux seals what it writes with the key they share (here the folder's).
+    let sealer = Sealer::in_state_dir(&state).unwrap();
+    let sealed = |place: &str, content: &str| sealer.seal(place, content.as_bytes());
     // Another node's pending challenge: answered here too.
     write(
         "challenges/peer-token.json",
-        challenge("peer-token", "k.test", in_an_hour).as_bytes(),
+        &sealed(
+            "challenges/peer-token.json",
+            &challenge("peer-token", "k.test", in_an_hour),
+        ),
     );
     // Another's that outlived its order (the node died): removed.
     write(
         "challenges/stale-token.json",
-        challenge("stale-token", "k.test", 1).as_bytes(),
+        &sealed(
+            "challenges/stale-token.json",
+            &challenge("stale-token", "k.test", 1),
+        ),
     );
     // Garbage of every kind.
     write("challenges/junk.json", b"\xff\x00{");
@@ -446,6 +458,7 @@ fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
                 .to_vec(),
         ],
         eab: None,
+        key_file: None,
     };
     let acme = Acme::start(settings, vec![site(0, &["k.test"])]).unwrap();
     let view = acme.view();
@@ -478,6 +491,148 @@ fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The engine trusts only what a demux sealed: files planted in the state directory (as a
+/// hostile worker that could reach it would write them, by rename as the demux does) are
+/// refused and counted, whatever they hold; a sealed challenge for a name no site has is never
+/// answered; a certificate of an older ringmux (no seal) present at start is served once and
+/// replaced by an order at once.
+#[test]
+fn acme_refuses_and_counts_files_no_demux_sealed() {
+    let closed = closed_port();
+    let dir = temp_dir("ringmux-acme");
+    let state = dir.path().join("acme");
+    std::fs::create_dir_all(state.join("certs/l.test")).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let plant = |place: &str, bytes: &[u8]| {
+        let path = state.join(place);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let tmp = path.with_extension("planting");
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    let self_signed = |name: &str| {
+        let ck = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        (ck.cert.pem(), ck.signing_key.serialize_pem())
+    };
+    let in_an_hour = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let challenge = |token: &str, name: &str| {
+        format!(
+            r#"{{"kind":"http-01","name":"{name}","token":"{token}","key_authorization":"{token}.thumb","expires":{in_an_hour}}}"#
+        )
+    };
+    // An older ringmux's certificate, there before the start.
+    let (legacy_cert, legacy_key) = self_signed("l.test");
+    plant("certs/l.test/key.pem", legacy_key.as_bytes());
+    plant("certs/l.test/cert.pem", legacy_cert.as_bytes());
+
+    let settings = AcmeSettings {
+        directory: format!("https://127.0.0.1:{closed}/dir"),
+        email: None,
+        state: state.clone(),
+        challenge: ChallengeKind::Http01,
+        ca_roots: vec![
+            rcgen::generate_simple_self_signed(vec!["x.test".to_string()])
+                .unwrap()
+                .cert
+                .der()
+                .to_vec(),
+        ],
+        eab: None,
+        key_file: None,
+    };
+    let acme = Acme::start(settings, vec![site(0, &["l.test"])]).unwrap();
+    // Served from the start, and ordered for at once (the CA is down: the order fails).
+    let view = acme.view();
+    assert_eq!(view.certs.len(), 1);
+    assert_eq!(view.certs[0].2.chain_pem, legacy_cert);
+    let (_, status) = wait_until(&acme, "the order replacing it", |_, s| s.orders_failed >= 1);
+    assert_eq!(status.state_refused, [0; 4], "{status:#?}");
+
+    // Planted after the start, by a worker: a certificate without a seal, and one sealed with
+    // a key of its own; challenges for the site's name and another; a failure record.
+    let (cert, key) = self_signed("l.test");
+    plant("certs/l.test/key.pem", key.as_bytes());
+    plant("certs/l.test/cert.pem", cert.as_bytes());
+    let count = |f: &dyn Fn(&AcmeStatus) -> bool, what: &str| wait_until(&acme, what, |_, s| f(s));
+    count(
+        &|s| s.state_refused[0] >= 1,
+        "the planted certificate refused",
+    );
+    let own = tempfile_dir_with_key();
+    let forger = Sealer::in_state_dir(own.path()).unwrap();
+    let (cert, key) = self_signed("l.test");
+    plant(
+        "certs/l.test/key.pem",
+        &forger.seal("certs/l.test/key.pem", key.as_bytes()),
+    );
+    plant(
+        "certs/l.test/cert.pem",
+        &forger.seal("certs/l.test/cert.pem", cert.as_bytes()),
+    );
+    count(
+        &|s| s.state_refused[0] >= 2,
+        "the forged certificate refused",
+    );
+    plant(
+        "challenges/plain-token.json",
+        challenge("plain-token", "l.test").as_bytes(),
+    );
+    plant(
+        "challenges/forged-token.json",
+        &forger.seal(
+            "challenges/forged-token.json",
+            challenge("forged-token", "l.test").as_bytes(),
+        ),
+    );
+    count(
+        &|s| s.state_refused[1] >= 2,
+        "the planted challenges refused",
+    );
+    plant(
+        "certs/l.test/attempt.json",
+        br#"{"failures":30,"retry_at":99999999999,"error":"planted"}"#,
+    );
+    count(
+        &|s| s.state_refused[2] >= 1,
+        "the planted failure record refused",
+    );
+    // A challenge sealed by a demux (another node's, sharing the key) for a name no site of
+    // this node has: read, never answered.
+    let ours = Sealer::in_state_dir(&state).unwrap();
+    plant(
+        "challenges/evil-token.json",
+        &ours.seal(
+            "challenges/evil-token.json",
+            challenge("evil-token", "evil.test").as_bytes(),
+        ),
+    );
+    let (view, status) = count(&|s| s.foreign_challenges >= 1, "the foreign challenge seen");
+    assert!(view.challenges.http01.is_empty(), "{:?}", view.challenges);
+    assert!(view.challenges.tls_alpn01.is_empty());
+    // Still the first certificate; the planted record did not set the back-off.
+    assert_eq!(view.certs[0].2.chain_pem, legacy_cert);
+    assert!(
+        status.sites[0].last_error.as_deref() != Some("planted"),
+        "{status:#?}"
+    );
+    // And for a while after: nothing planted is ever answered or served.
+    watch(&acme, 3 * STATE_POLL_INTERVAL, |v, _| {
+        assert!(v.challenges.http01.is_empty());
+        assert_eq!(v.certs[0].2.chain_pem, legacy_cert);
+    });
+}
+
+/// A folder of the test's own, closed, for a key that is not the state directory's.
+fn tempfile_dir_with_key() -> ringmux_testkit::TempDir {
+    let dir = temp_dir("ringmux-acme-forger");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    dir
 }
 
 #[test]
@@ -579,6 +734,7 @@ fn acme_a_ca_answering_nonsense_fails_orders_and_the_engine_lives_on() {
         challenge: ChallengeKind::Http01,
         ca_roots: vec![ca.root_der.clone()],
         eab: None,
+        key_file: None,
     };
     let base = |port: u16| format!("https://127.0.0.1:{port}");
     let directory = |nonce: &str| {
@@ -653,6 +809,7 @@ fn settings(state: &Path, pebble: &Pebble, challenge: ChallengeKind) -> AcmeSett
         challenge,
         ca_roots: vec![pebble.api_root_der()],
         eab: None,
+        key_file: None,
     }
 }
 

@@ -149,12 +149,28 @@ key = "{d}/b.key"
         path
     }
 
+    /// A ringmux of the setup's: one key file for every start, as a deployment keeps its own
+    /// (the seals of the ACME state directory's files are made with a key derived from it).
     fn start(&self, config: &Path) -> Ringmux {
         let listen = SocketAddr::from(([127, 0, 0, 1], self.port)).to_string();
+        let key_file = self.dir.path().join("keys");
+        if !key_file.exists() {
+            ringmux_quic_lb::KeySet::generate()
+                .unwrap()
+                .write_new(&key_file)
+                .unwrap();
+        }
         Ringmux::start(
             2,
             Forward::Shm,
-            &["--config", config.to_str().unwrap(), "--listen", &listen],
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--listen",
+                &listen,
+                "--key-file",
+                key_file.to_str().unwrap(),
+            ],
         )
     }
 }
@@ -558,6 +574,101 @@ async fn a_forced_renewal_under_load_fails_no_request() {
         tcp.len(),
         aioquic_h3.len(),
         quinn_h3.len()
+    );
+}
+
+/// Challenges reach the workers only when a demux sealed them and they are for a name of an
+/// ACME site: with the CA down (no order of ringmux's own), three files are planted in the
+/// running ringmux's state folder, as a worker sharing its user could: one without a seal for
+/// a.test, one sealed (with the deployment's key, as another node's demux seals) for evil.test,
+/// a name no site has, and one sealed for a.test. Only the last is answered over HTTP-01; the
+/// other two are counted in `ringmux_acme_state_refused_total` and never answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_sealed_challenges_for_the_sites_names_are_answered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some(setup) = Setup::new(None) else {
+        return skip("only_sealed_challenges_for_the_sites_names_are_answered");
+    };
+    let directory = format!("https://127.0.0.1:{}/dir", free_port());
+    let config = setup.config("http-01", Some(&directory), "planted");
+    let rm = setup.start(&config);
+    let key_file = setup.path("keys");
+    let keys = ringmux_demux::certs::load_key_file(&key_file).unwrap();
+    let sealer = ringmux_demux::acme::seal::Sealer::from_keys(&keys, &key_file);
+    let challenges = setup.path("planted/challenges");
+    let expires = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let plant = |token: &str, name: &str, sealed: bool| {
+        let json = format!(
+            r#"{{"kind":"http-01","name":"{name}","token":"{token}","key_authorization":"{token}.thumb","expires":{expires}}}"#
+        );
+        let place = format!("challenges/{token}.json");
+        let bytes = if sealed {
+            sealer.seal(&place, json.as_bytes())
+        } else {
+            json.into_bytes()
+        };
+        let tmp = challenges.join(format!(".{token}.planting"));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, challenges.join(format!("{token}.json"))).unwrap();
+    };
+    plant("plain-token", "a.test", false);
+    plant("evil-token", "evil.test", true);
+    plant("good-token", "a.test", true);
+    let http = SocketAddr::from(([127, 0, 0, 1], setup.http_port));
+    // The status and body of GET /.well-known/acme-challenge/TOKEN with `host`.
+    let ask = |token: &'static str, host: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(http).await.unwrap();
+        let head = format!(
+            "GET /.well-known/acme-challenge/{token} HTTP/1.1\r\nhost: {host}\r\n\
+             connection: close\r\n\r\n"
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    // The sealed challenge for a.test reaches the workers (so the others had the time to).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = ask("good-token", "a.test").await;
+        if got.starts_with("HTTP/1.1 200") {
+            assert!(got.ends_with("good-token.thumb"), "{got}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sealed challenge never answered: {got}\n{}",
+            rm.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = rm
+        .wait_for("the planted challenges counted", ORDER_LIMIT, |m| {
+            m.sum_where(names::ACME_STATE_REFUSED, "file", "challenge") >= 1.0
+                && m.sum_where(names::ACME_STATE_REFUSED, "file", "foreign-challenge") >= 1.0
+        })
+        .await;
+    assert_eq!(
+        m.sum_where(names::ACME_STATE_REFUSED, "file", "certificate"),
+        0.0
+    );
+    for (token, host) in [
+        ("plain-token", "a.test"),
+        ("evil-token", "evil.test"),
+        ("evil-token", "a.test"),
+    ] {
+        let got = ask(token, host).await;
+        assert!(!got.starts_with("HTTP/1.1 200"), "{token} {host}: {got}");
+        assert!(!got.contains(".thumb"), "{token} {host}: {got}");
+    }
+    let log = rm.log_tail(200);
+    assert!(
+        log.contains("refused") && log.contains("plain-token.json"),
+        "the refusal logged:\n{log}"
     );
 }
 

@@ -1571,6 +1571,94 @@ async fn a_worker_cannot_rewrite_the_access_log_or_ringmuxs_standard_error() {
     .await;
 }
 
+/// A worker cannot write a line that passes for the demux's: every line of ringmux's standard
+/// error that came from a worker starts with its `[instance N] ` prefix, access lines included
+/// with `--access-log stderr`; a carriage return, C1 controls (as UTF-8 and as raw bytes), a
+/// Unicode line separator and invalid UTF-8 come out as `?`, so neither ringmux's standard
+/// error nor the access-log file gets a line the worker split in two or a terminal control.
+#[tokio::test]
+async fn a_worker_cannot_forge_ringmuxs_log_lines() {
+    bounded(Duration::from_secs(120), async {
+        for to in ["stderr", "file"] {
+            let dir = temp_dir("ringmux-attack-forge");
+            let log = dir.path().join("access.log");
+            let target = match to {
+                "file" => log.to_str().unwrap().to_string(),
+                _ => "stderr".to_string(),
+            };
+            let rm = start_faulty("log-forge", &["--access-log", &target], &dir);
+            let r = report(&dir).await;
+            assert_outcomes(&r, &["forge-stderr", "forge-log"], "ok");
+            let stderr = rm.dir().join("ringmux.log");
+            // Five lines written to standard error, five to the access log.
+            let (on_stderr, in_file) = if to == "stderr" { (10, 0) } else { (5, 5) };
+            let forged = |path: &std::path::Path| {
+                let bytes = std::fs::read(path).unwrap_or_default();
+                let n = String::from_utf8_lossy(&bytes)
+                    .lines()
+                    .filter(|l| l.contains("forged-by-worker"))
+                    .count();
+                (bytes, n)
+            };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while forged(&stderr).1 < on_stderr || forged(&log).1 < in_file {
+                assert!(
+                    Instant::now() < deadline,
+                    "{to}: the forged lines never all came: {} on stderr, {} in the file",
+                    forged(&stderr).1,
+                    forged(&log).1
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for (path, expected) in [(&stderr, on_stderr), (&log, in_file)] {
+                let (bytes, n) = forged(path);
+                assert_eq!(n, expected, "{to}: {}", path.display());
+                let text = String::from_utf8(bytes)
+                    .unwrap_or_else(|e| panic!("{to}: {} is not UTF-8: {e}", path.display()));
+                let bad: Vec<char> = text
+                    .chars()
+                    .filter(|&c| {
+                        (c.is_control() && c != '\n' && c != '\t')
+                            || c == '\u{2028}'
+                            || c == '\u{fffd}'
+                    })
+                    .collect();
+                assert!(
+                    bad.is_empty(),
+                    "{to}: {bad:?} in {}:\n{text}",
+                    path.display()
+                );
+                for line in text.lines().filter(|l| l.contains("forged-by-worker")) {
+                    if path == &stderr {
+                        assert!(line.starts_with("[instance 1] "), "{to}: {line:?}");
+                    }
+                }
+                // What followed a carriage return or a C1 next line stays on its line.
+                for line in text.lines() {
+                    if line.contains("after a CR") || line.contains("INFO next line") {
+                        assert!(line.contains("forged-by-worker"), "{to}: {line:?}");
+                    }
+                }
+            }
+            if to == "stderr" {
+                let text = std::fs::read_to_string(&stderr).unwrap();
+                assert!(
+                    text.contains(
+                        "[instance 1] forged-by-worker c1-utf8 ? INFO next line ?31m csi"
+                    ),
+                    "{text}"
+                );
+                assert!(
+                    text.contains("[instance 1] forged-by-worker c1-raw ? INFO next line ?31m csi"),
+                    "{text}"
+                );
+            }
+            instance0_serves(&rm).await;
+        }
+    })
+    .await;
+}
+
 /// A worker that makes its standard error non-blocking and floods it (which used to make the
 /// demux's own next log write fail, and the demux panic) loses its own lines only: the demux
 /// passes on a burst of them, prefixed with the instance, cut at their maximum length and with

@@ -609,6 +609,70 @@ async fn a_request_for_another_site_on_a_connection_is_misdirected() {
     .await
 }
 
+/// With `[[site]]`s, the plain-HTTP listener redirects only the sites' names, over HTTP/1.1:
+/// a host no site is named gets 421 and no `location`, even with a default site (which answers
+/// unknown names on TLS, not here); so does an absolute-form target naming another host,
+/// whatever `host` says; a host with user information gets 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_http_listener_redirects_only_the_sites_names() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    bounded(LIMIT, async {
+        let sites = Sites::new();
+        let redirect = harness::unused_tcp_port();
+        let rm = sites.start(&format!(
+            "default_site = \"a.test\"\nredirect_http = \"{redirect}\""
+        ));
+        // The status and location of one request, written as it stands.
+        let ask = |head: String| async move {
+            let mut s = tokio::net::TcpStream::connect(redirect).await.unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            s.read_to_end(&mut answer).await.unwrap();
+            let text = String::from_utf8_lossy(&answer).into_owned();
+            let status = text
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse::<u16>().ok())
+                .unwrap_or_else(|| panic!("no status in {text:?}"));
+            let location = text.lines().find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("location: ")
+                    .map(str::to_owned)
+            });
+            (status, location, text)
+        };
+        let get = |target: &str, host: &str| {
+            format!("GET {target} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n")
+        };
+        for (target, host, to) in [
+            ("/x?y=1", "a.test", "https://a.test:"),
+            ("/", "WWW.A.TEST.", "https://www.a.test.:"),
+            ("/", "x.w.test:80", "https://x.w.test:"),
+            ("http://b.test/", "evil.example", "https://b.test:"),
+        ] {
+            let (status, location, text) = ask(get(target, host)).await;
+            assert_eq!(status, 301, "{target} {host}: {text}");
+            let location = location.unwrap_or_default();
+            assert!(location.starts_with(to), "{target} {host}: {location}");
+        }
+        for (target, host, want) in [
+            ("/", "evil.example", 421),
+            ("/", "evil.example:80", 421),
+            ("/", "a.test.evil.example", 421),
+            ("http://evil.example/", "a.test", 421),
+            ("/", "a.test@evil.example", 400),
+            ("http://a.test@evil.example/", "a.test", 400),
+        ] {
+            let (status, location, text) = ask(get(target, host)).await;
+            assert_eq!(status, want, "{target} {host}: {text}");
+            assert_eq!(location, None, "{target} {host}: {text}");
+            assert!(!text.contains("evil.example"), "{target} {host}: {text}");
+        }
+        drop(rm);
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // The configuration file: ringmux check, and a start
 
@@ -655,6 +719,16 @@ impl Parts {
             std::fs::set_permissions(d.join("closed"), std::fs::Permissions::from_mode(0o700))
                 .unwrap();
         }
+        // Files that are no files: a FIFO nothing writes to, and a 2 GiB sparse file.
+        nix::unistd::mkfifo(
+            &d.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        std::fs::File::create(d.join("sparse"))
+            .unwrap()
+            .set_len(2 << 30)
+            .unwrap();
         Parts { dir }
     }
 
@@ -999,6 +1073,63 @@ fn check_names_every_problem_at_its_place() {
                 ),
                 (3, 9, "acme.email = \"ops\": expected one address".into()),
             ],
+        ),
+        (
+            "a certificate that is a FIFO",
+            SITE.replace("a.pem", "fifo"),
+            vec![(
+                3,
+                8,
+                format!(
+                    "cannot read the certificate file {}: a FIFO, not a regular file",
+                    p("fifo")
+                ),
+            )],
+        ),
+        (
+            "a key that is a device",
+            SITE.replace("{D}/a.key", "/dev/zero"),
+            vec![(
+                3,
+                8,
+                "cannot read the private key file /dev/zero: a character device, not a regular \
+                 file"
+                    .into(),
+            )],
+        ),
+        (
+            "a certificate of 2 GiB",
+            SITE.replace("a.pem", "sparse"),
+            vec![(
+                3,
+                8,
+                format!(
+                    "cannot read the certificate file {}: 2147483648 bytes, more than the \
+                     1048576",
+                    p("sparse")
+                ),
+            )],
+        ),
+        (
+            "roots that are a FIFO",
+            format!("[acme]\nca_roots = \"{{D}}/fifo\"\n{ACME_SITE}"),
+            vec![(
+                2,
+                12,
+                format!(
+                    "acme.ca_roots = {}: cannot read it: a FIFO, not a regular file",
+                    p("fifo")
+                ),
+            )],
+        ),
+        (
+            "a root in /proc",
+            SITE.replace("{D}/root", "/proc/self"),
+            vec![(
+                7,
+                8,
+                "root = /proc/self: on proc, a file system the kernel makes up".into(),
+            )],
         ),
         (
             "roots that are no certificates",
