@@ -391,3 +391,53 @@ async fn reloads_past_max_draining_cut_the_oldest_generation() {
     })
     .await;
 }
+
+/// `grace` is reloadable: a download drains with no clock, then a reload with `grace = 2` in
+/// the configuration file bounds the drain under way too (counted from its start), and the
+/// download is cut and logged so.
+#[tokio::test]
+async fn a_grace_set_by_a_reload_bounds_the_drains_under_way() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let files = temp_dir("ringmux-drain-config");
+        let log = files.path().join("access.log");
+        let config = files.path().join("ringmux.toml");
+        let setting = |extra: &str| {
+            let text = format!("access_log = {:?}\n{extra}", log.to_string_lossy());
+            std::fs::write(&config, text).unwrap();
+        };
+        setting("");
+        let config_arg = config.to_string_lossy().into_owned();
+        let rm = Ringmux::start(1, Forward::Shm, &["--config", &config_arg]);
+        let n: u64 = 64 << 20;
+        let path = format!("/bytes/{n}");
+        let download = Download::curl(&rm, false, &path);
+        wait_received(&[&download], &[1 << 20], "the download never started").await;
+        // Generation 1 drains with no clock.
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "first reload: {text}");
+        rm.wait_for(
+            "generation 1 draining its download",
+            Duration::from_secs(10),
+            |m| of_generation(m, names::GENERATION_REQUESTS, 1) >= 1.0,
+        )
+        .await;
+        assert!(!download.end.is_finished(), "cut with no grace");
+        // Now bounded: generation 1's drain is cut (it began before this reload).
+        setting("grace = 2\n");
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "the reload that sets grace: {text}");
+        let got = bounded(Duration::from_secs(20), download.end)
+            .await
+            .unwrap();
+        assert!(got.is_err(), "not cut: {got:?}");
+        let lines = log_lines(&log, &path, 1).await;
+        assert_eq!(
+            [&lines[0][2], &lines[0][6], &lines[0][11]],
+            ["h1", "200", "cut:drain"]
+        );
+    })
+    .await;
+}

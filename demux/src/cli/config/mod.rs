@@ -505,7 +505,8 @@ pub struct RunArgs {
     /// by a reload (or every worker, on SIGTERM/SIGINT) stops accepting, closes its idle
     /// connections and serves every request in flight to its end, however long, unless this
     /// is set: then what it still serves after that many seconds is cut (each cut request is
-    /// logged). Taken up by `ringmux reload`, running drains included.
+    /// logged). A second SIGTERM/SIGINT cuts at once. Taken up by `ringmux reload`, running
+    /// drains included.
     #[arg(long, env = "RINGMUX_GRACE", default_value = "off", value_name = "SECONDS|off", value_parser = parse_grace)]
     pub grace: Grace,
     /// Most generations that drain beside the serving one (1–3; the connection IDs' two
@@ -1413,6 +1414,19 @@ mod tests {
 
     fn refused(args: &[&str]) -> String {
         format!("{:#}", check(args).expect_err("accepted a bad value"))
+    }
+
+    #[test]
+    fn a_reload_takes_up_grace_and_max_draining_but_not_instances() {
+        let running = check(&[]).unwrap();
+        let bounded = check(&["--grace", "30", "--max-draining", "1"]).unwrap();
+        assert_eq!(running.restart_needed(&bounded), Vec::<String>::new());
+        assert_eq!(bounded.restart_needed(&running), Vec::<String>::new());
+        let more = check(&["--instances", "3", "--grace", "30"]).unwrap();
+        assert_eq!(
+            running.restart_needed(&more),
+            ["instances (--instances)".to_string()]
+        );
     }
 
     #[test]
