@@ -441,3 +441,62 @@ async fn a_grace_set_by_a_reload_bounds_the_drains_under_way() {
     })
     .await;
 }
+
+/// A stop drains the same way: after SIGTERM, with no grace, a slow download runs to its end
+/// (ringmux still up meanwhile), its line says `ok`, and ringmux exits 0. A second SIGTERM
+/// cuts: the download breaks off, and its line, `cut:drain`, is in the log when ringmux has
+/// exited (the worker writes it before it exits, the demux before it does).
+#[tokio::test]
+async fn a_stop_drains_with_no_clock_and_a_second_signal_cuts_with_every_line_written() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        for second_signal in [false, true] {
+            let logs = temp_dir("ringmux-drain-log");
+            let log = logs.path().join("access.log");
+            let log_arg = log.to_string_lossy().into_owned();
+            let mut rm = Ringmux::start(1, Forward::Shm, &["--access-log", &log_arg]);
+            // About 6 s at the clients' pace; to be cut, more than the socket buffers on the
+            // way (several MiB) can hold.
+            let n: u64 = if second_signal { 64 << 20 } else { 6 << 20 };
+            let path = format!("/bytes/{n}");
+            let download = Download::curl(&rm, true, &path);
+            wait_received(&[&download], &[1 << 20], "the download never started").await;
+            rm.signal(libc::SIGTERM);
+            let before = download.received();
+            wait_received(
+                &[&download],
+                &[before + (1 << 20)],
+                "no progress after SIGTERM",
+            )
+            .await;
+            assert!(rm.running(), "ringmux exited with a request in flight");
+            if second_signal {
+                rm.signal(libc::SIGTERM);
+            }
+            let status = rm.wait_exit(Duration::from_secs(30)).await;
+            assert!(status.success(), "ringmux exited with {status}");
+            let got = bounded(Duration::from_secs(30), download.end)
+                .await
+                .unwrap();
+            // Written before ringmux exited: read once, no waiting.
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let line: Vec<&str> = text
+                .lines()
+                .find(|l| l.contains(&path))
+                .unwrap_or_else(|| panic!("no line for {path} in:\n{text}"))
+                .split(' ')
+                .collect();
+            if second_signal {
+                assert!(got.is_err(), "not cut: {got:?}");
+                assert_eq!(line[11], "cut:drain", "{line:?}");
+                assert!(line[7].parse::<u64>().unwrap() < n, "{line:?}");
+            } else {
+                assert_eq!(got, Ok(expected_bytes(n)));
+                assert_eq!([line[7], line[11]], [n.to_string().as_str(), "ok"]);
+            }
+        }
+    })
+    .await;
+}
