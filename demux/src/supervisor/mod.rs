@@ -1173,9 +1173,11 @@ impl Supervisor {
     /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
     fn report_reload(&mut self, action: Action) {
         match action {
-            Action::Reloaded { generation } => {
+            Action::Reloaded {
+                generation,
+                replaced: old,
+            } => {
                 self.counters.reloads.fetch_add(1, Ordering::Relaxed);
-                let old = generation - 1;
                 tracing::info!(generation, draining = old, "reload done");
                 // Answered once the replaced workers accept no new connection.
                 self.reload_answer = Some(ReloadAnswer {

@@ -106,8 +106,8 @@ pub enum Action {
     Died(Death),
     /// Hash new connections to `generation`'s lanes from now on.
     Activate { generation: u64 },
-    /// The reload is done: `generation` serves, the one before drains.
-    Reloaded { generation: u64 },
+    /// The reload is done: `generation` serves, `replaced` drains.
+    Reloaded { generation: u64, replaced: u64 },
     /// The reload of `generation` failed; the generation before serves on.
     ReloadFailed {
         generation: u64,
@@ -616,7 +616,16 @@ impl Policy {
             out.push(Action::ReloadRefused(Refusal::Starting { generation }));
             return;
         }
-        let generation = self.active + 1;
+        // The next generation number whose connection-ID slot no draining generation holds
+        // (numbers may be skipped: only their order matters). With every other slot held (three
+        // generations drain), the next one's: its holder, the oldest, is cut.
+        let free = |g: u64| {
+            self.lanes_of(g)
+                .all(|l| matches!(self.lanes[l].phase, Phase::Idle))
+        };
+        let generation = (self.active + 1..=self.active + 3)
+            .find(|&g| free(g))
+            .unwrap_or(self.active + 1);
         self.candidate = Some((generation, true));
         self.start_candidate(now, out);
     }
@@ -693,7 +702,10 @@ impl Policy {
                 _ => {}
             }
         }
-        out.push(Action::Reloaded { generation });
+        out.push(Action::Reloaded {
+            generation,
+            replaced: old,
+        });
         // At most `max_draining` generations drain beside the serving one: the oldest go.
         let mut draining = self.draining_generations();
         while draining.len() > self.limits.max_draining {
@@ -1055,7 +1067,10 @@ mod tests {
             p.on(t, Event::Ready(b)),
             [
                 Action::Activate { generation: 2 },
-                Action::Reloaded { generation: 2 }
+                Action::Reloaded {
+                    generation: 2,
+                    replaced: 1
+                }
             ]
         );
         assert_eq!(p.active(), 2);
@@ -1346,7 +1361,10 @@ mod tests {
             out,
             [
                 Action::Activate { generation: 3 },
-                Action::Reloaded { generation: 3 },
+                Action::Reloaded {
+                    generation: 3,
+                    replaced: 2
+                },
                 Action::Cut(0, Why::TooManyDraining),
                 Action::Cut(1, Why::TooManyDraining)
             ]
@@ -1408,5 +1426,29 @@ mod tests {
                 Action::Cut(1, Why::GraceOver)
             ]
         );
+    }
+
+    #[test]
+    fn a_reload_takes_a_free_slot_rather_than_cut_a_generation_within_the_bound() {
+        let (mut p, t0) = running(2);
+        p.set_limits(no_grace(3));
+        for g in 2..=4 {
+            reload_to(&mut p, t0, g);
+        }
+        // Generations 2 and 3 are done; 1 drains on in slot 0, which 5 would need.
+        for l in 2..6 {
+            p.on(t0, Event::Exited(l));
+        }
+        let lanes = p.lanes_of(6);
+        assert_eq!(
+            p.on(t0, Event::Reload),
+            [
+                Action::RequestReset(lanes.start),
+                Action::RequestReset(lanes.start + 1)
+            ],
+            "generation 6, in slot 1, without waiting or cutting"
+        );
+        assert_eq!(p.lane(lanes.start).0, 6);
+        assert!(p.draining(0) && p.draining(1), "generation 1 drains on");
     }
 }
