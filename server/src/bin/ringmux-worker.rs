@@ -29,6 +29,9 @@ use ringmux_worker::Worker;
 /// (the demux enforces its own `--grace` on top).
 const DRAIN_WAIT: Duration = Duration::from_secs(60);
 
+/// Longest a cut worker waits for its connections' closes to be sent.
+const CLOSE_WAIT: Duration = Duration::from_millis(300);
+
 /// Longest a worker on its way out waits for its access-log lines to be written: within the
 /// time the demux gives a worker told to cut (`ringmux_proto::CUT_WAIT`).
 const EXIT_FLUSH: Duration = Duration::from_secs(2);
@@ -202,6 +205,9 @@ async fn serve(worker: Worker, options: Options, access_log: Option<Arc<AccessLo
             }
             tracing::warn!("told to cut: ending every request still in flight");
             endpoint.close(0u32.into(), b"cut");
+            // Long enough for the CONNECTION_CLOSE frames to go out (clients then see the cut
+            // at once rather than at their idle timeout), well within CUT_WAIT.
+            let _ = tokio::time::timeout(CLOSE_WAIT, endpoint.wait_idle()).await;
             return Ok(());
         }
     }
