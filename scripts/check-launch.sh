@@ -318,6 +318,16 @@ want "^AmbientCapabilities=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID\$"
 want "^CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID\$"
 want "^#   useradd .*ringmux\$"
 want "^#     --user-group ringmux-worker\$"
+name="unit: systemd's stop timeout outlasts the drain's bound and the cut (CUT_WAIT 3 s)"
+echo "== $name"
+grace=$(sed -n 's/^Environment=RINGMUX_GRACE=\([0-9][0-9]*\)$/\1/p' "$unit")
+stop=$(sed -n 's/^TimeoutStopSec=\([0-9][0-9]*\)s$/\1/p' "$unit")
+checks=$((checks + 1))
+if [[ -z $grace || -z $stop ]]; then
+  bad "the unit sets no RINGMUX_GRACE (seconds) or no TimeoutStopSec (seconds)"
+elif ((stop < grace + 3 + 10)); then
+  bad "TimeoutStopSec=${stop}s leaves less than 10 s past RINGMUX_GRACE=$grace plus the 3 s cut"
+fi
 # The reload line's binary takes the subcommand and the variable the unit sets.
 ringmux_bin="$PWD/target/release/ringmux"
 [[ -x $ringmux_bin ]] || ringmux_bin="$PWD/target/debug/ringmux"

@@ -69,6 +69,10 @@ pub const MAX_SITE_TABLE: usize = 256 << 20;
 /// replaced to send `STOPPED` ([`Message::Stopped`]) before it answers anyway.
 pub const STOPPED_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a worker told to cut ([`Message::Cut`]) has to end its requests, write their
+/// access-log lines and exit before the demux kills it.
+pub const CUT_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Most descriptors a hand-off places (at [`FIRST_HANDOFF_FD`] and on).
 pub const MAX_FDS: usize = 8;
 

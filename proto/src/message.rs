@@ -11,6 +11,7 @@
 //! | [`Message::Certificate`] | demux → worker | an ACME site's certificate, new or renewed |
 //! | [`Message::Challenges`] | demux → worker | every pending ACME challenge (replaces the last set) |
 //! | [`Message::Applied`] | worker → demux | the `CERTIFICATE` or `CHALLENGES` of that `seq` is in use |
+//! | [`Message::Cut`] | demux → worker | the drain is over: end every request, log each, exit |
 //!
 //! Either side treats a closed control socket as the peer's death. A message it does not know
 //! is counted by the receiver and otherwise ignored.
@@ -46,10 +47,15 @@ pub enum Message {
     /// worker → demux: the [`Message::Certificate`] or [`Message::Challenges`] with this
     /// `seq` is in use.
     Applied(u64),
+    /// demux → worker, after [`Message::Shutdown`]: the drain is over (its grace period
+    /// ended, or its generation must make room for a new one). The worker ends every request
+    /// it still serves, writes their access-log lines (cut ones say so), and exits; the demux
+    /// kills it if it is still there a few seconds later.
+    Cut,
 }
 
 /// The first word of each message on the wire, in [`Message`] order.
-pub const WORDS: [&str; 7] = [
+pub const WORDS: [&str; 8] = [
     "READY",
     "STATS",
     "SHUTDOWN",
@@ -57,6 +63,7 @@ pub const WORDS: [&str; 7] = [
     "CERTIFICATE",
     "CHALLENGES",
     "APPLIED",
+    "CUT",
 ];
 
 /// The certificate of the ACME site at index `site` of the site table
@@ -155,6 +162,7 @@ impl Message {
             Message::Certificate(c) => json_message(WORDS[4], c),
             Message::Challenges(c) => json_message(WORDS[5], c),
             Message::Applied(seq) => format!("{} {seq}", WORDS[6]).into_bytes(),
+            Message::Cut => WORDS[7].into(),
         }
     }
 
@@ -167,6 +175,7 @@ impl Message {
             "READY" if rest.is_empty() => Ok(Message::Ready),
             "SHUTDOWN" if rest.is_empty() => Ok(Message::Shutdown),
             "STOPPED" if rest.is_empty() => Ok(Message::Stopped),
+            "CUT" if rest.is_empty() => Ok(Message::Cut),
             "STATS" => WorkerReport::decode_fields(rest).map(Message::Stats),
             "CERTIFICATE" => json_body(WORDS[4], rest).map(Message::Certificate),
             "CHALLENGES" => json_body(WORDS[5], rest).map(Message::Challenges),
@@ -257,6 +266,9 @@ worker_report! {
     /// CPU time this worker used (user + system), ns.
     cpu_ns,
     pid,
+    /// Requests in flight now: received and not yet answered to their end (a draining
+    /// worker's are what its drain waits for).
+    requests_active,
 }
 
 impl WorkerReport {
@@ -461,7 +473,12 @@ mod tests {
 
     #[test]
     fn messages_round_trip() {
-        for m in [Message::Ready, Message::Shutdown, Message::Stats(report())] {
+        for m in [
+            Message::Ready,
+            Message::Shutdown,
+            Message::Cut,
+            Message::Stats(report()),
+        ] {
             assert_eq!(Message::decode(&m.encode()), Ok(m));
         }
         assert_eq!(report().fields(), std::array::from_fn(|i| i as u64 + 1));

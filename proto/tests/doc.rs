@@ -10,7 +10,7 @@ use ringmux_proto::session::{
     Op, MAX_KEY_LEN, MAX_VALUE_LEN, REPLY_HEADER_LEN, REQUEST_HEADER_LEN,
 };
 use ringmux_proto::{
-    MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, MAX_STATS, PROTOCOL_VERSION, STOPPED_WAIT,
+    CUT_WAIT, MAX_FDS, MAX_MESSAGE, MAX_SITE_TABLE, MAX_STATS, PROTOCOL_VERSION, STOPPED_WAIT,
 };
 
 fn doc() -> String {
@@ -195,6 +195,7 @@ fn message_limits_match() {
             ("MAX_FDS", MAX_FDS.to_string()),
             ("MAX_SITE_TABLE", MAX_SITE_TABLE.to_string()),
             ("STOPPED_WAIT", format!("{} s", STOPPED_WAIT.as_secs())),
+            ("CUT_WAIT", format!("{} s", CUT_WAIT.as_secs())),
         ]
         .map(|(k, v)| (k.to_string(), v))
     );

@@ -11,22 +11,34 @@
 //! A line, fields separated by one space:
 //!
 //! ```text
-//! 2026-12-06T01:02:03.456Z 192.0.2.7:50123 h3 GET example.com /index.html 200 5120 0.000312 1 example.com
+//! 2026-12-06T01:02:03.456Z 192.0.2.7:50123 h3 GET example.com /index.html 200 5120 0.000312 1 example.com ok
 //! ```
 //!
 //! time (UTC, milliseconds), client address and port, protocol (`h1`, `h2`, `h3`), method,
 //! authority (`-` when the request named none), path with query, status (`-` when no response
 //! went out: the client went away, or the exchange broke off before the head), response body
-//! bytes sent, duration in seconds (from the request head to the end of the response), instance,
-//! and the site's label (`default` for the command line's site, `-` for a request no site
-//! answered; [`Entry::site`] says when a line has none). The field is last, so a parser of the lines of before sites
-//! existed reads the fields before it as ever. Bytes outside printable ASCII, and spaces,
-//! are written as `%XX`; an authority is cut at 256 bytes, a path at 2048 and a label at 256.
+//! bytes sent, duration in seconds, instance, the site's label (`default` for the command
+//! line's site, `-` for a request no site answered; [`Entry::site`] says when a line has none),
+//! and last how the request ended ([`Ending`]: `ok`, or `cut:` and why). The new fields come
+//! last, so a parser of older lines reads the fields before them as ever. Bytes outside
+//! printable ASCII, and spaces, are written as `%XX`; an authority is cut at 256 bytes, a path
+//! at 2048 and a label at 256.
+//!
+//! Every request has its line, a cut one too: a request whose task is dropped before it ended
+//! (its connection closed, the worker told to cut) writes its line as it drops, with the
+//! status and the bytes sent so far.
+//!
+//! The duration runs from the request head to the moment the last byte of the response left
+//! the worker's hands: over HTTP/3 when the stream was finished (every byte handed to QUIC,
+//! whose send buffer is bounded by the client's flow-control window), over TCP when hyper took
+//! the body's last frame to write to the socket (so at most a socket send buffer, plus TLS
+//! records, is still on its way); what the kernel then holds, and the client's acknowledgement,
+//! are not in it (as nginx's `$request_time` ends at the last byte written to the socket).
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -51,6 +63,9 @@ pub struct AccessLog {
     tx: SyncSender<String>,
     instance: u8,
     counts: Arc<Counts>,
+    /// 0, or the [`Ending`] of every request the worker itself ends from now on
+    /// ([`AccessLog::ending_all`]).
+    ending_all: AtomicU8,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +77,39 @@ struct Counts {
     failed: AtomicU64,
     /// A write failed and was logged; cleared by the next that succeeds.
     failing: AtomicBool,
+}
+
+/// How a request ended: the line's last field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Ending {
+    /// The whole response went out.
+    Ok,
+    /// The worker was told to cut what it still served (`ringmux --grace` over, or its
+    /// generation made room for a newer one: `--max-draining`).
+    CutDrain,
+    /// The client reset or stopped the stream, or closed the connection.
+    CutClient,
+    /// The connection timed out (no answer from the client within the idle timeout).
+    CutTimeout,
+    /// The worker exited for another reason (the demux went away) with the request in flight.
+    CutWorkerExit,
+    /// The server could not go on: reading the file failed, or it changed size while sent.
+    CutError,
+}
+
+impl Ending {
+    /// The word in the line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ending::Ok => "ok",
+            Ending::CutDrain => "cut:drain",
+            Ending::CutClient => "cut:client",
+            Ending::CutTimeout => "cut:timeout",
+            Ending::CutWorkerExit => "cut:worker-exit",
+            Ending::CutError => "cut:error",
+        }
+    }
 }
 
 /// What one line says.
@@ -82,6 +130,8 @@ pub struct Entry<'a> {
     /// The site's label (`-`: no site answered); `None`: the worker serves only the command
     /// line's site, and the line has no site field.
     pub site: Option<&'a str>,
+    /// How it ended.
+    pub ending: Ending,
 }
 
 impl AccessLog {
@@ -98,7 +148,38 @@ impl AccessLog {
             tx,
             instance,
             counts,
+            ending_all: AtomicU8::new(0),
         }))
+    }
+
+    /// The worker is about to end every request in flight (told to cut: [`Ending::CutDrain`];
+    /// exiting for another reason: [`Ending::CutWorkerExit`]): each one's line says `how`,
+    /// whatever else broke it off as it went. The first reason given stays.
+    pub fn ending_all(&self, how: Ending) {
+        let _ = self.ending_all.compare_exchange(
+            0,
+            how as u8 + 1,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// How a request that broke off ended: as [`AccessLog::ending_all`] said, or `otherwise`.
+    pub fn cut_as(&self, otherwise: Ending) -> Ending {
+        match self.ending_all.load(Ordering::Relaxed) {
+            0 => otherwise,
+            v => [
+                Ending::Ok,
+                Ending::CutDrain,
+                Ending::CutClient,
+                Ending::CutTimeout,
+                Ending::CutWorkerExit,
+                Ending::CutError,
+            ]
+            .get(usize::from(v - 1))
+            .copied()
+            .unwrap_or(otherwise),
+        }
     }
 
     /// Queues the line of `e`; drops and counts it if the queue is full.
@@ -216,6 +297,8 @@ fn format_line(e: &Entry<'_>, instance: u8) -> String {
         line.push(' ');
         escaped(site, MAX_AUTHORITY, &mut line);
     }
+    line.push(' ');
+    line.push_str(e.ending.as_str());
     line.push('\n');
     line
 }
@@ -262,7 +345,9 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (y, m, d)
 }
 
-/// A request's access-log line, begun when its head arrived (`Router::begin_log`).
+/// A request's access-log line, begun when its head arrived (`Router::begin_log`): written by
+/// [`Logged::finish`] (or `end`, `end_as`), or as it drops if nothing ended it (its task was dropped: a cut), with the
+/// status and bytes noted so far.
 pub(crate) struct Logged {
     log: Arc<AccessLog>,
     /// The site's label, or `-`; `None`: the line names no site (`Router::log_label`).
@@ -274,6 +359,12 @@ pub(crate) struct Logged {
     method: Method,
     authority: Option<String>,
     path: String,
+    /// The status of the head sent, if one was.
+    status: Option<StatusCode>,
+    /// Body bytes sent so far.
+    bytes: u64,
+    /// Written already.
+    done: bool,
 }
 
 impl Logged {
@@ -300,11 +391,51 @@ impl Logged {
                 .uri
                 .path_and_query()
                 .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+            status: None,
+            bytes: 0,
+            done: false,
         }
     }
 
-    /// Writes the line: `status` (`None`: no response went out) and the body bytes sent.
+    /// The response head with `status` went out.
+    pub(crate) fn head_sent(&mut self, status: StatusCode) {
+        self.status = Some(status);
+    }
+
+    /// `n` more body bytes went out.
+    pub(crate) fn body_sent(&mut self, n: u64) {
+        self.bytes += n;
+    }
+
+    /// Writes the line of a request answered whole: `status` (`None`: no response went out)
+    /// and the body bytes sent.
     pub(crate) fn end(self, status: Option<StatusCode>, bytes: u64) {
+        self.end_as(status, bytes, Ending::Ok);
+    }
+
+    /// Writes the line with the status and bytes noted ([`Logged::head_sent`],
+    /// [`Logged::body_sent`]): ended as `ending` says, or, for a request that broke off, as
+    /// the worker said it ends them all ([`AccessLog::cut_as`]).
+    pub(crate) fn finish(mut self, ending: Ending) {
+        self.write(ending);
+    }
+
+    /// [`Logged::finish`] with the status and bytes given (`status` `None`: no response went
+    /// out), as an exchange that counts them itself (the proxy's) knows them.
+    pub(crate) fn end_as(mut self, status: Option<StatusCode>, bytes: u64, ending: Ending) {
+        self.status = status;
+        self.bytes = bytes;
+        self.write(ending);
+    }
+
+    fn write(&mut self, ending: Ending) {
+        if std::mem::replace(&mut self.done, true) {
+            return;
+        }
+        let ending = match ending {
+            Ending::Ok => Ending::Ok,
+            cut => self.log.cut_as(cut),
+        };
         self.log.record(&Entry {
             time: self.time,
             client: self.client,
@@ -312,11 +443,20 @@ impl Logged {
             method: self.method.as_str(),
             authority: self.authority.as_deref(),
             path: &self.path,
-            status: status.map(|s| s.as_u16()),
-            bytes,
+            status: self.status.map(|s| s.as_u16()),
+            bytes: self.bytes,
             duration: self.start.elapsed(),
             site: self.site.as_deref(),
+            ending,
         });
+    }
+}
+
+impl Drop for Logged {
+    /// A request nothing ended: its task was dropped with its connection (the client went
+    /// away) or with the worker's server (a cut): logged as such.
+    fn drop(&mut self) {
+        self.write(Ending::CutClient);
     }
 }
 
@@ -361,11 +501,12 @@ mod tests {
             bytes: 5120,
             duration: Duration::from_micros(312),
             site: None,
+            ending: Ending::Ok,
         };
         assert_eq!(
             format_line(&e, 1),
             "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
-             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1\n"
+             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 ok\n"
         );
         // With sites, the label comes last, after the fields above, escaped as they are.
         let with_site = format_line(
@@ -378,7 +519,7 @@ mod tests {
         assert_eq!(
             with_site,
             "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
-             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 a%20b.example\n"
+             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 a%20b.example ok\n"
         );
         let no_site = format_line(
             &Entry {
@@ -387,7 +528,17 @@ mod tests {
             },
             1,
         );
-        assert!(no_site.ends_with(" 0.000312 1 -\n"), "{no_site}");
+        assert!(no_site.ends_with(" 0.000312 1 - ok\n"), "{no_site}");
+        // A cut request says how, last.
+        let cut = format_line(
+            &Entry {
+                status: None,
+                ending: Ending::CutDrain,
+                ..e.clone()
+            },
+            1,
+        );
+        assert!(cut.ends_with(" - 5120 0.000312 1 cut:drain\n"), "{cut}");
         let e = Entry {
             authority: None,
             status: None,
@@ -396,7 +547,7 @@ mod tests {
         };
         let line = format_line(&e, 0);
         assert!(line.contains(" h2 GET - /xxx"), "{line}");
-        assert!(line.ends_with(" - 5120 0.000312 0\n"), "{line}");
+        assert!(line.ends_with(" - 5120 0.000312 0 ok\n"), "{line}");
         assert!(line.len() < BATCH_BYTES, "{}", line.len());
     }
 
@@ -421,6 +572,7 @@ mod tests {
             bytes: 19,
             duration: Duration::from_millis(1),
             site: None,
+            ending: Ending::Ok,
         };
         let n = 3 * QUEUE_LINES as u64;
         for _ in 0..n {
@@ -433,6 +585,54 @@ mod tests {
         assert_eq!(text.lines().count() as u64, written);
         assert!(text
             .lines()
-            .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3")));
+            .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3 ok")));
+    }
+
+    #[test]
+    fn a_request_nothing_ended_is_logged_as_cut_with_what_went_out() {
+        let dir = ringmux_testkit::temp_dir("ringmux-access-log-cut");
+        let path = dir.path().join("access.log");
+        let file = std::fs::File::create(&path).unwrap();
+        let log = AccessLog::start(file, 0).unwrap();
+        let parts = http::Request::get("https://localhost/big")
+            .body(())
+            .unwrap()
+            .into_parts()
+            .0;
+        let client: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        // Ended: ok, with what went out.
+        let mut l = Logged::begin(&log, None, client, "h2", &parts);
+        l.head_sent(StatusCode::OK);
+        l.body_sent(10);
+        l.finish(Ending::Ok);
+        // Dropped half way: the client's doing, unless the worker cuts.
+        let mut l = Logged::begin(&log, None, client, "h1", &parts);
+        l.head_sent(StatusCode::OK);
+        l.body_sent(7);
+        drop(l);
+        log.ending_all(Ending::CutDrain);
+        let mut l = Logged::begin(&log, Some("-".into()), client, "h3", &parts);
+        l.body_sent(3);
+        l.finish(Ending::CutClient);
+        // Even a request that went out whole stays ok.
+        Logged::begin(&log, None, client, "h3", &parts).end(None, 0);
+        log.flush(Duration::from_secs(30));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ends: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                format!("{} {} {} {}", f[2], f[6], f[7], f[f.len() - 1])
+            })
+            .collect();
+        assert_eq!(
+            ends,
+            [
+                "h2 200 10 ok",
+                "h1 200 7 cut:client",
+                "h3 - 3 cut:drain",
+                "h3 - 0 ok"
+            ]
+        );
     }
 }

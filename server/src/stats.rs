@@ -19,6 +19,9 @@ pub struct ServerStats {
     /// Retry packets sent (address validation, `h3::HttpOptions::retry`).
     pub retries_sent: AtomicU64,
     pub requests_total: AtomicU64,
+    /// Requests in flight now: from the request head to the
+    /// end of the response (or its abandonment).
+    pub requests_active: AtomicU64,
     /// Requests that ended without a complete response: the client reset the stream or went
     /// away, or reading a file failed (the stream is then reset, not answered with 5xx).
     pub requests_failed: AtomicU64,
@@ -41,6 +44,16 @@ pub struct ServerStats {
     /// Responses per site and status class ([`SiteStats::snapshot`]); rows made when serving
     /// begins.
     pub sites: SiteStats,
+}
+
+/// A request in flight ([`ServerStats::begin_request`]).
+#[derive(Debug)]
+pub(crate) struct ActiveRequest(std::sync::Arc<ServerStats>);
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        self.0.requests_active.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A plain copy of [`ServerStats`].
@@ -86,6 +99,7 @@ impl ServerStats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
         r.connections_total = l(&self.connections_accepted);
         r.requests_total = l(&self.requests_total);
+        r.requests_active = l(&self.requests_active);
         let by_protocol = [
             ("h1", &self.requests_h1),
             ("h2", &self.requests_h2),
@@ -102,6 +116,13 @@ impl ServerStats {
         }
         // Fixed names, held to the rules by the tests: a refusal is a bug here.
         debug_assert!(series.iter().all(Result::is_ok), "{series:?}");
+    }
+
+    /// A request begins: it is in flight ([`ServerStats::requests_active`]) until the returned
+    /// guard drops.
+    pub(crate) fn begin_request(self: &std::sync::Arc<Self>) -> ActiveRequest {
+        self.requests_active.fetch_add(1, Ordering::Relaxed);
+        ActiveRequest(self.clone())
     }
 
     pub(crate) fn count_tcp_error(&self, kind: TcpErrorKind) {

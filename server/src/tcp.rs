@@ -69,7 +69,7 @@ use futures_util::future::BoxFuture;
 use ringmux_proto::message::ACME_TLS_ALPN;
 use ringmux_worker::AcmeAnswers;
 
-use crate::access_log::Logged;
+use crate::access_log::{Ending, Logged};
 use crate::proxy::{ClientGone, Exchange, Upstream};
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
@@ -366,8 +366,9 @@ impl Conn {
             Kind::Plain { answer, .. } => {
                 let answer = answer.clone();
                 let tracked = self.tracked.clone();
+                let stats = self.stats.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    counted(tracked.begin(), answer(remote, req))
+                    counted(tracked.begin(&stats), answer(remote, req))
                 });
                 self.tracked.open();
                 let (io, back) = lend(stream);
@@ -423,7 +424,8 @@ impl Conn {
                 alt_svc: alt_svc.clone(),
                 remote,
             };
-            counted(tracked.begin(), handle(conn, req))
+            let in_flight = tracked.begin(&stats);
+            counted(in_flight, handle(conn, req))
         });
         self.tracked.open();
         // The protocol is the one ALPN chose (HTTP/1.1 without ALPN), never sniffed from a
@@ -661,10 +663,11 @@ impl Tracked {
             .compare_exchange(HANDSHAKE, OPEN, Ordering::Relaxed, Ordering::Relaxed);
     }
 
-    /// A request begins (hyper called the service): in flight until the returned guard drops.
-    fn begin(self: &Arc<Self>) -> InFlight {
+    /// A request begins (hyper called the service): in flight, on this connection and in
+    /// `stats`, until the returned guard drops.
+    fn begin(self: &Arc<Self>, stats: &Arc<ServerStats>) -> InFlight {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        InFlight(self.clone(), stats.begin_request())
     }
 
     /// When the connection is due for its next step if no request comes: the idle timeout
@@ -701,7 +704,10 @@ impl Tracked {
 }
 
 /// A request in flight on a connection (see [`Tracked::begin`]).
-struct InFlight(Arc<Tracked>);
+struct InFlight(
+    Arc<Tracked>,
+    #[allow(dead_code)] crate::stats::ActiveRequest,
+);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -1086,12 +1092,19 @@ async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
         None => resp,
         Some(logged) => {
             let status = resp.status();
+            let length = resp
+                .headers()
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok());
             resp.map(|inner| {
                 LoggedBody {
                     inner,
                     logged: Some(logged),
                     status,
                     bytes: 0,
+                    length,
+                    ended: false,
+                    failed: false,
                 }
                 .boxed_unsync()
             })
@@ -1100,12 +1113,20 @@ async fn handle(conn: Connection, req: Request<Incoming>) -> Response<TcpBody> {
 }
 
 /// A response body that writes its request's access-log line when hyper is done with it
-/// (sent whole, or given up with its connection), with the bytes that went out.
+/// (sent whole, or given up with its connection), with the bytes that went out: `ok` once
+/// hyper took its last frame, else cut. Its duration ends then: every byte handed to hyper to
+/// write to the socket (README "Access log" says what that leaves out).
 struct LoggedBody {
     inner: TcpBody,
     logged: Option<Logged>,
     status: StatusCode,
     bytes: u64,
+    /// Its `content-length`, if it has one.
+    length: Option<u64>,
+    /// hyper took its end (or its last byte of `length`).
+    ended: bool,
+    /// It broke off with an error of its own (a file that could not be read).
+    failed: bool,
 }
 
 impl hyper::body::Body for LoggedBody {
@@ -1117,10 +1138,18 @@ impl hyper::body::Body for LoggedBody {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
-        if let std::task::Poll::Ready(Some(Ok(frame))) = &polled {
-            if let Some(data) = frame.data_ref() {
-                self.bytes += data.len() as u64;
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    self.bytes += data.len() as u64;
+                }
+                if self.length.is_some_and(|n| self.bytes >= n) {
+                    self.ended = true;
+                }
             }
+            std::task::Poll::Ready(Some(Err(_))) => self.failed = true,
+            std::task::Poll::Ready(None) => self.ended = true,
+            std::task::Poll::Pending => {}
         }
         polled
     }
@@ -1136,9 +1165,20 @@ impl hyper::body::Body for LoggedBody {
 
 impl Drop for LoggedBody {
     fn drop(&mut self) {
-        if let Some(logged) = self.logged.take() {
-            logged.end(Some(self.status), self.bytes);
-        }
+        let Some(logged) = self.logged.take() else {
+            return;
+        };
+        let ending =
+            if self.ended || (!self.failed && hyper::body::Body::is_end_stream(&self.inner)) {
+                Ending::Ok
+            } else if self.failed {
+                Ending::CutError
+            } else {
+                // Dropped unfinished: its connection ended (the client's doing), or the worker
+                // was told to cut (`Logged::end_as` says so then).
+                Ending::CutClient
+            };
+        logged.end_as(Some(self.status), self.bytes, ending);
     }
 }
 

@@ -132,7 +132,8 @@ impl From<HandoffError> for AttachError {
     }
 }
 
-/// Fires when the worker should drain; see [`Worker::drain_signal`].
+/// Fires when the worker should drain ([`Worker::drain_signal`]), or stop serving now
+/// ([`Worker::cut_signal`]).
 #[derive(Debug, Clone)]
 pub struct Drain(watch::Receiver<bool>);
 
@@ -182,6 +183,8 @@ pub struct Worker {
     shared: Mutex<Shared>,
     sessions: Arc<RemoteSessionStore>,
     drain_tx: watch::Sender<bool>,
+    /// `true` once the demux said `CUT` ([`Worker::cut_signal`]).
+    cut_tx: watch::Sender<bool>,
     /// What each report carries of the program's: its series and its [`ReportFn`].
     report: Arc<crate::counters::Report>,
     /// The loops that accept from the shared listeners ([`Worker::accepting`]).
@@ -338,6 +341,7 @@ impl Worker {
         let sites = read_site_table(next("site table")?).map_err(|e| bad("site table", e))?;
         let certificates = SiteCerts::new(&sites)?;
         let (drain_tx, _) = watch::channel(false);
+        let (cut_tx, _) = watch::channel(false);
         Ok(Worker {
             instance: h.instance,
             instances: h.instances,
@@ -359,6 +363,7 @@ impl Worker {
             })),
             sessions,
             drain_tx,
+            cut_tx,
             report: Arc::default(),
             accepting: Arc::default(),
         })
@@ -579,6 +584,7 @@ impl Worker {
         tokio::spawn(control_task(
             control,
             self.drain_tx.clone(),
+            self.cut_tx.clone(),
             endpoint.clone(),
             ingress_stats,
             self.report.clone(),
@@ -597,6 +603,16 @@ impl Worker {
     /// Take as many as you need (one per connection task, say).
     pub fn drain_signal(&self) -> Drain {
         Drain(self.drain_tx.subscribe())
+    }
+
+    /// A [`Drain`] that fires when the demux tells this draining worker to cut (control
+    /// message `CUT`): its grace period (`ringmux --grace`) is over, or its generation is the
+    /// oldest draining one and a reload needs room (`--max-draining`). End every request in
+    /// flight now, write what the program logs of each (say it was cut), and exit: the demux
+    /// kills the process [`ringmux_proto::CUT_WAIT`] after the message. A program that does not
+    /// listen is killed then.
+    pub fn cut_signal(&self) -> Drain {
+        Drain(self.cut_tx.subscribe())
     }
 
     /// A guard for a loop that accepts from [`Worker::tcp_listener`] or
@@ -814,9 +830,11 @@ struct Pushed {
 /// SIGTERM) into `drain`, ACME certificates and challenges into `pushed`, each answered
 /// `APPLIED` once in use. When the demux closes the control socket the worker exits at once:
 /// nothing would route datagrams to it any more.
+#[allow(clippy::too_many_arguments)]
 async fn control_task(
     control: sys::AsyncReadable,
     drain: watch::Sender<bool>,
+    cut: watch::Sender<bool>,
     endpoint: quinn::Endpoint,
     ingress: Arc<IngressStats>,
     report: Arc<crate::counters::Report>,
@@ -842,6 +860,12 @@ async fn control_task(
                     Ok(Some(Ok(Message::Shutdown))) => {
                         tracing::info!("draining on request of the demux");
                         let _ = drain.send(true);
+                        asked = true;
+                    }
+                    Ok(Some(Ok(Message::Cut))) => {
+                        tracing::warn!("told to cut by the demux: ending what is still in flight");
+                        let _ = drain.send(true);
+                        let _ = cut.send(true);
                         asked = true;
                     }
                     Ok(Some(Ok(Message::Certificate(c)))) => {

@@ -284,6 +284,8 @@ counter_table! {
         /// The worker generation holding the lane (0: none), and its [`LaneState`].
         pub generation: AtomicU64,
         pub state: AtomicU64,
+        /// Milliseconds since the lane's worker began to drain (0: it does not).
+        pub draining_ms: AtomicU64,
         /// What the lane's worker last reported (`STATS`), by [`ringmux_proto::message::STATS_KEYS`].
         pub reported: Reported,
         /// What the lane's worker last reported of each site ([`SiteRows`]).
@@ -300,6 +302,8 @@ counter_table! {
             column("occupancy", 9);
         restarts: Counter(WORKER_RESTARTS), help "Worker processes restarted",
             column("restarts", 8);
+        cuts: Counter(WORKER_CUTS),
+            help "Workers told to cut what they still served at the end of a drain (--grace over, --max-draining reached, or a shutdown cut short)";
         violations: Counter(RING_VIOLATIONS), help "Ring protocol violations and stalls detected";
         discarded_on_reset: Counter(RING_DISCARDED),
             help "Forwarded datagrams discarded unread when a ring was reset";
@@ -530,10 +534,18 @@ impl SiteRows {
 }
 
 impl InstanceCounters {
-    /// Records which generation holds the lane and what its worker does.
-    pub fn set_lane(&self, generation: u64, state: LaneState) {
+    /// Records which generation holds the lane, what its worker does, and how long it has
+    /// drained (`None`: it does not).
+    pub fn set_lane(
+        &self,
+        generation: u64,
+        state: LaneState,
+        draining: Option<std::time::Duration>,
+    ) {
         self.generation.store(generation, Ordering::Relaxed);
         self.state.store(state as u64, Ordering::Relaxed);
+        let ms = draining.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.draining_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The lane's [`LaneState`].

@@ -348,6 +348,8 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
     );
     let workers = Family::<Labels, Gauge<i64>>::default();
     let connections = Family::<Labels, Gauge<i64>>::default();
+    let requests = Family::<Labels, Gauge<i64>>::default();
+    let draining = Family::<Labels, Gauge<f64, AtomicU64>>::default();
     for (lane, l) in c.instances.iter().enumerate() {
         let state = l.lane_state();
         if state == LaneState::Idle {
@@ -364,6 +366,12 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         connections
             .get_or_create(&labels)
             .inc_by(i64::try_from(l.reported.get("connections_active")).unwrap_or(0));
+        requests
+            .get_or_create(&labels)
+            .inc_by(i64::try_from(l.reported.get("requests_active")).unwrap_or(0));
+        draining
+            .get_or_create(&labels)
+            .set(ld(&l.draining_ms) as f64 / 1000.0);
     }
     reg.register(
         names::GENERATION_WORKERS,
@@ -374,6 +382,16 @@ fn generations(reg: &mut Registry, c: &Counters, live: &Liveness) {
         names::GENERATION_CONNECTIONS,
         "Open QUIC connections of the worker of this instance and generation (reported by it)",
         connections,
+    );
+    reg.register(
+        names::GENERATION_REQUESTS,
+        "HTTP requests in flight in the worker of this instance and generation (reported by it): what a draining generation still serves",
+        requests,
+    );
+    reg.register(
+        names::GENERATION_DRAINING_SECONDS,
+        "Seconds since the worker of this instance and generation began to drain (0 while it does not)",
+        draining,
     );
     // Counters by `result` of the arrays by an enum: name, help, and each result's label and
     // value.
@@ -770,7 +788,7 @@ mod tests {
         forged.set_gauge("queue", &[], u64::MAX).unwrap();
         // Lanes 1 and 3: instance 1 in generation slots 0 and 1.
         for lane in [1, 3] {
-            c.instances[lane].set_lane(1, LaneState::Serving);
+            c.instances[lane].set_lane(1, LaneState::Serving, None);
             c.instances[lane].record_report(&forged, 1);
             c.instances[lane]
                 .stats_dropped
@@ -840,7 +858,7 @@ mod tests {
     fn a_name_holds_one_kind_across_instances() {
         let c = Counters::new(2, 2);
         for lane in 0..2 {
-            c.instances[lane].set_lane(1, LaneState::Serving);
+            c.instances[lane].set_lane(1, LaneState::Serving, None);
         }
         let mut counter = ringmux_proto::WorkerReport::default();
         counter.set_counter("x", &[("k", "a")], 5).unwrap();
@@ -877,7 +895,7 @@ mod tests {
         c.instances[1].record_report(&r, c.site_labels.len());
         r.sites.insert(1, [0, 0, 0, 3, 0, 0]);
         c.instances[3].record_report(&r, c.site_labels.len());
-        c.instances[1].set_lane(1, LaneState::Serving);
+        c.instances[1].set_lane(1, LaneState::Serving, None);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
         c.dropped[DropReason::Malformed as usize].store(3, Ordering::Relaxed);

@@ -85,6 +85,15 @@ metric_names! {
     GENERATION_WORKERS = "ringmux_generation_workers_up";
     /// Gauge: open connections (reported by the worker), labels `instance`, `generation`, `state`.
     GENERATION_CONNECTIONS = "ringmux_generation_connections";
+    /// Gauge: HTTP requests in flight (reported by the worker), labels `instance`,
+    /// `generation`, `state`: what a draining generation still serves.
+    GENERATION_REQUESTS = "ringmux_generation_requests_in_flight";
+    /// Gauge: seconds since the worker began to drain (0 while it does not), labels
+    /// `instance`, `generation`, `state`.
+    GENERATION_DRAINING_SECONDS = "ringmux_generation_draining_seconds";
+    /// Counter: workers told to cut what they still served at the end of a drain (`--grace`
+    /// over, `--max-draining` reached, or a shutdown cut short).
+    WORKER_CUTS = "ringmux_worker_cuts_total";
     /// Counter: reloads, label `result` (`ok`, `failed`).
     RELOADS = "ringmux_reloads_total";
     /// Counter: upgrades of the demux itself (`ringmux upgrade`) this process went through, label

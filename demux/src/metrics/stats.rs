@@ -179,10 +179,12 @@ fn sites(m: &Scrape, out: &mut String) {
     }
 }
 
-/// The worker generations: each one's state, workers up and connections.
+/// The worker generations: each one's state, workers up, connections, requests in flight and
+/// (a draining one's) how long it has drained, its oldest worker's.
 fn generations(m: &Scrape, out: &mut String) {
-    // (generation, state) -> (workers up, connections)
-    let mut rows: std::collections::BTreeMap<(u64, String), (f64, f64)> = Default::default();
+    // (generation, state) -> (workers up, connections, requests, seconds draining)
+    let mut rows: std::collections::BTreeMap<(u64, String), (f64, f64, f64, f64)> =
+        Default::default();
     let key = |labels: &[(String, String)]| {
         let get = |k: &str| {
             labels
@@ -199,6 +201,13 @@ fn generations(m: &Scrape, out: &mut String) {
     for (labels, v) in m.samples(names::GENERATION_CONNECTIONS) {
         rows.entry(key(&labels)).or_default().1 += v;
     }
+    for (labels, v) in m.samples(names::GENERATION_REQUESTS) {
+        rows.entry(key(&labels)).or_default().2 += v;
+    }
+    for (labels, v) in m.samples(names::GENERATION_DRAINING_SECONDS) {
+        let row = rows.entry(key(&labels)).or_default();
+        row.3 = row.3.max(v);
+    }
     let _ = writeln!(out);
     let _ = writeln!(
         out,
@@ -209,11 +218,18 @@ fn generations(m: &Scrape, out: &mut String) {
     );
     let _ = writeln!(
         out,
-        "{:>10} {:>9} {:>10} {:>11}",
-        "generation", "state", "workers up", "connections"
+        "{:>10} {:>9} {:>10} {:>11} {:>8} {:>12}",
+        "generation", "state", "workers up", "connections", "requests", "drained for"
     );
-    for ((generation, state), (up, conns)) in rows.iter().rev() {
-        let _ = writeln!(out, "{generation:>10} {state:>9} {up:>10.0} {conns:>11.0}");
+    for ((generation, state), (up, conns, requests, secs)) in rows.iter().rev() {
+        let age = match state.as_str() {
+            "draining" => format!("{secs:.0} s"),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{generation:>10} {state:>9} {up:>10.0} {conns:>11.0} {requests:>8.0} {age:>12}"
+        );
     }
 }
 
@@ -272,11 +288,15 @@ mod tests {
         live.set_up(1, true);
         // Generation 1 drains in lanes 0 and 1 (one worker up, 5 connections); generation 2
         // serves in lanes 2 and 3 (slot 1), instance 0's worker also forwarded 4 datagrams.
-        c.instances[0].set_lane(1, LaneState::Draining);
-        c.instances[1].set_lane(1, LaneState::Draining);
+        // Generation 1's workers drained for 12.4 s and 30 s, and still serve 3 requests.
+        let secs = |s: f64| Some(std::time::Duration::from_secs_f64(s));
+        c.instances[0].set_lane(1, LaneState::Draining, secs(12.4));
+        c.instances[1].set_lane(1, LaneState::Draining, secs(30.0));
         c.instances[1].reported.set("connections_active", 5);
-        c.instances[2].set_lane(2, LaneState::Serving);
-        c.instances[3].set_lane(2, LaneState::Serving);
+        c.instances[1].reported.set("requests_active", 3);
+        c.instances[2].set_lane(2, LaneState::Serving, None);
+        c.instances[3].set_lane(2, LaneState::Serving, None);
+        c.instances[3].reported.set("requests_active", 2);
         c.instances[2].forwarded.store(4, Ordering::Relaxed);
         live.set_up(2, true);
         live.set_up(3, true);
@@ -329,14 +349,14 @@ mod tests {
             ),
             "{t}"
         );
-        assert_eq!(row("2")[..4], ["2", "serving", "2", "0"]);
+        assert_eq!(row("2")[..6], ["2", "serving", "2", "0", "2", "-"]);
         let drain = t
             .lines()
             .find(|l| l.contains("draining"))
             .unwrap_or_else(|| panic!("no draining row in\n{t}"));
         assert_eq!(
             drain.split_whitespace().collect::<Vec<_>>(),
-            ["1", "draining", "1", "5"]
+            ["1", "draining", "1", "5", "3", "30", "s"]
         );
         assert_eq!(row("malformed"), ["malformed", "3"]);
         assert_eq!(row("token_refused"), ["token_refused", "1"]);

@@ -258,7 +258,7 @@ impl Supervisor {
         } = parts;
         let numbering = Lanes::new(cfg.instances);
         let lanes = numbering.count();
-        let limits = Limits::new(cfg.ready_timeout(), cfg.grace());
+        let limits = Limits::new(cfg.ready_timeout(), cfg.grace(), cfg.max_draining());
         let filter = match cfg.args.sandbox {
             Sandbox::On | Sandbox::FilterOnly => Some(WorkerFilter::compile(
                 cfg.args.forward.workers_receive(),
@@ -777,7 +777,10 @@ impl Supervisor {
             if self.policy.shutting_down() {
                 tracing::warn!(signal = sig, "second signal: stopping now");
             } else {
-                tracing::info!(signal = sig, grace = ?self.cfg.grace(), "shutting down: draining workers");
+                match self.cfg.grace() {
+                    Some(grace) => tracing::info!(signal = sig, ?grace, "shutting down: draining workers (what they still serve at the end of --grace is cut; a second signal cuts it now)"),
+                    None => tracing::info!(signal = sig, "shutting down: draining workers until every request in flight is done (no --grace; a second signal cuts them now)"),
+                }
             }
             actions.extend(
                 self.policy
@@ -818,9 +821,14 @@ impl Supervisor {
         actions.extend(self.policy.tick(Instant::now()));
         let done = self.carry_out(actions);
         self.answer_reload(Instant::now());
+        let now = Instant::now();
         for (l, c) in self.counters.instances.iter().enumerate() {
             let (generation, state) = self.policy.lane(l);
-            c.set_lane(generation, state);
+            let draining = self
+                .policy
+                .draining_since(l)
+                .map(|s| now.saturating_duration_since(s));
+            c.set_lane(generation, state, draining);
         }
         done
     }
@@ -884,6 +892,13 @@ impl Supervisor {
             if let Ok(mut p) = self.counters.program.write() {
                 *p = cfg.worker_label();
             }
+            // A new --grace applies to the drains under way too; a new --max-draining at the
+            // next activation.
+            self.policy.set_limits(Limits::new(
+                cfg.ready_timeout(),
+                cfg.grace(),
+                cfg.max_draining(),
+            ));
             self.cfg = cfg;
             self.template = template;
             // Every access-log line from now on goes to the path as it is now: a log rotated
@@ -940,6 +955,7 @@ impl Supervisor {
         while let Some(action) = queue.pop_front() {
             match action {
                 Action::Kill(i, why) => self.kill(i, why),
+                Action::Cut(i, why) => self.cut(i, why),
                 Action::Close(l) => {
                     self.workers[l].handles = None;
                     self.link.close(l as u8);
@@ -986,18 +1002,8 @@ impl Supervisor {
                     self.kill_orphans();
                     return Ok(true);
                 }
-                Action::KillAllAndFinish => {
-                    let lanes = self.lanes;
-                    for (i, w) in self.workers.iter_mut().enumerate() {
-                        if let Some(mut c) = w.child.take() {
-                            tracing::warn!(
-                                instance = lanes.at(i).instance,
-                                "grace period over: killing worker"
-                            );
-                            let _ = c.kill();
-                            let _ = c.wait();
-                        }
-                    }
+                Action::CutAllAndFinish => {
+                    self.cut_all();
                     self.kill_orphans();
                     return Ok(true);
                 }
@@ -1018,10 +1024,11 @@ impl Supervisor {
             );
         }
         match why {
-            policy::Why::GraceOver => tracing::warn!(
+            policy::Why::CutIgnored => tracing::warn!(
                 instance = self.lanes.at(i).instance,
-                grace = ?self.cfg.grace(),
-                "replaced worker still draining at the end of --grace: killing it"
+                generation = self.policy.lane(i).0,
+                wait = ?policy::CUT_WAIT,
+                "a worker told to cut did not exit in time: killing it"
             ),
             policy::Why::Abandoned => tracing::info!(
                 instance = self.lanes.at(i).instance,
@@ -1031,6 +1038,96 @@ impl Supervisor {
         }
         if let Some(c) = self.workers[i].child.as_mut() {
             let _ = c.kill();
+        }
+    }
+
+    /// Tells lane `i`'s worker to cut (`CUT`): the end of its drain. The policy kills it if it
+    /// is still there [`policy::CUT_WAIT`] later.
+    fn cut(&mut self, i: usize, why: policy::Why) {
+        let (instance, generation) = (self.lanes.at(i).instance, self.policy.lane(i).0);
+        let age = self
+            .policy
+            .draining_since(i)
+            .map(|s| Instant::now().saturating_duration_since(s));
+        match why {
+            policy::Why::GraceOver => tracing::warn!(
+                instance,
+                generation,
+                grace = ?self.cfg.grace(),
+                "replaced worker still serving at the end of --grace: cutting what it serves"
+            ),
+            _ => tracing::warn!(
+                instance,
+                generation,
+                draining_for = ?age,
+                max_draining = self.cfg.max_draining(),
+                "the oldest draining generation makes room for a new one \
+                 (--max-draining): cutting what its worker serves"
+            ),
+        }
+        self.counters.instances[i]
+            .cuts
+            .fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = &self.workers[i].control {
+            let _ = sys::send_packet(c.as_fd(), &Message::Cut.encode());
+        }
+    }
+
+    /// The end of a shutdown cut short (its grace period over, or a second signal): every
+    /// worker still there is told to cut, given [`policy::CUT_WAIT`] to write its access-log
+    /// lines and exit, and killed after that.
+    fn cut_all(&mut self) {
+        let mut told = 0;
+        for i in 0..self.workers.len() {
+            if self.workers[i].child.is_some() {
+                told += 1;
+                self.counters.instances[i]
+                    .cuts
+                    .fetch_add(1, Ordering::Relaxed);
+                if let Some(c) = &self.workers[i].control {
+                    let _ = sys::send_packet(c.as_fd(), &Message::Cut.encode());
+                }
+            }
+        }
+        if told > 0 {
+            tracing::warn!(
+                workers = told,
+                "cutting what the workers still serve; each writes its access log and exits"
+            );
+        }
+        let deadline = Instant::now() + policy::CUT_WAIT;
+        loop {
+            for i in 0..self.workers.len() {
+                if self.workers[i].child.is_some() && self.exited(i) {
+                    if let Some(mut c) = self.workers[i].child.take() {
+                        let _ = c.wait();
+                    }
+                }
+            }
+            let now = Instant::now();
+            if self.workers.iter().all(|w| w.child.is_none()) || now >= deadline {
+                break;
+            }
+            let fds: Vec<BorrowedFd<'_>> = self
+                .workers
+                .iter()
+                .filter_map(|w| w.pidfd.as_ref().map(|p| p.as_fd()))
+                .collect();
+            let wait = deadline
+                .saturating_duration_since(now)
+                .min(Duration::from_millis(50));
+            let _ = sys::poll_readable(&fds, Some(wait));
+        }
+        let lanes = self.lanes;
+        for (i, w) in self.workers.iter_mut().enumerate() {
+            if let Some(mut c) = w.child.take() {
+                tracing::warn!(
+                    instance = lanes.at(i).instance,
+                    "a worker told to cut did not exit in time: killing it"
+                );
+                let _ = c.kill();
+                let _ = c.wait();
+            }
         }
     }
 
@@ -1113,9 +1210,11 @@ impl Supervisor {
     /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
     fn report_reload(&mut self, action: Action) {
         match action {
-            Action::Reloaded { generation } => {
+            Action::Reloaded {
+                generation,
+                replaced: old,
+            } => {
                 self.counters.reloads.fetch_add(1, Ordering::Relaxed);
-                let old = generation - 1;
                 tracing::info!(generation, draining = old, "reload done");
                 // Answered once the replaced workers accept no new connection.
                 self.reload_answer = Some(ReloadAnswer {
@@ -1171,7 +1270,9 @@ impl Supervisor {
                 self.tell_waiters(
                     &format!(
                         "waiting: generation {generation} needs the connection-ID slot of \
-                     generation {draining}, which is still draining (at most --grace)"
+                     generation {draining}, the oldest draining one, which is cut and given \
+                     {:?} to write its logs and exit",
+                        policy::CUT_WAIT
                     ),
                     false,
                 );
@@ -1395,9 +1496,14 @@ impl Supervisor {
                         a.applied(i, seq);
                     }
                 }
-                // SHUTDOWN, CERTIFICATE and CHALLENGES go the other way; unknown or oversized
-                // messages are ignored.
-                Some(Ok(Message::Shutdown | Message::Certificate(_) | Message::Challenges(_)))
+                // SHUTDOWN, CUT, CERTIFICATE and CHALLENGES go the other way; unknown or
+                // oversized messages are ignored.
+                Some(Ok(
+                    Message::Shutdown
+                    | Message::Cut
+                    | Message::Certificate(_)
+                    | Message::Challenges(_),
+                ))
                 | Some(Err(_))
                 | None => {}
             }

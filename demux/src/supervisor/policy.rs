@@ -10,6 +10,12 @@
 //! worker-generation slot `slot` (`(generation - 1) mod 4`, which its connection IDs carry).
 //! The active generation's lanes are restarted when they die; a new generation (a reload)
 //! becomes active once every one of its workers is READY, and the one before it then drains.
+//!
+//! A drain has no clock unless [`Limits::grace`] sets one: a replaced worker serves what it has
+//! in flight to its end. What bounds the drains is [`Limits::max_draining`], the generations
+//! that may drain beside the serving one: a reload past it *cuts* the oldest (control message
+//! `CUT`: the worker ends what it serves, logs each request it cut, and exits), and so does a
+//! grace period that ends. A cut worker still there [`CUT_WAIT`] later is killed.
 
 use std::time::{Duration, Instant};
 
@@ -22,13 +28,20 @@ use crate::forward::Lanes;
 /// connection among them) are taken and answered first.
 pub const DRAIN_DELAY: Duration = Duration::from_millis(100);
 
-/// The supervisor's timings.
+/// How long a worker told to cut (control message `CUT`) has to end what it serves, write its
+/// access-log lines and exit before it is killed.
+pub use ringmux_proto::CUT_WAIT;
+
+/// The supervisor's timings and bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// How long a starting worker may take to report READY.
     pub ready_timeout: Duration,
-    /// How long workers may drain (after a shutdown signal, or once replaced by a reload).
-    pub grace: Duration,
+    /// How long workers may drain (after a shutdown signal, or once replaced by a reload);
+    /// `None`: as long as they serve anything.
+    pub grace: Option<Duration>,
+    /// Most generations draining beside the serving one (1 to 3: the generation slots).
+    pub max_draining: usize,
     /// First restart delay of a crash loop; doubled each crash up to `backoff_max`.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
@@ -38,11 +51,13 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// ringmux's timings around the operator's READY timeout and grace period.
-    pub fn new(ready_timeout: Duration, grace: Duration) -> Self {
+    /// ringmux's timings around the operator's READY timeout, grace period and bound on
+    /// draining generations (held to 1..=3).
+    pub fn new(ready_timeout: Duration, grace: Option<Duration>, max_draining: usize) -> Self {
         Limits {
             ready_timeout,
             grace,
+            max_draining: max_draining.clamp(1, 3),
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             healthy_uptime: Duration::from_secs(10),
@@ -76,6 +91,9 @@ pub enum Event {
 pub enum Action {
     /// Kill the lane's process (its death comes back as [`Event::Exited`]).
     Kill(usize, Why),
+    /// Tell the lane's worker to cut (control message `CUT`): end every request it still
+    /// serves, write their access-log lines, exit. Killed [`CUT_WAIT`] later if still there.
+    Cut(usize, Why),
     /// Ask the data plane for a new ingress for the lane.
     RequestReset(usize),
     /// Start a worker in the lane now.
@@ -88,8 +106,8 @@ pub enum Action {
     Died(Death),
     /// Hash new connections to `generation`'s lanes from now on.
     Activate { generation: u64 },
-    /// The reload is done: `generation` serves, the one before drains.
-    Reloaded { generation: u64 },
+    /// The reload is done: `generation` serves, `replaced` drains.
+    Reloaded { generation: u64, replaced: u64 },
     /// The reload of `generation` failed; the generation before serves on.
     ReloadFailed {
         generation: u64,
@@ -102,12 +120,12 @@ pub enum Action {
     ReloadWaits { generation: u64, draining: u64 },
     /// Shutdown complete: every worker is gone.
     Finish,
-    /// Shutdown cut short (grace over, or a second signal): kill every remaining worker and
-    /// finish.
-    KillAllAndFinish,
+    /// Shutdown cut short (grace over, or a second signal): cut every remaining worker, kill
+    /// those still there after [`CUT_WAIT`], and finish.
+    CutAllAndFinish,
 }
 
-/// Why a worker is killed.
+/// Why a worker is killed or cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
     /// It did not report READY within the timeout.
@@ -116,6 +134,11 @@ pub enum Why {
     Misbehaved,
     /// It was still draining when the grace period ended.
     GraceOver,
+    /// Its generation was the oldest draining one when a reload needed room
+    /// ([`Limits::max_draining`], or its generation slot).
+    TooManyDraining,
+    /// It was told to cut and did not exit within [`CUT_WAIT`].
+    CutIgnored,
     /// Its generation failed to start: every worker of it goes.
     Abandoned,
 }
@@ -187,16 +210,27 @@ enum Phase {
         reset_done: bool,
     },
     /// Replaced (by a reload) or shutting down since `since`; `told` once asked to drain. Not
-    /// restarted when it exits; killed when the grace period is over.
+    /// restarted when it exits; cut when the grace period is over or its generation must make
+    /// room, then killed if it does not exit.
     Draining {
         since: Instant,
         told: bool,
-        killed: bool,
+        cut: Cut,
     },
     /// Its generation failed to start: killed, waiting for its death.
     Abandoned,
     /// Exited during the shutdown.
     Gone,
+}
+
+/// Whether a draining worker was told to cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    No,
+    /// Told at this time.
+    Told(Instant),
+    /// Killed after [`CUT_WAIT`].
+    Killed,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -221,8 +255,8 @@ pub struct Policy {
     active: u64,
     /// A reload under way: the generation starting, and whether it still waits for its slot.
     candidate: Option<(u64, bool)>,
-    /// Set by the first shutdown signal: when the grace period ends.
-    shutdown_deadline: Option<Instant>,
+    /// Set by the first shutdown signal: when it came (the grace period counts from there).
+    shutdown_since: Option<Instant>,
 }
 
 impl Policy {
@@ -253,7 +287,7 @@ impl Policy {
             lanes,
             active: 1,
             candidate: None,
-            shutdown_deadline: None,
+            shutdown_since: None,
         }
     }
 
@@ -278,7 +312,7 @@ impl Policy {
                             .checked_sub(Duration::from_millis(elapsed_ms))
                             .unwrap_or(now),
                         told,
-                        killed: false,
+                        cut: Cut::No,
                     },
                 },
                 generation,
@@ -294,7 +328,7 @@ impl Policy {
             lanes,
             active,
             candidate: None,
-            shutdown_deadline: None,
+            shutdown_since: None,
         }
     }
 
@@ -303,7 +337,7 @@ impl Policy {
     /// under way), so that no decision is lost between the two images.
     pub fn export(&self, now: Instant) -> Result<Vec<(u64, crate::upgrade::LanePhase)>, Unsettled> {
         use crate::upgrade::LanePhase;
-        if self.shutdown_deadline.is_some() {
+        if self.shutdown_since.is_some() {
             return Err(Unsettled::ShuttingDown);
         }
         if let Some((generation, _)) = self.candidate {
@@ -319,7 +353,7 @@ impl Policy {
                     Phase::Draining {
                         since,
                         told,
-                        killed: false,
+                        cut: Cut::No,
                     } => LanePhase::Draining {
                         elapsed_ms: now.saturating_duration_since(since).as_millis() as u64,
                         told,
@@ -346,7 +380,7 @@ impl Policy {
 
     /// Whether a shutdown is under way.
     pub fn shutting_down(&self) -> bool {
-        self.shutdown_deadline.is_some()
+        self.shutdown_since.is_some()
     }
 
     /// Whether lane `l`'s worker was asked to drain, or is being killed with its failed
@@ -391,12 +425,12 @@ impl Policy {
                 lane.phase = Phase::Starting;
                 lane.started = now;
                 lane.timed_out = false;
-                if self.shutdown_deadline.is_some() {
+                if self.shutdown_since.is_some() {
                     // Started just as the shutdown came: drain it too.
                     lane.phase = Phase::Draining {
                         since: now,
                         told: true,
-                        killed: false,
+                        cut: Cut::No,
                     };
                     out.push(Action::Drain(l));
                 }
@@ -429,11 +463,11 @@ impl Policy {
                 _ => {}
             },
             Event::ShutdownSignal => {
-                if self.shutdown_deadline.is_some() {
-                    out.push(Action::KillAllAndFinish);
+                if self.shutdown_since.is_some() {
+                    out.push(Action::CutAllAndFinish);
                     return out;
                 }
-                self.shutdown_deadline = Some(now + self.limits.grace);
+                self.shutdown_since = Some(now);
                 if let Some((generation, _)) = self.candidate.take() {
                     let instance = 0;
                     out.push(Action::ReloadFailed {
@@ -449,7 +483,7 @@ impl Policy {
                             Phase::Draining {
                                 since: now,
                                 told: true,
-                                killed: false,
+                                cut: Cut::No,
                             }
                         }
                         p @ (Phase::Draining { .. } | Phase::Abandoned) => p,
@@ -464,18 +498,53 @@ impl Policy {
         out
     }
 
+    /// Takes up new limits (a reload): a grace period set, changed or removed applies to the
+    /// drains under way too, counted from when each began; a lower `max_draining` applies at
+    /// the next reload.
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
+    /// When lane `l`'s worker began to drain, if it drains.
+    pub fn draining_since(&self, l: usize) -> Option<Instant> {
+        match self.lanes[l].phase {
+            Phase::Draining { since, .. } => Some(since),
+            _ => None,
+        }
+    }
+
     /// Decides what the passing of time calls for: READY deadlines, restarts that are due, the
-    /// old generation's drain, the end of a grace period.
+    /// old generation's drain, the end of a grace period, cut workers that did not exit.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
         let mut out = Vec::new();
-        if let Some(deadline) = self.shutdown_deadline {
-            if now >= deadline
+        if let Some(since) = self.shutdown_since {
+            let over = self.limits.grace.is_some_and(|g| now >= since + g);
+            if over
                 && self
                     .lanes
                     .iter()
                     .any(|l| !matches!(l.phase, Phase::Gone | Phase::Idle))
             {
-                out.push(Action::KillAllAndFinish);
+                out.push(Action::CutAllAndFinish);
+                return out;
+            }
+            // A worker cut before the shutdown came still has CUT_WAIT to exit.
+            for (l, lane) in self.lanes.iter_mut().enumerate() {
+                if let Phase::Draining {
+                    since,
+                    told,
+                    cut: Cut::Told(at),
+                } = lane.phase
+                {
+                    if now >= at + CUT_WAIT {
+                        lane.phase = Phase::Draining {
+                            since,
+                            told,
+                            cut: Cut::Killed,
+                        };
+                        out.push(Action::Kill(l, Why::CutIgnored));
+                    }
+                }
             }
             return out;
         }
@@ -498,26 +567,38 @@ impl Policy {
                 Phase::Draining {
                     since,
                     told: false,
-                    killed,
+                    cut,
                 } if now >= since + DRAIN_DELAY => {
                     lane.phase = Phase::Draining {
                         since,
                         told: true,
-                        killed,
+                        cut,
                     };
                     out.push(Action::Drain(l));
                 }
                 Phase::Draining {
                     since,
                     told,
-                    killed: false,
-                } if now >= since + limits.grace => {
+                    cut: Cut::No,
+                } if limits.grace.is_some_and(|g| now >= since + g) => {
                     lane.phase = Phase::Draining {
                         since,
                         told,
-                        killed: true,
+                        cut: Cut::Told(now),
                     };
-                    out.push(Action::Kill(l, Why::GraceOver));
+                    out.push(Action::Cut(l, Why::GraceOver));
+                }
+                Phase::Draining {
+                    since,
+                    told,
+                    cut: Cut::Told(at),
+                } if now >= at + CUT_WAIT => {
+                    lane.phase = Phase::Draining {
+                        since,
+                        told,
+                        cut: Cut::Killed,
+                    };
+                    out.push(Action::Kill(l, Why::CutIgnored));
                 }
                 _ => {}
             }
@@ -527,7 +608,7 @@ impl Policy {
 
     /// A reload: start the next generation in its slot, or wait for the slot, or refuse.
     fn reload(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if self.shutdown_deadline.is_some() {
+        if self.shutdown_since.is_some() {
             out.push(Action::ReloadRefused(Refusal::ShuttingDown));
             return;
         }
@@ -535,7 +616,16 @@ impl Policy {
             out.push(Action::ReloadRefused(Refusal::Starting { generation }));
             return;
         }
-        let generation = self.active + 1;
+        // The next generation number whose connection-ID slot no draining generation holds
+        // (numbers may be skipped: only their order matters). With every other slot held (three
+        // generations drain), the next one's: its holder, the oldest, is cut.
+        let free = |g: u64| {
+            self.lanes_of(g)
+                .all(|l| matches!(self.lanes[l].phase, Phase::Idle))
+        };
+        let generation = (self.active + 1..=self.active + 3)
+            .find(|&g| free(g))
+            .unwrap_or(self.active + 1);
         self.candidate = Some((generation, true));
         self.start_candidate(now, out);
     }
@@ -550,9 +640,13 @@ impl Policy {
             .iter()
             .find(|l| !matches!(l.phase, Phase::Idle))
         {
+            // Only a draining generation can hold the slot (the oldest of three): it goes
+            // now, and the reload waits for its workers to write their logs and exit.
+            let draining = busy.generation;
+            self.cut_generation(now, draining, Why::TooManyDraining, out);
             out.push(Action::ReloadWaits {
                 generation,
-                draining: busy.generation,
+                draining,
             });
             return;
         }
@@ -594,7 +688,7 @@ impl Policy {
                     lane.phase = Phase::Draining {
                         since: now,
                         told: false,
-                        killed: false,
+                        cut: Cut::No,
                     };
                 }
                 // Dead and waiting for its replacement: nobody replaces it now. Its
@@ -608,7 +702,56 @@ impl Policy {
                 _ => {}
             }
         }
-        out.push(Action::Reloaded { generation });
+        out.push(Action::Reloaded {
+            generation,
+            replaced: old,
+        });
+        // At most `max_draining` generations drain beside the serving one: the oldest go.
+        let mut draining = self.draining_generations();
+        while draining.len() > self.limits.max_draining {
+            let oldest = draining.remove(0);
+            self.cut_generation(now, oldest, Why::TooManyDraining, out);
+        }
+    }
+
+    /// The generations with a worker draining and not told to cut, oldest first.
+    fn draining_generations(&self) -> Vec<u64> {
+        let mut g: Vec<u64> = self
+            .lanes
+            .iter()
+            .filter(|l| matches!(l.phase, Phase::Draining { cut: Cut::No, .. }))
+            .map(|l| l.generation)
+            .collect();
+        g.sort_unstable();
+        g.dedup();
+        g
+    }
+
+    /// Cuts every worker of `generation` still draining and not told yet: asked to drain first
+    /// if it was not (its clients get their GOAWAY), then told to cut.
+    fn cut_generation(&mut self, now: Instant, generation: u64, why: Why, out: &mut Vec<Action>) {
+        for l in self.lanes_of(generation) {
+            let lane = &mut self.lanes[l];
+            if lane.generation != generation {
+                continue;
+            }
+            if let Phase::Draining {
+                since,
+                told,
+                cut: Cut::No,
+            } = lane.phase
+            {
+                if !told {
+                    out.push(Action::Drain(l));
+                }
+                lane.phase = Phase::Draining {
+                    since,
+                    told: true,
+                    cut: Cut::Told(now),
+                };
+                out.push(Action::Cut(l, why));
+            }
+        }
     }
 
     /// Abandons the candidate: its live workers are killed, its lanes freed as they die.
@@ -643,7 +786,7 @@ impl Policy {
         let limits = self.limits;
         let candidate = self.candidate.map(|(g, _)| g);
         let lane = &mut self.lanes[l];
-        if self.shutdown_deadline.is_some() {
+        if self.shutdown_since.is_some() {
             lane.phase = Phase::Gone;
             self.finish_if_all_gone(out);
             return;
@@ -720,8 +863,9 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    /// A grace period of 10 s, and the most draining generations.
     fn limits() -> Limits {
-        Limits::new(Duration::from_secs(30), Duration::from_secs(10))
+        Limits::new(Duration::from_secs(30), Some(Duration::from_secs(10)), 3)
     }
 
     /// A policy with every instance started and READY at `t0`.
@@ -864,14 +1008,14 @@ mod tests {
         assert!(p.tick(t0 + Duration::from_secs(10) - MS).is_empty());
         assert_eq!(
             p.tick(t0 + Duration::from_secs(10)),
-            [Action::KillAllAndFinish]
+            [Action::CutAllAndFinish]
         );
 
         let (mut p, t0) = running(2);
         p.on(t0, Event::ShutdownSignal);
         assert_eq!(
             p.on(t0 + MS, Event::ShutdownSignal),
-            [Action::KillAllAndFinish]
+            [Action::CutAllAndFinish]
         );
     }
 
@@ -923,7 +1067,10 @@ mod tests {
             p.on(t, Event::Ready(b)),
             [
                 Action::Activate { generation: 2 },
-                Action::Reloaded { generation: 2 }
+                Action::Reloaded {
+                    generation: 2,
+                    replaced: 1
+                }
             ]
         );
         assert_eq!(p.active(), 2);
@@ -935,9 +1082,18 @@ mod tests {
             [Action::Drain(0), Action::Drain(1)]
         );
         assert_eq!(p.on(t + DRAIN_DELAY, Event::Exited(0)), [Action::Close(0)]);
+        // At the end of the grace period the one left is told to cut, then killed if it
+        // does not exit.
         let grace = Duration::from_secs(10);
-        assert_eq!(p.tick(t + grace), [Action::Kill(1, Why::GraceOver)]);
-        assert!(p.tick(t + grace + MS).is_empty(), "killed once");
+        assert!(p.tick(t + grace - MS).is_empty());
+        assert_eq!(p.tick(t + grace), [Action::Cut(1, Why::GraceOver)]);
+        assert!(p.tick(t + grace + MS).is_empty(), "cut once");
+        assert!(p.tick(t + grace + CUT_WAIT - MS).is_empty());
+        assert_eq!(
+            p.tick(t + grace + CUT_WAIT),
+            [Action::Kill(1, Why::CutIgnored)]
+        );
+        assert!(p.tick(t + grace + CUT_WAIT + MS).is_empty(), "killed once");
         assert_eq!(p.on(t + grace, Event::Exited(1)), [Action::Close(1)]);
         // The new generation is supervised like the first: a death is replaced.
         died(&p.on(t + grace, Event::Exited(a)));
@@ -1010,7 +1166,7 @@ mod tests {
     }
 
     #[test]
-    fn reloads_in_a_row_keep_three_generations_draining_and_the_fifth_waits_for_a_slot() {
+    fn reloads_in_a_row_keep_three_generations_draining_and_the_fifth_cuts_the_oldest() {
         let (mut p, t0) = running(2);
         let mut t = t0;
         for g in 2..=4 {
@@ -1020,13 +1176,29 @@ mod tests {
             assert_eq!(p.active(), g);
             t += Duration::from_secs(1);
         }
-        // Generations 1, 2 and 3 still drain (none has exited yet): 5 needs slot 0, held by 1.
+        // Generations 1, 2 and 3 still drain (none has exited yet): 5 needs slot 0, held by
+        // 1, which is cut at once; the reload waits for its workers to exit.
         assert_eq!(
             p.on(t, Event::Reload),
-            [Action::ReloadWaits {
-                generation: 5,
-                draining: 1
-            }]
+            [
+                Action::Cut(0, Why::TooManyDraining),
+                Action::Cut(1, Why::TooManyDraining),
+                Action::ReloadWaits {
+                    generation: 5,
+                    draining: 1
+                }
+            ]
+        );
+        // Killed if they do not exit in time (generation 3, replaced at `t - 1 s`, is asked
+        // to drain by then too).
+        assert_eq!(
+            p.tick(t + CUT_WAIT),
+            [
+                Action::Kill(0, Why::CutIgnored),
+                Action::Kill(1, Why::CutIgnored),
+                Action::Drain(4),
+                Action::Drain(5)
+            ]
         );
         assert_eq!(
             p.on(t, Event::Reload),
@@ -1084,5 +1256,199 @@ mod tests {
             assert!(p.on(t0, Event::Exited(l)).is_empty());
         }
         assert_eq!(p.on(t0, Event::Exited(3)), [Action::Finish]);
+    }
+
+    /// Reloads `p` (2 instances) to generation `g`, every new worker READY at `t`: the
+    /// actions of the activation.
+    fn reload_to(p: &mut Policy, t: Instant, g: u64) -> Vec<Action> {
+        let [a, b] = start_generation(p, t, g);
+        p.on(t, Event::Ready(a));
+        p.on(t, Event::Ready(b))
+    }
+
+    fn no_grace(max_draining: usize) -> Limits {
+        Limits::new(Duration::from_secs(30), None, max_draining)
+    }
+
+    #[test]
+    fn with_no_grace_a_drain_is_never_cut() {
+        let t0 = Instant::now();
+        let mut p = Policy::new(no_grace(3), Lanes::new(2), t0);
+        p.on(t0, Event::Ready(0));
+        p.on(t0, Event::Ready(1));
+        reload_to(&mut p, t0, 2);
+        assert_eq!(
+            p.tick(t0 + DRAIN_DELAY),
+            [Action::Drain(0), Action::Drain(1)]
+        );
+        let year = Duration::from_secs(365 * 86_400);
+        assert!(p.tick(t0 + year).is_empty(), "no clock on the drain");
+        assert_eq!(p.draining_since(0), Some(t0));
+        assert_eq!(p.draining_since(2), None, "generation 2 serves");
+        // A shutdown with no grace waits as long: only a second signal cuts it.
+        p.on(t0 + year, Event::ShutdownSignal);
+        assert!(p.tick(t0 + 2 * year).is_empty());
+        assert_eq!(
+            p.on(t0 + 2 * year, Event::ShutdownSignal),
+            [Action::CutAllAndFinish]
+        );
+    }
+
+    #[test]
+    fn a_grace_set_by_a_reload_applies_to_the_drains_under_way() {
+        let t0 = Instant::now();
+        let mut p = Policy::new(no_grace(3), Lanes::new(2), t0);
+        p.on(t0, Event::Ready(0));
+        p.on(t0, Event::Ready(1));
+        reload_to(&mut p, t0, 2);
+        p.tick(t0 + DRAIN_DELAY);
+        let t = t0 + Duration::from_secs(60);
+        assert!(p.tick(t).is_empty());
+        // grace = 90 s, counted from the start of the drain: due at t0 + 90 s.
+        let grace = |s| Limits::new(Duration::from_secs(30), Some(Duration::from_secs(s)), 3);
+        p.set_limits(grace(90));
+        assert!(p.tick(t0 + Duration::from_secs(90) - MS).is_empty());
+        assert_eq!(
+            p.tick(t0 + Duration::from_secs(90)),
+            [
+                Action::Cut(0, Why::GraceOver),
+                Action::Cut(1, Why::GraceOver)
+            ]
+        );
+        // A grace shorter than the drain so far cuts at the next tick; one removed, never.
+        let (mut p, t0) = running(2);
+        reload_to(&mut p, t0, 2);
+        p.set_limits(no_grace(3));
+        assert_eq!(
+            p.tick(t0 + Duration::from_secs(3600)),
+            [Action::Drain(0), Action::Drain(1)]
+        );
+        p.set_limits(grace(5));
+        assert_eq!(
+            p.tick(t0 + Duration::from_secs(3600) + MS),
+            [
+                Action::Cut(0, Why::GraceOver),
+                Action::Cut(1, Why::GraceOver)
+            ]
+        );
+        // The same for a shutdown's drain.
+        let t0 = Instant::now();
+        let mut p = Policy::new(no_grace(3), Lanes::new(1), t0);
+        p.on(t0, Event::Ready(0));
+        p.on(t0, Event::ShutdownSignal);
+        assert!(p.tick(t0 + Duration::from_secs(3600)).is_empty());
+        p.set_limits(grace(5));
+        assert_eq!(
+            p.tick(t0 + Duration::from_secs(3600)),
+            [Action::CutAllAndFinish]
+        );
+    }
+
+    #[test]
+    fn a_reload_past_max_draining_cuts_the_oldest_draining_generation() {
+        let t0 = Instant::now();
+        let mut p = Policy::new(no_grace(1), Lanes::new(2), t0);
+        p.on(t0, Event::Ready(0));
+        p.on(t0, Event::Ready(1));
+        // Generation 1 drains beside 2: within the bound.
+        let out = reload_to(&mut p, t0, 2);
+        assert!(!out.iter().any(|a| matches!(a, Action::Cut(..))), "{out:?}");
+        let t = t0 + Duration::from_secs(1);
+        p.tick(t);
+        // Generation 3: 1 and 2 would drain; 1, the oldest, is cut (told to drain already).
+        let out = reload_to(&mut p, t, 3);
+        assert_eq!(
+            out,
+            [
+                Action::Activate { generation: 3 },
+                Action::Reloaded {
+                    generation: 3,
+                    replaced: 2
+                },
+                Action::Cut(0, Why::TooManyDraining),
+                Action::Cut(1, Why::TooManyDraining)
+            ]
+        );
+        // Generation 4 at once, before 2 was even told to drain: told, then cut.
+        let out = reload_to(&mut p, t, 4);
+        assert_eq!(
+            out[2..],
+            [
+                Action::Drain(2),
+                Action::Cut(2, Why::TooManyDraining),
+                Action::Drain(3),
+                Action::Cut(3, Why::TooManyDraining)
+            ]
+        );
+        assert_eq!(p.lane(4).0, 3, "generation 3 drains on");
+        assert!(p.draining(4) && p.draining(5));
+        // The cut workers exit: their lanes are free; 3 drains on without a clock.
+        for l in 0..4 {
+            assert_eq!(p.on(t, Event::Exited(l)), [Action::Close(l)]);
+        }
+        let later = t + Duration::from_secs(3600);
+        assert_eq!(p.tick(later), [Action::Drain(4), Action::Drain(5)]);
+        assert!(p.tick(later + Duration::from_secs(3600)).is_empty());
+        // A cut generation is not handed over by an upgrade before it is gone.
+        let (mut p, t0) = running(2);
+        p.set_limits(no_grace(1));
+        reload_to(&mut p, t0, 2);
+        reload_to(&mut p, t0, 3);
+        assert_eq!(
+            p.export(t0),
+            Err(Unsettled::LaneBusy {
+                instance: 0,
+                generation: 1
+            })
+        );
+    }
+
+    #[test]
+    fn drains_survive_an_upgrade_with_their_age() {
+        let (mut p, t0) = running(2);
+        p.set_limits(no_grace(3));
+        reload_to(&mut p, t0, 2);
+        p.tick(t0 + DRAIN_DELAY);
+        let t = t0 + Duration::from_secs(42);
+        let lanes = p.export(t).unwrap();
+        let t1 = t + Duration::from_secs(1);
+        let mut q = Policy::adopt(limits(), Lanes::new(2), t1, 2, &lanes);
+        assert_eq!(
+            q.draining_since(0),
+            Some(t1 - Duration::from_secs(42)),
+            "its age carried over"
+        );
+        // The new image's grace (10 s) is long over: cut at its first tick.
+        assert_eq!(
+            q.tick(t1),
+            [
+                Action::Cut(0, Why::GraceOver),
+                Action::Cut(1, Why::GraceOver)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reload_takes_a_free_slot_rather_than_cut_a_generation_within_the_bound() {
+        let (mut p, t0) = running(2);
+        p.set_limits(no_grace(3));
+        for g in 2..=4 {
+            reload_to(&mut p, t0, g);
+        }
+        // Generations 2 and 3 are done; 1 drains on in slot 0, which 5 would need.
+        for l in 2..6 {
+            p.on(t0, Event::Exited(l));
+        }
+        let lanes = p.lanes_of(6);
+        assert_eq!(
+            p.on(t0, Event::Reload),
+            [
+                Action::RequestReset(lanes.start),
+                Action::RequestReset(lanes.start + 1)
+            ],
+            "generation 6, in slot 1, without waiting or cutting"
+        );
+        assert_eq!(p.lane(lanes.start).0, 6);
+        assert!(p.draining(0) && p.draining(1), "generation 1 drains on");
     }
 }

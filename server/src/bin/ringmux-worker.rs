@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use ringmux_server::access_log::AccessLog;
+use ringmux_server::access_log::{AccessLog, Ending};
 use ringmux_server::h3::{serve_with, HttpOptions};
 use ringmux_server::options::Options;
 use ringmux_server::proxy::ErrorKind as ProxyErrorKind;
@@ -28,6 +28,13 @@ use ringmux_worker::Worker;
 /// Longest a drained worker waits for its last connections after the HTTP/3 server returned
 /// (the demux enforces its own `--grace` on top).
 const DRAIN_WAIT: Duration = Duration::from_secs(60);
+
+/// Longest a cut worker waits for its connections' closes to be sent.
+const CLOSE_WAIT: Duration = Duration::from_millis(300);
+
+/// Longest a worker on its way out waits for its access-log lines to be written: within the
+/// time the demux gives a worker told to cut (`ringmux_proto::CUT_WAIT`).
+const EXIT_FLUSH: Duration = Duration::from_secs(2);
 
 fn main() {
     let options = Options::parse();
@@ -50,18 +57,6 @@ fn run(options: Options) -> Result<()> {
         };
         return sink::run(source, raw.router, raw.lane, raw.control).context("sink");
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(serve(worker, options))
-}
-
-async fn serve(worker: Worker, options: Options) -> Result<()> {
-    // The endpoint's transport (idle timeout) is the library's; the demux sends the Retries.
-    let opts = HttpOptions::default();
-    let tls = worker.tls_config(&[ALPN_H3])?;
-    let endpoint = worker.endpoint(worker.server_config(tls)?)?;
-    let stats = Arc::new(ServerStats::default());
     let access_log = match worker.access_log() {
         Some(file) => Some(
             AccessLog::start(file, worker.instance())
@@ -69,6 +64,28 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
         ),
         None => None,
     };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let served = rt.block_on(serve(worker, options, access_log.clone()));
+    // Whatever still runs (requests of a cut, or of a worker leaving for another reason) ends
+    // with the runtime: each request's line is written as its task drops, then flushed.
+    if let Some(log) = &access_log {
+        log.ending_all(Ending::CutWorkerExit);
+    }
+    drop(rt);
+    if let Some(log) = &access_log {
+        log.flush(EXIT_FLUSH);
+    }
+    served
+}
+
+async fn serve(worker: Worker, options: Options, access_log: Option<Arc<AccessLog>>) -> Result<()> {
+    // The endpoint's transport (idle timeout) is the library's; the demux sends the Retries.
+    let opts = HttpOptions::default();
+    let tls = worker.tls_config(&[ALPN_H3])?;
+    let endpoint = worker.endpoint(worker.server_config(tls)?)?;
+    let stats = Arc::new(ServerStats::default());
     // The sites the demux handed over; this program's own --root or --upstream (a program of
     // `ringmux --worker-cmd`) replace the routes of the command line's site.
     let table = with_command_line(
@@ -177,7 +194,23 @@ async fn serve(worker: Worker, options: Options) -> Result<()> {
         worker.drain_signal().into_receiver(),
         &opts,
     );
-    tokio::join!(h3, optional(tcp), optional(redirects));
+    // Told to cut (the drain's bound is over), the serving stops where it is: every request
+    // still in flight is dropped, and its access-log line says `cut:drain`.
+    let mut cut = worker.cut_signal();
+    tokio::select! {
+        _ = async { tokio::join!(h3, optional(tcp), optional(redirects)) } => {}
+        () = cut.wait() => {
+            if let Some(log) = &access_log {
+                log.ending_all(Ending::CutDrain);
+            }
+            tracing::warn!("told to cut: ending every request still in flight");
+            endpoint.close(0u32.into(), b"cut");
+            // Long enough for the CONNECTION_CLOSE frames to go out (clients then see the cut
+            // at once rather than at their idle timeout), well within CUT_WAIT.
+            let _ = tokio::time::timeout(CLOSE_WAIT, endpoint.wait_idle()).await;
+            return Ok(());
+        }
+    }
     let _ = tokio::time::timeout(DRAIN_WAIT, endpoint.wait_idle()).await;
     if let Some(log) = &access_log {
         log.flush(DRAIN_WAIT);

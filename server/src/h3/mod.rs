@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info};
 
+use crate::access_log::{Ending, Logged};
 use crate::proxy::Upstream;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
@@ -356,6 +357,20 @@ enum RequestError {
     Truncated { sent: u64, len: u64 },
 }
 
+impl RequestError {
+    /// How the request's access-log line says it ended.
+    fn ending(&self) -> Ending {
+        match self {
+            RequestError::Stream(h3::error::StreamError::ConnectionError {
+                0: h3::error::ConnectionError::Timeout { .. },
+                ..
+            }) => Ending::CutTimeout,
+            RequestError::Stream(_) => Ending::CutClient,
+            RequestError::Io(_) | RequestError::Truncated { .. } => Ending::CutError,
+        }
+    }
+}
+
 impl From<h3::error::StreamError> for RequestError {
     fn from(e: h3::error::StreamError) -> Self {
         RequestError::Stream(e)
@@ -370,11 +385,12 @@ impl From<io::Error> for RequestError {
 
 impl Req {
     async fn handle(self, request: Request<()>, mut stream: Stream) {
+        let _active = self.stats.begin_request();
         let (mut parts, ()) = request.into_parts();
         let choice = self.router.choose(self.site, &parts, false);
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
-        let logged = self.router.begin_log(site, remote, "h3", &parts);
+        let mut logged = self.router.begin_log(site, remote, "h3", &parts);
         let local = match self.router.target(choice, &parts.method, &parts.uri) {
             Target::Proxy { upstream, path } => {
                 let upstream = upstream.clone();
@@ -384,30 +400,35 @@ impl Req {
                 let request = Request::from_parts(parts, ());
                 // Boxed: the proxy's state is most of a request's, and files need none of it.
                 let proxied = Box::pin(self.proxy(site, &upstream, request, stream)).await;
-                let (status, bytes) = match proxied {
-                    Outcome::Answered { status, bytes } => (Some(status), bytes),
-                    Outcome::Failed => (None, 0),
-                };
                 if let Some(l) = logged {
-                    l.end(status, bytes);
+                    match proxied {
+                        Outcome::Answered { status, bytes } => l.end(Some(status), bytes),
+                        Outcome::Failed => l.end_as(None, 0, Ending::CutClient),
+                    }
                 }
                 return;
             }
             Target::Local(local) => local,
         };
         let result = self
-            .respond(&parts.method, &parts.headers, local, &mut stream)
+            .respond(
+                &parts.method,
+                &parts.headers,
+                local,
+                &mut stream,
+                &mut logged,
+            )
             .await;
         let (method, path) = (&parts.method, parts.uri.path());
-        let (status, bytes) = match result {
-            Ok((status, bytes)) => {
+        let ending = match result {
+            Ok(status) => {
                 self.stats.count_response(site, status);
                 debug!(%method, %path, status = status.as_u16(), "request done");
-                (Some(status), bytes)
+                Ending::Ok
             }
             Err(RequestError::Stream(e)) if e.is_h3_no_error() => {
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
-                (None, 0)
+                Ending::CutClient
             }
             Err(e) => {
                 // The response is already (partly) out: reset the stream so the client sees an
@@ -415,11 +436,11 @@ impl Req {
                 stream.stop_stream(Code::H3_INTERNAL_ERROR);
                 self.stats.requests_failed.fetch_add(1, Ordering::Relaxed);
                 debug!(%method, %path, error = %e, "request failed");
-                (None, 0)
+                e.ending()
             }
         };
         if let Some(l) = logged {
-            l.end(status, bytes);
+            l.finish(ending);
         }
     }
 
@@ -470,7 +491,8 @@ impl Req {
         headers: &HeaderMap,
         local: Local<'_>,
         stream: &mut Stream,
-    ) -> Result<(StatusCode, u64), RequestError> {
+        logged: &mut Option<Logged>,
+    ) -> Result<StatusCode, RequestError> {
         let safe = method == Method::GET || method == Method::HEAD;
         if !(safe && self.early_requests) {
             // Possibly 0-RTT (replayable) data: act on it only once the handshake has proven
@@ -497,26 +519,37 @@ impl Req {
         *resp.status_mut() = status;
         *resp.headers_mut() = std::mem::take(&mut reply.headers);
         stream.send_response(resp).await?;
-        let mut bytes = 0;
-        if method != Method::HEAD {
-            bytes = reply.body.len();
-            self.send_body(stream, reply.body).await?;
+        if let Some(l) = logged.as_mut() {
+            l.head_sent(status);
         }
+        if method != Method::HEAD {
+            self.send_body(stream, reply.body, logged).await?;
+        }
+        // The last byte is handed to QUIC: the access log's duration ends here (with the
+        // stream finished, the client's flow-control window is all QUIC still holds).
         stream.finish().await?;
+        if let Some(l) = logged.take() {
+            l.finish(Ending::Ok);
+        }
         // Read the request side to its end so quinn does not answer the client's FIN with
         // STOP_SENDING(0), which a client that finishes late sees as "Remote reset: 0".
         drain(stream).await?;
-        Ok((status, bytes))
+        Ok(status)
     }
 
-    async fn send_body(&self, stream: &mut Stream, body: Body) -> Result<(), RequestError> {
+    async fn send_body(
+        &self,
+        stream: &mut Stream,
+        body: Body,
+        logged: &mut Option<Logged>,
+    ) -> Result<(), RequestError> {
         match body {
             Body::Empty => {}
-            Body::Static(b) => self.send(stream, Bytes::from_static(b)).await?,
-            Body::Text(s) => self.send(stream, Bytes::from(s)).await?,
+            Body::Static(b) => self.send(stream, logged, Bytes::from_static(b)).await?,
+            Body::Text(s) => self.send(stream, logged, Bytes::from(s)).await?,
             Body::Memory(b) => {
                 if !b.is_empty() {
-                    self.send(stream, b).await?;
+                    self.send(stream, logged, b).await?;
                 }
             }
             Body::Pattern(len) => {
@@ -525,7 +558,7 @@ impl Req {
                     let n = (len - sent).min(CHUNK as u64) as usize;
                     let mut chunk = BytesMut::zeroed(n);
                     fill_pattern(sent, &mut chunk);
-                    self.send(stream, chunk.freeze()).await?;
+                    self.send(stream, logged, chunk.freeze()).await?;
                     sent += n as u64;
                 }
             }
@@ -544,17 +577,25 @@ impl Req {
                         return Err(RequestError::Truncated { sent, len });
                     }
                     sent += chunk.len() as u64;
-                    self.send(stream, chunk).await?;
+                    self.send(stream, logged, chunk).await?;
                 }
             }
         }
         Ok(())
     }
 
-    async fn send(&self, stream: &mut Stream, data: Bytes) -> Result<(), RequestError> {
+    async fn send(
+        &self,
+        stream: &mut Stream,
+        logged: &mut Option<Logged>,
+        data: Bytes,
+    ) -> Result<(), RequestError> {
         let n = data.len() as u64;
         stream.send_data(data).await?;
         self.stats.bytes_sent.fetch_add(n, Ordering::Relaxed);
+        if let Some(l) = logged.as_mut() {
+            l.body_sent(n);
+        }
         Ok(())
     }
 }

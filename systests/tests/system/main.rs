@@ -20,6 +20,9 @@ mod cli;
 mod cluster;
 /// The demux's receive coalescing under a steady flow.
 mod coalescing;
+/// Drains with no clock: slow downloads across reloads and upgrades, `--grace` and
+/// `--max-draining`, every request in the access log.
+mod drain;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {
     mod faults;

@@ -626,7 +626,7 @@ async fn redirects_to_https_and_an_access_log_of_every_request() {
                 .find(|f| f[2] == protocol && f[5] == path)
                 .unwrap_or_else(|| panic!("no {protocol} {path} in\n{text}"))
         };
-        // time client protocol method authority path status bytes duration instance
+        // time client protocol method authority path status bytes duration instance site ending
         let h3 = find("h3", "/bytes/1000");
         assert_eq!(
             &h3[3..8],
@@ -645,8 +645,9 @@ async fn redirects_to_https_and_an_access_log_of_every_request() {
         let moved = find("h1", "/some/path?x=1");
         assert_eq!(moved[6], "301");
         for f in &fields {
-            assert_eq!(f.len(), 11, "{f:?}");
+            assert_eq!(f.len(), 12, "{f:?}");
             assert_eq!(f[10], "default", "site {f:?}");
+            assert_eq!(f[11], "ok", "ending {f:?}");
             assert!(f[0].ends_with('Z') && f[0].len() == 24, "time {f:?}");
             assert!(f[1].starts_with("127.0.0.1:"), "client {f:?}");
             assert!(f[8].parse::<f64>().is_ok(), "duration {f:?}");

@@ -60,8 +60,8 @@ pub enum Command {
     /// Start a new generation of every worker, then drain the old one; no connection is lost.
     /// Same as SIGHUP to the running ringmux. Re-read on reload: the configuration file
     /// (--config), the command line's environment, the certificate and key files, and the
-    /// worker program on disk now; the sites, certificates, routes, upstreams and the built-in
-    /// worker's options change, every other setting needs a restart (a reload that would
+    /// worker program on disk now; the sites, certificates, routes, upstreams, the built-in
+    /// worker's options, --grace and --max-draining change, every other setting needs a restart (a reload that would
     /// change one is refused, naming it). Exits 0 once the new generation serves and the old
     /// one accepts no new connection; non-zero with the reason when it failed or was refused
     /// (the old generation then serves on).
@@ -254,8 +254,8 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
-/// write) and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 16] = [
+/// write), the drains' bounds and the access log's path. Every other option needs a restart.
+pub const RELOADABLE: [&str; 18] = [
     "cert",
     "key",
     "root",
@@ -272,6 +272,8 @@ pub const RELOADABLE: [&str; 16] = [
     "worker_mode",
     "worker_read",
     "worker_write",
+    "grace",
+    "max_draining",
 ];
 
 impl Config {
@@ -357,6 +359,37 @@ impl PlainHttp {
     }
 }
 
+/// `--grace`: a bound on drains in seconds, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grace(pub Option<u64>);
+
+impl std::fmt::Display for Grace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "{s}"),
+            None => f.write_str("off"),
+        }
+    }
+}
+
+/// `--grace`'s value: `off` or `none` (no bound), or a number of seconds, at least 1.
+fn parse_grace(v: &str) -> Result<Grace, String> {
+    match v.trim() {
+        "off" | "none" | "" => Ok(Grace(None)),
+        n => match n.parse::<u64>() {
+            Ok(0) => Err(
+                "0 would cut every drain at once: expected at least 1 second, or off \
+                          for no bound"
+                    .into(),
+            ),
+            Ok(s) => Ok(Grace(Some(s))),
+            Err(_) => Err(format!(
+                "expected a number of seconds (at least 1), or off for no bound; got {n:?}"
+            )),
+        },
+    }
+}
+
 /// Where the control socket (`ringmux reload`) is by default.
 pub const DEFAULT_CONTROL_SOCKET: &str = "/run/ringmux/control.sock";
 /// Where the metrics are served by default.
@@ -439,10 +472,15 @@ pub struct RunArgs {
     /// created 0640 if missing, opened again at every `ringmux reload` so a rotated log is
     /// let go), to `stderr` (each line prefixed `[instance N] `, as the workers' output is), or
     /// `off` (the default). The fields: time (UTC), client address,
-    /// protocol (h1, h2, h3), method, authority, path, status, response body bytes, duration in
-    /// seconds, instance. Lines are written off the request path; when a worker's queue is
-    /// full a line is dropped and counted (ringmux_worker_access_log_dropped_total), never
-    /// waited for.
+    /// protocol (h1, h2, h3), method, authority, path, status (`-`: none sent), response body
+    /// bytes the client was sent, duration in seconds (until the last byte left the worker:
+    /// the HTTP/3 stream finished, or the TCP body handed to the socket), instance, site (the
+    /// label of the site that answered, `-` for none), and how it ended: `ok`, `cut:drain`
+    /// (cut at the end of a drain: --grace, --max-draining), `cut:client` (the client reset
+    /// or closed), `cut:timeout`, `cut:worker-exit`, `cut:error`. Every request has its line,
+    /// a cut one too. Lines are written off the request path; when a worker's queue is full a
+    /// line is dropped and counted (ringmux_worker_access_log_dropped_total), never waited
+    /// for.
     #[arg(
         long,
         env = "RINGMUX_ACCESS_LOG",
@@ -514,10 +552,20 @@ pub struct RunArgs {
     /// SO_SNDBUF of the public socket in bytes.
     #[arg(long, env = "RINGMUX_SNDBUF", default_value_t = 8 << 20)]
     pub sndbuf: usize,
-    /// Seconds workers get to drain before they are killed: on SIGTERM/SIGINT, and after a
-    /// reload replaced them.
-    #[arg(long, env = "RINGMUX_GRACE", default_value_t = 10)]
-    pub grace: u64,
+    /// Bound on a drain, in seconds, or `off` (the default): no bound. A generation replaced
+    /// by a reload (or every worker, on SIGTERM/SIGINT) stops accepting, closes its idle
+    /// connections and serves every request in flight to its end, however long, unless this
+    /// is set: then what it still serves after that many seconds is cut (each cut request is
+    /// logged). A second SIGTERM/SIGINT cuts at once. Taken up by `ringmux reload`, running
+    /// drains included.
+    #[arg(long, env = "RINGMUX_GRACE", default_value = "off", value_name = "SECONDS|off", value_parser = parse_grace)]
+    pub grace: Grace,
+    /// Most generations that drain beside the serving one (1–3; the connection IDs' two
+    /// generation bits hold no more). A reload past it does not wait: it cuts the oldest
+    /// draining generation (its workers end what they serve, each cut request logged, and
+    /// exit). Taken up by `ringmux reload`.
+    #[arg(long, env = "RINGMUX_MAX_DRAINING", default_value_t = 3)]
+    pub max_draining: u8,
     /// Path of the built-in worker program, ringmux-worker, to which ringmux passes the
     /// built-in server's options (--max-bytes, --file-cache-mb, --cache-control,
     /// --upstream-timeout, --tcp-max-connections, --tcp-idle-timeout, --worker-mode) on its
@@ -955,8 +1003,12 @@ impl RunArgs {
 
     /// The supervisor's timeouts.
     fn supervision(&self) -> Result<()> {
-        if self.grace == 0 {
-            bail!("--grace / RINGMUX_GRACE=0 is not valid: expected at least 1 second");
+        if !(1..=3).contains(&self.max_draining) {
+            bail!(
+                "--max-draining / RINGMUX_MAX_DRAINING={} is not valid: expected 1 to 3 (the \
+                 generations a connection ID can tell apart beside the serving one)",
+                self.max_draining
+            );
         }
         if self.ready_timeout == 0 {
             bail!("--ready-timeout / RINGMUX_READY_TIMEOUT=0 is not valid: expected at least 1 second");
@@ -1526,8 +1578,14 @@ impl Config {
         Duration::from_secs(self.args.ready_timeout)
     }
 
-    pub fn grace(&self) -> Duration {
-        Duration::from_secs(self.args.grace)
+    /// How long a drain may last (`None`: no bound, the default).
+    pub fn grace(&self) -> Option<Duration> {
+        self.args.grace.0.map(Duration::from_secs)
+    }
+
+    /// Most generations draining beside the serving one.
+    pub fn max_draining(&self) -> usize {
+        usize::from(self.args.max_draining)
     }
 
     /// CPU of the demux's data plane, if pinning was asked for.
@@ -1564,6 +1622,19 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_takes_up_grace_and_max_draining_but_not_instances() {
+        let running = check(&[]).unwrap();
+        let bounded = check(&["--grace", "30", "--max-draining", "1"]).unwrap();
+        assert_eq!(running.restart_needed(&bounded), Vec::<String>::new());
+        assert_eq!(bounded.restart_needed(&running), Vec::<String>::new());
+        let more = check(&["--instances", "3", "--grace", "30"]).unwrap();
+        assert_eq!(
+            running.restart_needed(&more),
+            ["instances (--instances)".to_string()]
+        );
+    }
+
+    #[test]
     fn defaults_are_valid() {
         let c = check(&[]).unwrap();
         assert_eq!(c.instances, 2);
@@ -1584,6 +1655,14 @@ mod tests {
             "node ID 00: server ID 2 bytes, nonce fills 16"
         );
         assert_eq!(c.ready_timeout(), Duration::from_secs(30));
+        assert_eq!(c.grace(), None, "no clock on a drain by default");
+        assert_eq!(c.max_draining(), 3);
+        for off in ["off", "none"] {
+            assert_eq!(check(&["--grace", off]).unwrap().grace(), None);
+        }
+        let bounded = check(&["--grace", "7", "--max-draining", "1"]).unwrap();
+        assert_eq!(bounded.grace(), Some(Duration::from_secs(7)));
+        assert_eq!(bounded.max_draining(), 1);
         assert_eq!(c.metrics, Some("127.0.0.1:9433".parse().unwrap()));
         // Half of the default 4096 slots; at 100 % never.
         assert_eq!(c.shed_at_slots(), 2048);
@@ -1624,7 +1703,16 @@ mod tests {
                 &["--node-id", "zz"],
                 &["--node-id", "RINGMUX_NODE_ID", "zz"],
             ),
-            (&["--grace", "0"], &["--grace", "RINGMUX_GRACE"]),
+            (&["--grace", "0"], &["--grace", "RINGMUX_GRACE", "off"]),
+            (&["--grace", "soon"], &["--grace", "RINGMUX_GRACE", "soon"]),
+            (
+                &["--max-draining", "4"],
+                &["--max-draining", "RINGMUX_MAX_DRAINING", "4", "1 to 3"],
+            ),
+            (
+                &["--max-draining", "0"],
+                &["--max-draining", "RINGMUX_MAX_DRAINING", "0", "1 to 3"],
+            ),
             (
                 &["--ready-timeout", "0"],
                 &["--ready-timeout", "RINGMUX_READY_TIMEOUT"],

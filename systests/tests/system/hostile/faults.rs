@@ -164,12 +164,9 @@ async fn sigterm_exits_cleanly() {
         let status = rm.wait_exit(Duration::from_secs(GRACE + 10)).await;
         let took = start.elapsed();
         assert_eq!(status.code(), Some(0), "ringmux exit status {status:?}");
-        // Every worker drained and exited on its own: none had to be killed at the deadline.
+        // Every worker drained and exited on its own: none had to be cut at the deadline.
         let log = rm.log_tail(400);
-        assert!(
-            !log.contains("grace period over"),
-            "a worker did not drain:\n{log}"
-        );
+        assert!(!log.contains("cutting"), "a worker did not drain:\n{log}");
         assert_eq!(log.matches("worker exited").count(), 2, "{log}");
         assert!(
             !log.contains("unix_wait_status(9)"),

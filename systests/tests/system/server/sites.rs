@@ -306,9 +306,10 @@ async fn each_request_is_answered_by_its_sites_route() {
         let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split(' ').collect()).collect();
         assert_eq!(lines.len(), 16, "{text}");
         for l in &lines {
-            // The ten fields of before, then the site.
-            assert_eq!(l.len(), 11, "{l:?}");
+            // The ten fields of before, then the site, then how it ended.
+            assert_eq!(l.len(), 12, "{l:?}");
             assert_eq!(l[10], "localhost", "{l:?}");
+            assert_eq!(l[11], "ok", "{l:?}");
         }
         assert!(
             lines.iter().any(|l| l[4] == "other.test" && l[6] == "421"),
