@@ -318,15 +318,17 @@ want "^AmbientCapabilities=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID\$"
 want "^CapabilityBoundingSet=CAP_NET_BIND_SERVICE CAP_SETUID CAP_SETGID\$"
 want "^#   useradd .*ringmux\$"
 want "^#     --user-group ringmux-worker\$"
-name="unit: systemd's stop timeout outlasts the drain's bound and the cut (CUT_WAIT 3 s)"
+name="unit: no bound on reloads' drains; systemd's stop timeout outlasts ExecStop='s wait and the cut (CUT_WAIT 3 s)"
 echo "== $name"
-grace=$(sed -n 's/^Environment=RINGMUX_GRACE=\([0-9][0-9]*\)$/\1/p' "$unit")
+grace=$(sed -n 's/^ExecStop=.*timeout \([0-9][0-9]*\) tail .*$/\1/p' "$unit")
 stop=$(sed -n 's/^TimeoutStopSec=\([0-9][0-9]*\)s$/\1/p' "$unit")
 checks=$((checks + 1))
-if [[ -z $grace || -z $stop ]]; then
-  bad "the unit sets no RINGMUX_GRACE (seconds) or no TimeoutStopSec (seconds)"
+if grep -q '^Environment=RINGMUX_GRACE=' "$unit"; then
+  bad "the unit bounds drains (RINGMUX_GRACE): every reload would cut what lasts longer"
+elif [[ -z $grace || -z $stop ]]; then
+  bad "the unit's ExecStop= waits no number of seconds before the cut, or it sets no TimeoutStopSec (seconds)"
 elif ((stop < grace + 3 + 10)); then
-  bad "TimeoutStopSec=${stop}s leaves less than 10 s past RINGMUX_GRACE=$grace plus the 3 s cut"
+  bad "TimeoutStopSec=${stop}s leaves less than 10 s past ExecStop='s wait of ${grace}s plus the 3 s cut"
 fi
 # The reload line's binary takes the subcommand and the variable the unit sets.
 ringmux_bin="$PWD/target/release/ringmux"
