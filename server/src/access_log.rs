@@ -127,8 +127,7 @@ pub struct Entry<'a> {
     pub status: Option<u16>,
     pub bytes: u64,
     pub duration: Duration,
-    /// The site's label (`-`: no site answered); `None`: the worker serves only the command
-    /// line's site, and the line has no site field.
+    /// The site's label; `None` (written `-`): no site answered, or the router names none.
     pub site: Option<&'a str>,
     /// How it ended.
     pub ending: Ending,
@@ -293,9 +292,11 @@ fn format_line(e: &Entry<'_>, instance: u8) -> String {
         e.duration.as_secs_f64(),
         instance
     );
-    if let Some(site) = e.site {
-        line.push(' ');
-        escaped(site, MAX_AUTHORITY, &mut line);
+    // Always a field, so every line has as many (tools split on spaces): `-` for no site.
+    line.push(' ');
+    match e.site {
+        Some(site) => escaped(site, MAX_AUTHORITY, &mut line),
+        None => line.push('-'),
     }
     line.push(' ');
     line.push_str(e.ending.as_str());
@@ -506,7 +507,7 @@ mod tests {
         assert_eq!(
             format_line(&e, 1),
             "2026-12-06T01:02:03.456Z 192.0.2.7:50123 h2 GET example.com \
-             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 ok\n"
+             /a%20b%25%01/%C3%A9?x=1 200 5120 0.000312 1 - ok\n"
         );
         // With sites, the label comes last, after the fields above, escaped as they are.
         let with_site = format_line(
@@ -585,7 +586,7 @@ mod tests {
         assert_eq!(text.lines().count() as u64, written);
         assert!(text
             .lines()
-            .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3 ok")));
+            .all(|l| l.ends_with(" h3 GET localhost /hello.txt 200 19 0.001000 3 - ok")));
     }
 
     #[test]

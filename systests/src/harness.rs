@@ -911,3 +911,29 @@ pub fn unused_tcp_port() -> std::net::SocketAddr {
         .and_then(|l| l.local_addr())
         .expect("a loopback port")
 }
+
+/// Runs the ringmux binary with `args`, which must exit within 30 s (it is killed and the test
+/// failed otherwise): a start that must be refused, a command that must finish.
+pub fn until_exit<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    let mut child = Command::new(binary("ringmux"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running ringmux");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("waitpid").is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("its output");
+            panic!(
+                "ringmux did not exit within 30 s: it started\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("its output")
+}

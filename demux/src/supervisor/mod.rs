@@ -655,13 +655,21 @@ impl Supervisor {
             Some(path) => path.display().to_string(),
             None => "no configuration file".to_string(),
         };
-        let answer = match self.next_configuration() {
+        let answer = match self.next_generation() {
             Ok(_) => format!("ok: a reload would start a new generation from {file}"),
             Err(why) => format!("error: a reload would be refused ({file}): {why}"),
         };
         if let Some(c) = self.control.as_mut() {
             c.answer(client, &answer);
         }
+    }
+
+    /// What a reload starts the next generation with: [`Supervisor::next_configuration`] and
+    /// the workers' Landlock allow-list made from it (its site roots and settings).
+    fn next_generation(&self) -> Result<((Config, Template), Option<sys::WorkerDomain>), String> {
+        let next = self.next_configuration()?;
+        let domain = worker_domain(&next.0).map_err(|e| format!("{e:#}"))?;
+        Ok((next, domain))
     }
 
     /// The configuration and worker template a reload starts the next generation with: the
@@ -843,26 +851,9 @@ impl Supervisor {
                 c.answer(id, line);
             }
         };
-        let next = match self.next_configuration() {
+        let (next, domain) = match self.next_generation() {
             Ok(next) => next,
             Err(why) => {
-                tracing::error!(error = %why, "reload refused");
-                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                answer(
-                    self,
-                    &format!(
-                        "error: {why}; generation {} serves on",
-                        self.policy.active()
-                    ),
-                );
-                return Vec::new();
-            }
-        };
-        // The next generation's allow-list: its site roots and settings.
-        let domain = match worker_domain(&next.0) {
-            Ok(domain) => domain,
-            Err(why) => {
-                let why = format!("{why:#}");
                 tracing::error!(error = %why, "reload refused");
                 self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 answer(

@@ -218,33 +218,6 @@ fn a_root_the_workers_cannot_reach_is_refused_at_start() {
     );
 }
 
-/// Runs ringmux with `args` until it exits, or kills it after 30 s and says it started.
-fn until_exit(args: &[&str]) -> Output {
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-    let mut child = Command::new(harness::binary("ringmux"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running ringmux");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("waitpid").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("its output");
-            panic!(
-                "ringmux did not exit within 30 s: it started\n{}",
-                stderr(&out)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("its output")
-}
-
 /// A second ringmux on the UDP address of a running one is refused at start, naming the
 /// address, in every forwarding mode: the public socket's `SO_REUSEPORT` would otherwise let it
 /// join the first one's group, say it is ready and receive nothing (with `--tcp off` no TCP
@@ -278,7 +251,7 @@ fn a_second_ringmux_on_a_busy_udp_port_is_refused() {
         if forward == Forward::Reuseport {
             args.push("--plaintext-cids");
         }
-        let out = until_exit(&args);
+        let out = harness::until_exit(&args);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{forward:?}: {err}");
         assert!(

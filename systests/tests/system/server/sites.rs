@@ -319,8 +319,7 @@ async fn each_request_is_answered_by_its_sites_route() {
     .await;
 }
 
-/// The command line's site answers every host on every connection, and its log lines have no
-/// site field.
+/// The command line's site answers every host on every connection.
 #[tokio::test]
 async fn the_command_line_site_answers_every_host() {
     bounded(async {

@@ -12,7 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use harness::{bounded, Forward, Metrics, PyUpstream, Ringmux};
 use ringmux_demux::metrics::names;
@@ -1282,7 +1282,7 @@ fn a_start_with_a_broken_file_fails_as_check_does() {
         let file = parts.file("broken", &body);
         let checked = check(&file, &[]);
         assert_eq!(checked.status.code(), Some(1), "{what}");
-        let started = start_until_exit(&[
+        let started = harness::until_exit::<&std::ffi::OsStr>(&[
             "--config".as_ref(),
             file.as_ref(),
             "--listen".as_ref(),
@@ -1311,33 +1311,6 @@ fn a_start_with_a_broken_file_fails_as_check_does() {
             text(&checked.stderr),
             "{what}: a start's words and check's"
         );
-    }
-}
-
-/// Runs ringmux, which must exit within 30 s (it is killed and the test failed otherwise).
-fn start_until_exit(args: &[&std::ffi::OsStr]) -> Output {
-    let mut child = Command::new(harness::binary("ringmux"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running ringmux");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if child.try_wait().expect("waitpid").is_some() {
-            return child.wait_with_output().expect("its output");
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("its output");
-            panic!(
-                "ringmux did not exit within 30 s: it started\n{}",
-                text(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
