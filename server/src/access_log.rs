@@ -539,7 +539,7 @@ mod tests {
             },
             1,
         );
-        assert!(cut.ends_with(" - 5120 0.000312 1 cut:drain\n"), "{cut}");
+        assert!(cut.ends_with(" - 5120 0.000312 1 - cut:drain\n"), "{cut}");
         let e = Entry {
             authority: None,
             status: None,
@@ -548,7 +548,7 @@ mod tests {
         };
         let line = format_line(&e, 0);
         assert!(line.contains(" h2 GET - /xxx"), "{line}");
-        assert!(line.ends_with(" - 5120 0.000312 0 ok\n"), "{line}");
+        assert!(line.ends_with(" - 5120 0.000312 0 - ok\n"), "{line}");
         assert!(line.len() < BATCH_BYTES, "{}", line.len());
     }
 
