@@ -1148,8 +1148,16 @@ async fn reloads_and_an_upgrade_under_load_lose_nothing() {
             let after_upgrade = (rm.metrics().sum(names::DROPPED), socket_drops(port));
             let workers_after = (serving(&rm.metrics()), harness::children_of(rm.pid));
             // Generation 5 would take generation 1's connection-ID slot, which the downloads
-            // keep draining: the reload takes generation 6's, free since generation 2 is done,
-            // and neither waits nor cuts.
+            // keep draining: the reload takes generation 6's, free once generation 2 (which
+            // holds no long request) is done, and neither waits nor cuts. Were generation 2
+            // still draining, three generations would be, and the reload would cut the oldest
+            // (--max-draining): so wait until only generation 1 drains (generations 2 and 3
+            // hold short requests alone): generation 1's two workers, no more. Exactly two: the
+            // new demux image reports no generation until its workers' first reports.
+            rm.wait_for("generations 2 and 3 gone", Duration::from_secs(30), |m| {
+                draining(m) == 2.0
+            })
+            .await;
             answers.push(rm.reload(Duration::from_secs(90)).await);
             let after = (rm.metrics().sum(names::DROPPED), socket_drops(port));
             let upgrade = (upgraded, workers, workers_after, after_upgrade);
