@@ -20,7 +20,8 @@
 //!   * [`sessions`]: the TLS session cache all workers share.
 //!   * [`logs`]: the log thread: the demux's own lines, its workers' output and access logs.
 //!   * [`certs`]: the certificate handed to the workers, and what a leaf certificate says.
-//!   * [`acme`]: certificates from an ACME CA, on a thread of their own.
+//!   * The ACME client is a crate of its own, `ringmux-acme`, run on a thread of its own; the
+//!     supervisor relays what it publishes.
 //! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
 //! * [`metrics`]: counters, which lanes are up, the Prometheus endpoint, `ringmux stats`.
 //! * The command line (folder `cli/`, private; re-exported here):
@@ -39,7 +40,7 @@
 //! The modules are layered: each imports only modules below it, bottom to top `sys`; `certs`;
 //! `metrics` (the labels it counts by and the log thread's dropped lines included); `budget`,
 //! `logs`; `dataplane` (inside it `tickets`, `admission`, `dispatch`, `forward`, then the
-//! loop); `sessions`; `acme`; `cli` (`options`, `lbconfig`, `config`); `upgrade`; `supervisor`
+//! loop); `sessions`; `cli` (`options`, `lbconfig`, `config`); `upgrade`; `supervisor`
 //! (which reads a [`config::Config`], at start and at every reload); and `main.rs`.
 //! `scripts/mod-graph.py` prints which imports which and fails on a circle or a mutual import
 //! (CI runs it).
@@ -47,7 +48,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod acme;
 pub mod budget;
 pub mod certs;
 mod cli;
@@ -63,16 +63,4 @@ pub use cli::{config, lbconfig, options};
 pub use dataplane::{admission, dispatch, forward, tickets};
 pub use sys::alloc;
 
-/// `error` and each of its sources, joined by `: `, as anyhow's `{:#}` shows a chain: one line
-/// for an operator where an error travels as text (a control client's answer, the reason an
-/// upgrade was refused).
-pub fn one_line(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        line.push_str(": ");
-        line.push_str(&s.to_string());
-        source = s.source();
-    }
-    line
-}
+pub use ringmux_proto::one_line;

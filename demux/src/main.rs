@@ -158,8 +158,8 @@ fn check(run: config::RunArgs) -> Result<()> {
                     "acme: {} by {}, state in {}\n",
                     acme.directory,
                     match acme.challenge {
-                        ringmux_demux::acme::ChallengeKind::TlsAlpn01 => "tls-alpn-01",
-                        ringmux_demux::acme::ChallengeKind::Http01 => "http-01",
+                        ringmux_acme::ChallengeKind::TlsAlpn01 => "tls-alpn-01",
+                        ringmux_acme::ChallengeKind::Http01 => "http-01",
                     },
                     acme.state.display()
                 ));

@@ -20,6 +20,8 @@
 //! * [`upstream`]: the built-in server's `--upstream` URL, checked alike by the demux (which
 //!   refuses a bad one at start) and by the built-in `ringmux-worker` program, whose command
 //!   line carries it.
+//! * `x509` (feature `x509`): a leaf certificate's names and validity, for the demux's checks
+//!   and the ACME client.
 //!
 //! This crate owns bytes only. It never opens, reads or writes a descriptor (but for `certs`,
 //! which reads the operator's PEM files), and never knows QUIC or HTTP: sockets, `SCM_RIGHTS`
@@ -39,12 +41,33 @@ pub mod serve;
 pub mod session;
 pub mod sites;
 pub mod upstream;
+#[cfg(feature = "x509")]
+pub mod x509;
 
 pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATION_SLOTS};
 pub use message::{
     ChallengeSet, Http01, Message, MessageError, SiteCertificate, TlsAlpn01, WorkerReport,
 };
 pub use upstream::{UpstreamError, UpstreamUrl};
+
+/// `error` and each of its sources joined by `: `, as anyhow's `{:#}` shows a chain, leaving
+/// out a source whose text its error already wrote (hyper's and instant-acme's errors often
+/// print their source too): one line for an operator where an error travels as text (a log
+/// field, a control client's answer, the reason an upgrade or an order failed). The house's one
+/// chain joiner.
+pub fn one_line(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = s.source();
+    }
+    line
+}
 
 /// Version of the contract this build speaks. The demux writes it first in every hand-off and
 /// a worker refuses any other (a demux and a worker from different builds may disagree on any

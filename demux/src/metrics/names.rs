@@ -167,7 +167,7 @@ metric_names! {
 
 /// The `file` labels of [`ACME_STATE_REFUSED`] for files refused for their seal, in the order
 /// the ACME engine counts them; `foreign-challenge` follows them.
-pub const ACME_STATE_FILES: [&str; 4] = ["certificate", "challenge", "attempt", "account"];
+pub use ringmux_acme::STATE_FILES as ACME_STATE_FILES;
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,8 @@ use ringmux_proto::message::{ChallengeSet, SiteCertificate};
 use ringmux_proto::sites::SiteTable;
 use ringmux_proto::Message;
 
-use crate::acme::{Acme, AcmeSite, AcmeStatus, Issued, RenewTicket};
 use crate::config::Config;
+use ringmux_acme::{Acme, AcmeSite, AcmeStatus, Issued, RenewError, RenewTicket};
 
 /// How long `ringmux acme renew` waits, once the certificate is issued, for every live worker
 /// to confirm it serves it, before it answers anyway (naming those that did not).
@@ -136,7 +136,7 @@ impl Relay {
             };
             // Never hand a worker a certificate that does not cover the site's names: a view
             // taken while the engine still had the sites before a reload could index another.
-            if let Err(why) = covers_names(&issued, &target.names) {
+            if let Err(why) = issued.check_covers(&target.names) {
                 tracing::error!(site = %target.label, error = %why, "ACME certificate not used");
                 continue;
             }
@@ -160,7 +160,7 @@ impl Relay {
     pub fn reconfigure(&mut self, table: &mut SiteTable) {
         for site in table.sites.iter_mut().filter(|s| s.acme) {
             if let Some((_, issued)) = self.certs.get(&site.label) {
-                if covers_names(issued, &site.names).is_ok() {
+                if issued.check_covers(&site.names).is_ok() {
                     site.cert_pem = issued.chain_pem.clone();
                     site.key_pem = issued.key_pem.clone();
                 }
@@ -230,7 +230,7 @@ impl Relay {
     }
 
     /// `ringmux acme renew [NAME]` from control client `client`.
-    pub fn renew(&mut self, client: u64, name: Option<&str>) -> Result<(), String> {
+    pub fn renew(&mut self, client: u64, name: Option<&str>) -> Result<(), RenewError> {
         let ticket = self.engine.renew(name)?;
         self.renewals.push(Renewal {
             client,
@@ -295,22 +295,5 @@ impl Relay {
             }
         });
         done
-    }
-}
-
-/// Whether `issued`'s leaf is for every one of `names`.
-fn covers_names(issued: &Issued, names: &[String]) -> Result<(), String> {
-    use rustls::pki_types::pem::PemObject;
-    let der = rustls::pki_types::CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes())
-        .next()
-        .ok_or("no certificate in the chain")?
-        .map_err(|e| e.to_string())?;
-    let leaf = crate::certs::leaf(&der)?;
-    match names.iter().find(|n| !crate::certs::covers(&leaf.names, n)) {
-        Some(n) => Err(format!(
-            "it does not cover {n} (it covers {})",
-            leaf.names.join(", ")
-        )),
-        None => Ok(()),
     }
 }

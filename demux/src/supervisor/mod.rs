@@ -386,7 +386,7 @@ impl Supervisor {
     }
 
     /// The ACME engine's counters and certificates, for the metrics.
-    pub fn acme_status(&self) -> Option<crate::acme::AcmeStatus> {
+    pub fn acme_status(&self) -> Option<ringmux_acme::AcmeStatus> {
         self.acme.as_ref().map(acme::Relay::status)
     }
 
@@ -448,7 +448,7 @@ impl Supervisor {
     fn acme_renew(&mut self, client: u64, name: Option<String>) {
         let result = match self.acme.as_mut() {
             None => Err("no site takes its certificate from ACME (acme = true)".to_string()),
-            Some(r) => r.renew(client, name.as_deref()),
+            Some(r) => r.renew(client, name.as_deref()).map_err(|e| e.to_string()),
         };
         if let Some(c) = self.control.as_mut() {
             match result {

@@ -1,16 +1,13 @@
 //! Files and pipes: the operator's files (configuration, certificates, keys, CA roots), read
 //! whole only when they are regular files of bounded size; the file system a folder lives on;
 //! the sealed memfd of a worker's site table, the pipes of the workers' output and access logs,
-//! writes to the demux's standard error, and the ACME state directory's file locks
-//! (`acme::store`).
+//! and writes to the demux's standard error.
 
 use std::io::{self, Read};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
-
-use nix::errno::Errno;
 
 use super::wait_writable;
 
@@ -190,27 +187,6 @@ pub fn write_all_or_fail(fd: BorrowedFd<'_>, buf: &[u8], wait: Duration) -> io::
         }
     }
     Ok(())
-}
-
-/// A file held with an exclusive `flock(2)` lock; dropping it closes the descriptor, which
-/// releases the lock (so does the process's death: a crashed node never leaves a site locked).
-pub type LockedFile = nix::fcntl::Flock<std::fs::File>;
-
-/// Takes an exclusive `flock(2)` lock on `file` without waiting (`LOCK_EX | LOCK_NB`):
-/// `Ok(None)` when another open file description holds it, in this process or any other (on
-/// NFS, Linux maps it to a lock of the server's, seen by every client). `EINTR` is retried;
-/// other errors escape as the kernel said them.
-pub fn try_lock_exclusive(file: std::fs::File) -> io::Result<Option<LockedFile>> {
-    use nix::fcntl::{Flock, FlockArg};
-    let mut file = file;
-    loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(locked) => return Ok(Some(locked)),
-            Err((_, Errno::EWOULDBLOCK)) => return Ok(None),
-            Err((f, Errno::EINTR)) => file = f,
-            Err((_, e)) => return Err(e.into()),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub use confine::{
 };
 pub use files::{
     log_pipe, pseudo_file_system, read_operator_file, read_operator_text, read_some, sealed_memfd,
-    try_lock_exclusive, write_all_or_fail, LockedFile, OperatorFile, MAX_CONFIG_FILE, MAX_PEM_FILE,
+    write_all_or_fail, OperatorFile, MAX_CONFIG_FILE, MAX_PEM_FILE,
 };
 pub use poll::{
     clear_wake, poll_readable, poll_which, wait_readable, wait_writable, wake, wake_fd,

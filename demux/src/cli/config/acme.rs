@@ -1,6 +1,6 @@
 //! The `[acme]` table, checked: the CA, the account's contact, the state directory, the
 //! challenge type and the roots to trust for the CA's own HTTPS. The engine that uses it is
-//! [`crate::acme`].
+//! `ringmux_acme`.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -12,7 +12,8 @@ use rustls::pki_types::CertificateDer;
 
 use super::file::{AcmeDoc, FileConfig, Place, Problem, Problems};
 use super::RunArgs;
-use crate::acme::{AcmeSettings, AcmeSite, ChallengeKind, Eab, DEFAULT_STATE, LETS_ENCRYPT};
+use ringmux_acme::seal::KeyFileSecret;
+use ringmux_acme::{AcmeSettings, AcmeSite, ChallengeKind, Eab, DEFAULT_STATE, LETS_ENCRYPT};
 
 /// The ACME settings of the file's `[acme]` table (every key has a default, so a site with
 /// `acme = true` needs no table), checked against `args` (the listener a challenge needs);
@@ -211,6 +212,21 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
         }
     };
 
+    // The state's seals are derived from the key file: the demux reads it, the engine never.
+    let key_file =
+        args.key_file
+            .as_ref()
+            .and_then(|path| match crate::certs::load_key_file(path) {
+                Ok(keys) => Some(KeyFileSecret::new(path.clone(), keys.to_bytes())),
+                Err(e) => {
+                    problem(
+                        table_at,
+                        format!("key_file: {e} (the ACME state's seals are derived from it)"),
+                    );
+                    None
+                }
+            });
+
     if !problems.is_empty() {
         return Err(Problems(problems));
     }
@@ -220,8 +236,11 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
         state,
         challenge,
         ca_roots,
+        ca_roots_file: doc
+            .and_then(|d| d.ca_roots.as_ref())
+            .map(|r| r.value.clone()),
         eab,
-        key_file: args.key_file.clone(),
+        key_file,
     })
 }
 

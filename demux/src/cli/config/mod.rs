@@ -772,7 +772,7 @@ pub struct Config {
     /// `[[site]]` (the command line then makes one site, [`Config::site_table`]).
     pub sites: Option<SiteTable>,
     /// The `[acme]` table, checked: `Some` when the file has one or a site has `acme = true`.
-    pub acme: Option<crate::acme::AcmeSettings>,
+    pub acme: Option<ringmux_acme::AcmeSettings>,
 }
 
 /// Where the access log goes (`--access-log`).
@@ -912,7 +912,7 @@ impl RunArgs {
     }
 
     /// The `[acme]` settings, when the file has the table or a site takes `acme = true`.
-    fn acme(&self, sites: Option<&SiteTable>) -> Result<Option<crate::acme::AcmeSettings>> {
+    fn acme(&self, sites: Option<&SiteTable>) -> Result<Option<ringmux_acme::AcmeSettings>> {
         let Some(file) = self.file.as_ref() else {
             return Ok(None);
         };

@@ -1,4 +1,4 @@
-//! The ACME engine (`ringmux_demux::acme`) against a real CA: Pebble and its DNS on loopback
+//! The ACME engine (`ringmux_acme`) against a real CA: Pebble and its DNS on loopback
 //! (`ringmux_testkit::pebble`), with challenge responders written here that answer from
 //! the engine's view the way the workers do (HTTP-01 on a plain TCP port, TLS-ALPN-01 on a
 //! rustls port offering only `acme-tls/1`).
@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use ringmux_demux::acme::seal::Sealer;
-use ringmux_demux::acme::{
+use ringmux_acme::seal::Sealer;
+use ringmux_acme::{
     Acme, AcmeSettings, AcmeSite, AcmeStatus, AcmeView, ChallengeKind, Issued, STATE_POLL_INTERVAL,
 };
 use ringmux_proto::ChallengeSet;
@@ -196,6 +196,7 @@ fn acme_restart_serves_the_stored_certificate_and_renew_orders_anew() {
     assert!(second
         .renew(Some("nowhere.test"))
         .unwrap_err()
+        .to_string()
         .contains("nowhere.test"));
     let ticket = second.renew(Some("WWW.d.test")).unwrap();
     assert_eq!(second.renewed(ticket), None);
@@ -307,6 +308,7 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
                 .der()
                 .to_vec(),
         ],
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     };
@@ -332,7 +334,7 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
     wait_until(&acme, "the forced attempt", |_, _| {
         acme.renewed(ticket).is_some()
     });
-    let e = acme.renewed(ticket).unwrap().unwrap_err();
+    let e = acme.renewed(ticket).unwrap().unwrap_err().to_string();
     assert!(e.contains("e.test") && e.contains("refused"), "{e}");
     let status = acme.status();
     assert_eq!(status.orders_failed, 2);
@@ -362,6 +364,7 @@ fn acme_start_refuses_a_state_dir_open_to_others_and_a_directory_that_is_not_htt
         state: state.clone(),
         challenge: ChallengeKind::TlsAlpn01,
         ca_roots: Vec::new(),
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     };
@@ -457,6 +460,7 @@ fn acme_reads_what_other_nodes_wrote_and_ignores_garbage() {
                 .der()
                 .to_vec(),
         ],
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     };
@@ -543,6 +547,7 @@ fn acme_refuses_and_counts_files_no_demux_sealed() {
                 .der()
                 .to_vec(),
         ],
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     };
@@ -733,6 +738,7 @@ fn acme_a_ca_answering_nonsense_fails_orders_and_the_engine_lives_on() {
         state: dir.path().join("acme"),
         challenge: ChallengeKind::Http01,
         ca_roots: vec![ca.root_der.clone()],
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     };
@@ -777,7 +783,7 @@ fn acme_a_ca_answering_nonsense_fails_orders_and_the_engine_lives_on() {
         wait_until(&acme, "the order's end", |_, _| {
             acme.renewed(ticket).is_some()
         });
-        let e = acme.renewed(ticket).unwrap().unwrap_err();
+        let e = acme.renewed(ticket).unwrap().unwrap_err().to_string();
         assert!(e.contains(says), "case {n}: {e:?} does not say {says:?}");
         let status = acme.status();
         assert_eq!(status.orders_failed, n as u64 + 1, "{status:#?}");
@@ -808,6 +814,7 @@ fn settings(state: &Path, pebble: &Pebble, challenge: ChallengeKind) -> AcmeSett
         state: state.to_owned(),
         challenge,
         ca_roots: vec![pebble.api_root_der()],
+        ca_roots_file: None,
         eab: None,
         key_file: None,
     }

@@ -594,7 +594,8 @@ async fn only_sealed_challenges_for_the_sites_names_are_answered() {
     let rm = setup.start(&config);
     let key_file = setup.path("keys");
     let keys = ringmux_demux::certs::load_key_file(&key_file).unwrap();
-    let sealer = ringmux_demux::acme::seal::Sealer::from_keys(&keys, &key_file);
+    let secret = ringmux_acme::seal::KeyFileSecret::new(key_file.clone(), keys.to_bytes());
+    let sealer = ringmux_acme::seal::Sealer::from_key_file(&secret);
     let challenges = setup.path("planted/challenges");
     let expires = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

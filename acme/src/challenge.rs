@@ -52,16 +52,38 @@ pub enum Answer {
     TlsAlpn01(TlsAlpn01),
 }
 
+/// Why a challenge file is not answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ChallengeError {
+    #[error("cannot read it")]
+    Read(#[source] std::io::Error),
+    #[error("not a challenge")]
+    NotJson(#[source] serde_json::Error),
+    #[error("its token is not its name")]
+    TokenNotName,
+    #[error("{0:?} is not a DNS name")]
+    NotDnsName(String),
+    #[error("its key authorization is not TOKEN.THUMBPRINT")]
+    KeyAuthorization,
+    #[error("stale: its order ended long ago")]
+    Stale,
+    #[error("cannot make the TLS-ALPN-01 certificate")]
+    TlsAlpn01(#[source] rcgen::Error),
+}
+
 impl ChallengeFile {
     /// Reads the file of `token` (its name); `Err` says what is wrong, including staleness.
-    pub fn parse(token: &str, bytes: &[u8], now: SystemTime) -> Result<ChallengeFile, String> {
-        let file: ChallengeFile =
-            serde_json::from_slice(bytes).map_err(|e| format!("not a challenge: {e}"))?;
+    pub fn parse(
+        token: &str,
+        bytes: &[u8],
+        now: SystemTime,
+    ) -> Result<ChallengeFile, ChallengeError> {
+        let file: ChallengeFile = serde_json::from_slice(bytes).map_err(ChallengeError::NotJson)?;
         if file.token != token || !is_token(&file.token) {
-            return Err("its token is not its name".into());
+            return Err(ChallengeError::TokenNotName);
         }
         if !is_dns_name(&file.name) {
-            return Err(format!("{:?} is not a DNS name", truncated(&file.name)));
+            return Err(ChallengeError::NotDnsName(truncated(&file.name)));
         }
         let ka = &file.key_authorization;
         let well_formed = ka.len() <= 512
@@ -70,10 +92,10 @@ impl ChallengeFile {
                 .and_then(|rest| rest.strip_prefix('.'))
                 .is_some_and(is_token);
         if !well_formed {
-            return Err("its key authorization is not TOKEN.THUMBPRINT".into());
+            return Err(ChallengeError::KeyAuthorization);
         }
         if file.expires <= unix_secs(now) {
-            return Err("stale: its order ended long ago".into());
+            return Err(ChallengeError::Stale);
         }
         Ok(file)
     }
@@ -84,7 +106,7 @@ impl ChallengeFile {
     }
 
     /// The answer the workers give; a TLS-ALPN-01 certificate is made here (fresh key).
-    pub fn answer(&self) -> Result<Answer, String> {
+    pub fn answer(&self) -> Result<Answer, ChallengeError> {
         Ok(match self.kind {
             Kind::Http01 => Answer::Http01(Http01 {
                 name: self.name.clone(),
@@ -93,7 +115,7 @@ impl ChallengeFile {
             }),
             Kind::TlsAlpn01 => Answer::TlsAlpn01(
                 tls_alpn01(&self.name, &self.key_authorization)
-                    .map_err(|e| format!("cannot make the TLS-ALPN-01 certificate: {e}"))?,
+                    .map_err(ChallengeError::TlsAlpn01)?,
             ),
         })
     }

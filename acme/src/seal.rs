@@ -42,9 +42,34 @@
 use std::fs::OpenOptions;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use ringmux_quic_lb::KeySet;
+/// The deployment's key file (`key_file`) as the demux read it: its path and the bytes of its
+/// key set, from which the seal key is derived. The engine never reads the file itself.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyFileSecret {
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl KeyFileSecret {
+    /// `bytes`: the key set's own encoding (`KeySet::to_bytes` of `ringmux-quic-lb`).
+    pub fn new(path: PathBuf, bytes: Vec<u8>) -> KeyFileSecret {
+        KeyFileSecret { path, bytes }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl std::fmt::Debug for KeyFileSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyFileSecret")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
 
 /// The trailer's start, before the hex digits.
 const TAG: &[u8] = b"\n#ringmux-seal v1 ";
@@ -93,12 +118,12 @@ impl std::fmt::Display for Unsealed {
 
 impl Sealer {
     /// The key derived from a deployment's key file.
-    pub fn from_keys(keys: &KeySet, key_file: &Path) -> Sealer {
-        let master = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &keys.to_bytes());
+    pub fn from_key_file(key_file: &KeyFileSecret) -> Sealer {
+        let master = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key_file.bytes);
         let derived = ring::hmac::sign(&master, DERIVE_LABEL);
         Sealer {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, derived.as_ref()),
-            origin: format!("derived from the key file {}", key_file.display()),
+            origin: format!("derived from the key file {}", key_file.path.display()),
         }
     }
 
@@ -284,12 +309,12 @@ mod tests {
 
     #[test]
     fn keys_from_one_key_file_agree_and_differ_from_another() {
-        let a = KeySet::generate().unwrap();
-        let b = KeySet::generate().unwrap();
-        let p = Path::new("/k");
-        let sealed = Sealer::from_keys(&a, p).seal("x", b"y");
-        assert!(Sealer::from_keys(&a, p).open("x", &sealed).is_ok());
-        assert!(Sealer::from_keys(&b, p).open("x", &sealed).is_err());
+        let key = |k: ringmux_quic_lb::KeySet| KeyFileSecret::new("/k".into(), k.to_bytes());
+        let a = key(ringmux_quic_lb::KeySet::generate().unwrap());
+        let b = key(ringmux_quic_lb::KeySet::generate().unwrap());
+        let sealed = Sealer::from_key_file(&a).seal("x", b"y");
+        assert!(Sealer::from_key_file(&a).open("x", &sealed).is_ok());
+        assert!(Sealer::from_key_file(&b).open("x", &sealed).is_err());
     }
 
     #[test]

@@ -8,7 +8,6 @@
 //! renewal-information requests run as futures on the thread's one runtime, several at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::fd::{AsFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -22,13 +21,14 @@ use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::{Notify, OnceCell};
 
-use super::challenge::{Answer, ChallengeFile};
+use super::challenge::{Answer, ChallengeError, ChallengeFile};
 use super::https::CaClient;
 use super::order::{self, Failure, Job};
 use super::schedule::{Jitter, SiteSchedule, Validity, Window};
 use super::store::{self, Attempt, CertRefused, Certificate, Stamp, Store};
 use super::{
-    AcmeSettings, AcmeSite, AcmeStatus, AcmeView, Pacing, SiteStatus, STATE_POLL_INTERVAL,
+    AcmeSettings, AcmeSite, AcmeStatus, AcmeView, Pacing, RenewError, SiteStatus,
+    STATE_POLL_INTERVAL,
 };
 use crate::sys::{self, LockedFile};
 
@@ -43,7 +43,7 @@ const ARI_RETRY: Duration = Duration::from_secs(3600);
 /// What the engine and the demux's end share: the published view, status and tickets, and
 /// the eventfd rung when they change.
 pub(super) struct Shared {
-    pub wake: OwnedFd,
+    pub wake: sys::Bell,
     pub published: Mutex<Published>,
 }
 
@@ -55,7 +55,7 @@ pub(super) struct Published {
     pub sites: Vec<AcmeSite>,
     /// `None` while the renewal runs. Written by both ends: the demux's end adds a ticket,
     /// the engine completes it.
-    pub tickets: BTreeMap<u64, Option<Result<Vec<usize>, String>>>,
+    pub tickets: BTreeMap<u64, Option<Result<Vec<usize>, RenewError>>>,
     pub next_ticket: u64,
 }
 
@@ -101,7 +101,7 @@ pub(super) struct Engine {
     /// Challenge files read whose name no ACME site of this node has (never answered).
     foreign_challenges: u64,
     tickets: BTreeMap<u64, Ticket>,
-    finished_tickets: Vec<(u64, Result<Vec<usize>, String>)>,
+    finished_tickets: Vec<(u64, Result<Vec<usize>, RenewError>)>,
     /// The CA's directory has no `renewalInfo` (RFC 9773 §3): renew by the third rule only.
     ari_absent: bool,
     account_loading: bool,
@@ -141,7 +141,7 @@ struct Seen {
 struct Ticket {
     waiting: BTreeSet<String>,
     renewed: Vec<usize>,
-    error: Option<String>,
+    error: Option<RenewError>,
 }
 
 enum Done {
@@ -156,7 +156,7 @@ enum Done {
         serial: String,
         result: Result<(Window, Duration), AriError>,
     },
-    Account(Result<(), String>),
+    Account(Result<(), Failure>),
 }
 
 enum AriError {
@@ -306,7 +306,7 @@ impl Engine {
         }
         // Sites gone: their tickets end.
         for label in old.into_keys() {
-            self.ticket_progress(&label, Err("no longer an ACME site".into()));
+            self.ticket_progress(&label, Err(Failure::new("no longer an ACME site")));
         }
         self.view_dirty = true;
     }
@@ -371,7 +371,7 @@ impl Engine {
             return;
         }
         if let Err(why) = cert.fits(&site.site.names, now) {
-            tracing::debug!(site = %site.site.label, serial = %cert.issued.serial, why, "ACME: stored certificate not used");
+            tracing::debug!(site = %site.site.label, serial = %cert.issued.serial, why = %why, "ACME: stored certificate not used");
             return;
         }
         site.schedule.certificate(Some(validity(&cert)));
@@ -419,7 +419,7 @@ impl Engine {
             let parsed = self
                 .store
                 .read_challenge(&token)
-                .map_err(|e| e.to_string())
+                .map_err(ChallengeError::Read)
                 .and_then(|bytes| ChallengeFile::parse(&token, &bytes, now));
             let seen = match parsed {
                 Ok(file) if !ours.contains(&file.name) => {
@@ -440,7 +440,7 @@ impl Engine {
                         .ok(),
                 },
                 Err(why) => {
-                    if why.starts_with("stale") {
+                    if matches!(why, ChallengeError::Stale) {
                         self.store.remove_challenge(&token);
                         continue;
                     }
@@ -636,7 +636,7 @@ impl Engine {
             "ACME order failed"
         );
         s.last_error = Some(f.text.clone());
-        self.ticket_progress(&label, Err(f.text));
+        self.ticket_progress(&label, Err(f));
     }
 
     // -----------------------------------------------------------------------------------------
@@ -671,7 +671,7 @@ impl Engine {
                                 .ok_or_else(|| Failure::new("no stored account"))
                         })
                         .await;
-                    Done::Account(loaded.map(drop).map_err(|f| f.text))
+                    Done::Account(loaded.map(drop))
                 }));
             }
             return;
@@ -697,7 +697,7 @@ impl Engine {
                             retry,
                         )),
                         Err(instant_acme::Error::Unsupported(_)) => Err(AriError::Unsupported),
-                        Err(e) => Err(AriError::Other(order::error_line(&e))),
+                        Err(e) => Err(AriError::Other(ringmux_proto::one_line(&e))),
                     }
                 };
                 let result = match AssertUnwindSafe(ask).catch_unwind().await {
@@ -765,14 +765,16 @@ impl Engine {
                     t.waiting.insert(label);
                 }
                 Some(s) => {
-                    t.error.get_or_insert(format!(
-                        "{label}: {}",
-                        s.refused.clone().unwrap_or_default()
-                    ));
+                    t.error.get_or_insert(RenewError::Site {
+                        reason: s.refused.clone().unwrap_or_default(),
+                        label,
+                    });
                 }
                 None => {
-                    t.error
-                        .get_or_insert(format!("{label}: no longer an ACME site"));
+                    t.error.get_or_insert(RenewError::Site {
+                        label,
+                        reason: "no longer an ACME site".into(),
+                    });
                 }
             }
         }
@@ -783,7 +785,7 @@ impl Engine {
         }
     }
 
-    fn ticket_progress(&mut self, label: &str, outcome: Result<usize, String>) {
+    fn ticket_progress(&mut self, label: &str, outcome: Result<usize, Failure>) {
         let mut done = Vec::new();
         for (id, t) in &mut self.tickets {
             if !t.waiting.remove(label) {
@@ -792,7 +794,10 @@ impl Engine {
             match &outcome {
                 Ok(site) => t.renewed.push(*site),
                 Err(why) => {
-                    t.error.get_or_insert(format!("{label}: {why}"));
+                    t.error.get_or_insert(RenewError::Site {
+                        label: label.to_owned(),
+                        reason: why.text.clone(),
+                    });
                 }
             }
             if t.waiting.is_empty() {
@@ -833,7 +838,7 @@ impl Engine {
         }
         self.view_dirty = false;
         self.last_status = Some(status);
-        sys::wake(self.shared.wake.as_fd());
+        self.shared.wake.ring();
     }
 
     fn view(&self) -> AcmeView {
@@ -904,7 +909,7 @@ impl Engine {
 }
 
 impl Ticket {
-    fn result(self) -> Result<Vec<usize>, String> {
+    fn result(self) -> Result<Vec<usize>, RenewError> {
         match self.error {
             Some(e) => Err(e),
             None => Ok(self.renewed),

@@ -16,6 +16,8 @@ use instant_acme::{
 };
 use tokio::sync::Notify;
 
+use ringmux_proto::one_line;
+
 use super::challenge::{ChallengeFile, Kind};
 use super::https::CaClient;
 use super::store::{self, Certificate, Store};
@@ -46,7 +48,8 @@ pub struct Job {
 
 /// A failed order (or account): what went wrong, as the CA or the network said it, and when
 /// the CA asked to be asked again.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{text}")]
 pub struct Failure {
     pub text: String,
     pub retry_after: Option<SystemTime>,
@@ -365,26 +368,10 @@ fn failure(step: &str, e: &Error) -> Failure {
     let mut f = Failure::new(match e {
         Error::Api(p) => format!("{step}: {}", problem_text(p)),
         Error::Timeout(_) => format!("{step}: the CA did not move the order on in time"),
-        e => format!("{step}: {}", error_line(e)),
+        e => format!("{step}: {}", one_line(e)),
     });
     f.bad_nonce = matches!(e, Error::Api(p) if is_bad_nonce(p));
     f
-}
-
-/// `error` and its sources joined by `: `, as `crate::one_line`, leaving out a source its
-/// error already wrote (instant-acme's and hyper's errors often print their source too).
-pub fn error_line(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = s.source();
-    }
-    line
 }
 
 /// A problem document (RFC 7807) as one line: its detail, its type, its subproblems.
@@ -452,10 +439,10 @@ mod tests {
     fn an_error_that_prints_its_source_is_not_repeated() {
         let json = serde_json::from_str::<u8>("x").unwrap_err();
         let text = json.to_string();
-        let line = error_line(&Error::Json(json));
+        let line = one_line(&Error::Json(json));
         assert_eq!(line.matches(&text).count(), 1, "{line}");
         let other = Error::Other(Box::new(std::io::Error::other("deep")));
-        assert_eq!(error_line(&other), "deep");
+        assert_eq!(one_line(&other), "deep");
     }
 
     #[test]

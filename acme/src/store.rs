@@ -27,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use super::seal::{Sealer, Unsealed};
+use super::seal::{KeyFileSecret, Sealer, Unsealed};
 use super::Issued;
 use crate::sys::{self, LockedFile};
 
@@ -114,8 +114,12 @@ pub enum OpenError {
         path.display()
     )]
     OpenToOthers { path: PathBuf, mode: u32 },
-    #[error("the ACME state directory's seal key: {0}")]
-    SealKey(String),
+    #[error("the ACME state directory's seal key {}", path.display())]
+    SealKey {
+        path: PathBuf,
+        #[source]
+        error: io::Error,
+    },
 }
 
 /// What a file holds now: a rename gives it a new inode, a rewrite a new size or time. The
@@ -158,7 +162,7 @@ impl Store {
     /// a directory closed to others; then makes `certs/`, `challenges/` and `locks/` in it.
     /// The seal key is derived from `key_file` when given (see `seal`), else read from (or
     /// made as) `root/seal.key`.
-    pub fn open(root: &Path, key_file: Option<&Path>) -> Result<Store, OpenError> {
+    pub fn open(root: &Path, key_file: Option<&KeyFileSecret>) -> Result<Store, OpenError> {
         let make = |path: &Path| {
             DirBuilder::new()
                 .recursive(true)
@@ -190,14 +194,10 @@ impl Store {
             make(&root.join(sub))?;
         }
         let sealer = match key_file {
-            Some(path) => crate::certs::load_key_file(path)
-                .map(|keys| Sealer::from_keys(&keys, path))
-                .map_err(|e| OpenError::SealKey(e.to_string()))?,
-            None => Sealer::in_state_dir(root).map_err(|e| {
-                OpenError::SealKey(format!(
-                    "{}: {e}",
-                    root.join(super::seal::KEY_FILE).display()
-                ))
+            Some(secret) => Sealer::from_key_file(secret),
+            None => Sealer::in_state_dir(root).map_err(|error| OpenError::SealKey {
+                path: root.join(super::seal::KEY_FILE),
+                error,
             })?,
         };
         Ok(Store::with_sealer(root, sealer))
@@ -426,7 +426,10 @@ impl Store {
 
     /// The stored account for `directory`, as instant-acme wrote its credentials; `Ok(None)`
     /// if there is none.
-    pub fn read_account(&self, directory: &str) -> Result<Option<serde_json::Value>, String> {
+    pub fn read_account(
+        &self,
+        directory: &str,
+    ) -> Result<Option<serde_json::Value>, AccountFileError> {
         Ok(self.read_accounts()?.remove(directory))
     }
 
@@ -440,14 +443,14 @@ impl Store {
         self.write_sealed("account.json", &json)
     }
 
-    fn read_accounts(&self) -> Result<BTreeMap<String, serde_json::Value>, String> {
+    fn read_accounts(&self) -> Result<BTreeMap<String, serde_json::Value>, AccountFileError> {
         let path = self.root.join("account.json");
         match self.read_sealed("account.json", FileKind::Account) {
             Ok(bytes) => serde_json::from_slice::<AccountsFile>(&bytes)
                 .map(|f| f.accounts)
-                .map_err(|e| format!("{}: {e}", path.display())),
+                .map_err(|error| AccountFileError::Json { path, error }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(BTreeMap::new()),
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Err(error) => Err(AccountFileError::Read { path, error }),
         }
     }
 
@@ -543,40 +546,85 @@ pub struct Certificate {
 
 impl Certificate {
     /// Whether it covers every one of `names` and is valid at `now`; `Err` says why not.
-    pub fn fits(&self, names: &[String], now: SystemTime) -> Result<(), String> {
+    pub fn fits(&self, names: &[String], now: SystemTime) -> Result<(), CertificateError> {
+        self.covers(names)?;
+        if self.issued.not_after <= now {
+            return Err(CertificateError::Expired);
+        }
+        if self.issued.not_before > now {
+            return Err(CertificateError::NotYetValid);
+        }
+        Ok(())
+    }
+
+    /// Whether it covers every one of `names`; `Err` names those it does not.
+    pub fn covers(&self, names: &[String]) -> Result<(), CertificateError> {
         let missing: Vec<&str> = names
             .iter()
-            .filter(|n| !crate::certs::covers(&self.names, &n.to_ascii_lowercase()))
+            .filter(|n| !ringmux_proto::x509::covers(&self.names, &n.to_ascii_lowercase()))
             .map(String::as_str)
             .collect();
         if !missing.is_empty() {
-            return Err(format!(
-                "it does not cover {} (it covers {})",
-                missing.join(", "),
-                self.names.join(", ")
-            ));
-        }
-        if self.issued.not_after <= now {
-            return Err("it has expired".into());
-        }
-        if self.issued.not_before > now {
-            return Err("it is not valid yet".into());
+            return Err(CertificateError::Uncovered {
+                missing: missing.join(", "),
+                covers: self.names.join(", "),
+            });
         }
         Ok(())
     }
 }
 
+/// Why a certificate is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error(transparent)]
+    Pem(#[from] ringmux_proto::certs::CertError),
+    #[error("no certificate")]
+    Empty,
+    #[error("the key does not go with the certificate")]
+    KeyMismatch(#[source] rustls::Error),
+    #[error(transparent)]
+    NotX509(#[from] ringmux_proto::x509::LeafError),
+    #[error("it does not cover {missing} (it covers {covers})")]
+    Uncovered { missing: String, covers: String },
+    #[error("it has expired")]
+    Expired,
+    #[error("it is not valid yet")]
+    NotYetValid,
+}
+
+/// Why the account file is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountFileError {
+    #[error("{}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        error: io::Error,
+    },
+    #[error("{}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        error: serde_json::Error,
+    },
+}
+
 /// Reads a PEM chain (leaf first) and its PEM key: both parse, the key goes with the leaf
 /// (rustls' own check, under the ring provider the workers use), and the leaf is X.509.
-pub fn examine(chain_pem: String, key_pem: String) -> Result<Certificate, String> {
-    let (chain, key) =
-        ringmux_proto::certs::parse_pem(&chain_pem, &key_pem).map_err(|e| e.to_string())?;
-    let leaf_der = chain.first().ok_or("no certificate")?.as_ref().to_vec();
+pub fn examine(chain_pem: String, key_pem: String) -> Result<Certificate, CertificateError> {
+    let (chain, key) = ringmux_proto::certs::parse_pem(&chain_pem, &key_pem)?;
+    let leaf_der = chain
+        .first()
+        .ok_or(CertificateError::Empty)?
+        .as_ref()
+        .to_vec();
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, key, &provider)
-        .map_err(|e| format!("the key does not go with the certificate: {e}"))?;
-    let leaf = crate::certs::leaf(&leaf_der)?;
-    let serial = serial_hex(&leaf_der)?;
+        .map_err(CertificateError::KeyMismatch)?;
+    let leaf = ringmux_proto::x509::leaf(&leaf_der)?;
+    // The leaf read as X.509 just above: its serial reads too.
+    let serial = serial_hex(&leaf_der).unwrap_or_default();
     Ok(Certificate {
         issued: Issued {
             chain_pem,
@@ -592,15 +640,15 @@ pub fn examine(chain_pem: String, key_pem: String) -> Result<Certificate, String
 
 /// The leaf's serial number in hex, without leading zero bytes (as Pebble's management API and
 /// `openssl x509 -serial` write it, in lower case).
-fn serial_hex(der: &[u8]) -> Result<String, String> {
+fn serial_hex(der: &[u8]) -> Option<String> {
     use x509_parser::prelude::*;
-    let (_, cert) = X509Certificate::from_der(der).map_err(|e| format!("not X.509: {e}"))?;
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
     let raw = cert.tbs_certificate.raw_serial();
     let start = raw
         .iter()
         .position(|b| *b != 0)
         .unwrap_or(raw.len().saturating_sub(1));
-    Ok(hex::encode(&raw[start.min(raw.len())..]))
+    Some(hex::encode(&raw[start.min(raw.len())..]))
 }
 
 /// Seconds since the Unix epoch (0 before it).
@@ -724,9 +772,9 @@ mod tests {
         assert!(!back.issued.serial.is_empty() && !back.issued.serial.starts_with("00"));
         let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let now = SystemTime::now();
-        assert_eq!(back.fits(&names(&["A.test"]), now), Ok(()));
+        assert!(back.fits(&names(&["A.test"]), now).is_ok());
         let e = back.fits(&names(&["a.test", "b.test"]), now).unwrap_err();
-        assert!(e.contains("b.test"), "{e}");
+        assert!(e.to_string().contains("b.test"), "{e}");
         assert!(back
             .fits(&names(&["a.test"]), back.issued.not_after)
             .is_err());
@@ -866,8 +914,7 @@ mod tests {
 
         // Another key (another deployment's, or a worker's own) does not verify.
         let keys = ringmux_quic_lb::KeySet::generate().unwrap();
-        let key_file = tmp.path().join("keys");
-        keys.write_new(&key_file).unwrap();
+        let key_file = KeyFileSecret::new(tmp.path().join("keys"), keys.to_bytes());
         let other = Store::open(tmp.path(), Some(&key_file)).unwrap();
         assert!(other.read_challenge("tok").is_err());
         other.write_challenge("tok", b"[]").unwrap();

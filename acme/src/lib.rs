@@ -60,13 +60,17 @@ mod order;
 mod schedule;
 pub mod seal;
 mod store;
+mod sys;
+
+pub use challenge::ChallengeError;
+pub use https::{ClientError, RequestError};
+pub use store::{AccountFileError, CertificateError, OpenError};
 
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context;
 use ringmux_proto::ChallengeSet;
 
 /// How often every node re-reads the state directory for certificates and challenges other
@@ -81,7 +85,37 @@ pub const DEFAULT_STATE: &str = "/var/lib/ringmux/acme";
 
 /// The kinds of state-directory files the engine reads back, as the `file` label of
 /// `ringmux_acme_state_refused_total` names them.
-pub use crate::metrics::names::ACME_STATE_FILES as STATE_FILES;
+pub const STATE_FILES: [&str; 4] = ["certificate", "challenge", "attempt", "account"];
+
+/// Why the ACME client cannot start. Each keeps its source; `ringmux_proto::one_line` writes
+/// the chain as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum AcmeError {
+    #[error("the ACME directory {0:?} is not an https:// URL (RFC 8555 §6.1)")]
+    Directory(String),
+    #[error(transparent)]
+    State(#[from] store::OpenError),
+    #[error(transparent)]
+    Client(#[from] https::ClientError),
+    #[error("{what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        error: std::io::Error,
+    },
+}
+
+/// Why a renewal asked for by name (`ringmux acme renew`) did not happen.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RenewError {
+    #[error("{0} is not a name of an ACME site")]
+    UnknownName(String),
+    #[error("no renewal {0} is known")]
+    UnknownTicket(u64),
+    /// The site's order failed (the CA's or the network's words), or it is never ordered.
+    #[error("{label}: {reason}")]
+    Site { label: String, reason: String },
+}
 
 /// The challenge type a CA is asked to validate with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,10 +154,12 @@ pub struct AcmeSettings {
     /// Extra roots (DER) trusted for the CA's own HTTPS, besides the system's: a private CA,
     /// or a test CA such as Pebble.
     pub ca_roots: Vec<Vec<u8>>,
+    /// The file `ca_roots` was read from (`[acme] ca_roots`), named in TLS errors.
+    pub ca_roots_file: Option<PathBuf>,
     pub eab: Option<Eab>,
     /// The deployment's key file (`key_file`), when there is one: the key that seals the
     /// state directory's files is derived from it; else it is `STATE/seal.key`.
-    pub key_file: Option<PathBuf>,
+    pub key_file: Option<seal::KeyFileSecret>,
 }
 
 /// A site whose certificate comes from ACME.
@@ -147,6 +183,14 @@ pub struct Issued {
     pub serial: String,
     pub not_before: SystemTime,
     pub not_after: SystemTime,
+}
+
+impl Issued {
+    /// Whether the chain and key read (the key going with the leaf) and the leaf covers every
+    /// one of `names`: what the demux checks before it hands a certificate to its workers.
+    pub fn check_covers(&self, names: &[String]) -> Result<(), CertificateError> {
+        store::examine(self.chain_pem.clone(), self.key_pem.clone())?.covers(names)
+    }
 }
 
 impl std::fmt::Debug for Issued {
@@ -244,7 +288,7 @@ impl Acme {
     /// that is still valid and covers the site's names, and starts the thread. The view is
     /// ready at once ([`Acme::view`]): a site with a valid stored certificate serves it from
     /// the first worker's hand-off, without an order.
-    pub fn start(settings: AcmeSettings, sites: Vec<AcmeSite>) -> anyhow::Result<Acme> {
+    pub fn start(settings: AcmeSettings, sites: Vec<AcmeSite>) -> Result<Acme, AcmeError> {
         Acme::start_with(settings, sites, Pacing::default())
     }
 
@@ -253,21 +297,23 @@ impl Acme {
         settings: AcmeSettings,
         sites: Vec<AcmeSite>,
         pacing: Pacing,
-    ) -> anyhow::Result<Acme> {
+    ) -> Result<Acme, AcmeError> {
         let url = settings.directory.parse::<http::Uri>();
         if !url.is_ok_and(|u| u.scheme_str() == Some("https") && u.host().is_some()) {
-            anyhow::bail!(
-                "the ACME directory {:?} is not an https:// URL (RFC 8555 §6.1)",
-                settings.directory
-            );
+            return Err(AcmeError::Directory(settings.directory));
         }
-        let store = store::Store::open(&settings.state, settings.key_file.as_deref())?;
-        let client = https::CaClient::new(&settings.ca_roots, pacing.request_deadline)?;
-        let wake = crate::sys::wake_fd().context("the ACME engine's eventfd")?;
+        let store = store::Store::open(&settings.state, settings.key_file.as_ref())?;
+        let client = https::CaClient::new(
+            &settings.ca_roots,
+            settings.ca_roots_file.as_deref(),
+            pacing.request_deadline,
+        )?;
+        let io = |what| move |error| AcmeError::Io { what, error };
+        let wake = sys::Bell::new().map_err(io("the ACME engine's eventfd"))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .context("the ACME engine's tokio runtime")?;
+            .map_err(io("the ACME engine's tokio runtime"))?;
         let shared = Arc::new(engine::Shared {
             wake,
             published: Mutex::new(engine::Published {
@@ -280,7 +326,7 @@ impl Acme {
         let thread = std::thread::Builder::new()
             .name("ringmux-acme".into())
             .spawn(move || runtime.block_on(engine.run(receiver)))
-            .context("starting the ACME engine's thread")?;
+            .map_err(io("starting the ACME engine's thread"))?;
         Ok(Acme {
             shared,
             commands: Some(commands),
@@ -296,7 +342,7 @@ impl Acme {
     /// The current view; clears [`Acme::wake_fd`].
     pub fn view(&self) -> AcmeView {
         // Cleared before the view is read: a change after the read rings it again.
-        crate::sys::clear_wake(self.shared.wake.as_fd());
+        self.shared.wake.clear();
         self.published().view.clone()
     }
 
@@ -312,7 +358,7 @@ impl Acme {
 
     /// Orders a new certificate now for the site one of whose names is `name`, or for every
     /// ACME site (`None`), whatever their certificates' age. Err names an unknown name.
-    pub fn renew(&self, name: Option<&str>) -> Result<RenewTicket, String> {
+    pub fn renew(&self, name: Option<&str>) -> Result<RenewTicket, RenewError> {
         let mut p = self.published();
         let labels: Vec<String> = match name {
             None => p.sites.iter().map(|s| s.label.clone()).collect(),
@@ -321,7 +367,7 @@ impl Acme {
                     .sites
                     .iter()
                     .find(|s| s.names.iter().any(|n| n.eq_ignore_ascii_case(name)))
-                    .ok_or_else(|| format!("{name} is not a name of an ACME site"))?;
+                    .ok_or_else(|| RenewError::UnknownName(name.to_owned()))?;
                 vec![site.label.clone()]
             }
         };
@@ -337,10 +383,10 @@ impl Acme {
     /// `None` while the renewal runs; then `Ok` with the site indexes renewed (their new
     /// certificates are in the view), or `Err` with the CA's error. A ticket is remembered for
     /// the last 1024 renewals; an older or unknown one is `Err`.
-    pub fn renewed(&self, ticket: RenewTicket) -> Option<Result<Vec<usize>, String>> {
+    pub fn renewed(&self, ticket: RenewTicket) -> Option<Result<Vec<usize>, RenewError>> {
         match self.published().tickets.get(&ticket.0) {
             Some(result) => result.clone(),
-            None => Some(Err(format!("no renewal {} is known", ticket.0))),
+            None => Some(Err(RenewError::UnknownTicket(ticket.0))),
         }
     }
 

@@ -37,6 +37,8 @@ pub struct CaClient {
 
 struct Inner {
     tls: tokio_rustls::TlsConnector,
+    /// The roots trusted, as an operator names them (for a TLS failure's message).
+    roots: String,
     deadline: Duration,
     idle: Mutex<Vec<(String, SendRequest<BodyWrapper<Bytes>>)>>,
     retry_after: Mutex<Option<SystemTime>>,
@@ -55,11 +57,90 @@ pub enum ClientError {
     Tls(rustls::Error),
 }
 
+/// Why a request to the CA failed. Each names the URL or the authority, and keeps its source.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{uri}: the CA must be reached over https")]
+    NotHttps { uri: Uri },
+    #[error("{uri}: no host")]
+    NoHost { uri: Uri },
+    #[error("{uri}: not a request target")]
+    Target {
+        uri: Uri,
+        #[source]
+        error: http::uri::InvalidUri,
+    },
+    #[error("{uri}: not a Host header")]
+    HostHeader { uri: Uri },
+    #[error("{authority}: not a server name")]
+    ServerName {
+        authority: String,
+        #[source]
+        error: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("connecting to {authority}")]
+    Connect {
+        authority: String,
+        #[source]
+        error: std::io::Error,
+    },
+    /// The TLS handshake failed; when the CA's certificate is not trusted, the message names
+    /// the roots that were (`[acme] ca_roots`, the system's), which is where the fix is.
+    #[error("TLS with {authority}{}", untrusted_hint(error, roots))]
+    Tls {
+        authority: String,
+        roots: String,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("HTTP/1.1 with {authority}")]
+    Handshake {
+        authority: String,
+        #[source]
+        error: hyper::Error,
+    },
+    #[error("{uri}")]
+    Send {
+        uri: Uri,
+        #[source]
+        error: hyper::Error,
+    },
+    #[error("{uri}: reading the answer")]
+    Body {
+        uri: Uri,
+        #[source]
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{uri}: {key} is not a URL")]
+    NotUrl { uri: Uri, key: String },
+    #[error("{uri}: no answer within {deadline:?}")]
+    Deadline { uri: Uri, deadline: Duration },
+}
+
+/// `: the CA's certificate is not signed by a trusted root (ROOTS)` when `error` is rustls
+/// refusing the CA's certificate; empty otherwise.
+fn untrusted_hint(error: &std::io::Error, roots: &str) -> String {
+    let refused = error
+        .get_ref()
+        .and_then(|e| e.downcast_ref::<rustls::Error>())
+        .is_some_and(|e| matches!(e, rustls::Error::InvalidCertificate(_)));
+    if refused {
+        format!(" (the CA's certificate is checked against {roots})")
+    } else {
+        String::new()
+    }
+}
+
 impl CaClient {
     /// Trusts the system's roots (as rustls-native-certs finds them: `SSL_CERT_FILE`,
     /// `SSL_CERT_DIR`, else the distribution's bundle) and `extra_roots` (DER). `deadline`
     /// bounds each request.
-    pub fn new(extra_roots: &[Vec<u8>], deadline: Duration) -> Result<CaClient, ClientError> {
+    /// `roots_file`, the file `extra_roots` came from, is named in errors.
+    pub fn new(
+        extra_roots: &[Vec<u8>],
+        roots_file: Option<&std::path::Path>,
+        deadline: Duration,
+    ) -> Result<CaClient, ClientError> {
         let mut roots = rustls::RootCertStore::empty();
         let system = rustls_native_certs::load_native_certs();
         let (added, _ignored) = roots.add_parsable_certificates(system.certs);
@@ -81,6 +162,16 @@ impl CaClient {
                 "ACME: no system root certificates found; trusting [acme] ca_roots only"
             );
         }
+        let described = match roots_file {
+            Some(file) if added > 0 => format!(
+                "[acme] ca_roots ({}) and the system's {added} roots",
+                file.display()
+            ),
+            Some(file) => format!("[acme] ca_roots ({}) only", file.display()),
+            None => {
+                format!("the system's {added} roots; a private CA's root goes in [acme] ca_roots")
+            }
+        };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -91,6 +182,7 @@ impl CaClient {
         Ok(CaClient {
             inner: Arc::new(Inner {
                 tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+                roots: described,
                 deadline,
                 idle: Mutex::new(Vec::new()),
                 retry_after: Mutex::new(None),
@@ -121,25 +213,25 @@ impl HttpClient for CaClient {
             match tokio::time::timeout(inner.deadline, inner.send(req)).await {
                 Ok(Ok(response)) => Ok(response),
                 Ok(Err(why)) => Err(other(why)),
-                Err(_) => Err(other(format!(
-                    "{uri}: no answer within {:?}",
-                    inner.deadline
-                ))),
+                Err(_) => Err(other(RequestError::Deadline {
+                    uri,
+                    deadline: inner.deadline,
+                })),
             }
         })
     }
 }
 
 impl Inner {
-    async fn send(&self, req: Request<BodyWrapper<Bytes>>) -> Result<BytesResponse, String> {
+    async fn send(&self, req: Request<BodyWrapper<Bytes>>) -> Result<BytesResponse, RequestError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
         let get = parts.method == http::Method::GET;
         if uri.scheme_str() != Some("https") {
-            return Err(format!("{uri}: the CA must be reached over https"));
+            return Err(RequestError::NotHttps { uri });
         }
         let (Some(host), Some(authority)) = (uri.host(), uri.authority()) else {
-            return Err(format!("{uri}: no host"));
+            return Err(RequestError::NoHost { uri });
         };
         let authority = authority.as_str().to_owned();
         let host = host
@@ -149,16 +241,20 @@ impl Inner {
         let port = uri.port_u16().unwrap_or(443);
         // Origin form with a Host header: what a client connection sends (RFC 9112 §3.2).
         let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        parts.uri = Uri::from_str(path).map_err(|e| format!("{uri}: {e}"))?;
-        parts.headers.insert(
-            HOST,
-            authority
-                .parse()
-                .map_err(|_| format!("{uri}: not a Host header"))?,
-        );
+        parts.uri = Uri::from_str(path).map_err(|error| RequestError::Target {
+            uri: uri.clone(),
+            error,
+        })?;
+        let host_header = authority
+            .parse()
+            .map_err(|_| RequestError::HostHeader { uri: uri.clone() })?;
+        parts.headers.insert(HOST, host_header);
         let req = Request::from_parts(parts, body);
 
-        let failed = |e: hyper::Error| format!("{uri}: {}", super::order::error_line(&e));
+        let failed = |error: hyper::Error| RequestError::Send {
+            uri: uri.clone(),
+            error,
+        };
         let (mut sender, pooled) = match self.idle_sender(&authority) {
             Some(s) => (s, true),
             None => (self.connect(&host, port, &authority).await?, false),
@@ -180,7 +276,10 @@ impl Inner {
         let body = Limited::new(body, MAX_BODY)
             .collect()
             .await
-            .map_err(|e| format!("{uri}: reading the answer: {e}"))?
+            .map_err(|error| RequestError::Body {
+                uri: uri.clone(),
+                error,
+            })?
             .to_bytes();
         if let Some(value) = parts.headers.get(RETRY_AFTER) {
             let at = retry_after(value);
@@ -200,7 +299,9 @@ impl Inner {
         if get && parts.status.is_success() {
             // The directory (RFC 8555 §7.1.1): instant-acme builds requests to its URLs
             // expecting them to parse, and panics if one does not. Refused here instead.
-            check_urls(&body).map_err(|why| format!("{uri}: {why}"))?;
+            if let Some(key) = not_url(&body) {
+                return Err(RequestError::NotUrl { uri, key });
+            }
         }
         // The answer is read whole: the connection is ready for the next request.
         if let Ok(mut idle) = self.idle.lock() {
@@ -228,21 +329,35 @@ impl Inner {
         host: &str,
         port: u16,
         authority: &str,
-    ) -> Result<SendRequest<BodyWrapper<Bytes>>, String> {
-        let name = ServerName::try_from(host.to_owned())
-            .map_err(|e| format!("{authority}: not a server name: {e}"))?;
+    ) -> Result<SendRequest<BodyWrapper<Bytes>>, RequestError> {
+        let authority = || authority.to_owned();
+        let name =
+            ServerName::try_from(host.to_owned()).map_err(|error| RequestError::ServerName {
+                authority: authority(),
+                error,
+            })?;
         let tcp = tokio::net::TcpStream::connect((host, port))
             .await
-            .map_err(|e| format!("connecting to {authority}: {e}"))?;
+            .map_err(|error| RequestError::Connect {
+                authority: authority(),
+                error,
+            })?;
         let _ = tcp.set_nodelay(true);
         let tls = self
             .tls
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("TLS with {authority}: {e}"))?;
+            .map_err(|error| RequestError::Tls {
+                authority: authority(),
+                roots: self.roots.clone(),
+                error,
+            })?;
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| format!("HTTP/1.1 with {authority}: {e}"))?;
+            .map_err(|error| RequestError::Handshake {
+                authority: authority(),
+                error,
+            })?;
         // The connection runs on the engine's runtime until its sender is dropped.
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -269,24 +384,21 @@ fn text_secs(value: &http::HeaderValue) -> Option<u64> {
     value.to_str().ok()?.trim().parse::<u64>().ok()
 }
 
-/// Every string at the top of a JSON object answer is a URL that parses (a directory's are;
-/// so is renewal information's `explanationURL`). Other answers pass.
-fn check_urls(body: &[u8]) -> Result<(), String> {
+/// The first key of a JSON object answer whose string value is not a URL that parses: every
+/// such string of a directory is a URL (so is renewal information's `explanationURL`). Other
+/// answers have none.
+fn not_url(body: &[u8]) -> Option<String> {
     let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(body) else {
-        return Ok(());
+        return None;
     };
-    for (key, value) in fields {
-        if let serde_json::Value::String(url) = value {
-            if Uri::from_str(&url).is_err() {
-                return Err(format!("{key} is not a URL"));
-            }
-        }
-    }
-    Ok(())
+    fields.into_iter().find_map(|(key, value)| match value {
+        serde_json::Value::String(url) if Uri::from_str(&url).is_err() => Some(key),
+        _ => None,
+    })
 }
 
-fn other(why: String) -> instant_acme::Error {
-    instant_acme::Error::Other(why.into())
+fn other(why: RequestError) -> instant_acme::Error {
+    instant_acme::Error::Other(Box::new(why))
 }
 
 #[cfg(test)]
@@ -319,20 +431,69 @@ mod tests {
     #[test]
     fn directory_urls_that_would_not_parse_are_refused() {
         assert_eq!(
-            check_urls(br#"{"newNonce":"https://ca/nonce","meta":{"x":"not a url"}}"#),
-            Ok(())
+            not_url(br#"{"newNonce":"https://ca/nonce","meta":{"x":"not a url"}}"#),
+            None
         );
-        assert_eq!(check_urls(b"-----BEGIN CERTIFICATE-----"), Ok(()));
-        let e = check_urls(br#"{"newNonce":"https://ca/no nce"}"#).unwrap_err();
-        assert!(e.contains("newNonce"), "{e}");
+        assert_eq!(not_url(b"-----BEGIN CERTIFICATE-----"), None);
+        let key = not_url(br#"{"newNonce":"https://ca/no nce"}"#);
+        assert_eq!(key.as_deref(), Some("newNonce"));
     }
 
     #[test]
     fn a_bad_extra_root_is_named() {
-        let e = CaClient::new(&[b"not DER".to_vec()], Duration::from_secs(1))
+        let e = CaClient::new(&[b"not DER".to_vec()], None, Duration::from_secs(1))
             .err()
             .unwrap()
             .to_string();
         assert!(e.contains("root 0"), "{e}");
+    }
+
+    /// A CA whose certificate no trusted root signed: the error names `[acme] ca_roots` and
+    /// its file, where the fix is.
+    #[tokio::test]
+    async fn an_untrusted_ca_names_the_roots_it_was_checked_against() {
+        let served = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let other = rcgen::generate_simple_self_signed(vec!["other.test".into()]).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![served.cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(served.signing_key.serialize_der().into()),
+            )
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            if let Ok((tcp, _)) = listener.accept().await {
+                let _ = acceptor.accept(tcp).await;
+            }
+        });
+        let roots = std::path::Path::new("/etc/ringmux/test-roots.pem");
+        let client = CaClient::new(
+            &[other.cert.der().to_vec()],
+            Some(roots),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let connected = client
+            .inner
+            .connect("localhost", port, &format!("localhost:{port}"))
+            .await;
+        let Err(e) = connected else {
+            panic!("an untrusted certificate was accepted");
+        };
+        let line = ringmux_proto::one_line(&e);
+        assert!(
+            line.contains("[acme] ca_roots (/etc/ringmux/test-roots.pem)"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("TLS with localhost:{port}")),
+            "{line}"
+        );
     }
 }
