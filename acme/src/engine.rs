@@ -301,6 +301,9 @@ impl Engine {
             if fresh {
                 self.refresh_site(i, now);
             } else if names_changed {
+                // A failure under the old names is not held against the new ones.
+                self.sites[i].schedule.forget_failures();
+                self.sites[i].last_error = None;
                 self.reschedule(i, now);
             }
         }
@@ -356,8 +359,31 @@ impl Engine {
         if stamp != site.attempt_stamp {
             site.attempt_stamp = stamp;
             if let (false, Some(a)) = (site.running, self.store.read_attempt(&label)) {
-                site.schedule
-                    .adopt(a.failures, store::from_unix_secs(a.retry_at));
+                let fingerprint = self.settings.fingerprint(&site.site.names);
+                if !a.config.is_empty() && a.config != fingerprint {
+                    // Failed under another configuration: not held against this one.
+                    if self.starting {
+                        tracing::info!(
+                            site = %label,
+                            failures = a.failures,
+                            "ACME: a failed order recorded under another configuration of the \
+                             site (names or [acme]) is forgotten: ordering now"
+                        );
+                    }
+                    return;
+                }
+                let retry_at = store::from_unix_secs(a.retry_at);
+                if self.starting && retry_at > now {
+                    tracing::warn!(
+                        site = %label,
+                        failures = a.failures,
+                        error = %a.error,
+                        next_attempt = %httpdate::fmt_http_date(retry_at),
+                        "ACME: the back-off of a failed order is kept from before: the next \
+                         attempt waits until then; `ringmux acme renew {label}` orders now"
+                    );
+                }
+                site.schedule.adopt(a.failures, retry_at);
                 site.last_error = Some(a.error);
             }
         }
@@ -622,6 +648,7 @@ impl Engine {
             // Rounded up: adopting the record must not bring the retry forward.
             retry_at: store::unix_secs(at).saturating_add(1),
             error: f.text.clone(),
+            config: self.settings.fingerprint(&s.site.names),
         };
         if let Err(e) = self.store.write_attempt(&label, &record) {
             tracing::warn!(site = %label, error = %e, "ACME: cannot record the failure in the state directory");

@@ -190,6 +190,17 @@ impl CaClient {
         })
     }
 
+    /// GETs `uri` (within the deadline): its status and body.
+    pub async fn get(&self, uri: Uri) -> Result<(http::StatusCode, Bytes), RequestError> {
+        let mut req = Request::new(BodyWrapper::from(Vec::new()));
+        *req.uri_mut() = uri.clone();
+        let deadline = self.inner.deadline;
+        let (parts, body) = tokio::time::timeout(deadline, self.inner.exchange(req))
+            .await
+            .map_err(|_| RequestError::Deadline { uri, deadline })??;
+        Ok((parts.status, body))
+    }
+
     /// A handle for instant-acme's account builder.
     pub fn boxed(&self) -> Box<dyn HttpClient> {
         Box::new(self.clone())
@@ -210,8 +221,11 @@ impl HttpClient for CaClient {
         let inner = self.inner.clone();
         Box::pin(async move {
             let uri = req.uri().clone();
-            match tokio::time::timeout(inner.deadline, inner.send(req)).await {
-                Ok(Ok(response)) => Ok(response),
+            match tokio::time::timeout(inner.deadline, inner.exchange(req)).await {
+                Ok(Ok((parts, body))) => Ok(BytesResponse {
+                    parts,
+                    body: Box::new(body),
+                }),
                 Ok(Err(why)) => Err(other(why)),
                 Err(_) => Err(other(RequestError::Deadline {
                     uri,
@@ -223,7 +237,11 @@ impl HttpClient for CaClient {
 }
 
 impl Inner {
-    async fn send(&self, req: Request<BodyWrapper<Bytes>>) -> Result<BytesResponse, RequestError> {
+    /// Sends `req` and reads the whole answer.
+    async fn exchange(
+        &self,
+        req: Request<BodyWrapper<Bytes>>,
+    ) -> Result<(http::response::Parts, Bytes), RequestError> {
         let (mut parts, body) = req.into_parts();
         let uri = parts.uri.clone();
         let get = parts.method == http::Method::GET;
@@ -309,10 +327,7 @@ impl Inner {
                 idle.push((authority, sender));
             }
         }
-        Ok(BytesResponse {
-            parts,
-            body: Box::new(body),
-        })
+        Ok((parts, body))
     }
 
     fn idle_sender(&self, authority: &str) -> Option<SendRequest<BodyWrapper<Bytes>>> {

@@ -105,6 +105,69 @@ pub enum AcmeError {
     },
 }
 
+/// Why the CA's directory did not answer as one (`ringmux check --online`).
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error(transparent)]
+    Client(#[from] https::ClientError),
+    #[error("the probe's tokio runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("the ACME directory {directory:?} is not a URL")]
+    NotUrl {
+        directory: String,
+        #[source]
+        error: http::uri::InvalidUri,
+    },
+    #[error(transparent)]
+    Request(#[from] https::RequestError),
+    #[error("{directory} answered {status}, not a directory")]
+    Status {
+        directory: String,
+        status: http::StatusCode,
+    },
+    #[error("{directory} answered, but not with an ACME directory (no newNonce, newAccount and newOrder)")]
+    NotDirectory { directory: String },
+}
+
+/// Fetches the CA's directory as the engine would, over the roots it would trust (`[acme]
+/// ca_roots` and the system's), within `deadline`: `ringmux check --online`. Returns the
+/// directory's `meta.termsOfService` when it has one.
+pub fn probe_directory(
+    settings: &AcmeSettings,
+    deadline: Duration,
+) -> Result<Option<String>, ProbeError> {
+    let client = https::CaClient::new(
+        &settings.ca_roots,
+        settings.ca_roots_file.as_deref(),
+        deadline,
+    )?;
+    let uri = settings
+        .directory
+        .parse::<http::Uri>()
+        .map_err(|error| ProbeError::NotUrl {
+            directory: settings.directory.clone(),
+            error,
+        })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ProbeError::Runtime)?;
+    let (status, body) = runtime.block_on(client.get(uri))?;
+    let directory = settings.directory.clone();
+    if !status.is_success() {
+        return Err(ProbeError::Status { directory, status });
+    }
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    let has = |k: &str| json.get(k).is_some_and(serde_json::Value::is_string);
+    if !(has("newNonce") && has("newAccount") && has("newOrder")) {
+        return Err(ProbeError::NotDirectory { directory });
+    }
+    Ok(json
+        .pointer("/meta/termsOfService")
+        .and_then(|t| t.as_str())
+        .map(str::to_owned))
+}
+
 /// Why a renewal asked for by name (`ringmux acme renew`) did not happen.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RenewError {
@@ -183,6 +246,29 @@ pub struct Issued {
     pub serial: String,
     pub not_before: SystemTime,
     pub not_after: SystemTime,
+}
+
+impl AcmeSettings {
+    /// A short digest of what an order for a site with `names` asks the CA: the names, the
+    /// directory, the challenge type, the account's contact and external binding. A failure
+    /// recorded under one fingerprint does not delay an order under another.
+    pub fn fingerprint(&self, names: &[String]) -> String {
+        let mut names: Vec<String> = names.iter().map(|n| n.to_ascii_lowercase()).collect();
+        names.sort();
+        let mut text = format!(
+            "v1\0{}\0{:?}\0{}\0{}",
+            self.directory,
+            self.challenge,
+            self.email.as_deref().unwrap_or_default(),
+            self.eab.as_ref().map_or("", |e| e.kid.as_str()),
+        );
+        for n in names {
+            text.push('\0');
+            text.push_str(&n);
+        }
+        let digest = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+        hex::encode(&digest.as_ref()[..12])
+    }
 }
 
 impl Issued {
@@ -413,5 +499,50 @@ impl Drop for Acme {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> AcmeSettings {
+        AcmeSettings {
+            directory: "https://ca.test/dir".into(),
+            email: None,
+            state: PathBuf::from("/nowhere"),
+            challenge: ChallengeKind::TlsAlpn01,
+            ca_roots: Vec::new(),
+            ca_roots_file: None,
+            eab: None,
+            key_file: None,
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_follows_what_an_order_asks_and_nothing_else() {
+        let s = settings();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let one = s.fingerprint(&names(&["a.test", "www.a.test"]));
+        assert_eq!(one, s.fingerprint(&names(&["WWW.a.test", "a.test"])));
+        assert_ne!(one, s.fingerprint(&names(&["a.test"])));
+        assert_ne!(one, s.fingerprint(&names(&["a.test", "www.a.tes"])));
+        let other_ca = AcmeSettings {
+            directory: "https://other.test/dir".into(),
+            ..settings()
+        };
+        assert_ne!(one, other_ca.fingerprint(&names(&["a.test", "www.a.test"])));
+        let http = AcmeSettings {
+            challenge: ChallengeKind::Http01,
+            ..settings()
+        };
+        assert_ne!(one, http.fingerprint(&names(&["a.test", "www.a.test"])));
+        // Not what the state directory is or where the roots come from.
+        let moved = AcmeSettings {
+            state: PathBuf::from("/elsewhere"),
+            ca_roots_file: Some(PathBuf::from("/r.pem")),
+            ..settings()
+        };
+        assert_eq!(one, moved.fingerprint(&names(&["a.test", "www.a.test"])));
     }
 }

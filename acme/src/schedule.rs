@@ -212,6 +212,13 @@ impl SiteSchedule {
         self.retry_at = Some(retry_at);
     }
 
+    /// The site's configuration changed (its names): failures under the old one do not delay
+    /// an order under the new one.
+    pub fn forget_failures(&mut self) {
+        self.failures = 0;
+        self.retry_at = None;
+    }
+
     pub fn failures(&self) -> u32 {
         self.failures
     }

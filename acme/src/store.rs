@@ -155,6 +155,12 @@ pub struct Attempt {
     pub retry_at: u64,
     /// The last failure, as the CA or the network said it.
     pub error: String,
+    /// What the site asked for when it failed ([`crate::AcmeSettings::fingerprint`] of its
+    /// names and the `[acme]` table): a record made under another configuration is not held
+    /// against the new one (the operator may have fixed the mistake). Empty in records from
+    /// before the field: those are kept.
+    #[serde(default)]
+    pub config: String,
 }
 
 impl Store {
@@ -836,6 +842,7 @@ mod tests {
             failures: 2,
             retry_at: 77,
             error: "no".into(),
+            config: "c".into(),
         };
         store.write_attempt("a.test", &a).unwrap();
         assert_eq!(store.read_attempt("a.test"), Some(a));

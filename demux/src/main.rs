@@ -94,7 +94,7 @@ fn main() -> ExitCode {
             .and_then(|plan| print(&lbconfig::nftables(&plan))),
         Some(Command::NewKeyFile { path }) => new_key_file(&path),
         Some(Command::UpgradeCheck) => print(&format!("{}\n", upgrade::Compat::ours().line())),
-        Some(Command::Check { run }) => check(*run),
+        Some(Command::Check { run, online }) => check(*run, online),
         None => cli.run.validate().and_then(run),
     };
     // What is queued goes out before the process does.
@@ -120,7 +120,7 @@ fn control_request(
 
 /// `ringmux check`: the configuration checked as a start checks it, and the certificate of the
 /// command line's site loaded; what would serve is printed, or every problem.
-fn check(run: config::RunArgs) -> Result<()> {
+fn check(run: config::RunArgs, online: bool) -> Result<()> {
     let mut problems: Vec<String> = run
         .file
         .as_ref()
@@ -179,6 +179,23 @@ fn check(run: config::RunArgs) -> Result<()> {
         .iter()
         .map(|w| format!("warning: {w}\n"))
         .collect();
+    if online {
+        if let Some(acme) = &cfg.acme {
+            match ringmux_acme::probe_directory(acme, Duration::from_secs(15)) {
+                Ok(terms) => print(&format!(
+                    "acme: the directory {} answers{}\n",
+                    acme.directory,
+                    terms.map_or(String::new(), |t| format!(" (terms of service: {t})"))
+                ))?,
+                Err(e) => anyhow::bail!(
+                    "acme: the directory {} does not answer as the ACME client would reach it: \
+                     {}",
+                    acme.directory,
+                    ringmux_demux::one_line(&e)
+                ),
+            }
+        }
+    }
     print(&format!(
         "{summary}{warnings}configuration OK\n{}",
         running_verdict(&cfg)

@@ -48,6 +48,11 @@ pub enum Command {
     /// no name belongs to two sites), prints each problem with its place, and exits 0 only
     /// when ringmux would start with it.
     Check {
+        /// Also reach what the configuration names on the network: the ACME CA's directory is
+        /// fetched over the roots the ACME client would trust ([acme] ca_roots and the
+        /// system's), and its answer (or the TLS or network error) is printed.
+        #[arg(long, env = "RINGMUX_CHECK_ONLINE")]
+        online: bool,
         /// Boxed: every option of a start, which would make each `Command` that large.
         #[command(flatten)]
         run: Box<RunArgs>,
@@ -151,7 +156,7 @@ pub fn parse_from(argv: Vec<std::ffi::OsString>) -> Result<Cli> {
     let mut cli = Cli::from_arg_matches(&matches)?;
     let (run, run_matches, insert_at) = match &cli.command {
         None => (&cli.run, &matches, 1),
-        Some(Command::Check { run }) => {
+        Some(Command::Check { run, .. }) => {
             let at = argv
                 .iter()
                 .skip(1)
@@ -247,7 +252,7 @@ fn named_variable(e: clap::Error) -> anyhow::Error {
 fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
     match &mut cli.command {
         None => Some(&mut cli.run),
-        Some(Command::Check { run }) => Some(&mut **run),
+        Some(Command::Check { run, .. }) => Some(&mut **run),
         Some(_) => None,
     }
 }

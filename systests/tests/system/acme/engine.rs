@@ -352,6 +352,73 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
     assert!(record.contains("\"failures\":2"), "{record}");
 }
 
+/// A failed order's back-off is kept across a restart with the same configuration (and the
+/// status says when the next attempt is), forgotten when the site's names change at a reload,
+/// and forgotten at a restart whose `[acme]` table changed: the operator fixed the mistake,
+/// and the site is ordered at once. The back-off here is an hour, so only a forgotten one
+/// lets an order run within the test's bound.
+#[test]
+fn acme_a_back_off_holds_across_a_restart_until_the_configuration_changes() {
+    let responder = Responder::start();
+    let Some(pebble) = Pebble::start(responder.http_port, responder.tls_port) else {
+        return;
+    };
+    let dir = temp_dir("ringmux-acme");
+    let state = dir.path().join("acme");
+    let closed = closed_port();
+    let right = settings(&state, &pebble, ChallengeKind::Http01);
+    let wrong = AcmeSettings {
+        directory: format!("https://127.0.0.1:{closed}/dir"),
+        ..right.clone()
+    };
+    let hour = ringmux_acme::Pacing {
+        backoff_base: Duration::from_secs(3600),
+        backoff_cap: Duration::from_secs(7200),
+        ..Default::default()
+    };
+    let one = site(0, &["f.test"]);
+    {
+        let acme = Acme::start_with(wrong.clone(), vec![one.clone()], hour.clone()).unwrap();
+        wait_until(&acme, "a failed order", |_, s| s.orders_failed >= 1);
+        // New names at a reload: the failure under the old ones does not delay an order.
+        acme.set_sites(vec![site(0, &["f.test", "www.f.test"])]);
+        wait_until(&acme, "an order for the new names", |_, s| {
+            s.orders_failed >= 2
+        });
+    }
+    // The same configuration again after a restart: the back-off is kept and shown.
+    {
+        let two_names = site(0, &["f.test", "www.f.test"]);
+        let acme = Acme::start_with(wrong.clone(), vec![two_names], hour.clone()).unwrap();
+        let status = acme.status();
+        let s = &status.sites[0];
+        let next = s.next_attempt.expect("the kept back-off");
+        assert!(
+            next > SystemTime::now() + Duration::from_secs(60),
+            "{next:?}"
+        );
+        assert!(
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("refused")),
+            "{s:?}"
+        );
+        assert_eq!(status.orders_failed, 0, "no order at the start");
+    }
+    // The mistake fixed (Pebble's directory): due at once, and issued.
+    let acme = Acme::start_with(right, vec![one], hour).unwrap();
+    let status = acme.status();
+    assert_eq!(status.sites[0].next_attempt, None, "{status:?}");
+    wait_for(
+        &[&acme],
+        &[0],
+        &responder,
+        &pebble,
+        "a certificate",
+        |v, _| !v[0].certs.is_empty(),
+    );
+}
+
 #[test]
 fn acme_start_refuses_a_state_dir_open_to_others_and_a_directory_that_is_not_https() {
     let dir = temp_dir("ringmux-acme");

@@ -442,6 +442,81 @@ async fn ringmux(rm: &Ringmux, args: &[&str]) -> tool::Output {
     .await
 }
 
+/// `ringmux check --online` fetches the CA's directory over the roots the ACME client would
+/// trust: with Pebble's root in `ca_roots` it answers; with another root, the check fails and
+/// names `ca_roots` and its file, where the fix is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_online_reaches_the_directory_and_names_wrong_roots() {
+    let Some(setup) = Setup::new(None) else {
+        return skip("check_online_reaches_the_directory_and_names_wrong_roots");
+    };
+    let config = setup.config("http-01", None, "online");
+    let check = |config: &Path| {
+        let args: Vec<String> = ["check", "--online", "--config", config.to_str().unwrap()]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let dir = setup.dir.path().to_owned();
+        async move {
+            tool::run(
+                harness::binary("ringmux").to_str().unwrap(),
+                &args,
+                &dir,
+                ORDER_LIMIT,
+            )
+            .await
+        }
+    };
+    let ok = check(&config).await;
+    assert!(ok.success, "{}{}", ok.stdout, ok.stderr);
+    let directory = setup.pebble.directory_url();
+    assert!(
+        ok.stdout
+            .contains(&format!("the directory {directory} answers")),
+        "{}",
+        ok.stdout
+    );
+    // Without --online nothing is fetched, and nothing is said of the directory's answer.
+    let args = vec![
+        "check".to_string(),
+        "--config".into(),
+        config.display().to_string(),
+    ];
+    let offline = tool::run(
+        harness::binary("ringmux").to_str().unwrap(),
+        &args,
+        setup.dir.path(),
+        ORDER_LIMIT,
+    )
+    .await;
+    assert!(
+        offline.success && !offline.stdout.contains("answers"),
+        "{}",
+        offline.stdout
+    );
+
+    // Another root in ca_roots: Pebble's certificate is not trusted.
+    let wrong = setup.path("wrong-roots.pem");
+    let other = rcgen::generate_simple_self_signed(vec!["other.test".to_string()]).unwrap();
+    std::fs::write(&wrong, other.cert.pem()).unwrap();
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("pebble-api.pem", "wrong-roots.pem");
+    let bad = setup.path("ringmux-wrong-roots.toml");
+    std::fs::write(&bad, text).unwrap();
+    let refused = check(&bad).await;
+    assert!(!refused.success, "{}", refused.stdout);
+    let wrong = wrong.display().to_string();
+    assert!(
+        refused
+            .stderr
+            .contains(&format!("[acme] ca_roots ({wrong})"))
+            && refused.stderr.contains("TLS with"),
+        "{}",
+        refused.stderr
+    );
+}
+
 /// HTTP-01 on the plain-HTTP listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_is_issued_over_http_01() {
