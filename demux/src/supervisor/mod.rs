@@ -657,7 +657,7 @@ impl Supervisor {
         };
         let answer = match self.next_generation() {
             Ok(_) => format!("ok: a reload would start a new generation from {file}"),
-            Err(why) => format!("error: a reload would be refused ({file}): {why}"),
+            Err(why) => format!("error: a reload would be refused ({file}): {why:#}"),
         };
         if let Some(c) = self.control.as_mut() {
             c.answer(client, &answer);
@@ -666,9 +666,9 @@ impl Supervisor {
 
     /// What a reload starts the next generation with: [`Supervisor::next_configuration`] and
     /// the workers' Landlock allow-list made from it (its site roots and settings).
-    fn next_generation(&self) -> Result<((Config, Template), Option<sys::WorkerDomain>), String> {
+    fn next_generation(&self) -> Result<((Config, Template), Option<sys::WorkerDomain>)> {
         let next = self.next_configuration()?;
-        let domain = worker_domain(&next.0).map_err(|e| format!("{e:#}"))?;
+        let domain = worker_domain(&next.0)?;
         Ok((next, domain))
     }
 
@@ -676,43 +676,37 @@ impl Supervisor {
     /// command line (and its configuration file, and the environment) read again and checked
     /// as a start checks them, the certificates read again. `Err` says why not: a problem of
     /// the file, or an option changed that only a restart applies.
-    fn next_configuration(&self) -> Result<(Config, Template), String> {
-        let cli = crate::config::parse().map_err(|e| format!("{e:#}"))?;
-        let cfg = cli.run.validate().map_err(|e| format!("{e:#}"))?;
+    fn next_configuration(&self) -> Result<(Config, Template)> {
+        let cli = crate::config::parse()?;
+        let cfg = cli.run.validate()?;
         let changed = self.cfg.restart_needed(&cfg);
         if !changed.is_empty() {
-            return Err(format!(
+            bail!(
                 "{} changed, which only a restart applies: restart ringmux for it, or undo the \
                  change",
                 changed.join(", ")
-            ));
+            );
         }
         if self.acme.is_none() && cfg.sites.iter().flat_map(|t| &t.sites).any(|s| s.acme) {
-            return Err(
+            bail!(
                 "a site with acme = true, where none had it at start: the ACME client starts \
                  with ringmux; restart ringmux for it"
-                    .into(),
             );
         }
         let sites = match &cfg.sites {
             Some(sites) => sites.clone(),
             None => {
                 let cert = match (&cfg.args.cert, &cfg.args.key) {
-                    (Some(c), Some(k)) => {
-                        crate::certs::load(c, k).map_err(|e| format!("--cert / --key: {e}"))?
-                    }
+                    (Some(c), Some(k)) => crate::certs::load(c, k).context("--cert / --key")?,
                     // The self-signed certificate made at start, kept.
                     _ => {
-                        let running = SiteTable::from_json(self.template.sites.as_bytes())
-                            .map_err(|e| e.to_string())?;
+                        let running = SiteTable::from_json(self.template.sites.as_bytes())?;
                         match running.sites.into_iter().find(|s| s.names.is_empty()) {
                             Some(s) => crate::certs::CertPem {
                                 chain: s.cert_pem,
                                 key: s.key_pem,
                             },
-                            None => {
-                                crate::certs::CertPem::self_signed().map_err(|e| e.to_string())?
-                            }
+                            None => crate::certs::CertPem::self_signed()?,
                         }
                     }
                 };
@@ -854,12 +848,12 @@ impl Supervisor {
         let (next, domain) = match self.next_generation() {
             Ok(next) => next,
             Err(why) => {
-                tracing::error!(error = %why, "reload refused");
+                tracing::error!(error = format!("{why:#}"), "reload refused");
                 self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 answer(
                     self,
                     &format!(
-                        "error: {why}; generation {} serves on",
+                        "error: {why:#}; generation {} serves on",
                         self.policy.active()
                     ),
                 );
