@@ -187,6 +187,15 @@ impl Opener<'_> {
                     HeaderValue::from_static("text/plain; charset=utf-8"),
                 );
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                // Each was checked when read (`ResponseHeaders`); a `content-type` replaces ours.
+                for (name, value) in r.headers.iter() {
+                    if let (Ok(n), Ok(v)) = (
+                        http::HeaderName::from_bytes(name.as_bytes()),
+                        HeaderValue::from_str(value),
+                    ) {
+                        headers.insert(n, v);
+                    }
+                }
                 Handler::Respond {
                     status: status_code(r.status.get()),
                     headers,
@@ -1124,6 +1133,43 @@ mod tests {
                 .map(|(r, rest)| (r.prefix.clone(), rest));
             assert_eq!(got, want, "{path}");
         }
+    }
+
+    /// A fixed response carries the route's header fields; its `content-type` replaces the
+    /// default one, and the length is the body's.
+    #[test]
+    fn a_fixed_response_carries_its_header_fields() {
+        let mut respond = ringmux_proto::route::Respond::new(201, "{}").unwrap();
+        respond.headers = [("x-a", "b"), ("Content-Type", "application/json")]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .try_into()
+            .unwrap();
+        let t = SiteTable {
+            sites: vec![site(
+                "s",
+                &["s.test"],
+                vec![route("/", Action::Respond(respond))],
+            )],
+            default_site: None,
+        };
+        let r = router(&t);
+        let u = uri("/");
+        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::GET, &u) else {
+            panic!("a fixed response is a reply");
+        };
+        let h = |n: &str| {
+            reply
+                .headers
+                .get(n)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert_eq!(h("x-a").as_deref(), Some("b"));
+        assert_eq!(h("content-type").as_deref(), Some("application/json"));
+        assert_eq!(h("content-length").as_deref(), Some("2"));
+        assert_eq!(reply.headers.len(), 3);
     }
 
     #[test]
