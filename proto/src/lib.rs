@@ -12,6 +12,8 @@
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * `serve` (feature `serve-args`): the built-in worker's serving options, declared once
 //!   for `ringmux` and `ringmux-worker`.
+//! * [`route`]: what a route does, each kind and its limits declared once, read alike from
+//!   the configuration file by the demux and from the site table by a worker.
 //! * [`series`]: the labelled counters and gauges of a `STATS` report, which any worker
 //!   program names itself.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
@@ -35,6 +37,7 @@ pub mod handoff;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod message;
+pub mod route;
 pub mod series;
 #[cfg(feature = "serve-args")]
 pub mod serve;

@@ -10,9 +10,10 @@
 //! `x.y.example` nor `example`). Exact names win over wildcards.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::route::{Action, Route};
 
 /// Every site a worker serves, in the configuration's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,37 +64,6 @@ impl std::fmt::Debug for Site {
             .field("routes", &self.routes)
             .finish_non_exhaustive()
     }
-}
-
-/// A path prefix and what requests under it get.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Route {
-    /// Starts with `/`. It matches a request path equal to it or continuing it after a `/`
-    /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
-    pub path: String,
-    pub action: Action,
-}
-
-/// What a route does.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Action {
-    /// Static files beneath `root`, the request path taken from the route's prefix on (a
-    /// route `/static` with `root = "/srv/s"` serves `/static/a.css` from `/srv/s/a.css`).
-    Files { root: PathBuf },
-    /// The built-in server as the command line sets it up without a configuration file:
-    /// files from `root` when set, else (and for names with no file) `/hello.txt` and
-    /// `/bytes/N`.
-    Builtin { root: Option<PathBuf> },
-    /// The reverse proxy to an HTTP/1.1 service (`http://HOST:PORT`); with `strip_prefix`,
-    /// the route's prefix is taken off the path passed on.
-    Upstream { url: String, strip_prefix: bool },
-    /// A redirect to `to` with `status` (301, 302, 307 or 308), in which `{path}` stands for
-    /// the request's path and `{query}` for its query (without the `?`).
-    Redirect { to: String, status: u16 },
-    /// A fixed response: `status` with `body` as `text/plain`.
-    Respond { status: u16, body: String },
 }
 
 impl Site {
@@ -232,8 +202,8 @@ impl SiteTable {
         serde_json::to_string(self).expect("a site table is always JSON")
     }
 
-    /// The table a worker received, checked: a default site that exists, and every route's
-    /// path starting with `/`.
+    /// The table a worker received, checked: a default site that exists, and every route
+    /// whole ([`Route::check`]; each value was checked as it was read).
     pub fn from_json(text: &[u8]) -> Result<SiteTable, SitesError> {
         let table: SiteTable =
             serde_json::from_slice(text).map_err(|e| SitesError(e.to_string()))?;
@@ -246,11 +216,10 @@ impl SiteTable {
             }
         }
         for site in &table.sites {
-            if let Some(r) = site.routes.iter().find(|r| !r.path.starts_with('/')) {
-                return Err(SitesError(format!(
-                    "site {}: route path {:?} does not start with /",
-                    site.label, r.path
-                )));
+            for r in &site.routes {
+                r.check().map_err(|e| {
+                    SitesError(format!("site {}: route {:?}: {e}", site.label, r.path))
+                })?;
             }
             if let Some(n) = site.redirect_names.iter().find(|n| !site.names.contains(n)) {
                 return Err(SitesError(format!(
@@ -308,10 +277,7 @@ mod tests {
                 .iter()
                 .map(|p| Route {
                     path: p.to_string(),
-                    action: Action::Respond {
-                        status: 200,
-                        body: p.to_string(),
-                    },
+                    action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
                 })
                 .collect(),
         }

@@ -44,6 +44,27 @@ pub enum UpstreamError {
     PathOrQuery { given: String },
 }
 
+impl UpstreamError {
+    /// Why the text was refused, without the text: for a reader that names it itself (the
+    /// configuration file's `upstream = "…": why`).
+    pub fn why(&self) -> String {
+        let text = self.to_string();
+        let given = match self {
+            UpstreamError::NotAUrl { given, .. }
+            | UpstreamError::Https { given }
+            | UpstreamError::NotHttp { given }
+            | UpstreamError::UserInfo { given }
+            | UpstreamError::EmptyHost { given }
+            | UpstreamError::PathOrQuery { given } => format!("{given:?}"),
+        };
+        let rest = text.strip_prefix(&given).unwrap_or(&text);
+        rest.strip_prefix(": ")
+            .or_else(|| rest.strip_prefix(' '))
+            .unwrap_or(rest)
+            .to_string()
+    }
+}
+
 impl std::str::FromStr for UpstreamUrl {
     type Err = UpstreamError;
 
@@ -102,6 +123,11 @@ mod tests {
             let e = bad.parse::<UpstreamUrl>().unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
             assert!(e.contains(bad), "{bad}: the message names the value: {e}");
+            let why = bad.parse::<UpstreamUrl>().unwrap_err().why();
+            assert!(
+                why.contains(says) && !why.contains(&format!("{bad:?}")),
+                "{bad}: {why}"
+            );
         }
     }
 

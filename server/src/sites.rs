@@ -75,13 +75,6 @@ pub enum RouterError {
         route: String,
         error: RootError,
     },
-    #[error("site {site:?}, route {route:?}: upstream {url:?}: {error}")]
-    Upstream {
-        site: String,
-        route: String,
-        url: String,
-        error: ringmux_proto::UpstreamError,
-    },
     #[error("site {site:?}, route {route:?}: {what}")]
     Action {
         site: String,
@@ -150,10 +143,89 @@ enum Handler {
         to: String,
         status: StatusCode,
     },
+    /// The reply's parts, made once: [`Opener::handler`] puts every field of the route's
+    /// `respond` in them.
     Respond {
         status: StatusCode,
+        headers: HeaderMap,
         body: Bytes,
     },
+}
+
+/// What the routes of a table open, each once: their document roots (sharing one cache) and
+/// their upstreams (one pool of connections per URL).
+struct Opener<'o> {
+    opts: &'o RouterOptions,
+    cache: FileCache,
+    roots: HashMap<PathBuf, DocRoot>,
+    upstreams: HashMap<String, Arc<Upstream>>,
+}
+
+impl Opener<'_> {
+    /// The handler of `action`, one arm per kind. Every value was checked when the table was
+    /// read (`ringmux_proto::route`); only a root can fail here, on disk.
+    fn handler(&mut self, action: &Action) -> Result<Handler, RootError> {
+        Ok(match action {
+            Action::Files { root } => Handler::Files(self.root(root)?),
+            Action::Builtin { root } => Handler::Builtin(match root {
+                Some(root) => Some(self.root(root)?),
+                None => None,
+            }),
+            Action::Upstream { url, strip_prefix } => Handler::Upstream {
+                upstream: self.upstream(url),
+                strip_prefix: *strip_prefix,
+            },
+            Action::Redirect { to, status } => Handler::Redirect {
+                to: to.as_str().to_owned(),
+                status: status_code(status.get()),
+            },
+            Action::Respond(r) => {
+                let body = Bytes::from(r.body.as_str().to_owned());
+                let mut headers = HeaderMap::with_capacity(2);
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; charset=utf-8"),
+                );
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                // Each was checked when read (`ResponseHeaders`); a `content-type` replaces ours.
+                for (name, value) in r.headers.iter() {
+                    if let (Ok(n), Ok(v)) = (
+                        http::HeaderName::from_bytes(name.as_bytes()),
+                        HeaderValue::from_str(value),
+                    ) {
+                        headers.insert(n, v);
+                    }
+                }
+                Handler::Respond {
+                    status: status_code(r.status.get()),
+                    headers,
+                    body,
+                }
+            }
+        })
+    }
+
+    fn root(&mut self, path: &PathBuf) -> Result<DocRoot, RootError> {
+        if let Some(root) = self.roots.get(path) {
+            return Ok(root.clone());
+        }
+        let root = DocRoot::open_with_cache(path, self.opts.files.clone(), &self.cache)?;
+        self.roots.insert(path.clone(), root.clone());
+        Ok(root)
+    }
+
+    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Upstream> {
+        let timeout = self.opts.upstream_timeout;
+        self.upstreams
+            .entry(url.to_string())
+            .or_insert_with(|| Arc::new(Upstream::new(url, timeout)))
+            .clone()
+    }
+}
+
+/// A status the route's declaration has checked (a redirect's, a response's: 200 to 599).
+fn status_code(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// Which site answers a request.
@@ -244,97 +316,32 @@ impl Lookup<'_> {
 impl Router {
     /// Opens every root and makes every upstream of `table`.
     pub fn new(table: &SiteTable, opts: &RouterOptions) -> Result<Router, RouterError> {
-        let cache = FileCache::new(opts.files.cache_bytes);
-        let mut roots: HashMap<PathBuf, DocRoot> = HashMap::new();
-        let mut upstreams: HashMap<String, Arc<Upstream>> = HashMap::new();
+        let mut opener = Opener {
+            opts,
+            cache: FileCache::new(opts.files.cache_bytes),
+            roots: HashMap::new(),
+            upstreams: HashMap::new(),
+        };
         let mut sites = Vec::with_capacity(table.sites.len());
         for site in &table.sites {
             let mut routes = Vec::with_capacity(site.routes.len());
             for route in &site.routes {
-                let fail = |what: String| RouterError::Action {
-                    site: site.label.clone(),
-                    route: route.path.clone(),
-                    what,
-                };
-                if !route.path.starts_with('/') {
-                    return Err(fail("the path does not start with /".into()));
-                }
-                let mut open = |path: &PathBuf| -> Result<DocRoot, RouterError> {
-                    if let Some(root) = roots.get(path) {
-                        return Ok(root.clone());
-                    }
-                    let root = DocRoot::open_with_cache(path, opts.files.clone(), &cache).map_err(
-                        |error| RouterError::Root {
-                            site: site.label.clone(),
-                            route: route.path.clone(),
-                            error,
-                        },
-                    )?;
-                    roots.insert(path.clone(), root.clone());
-                    Ok(root)
-                };
-                let handler = match &route.action {
-                    Action::Files { root } => Handler::Files(open(root)?),
-                    Action::Builtin { root } => Handler::Builtin(match root {
-                        Some(root) => Some(open(root)?),
-                        None => None,
-                    }),
-                    Action::Upstream { url, strip_prefix } => {
-                        let upstream = match upstreams.get(url) {
-                            Some(u) => u.clone(),
-                            None => {
-                                let parsed: UpstreamUrl =
-                                    url.parse().map_err(|error| RouterError::Upstream {
-                                        site: site.label.clone(),
-                                        route: route.path.clone(),
-                                        url: url.clone(),
-                                        error,
-                                    })?;
-                                let u = Arc::new(Upstream::new(&parsed, opts.upstream_timeout));
-                                upstreams.insert(url.clone(), u.clone());
-                                u
-                            }
-                        };
-                        Handler::Upstream {
-                            upstream,
-                            strip_prefix: *strip_prefix,
-                        }
-                    }
-                    Action::Redirect { to, status } => {
-                        if !matches!(status, 301 | 302 | 307 | 308) {
-                            return Err(fail(format!(
-                                "redirect status {status} is not 301, 302, 307 or 308"
-                            )));
-                        }
-                        if HeaderValue::from_str(to).is_err() {
-                            return Err(fail(format!(
-                                "redirect target {to:?} is not a header value"
-                            )));
-                        }
-                        Handler::Redirect {
-                            to: to.clone(),
-                            status: StatusCode::from_u16(*status)
-                                .map_err(|e| fail(e.to_string()))?,
-                        }
-                    }
-                    Action::Respond { status: code, body } => {
-                        let status = match StatusCode::from_u16(*code) {
-                            Ok(s) if (200..=599).contains(code) => s,
-                            _ => {
-                                return Err(fail(format!(
-                                    "response status {code} is not between 200 and 599"
-                                )))
-                            }
-                        };
-                        if matches!(*code, 204 | 304) && !body.is_empty() {
-                            return Err(fail(format!("a {code} response has no body")));
-                        }
-                        Handler::Respond {
-                            status,
-                            body: Bytes::from(body.clone()),
-                        }
-                    }
-                };
+                let handler = route
+                    .check()
+                    .map_err(|e| RouterError::Action {
+                        site: site.label.clone(),
+                        route: route.path.clone(),
+                        what: e.to_string(),
+                    })
+                    .and_then(|()| {
+                        opener
+                            .handler(&route.action)
+                            .map_err(|error| RouterError::Root {
+                                site: site.label.clone(),
+                                route: route.path.clone(),
+                                error,
+                            })
+                    })?;
                 routes.push(Routed {
                     prefix: route.path.clone(),
                     handler,
@@ -349,6 +356,7 @@ impl Router {
                 redirect_names: site.redirect_names.clone(),
             });
         }
+        let (roots, upstreams) = (opener.roots, opener.upstreams);
         let log_sites = true;
         Ok(Router {
             inner: Arc::new(Inner {
@@ -519,11 +527,15 @@ impl Router {
                 path: strip_prefix.then(|| stripped(rest, uri.query())).flatten(),
             },
             Handler::Redirect { to, status } => Target::reply(redirect(to, *status, uri)),
-            Handler::Respond { status, body } => Target::reply(Reply::new(
-                *status,
-                "text/plain; charset=utf-8",
-                Body::Memory(body.clone()),
-            )),
+            Handler::Respond {
+                status,
+                headers,
+                body,
+            } => Target::reply(Reply {
+                status: *status,
+                headers: headers.clone(),
+                body: Body::Memory(body.clone()),
+            }),
             Handler::Files(root) if safe => Target::Local(Local::Get(Lookup {
                 root: Some(root),
                 files_only: true,
@@ -724,7 +736,7 @@ pub fn with_command_line(
 ) -> SiteTable {
     let action = match (upstream, root) {
         (Some(url), _) => Action::Upstream {
-            url: url.to_string(),
+            url: url.clone(),
             strip_prefix: false,
         },
         (None, Some(root)) => Action::Builtin {
@@ -960,9 +972,24 @@ mod tests {
     }
 
     fn respond(body: &str) -> Action {
-        Action::Respond {
-            status: 200,
-            body: body.into(),
+        respond_with(200, body)
+    }
+
+    fn respond_with(status: u16, body: &str) -> Action {
+        Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap())
+    }
+
+    fn upstream(url: &str, strip_prefix: bool) -> Action {
+        Action::Upstream {
+            url: url.parse().unwrap(),
+            strip_prefix,
+        }
+    }
+
+    fn redirect(to: &str, status: u16) -> Action {
+        Action::Redirect {
+            to: to.to_string().try_into().unwrap(),
+            status: status.try_into().unwrap(),
         }
     }
 
@@ -989,34 +1016,10 @@ mod tests {
                         route("/", respond("root")),
                         route("/api", respond("api")),
                         route("/api/v2/", respond("v2")),
-                        route(
-                            "/admin",
-                            Action::Respond {
-                                status: 403,
-                                body: "no\n".into(),
-                            },
-                        ),
-                        route(
-                            "/old",
-                            Action::Redirect {
-                                to: "https://n.test{path}?{query}".into(),
-                                status: 308,
-                            },
-                        ),
-                        route(
-                            "/up",
-                            Action::Upstream {
-                                url: "http://127.0.0.1:9".into(),
-                                strip_prefix: true,
-                            },
-                        ),
-                        route(
-                            "/up-whole",
-                            Action::Upstream {
-                                url: "http://127.0.0.1:9".into(),
-                                strip_prefix: false,
-                            },
-                        ),
+                        route("/admin", respond_with(403, "no\n")),
+                        route("/old", redirect("https://n.test{path}?{query}", 308)),
+                        route("/up", upstream("http://127.0.0.1:9", true)),
+                        route("/up-whole", upstream("http://127.0.0.1:9", false)),
                     ],
                 ),
                 site(
@@ -1130,6 +1133,43 @@ mod tests {
                 .map(|(r, rest)| (r.prefix.clone(), rest));
             assert_eq!(got, want, "{path}");
         }
+    }
+
+    /// A fixed response carries the route's header fields; its `content-type` replaces the
+    /// default one, and the length is the body's.
+    #[test]
+    fn a_fixed_response_carries_its_header_fields() {
+        let mut respond = ringmux_proto::route::Respond::new(201, "{}").unwrap();
+        respond.headers = [("x-a", "b"), ("Content-Type", "application/json")]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .into_iter()
+            .collect::<std::collections::BTreeMap<_, _>>()
+            .try_into()
+            .unwrap();
+        let t = SiteTable {
+            sites: vec![site(
+                "s",
+                &["s.test"],
+                vec![route("/", Action::Respond(respond))],
+            )],
+            default_site: None,
+        };
+        let r = router(&t);
+        let u = uri("/");
+        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::GET, &u) else {
+            panic!("a fixed response is a reply");
+        };
+        let h = |n: &str| {
+            reply
+                .headers
+                .get(n)
+                .map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert_eq!(h("x-a").as_deref(), Some("b"));
+        assert_eq!(h("content-type").as_deref(), Some("application/json"));
+        assert_eq!(h("content-length").as_deref(), Some("2"));
+        assert_eq!(reply.headers.len(), 3);
     }
 
     #[test]
@@ -1378,13 +1418,7 @@ mod tests {
         assert!(t.sites[2].names.is_empty());
         assert_eq!(
             t.sites[2].routes,
-            vec![route(
-                "/",
-                Action::Upstream {
-                    url: "http://127.0.0.1:8080".into(),
-                    strip_prefix: false
-                }
-            )]
+            vec![route("/", upstream("http://127.0.0.1:8080", false))]
         );
     }
 
@@ -1416,41 +1450,7 @@ mod tests {
                 },
                 "/nonexistent/r2",
             ),
-            (
-                Action::Upstream {
-                    url: "https://x:1".into(),
-                    strip_prefix: false,
-                },
-                "https://x:1",
-            ),
-            (
-                Action::Redirect {
-                    to: "/x".into(),
-                    status: 200,
-                },
-                "200",
-            ),
-            (
-                Action::Redirect {
-                    to: "/\n".into(),
-                    status: 301,
-                },
-                "\"/\\n\"",
-            ),
-            (
-                Action::Respond {
-                    status: 700,
-                    body: String::new(),
-                },
-                "700",
-            ),
-            (
-                Action::Respond {
-                    status: 204,
-                    body: "x".into(),
-                },
-                "204",
-            ),
+            (respond_with(204, "x"), "a 204 response has no body"),
         ] {
             let e = bad(action);
             assert!(e.contains("site \"shop\", route \"/bad\""), "{e}");
@@ -1464,10 +1464,7 @@ mod tests {
         let files = || Action::Files {
             root: tmp.path().into(),
         };
-        let up = || Action::Upstream {
-            url: "http://127.0.0.1:9".into(),
-            strip_prefix: false,
-        };
+        let up = || upstream("http://127.0.0.1:9", false);
         let t = SiteTable {
             sites: (0..3)
                 .map(|i| {

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory};
+use ringmux_proto::route::FileRoute;
+use ringmux_proto::sites::Route;
+use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
@@ -107,18 +110,26 @@ pub struct AcmeDoc {
     pub eab_hmac_key: Option<Located<String>>,
 }
 
-/// One `[[site.route]]` as written.
+/// One `[[site.route]]`: the route the contract read from it ([`FileRoute`], then
+/// [`Route::try_from`]), or the problem it found, placed at the value it is about.
 #[derive(Clone, Debug)]
 pub struct RouteDoc {
+    /// Where its `[[site.route]]` is.
     pub at: Place,
-    pub path: Option<Located<String>>,
-    pub root: Option<Located<PathBuf>>,
-    pub upstream: Option<Located<String>>,
-    pub strip_prefix: Option<Located<bool>>,
-    pub redirect: Option<Located<String>>,
-    pub status: Option<Located<i64>>,
-    /// `respond = { status = N, body = "…" }`: the status and the body.
-    pub respond: Option<Located<(Option<Located<i64>>, String)>>,
+    pub route: Result<Route, Problem>,
+    /// Where each key's value is, by its dotted name (`root`, `respond.status`): for the
+    /// checks made later, on disk.
+    pub places: Vec<(String, Place)>,
+}
+
+impl RouteDoc {
+    /// Where the value of `key` is, else where the route is.
+    pub fn place_of(&self, key: &str) -> &Place {
+        self.places
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(&self.at, |(_, at)| at)
+    }
 }
 
 /// The file, read and parsed: its settings (each checked by the flag's own parser) and its
@@ -147,18 +158,6 @@ pub const ACME_KEYS: [&str; 7] = [
     "eab_kid",
     "eab_hmac_key",
 ];
-/// The keys a `[[site.route]]` takes.
-pub const ROUTE_KEYS: [&str; 7] = [
-    "path",
-    "root",
-    "upstream",
-    "strip_prefix",
-    "redirect",
-    "status",
-    "respond",
-];
-/// The keys of a route's `respond` table.
-pub const RESPOND_KEYS: [&str; 2] = ["status", "body"];
 /// The keys of the file that are not settings of the command line.
 pub const TABLE_KEYS: [&str; 3] = ["site", "default_site", "acme"];
 
@@ -275,6 +274,7 @@ struct Parser<'a> {
 }
 
 type Value<'i> = Spanned<DeValue<'i>>;
+type Span = std::ops::Range<usize>;
 
 impl Parser<'_> {
     /// The place of byte `offset` of the file.
@@ -426,23 +426,6 @@ impl Parser<'_> {
         })
     }
 
-    fn int(&mut self, value: &Value<'_>, what: &str) -> Option<Located<i64>> {
-        match value.get_ref() {
-            DeValue::Integer(i) => Some(Located {
-                value: integer(i.as_str(), i.radix())?,
-                at: self.at(value),
-            }),
-            other => {
-                let at = self.at(value);
-                self.problem(
-                    at,
-                    format!("{what}: expected a number, not {}", other.type_str()),
-                );
-                None
-            }
-        }
-    }
-
     fn boolean(&mut self, value: &Value<'_>, what: &str) -> Option<Located<bool>> {
         match value.get_ref() {
             DeValue::Boolean(b) => Some(Located {
@@ -465,7 +448,7 @@ impl Parser<'_> {
         &mut self,
         value: &'v Value<'i>,
         what: &str,
-    ) -> Vec<(Place, &'v DeTable<'i>)> {
+    ) -> Vec<(Place, Span, &'v DeTable<'i>)> {
         let items: Vec<&Value<'i>> = match value.get_ref() {
             DeValue::Array(items) => items.iter().collect(),
             DeValue::Table(_) => vec![value],
@@ -484,7 +467,7 @@ impl Parser<'_> {
         let mut tables = Vec::new();
         for item in items {
             match item.get_ref() {
-                DeValue::Table(t) => tables.push((self.at(item), t)),
+                DeValue::Table(t) => tables.push((self.at(item), item.span(), t)),
                 other => {
                     let at = self.at(item);
                     self.problem(
@@ -499,7 +482,7 @@ impl Parser<'_> {
 
     fn sites(&mut self, value: &Value<'_>) -> Vec<SiteDoc> {
         let mut sites = Vec::new();
-        for (at, table) in self.tables(value, "site") {
+        for (at, _, table) in self.tables(value, "site") {
             let mut site = SiteDoc {
                 at,
                 names: Vec::new(),
@@ -517,8 +500,8 @@ impl Parser<'_> {
                     "key" => site.key = self.path(v, "key"),
                     "acme" => site.acme = self.boolean(v, "acme"),
                     "route" => {
-                        for (at, route) in self.tables(v, "site.route") {
-                            let r = self.route(at, route);
+                        for (at, span, route) in self.tables(v, "site.route") {
+                            let r = self.route(at, span, route);
                             site.routes.push(r);
                         }
                     }
@@ -587,60 +570,115 @@ impl Parser<'_> {
         Some(doc)
     }
 
-    fn route(&mut self, at: Place, table: &DeTable<'_>) -> RouteDoc {
-        let mut r = RouteDoc {
-            at,
-            path: None,
-            root: None,
-            upstream: None,
-            strip_prefix: None,
-            redirect: None,
-            status: None,
-            respond: None,
-        };
+    /// A `[[site.route]]` (the table `table`, at `span`), read by the contract's declaration;
+    /// an unknown key is named with the nearest known one, and left out.
+    fn route(&mut self, at: Place, span: Span, table: &DeTable<'_>) -> RouteDoc {
+        let keys = fields::<FileRoute>();
+        let mut known = DeTable::new();
         for (k, v) in table {
-            match k.get_ref().as_ref() {
-                "path" => r.path = self.string(v, "path"),
-                "root" => r.root = self.path(v, "root"),
-                "upstream" => r.upstream = self.string(v, "upstream"),
-                "strip_prefix" => r.strip_prefix = self.boolean(v, "strip_prefix"),
-                "redirect" => r.redirect = self.string(v, "redirect"),
-                "status" => r.status = self.int(v, "status"),
-                "respond" => {
-                    let at = self.at(v);
-                    let DeValue::Table(t) = v.get_ref() else {
-                        self.problem(
-                            at,
-                            format!(
-                                "respond: expected a table, e.g. {{ status = 200, body = \"ok\" }}, \
-                                 not {}",
-                                v.get_ref().type_str()
-                            ),
-                        );
-                        continue;
-                    };
-                    let (mut status, mut body) = (None, String::new());
-                    for (rk, rv) in t {
-                        match rk.get_ref().as_ref() {
-                            "status" => status = self.int(rv, "respond.status"),
-                            "body" => {
-                                if let Some(b) = self.string(rv, "respond.body") {
-                                    body = b.value;
-                                }
-                            }
-                            _ => self.unknown(rk, &RESPOND_KEYS, "key of respond"),
-                        }
-                    }
-                    r.respond = Some(Located {
-                        value: (status, body),
-                        at,
-                    });
-                }
-                _ => self.unknown(k, &ROUTE_KEYS, "key of [[site.route]]"),
+            match keys.contains(&k.get_ref().as_ref()) {
+                true => drop(known.insert(k.clone(), v.clone())),
+                false => self.unknown(k, keys, "key of [[site.route]]"),
             }
         }
-        r
+        let mut places = Vec::new();
+        self.places(&known, "", &mut places);
+        let value = Spanned::new(span, DeValue::Table(known.clone()));
+        let read = FileRoute::deserialize(toml::de::ValueDeserializer::from(value));
+        let route = match read {
+            Err(e) => Err(self.refusal(&known, &at, &e)),
+            Ok(file) => Route::try_from(file).map_err(|e| {
+                let place = e.key().and_then(|k| places.iter().find(|(p, _)| p == k));
+                Problem {
+                    at: Some(place.map_or(&at, |(_, p)| p).clone()),
+                    message: e.to_string(),
+                }
+            }),
+        };
+        RouteDoc { at, route, places }
     }
+
+    /// Where each value of `table` is, by its dotted key under `prefix`, tables within.
+    fn places(&self, table: &DeTable<'_>, prefix: &str, out: &mut Vec<(String, Place)>) {
+        for (k, v) in table {
+            let key = format!("{prefix}{}", k.get_ref());
+            if let DeValue::Table(inner) = v.get_ref() {
+                self.places(inner, &format!("{key}."), out);
+            }
+            out.push((key, self.at(v)));
+        }
+    }
+
+    /// A value of `table` refused by the contract (`e`, placed at the value, or at the
+    /// table `at` for the whole): `KEY = VALUE: why` (`KEY: why` for a table or a list).
+    fn refusal(&self, table: &DeTable<'_>, at: &Place, e: &toml::de::Error) -> Problem {
+        let Some(span) = e.span() else {
+            return Problem {
+                at: Some(at.clone()),
+                message: e.message().to_string(),
+            };
+        };
+        let mut key = String::new();
+        let mut value = None;
+        let mut inner = Some(table);
+        while let Some(t) = inner.take() {
+            let Some((k, v)) = t.iter().find(|(_, v)| v.span().contains(&span.start)) else {
+                break;
+            };
+            key = if key.is_empty() {
+                k.get_ref().to_string()
+            } else {
+                format!("{key}.{}", k.get_ref())
+            };
+            value = Some(v);
+            if let DeValue::Table(t) = v.get_ref() {
+                inner = Some(t);
+            }
+        }
+        let message = match value.map(|v| (v.get_ref(), self.text.get(v.span()))) {
+            Some((DeValue::Table(_) | DeValue::Array(_), _)) | Some((_, None)) => {
+                format!("{key}: {}", e.message())
+            }
+            Some((_, Some(shown))) => format!("{key} = {shown}: {}", e.message()),
+            None => e.message().to_string(),
+        };
+        Problem {
+            at: Some(self.place(span.start)),
+            message,
+        }
+    }
+}
+
+/// The field names of the struct `T` deserialises from: the keys its table takes, declared
+/// once, by its `Deserialize` (which hands them to `deserialize_struct`).
+fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    struct Fields<'f>(&'f mut &'static [&'static str]);
+    impl<'de> serde::Deserializer<'de> for Fields<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(
+            self,
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            Err(serde::de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(serde::de::Error::custom("fields taken"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Fields(&mut fields));
+    fields
 }
 
 /// A TOML integer's text (digits and underscores, after any `0x`/`0o`/`0b`) in `radix`.
@@ -737,6 +775,104 @@ mod tests {
                 Err(e) => assert!(e.to_string().starts_with("f.toml:"), "{text:?}: {e}"),
             }
         }
+    }
+
+    /// A route's bad value is refused by the contract's declaration, named with its key and
+    /// value at its line and column; a route as a whole at its `[[site.route]]`.
+    #[test]
+    fn a_routes_bad_values_are_placed() {
+        let route = |body: &str| {
+            let text = format!("[[site]]\nnames = [\"a.test\"]\n[[site.route]]\n{body}");
+            let file = FileConfig::parse(Path::new("f.toml"), &text).unwrap();
+            let doc = &file.sites[0].routes[0];
+            match &doc.route {
+                Ok(r) => panic!("{body:?} was taken: {r:?}"),
+                Err(p) => (file.problems.clone(), p.to_string()),
+            }
+        };
+        for (body, want) in [
+            (
+                "path = \"/old\"\nredirect = \"https://b.test/\"\nstatus = 300\n",
+                "f.toml:6:10: status = 300: a redirect is 301, 302, 307 or 308",
+            ),
+            (
+                "path = \"/hi\"\nrespond = { status = 99, body = \"x\" }\n",
+                "f.toml:5:22: respond.status = 99: expected a status of 200 to 599",
+            ),
+            (
+                "path = \"/hi\"\nrespond = { status = 204, body = \"x\" }\n",
+                "f.toml:5:34: a 204 response has no body",
+            ),
+            (
+                "path = \"/hi\"\nrespond = { body = \"ok\", headers = { \"x a\" = \"b\" } }\n",
+                "f.toml:5:36: respond.headers: \"x a\" is not a header field name",
+            ),
+            (
+                "path = \"/hi\"\nrespond = { headers = { \"Content-Length\" = \"3\" } }\n",
+                "f.toml:5:23: respond.headers: content-length: the response may not set it (the \
+                 server sets it from the body)",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n",
+                "f.toml:5:12: upstream = \"https://127.0.0.1:9\": https upstreams are not \
+                 supported",
+            ),
+            (
+                "path = \"/x\"\nroot = \"/srv\"\nstrip_prefix = true\n",
+                "f.toml:6:16: strip_prefix goes with upstream only",
+            ),
+            (
+                "path = \"x\"\nroot = \"/srv\"\n",
+                "f.toml:4:8: path \"x\": expected a path prefix starting with /",
+            ),
+            (
+                "path = \"/x\"\nroot = \"/srv\"\nredirect = \"https://b.test/\"\n",
+                "f.toml:3:1: a [[site.route]] takes one action",
+            ),
+            (
+                "path = \"/x\"\nrespond = { stauts = 200 }\n",
+                "f.toml:5:13: respond: unknown field `stauts`, expected one of `status`, \
+                 `body`, `headers`",
+            ),
+            (
+                "path = \"/x\"\nstatus = \"x\"\nredirect = \"https://b.test/\"\n",
+                "f.toml:5:10: status = \"x\": invalid type: string \"x\"",
+            ),
+        ] {
+            let (file_problems, got) = route(body);
+            assert!(file_problems.is_empty(), "{body:?}: {file_problems:?}");
+            assert!(
+                got.starts_with(want),
+                "{body:?}:\n  want {want}\n  got  {got}"
+            );
+        }
+        // An unknown key is named with the nearest one and left out; the rest is read.
+        let text = "[[site]]\nnames = [\"a.test\"]\n[[site.route]]\npath = \"/\"\nrot = \"/srv\"\n\
+                    respond = {}\n";
+        let file = FileConfig::parse(Path::new("f.toml"), text).unwrap();
+        assert_eq!(file.problems.len(), 1, "{:?}", file.problems);
+        assert!(file.sites[0].routes[0].route.is_ok());
+        assert_eq!(file.sites[0].routes[0].place_of("respond").line, 6);
+    }
+
+    #[test]
+    fn the_keys_of_a_route_are_its_declarations_fields() {
+        assert_eq!(
+            fields::<FileRoute>(),
+            [
+                "path",
+                "root",
+                "upstream",
+                "strip_prefix",
+                "redirect",
+                "status",
+                "respond"
+            ]
+        );
+        assert_eq!(
+            fields::<ringmux_proto::route::Respond>(),
+            ["status", "body", "headers"]
+        );
     }
 
     proptest::proptest! {

@@ -1453,7 +1453,7 @@ impl Config {
     pub fn site_table(&self, cert: crate::certs::CertPem) -> SiteTable {
         let action = match &self.upstream {
             Some(url) => Action::Upstream {
-                url: url.to_string(),
+                url: url.clone(),
                 strip_prefix: false,
             },
             None => Action::Builtin {

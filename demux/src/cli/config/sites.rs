@@ -1,25 +1,18 @@
 //! The `[[site]]` tables of the configuration file, checked and made into the site table every
 //! worker receives ([`SiteTable`]): each name well formed and in one site only, each
-//! certificate read, matching its key, covering its site's names and valid now, each route's
-//! path and action sound (a root the workers can read, an upstream that parses, a redirect's
-//! status). Every problem is collected with its place, so `ringmux check` shows them all.
+//! certificate read, matching its key, covering its site's names and valid now, each route as
+//! the contract reads it (`ringmux_proto::route`: its path, its action and every value of it)
+//! with a root the workers can read. Every problem is collected with its place, so `ringmux
+//! check` shows them all.
 
 use std::path::Path;
 use std::time::SystemTime;
 
 use ringmux_proto::sites::{Action, Route, Site, SiteTable};
-use ringmux_proto::UpstreamUrl;
 
 use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
 use super::WorkerUser;
 use crate::certs::{covers, leaf, CertPem};
-
-/// Redirect statuses a route may give.
-pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
-
-/// What a redirect answers when its route gives no status: 302, temporary (as Caddy's
-/// `redir`), so a mistake is not cached by browsers for good.
-pub const DEFAULT_REDIRECT_STATUS: u16 = 302;
 
 /// The site table of the file's `[[site]]`s; every problem found, each with its place.
 /// `worker_user` is whom the workers run as (a root must be reachable by it).
@@ -355,147 +348,43 @@ fn certificate(
     Some(pem)
 }
 
+/// A route the contract read ([`RouteDoc::route`]), and what only the disk can tell of it.
 fn route(r: &RouteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -> Option<Route> {
-    let before = problems.len();
-    let path = match &r.path {
-        None => {
-            problem(
-                problems,
-                &r.at,
-                "a [[site.route]] needs path = \"/PREFIX\"".into(),
-            );
-            None
-        }
-        Some(p) if !p.value.starts_with('/') || p.value.contains(['?', '#']) => {
-            problem(
-                problems,
-                &p.at,
-                format!(
-                    "path {:?}: expected a path prefix starting with /, e.g. \"/api\"",
-                    p.value
-                ),
-            );
-            None
-        }
-        Some(p) => Some(p.value.clone()),
-    };
-    let actions = [
-        r.root.is_some(),
-        r.upstream.is_some(),
-        r.redirect.is_some(),
-        r.respond.is_some(),
-    ];
-    if actions.iter().filter(|a| **a).count() != 1 {
-        problem(
-            problems,
-            &r.at,
-            "a [[site.route]] takes one action: root = DIR, upstream = URL, redirect = URL, or \
-             respond = { status = N, body = \"...\" }"
-                .into(),
-        );
-        return None;
-    }
-    if let (Some(s), None) = (&r.strip_prefix, &r.upstream) {
-        problem(
-            problems,
-            &s.at,
-            "strip_prefix goes with upstream only".into(),
-        );
-    }
-    if let (Some(s), None) = (&r.status, &r.redirect) {
-        problem(
-            problems,
-            &s.at,
-            "status goes with redirect (respond takes its own: respond = { status = N, body = \
-             \"...\" })"
-                .into(),
-        );
-    }
-    let action = if let Some(root) = &r.root {
-        check_root(root, user, problems);
-        Action::Files {
-            root: root.value.clone(),
-        }
-    } else if let Some(up) = &r.upstream {
-        if let Err(e) = up.value.parse::<UpstreamUrl>() {
-            problem(problems, &up.at, format!("upstream = {e}"));
-        }
-        Action::Upstream {
-            url: up.value.clone(),
-            strip_prefix: r.strip_prefix.as_ref().is_some_and(|s| s.value),
-        }
-    } else if let Some(to) = &r.redirect {
-        let status = match &r.status {
-            None => DEFAULT_REDIRECT_STATUS,
-            Some(s) => match u16::try_from(s.value) {
-                Ok(v) if REDIRECT_STATUSES.contains(&v) => v,
-                _ => {
-                    problem(
-                        problems,
-                        &s.at,
-                        format!("status = {}: a redirect is 301, 302, 307 or 308", s.value),
-                    );
-                    0
-                }
-            },
-        };
-        if to.value.is_empty() || !to.value.bytes().all(|b| (0x21..0x7f).contains(&b)) {
-            problem(
-                problems,
-                &to.at,
-                format!(
-                    "redirect = {:?}: expected a URL of printable ASCII, e.g. \
-                     \"https://example.com{{path}}\"",
-                    to.value
-                ),
-            );
-        }
-        Action::Redirect {
-            to: to.value.clone(),
-            status,
-        }
-    } else {
-        let respond = r.respond.as_ref()?;
-        let (status, body) = &respond.value;
-        let status = match status {
-            None => 200,
-            Some(s) => match u16::try_from(s.value) {
-                Ok(v) if (200..=599).contains(&v) => v,
-                _ => {
-                    problem(
-                        problems,
-                        &s.at,
-                        format!("respond's status = {}: expected 200 to 599", s.value),
-                    );
-                    0
-                }
-            },
-        };
-        Action::Respond {
-            status,
-            body: body.clone(),
+    let route = match &r.route {
+        Ok(route) => route,
+        Err(refused) => {
+            problems.push(refused.clone());
+            return None;
         }
     };
-    if problems.len() > before {
-        return None;
+    match &route.action {
+        Action::Files { root } => check_root(root, r.place_of("root"), user, problems)?,
+        Action::Builtin { .. }
+        | Action::Upstream { .. }
+        | Action::Redirect { .. }
+        | Action::Respond(_) => {}
     }
-    Some(Route {
-        path: path?,
-        action,
-    })
+    Some(route.clone())
 }
 
-/// A route's root: a folder the demux can list and the workers' user can enter.
+/// A route's root: a folder the demux can list and the workers' user can enter; `None`
+/// (and the problem) if not.
 fn check_root(
-    root: &Located<std::path::PathBuf>,
+    dir: &Path,
+    at: &Place,
     user: Option<&WorkerUser>,
     problems: &mut Vec<Problem>,
-) {
-    let dir: &Path = &root.value;
+) -> Option<()> {
+    let before = problems.len();
+    check_root_at(dir, at, user, problems);
+    (problems.len() == before).then_some(())
+}
+
+fn check_root_at(dir: &Path, at: &Place, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) {
     if !dir.is_absolute() {
         problem(
             problems,
-            &root.at,
+            at,
             format!("root = {}: expected an absolute path", dir.display()),
         );
         return;
@@ -503,7 +392,7 @@ fn check_root(
     if !dir.is_dir() {
         problem(
             problems,
-            &root.at,
+            at,
             format!("root = {}: not a directory", dir.display()),
         );
         return;
@@ -511,7 +400,7 @@ fn check_root(
     if let Err(e) = std::fs::read_dir(dir) {
         problem(
             problems,
-            &root.at,
+            at,
             format!("root = {}: the folder cannot be read ({e})", dir.display()),
         );
         return;
@@ -519,7 +408,7 @@ fn check_root(
     if let Ok(Some(fs)) = crate::sys::pseudo_file_system(dir) {
         problem(
             problems,
-            &root.at,
+            at,
             format!(
                 "root = {}: on {fs}, a file system the kernel makes up (its files are the \
                  system's state, not a site's); name a folder of files",
@@ -532,7 +421,7 @@ fn check_root(
         if let Err(why) = user.can_enter(dir) {
             problem(
                 problems,
-                &root.at,
+                at,
                 format!(
                     "root = {} cannot be reached by user {} (UID {}), whom the workers run as: \
                      {}. Let that user enter it and every folder above it, and read the files \

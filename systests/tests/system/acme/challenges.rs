@@ -92,10 +92,9 @@ impl Server {
             redirect_names: Vec::new(),
             routes: vec![Route {
                 path: "/".into(),
-                action: Action::Respond {
-                    status: 200,
-                    body: format!("{label}\n"),
-                },
+                action: Action::Respond(
+                    ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
+                ),
             }],
         };
         let table = SiteTable {

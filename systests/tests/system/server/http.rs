@@ -1423,10 +1423,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
         };
         let respond = |path: &str, status, body: &str| Route {
             path: path.into(),
-            action: Action::Respond {
-                status,
-                body: body.into(),
-            },
+            action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
         };
         let table = SiteTable {
             sites: vec![

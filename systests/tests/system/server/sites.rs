@@ -169,7 +169,8 @@ async fn each_request_is_answered_by_its_sites_route() {
         let log_path = tmp.path().join("access.log");
         let log_file = std::fs::File::create(&log_path).unwrap();
         let log = AccessLog::start(log_file, 0).unwrap();
-        let upstream = format!("http://{}", echo_upstream().await);
+        let upstream: ringmux_proto::UpstreamUrl =
+            format!("http://{}", echo_upstream().await).parse().unwrap();
         let table = SiteTable {
             sites: vec![
                 site(
@@ -177,10 +178,9 @@ async fn each_request_is_answered_by_its_sites_route() {
                     vec![
                         route(
                             "/",
-                            Action::Respond {
-                                status: 200,
-                                body: "home\n".into(),
-                            },
+                            Action::Respond(
+                                ringmux_proto::route::Respond::new(200, "home\n").unwrap(),
+                            ),
                         ),
                         route("/static", Action::Files { root: stat.clone() }),
                         route(
@@ -200,8 +200,11 @@ async fn each_request_is_answered_by_its_sites_route() {
                         route(
                             "/old",
                             Action::Redirect {
-                                to: "https://new.test{path}?{query}".into(),
-                                status: 301,
+                                to: "https://new.test{path}?{query}"
+                                    .to_string()
+                                    .try_into()
+                                    .unwrap(),
+                                status: 301.try_into().unwrap(),
                             },
                         ),
                         route("/b/", Action::Builtin { root: None }),
@@ -211,10 +214,9 @@ async fn each_request_is_answered_by_its_sites_route() {
                     "other.test",
                     vec![route(
                         "/",
-                        Action::Respond {
-                            status: 200,
-                            body: "other\n".into(),
-                        },
+                        Action::Respond(
+                            ringmux_proto::route::Respond::new(200, "other\n").unwrap(),
+                        ),
                     )],
                 ),
             ],

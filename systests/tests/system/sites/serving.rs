@@ -167,7 +167,7 @@ redirect = "https://b.test{{path}}?{{query}}"
 status = 301
 [[site.route]]
 path = "/hi"
-respond = {{ status = 200, body = {HI:?} }}
+respond = {{ status = 200, body = {HI:?}, headers = {{ "X-Ringmux-Test" = "hi", "cache-control" = "no-store" }} }}
 
 [[site]]
 names = ["b.test"]
@@ -401,7 +401,8 @@ async fn each_name_gets_its_sites_certificate_and_root_over_http3() {
 
 /// a.test's routes on all three protocols: `/api` proxied with its prefix taken off (the
 /// upstream says what it was asked), `/old` redirected with the path and query put in the
-/// target, `/hi` answered from the file; b.test has none of them.
+/// target, `/hi` answered from the file with the header fields it names; b.test has none of
+/// them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sites_routes_proxy_redirect_and_respond_on_every_protocol() {
     if !tool::CURL.present() || !tool::AIOQUIC.present() {
@@ -426,6 +427,12 @@ async fn a_sites_routes_proxy_redirect_and_respond_on_every_protocol() {
             assert_eq!(old.header("location"), Some(location), "{flag}");
             let hi = curl_ok(&rm, www, Some(&a), &[flag], "/hi").await;
             assert_eq!((hi.status, hi.body.as_str()), (200, HI), "{flag}");
+            assert_eq!(hi.header("x-ringmux-test"), Some("hi"), "{flag}: {hi:?}");
+            assert_eq!(
+                hi.header("cache-control"),
+                Some("no-store"),
+                "{flag}: {hi:?}"
+            );
             let not_b = curl_ok(
                 &rm,
                 Reach::Name("b.test"),
@@ -447,6 +454,11 @@ async fn a_sites_routes_proxy_redirect_and_respond_on_every_protocol() {
         assert_eq!(got[1].status, 301, "h3 /old: {got:?}");
         assert_eq!(got[1].headers["location"], location, "h3 /old");
         assert_eq!((got[2].status, got[2].body.as_str()), (200, HI), "h3 /hi");
+        assert_eq!(got[2].headers["x-ringmux-test"], "hi", "h3 /hi: {got:?}");
+        assert_eq!(
+            got[2].headers["cache-control"], "no-store",
+            "h3 /hi: {got:?}"
+        );
     })
     .await
 }

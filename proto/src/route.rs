@@ -1,0 +1,642 @@
+//! What a route does, declared once: every kind of action ([`Action`]), each value of it a type
+//! that refuses a bad input when it is deserialised (a redirect status other than 301, 302,
+//! 307 or 308, a response status out of 200–599, a body too long, a header a response must not
+//! carry), and [`Action::check`] for what needs more than one value. The limits are here and
+//! nowhere else.
+//!
+//! The same declaration serves both sides. The demux reads a `[[site.route]]` of the
+//! configuration file into a [`FileRoute`] (the keys as the file writes them) and makes it a
+//! [`Route`] ([`Route::try_from`]); the worker reads the site table's JSON into the same types,
+//! so a value the demux would refuse never reaches a server either. Checks that need the file
+//! system (a root exists, the workers can read it) are the demux's; this module never touches
+//! a file.
+//!
+//! The JSON of a route is `{"path": "/x", "action": {"KIND": {...}}}`, each value as a string
+//! or a number; a field added to a kind is left out when it has its default, so a table
+//! without it reads the same in a build before it (`ringmux upgrade` hands the table from one
+//! build to the next and back).
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+
+use http::{HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::UpstreamUrl;
+
+/// The statuses a redirect may answer with (RFC 9110 §15.4): moved for good (301, 308) or for
+/// now (302, 307).
+pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
+
+/// What a redirect answers when its route gives no status: 302, temporary (as Caddy's
+/// `redir`), so a mistake is not cached by browsers for good.
+pub const DEFAULT_REDIRECT_STATUS: u16 = 302;
+
+/// The statuses a fixed response may have: a success, a redirect without its target, or an
+/// error; never 1xx, which is no final answer.
+pub const RESPOND_STATUSES: RangeInclusive<u16> = 200..=599;
+
+/// The largest body of a fixed response, in bytes: every worker holds each in memory.
+pub const MAX_RESPOND_BODY: usize = 64 * 1024;
+
+/// The most header fields a fixed response may add.
+pub const MAX_RESPOND_HEADERS: usize = 32;
+
+/// Header fields a response of a route may not set, and why: the server writes each itself or
+/// it belongs to one connection only (RFC 9110 §7.6.1; HTTP/2 and HTTP/3 refuse a message that
+/// carries one: RFC 9113 §8.2.2, RFC 9114 §4.2).
+pub const FORBIDDEN_HEADERS: [(&str, &str); 9] = [
+    ("connection", "a hop-by-hop field"),
+    ("keep-alive", "a hop-by-hop field"),
+    ("proxy-connection", "a hop-by-hop field"),
+    ("te", "a hop-by-hop field"),
+    ("trailer", "a hop-by-hop field"),
+    (
+        "transfer-encoding",
+        "a hop-by-hop field; the server frames the body",
+    ),
+    ("upgrade", "a hop-by-hop field"),
+    ("content-length", "the server sets it from the body"),
+    ("host", "a field of requests"),
+];
+
+/// A path prefix and what requests under it get.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Starts with `/`. It matches a request path equal to it or continuing it after a `/`
+    /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
+    pub path: String,
+    pub action: Action,
+}
+
+/// What a route does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Action {
+    /// Static files beneath `root`, the request path taken from the route's prefix on (a
+    /// route `/static` with `root = "/srv/s"` serves `/static/a.css` from `/srv/s/a.css`).
+    Files { root: PathBuf },
+    /// The built-in server as the command line sets it up without a configuration file:
+    /// files from `root` when set, else (and for names with no file) `/hello.txt` and
+    /// `/bytes/N`.
+    Builtin { root: Option<PathBuf> },
+    /// The reverse proxy to an HTTP/1.1 service; with `strip_prefix`, the route's prefix is
+    /// taken off the path passed on.
+    Upstream {
+        url: UpstreamUrl,
+        strip_prefix: bool,
+    },
+    /// A redirect to `to` with `status`, in which `{path}` stands for the request's path and
+    /// `{query}` for its query (without the `?`).
+    Redirect {
+        to: RedirectTarget,
+        status: RedirectStatus,
+    },
+    /// A fixed response.
+    Respond(Respond),
+}
+
+impl Action {
+    /// What no single value can say alone: a 204 or 304 response has no body (RFC 9110
+    /// §15.3.5, §15.4.5).
+    pub fn check(&self) -> Result<(), RouteError> {
+        match self {
+            Action::Respond(r) if matches!(r.status.get(), 204 | 304) && !r.body.is_empty() => {
+                Err(RouteError::BodyNotAllowed(r.status.get()))
+            }
+            Action::Files { .. }
+            | Action::Builtin { .. }
+            | Action::Upstream { .. }
+            | Action::Redirect { .. }
+            | Action::Respond(_) => Ok(()),
+        }
+    }
+}
+
+/// A fixed response: `respond = { status = 200, body = "ok\n", headers = { "x-a" = "b" } }`.
+/// The body goes as `text/plain; charset=utf-8` unless `headers` names a `content-type`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Respond {
+    /// 200 when not given.
+    #[serde(default)]
+    pub status: RespondStatus,
+    #[serde(default)]
+    pub body: RespondBody,
+    /// Header fields the response carries besides its own.
+    #[serde(default, skip_serializing_if = "ResponseHeaders::is_empty")]
+    pub headers: ResponseHeaders,
+}
+
+impl Respond {
+    /// A response of `status` with `body` and no header field of its own.
+    pub fn new(status: u16, body: &str) -> Result<Respond, ValueError> {
+        Ok(Respond {
+            status: RespondStatus::try_from(status)?,
+            body: RespondBody::try_from(body.to_string())?,
+            headers: ResponseHeaders::default(),
+        })
+    }
+}
+
+/// A `[[site.route]]` as the configuration file writes it: the path and one action's keys
+/// (`root`; `upstream` and `strip_prefix`; `redirect` and `status`; `respond`). The keys the
+/// file takes are this struct's fields.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRoute {
+    pub path: Option<String>,
+    pub root: Option<PathBuf>,
+    pub upstream: Option<UpstreamUrl>,
+    pub strip_prefix: Option<bool>,
+    pub redirect: Option<RedirectTarget>,
+    pub status: Option<RedirectStatus>,
+    pub respond: Option<Respond>,
+}
+
+impl TryFrom<FileRoute> for Route {
+    type Error = RouteError;
+
+    fn try_from(f: FileRoute) -> Result<Route, RouteError> {
+        let path = f.path.ok_or(RouteError::NoPath)?;
+        let kinds = [
+            f.root.is_some(),
+            f.upstream.is_some(),
+            f.redirect.is_some(),
+            f.respond.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err(RouteError::Actions);
+        }
+        if f.strip_prefix.is_some() && f.upstream.is_none() {
+            return Err(RouteError::StripPrefixAlone);
+        }
+        if f.status.is_some() && f.redirect.is_none() {
+            return Err(RouteError::StatusAlone);
+        }
+        let action = if let Some(root) = f.root {
+            Action::Files { root }
+        } else if let Some(url) = f.upstream {
+            Action::Upstream {
+                url,
+                strip_prefix: f.strip_prefix.unwrap_or(false),
+            }
+        } else if let Some(to) = f.redirect {
+            Action::Redirect {
+                to,
+                status: f.status.unwrap_or_default(),
+            }
+        } else {
+            Action::Respond(f.respond.ok_or(RouteError::Actions)?)
+        };
+        let route = Route { path, action };
+        route.check()?;
+        Ok(route)
+    }
+}
+
+impl Route {
+    /// The route whole: its path a prefix (starting with `/`, no query nor fragment) and
+    /// [`Action::check`].
+    pub fn check(&self) -> Result<(), RouteError> {
+        if !self.path.starts_with('/') || self.path.contains(['?', '#']) {
+            return Err(RouteError::Path(self.path.clone()));
+        }
+        self.action.check()
+    }
+}
+
+/// A route that cannot be, as a whole; [`RouteError::key`] names the key it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("a [[site.route]] needs path = \"/PREFIX\"")]
+    NoPath,
+    #[error("path {0:?}: expected a path prefix starting with /, e.g. \"/api\"")]
+    Path(String),
+    #[error(
+        "a [[site.route]] takes one action: root = DIR, upstream = URL, redirect = URL, or \
+         respond = {{ status = N, body = \"...\" }}"
+    )]
+    Actions,
+    #[error("strip_prefix goes with upstream only")]
+    StripPrefixAlone,
+    #[error(
+        "status goes with redirect (respond takes its own: respond = {{ status = N, body = \
+         \"...\" }})"
+    )]
+    StatusAlone,
+    #[error("a {0} response has no body: drop body, or give another status")]
+    BodyNotAllowed(u16),
+}
+
+impl RouteError {
+    /// The key of a [`FileRoute`] (dotted inside a table: `respond.body`) whose value is
+    /// wrong; `None` for the route as a whole.
+    pub fn key(&self) -> Option<&'static str> {
+        match self {
+            RouteError::NoPath | RouteError::Actions => None,
+            RouteError::Path(_) => Some("path"),
+            RouteError::StripPrefixAlone => Some("strip_prefix"),
+            RouteError::StatusAlone => Some("status"),
+            RouteError::BodyNotAllowed(_) => Some("respond.body"),
+        }
+    }
+}
+
+/// A value of a route refused. The message says what is expected, not the value itself: the
+/// reader (the configuration's or the site table's) names the key and the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    #[error("a redirect is 301, 302, 307 or 308")]
+    RedirectStatus,
+    #[error("expected a URL of printable ASCII, e.g. \"https://example.com{{path}}\"")]
+    RedirectTarget,
+    #[error("expected a status of {} to {}", RESPOND_STATUSES.start(), RESPOND_STATUSES.end())]
+    RespondStatus,
+    #[error("a body of {0} bytes; at most {MAX_RESPOND_BODY}")]
+    BodyTooLong(usize),
+    #[error("{0} header fields; at most {MAX_RESPOND_HEADERS}")]
+    TooManyHeaders(usize),
+    #[error(
+        "{0:?} is not a header field name: expected letters, digits and !#$%&'*+-.^_`|~ \
+         (RFC 9110 §5.1)"
+    )]
+    HeaderName(String),
+    #[error("{0:?} is a pseudo-header, which only the protocol sets")]
+    PseudoHeader(String),
+    #[error("{name}: the response may not set it ({why})")]
+    ForbiddenHeader { name: String, why: &'static str },
+    #[error("{name} = {value:?}: expected a header field value of printable ASCII")]
+    HeaderValue { name: String, value: String },
+    #[error("{0} is given twice (names are compared without case)")]
+    HeaderTwice(String),
+    #[error("{0}")]
+    Upstream(String),
+}
+
+/// A redirect's status: one of [`REDIRECT_STATUSES`]; [`DEFAULT_REDIRECT_STATUS`] by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u16", into = "u16")]
+pub struct RedirectStatus(u16);
+
+impl RedirectStatus {
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+impl Default for RedirectStatus {
+    fn default() -> Self {
+        RedirectStatus(DEFAULT_REDIRECT_STATUS)
+    }
+}
+
+impl TryFrom<u16> for RedirectStatus {
+    type Error = ValueError;
+
+    fn try_from(v: u16) -> Result<Self, ValueError> {
+        match REDIRECT_STATUSES.contains(&v) {
+            true => Ok(RedirectStatus(v)),
+            false => Err(ValueError::RedirectStatus),
+        }
+    }
+}
+
+impl From<RedirectStatus> for u16 {
+    fn from(s: RedirectStatus) -> u16 {
+        s.0
+    }
+}
+
+/// A redirect's target: not empty, printable ASCII without spaces (a `location` value once
+/// `{path}` and `{query}` are filled in from a request, whose path and query are such too).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RedirectTarget(String);
+
+impl RedirectTarget {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for RedirectTarget {
+    type Error = ValueError;
+
+    fn try_from(v: String) -> Result<Self, ValueError> {
+        match !v.is_empty() && v.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+            true => Ok(RedirectTarget(v)),
+            false => Err(ValueError::RedirectTarget),
+        }
+    }
+}
+
+impl From<RedirectTarget> for String {
+    fn from(t: RedirectTarget) -> String {
+        t.0
+    }
+}
+
+/// A fixed response's status: within [`RESPOND_STATUSES`]; 200 by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u16", into = "u16")]
+pub struct RespondStatus(u16);
+
+impl RespondStatus {
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+impl Default for RespondStatus {
+    fn default() -> Self {
+        RespondStatus(200)
+    }
+}
+
+impl TryFrom<u16> for RespondStatus {
+    type Error = ValueError;
+
+    fn try_from(v: u16) -> Result<Self, ValueError> {
+        match RESPOND_STATUSES.contains(&v) {
+            true => Ok(RespondStatus(v)),
+            false => Err(ValueError::RespondStatus),
+        }
+    }
+}
+
+impl From<RespondStatus> for u16 {
+    fn from(s: RespondStatus) -> u16 {
+        s.0
+    }
+}
+
+/// A fixed response's body: at most [`MAX_RESPOND_BODY`] bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RespondBody(String);
+
+impl RespondBody {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl TryFrom<String> for RespondBody {
+    type Error = ValueError;
+
+    fn try_from(v: String) -> Result<Self, ValueError> {
+        match v.len() <= MAX_RESPOND_BODY {
+            true => Ok(RespondBody(v)),
+            false => Err(ValueError::BodyTooLong(v.len())),
+        }
+    }
+}
+
+impl From<RespondBody> for String {
+    fn from(b: RespondBody) -> String {
+        b.0
+    }
+}
+
+/// Header fields a response carries besides its own: names lower case, each a field name
+/// (RFC 9110 §5.1) that no pseudo-header nor [`FORBIDDEN_HEADERS`] is, given once; values of
+/// printable ASCII, spaces and tabs (§5.5); at most [`MAX_RESPOND_HEADERS`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    try_from = "BTreeMap<String, String>",
+    into = "BTreeMap<String, String>"
+)]
+pub struct ResponseHeaders(BTreeMap<String, String>);
+
+impl ResponseHeaders {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each field, name (lower case) and value, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+}
+
+impl TryFrom<BTreeMap<String, String>> for ResponseHeaders {
+    type Error = ValueError;
+
+    fn try_from(given: BTreeMap<String, String>) -> Result<Self, ValueError> {
+        if given.len() > MAX_RESPOND_HEADERS {
+            return Err(ValueError::TooManyHeaders(given.len()));
+        }
+        let mut fields = BTreeMap::new();
+        for (name, value) in given {
+            if name.starts_with(':') {
+                return Err(ValueError::PseudoHeader(name));
+            }
+            let Ok(parsed) = HeaderName::from_bytes(name.as_bytes()) else {
+                return Err(ValueError::HeaderName(name));
+            };
+            let lower = parsed.as_str();
+            if let Some((_, why)) = FORBIDDEN_HEADERS.iter().find(|(n, _)| *n == lower) {
+                return Err(ValueError::ForbiddenHeader {
+                    name: lower.to_string(),
+                    why,
+                });
+            }
+            let printable = value
+                .bytes()
+                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+            if !printable || HeaderValue::from_str(&value).is_err() {
+                return Err(ValueError::HeaderValue { name, value });
+            }
+            if fields.insert(lower.to_string(), value).is_some() {
+                return Err(ValueError::HeaderTwice(lower.to_string()));
+            }
+        }
+        Ok(ResponseHeaders(fields))
+    }
+}
+
+impl From<ResponseHeaders> for BTreeMap<String, String> {
+    fn from(h: ResponseHeaders) -> Self {
+        h.0
+    }
+}
+
+// An upstream is written as its URL; a bad one is refused saying why, the reader naming it.
+impl Serialize for UpstreamUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UpstreamUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse()
+            .map_err(|e: crate::UpstreamError| serde::de::Error::custom(e.why()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `json` read as `T`: its value, or the message of its refusal.
+    fn read<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, String> {
+        serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn statuses_out_of_their_range_are_refused() {
+        assert_eq!(read::<RedirectStatus>("308").unwrap().get(), 308);
+        let e = read::<RedirectStatus>("300").unwrap_err();
+        assert!(e.contains("a redirect is 301, 302, 307 or 308"), "{e}");
+        assert_eq!(read::<RespondStatus>("599").unwrap().get(), 599);
+        for bad in ["199", "600", "0"] {
+            let e = read::<RespondStatus>(bad).unwrap_err();
+            assert!(e.contains("expected a status of 200 to 599"), "{bad}: {e}");
+        }
+        assert!(read::<RespondStatus>("70000").is_err());
+    }
+
+    #[test]
+    fn bodies_targets_and_upstreams_are_bounded() {
+        let long = format!("\"{}\"", "x".repeat(MAX_RESPOND_BODY + 1));
+        let e = read::<RespondBody>(&long).unwrap_err();
+        assert!(e.contains("a body of 65537 bytes; at most 65536"), "{e}");
+        assert!(read::<RespondBody>(&format!("\"{}\"", "x".repeat(MAX_RESPOND_BODY))).is_ok());
+        for bad in [
+            "\"\"",
+            "\"https://a.test/a b\"",
+            "\"https://a.test/\\u00e9\"",
+        ] {
+            let e = read::<RedirectTarget>(bad).unwrap_err();
+            assert!(e.contains("printable ASCII"), "{bad}: {e}");
+        }
+        let e = read::<UpstreamUrl>("\"https://127.0.0.1:9\"").unwrap_err();
+        assert!(e.starts_with("https upstreams are not supported"), "{e}");
+    }
+
+    #[test]
+    fn bad_and_forbidden_header_fields_are_refused_by_name() {
+        let ok: Respond =
+            read(r#"{"status": 200, "body": "ok", "headers": {"X-A": "b", "cache-control": "no-store"}}"#)
+                .unwrap();
+        let got: Vec<_> = ok.headers.iter().collect();
+        assert_eq!(got, [("cache-control", "no-store"), ("x-a", "b")]);
+        for (headers, says) in [
+            (r#"{"x a": "b"}"#, "\"x a\" is not a header field name"),
+            (r#"{"": "b"}"#, "\"\" is not a header field name"),
+            (r#"{":status": "200"}"#, "\":status\" is a pseudo-header"),
+            (
+                r#"{"Content-Length": "3"}"#,
+                "content-length: the response may not set it (the server sets it",
+            ),
+            (
+                r#"{"transfer-encoding": "chunked"}"#,
+                "transfer-encoding: the response may not set it (a hop-by-hop field",
+            ),
+            (
+                r#"{"connection": "close"}"#,
+                "connection: the response may not",
+            ),
+            (
+                r#"{"x-a": "b\nc"}"#,
+                "x-a = \"b\\nc\": expected a header field value",
+            ),
+            (r#"{"X-A": "b", "x-a": "c"}"#, "x-a is given twice"),
+        ] {
+            let e = read::<Respond>(&format!(r#"{{"headers": {headers}}}"#)).unwrap_err();
+            assert!(e.contains(says), "{headers}: {e}");
+        }
+        let many: BTreeMap<String, String> = (0..=MAX_RESPOND_HEADERS)
+            .map(|i| (format!("x-{i}"), "v".into()))
+            .collect();
+        assert_eq!(
+            ResponseHeaders::try_from(many),
+            Err(ValueError::TooManyHeaders(MAX_RESPOND_HEADERS + 1))
+        );
+    }
+
+    #[test]
+    fn a_file_route_takes_one_action_and_its_own_keys() {
+        let route = |f: FileRoute| Route::try_from(f);
+        let path = || Some("/x".to_string());
+        let respond = || Some(Respond::new(200, "x").unwrap());
+        assert_eq!(route(FileRoute::default()), Err(RouteError::NoPath));
+        let two = FileRoute {
+            path: path(),
+            respond: respond(),
+            root: Some("/srv".into()),
+            ..FileRoute::default()
+        };
+        assert_eq!(route(two), Err(RouteError::Actions));
+        let strip = FileRoute {
+            path: path(),
+            respond: respond(),
+            strip_prefix: Some(true),
+            ..FileRoute::default()
+        };
+        assert_eq!(route(strip).unwrap_err().key(), Some("strip_prefix"));
+        let no_body = FileRoute {
+            path: path(),
+            respond: Some(Respond::new(204, "x").unwrap()),
+            ..FileRoute::default()
+        };
+        let e = route(no_body).unwrap_err();
+        assert_eq!(
+            (
+                e.key(),
+                e.to_string().starts_with("a 204 response has no body")
+            ),
+            (Some("respond.body"), true)
+        );
+        let bad_path = FileRoute {
+            path: Some("/x?y".into()),
+            respond: respond(),
+            ..FileRoute::default()
+        };
+        assert_eq!(route(bad_path).unwrap_err().key(), Some("path"));
+        let redirect = FileRoute {
+            path: path(),
+            redirect: Some(RedirectTarget::try_from("https://b.test/".to_string()).unwrap()),
+            ..FileRoute::default()
+        };
+        assert!(matches!(
+            route(redirect).unwrap().action,
+            Action::Redirect { status, .. } if status.get() == DEFAULT_REDIRECT_STATUS
+        ));
+    }
+
+    /// The JSON of every kind as builds before the declaration wrote it reads the same, and a
+    /// table without response headers is written as they wrote it (an upgrade hands the table
+    /// over both ways).
+    #[test]
+    fn the_wire_shape_of_every_kind_is_kept() {
+        let before = [
+            r#"{"path":"/","action":{"files":{"root":"/srv"}}}"#,
+            r#"{"path":"/","action":{"builtin":{"root":null}}}"#,
+            r#"{"path":"/api","action":{"upstream":{"url":"http://127.0.0.1:9","strip_prefix":true}}}"#,
+            r#"{"path":"/old","action":{"redirect":{"to":"https://b.test{path}","status":301}}}"#,
+            r#"{"path":"/hi","action":{"respond":{"status":200,"body":"hi\n"}}}"#,
+        ];
+        for json in before {
+            let route: Route = read(json).unwrap_or_else(|e| panic!("{json}: {e}"));
+            assert_eq!(serde_json::to_string(&route).unwrap(), json);
+        }
+        let mut route: Route = read(before[4]).unwrap();
+        let Action::Respond(r) = &mut route.action else {
+            unreachable!("a respond route")
+        };
+        r.headers = read(r#"{"x-a":"b"}"#).unwrap();
+        let json = serde_json::to_string(&route).unwrap();
+        assert!(json.contains(r#""headers":{"x-a":"b"}"#), "{json}");
+        assert_eq!(read::<Route>(&json).unwrap(), route);
+    }
+}
