@@ -24,8 +24,8 @@
 //!   a `*.toml` file (`cat > /etc/ringmux/ringmux.toml <<'EOF'`). It must parse, and each key is
 //!   checked by its table: the top level against the settings (`setting_keys`, the command
 //!   line's options) and `TABLE_KEYS`, `[acme]` against `ACME_KEYS`, `[[site]]` against
-//!   `SITE_KEYS`, `[[site.route]]` against `ROUTE_KEYS`, a route's `respond` against
-//!   `RESPOND_KEYS`. An inline span that is one TOML assignment (`` `worker_read = ["/x"]` ``,
+//!   `SITE_KEYS`, `[[site.route]]` against `route_keys()`, a route's `respond` against
+//!   `respond_keys()`. An inline span that is one TOML assignment (`` `worker_read = ["/x"]` ``,
 //!   `` `acme = true` ``) names a key of some table and must be one of them.
 
 use std::collections::BTreeSet;
@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 use ringmux_demux::config::file::{
-    setting_keys, ACME_KEYS, RESPOND_KEYS, ROUTE_KEYS, SITE_KEYS, TABLE_KEYS,
+    respond_keys, route_keys, setting_keys, ACME_KEYS, SITE_KEYS, TABLE_KEYS,
 };
 use ringmux_demux::config::Cli;
 
@@ -312,9 +312,9 @@ fn unknown_keys(config: &toml::Table) -> Vec<String> {
     for site in tables(config.get("site")) {
         check(&site, &SITE_KEYS, "[[site]] ");
         for route in tables(site.get("route")) {
-            check(&route, &ROUTE_KEYS, "[[site.route]] ");
+            check(&route, route_keys(), "[[site.route]] ");
             if let Some(respond) = route.get("respond").and_then(|r| r.as_table()) {
-                check(respond, &RESPOND_KEYS, "respond ");
+                check(respond, respond_keys(), "respond ");
             }
         }
     }
@@ -332,8 +332,8 @@ fn problems() -> (Vec<String>, [usize; 3]) {
         .chain(TABLE_KEYS)
         .chain(SITE_KEYS)
         .chain(ACME_KEYS)
-        .chain(ROUTE_KEYS)
-        .chain(RESPOND_KEYS)
+        .chain(route_keys().iter().copied())
+        .chain(respond_keys().iter().copied())
         .collect();
     let mut problems = Vec::new();
     let mut checked = [0; 3];

@@ -649,6 +649,16 @@ impl Parser<'_> {
     }
 }
 
+/// The keys a `[[site.route]]` takes: the fields of its declaration (`FileRoute`).
+pub fn route_keys() -> &'static [&'static str] {
+    fields::<FileRoute>()
+}
+
+/// The keys a route's `respond` table takes: the fields of its declaration.
+pub fn respond_keys() -> &'static [&'static str] {
+    fields::<ringmux_proto::route::Respond>()
+}
+
 /// The field names of the struct `T` deserialises from: the keys its table takes, declared
 /// once, by its `Deserialize` (which hands them to `deserialize_struct`).
 fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
