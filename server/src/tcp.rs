@@ -77,6 +77,7 @@ use crate::sites::{Local, Router, Target};
 use crate::stats::ServerStats;
 pub use crate::stats::TcpErrorKind;
 
+#[allow(unsafe_code)]
 mod sys;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
