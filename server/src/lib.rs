@@ -15,7 +15,8 @@
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
 //!   every transport.
 //! * [`access_log`]: one line per request, written off the request path.
-//! * [`stats`]: the server's counters and how they go into a `STATS` report.
+//! * [`stats`]: the server's counters, each declared once, and how they go into a `STATS`
+//!   report.
 //!
 //! One front per transport on top of it:
 //!
@@ -26,7 +27,12 @@
 //!
 //! Beside them, [`options`]: the `ringmux-worker` program's command line, which ringmux fills
 //! from its own options when it runs the built-in worker; [`sink`]: the count-only benchmark
-//! worker (no quinn).
+//! worker (no quinn); and their owner, [`Server`] ([`server`]): `Server::new(worker,
+//! options).run()` wires the sites, the access log, the report and the fronts of one worker.
+//!
+//! Safe code only, but for the one system call tokio does not make for the TCP front
+//! (`tcp::sys`).
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -38,7 +44,10 @@ pub mod proxy;
 pub mod redirect;
 pub mod reply;
 pub mod request;
+pub mod server;
 pub mod sink;
 pub mod sites;
 pub mod stats;
 pub mod tcp;
+
+pub use server::{Server, ServerError};

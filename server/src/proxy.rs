@@ -90,14 +90,12 @@ impl ErrorKind {
         ErrorKind::Protocol,
     ];
 
+    /// The metric labels, in [`ErrorKind::ALL`] order.
+    pub const LABELS: [&'static str; Self::ALL.len()] = ["connect", "reset", "timeout", "protocol"];
+
     /// The metric label.
     pub fn as_str(self) -> &'static str {
-        match self {
-            ErrorKind::Connect => "connect",
-            ErrorKind::Reset => "reset",
-            ErrorKind::Timeout => "timeout",
-            ErrorKind::Protocol => "protocol",
-        }
+        Self::LABELS[self as usize]
     }
 
     fn status(self) -> StatusCode {

@@ -59,8 +59,10 @@
 //! * [`control`]: the worker's end of the control socket (messages from `ringmux-proto`).
 //! * [`sessions`]: the TLS session store every instance shares, held by the demux.
 //!
-//! Every system call of this crate is wrapped once, in a private module; [`cpu_time`] and
-//! [`poll_readable`] are the two a worker that reads its ingress itself needs.
+//! Every system call of this crate is wrapped once, in a private module (`sys`, the only one
+//! allowed unsafe code); [`cpu_time`] and [`poll_readable`] are the two a worker that reads its
+//! ingress itself needs.
+#![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -73,6 +75,7 @@ pub mod quic;
 pub mod sessions;
 pub mod sni;
 pub mod socket;
+#[allow(unsafe_code)]
 mod sys;
 pub mod tls;
 

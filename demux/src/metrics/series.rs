@@ -127,6 +127,24 @@ pub fn metric(series: &Series) -> String {
     }
 }
 
+/// The kind and series name of `metric`, a metric of the exposition, if workers report it: a
+/// [`KNOWN`] one, or one of the generic rule (`ringmux_worker_NAME_total`, a counter;
+/// `ringmux_worker_NAME`, a gauge) that is none of the demux's own ([`names::ALL`]). What
+/// `ringmux stats` shows of the workers' series, whatever they are named.
+pub fn reported_as(metric: &str) -> Option<(SeriesKind, &str)> {
+    if let Some(k) = KNOWN.iter().find(|k| k.metric == metric) {
+        return Some((k.kind, k.name));
+    }
+    let name = metric.strip_prefix("ringmux_worker_")?;
+    if names::ALL.iter().any(|n| base(n) == base(metric)) {
+        return None;
+    }
+    Some(match name.strip_suffix("_total") {
+        Some(name) => (SeriesKind::Counter, name),
+        None => (SeriesKind::Gauge, name),
+    })
+}
+
 /// A metric's name without the `_total` of a counter: what the text format's `# TYPE` line
 /// names, so two metrics of one base would be one family of two types.
 pub fn base(metric: &str) -> &str {
@@ -198,6 +216,24 @@ mod tests {
             assert!(admitted(&s), "{}", k.name);
             if k.kind == SeriesKind::Counter {
                 assert_eq!(k.metric, format!("ringmux_worker_{}_total", k.name));
+            }
+        }
+    }
+
+    /// Every metric a series becomes names its series back; none of the demux's own does.
+    #[test]
+    fn metrics_name_their_series_back() {
+        for s in [
+            Series::counter("echo_bytes", &[("direction", "in")]).unwrap(),
+            Series::gauge("queue_depth", &[]).unwrap(),
+            Series::counter("requests", &[("protocol", "h3")]).unwrap(),
+            Series::gauge("sink_latency_p50_nanoseconds", &[]).unwrap(),
+        ] {
+            assert_eq!(reported_as(&metric(&s)), Some((s.kind(), s.name())), "{s}");
+        }
+        for own in names::ALL {
+            if KNOWN.iter().all(|k| k.metric != own) {
+                assert_eq!(reported_as(own), None, "{own}");
             }
         }
     }

@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use ringmux_proto::series::SeriesKind;
+
 use super::counters::NO_SITE;
-use super::{names, Counters, DropReason, InstanceCounters, Scrape};
+use super::{names, series, Counters, DropReason, InstanceCounters, Scrape};
 
 /// `ringmux stats`: the metrics as a table.
 pub fn table(m: &Scrape) -> String {
@@ -58,32 +60,7 @@ pub fn table(m: &Scrape) -> String {
     }
     generations(m, &mut out);
     certificates(m, &mut out);
-    let by = |p: &str| m.sum_where(names::WORKER_REQUESTS, "protocol", p);
-    let _ = writeln!(
-        out,
-        "requests by protocol: h3 {:.0}   h2 {:.0}   h1 {:.0}   unknown {:.0}",
-        by("h3"),
-        by("h2"),
-        by("h1"),
-        by("unknown"),
-    );
-    let tcp_error = |k: &str| m.sum_where(names::WORKER_TCP_ERRORS, "kind", k);
-    let failed = tcp_error("tls_failed") + tcp_error("tls_timeout");
-    let ended: f64 = ["header_timeout", "too_large", "rapid_reset", "protocol"]
-        .into_iter()
-        .map(tcp_error)
-        .sum();
-    let idle: f64 = ["idle_timeout", "evicted"].into_iter().map(tcp_error).sum();
-    let _ = writeln!(
-        out,
-        "tcp: {:.0} connections   refused: {:.0} over cap, {failed:.0} TLS failed, {:.0} for \
-         a name no site has   {ended:.0} ended for bad input   {idle:.0} closed idle (timeout, \
-         at the cap)   {:.0} closes cut short (see ringmux_worker_tcp_errors_total)",
-        m.sum(names::WORKER_TCP_CONNECTIONS),
-        tcp_error("over_cap"),
-        tcp_error("unknown_name"),
-        tcp_error("linger_cut"),
-    );
+    reported_series(m, &mut out);
     sites(m, &mut out);
     let _ = writeln!(out);
     let _ = writeln!(
@@ -133,6 +110,59 @@ fn results(m: &Scrape, metric: &str) -> String {
         .map(|r| format!("{:.0} {r}", m.labelled(metric, "result", r)))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Every series the workers reported ([`series::reported_as`]), whatever program reports it
+/// and whatever it is named: a line per series name with a sample that is not 0, its samples
+/// by their labels (the instance's left out: counters summed over the instances, gauges the
+/// largest instance's), those that are 0 left out.
+fn reported_series(m: &Scrape, out: &mut String) {
+    // series name -> (kind, labels -> value)
+    let mut reported: BTreeMap<&str, (SeriesKind, BTreeMap<String, f64>)> = BTreeMap::new();
+    for (key, &v) in &m.series {
+        let (metric, labels) = key.split_once('{').unwrap_or((key, ""));
+        let Some((kind, name)) = series::reported_as(metric) else {
+            continue;
+        };
+        let labels: Vec<&str> = labels
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|l| !l.is_empty() && !l.starts_with("instance="))
+            .map(|l| l.split_once('=').map_or(l, |(_, v)| v).trim_matches('"'))
+            .collect();
+        let (_, samples) = reported
+            .entry(name)
+            .or_insert_with(|| (kind, BTreeMap::new()));
+        let sample = samples.entry(labels.join(",")).or_default();
+        *sample = match kind {
+            SeriesKind::Counter => *sample + v,
+            SeriesKind::Gauge => sample.max(v),
+        };
+    }
+    reported.retain(|_, (_, samples)| {
+        samples.retain(|_, v| *v != 0.0);
+        !samples.is_empty()
+    });
+    let _ = writeln!(out);
+    if reported.is_empty() {
+        let _ = writeln!(out, "reported by the workers: nothing yet");
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "reported by the workers (counters over every instance, gauges the largest instance's):"
+    );
+    let width = reported.keys().map(|n| n.len()).max().unwrap_or(0);
+    for (name, (_, samples)) in &reported {
+        let samples: Vec<String> = samples
+            .iter()
+            .map(|(labels, v)| match labels.as_str() {
+                "" => format!("{v:.0}"),
+                labels => format!("{v:.0} {labels}"),
+            })
+            .collect();
+        let _ = writeln!(out, "  {name:<width$}  {}", samples.join(", "));
+    }
 }
 
 /// Responses by site over every instance: a row per site that answered (the sites in label
@@ -277,6 +307,7 @@ mod tests {
     use super::*;
     use crate::metrics::counters::LaneState;
     use crate::metrics::{exposition, Counters};
+    use ringmux_proto::series::Series;
     use std::sync::atomic::Ordering;
 
     #[test]
@@ -360,6 +391,74 @@ mod tests {
         );
         assert_eq!(row("malformed"), ["malformed", "3"]);
         assert_eq!(row("token_refused"), ["token_refused", "1"]);
+    }
+
+    /// The workers' series by their own names and labels, whatever they are (the demux knows
+    /// `tcp_errors` and `requests`, not `echo_bytes` nor `queue_depth`): counters summed over
+    /// the instances and their generations, gauges the largest instance's; samples at 0 and
+    /// series all 0 left out.
+    #[test]
+    fn table_shows_every_series_workers_report() {
+        let c = Counters::new(2, 4);
+        let report = |series: &[(Series, u64)], requests_total| ringmux_proto::WorkerReport {
+            series: series.iter().cloned().collect(),
+            requests_total,
+            ..Default::default()
+        };
+        let counter = |n: &str, l: &[(&str, &str)]| Series::counter(n, l).unwrap();
+        let gauge = |n: &str| Series::gauge(n, &[]).unwrap();
+        c.instances[0].record_report(
+            &report(
+                &[
+                    (counter("echo_bytes", &[("direction", "in")]), 5),
+                    (counter("echo_bytes", &[("direction", "out")]), 0),
+                    (counter("tcp_errors", &[("kind", "tls_failed")]), 2),
+                    (counter("requests", &[("protocol", "h3")]), 4),
+                    (gauge("queue_depth"), 3),
+                    (counter("quiet", &[]), 0),
+                ],
+                4,
+            ),
+            0,
+        );
+        c.instances[1].record_report(
+            &report(
+                &[
+                    (counter("echo_bytes", &[("direction", "in")]), 6),
+                    (counter("tcp_errors", &[("kind", "tls_failed")]), 1),
+                    (gauge("queue_depth"), 9),
+                ],
+                2,
+            ),
+            0,
+        );
+        // Instance 0's worker of the other generation: its counters add up.
+        c.instances[2].record_report(&report(&[(counter("bytes_sent", &[]), 7)], 0), 0);
+        let live = crate::metrics::Liveness::new(4);
+        let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
+        let section: Vec<&str> = t
+            .lines()
+            .skip_while(|l| !l.starts_with("reported by the workers"))
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            section,
+            [
+                "bytes_sent   7",
+                "echo_bytes   11 in",
+                "queue_depth  9",
+                "requests     4 h3, 2 unknown",
+                "tcp_errors   3 tls_failed",
+            ],
+            "{t}"
+        );
+        let t = table(&Scrape::parse(&exposition::encode(
+            &Counters::new(1, 2),
+            &crate::metrics::Liveness::new(2),
+        )));
+        assert!(t.contains("reported by the workers: nothing yet"), "{t}");
     }
 
     /// A row per site that answered, summed over instances and their generations, named by the

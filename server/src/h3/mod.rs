@@ -155,22 +155,9 @@ struct Conn {
     early_requests: bool,
 }
 
-/// Decrements `connections_active` however the connection task ends.
-struct ActiveGuard(Arc<ServerStats>);
-
-impl Drop for ActiveGuard {
-    fn drop(&mut self) {
-        self.0.connections_active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
 impl Conn {
     async fn run(mut self, incoming: quinn::Incoming) {
         let remote = incoming.remote_address();
-        self.stats
-            .connections_active
-            .fetch_add(1, Ordering::Relaxed);
-        let _active = ActiveGuard(self.stats.clone());
         let (conn, handshake) = match self.handshake(incoming).await {
             Ok(c) => c,
             Err(e) => {

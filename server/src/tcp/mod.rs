@@ -1,0 +1,184 @@
+//! HTTPS over TCP beside HTTP/3: the built-in server's second transport. Browsers open QUIC only
+//! to an origin that told them over TCP (an `alt-svc` field, RFC 7838; RFC 9114 §3.1.1), and
+//! fall back to TCP where UDP is blocked, so the same site answers on both: the request is
+//! routed by [`Router`], the one path HTTP/3 takes too (a connection's site is the one its TLS
+//! server name chooses; a request for another site's host is answered 421), and every TCP
+//! response carries the `alt-svc` value ringmux was given.
+//!
+//! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
+//! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN).
+//! Connections come from the demux's listening socket, which every worker accepts from
+//! ([`ringmux_worker::Worker::tcp_listener`]).
+//!
+//! Bad input and overload: a TLS handshake must finish within [`TcpOptions::handshake_timeout`]
+//! (idle or half-open connections never pile up), an HTTP/1.1 request head within
+//! [`TcpOptions::header_timeout`] (slowloris; an idle keep-alive connection waits for its next
+//! head, so this closes it too), and an HTTP/2 connection with no request in flight is sent
+//! GOAWAY after [`TcpOptions::idle_timeout`]. At [`TcpOptions::max_connections`] the
+//! connection idle longest (HTTP/1.1 between requests, HTTP/2 without a stream) is asked to
+//! finish to make room for a new one, and only when none is idle is the new one closed at
+//! accept. A request head is at most [`TcpOptions::max_header_bytes`]
+//! (HTTP/1.1: 431 and the connection closed; HTTP/2: `SETTINGS_MAX_HEADER_LIST_SIZE`, over it
+//! 431 on that stream), HTTP/2 streams are capped per connection and rapid resets are h2's to
+//! refuse (GOAWAY `ENHANCE_YOUR_CALM`). Each is counted in [`ServerStats::tcp_errors`] by
+//! [`TcpErrorKind`]; requests by protocol in `requests_h1` and `requests_h2`.
+//!
+//! On drain: this worker stops accepting (the others and the next generation keep the queue),
+//! every connection is told to finish (HTTP/2 GOAWAY, HTTP/1.1 `connection: close`), and the
+//! server returns when the last one closed; the caller bounds that with its grace.
+//!
+//! ACME challenges (`control-protocol.md`, "Control messages"), from the worker's
+//! [`AcmeAnswers`] ([`TcpOptions::acme`]), are answered here and never over QUIC. TLS-ALPN-01
+//! (RFC 8737 §3): a ClientHello whose ALPN list is `acme-tls/1` alone, for a name with a pending
+//! challenge, gets the challenge's certificate and `acme-tls/1`, and the connection ends after
+//! the handshake; any other ClientHello offering `acme-tls/1` is refused with
+//! `no_application_protocol` (counted as `tls_failed`), never served a site's certificate.
+//! HTTP-01 is the plain-HTTP listener's (`crate::redirect`), which runs on this module's
+//! connection handling (`serve_plain`).
+//!
+//! Every connection hyper is done with is closed gracefully (`close_gracefully`): TLS
+//! `close_notify` and the write side shut, then what the client still sends is read and thrown
+//! away until it closes its side, or what was sent has arrived and the client went quiet, or a
+//! bound passes. Closing at once would lose data: a socket closed with unread input, or
+//! receiving any once closed (an HTTP/2 client's WINDOW_UPDATE as it reads on), answers with a
+//! reset (RFC 1122 §4.2.2.13) and throws away what it had not yet delivered. RFC 9112 §9.6
+//! describes this close; nginx's `lingering_close` is the same.
+//!
+//! The module by concern: `accept.rs` (the accept loop and the cap), `registry.rs` (each
+//! connection as its listener sees it: idle or busy, eviction), `conn.rs` (one connection:
+//! handshake, serving, being asked to finish), `answer.rs` (one request), `body.rs` (the
+//! response body hyper sends: one tracked type), `close.rs` (the graceful close) and `sys.rs`
+//! (its one system call, the only unsafe code of the crate).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderValue, Request, Response};
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use ringmux_worker::AcmeAnswers;
+use tokio::sync::watch;
+
+use crate::sites::Router;
+use crate::stats::ServerStats;
+pub use crate::stats::TcpErrorKind;
+pub(crate) use body::body_of;
+
+mod accept;
+mod answer;
+mod body;
+mod close;
+mod conn;
+mod registry;
+#[allow(unsafe_code)]
+mod sys;
+
+/// How the TCP side serves.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// The `alt-svc` field of every response; `None`: none.
+    pub alt_svc: Option<HeaderValue>,
+    /// Connections this worker serves at once. At the cap the connection idle longest is
+    /// asked to finish to make room for a new one; when none is idle, the new one is closed at
+    /// accept. Connections being closed are not counted, but at most as many again are kept.
+    pub max_connections: usize,
+    /// Longest a TLS handshake may take.
+    pub handshake_timeout: Duration,
+    /// Longest an HTTP/1.1 request head may take to arrive.
+    pub header_timeout: Duration,
+    /// Longest an HTTP/2 connection may stay open with no request in flight; then it is sent
+    /// GOAWAY and closed. (HTTP/1.1 has `header_timeout`.)
+    pub idle_timeout: Duration,
+    /// HTTP/2 streams a client may have open at once on one connection.
+    pub max_streams: u32,
+    /// Largest request head in bytes: over HTTP/1.1 a larger one is answered 431; over HTTP/2
+    /// it is the `SETTINGS_MAX_HEADER_LIST_SIZE` the server announces. HTTP/1.1 holds the head
+    /// in its read buffer of this size (at least 8 KiB).
+    pub max_header_bytes: u32,
+    /// Held while the listener accepts, dropped the moment it stops on a drain
+    /// (`Worker::accepting`): then the demux knows no new connection reaches this worker.
+    pub accepting: Option<Arc<ringmux_worker::Accepting>>,
+    /// The ACME challenges pending now (`Worker::acme_answers`): TLS-ALPN-01 on the HTTPS
+    /// listener, HTTP-01 on the plain-HTTP one (see the module documentation). None by
+    /// default.
+    pub acme: AcmeAnswers,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            alt_svc: None,
+            max_connections: 4096,
+            handshake_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_streams: 128,
+            max_header_bytes: 64 * 1024,
+            accepting: None,
+            acme: AcmeAnswers::new(),
+        }
+    }
+}
+
+/// A response body over TCP.
+pub(crate) type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
+
+/// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
+/// dropped), then drains: see the module documentation.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    sites: impl Into<Router>,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let https = Kind::Https(tokio_rustls::TlsAcceptor::from(tls));
+    accept::serve_connections(listener, https, sites.into(), stats, shutdown, opts).await;
+}
+
+/// What answers each request of a plain-HTTP/1.1 listener ([`serve_plain`]), given the client's
+/// address.
+pub(crate) type PlainAnswer = Arc<
+    dyn Fn(SocketAddr, Request<Incoming>) -> BoxFuture<'static, Response<TcpBody>> + Send + Sync,
+>;
+
+/// Serves plain HTTP/1.1 on `listener` until `shutdown`, as [`serve`] serves HTTPS (the same
+/// accepting, cap, timeouts, drain and graceful close), each request answered by `answer`.
+/// `what` names the listener in the log. The plain-HTTP listener (`crate::redirect`) runs on it.
+pub(crate) async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    what: &'static str,
+    answer: PlainAnswer,
+    router: Router,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let plain = Kind::Plain { what, answer };
+    accept::serve_connections(listener, plain, router, stats, shutdown, opts).await;
+}
+
+/// What a listener serves.
+#[derive(Clone)]
+enum Kind {
+    Https(tokio_rustls::TlsAcceptor),
+    /// Plain HTTP/1.1, each request answered by `answer`.
+    Plain {
+        what: &'static str,
+        answer: PlainAnswer,
+    },
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Https(_) => "HTTPS over TCP",
+            Kind::Plain { what, .. } => what,
+        }
+    }
+}
