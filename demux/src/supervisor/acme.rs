@@ -1,4 +1,4 @@
-//! The supervisor's side of ACME: what the engine ([`crate::acme`], a thread of its own)
+//! The supervisor's side of ACME: what the engine ([`ringmux_acme`], a thread of its own)
 //! publishes reaches the workers. A new or renewed certificate goes to every live worker at
 //! once (`CERTIFICATE`, which swaps the one resolver both transports of a worker use) and into
 //! the site table of every worker started later; the pending challenges go to every live
