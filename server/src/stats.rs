@@ -229,6 +229,8 @@ server_counters! {
             help "Response body bytes handed to QUIC or TCP";
         tcp_connections: counter("tcp_connections"),
             help "HTTPS over TCP: connections accepted (those closed at once over the cap included)";
+        quic_unknown_name: counter("quic_errors", "kind" = "unknown_name"),
+            help "HTTP/3 handshakes refused for their server name (no site has it, or none was sent, and there is no default site): the TLS alert unrecognized_name; not counted in `connections_failed`";
         tcp_errors[TcpErrorKind]: counter("tcp_errors", "kind" by TcpErrorKind),
             help "TCP connections refused or ended for bad input or overload, or closed idle, by `TcpErrorKind`";
     }

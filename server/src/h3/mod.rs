@@ -161,9 +161,11 @@ impl Conn {
         let (conn, handshake) = match self.handshake(incoming).await {
             Ok(c) => c,
             Err(e) => {
-                self.stats
-                    .connections_failed
-                    .fetch_add(1, Ordering::Relaxed);
+                let counter = match refused_for_its_name(&e) {
+                    true => &self.stats.quic_unknown_name,
+                    false => &self.stats.connections_failed,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
                 debug!(%remote, error = %e, "connection failed before HTTP/3");
                 return;
             }
@@ -316,6 +318,13 @@ async fn wait_delivered(conn: &quinn::Connection) {
 
 /// Resolves when the handshake has completed; shared by all requests of a connection.
 type HandshakeDone = Shared<futures_util::future::BoxFuture<'static, ()>>;
+
+/// Whether the handshake ended with our TLS alert unrecognized_name (112; QUIC error 0x170,
+/// RFC 9001 §4.8): a ClientHello for a name no site has, or without one, and no default site.
+fn refused_for_its_name(e: &quinn::ConnectionError) -> bool {
+    matches!(e, quinn::ConnectionError::TransportError(t)
+        if t.code == quinn::TransportErrorCode::crypto(112))
+}
 
 fn handshake_done(f: impl std::future::Future<Output = ()> + Send + 'static) -> HandshakeDone {
     f.boxed().shared()

@@ -508,6 +508,14 @@ async fn without_a_default_site_unknown_names_and_no_name_fail_the_handshake() {
             let err = j["error"].as_str().unwrap_or_default();
             assert!(err.contains("error code 0x170"), "{what} over QUIC: {err}");
         }
+        // Counted as refused for their name over QUIC too, not as failed connections.
+        let quic =
+            |m: &Metrics| m.sum_where("ringmux_worker_quic_errors_total", "kind", "unknown_name");
+        let m = rm
+            .wait_for("the QUIC refusals counted", LIMIT, |m| quic(m) >= 2.0)
+            .await;
+        assert_eq!(quic(&m), 2.0, "{m}");
+        assert_eq!(m.sum("ringmux_worker_connections_failed_total"), 0.0, "{m}");
         let got = curl_ok(&rm, Reach::Name("a.test"), Some(&sites.cert(&A)), &[], "/").await;
         assert_eq!(got.body, A.index);
         let (got, _) = aioquic_ok(&rm, "a.test", &["/"]).await;
