@@ -352,6 +352,62 @@ fn acme_with_the_ca_down_backs_off_and_says_why() {
     assert!(record.contains("\"failures\":2"), "{record}");
 }
 
+/// Four ACME sites at a fresh start are ordered at once, not one after another: at some moment
+/// the challenges of all four are published together. An order publishes its challenges, waits
+/// `order::SETTLE` (2 s) for every node to read them, then asks the CA to validate, and
+/// withdraws them when it ends: orders one at a time would never show two sites' challenges
+/// in one view.
+#[test]
+fn acme_four_sites_are_ordered_in_parallel() {
+    let responder = Responder::start();
+    let Some(pebble) = Pebble::start(responder.http_port, responder.tls_port) else {
+        return;
+    };
+    let dir = temp_dir("ringmux-acme");
+    let names = ["p1.test", "p2.test", "p3.test", "p4.test"];
+    let sites: Vec<AcmeSite> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| site(i, &[*n]))
+        .collect();
+    let acme = Acme::start(
+        settings(&dir.path().join("acme"), &pebble, ChallengeKind::Http01),
+        sites,
+    )
+    .unwrap();
+    let mut together = 0;
+    let (view, status) = wait_for(
+        &[&acme],
+        &[0],
+        &responder,
+        &pebble,
+        "four certificates",
+        |v, _| {
+            let pending: std::collections::BTreeSet<&str> = v[0]
+                .challenges
+                .http01
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect();
+            together = together.max(pending.len());
+            v[0].certs.len() == names.len()
+        },
+    );
+    assert_eq!(
+        together,
+        names.len(),
+        "the most sites with challenges at once"
+    );
+    assert_eq!((status[0].orders_issued, status[0].orders_failed), (4, 0));
+    for (index, _, issued) in &view[0].certs {
+        verify(
+            issued,
+            &pebble.issuer_root_pem(),
+            &[names[*index].to_string()],
+        );
+    }
+}
+
 /// A failed order's back-off is kept across a restart with the same configuration (and the
 /// status says when the next attempt is), forgotten when the site's names change at a reload,
 /// and forgotten at a restart whose `[acme]` table changed: the operator fixed the mistake,
