@@ -301,6 +301,41 @@ async fn with_a_grace_period_the_cut_requests_are_logged_cut() {
     .await;
 }
 
+/// A client that goes away in the middle of a download (curl killed over HTTP/1.1 and HTTP/2,
+/// the HTTP/3 connection dropped, which closes it): each request's line says `cut:client`, with
+/// the status and fewer bytes than the body; no worker is cut.
+#[tokio::test]
+async fn a_client_that_goes_away_is_logged_cut_client() {
+    if !have_curl() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let logs = temp_dir("ringmux-drain-log");
+        let log = logs.path().join("access.log");
+        let log_arg = log.to_string_lossy().into_owned();
+        let rm = Ringmux::start(1, Forward::Shm, &["--access-log", &log_arg]);
+        let n: u64 = 13 << 20;
+        let path = format!("/bytes/{n}");
+        let downloads = three_downloads(&rm, &path).await;
+        for d in &downloads {
+            // Dropping the task kills curl (kill_on_drop) or drops the HTTP/3 connection.
+            d.end.abort();
+        }
+        let lines = log_lines(&log, &path, 3).await;
+        for protocol in ["h1", "h2", "h3"] {
+            let line = lines
+                .iter()
+                .find(|f| f[2] == protocol)
+                .unwrap_or_else(|| panic!("no {protocol} line in {lines:?}"));
+            assert_eq!([&line[6], &line[11]], ["200", "cut:client"], "{line:?}");
+            let bytes: u64 = line[7].parse().unwrap();
+            assert!(bytes > 0 && bytes < n, "{line:?}");
+        }
+        assert_eq!(rm.metrics().sum(names::WORKER_CUTS), 0.0);
+    })
+    .await;
+}
+
 /// The worker processes of `rm` alive now.
 fn workers(rm: &Ringmux) -> usize {
     harness::children_of(rm.pid)
