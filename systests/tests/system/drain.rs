@@ -336,6 +336,59 @@ async fn a_client_that_goes_away_is_logged_cut_client() {
     .await;
 }
 
+/// A client that falls silent in the middle of an HTTP/3 download (aioquic stopped with
+/// SIGSTOP: it neither reads nor acknowledges nor closes) is cut by the QUIC idle timeout
+/// (`--idle-timeout 2`), and its line says `cut:timeout` with the status and fewer bytes than
+/// the body.
+#[tokio::test]
+async fn a_silent_client_is_logged_cut_timeout() {
+    if !tool::AIOQUIC.present() {
+        return;
+    }
+    bounded(Duration::from_secs(90), async {
+        let logs = temp_dir("ringmux-drain-log");
+        let log = logs.path().join("access.log");
+        let log_arg = log.to_string_lossy().into_owned();
+        let rm = Ringmux::start(
+            1,
+            Forward::Shm,
+            &["--access-log", &log_arg, "--idle-timeout", "2"],
+        );
+        let n: u64 = 64 << 20;
+        let path = format!("/bytes/{n}");
+        let mut client = tokio::process::Command::new("python3")
+            .arg(ringmux_testkit::aioquic::script())
+            .args(["127.0.0.1", &rm.listen.port().to_string(), "paths"])
+            .args(["--server-name", "localhost", "--path", &path])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let pid = client.id().expect("a running client").to_string();
+        rm.wait_for("the download in flight", Duration::from_secs(30), |m| {
+            m.sum(names::GENERATION_REQUESTS) >= 1.0
+        })
+        .await;
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .expect("kill");
+        assert!(stopped.success());
+        let lines = log_lines(&log, &path, 1).await;
+        let _ = client.kill().await;
+        let line = &lines[0];
+        assert_eq!(
+            [&line[2], &line[6], &line[11]],
+            ["h3", "200", "cut:timeout"],
+            "{line:?}"
+        );
+        let bytes: u64 = line[7].parse().unwrap();
+        assert!(bytes < n, "{line:?}");
+    })
+    .await;
+}
+
 /// The worker processes of `rm` alive now.
 fn workers(rm: &Ringmux) -> usize {
     harness::children_of(rm.pid)
