@@ -476,7 +476,7 @@ mod tests {
             forward: "shm".into(),
             instances: 1,
             keys: String::new(),
-            sites: String::new(),
+            sites: Default::default(),
             fds: Fds {
                 lanes: vec![
                     Lane {
@@ -540,7 +540,8 @@ mod tests {
                 "protocol": ours.protocol,
                 "ring_layout": ours.ring_layout,
             },
-            "forward": "unix", "instances": 1, "keys": "00", "sites": "{}",
+            "forward": "unix", "instances": 1, "keys": "00",
+            "sites": r#"{"sites":[],"default_site":null}"#,
             "public_fd": 3, "metrics_fd": null, "tcp_fd": 7, "redirect_fd": null,
             "control_fd": 8, "answer_fds": [9],
             "active_generation": 2,
