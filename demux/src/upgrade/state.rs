@@ -23,7 +23,7 @@ pub struct State<F> {
     /// The shared keys (`KeySet::to_bytes`), hex.
     pub keys: String,
     /// The site table, certificates and keys included: in the document its JSON as a string
-    /// ([`sites_as_json_text`]), as every image of format 4 wrote it.
+    /// (`sites_as_json_text`), as every image of format 4 wrote it.
     #[serde(with = "sites_as_json_text")]
     pub sites: SiteTable,
     /// Every descriptor, by name (`public_fd`, `lanes`, …: at the document's top level).
