@@ -463,8 +463,7 @@ impl Start {
             .ok()
             .and_then(|b| KeySet::from_bytes(&b).ok())
             .context("the hand-over's keys")?;
-        let sites = SiteTable::from_json(state.sites.as_bytes())
-            .map_err(|e| anyhow::anyhow!("the hand-over's {e}"))?;
+        let sites = state.sites;
         let mut fds = state.fds;
         let public = std::net::UdpSocket::from(fds.public);
         let public_addr = public.local_addr()?;

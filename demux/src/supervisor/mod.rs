@@ -7,23 +7,26 @@
 //! Workers live in lanes (one per instance and generation slot, numbered as
 //! `ringmux_quic_lb::Router::lane` numbers them); [`policy`] explains.
 //!
-//! This module carries out; [`policy`] decides (READY deadlines, back-off, crash loops,
-//! draining), without processes or clocks, tested on a fake clock.
+//! This module is the event loop: it waits for what happens, feeds it to [`policy`], which
+//! decides (READY deadlines, back-off, crash loops, draining) without processes or clocks, and
+//! carries the decisions out. The rest is by concern, each file below this one and none of
+//! them using it: [`spawn`] plans a worker's start without I/O and carries the plan out,
+//! [`reload`] reads the next configuration, [`handover`] is what `ringmux upgrade` takes and
+//! gives, [`workers`] the processes and descriptors of each lane, [`acme`] the certificates
+//! relayed, [`control`] `ringmux reload`'s socket, [`sandbox`] and [`filesystem`] the
+//! workers' confinement.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
-use std::process::{Command as Process, Stdio};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
-use ringmux_proto::sites::SiteTable;
-use ringmux_proto::{Handoff, Message, MessageError, MAX_MESSAGE};
+use ringmux_proto::{Message, MessageError, MAX_MESSAGE};
 
-use crate::budget::{self, Budget, MessageKind, Verdict};
+use crate::budget::{MessageKind, Verdict};
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
 use crate::forward::{IngressHandles, Lanes};
@@ -33,99 +36,29 @@ use crate::sys::{self, ChildProcess};
 pub mod acme;
 pub mod control;
 pub mod filesystem;
+pub mod handover;
 pub mod policy;
+pub mod reload;
 pub mod sandbox;
+pub mod spawn;
+pub mod workers;
+
+pub use handover::{Exported, Upgrade};
+pub use spawn::{TcpListeners, Template};
 
 use control::ControlServer;
-use policy::{Action, Failure, Limits, Policy, Refusal};
+use policy::{Action, Limits, Policy};
 use sandbox::WorkerFilter;
-
-use crate::config::Sandbox;
+use workers::Worker;
 
 /// How often the supervisor looks for processes re-parented to the demux (descendants of a
 /// worker whose parent died) when no worker died since the last look.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(1);
 
 /// Most control messages read from one worker per supervision round (a worker sends one STATS a
-/// second; more is a flood). Over time its [`Budget`] ([`budget::CONTROL`]) bounds them.
+/// second; more is a flood). Over time its [`Budget`](crate::budget::Budget)
+/// ([`budget::CONTROL`](crate::budget::CONTROL)) bounds them.
 const CONTROL_READS_PER_ROUND: usize = 16;
-
-/// The processes and descriptors of one instance; what to do with them is [`Policy`]'s.
-struct Worker {
-    child: Option<ChildProcess>,
-    pidfd: Option<OwnedFd>,
-    control: Option<OwnedFd>,
-    /// A duplicate of the demux's end of the session socket, to shut it down when the worker
-    /// dies: its session thread then ends, whoever still holds the worker's end.
-    sessions: Option<OwnedFd>,
-    /// A reset was requested; its descriptors arrive here.
-    reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
-    /// Descriptors of the next generation, waiting for the restart time.
-    handles: Option<IngressHandles>,
-    /// Copies of the read ends of its output and access-log pipes (the log thread reads its
-    /// own), for a new process image to read on after `ringmux upgrade`.
-    pipes: Option<crate::logs::WorkerPipes>,
-    /// How many of its control messages the supervisor reads and acts on; full again for each
-    /// new worker of the lane.
-    budget: Budget,
-    /// It said it accepts no new connection (`STOPPED`, after `SHUTDOWN`).
-    stopped: bool,
-}
-
-impl Default for Worker {
-    fn default() -> Self {
-        Worker {
-            child: None,
-            pidfd: None,
-            control: None,
-            sessions: None,
-            reset_reply: None,
-            handles: None,
-            pipes: None,
-            budget: Budget::new(budget::CONTROL, Instant::now()),
-            stopped: false,
-        }
-    }
-}
-
-/// The listening TCP sockets the demux makes once and every worker accepts from.
-#[derive(Debug, Default)]
-pub struct TcpListeners {
-    /// HTTPS (`--tcp on`): descriptor 5.
-    pub https: Option<OwnedFd>,
-    /// Plain HTTP, answered with redirects (`--redirect-http`): descriptor 6.
-    pub redirect: Option<OwnedFd>,
-}
-
-/// The answer to a reload that succeeded, waiting for the replaced workers to stop accepting.
-struct ReloadAnswer {
-    line: String,
-    /// The generation replaced.
-    replaced: u64,
-    /// Answered by then whatever the workers said.
-    until: Instant,
-}
-
-/// What every worker's hand-off is made from: the message, and the site table each worker
-/// gets a sealed copy of (`control-protocol.md`, "Sites").
-#[derive(Clone, Debug)]
-pub struct Template {
-    pub handoff: Handoff,
-    /// The site table, as JSON ([`SiteTable::to_json`]).
-    pub sites: String,
-    /// The labels of its sites, by the index a worker's report names them with.
-    pub site_labels: Arc<[String]>,
-}
-
-impl Template {
-    pub fn new(handoff: Handoff, sites: &SiteTable) -> Template {
-        Template {
-            handoff,
-            sites: sites.to_json(),
-            site_labels: crate::metrics::counters::site_labels(sites),
-        }
-    }
-}
 
 pub struct Supervisor {
     cfg: Config,
@@ -155,10 +88,9 @@ pub struct Supervisor {
     lanes: Lanes,
     /// `ringmux reload`'s socket, unless `--control-socket off`.
     control: Option<ControlServer>,
-    /// Control clients waiting for the outcome of the reload under way.
-    waiters: Vec<u64>,
-    /// A reload's answer, until the workers it replaced stopped accepting.
-    reload_answer: Option<ReloadAnswer>,
+    /// Control clients waiting for the outcome of the reload under way, and a reload's answer
+    /// until the workers it replaced stopped accepting.
+    reloads: reload::Waiters,
     /// Why starting each lane's worker failed last, for the reload's answer.
     start_errors: Vec<Option<String>>,
     /// What the policy decided while the supervisor was reading (READY, reset replies), to
@@ -218,22 +150,6 @@ pub enum Outcome {
     Upgrade(Upgrade),
 }
 
-/// An upgrade to carry out.
-pub struct Upgrade {
-    /// The binary to execute.
-    pub binary: std::path::PathBuf,
-    /// Control clients waiting for its outcome.
-    pub clients: Vec<u64>,
-}
-
-/// What the supervisor hands to a new process image besides its descriptors.
-pub struct Exported {
-    pub active_generation: u64,
-    /// The site table's JSON.
-    pub sites: String,
-    pub sessions: Vec<crate::sessions::SessionEntry>,
-}
-
 impl Supervisor {
     /// The supervisor of `parts`: it adopts the workers of the lanes handed over (this
     /// process's children still, with their sockets and pipes) and serves the control socket;
@@ -259,17 +175,8 @@ impl Supervisor {
         let numbering = Lanes::new(cfg.instances);
         let lanes = numbering.count();
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace(), cfg.max_draining());
-        let filter = match cfg.args.sandbox {
-            Sandbox::On | Sandbox::FilterOnly => Some(WorkerFilter::compile(
-                cfg.args.forward.workers_receive(),
-                sandbox::Shared {
-                    tcp: cfg.args.tcp_on(),
-                    redirect: tcp.redirect.is_some(),
-                },
-            )?),
-            Sandbox::Off => None,
-        };
-        let domain = worker_domain(&cfg)?;
+        let filter = spawn::worker_filter(&cfg, tcp.redirect.is_some())?;
+        let domain = spawn::worker_domain(&cfg)?;
         if domain.is_some() {
             let abi = sys::landlock_abi().unwrap_or(0);
             for gap in sys::landlock_gaps(abi) {
@@ -312,8 +219,7 @@ impl Supervisor {
             workers: (0..lanes).map(|_| Worker::default()).collect(),
             lanes: numbering,
             control,
-            waiters: Vec::new(),
-            reload_answer: None,
+            reloads: reload::Waiters::default(),
             start_errors: vec![None; lanes],
             deferred: Vec::new(),
             binary,
@@ -344,44 +250,17 @@ impl Supervisor {
         phase: crate::upgrade::LanePhase,
         w: crate::upgrade::Worker<OwnedFd>,
     ) -> Result<()> {
-        let pidfd = sys::pidfd_open(w.pid).ok();
-        let sessions = w.sessions.try_clone()?;
-        self.sessions.serve(self.lanes.at(l).instance, w.sessions);
-        let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
+        let instance = self.lanes.at(l).instance;
+        let pid = w.pid;
+        let (worker, sessions) = handover::adopt(l, instance, w)?;
+        self.sessions.serve(instance, sessions);
         self.counters.instances[l]
             .worker_pid
-            .store(u64::from(w.pid), Ordering::Relaxed);
+            .store(u64::from(pid), Ordering::Relaxed);
         if phase != crate::upgrade::LanePhase::Idle {
             self.link.liveness().set_up(l, true);
         }
-        // Its output (and access log) read on from where the old image stopped; a worker
-        // of an image that kept no pipes writes to the demux's standard error still.
-        let pipes = match w.output {
-            Some(output) => {
-                let pipes = crate::logs::WorkerPipes {
-                    output: output.try_clone()?,
-                    access: w.access.as_ref().map(OwnedFd::try_clone).transpose()?,
-                };
-                crate::logs::watch(
-                    l,
-                    self.lanes.at(l).instance,
-                    crate::logs::WorkerPipes {
-                        output,
-                        access: w.access,
-                    },
-                );
-                Some(pipes)
-            }
-            None => None,
-        };
-        self.workers[l] = Worker {
-            child: Some(ChildProcess::from_pid(w.pid)),
-            pidfd,
-            control: Some(w.control),
-            sessions: Some(sessions),
-            pipes,
-            ..Worker::default()
-        };
+        self.workers[l] = worker;
         Ok(())
     }
 
@@ -446,14 +325,17 @@ impl Supervisor {
 
     /// `ringmux acme renew [NAME]` from control client `client`.
     fn acme_renew(&mut self, client: u64, name: Option<String>) {
-        let result = match self.acme.as_mut() {
-            None => Err("no site takes its certificate from ACME (acme = true)".to_string()),
-            Some(r) => r.renew(client, name.as_deref()).map_err(|e| e.to_string()),
+        let refused = match self.acme.as_mut() {
+            None => Some("no site takes its certificate from ACME (acme = true)".to_string()),
+            Some(r) => r
+                .renew(client, name.as_deref())
+                .err()
+                .map(|e| e.to_string()),
         };
         if let Some(c) = self.control.as_mut() {
-            match result {
-                Ok(()) => c.tell(client, "renewing"),
-                Err(why) => c.answer(client, &format!("error: {why}")),
+            match refused {
+                None => c.tell(client, "renewing"),
+                Some(why) => c.answer(client, &format!("error: {why}")),
             }
         }
     }
@@ -523,46 +405,25 @@ impl Supervisor {
     }
 
     /// An upgrade asked for by control client `client` (or by SIGUSR2): refused unless the
-    /// supervisor is settled and the new binary speaks what the running workers speak.
+    /// supervisor is settled and the new binary speaks what the running workers speak
+    /// ([`handover::refusal`]).
     fn upgrade_request(&mut self, client: Option<u64>) {
-        let refuse = |s: &mut Self, why: String| {
+        let refused = handover::refusal(
+            self.cfg.args.forward,
+            &self.policy,
+            &self.workers,
+            self.lanes,
+            &self.binary,
+        );
+        if let Err(why) = refused {
             tracing::warn!(reason = %why, "upgrade refused; this demux serves on");
-            s.counters.upgrades_failed.fetch_add(1, Ordering::Relaxed);
-            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
+            self.counters
+                .upgrades_failed
+                .fetch_add(1, Ordering::Relaxed);
+            if let (Some(id), Some(c)) = (client, self.control.as_mut()) {
                 c.answer(id, &format!("error: {why}; this demux serves on"));
             }
-        };
-        if let Some(why) = self.cfg.args.forward.upgrade_refusal() {
-            return refuse(self, why.into());
-        }
-        if let Err(why) = self.policy.export(Instant::now()) {
-            return refuse(self, why.to_string());
-        }
-        let lanes = self.lanes;
-        let half_gone = self.workers.iter().enumerate().find(|(l, w)| {
-            self.policy.lane(*l).1 != crate::metrics::LaneState::Idle
-                && (w.child.is_none() || w.control.is_none() || w.sessions.is_none())
-        });
-        if let Some((l, _)) = half_gone {
-            return refuse(
-                self,
-                format!(
-                    "instance {}'s worker (generation {}) is exiting; run the upgrade again in \
-                     a moment",
-                    lanes.at(l).instance,
-                    self.policy.lane(l).0
-                ),
-            );
-        }
-        let binary = self.binary.clone();
-        tracing::info!(binary = %binary.display(), "upgrade: checking the new binary");
-        match crate::upgrade::preflight(&binary) {
-            Ok(theirs) => {
-                if let Some(why) = crate::upgrade::Compat::ours().refusal(&theirs) {
-                    return refuse(self, why.to_string());
-                }
-            }
-            Err(why) => return refuse(self, crate::one_line(&why)),
+            return;
         }
         let clients = match (&mut self.upgrade, client) {
             (Some(u), Some(id)) => {
@@ -572,7 +433,10 @@ impl Supervisor {
             (Some(_), None) => return,
             (None, c) => c.into_iter().collect(),
         };
-        self.upgrade = Some(Upgrade { binary, clients });
+        self.upgrade = Some(Upgrade {
+            binary: self.binary.clone(),
+            clients,
+        });
     }
 
     /// Everything a new process image takes over from the supervisor: its descriptors by
@@ -586,33 +450,8 @@ impl Supervisor {
         fds: &mut crate::upgrade::Fds<RawFd>,
     ) -> Result<Exported> {
         let now = Instant::now();
-        let phases = self.policy.export(now).map_err(anyhow::Error::msg)?;
-        fds.lanes = phases
-            .into_iter()
-            .enumerate()
-            .map(|(l, (generation, phase))| {
-                let w = &self.workers[l];
-                let worker = match (&w.child, &w.control, &w.sessions) {
-                    (Some(c), Some(control), Some(sessions)) => Some(crate::upgrade::Worker {
-                        pid: c.id(),
-                        control: control.as_raw_fd(),
-                        sessions: sessions.as_raw_fd(),
-                        output: w.pipes.as_ref().map(|p| p.output.as_raw_fd()),
-                        access: w
-                            .pipes
-                            .as_ref()
-                            .and_then(|p| p.access.as_ref().map(|a| a.as_raw_fd())),
-                    }),
-                    _ => None,
-                };
-                crate::upgrade::Lane {
-                    generation,
-                    phase,
-                    worker,
-                    ingress: None,
-                }
-            })
-            .collect();
+        let phases = self.policy.export(now)?;
+        fds.lanes = handover::export_lanes(phases, &self.workers);
         if let Some(c) = &self.control {
             let (listener, answers) = c.export(&upgrade.clients);
             fds.control = Some(listener);
@@ -648,73 +487,58 @@ impl Supervisor {
         }
     }
 
-    /// Answers `client` whether a reload now would start a new generation: the configuration
-    /// read and checked as [`Supervisor::next_configuration`] reads it, nothing started.
+    /// Answers `client` whether a reload now would start a new generation
+    /// ([`reload::check_line`]): nothing started.
     fn reload_check(&mut self, client: u64) {
-        let file = match &self.cfg.args.config {
-            Some(path) => path.display().to_string(),
-            None => "no configuration file".to_string(),
-        };
-        let answer = match self.next_generation() {
-            Ok(_) => format!("ok: a reload would start a new generation from {file}"),
-            Err(why) => format!("error: a reload would be refused ({file}): {why:#}"),
-        };
+        let answer = reload::check_line(&self.cfg, &self.template, self.acme.is_some());
         if let Some(c) = self.control.as_mut() {
             c.answer(client, &answer);
         }
     }
 
-    /// What a reload starts the next generation with: [`Supervisor::next_configuration`] and
-    /// the workers' Landlock allow-list made from it (its site roots and settings).
-    fn next_generation(&self) -> Result<((Config, Template), Option<sys::WorkerDomain>)> {
-        let next = self.next_configuration()?;
-        let domain = worker_domain(&next.0)?;
-        Ok((next, domain))
-    }
-
-    /// The configuration and worker template a reload starts the next generation with: the
-    /// command line (and its configuration file, and the environment) read again and checked
-    /// as a start checks them, the certificates read again. `Err` says why not: a problem of
-    /// the file, or an option changed that only a restart applies.
-    fn next_configuration(&self) -> Result<(Config, Template)> {
-        let cli = crate::config::parse()?;
-        let cfg = cli.run.validate()?;
-        let changed = self.cfg.restart_needed(&cfg);
-        if !changed.is_empty() {
-            bail!(
-                "{} changed, which only a restart applies: restart ringmux for it, or undo the \
-                 change",
-                changed.join(", ")
-            );
-        }
-        if self.acme.is_none() && cfg.sites.iter().flat_map(|t| &t.sites).any(|s| s.acme) {
-            bail!(
-                "a site with acme = true, where none had it at start: the ACME client starts \
-                 with ringmux; restart ringmux for it"
-            );
-        }
-        let sites = match &cfg.sites {
-            Some(sites) => sites.clone(),
-            None => {
-                let cert = match (&cfg.args.cert, &cfg.args.key) {
-                    (Some(c), Some(k)) => crate::certs::load(c, k).context("--cert / --key")?,
-                    // The self-signed certificate made at start, kept.
-                    _ => {
-                        let running = SiteTable::from_json(self.template.sites.as_bytes())?;
-                        match running.sites.into_iter().find(|s| s.names.is_empty()) {
-                            Some(s) => crate::certs::CertPem {
-                                chain: s.cert_pem,
-                                key: s.key_pem,
-                            },
-                            None => crate::certs::CertPem::self_signed()?,
-                        }
-                    }
-                };
-                cfg.site_table(cert)
+    /// A reload asked for by control client `client` (or by SIGHUP): reads the command line's
+    /// configuration file and certificates again, checked as a start checks them
+    /// ([`reload::next_generation`]), then lets the policy start the next generation with
+    /// them. Refusals are answered at once, and the running configuration serves on.
+    fn reload(&mut self, client: Option<u64>) -> Vec<Action> {
+        let answer = |s: &mut Self, line: &str| {
+            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
+                c.answer(id, line);
             }
         };
-        let template = Template::new(self.template.handoff.clone(), &sites);
-        Ok((cfg, template))
+        let next = match reload::next_generation(&self.cfg, &self.template, self.acme.is_some()) {
+            Ok(next) => next,
+            Err(why) => {
+                tracing::error!(error = format!("{why:#}"), "reload refused");
+                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                answer(
+                    self,
+                    &format!(
+                        "error: {why:#}; generation {} serves on",
+                        self.policy.active()
+                    ),
+                );
+                return Vec::new();
+            }
+        };
+        let actions = self.policy.on(Instant::now(), policy::Event::Reload);
+        if let Some(Action::ReloadRefused(r)) = actions.first() {
+            let why = reload::refusal_line(r);
+            tracing::warn!(reason = %why, "reload refused");
+            answer(self, &format!("error: {why}"));
+            return Vec::new();
+        }
+        // The next generation starts from these.
+        next.apply(reload::Running {
+            cfg: &mut self.cfg,
+            template: &mut self.template,
+            domain: &mut self.domain,
+            acme: self.acme.as_mut(),
+            policy: &mut self.policy,
+            counters: &self.counters,
+        });
+        self.reloads.join(self.control.as_mut(), client);
+        actions
     }
 
     /// One round: wait up to `timeout` for anything to happen, feed what happened to the
@@ -742,8 +566,8 @@ impl Supervisor {
         if let Some(a) = &self.acme {
             fds.push(a.fd());
         }
-        if let Some(pending) = &self.reload_answer {
-            timeout = timeout.min(pending.until.saturating_duration_since(now));
+        if let Some(until) = self.reloads.due() {
+            timeout = timeout.min(until.saturating_duration_since(now));
         }
         let _ = sys::poll_readable(&fds, Some(timeout));
         drop(fds);
@@ -808,7 +632,7 @@ impl Supervisor {
             // A draining worker that closed its control socket is gone only once its process
             // is: until then the grace deadline still applies to it. Any other worker that
             // closes it is dead or broken either way, and `reap` makes sure.
-            let gone = self.exited(i) || (closed && !self.policy.draining(i));
+            let gone = self.workers[i].exited() || (closed && !self.policy.draining(i));
             if gone && self.workers[i].child.is_some() {
                 self.reap(i);
                 actions.extend(self.policy.on(Instant::now(), policy::Event::Exited(i)));
@@ -833,105 +657,6 @@ impl Supervisor {
             c.set_lane(generation, state, draining);
         }
         done
-    }
-
-    /// A reload asked for by control client `client` (or by SIGHUP): reads the command line's
-    /// configuration file and certificates again, checked as a start checks them, then lets the
-    /// policy start the next generation with them. Refusals are answered at once, and the
-    /// running configuration serves on.
-    fn reload(&mut self, client: Option<u64>) -> Vec<Action> {
-        let answer = |s: &mut Self, line: &str| {
-            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
-                c.answer(id, line);
-            }
-        };
-        let (next, domain) = match self.next_generation() {
-            Ok(next) => next,
-            Err(why) => {
-                tracing::error!(error = format!("{why:#}"), "reload refused");
-                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                answer(
-                    self,
-                    &format!(
-                        "error: {why:#}; generation {} serves on",
-                        self.policy.active()
-                    ),
-                );
-                return Vec::new();
-            }
-        };
-        let actions = self.policy.on(Instant::now(), policy::Event::Reload);
-        if !matches!(actions.first(), Some(Action::ReloadRefused(_))) {
-            // The next generation starts from these.
-            let (cfg, mut template) = next;
-            self.domain = domain;
-            if let Some(relay) = self.acme.as_mut() {
-                if let Ok(mut table) = SiteTable::from_json(template.sites.as_bytes()) {
-                    relay.reconfigure(&mut table);
-                    template = Template::new(template.handoff, &table);
-                }
-            }
-            if let Ok(table) = SiteTable::from_json(template.sites.as_bytes()) {
-                crate::metrics::counters::set_certificates(&self.counters, &table);
-            }
-            if let Ok(mut p) = self.counters.program.write() {
-                *p = cfg.worker_label();
-            }
-            // A new --grace applies to the drains under way too; a new --max-draining at the
-            // next activation.
-            self.policy.set_limits(Limits::new(
-                cfg.ready_timeout(),
-                cfg.grace(),
-                cfg.max_draining(),
-            ));
-            self.cfg = cfg;
-            self.template = template;
-            // Every access-log line from now on goes to the path as it is now: a log rotated
-            // away is closed at once.
-            match self.cfg.access_log().open() {
-                Ok(log) => crate::logs::access_to(log),
-                Err(e) => tracing::warn!(
-                    error = %format!("{e:#}"),
-                    "the access log did not open again; its lines go to the one open"
-                ),
-            }
-        }
-        if let Some(Action::ReloadRefused(r)) = actions.first() {
-            let why = match r {
-                Refusal::Starting { generation } => format!(
-                    "a reload is under way (generation {generation} is starting); run it again \
-                     once that one is done"
-                ),
-                Refusal::ShuttingDown => "ringmux is shutting down".to_string(),
-            };
-            tracing::warn!(reason = %why, "reload refused");
-            answer(self, &format!("error: {why}"));
-            return Vec::new();
-        }
-        // The clients of an earlier reload get their answer before this one's join them.
-        if let Some(pending) = self.reload_answer.take() {
-            self.tell_waiters(&pending.line, true);
-        }
-        if let Some(id) = client {
-            self.waiters.push(id);
-        }
-        actions
-    }
-
-    /// Tells every client waiting on the reload `line`; the last line closes them.
-    fn tell_waiters(&mut self, line: &str, last: bool) {
-        let Some(c) = self.control.as_mut() else {
-            return;
-        };
-        if last {
-            for id in self.waiters.drain(..) {
-                c.answer(id, line);
-            }
-        } else {
-            for &id in &self.waiters {
-                c.tell(id, line);
-            }
-        }
     }
 
     /// Does what the policy decided. `Ok(true)`: the shutdown is complete.
@@ -983,12 +708,16 @@ impl Supervisor {
                 Action::Died(d) => self.log_death(&d),
                 Action::Finish => {
                     tracing::info!("all workers exited");
-                    self.tell_waiters("error: ringmux is shutting down", true);
+                    self.reloads.tell(
+                        self.control.as_mut(),
+                        "error: ringmux is shutting down",
+                        true,
+                    );
                     self.kill_orphans();
                     return Ok(true);
                 }
                 Action::CutAllAndFinish => {
-                    self.cut_all();
+                    workers::cut_all(&mut self.workers, &self.counters, self.lanes);
                     self.kill_orphans();
                     return Ok(true);
                 }
@@ -1058,64 +787,6 @@ impl Supervisor {
         }
     }
 
-    /// The end of a shutdown cut short (its grace period over, or a second signal): every
-    /// worker still there is told to cut, given [`policy::CUT_WAIT`] to write its access-log
-    /// lines and exit, and killed after that.
-    fn cut_all(&mut self) {
-        let mut told = 0;
-        for i in 0..self.workers.len() {
-            if self.workers[i].child.is_some() {
-                told += 1;
-                self.counters.instances[i]
-                    .cuts
-                    .fetch_add(1, Ordering::Relaxed);
-                if let Some(c) = &self.workers[i].control {
-                    let _ = sys::send_packet(c.as_fd(), &Message::Cut.encode());
-                }
-            }
-        }
-        if told > 0 {
-            tracing::warn!(
-                workers = told,
-                "cutting what the workers still serve; each writes its access log and exits"
-            );
-        }
-        let deadline = Instant::now() + policy::CUT_WAIT;
-        loop {
-            for i in 0..self.workers.len() {
-                if self.workers[i].child.is_some() && self.exited(i) {
-                    if let Some(mut c) = self.workers[i].child.take() {
-                        let _ = c.wait();
-                    }
-                }
-            }
-            let now = Instant::now();
-            if self.workers.iter().all(|w| w.child.is_none()) || now >= deadline {
-                break;
-            }
-            let fds: Vec<BorrowedFd<'_>> = self
-                .workers
-                .iter()
-                .filter_map(|w| w.pidfd.as_ref().map(|p| p.as_fd()))
-                .collect();
-            let wait = deadline
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(50));
-            let _ = sys::poll_readable(&fds, Some(wait));
-        }
-        let lanes = self.lanes;
-        for (i, w) in self.workers.iter_mut().enumerate() {
-            if let Some(mut c) = w.child.take() {
-                tracing::warn!(
-                    instance = lanes.at(i).instance,
-                    "a worker told to cut did not exit in time: killing it"
-                );
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-
     /// Starts lane `i`'s worker on the ingress reset for it; what the policy answers.
     fn start(&mut self, i: usize) -> Vec<Action> {
         let Some(h) = self.workers[i].handles.take() else {
@@ -1168,28 +839,16 @@ impl Supervisor {
 
     /// Tells the clients of a reload that succeeded (`ringmux reload`) once every worker of
     /// the replaced generation has said it accepts no new connection (`STOPPED`) or is gone,
-    /// or at the latest after [`ringmux_proto::STOPPED_WAIT`]: so that a connection made after
-    /// the answer reaches the new generation.
+    /// or at the latest after [`ringmux_proto::STOPPED_WAIT`] ([`reload::Waiters::answer`]).
     fn answer_reload(&mut self, now: Instant) {
-        let Some(pending) = &self.reload_answer else {
+        let Some(replaced) = self.reloads.replaced() else {
             return;
         };
-        let lanes = self.policy.lanes_of(pending.replaced);
+        let lanes = self.policy.lanes_of(replaced);
         let stopped = self.workers[lanes]
             .iter()
             .all(|w| w.stopped || w.child.is_none());
-        if !stopped && now < pending.until {
-            return;
-        }
-        if !stopped {
-            tracing::info!(
-                generation = pending.replaced,
-                "a replaced worker did not say it stopped accepting; answering the reload anyway"
-            );
-        }
-        if let Some(pending) = self.reload_answer.take() {
-            self.tell_waiters(&pending.line, true);
-        }
+        self.reloads.answer(self.control.as_mut(), now, stopped);
     }
 
     /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
@@ -1202,11 +861,7 @@ impl Supervisor {
                 self.counters.reloads.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(generation, draining = old, "reload done");
                 // Answered once the replaced workers accept no new connection.
-                self.reload_answer = Some(ReloadAnswer {
-                    line: format!("ok generation={generation} (generation {old} drains)"),
-                    replaced: old,
-                    until: Instant::now() + ringmux_proto::STOPPED_WAIT,
-                });
+                self.reloads.done(generation, old, Instant::now());
                 self.answer_reload(Instant::now());
             }
             Action::ReloadFailed {
@@ -1216,29 +871,20 @@ impl Supervisor {
             } => {
                 self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 let lane = self.policy.lanes_of(generation).start + instance;
-                let program = self.cfg.worker_program();
-                let why = match why {
-                    Failure::Exited => format!(
-                        "instance {instance}'s new worker ({program}) exited before it \
-                     reported READY (see its log)"
-                    ),
-                    Failure::NotReady => format!(
-                        "instance {instance}'s new worker ({program}) did not report READY \
-                     within {:?} (--ready-timeout)",
-                        self.cfg.ready_timeout()
-                    ),
-                    Failure::StartFailed => format!(
-                        "instance {instance}'s new worker could not be started: {}",
-                        self.start_errors[lane].clone().unwrap_or_default()
-                    ),
-                    Failure::Shutdown => "a shutdown came first".to_string(),
-                };
+                let why = reload::failure_line(
+                    why,
+                    instance,
+                    self.cfg.worker_program(),
+                    self.cfg.ready_timeout(),
+                    self.start_errors[lane].as_deref(),
+                );
                 let active = self.policy.active();
                 tracing::error!(generation, reason = %why, serving = active, "reload failed");
-                self.tell_waiters(
+                self.reloads.tell(
+                    self.control.as_mut(),
                     &format!(
-                        "error: generation {generation} abandoned: {why}; generation \
-                     {active} serves on"
+                        "error: generation {generation} abandoned: {why}; generation {active} \
+                         serves on"
                     ),
                     true,
                 );
@@ -1252,13 +898,9 @@ impl Supervisor {
                     draining,
                     "reload waits for a generation to drain"
                 );
-                self.tell_waiters(
-                    &format!(
-                        "waiting: generation {generation} needs the connection-ID slot of \
-                     generation {draining}, the oldest draining one, which is cut and given \
-                     {:?} to write its logs and exit",
-                        policy::CUT_WAIT
-                    ),
+                self.reloads.tell(
+                    self.control.as_mut(),
+                    &reload::waits_line(generation, draining),
                     false,
                 );
             }
@@ -1266,162 +908,69 @@ impl Supervisor {
         }
     }
 
+    /// Starts lane `lane`'s worker on `handles` as [`spawn::plan`] plans it, and keeps the
+    /// books: its session socket served, its counters started again, its descriptors held.
     fn spawn(&mut self, lane: u8, handles: IngressHandles) -> Result<()> {
-        let (ours, theirs) = sys::seqpacket_pair()?;
-        let (sess_ours, sess_theirs) = sys::seqpacket_pair()?;
-        // Before the process exists: nothing may fail between its start and its supervision.
-        let sessions = sess_ours.try_clone()?;
-        let i = self.lanes.at(usize::from(lane)).instance;
-        let mut h = self.template.handoff.clone();
-        h.instance = i;
-        h.worker_generation = self.policy.lane(usize::from(lane)).0;
-        h.cpu = self.cfg.worker_cpu(i);
-        let mut fds: Vec<OwnedFd> = Vec::new();
-        // Descriptor 4 when the worker receives on its own socket.
-        let own_socket = handles.hand_off(&mut h, &mut fds);
-        fds.push(sess_theirs);
-        fds.push(
-            sys::sealed_memfd(c"ringmux-sites", self.template.sites.as_bytes())
-                .context("a memfd for the site table")?,
-        );
-        let mut cmd = Process::new(self.cfg.worker_program());
-        cmd.args(&self.cfg.worker_cmd[1..]);
-        // What a previous image of the demux handed this one is nothing a worker needs.
-        for var in [
-            crate::upgrade::STATE_ENV,
-            crate::upgrade::FALLBACK_ENV,
-            crate::upgrade::REFUSED_ENV,
-        ] {
-            cmd.env_remove(var);
-        }
-        cmd.env(
-            ringmux_proto::CONTROL_FD_ENV,
-            ringmux_proto::CONTROL_FD.to_string(),
-        )
-        .env(
-            ringmux_proto::PUBLIC_FD_ENV,
-            ringmux_proto::PUBLIC_FD.to_string(),
-        )
-        .stdin(Stdio::null());
-        // Its standard output and error: a pipe of its own that the log thread reads, never
-        // the demux's own standard error (which the worker could make non-blocking, fill, or
-        // truncate); likewise its access log at descriptor 7.
-        let (output, output_end) = sys::log_pipe().context("a pipe for the worker's output")?;
-        cmd.stdout(Stdio::from(output_end.try_clone()?))
-            .stderr(Stdio::from(output_end));
-        let (access, access_end) = match self.access_log {
-            true => {
-                let (r, w) = sys::log_pipe().context("a pipe for the worker's access log")?;
-                (Some(r), Some(w))
-            }
-            false => (None, None),
+        let l = usize::from(lane);
+        let slot = spawn::Slot {
+            lane: l,
+            instance: self.lanes.at(l).instance,
+            generation: self.policy.lane(l).0,
+            ingress: spawn::ingress_kind(&handles),
         };
-        let pipes = crate::logs::WorkerPipes {
-            output: output.try_clone()?,
-            access: access.as_ref().map(OwnedFd::try_clone).transpose()?,
+        let around = spawn::Surroundings {
+            public: self.public,
+            tcp: self.tcp.https.is_some(),
+            redirect: self.tcp.redirect.is_some(),
+            access_log: self.access_log,
+            filter: self.filter.is_some(),
+            landlock: self.domain.is_some(),
+            may_drop_bounding_set: sys::may_drop_bounding_set(),
+            acme: self.acme.is_some(),
         };
-        if let Some(user) = &self.cfg.worker_user {
-            // std switches user (and drops supplementary groups) before the pre-exec hook.
-            cmd.uid(user.uid).gid(user.gid);
-        }
-        // Descriptor 4: the lane's socket (reuseport), else a sending socket of its own.
-        let socket = match own_socket {
-            Some(s) => s,
-            None => {
-                let s =
-                    sys::sending_socket(self.public, self.cfg.args.sndbuf).with_context(|| {
-                        format!("a sending socket on {} for the worker", self.public)
-                    })?;
-                // The send-side options quinn-udp gives any socket (no fragmentation, so path
-                // MTU discovery works), as on the public socket: the worker's library leaves
-                // them as it finds them.
-                quinn_udp::UdpSocketState::new(quinn_udp::UdpSockRef::from(&s))
-                    .context("quinn-udp's options on the worker's sending socket")?;
-                s
-            }
-        };
-        let handoff: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
-        let setup = sys::WorkerSetup {
-            control: theirs.as_fd(),
-            public: socket.as_fd(),
-            handoff: &handoff,
-            tcp: self.tcp.https.as_ref().map(|t| t.as_fd()),
-            redirect: self.tcp.redirect.as_ref().map(|t| t.as_fd()),
-            access_log: access_end.as_ref().map(|t| t.as_fd()),
+        let plan = spawn::plan(&self.cfg, &self.template, &around, slot);
+        let held = spawn::Held {
+            tcp: &self.tcp,
+            filter: self.filter.as_ref(),
             domain: self.domain.as_ref(),
-            switched_user: self.cfg.worker_user.is_some(),
-            cpu: h.cpu,
-            filter: self.filter.clone(),
-            // No confined worker holds a capability: one that runs as root keeps root's user
-            // ID but none of root's capabilities, and one of an unprivileged ringmux none of
-            // the ambient ones it was given (CAP_NET_BIND_SERVICE in the shipped unit).
-            // A worker of another user holds none either: a ringmux that is not root keeps its
-            // capabilities (CAP_SETUID among them) across the switch, filter or not.
-            drop_capabilities: self.filter.is_some() || self.cfg.worker_user.is_some(),
-            drop_bounding_set: self.filter.is_some()
-                && self.cfg.worker_user.is_none()
-                && sys::may_drop_bounding_set(),
         };
-        sys::prepare_worker(&mut cmd, setup)
-            .context("duplicating the worker's control and public sockets")?;
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("spawning {}", self.cfg.worker_program()))?;
-        // Known by its PID from here on: whichever image of the demux runs, it reaps it.
-        let child = ChildProcess::from_pid(child.id());
-        // The worker holds the only copies of its end now (`cmd` held one for the hook), and
-        // of its pipes' write ends: once it is gone, the log thread reads their end.
-        drop(cmd);
-        drop(theirs);
-        drop(access_end);
-        crate::logs::watch(
-            usize::from(lane),
-            i,
-            crate::logs::WorkerPipes { output, access },
-        );
-        let pidfd = sys::pidfd_open(child.id()).ok();
-        // The descriptors are in place already (from FIRST_HANDOFF_FD on): the message alone.
-        drop(handoff);
-        if let Err(e) = sys::send_with_fds(ours.as_fd(), h.encode().as_bytes(), &[]) {
-            // Most likely the program exited at once and closed its end. Either way it cannot
-            // serve: make sure it is gone, and let its death be handled like any other (a crash,
-            // or a new generation that failed to start).
-            tracing::warn!(instance = i, error = %e, "could not send the hand-off; the worker exited at once?");
-            let _ = child.kill();
-        }
-        drop(fds);
-        self.sessions.serve(i, sess_ours);
-        let lane_counters = &self.counters.instances[usize::from(lane)];
+        let started = spawn::launch(&plan, handles, held)?;
+        let i = slot.instance;
+        self.sessions.serve(i, started.sessions);
+        let lane_counters = &self.counters.instances[l];
         lane_counters
             .worker_pid
-            .store(u64::from(child.id()), Ordering::Relaxed);
+            .store(u64::from(started.child.id()), Ordering::Relaxed);
         // The new worker's totals start at 0, and it reports only the sites it answered, by
         // the indices of the table it was handed.
         lane_counters.sites.start(self.template.site_labels.clone());
         lane_counters.series.clear();
-        let w = &mut self.workers[usize::from(lane)];
         tracing::info!(
             instance = i,
-            pid = child.id(),
-            generation = h.worker_generation,
-            ring_generation = h.generation,
+            pid = started.child.id(),
+            generation = started.handoff.worker_generation,
+            ring_generation = started.handoff.generation,
             "worker started"
         );
-        w.child = Some(child);
-        w.stopped = false;
-        w.pidfd = pidfd;
-        w.pipes = Some(pipes);
         // The challenges pending now: the site table it got has every certificate already.
-        if let Some(m) = self
-            .acme
-            .as_mut()
-            .and_then(|a| a.challenges_message(usize::from(lane), true))
-        {
-            let _ = sys::send_packet(ours.as_fd(), &m.encode());
+        if plan.acme_challenges {
+            if let Some(m) = self
+                .acme
+                .as_mut()
+                .and_then(|a| a.challenges_message(l, true))
+            {
+                let _ = sys::send_packet(started.control.as_fd(), &m.encode());
+            }
         }
-        let w = &mut self.workers[usize::from(lane)];
-        w.control = Some(ours);
-        w.sessions = Some(sessions);
+        self.workers[l] = Worker {
+            child: Some(started.child),
+            pidfd: started.pidfd,
+            control: Some(started.control),
+            sessions: Some(started.sessions_dup),
+            pipes: Some(started.pipes),
+            stopped: false,
+            ..std::mem::take(&mut self.workers[l])
+        };
         Ok(())
     }
 
@@ -1496,15 +1045,7 @@ impl Supervisor {
         Liveness::Alive
     }
 
-    fn exited(&mut self, i: usize) -> bool {
-        match self.workers[i].child.as_mut().map(|c| c.try_wait()) {
-            Some(Ok(Some(_))) => true,
-            Some(Ok(None)) | None => false,
-            Some(Err(_)) => true,
-        }
-    }
-
-    /// Collects the process of a dead worker.
+    /// Collects the process of a dead worker ([`Worker::reap`]) and says how it ended.
     fn reap(&mut self, i: usize) {
         let ic = &self.counters.instances[i];
         self.link.liveness().set_up(i, false);
@@ -1513,58 +1054,24 @@ impl Supervisor {
         if let Some(a) = self.acme.as_mut() {
             a.forget(i);
         }
-        let w = &mut self.workers[i];
-        let Some(mut child) = w.child.take() else {
+        let Some(status) = self.workers[i].reap(draining) else {
             return;
         };
-        // A draining worker closes its control socket as it exits: let it finish. Otherwise the
-        // socket may close a moment before a crashing process is gone: make sure it is.
-        if !draining {
-            let _ = child.kill();
-        }
-        let status = child.wait().ok();
         let (instance, generation) = (self.lanes.at(i).instance, self.policy.lane(i).0);
         if draining {
             tracing::info!(instance, generation, ?status, "worker exited");
         } else {
             tracing::warn!(instance, generation, ?status, "worker process ended");
         }
-        let w = &mut self.workers[i];
-        w.pidfd = None;
-        // The next worker of the lane starts with a full budget.
-        w.budget = Budget::new(budget::CONTROL, Instant::now());
-        // Whatever the worker left behind (a forked child, say) may hold the other ends: close
-        // ours, so its control messages go nowhere, and shut the session socket down, so its
-        // session thread ends and it can no longer reach the session cache.
-        w.control = None;
-        w.pipes = None;
-        if let Some(s) = w.sessions.take() {
-            let _ = sys::shut_down(s.as_fd());
-        }
         // Its descendants are re-parented to the demux now (or as their parents die): look for
         // them at once, and again each round while any turn up.
         self.kill_orphans();
     }
 
-    /// Kills every child of the demux that is not a current worker: descendants of workers,
-    /// re-parented to the demux (a child subreaper) when their parent died, however they
-    /// detached themselves (`setsid`, a new process group). They would otherwise keep what a
-    /// dead worker held: its ring, its doorbell, the public socket.
+    /// Kills the processes dead workers left behind ([`workers::kill_orphans`]); looks again
+    /// next round while any turn up.
     fn kill_orphans(&mut self) {
-        let workers: Vec<u32> = self
-            .workers
-            .iter()
-            .filter_map(|w| w.child.as_ref().map(ChildProcess::id))
-            .collect();
-        let mut found = 0;
-        for pid in sys::children().unwrap_or_default() {
-            if workers.contains(&pid) {
-                continue;
-            }
-            found += 1;
-            tracing::warn!(pid, "killing a process left behind by a dead worker");
-            sys::kill_and_reap(pid);
-        }
+        let found = workers::kill_orphans(&self.workers);
         self.next_sweep = Instant::now()
             + if found > 0 {
                 // Their own children are re-parented as they die: next round.
@@ -1624,28 +1131,4 @@ pub fn bind_control(cfg: &Config) -> Result<Option<OwnedFd>> {
 enum Liveness {
     Alive,
     Gone,
-}
-
-/// The Landlock ruleset the workers `cfg` starts enter a domain of each: its allow-list
-/// ([`filesystem::allow_list`]), with `--sandbox on`; `None` otherwise. Fails where the kernel
-/// has no Landlock (the configuration's check refuses that first) or a path of the list
-/// cannot be opened.
-fn worker_domain(cfg: &Config) -> Result<Option<sys::WorkerDomain>> {
-    if cfg.args.sandbox != Sandbox::On {
-        return Ok(None);
-    }
-    let access = filesystem::allow_list(cfg);
-    let domain = sys::worker_domain(&access)
-        .context("creating the workers' Landlock ruleset")?
-        .context(
-            "this kernel has no Landlock: set --sandbox / RINGMUX_SANDBOX=filter-only to run \
-             the workers under the system-call filter alone",
-        )?;
-    tracing::info!(
-        read_execute = ?access.run,
-        read = ?access.read,
-        write = ?access.write,
-        "workers enter Landlock domains of their own: the file system beyond these is closed to them"
-    );
-    Ok(Some(domain))
 }

@@ -476,7 +476,7 @@ mod tests {
             forward: "shm".into(),
             instances: 1,
             keys: String::new(),
-            sites: String::new(),
+            sites: Default::default(),
             fds: Fds {
                 lanes: vec![
                     Lane {
@@ -540,7 +540,8 @@ mod tests {
                 "protocol": ours.protocol,
                 "ring_layout": ours.ring_layout,
             },
-            "forward": "unix", "instances": 1, "keys": "00", "sites": "{}",
+            "forward": "unix", "instances": 1, "keys": "00",
+            "sites": r#"{"sites":[],"default_site":null}"#,
             "public_fd": 3, "metrics_fd": null, "tcp_fd": 7, "redirect_fd": null,
             "control_fd": 8, "answer_fds": [9],
             "active_generation": 2,
@@ -569,5 +570,52 @@ mod tests {
         let mut again = serde_json::to_value(&state).unwrap();
         again.as_object_mut().unwrap().remove("counters");
         assert_eq!(again, written);
+    }
+
+    /// The site table crosses typed, as the JSON string an image of state format 4 wrote and
+    /// reads; a string that is no site table refuses the state (the upgrade goes back).
+    #[test]
+    fn the_site_table_crosses_as_its_json_text() {
+        let table = ringmux_proto::sites::SiteTable {
+            sites: vec![],
+            default_site: None,
+        };
+        let state = |sites: serde_json::Value| {
+            let ours = Compat::ours();
+            serde_json::json!({
+                "compat": {
+                    "state_format": ours.state_format,
+                    "protocol": ours.protocol,
+                    "ring_layout": ours.ring_layout,
+                },
+                "forward": "unix", "instances": 1, "keys": "00", "sites": sites,
+                "public_fd": 3, "metrics_fd": null, "tcp_fd": null, "redirect_fd": null,
+                "control_fd": null, "answer_fds": [], "active_generation": 1, "counters": {}, "sessions": [],
+                "lanes": [], "last_recv_ns": 0, "argv": [], "binary": [],
+            })
+        };
+        let read: State<RawFd> =
+            serde_json::from_value(state(table.to_json().into())).expect("a format-4 state");
+        assert_eq!(read.sites, table);
+        assert_eq!(
+            serde_json::to_value(&read).unwrap()["sites"],
+            serde_json::Value::String(table.to_json())
+        );
+        for bad in [
+            serde_json::json!("{}"),
+            serde_json::json!(r#"{"sites":[],"default_site":3}"#),
+            serde_json::json!({"sites": [], "default_site": null}),
+        ] {
+            let raw = serde_json::to_vec(&state(bad.clone())).unwrap();
+            let inherited = Inherited { raw, refused: None };
+            let why = inherited
+                .parse()
+                .expect_err("read a bad site table")
+                .reason();
+            assert!(
+                why.starts_with("the hand-over state does not parse"),
+                "{bad}: {why}"
+            );
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use std::os::fd::{OwnedFd, RawFd};
 
+use ringmux_proto::sites::SiteTable;
 use serde::{Deserialize, Serialize};
 
 use super::fds::Fds;
@@ -21,8 +22,10 @@ pub struct State<F> {
     pub instances: u8,
     /// The shared keys (`KeySet::to_bytes`), hex.
     pub keys: String,
-    /// The site table's JSON, certificates and keys included.
-    pub sites: String,
+    /// The site table, certificates and keys included: in the document its JSON as a string
+    /// (`sites_as_json_text`), as every image of format 4 wrote it.
+    #[serde(with = "sites_as_json_text")]
+    pub sites: SiteTable,
     /// Every descriptor, by name (`public_fd`, `lanes`, …: at the document's top level).
     #[serde(flatten)]
     pub fds: Fds<F>,
@@ -104,5 +107,23 @@ impl State<RawFd> {
             argv: self.argv,
             binary: self.binary,
         })
+    }
+}
+
+/// The site table in the document: its JSON ([`SiteTable::to_json`]) as a string, read back
+/// with [`SiteTable::from_json`]'s checks. The table stays typed everywhere else; this string
+/// is the shape every image of state format 4 writes and reads, so that images before and
+/// after the table was typed hand over to each other.
+mod sites_as_json_text {
+    use ringmux_proto::sites::SiteTable;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(table: &SiteTable, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&table.to_json())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SiteTable, D::Error> {
+        let text = String::deserialize(d)?;
+        SiteTable::from_json(text.as_bytes()).map_err(serde::de::Error::custom)
     }
 }

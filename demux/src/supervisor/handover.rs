@@ -1,0 +1,157 @@
+//! What `ringmux upgrade` takes from the supervisor and gives to the next process image's:
+//! whether an upgrade may start now ([`refusal`]), the lanes exported with their running
+//! workers' descriptors ([`export_lanes`]), what crosses besides descriptors ([`Exported`]),
+//! and a worker handed over taken back ([`adopt`]). The state's document and its descriptors
+//! as one set are `crate::upgrade`'s; the decision whether the supervisor is settled enough to
+//! hand over is the policy's ([`Policy::export`]).
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use anyhow::Result;
+use ringmux_proto::sites::SiteTable;
+
+use super::policy::{Policy, Unsettled};
+use super::workers::Worker;
+use crate::forward::Lanes;
+use crate::metrics::LaneState;
+use crate::sys::{self, ChildProcess};
+use crate::upgrade::{self, Compat, Incompatible, LanePhase, PreflightError};
+
+/// An upgrade to carry out.
+pub struct Upgrade {
+    /// The binary to execute.
+    pub binary: PathBuf,
+    /// Control clients waiting for its outcome.
+    pub clients: Vec<u64>,
+}
+
+/// What the supervisor hands to a new process image besides its descriptors.
+pub struct Exported {
+    pub active_generation: u64,
+    /// The site table the workers run with (serialised into the upgrade state).
+    pub sites: SiteTable,
+    pub sessions: Vec<crate::sessions::SessionEntry>,
+}
+
+/// Why an upgrade is refused; the running demux serves on.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// The forwarding mode is never upgraded.
+    #[error("{0}")]
+    Mode(&'static str),
+    #[error(transparent)]
+    Unsettled(#[from] Unsettled),
+    #[error(
+        "instance {instance}'s worker (generation {generation}) is exiting; run the upgrade \
+         again in a moment"
+    )]
+    Exiting { instance: u8, generation: u64 },
+    /// The new binary did not say what it speaks.
+    #[error("{}", ringmux_proto::one_line(.0))]
+    Preflight(#[from] PreflightError),
+    #[error(transparent)]
+    Incompatible(#[from] Incompatible),
+}
+
+/// Whether an upgrade to `binary` may go ahead now: refused unless the forwarding mode hands
+/// over, the supervisor is settled (`policy`), no worker is half gone, and the new binary
+/// speaks what the running workers speak (`ringmux upgrade-check`, run here).
+pub fn refusal(
+    forward: crate::config::ForwardMode,
+    policy: &Policy,
+    workers: &[Worker],
+    lanes: Lanes,
+    binary: &std::path::Path,
+) -> Result<(), Refused> {
+    if let Some(why) = forward.upgrade_refusal() {
+        return Err(Refused::Mode(why));
+    }
+    policy.export(std::time::Instant::now())?;
+    let half_gone = workers.iter().enumerate().find(|(l, w)| {
+        policy.lane(*l).1 != LaneState::Idle
+            && (w.child.is_none() || w.control.is_none() || w.sessions.is_none())
+    });
+    if let Some((l, _)) = half_gone {
+        return Err(Refused::Exiting {
+            instance: lanes.at(l).instance,
+            generation: policy.lane(l).0,
+        });
+    }
+    tracing::info!(binary = %binary.display(), "upgrade: checking the new binary");
+    let theirs = upgrade::preflight(binary)?;
+    match Compat::ours().refusal(&theirs) {
+        Some(why) => Err(why.into()),
+        None => Ok(()),
+    }
+}
+
+/// Every lane, by the policy's `phases`, with its running worker's descriptors by number: what
+/// the data plane adds each lane's ingress to.
+pub fn export_lanes(
+    phases: Vec<(u64, LanePhase)>,
+    workers: &[Worker],
+) -> Vec<upgrade::Lane<RawFd>> {
+    phases
+        .into_iter()
+        .zip(workers)
+        .map(|((generation, phase), w)| {
+            let worker = match (&w.child, &w.control, &w.sessions) {
+                (Some(c), Some(control), Some(sessions)) => Some(upgrade::Worker {
+                    pid: c.id(),
+                    control: control.as_raw_fd(),
+                    sessions: sessions.as_raw_fd(),
+                    output: w.pipes.as_ref().map(|p| p.output.as_raw_fd()),
+                    access: w
+                        .pipes
+                        .as_ref()
+                        .and_then(|p| p.access.as_ref().map(|a| a.as_raw_fd())),
+                }),
+                _ => None,
+            };
+            upgrade::Lane {
+                generation,
+                phase,
+                worker,
+                ingress: None,
+            }
+        })
+        .collect()
+}
+
+/// A running worker handed over by a previous process image, in lane `lane` of `instance`:
+/// the [`Worker`] that holds it from now on, and the demux's end of its session socket to
+/// serve. Its output (and access log) are read on from where the old image stopped; a worker
+/// of an image that kept no pipes writes to the demux's standard error still.
+pub fn adopt(lane: usize, instance: u8, w: upgrade::Worker<OwnedFd>) -> Result<(Worker, OwnedFd)> {
+    let pidfd = sys::pidfd_open(w.pid).ok();
+    let sessions = w.sessions.try_clone()?;
+    let _ = socket2::SockRef::from(&w.control).set_nonblocking(true);
+    let pipes = match w.output {
+        Some(output) => {
+            let pipes = crate::logs::WorkerPipes {
+                output: output.try_clone()?,
+                access: w.access.as_ref().map(OwnedFd::try_clone).transpose()?,
+            };
+            crate::logs::watch(
+                lane,
+                instance,
+                crate::logs::WorkerPipes {
+                    output,
+                    access: w.access,
+                },
+            );
+            Some(pipes)
+        }
+        None => None,
+    };
+    let worker = Worker {
+        child: Some(ChildProcess::from_pid(w.pid)),
+        pidfd,
+        control: Some(w.control),
+        sessions: Some(sessions),
+        pipes,
+        ..Worker::default()
+    };
+    Ok((worker, w.sessions))
+}

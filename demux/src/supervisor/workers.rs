@@ -1,0 +1,171 @@
+//! The processes and descriptors of each lane's worker, and what is done to them whatever
+//! the reason: wait for one, reap it, tell it something, cut them all at the end of a
+//! shutdown, kill what dead workers left behind. Whether and when is [`super::policy`]'s.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::process::ExitStatus;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use ringmux_proto::Message;
+
+use super::policy;
+use crate::budget::{self, Budget};
+use crate::forward::{IngressHandles, Lanes};
+use crate::metrics::Counters;
+use crate::sys::{self, ChildProcess};
+
+/// The processes and descriptors of one lane; what to do with them is the policy's.
+pub struct Worker {
+    pub child: Option<ChildProcess>,
+    pub pidfd: Option<OwnedFd>,
+    pub control: Option<OwnedFd>,
+    /// A duplicate of the demux's end of the session socket, to shut it down when the worker
+    /// dies: its session thread then ends, whoever still holds the worker's end.
+    pub sessions: Option<OwnedFd>,
+    /// A reset was requested; its descriptors arrive here.
+    pub reset_reply: Option<Receiver<std::io::Result<IngressHandles>>>,
+    /// Descriptors of the next generation, waiting for the restart time.
+    pub handles: Option<IngressHandles>,
+    /// Copies of the read ends of its output and access-log pipes (the log thread reads its
+    /// own), for a new process image to read on after `ringmux upgrade`.
+    pub pipes: Option<crate::logs::WorkerPipes>,
+    /// How many of its control messages the supervisor reads and acts on; full again for each
+    /// new worker of the lane.
+    pub budget: Budget,
+    /// It said it accepts no new connection (`STOPPED`, after `SHUTDOWN`).
+    pub stopped: bool,
+}
+
+impl Default for Worker {
+    fn default() -> Self {
+        Worker {
+            child: None,
+            pidfd: None,
+            control: None,
+            sessions: None,
+            reset_reply: None,
+            handles: None,
+            pipes: None,
+            budget: Budget::new(budget::CONTROL, Instant::now()),
+            stopped: false,
+        }
+    }
+}
+
+impl Worker {
+    /// Whether its process is gone (or cannot be waited for).
+    pub fn exited(&mut self) -> bool {
+        match self.child.as_mut().map(|c| c.try_wait()) {
+            Some(Ok(Some(_))) => true,
+            Some(Ok(None)) | None => false,
+            Some(Err(_)) => true,
+        }
+    }
+
+    /// Sends `message` on its control socket, if it has one; a worker that cannot take it is
+    /// dead or broken, which its pidfd shows.
+    pub fn tell(&self, message: &Message) {
+        if let Some(c) = &self.control {
+            let _ = sys::send_packet(c.as_fd(), &message.encode());
+        }
+    }
+
+    /// Collects its process, killed first unless it is `draining` (a draining worker closes
+    /// its control socket as it exits: let it finish; otherwise the socket may close a moment
+    /// before a crashing process is gone: make sure it is). Drops what the demux held of it.
+    /// `None`: there was no process; else how it ended, if that could be known.
+    pub fn reap(&mut self, draining: bool) -> Option<Option<ExitStatus>> {
+        let mut child = self.child.take()?;
+        if !draining {
+            let _ = child.kill();
+        }
+        let status = child.wait().ok();
+        self.pidfd = None;
+        // The next worker of the lane starts with a full budget.
+        self.budget = Budget::new(budget::CONTROL, Instant::now());
+        // Whatever the worker left behind (a forked child, say) may hold the other ends: close
+        // ours, so its control messages go nowhere, and shut the session socket down, so its
+        // session thread ends and it can no longer reach the session cache.
+        self.control = None;
+        self.pipes = None;
+        if let Some(s) = self.sessions.take() {
+            let _ = sys::shut_down(s.as_fd());
+        }
+        Some(status)
+    }
+}
+
+/// Kills every child of the demux that is not one of `workers`: descendants of workers,
+/// re-parented to the demux (a child subreaper) when their parent died, however they
+/// detached themselves (`setsid`, a new process group). They would otherwise keep what a
+/// dead worker held: its ring, its doorbell, the public socket. Returns how many it found.
+pub fn kill_orphans(workers: &[Worker]) -> usize {
+    let pids: Vec<u32> = workers
+        .iter()
+        .filter_map(|w| w.child.as_ref().map(ChildProcess::id))
+        .collect();
+    let mut found = 0;
+    for pid in sys::children().unwrap_or_default() {
+        if pids.contains(&pid) {
+            continue;
+        }
+        found += 1;
+        tracing::warn!(pid, "killing a process left behind by a dead worker");
+        sys::kill_and_reap(pid);
+    }
+    found
+}
+
+/// The end of a shutdown cut short (its grace period over, or a second signal): every
+/// worker still there is told to cut, given [`policy::CUT_WAIT`] to write its access-log
+/// lines and exit, and killed after that.
+pub fn cut_all(workers: &mut [Worker], counters: &Counters, lanes: Lanes) {
+    let mut told = 0;
+    for (i, w) in workers.iter().enumerate() {
+        if w.child.is_some() {
+            told += 1;
+            counters.instances[i].cuts.fetch_add(1, Ordering::Relaxed);
+            w.tell(&Message::Cut);
+        }
+    }
+    if told > 0 {
+        tracing::warn!(
+            workers = told,
+            "cutting what the workers still serve; each writes its access log and exits"
+        );
+    }
+    let deadline = Instant::now() + policy::CUT_WAIT;
+    loop {
+        for w in workers.iter_mut() {
+            if w.child.is_some() && w.exited() {
+                if let Some(mut c) = w.child.take() {
+                    let _ = c.wait();
+                }
+            }
+        }
+        let now = Instant::now();
+        if workers.iter().all(|w| w.child.is_none()) || now >= deadline {
+            break;
+        }
+        let fds: Vec<BorrowedFd<'_>> = workers
+            .iter()
+            .filter_map(|w| w.pidfd.as_ref().map(|p| p.as_fd()))
+            .collect();
+        let wait = deadline
+            .saturating_duration_since(now)
+            .min(Duration::from_millis(50));
+        let _ = sys::poll_readable(&fds, Some(wait));
+    }
+    for (i, w) in workers.iter_mut().enumerate() {
+        if let Some(mut c) = w.child.take() {
+            tracing::warn!(
+                instance = lanes.at(i).instance,
+                "a worker told to cut did not exit in time: killing it"
+            );
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
