@@ -2051,4 +2051,22 @@ mod tests {
         let c = check(&[]).unwrap();
         assert_eq!((c.demux_cpu(), c.worker_cpu(0)), (None, None));
     }
+
+    #[test]
+    fn grace_and_redirect_refusals_say_why_in_their_words() {
+        assert_eq!(
+            parse_grace("0").unwrap_err().to_string(),
+            "0 would cut every drain at once: expected at least 1 second, or off for no bound"
+        );
+        assert_eq!(
+            parse_grace("soon").unwrap_err().to_string(),
+            "expected a number of seconds (at least 1), or off for no bound; got \"soon\""
+        );
+        assert_eq!(parse_grace(" 30 ").unwrap(), Grace(Some(30)));
+        assert_eq!(
+            parse_redirect_http("localhost:80").unwrap_err().to_string(),
+            "invalid socket address syntax: expected IP:PORT (e.g. 0.0.0.0:80 or [::]:80) or off"
+        );
+        assert_eq!(parse_redirect_http("off").unwrap(), RedirectHttp::Off);
+    }
 }

@@ -459,6 +459,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn name_refusals_say_why_in_their_words() {
+        let why = |name: &str| check_name(name).unwrap_err().to_string();
+        assert_eq!(
+            why("bücher.example"),
+            "write an international name as its A-labels (xn--…), as DNS holds it"
+        );
+        assert_eq!(
+            why("192.0.2.1"),
+            "an IP address is no site name (clients send no SNI for one); make the site the \
+             default_site to answer requests by address"
+        );
+        assert_eq!(why(""), "expected a DNS name of 1 to 253 characters");
+        assert_eq!(
+            why("a.*.example"),
+            "expected a DNS name: a wildcard is `*.` followed by the name it covers one label of"
+        );
+        assert_eq!(
+            why("a..example"),
+            "expected a DNS name: labels of letters, digits and hyphens, 1 to 63 each, separated \
+             by dots"
+        );
+        assert_eq!(
+            why("*.com"),
+            "a wildcard of a top-level domain covers too much; name the domain"
+        );
+    }
+
+    #[test]
     fn names_are_dns_names_or_one_label_wildcards() {
         assert_eq!(check_name("A.Example").unwrap(), "a.example");
         assert_eq!(check_name("*.w.test").unwrap(), "*.w.test");
