@@ -10,6 +10,27 @@ code counts. Prints one edge a line with the files that make it, then every pair
 that import each other and every circle (a strongly connected set of modules), and exits with
 1 if there is either: .ci/run runs it over every crate so that their modules stay layered.
 
+Inside every module folder as well (a folder with a `mod.rs`, or a `name.rs` beside a `name/`:
+demux/src/dataplane/, server/src/files/), its files make a graph of their own, checked the same
+way. Its nodes are the folder's children (`x.rs`, or a folder `x/` with all it holds, as at the
+top) and the parent, the module's own file (`mod.rs` or `name.rs`). A path is resolved to the
+item it names: `crate::`, `super::` (as many as written), `self::`, and in the parent a child's
+bare name (`forward::Forward`); a path inside an inline `mod tests { .. }` starts from that
+inline module, so a test's `use super::*` names its own file. A `pub use` (any `pub(..)`) is
+followed to the item it re-exports, in the crate root and in every module's file. Then:
+  * a child naming a sibling's item (`super::x::Y`, `crate::a::x::Y`, a re-export of it) is an
+    edge child -> sibling;
+  * a child naming an item defined in the parent (`super::Y`, `use super::*`) is an edge
+    child -> parent: the children sit on top of what their parent defines;
+  * the parent naming a child's item in its code or a private `use` is an edge parent -> child.
+    Declaring a child (`mod x;`) and re-exporting its items (`pub use x::{A, B};`) is not: that
+    is the parent as the children's facade, the normal shape. So a parent that imports a
+    child's item while that child imports one the parent defines is a mutual pair, and the fix
+    is to move the shared item down into a child of its own (or the importing code up).
+Names used without a path (an item the parent re-exports, then uses by name) are not seen: the
+script reads paths. Strings and comments are skipped. Folders in ALLOWED are still printed, but
+their mutual pairs and circles do not fail the check.
+
 Usage: scripts/mod-graph.py [SRC_DIR]   (default: demux/src)
 """
 
@@ -18,6 +39,16 @@ import sys
 from pathlib import Path
 
 PATH = re.compile(r"\b(crate|super|ringmux_demux)((?:::super)*)::")
+
+# Module folders (relative to the repository) whose inner mutual pairs and circles are reported
+# but do not fail the check. Each entry is temporary and says why; remove it with the fix.
+ALLOWED = {
+    # mod.rs declares the flags (Cli, RunArgs, WorkerUser) and resolves the configuration
+    # with its children (file, running, sites, acme), which read those declarations: four
+    # mutual pairs. Fix: the declarations into a child of their own that imports no sibling
+    # (running's ControlTarget and MetricsTarget with them); then remove this entry.
+    "demux/src/cli/config",
+}
 
 
 def top_module(src, file):
@@ -117,24 +148,212 @@ def circles(graph):
     return out
 
 
-def main():
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else "demux/src")
-    found = edges(src)
+# The graph inside module folders (see the docstring).
+
+# Comments, strings and character literals, skipped whole (a `//` in a string is no comment).
+NOISE = re.compile(
+    r"//[^\n]*|/\*.*?\*/|r(#*)\".*?\"\1|b?\"(?:\\.|[^\"\\])*\"|b?'(?:\\.|[^'\\\n])'", re.S
+)
+ROOT = re.compile(r"(?<![\w:])(\$?crate|self|super)((?:\s*::\s*super)*)\s*::\s*")
+PUB_USE = re.compile(r"\bpub\s*(?:\([^)]*\))?\s*use\s*$")
+
+
+def strip(code):
+    """`code` without comments and literals (kept as blanks, so offsets and braces hold)."""
+    return NOISE.sub(lambda m: " " * len(m.group()), code)
+
+
+def module_of(src, file):
+    """A file's module path below the crate root (`lib.rs`, `main.rs`: the root)."""
+    parts = list(file.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "mod" or parts in [["lib"], ["main"]]:
+        parts = parts[:-1]
+    return tuple(parts)
+
+
+def tree(code, pos):
+    """The paths of a `use` tree or path starting at `pos`: ([(segments, local name)], end)."""
+    while pos < len(code) and code[pos].isspace():
+        pos += 1
+    if code.startswith("{", pos):
+        depth, end = 0, pos
+        for end in range(pos, len(code)):
+            depth += {"{": 1, "}": -1}.get(code[end], 0)
+            if depth == 0:
+                break
+        out, depth, start = [], 0, pos + 1
+        for i in range(pos + 1, end + 1):
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            if (code[i] == "," and depth == 0) or i == end:
+                out += tree(code[:i], start)[0]
+                start = i + 1
+        return out, end + 1
+    if code.startswith("*", pos):
+        return [(["*"], None)], pos + 1
+    m = re.compile(r"\w+").match(code, pos)
+    if not m:
+        return [([], None)], pos
+    name, pos = m.group(), m.end()
+    sep = re.compile(r"\s*::\s*").match(code, pos)
+    if sep and sep.end() < len(code) and re.match(r"[\w{*]", code[sep.end()]):
+        rest, end = tree(code, sep.end())
+        return [([name] + segs, local) for segs, local in rest], end
+    alias = re.compile(r"\s+as\s+(\w+)").match(code, pos)
+    return [([name], alias.group(1) if alias else name)], alias.end() if alias else pos
+
+
+def inline_mods(code):
+    """[(start, end, name)] of every inline `mod name { .. }` in `code` (stripped)."""
+    out = []
+    for m in re.finditer(r"\bmod\s+(\w+)\s*\{", code):
+        depth = 0
+        for end in range(m.end() - 1, len(code)):
+            depth += {"{": 1, "}": -1}.get(code[end], 0)
+            if depth == 0:
+                break
+        out.append((m.end(), end, m.group(1)))
+    return out
+
+
+class Crate:
+    """A crate's files, the module each holds, its children, and every `pub use` alias."""
+
+    def __init__(self, src):
+        self.src = src
+        self.files = {f: strip(f.read_text()) for f in sorted(src.rglob("*.rs"))}
+        self.children = {}
+        for f in self.files:
+            mod = module_of(src, f)
+            if mod:
+                self.children.setdefault(mod[:-1], set()).add(mod[-1])
+        self.alias = {}
+        for f, code in self.files.items():
+            for segs, local, at, _ in self.paths(f, code):
+                if local and local != "*" and PUB_USE.search(code[:at]):
+                    here = module_of(self.src, f) + tuple(n for s, e, n in inline_mods(code) if s <= at < e)
+                    self.alias.setdefault(here + (local,), segs)
+
+    def paths(self, file, code):
+        """(absolute segments, local name, offset, in a `pub use`) of every path in `file`."""
+        mod = module_of(self.src, file)
+        inline = inline_mods(code)
+        roots = [ROOT]
+        kids = self.children.get(mod, ())
+        if kids:
+            names = "|".join(sorted(kids))
+            roots.append(re.compile(rf"(?<![\w:$])({names})()\s*::\s*"))
+        found = sorted((m.start(), m) for r in roots for m in r.finditer(code))
+        done = 0
+        for at, m in found:
+            if at < done:
+                continue
+            here = mod + tuple(n for s, e, n in inline if s <= at < e)
+            root, supers = m.group(1), m.group(2).count("super")
+            if root.endswith("crate"):
+                base = ()
+            elif root == "self":
+                base = here
+            elif root == "super":
+                if supers + 1 > len(here):
+                    continue
+                base = here[: len(here) - supers - 1]
+            elif here == mod:
+                base = mod + (root,)
+            else:
+                continue
+            items, done = tree(code, m.end())
+            for segs, local in items:
+                if segs and segs[-1] == "self":
+                    segs = segs[:-1]
+                yield base + tuple(segs), local, at, bool(PUB_USE.search(code[:at]))
+
+    def resolve(self, segs):
+        """`segs` with every re-exported prefix replaced by what it re-exports."""
+        for _ in range(16):
+            for n in range(len(segs), 0, -1):
+                target = self.alias.get(segs[:n])
+                if target is not None and target != segs[:n]:
+                    segs = tuple(target) + segs[n:]
+                    break
+            else:
+                return segs
+        return segs
+
+
+def module_folders(src):
+    """Every folder below `src` that is a module's: with a `mod.rs`, or beside a `name.rs`."""
+    for d in sorted(p for p in src.rglob("*") if p.is_dir()):
+        if (d / "mod.rs").exists() or d.with_suffix(".rs").exists():
+            yield d
+
+
+def inner_edges(src):
+    """[(folder, {(from, to): {files}})] for every module folder of the crate at `src`."""
+    crate = Crate(src)
+    uses = []
+    for f, code in crate.files.items():
+        for segs, _, _, reexport in crate.paths(f, code):
+            uses.append((f, module_of(src, f), crate.resolve(segs), reexport))
+    out = []
+    for folder in module_folders(src):
+        parent = "mod.rs" if (folder / "mod.rs").exists() else folder.name + ".rs"
+        prefix = folder.relative_to(src).parts
+        kids = crate.children.get(prefix, set())
+        found = {}
+        for f, mod, segs, reexport in uses:
+            if mod[: len(prefix)] != prefix or segs[: len(prefix)] != prefix:
+                continue
+            a = mod[len(prefix)] if len(mod) > len(prefix) else parent
+            if len(segs) == len(prefix):
+                continue
+            b = segs[len(prefix)] if segs[len(prefix)] in kids else parent
+            if a == b or (a == parent and reexport):
+                continue
+            found.setdefault((a, b), set()).add(str(f.relative_to(src)))
+        out.append((folder, found))
+    return out
+
+
+def report(found, label=""):
+    """Prints a graph's edges, mutual pairs and circles; returns (mutual pairs, circles)."""
     graph = {}
     for (a, b), files in sorted(found.items()):
         graph.setdefault(a, set()).add(b)
-        print(f"{a} -> {b}  ({', '.join(sorted(files))})")
+        print(f"{label}{a} -> {b}  ({', '.join(sorted(files))})")
     mutual = [(a, b) for a, b in sorted(found) if a < b and (b, a) in found]
     for a, b in mutual:
-        print(f"mutual: {a} <-> {b}")
+        print(f"mutual: {label}{a} <-> {b}")
     cycles = circles(graph)
     for group in cycles:
-        print("circle: " + " <-> ".join(group))
-    if mutual or cycles:
-        print(f"{src}: {len(mutual)} mutual import(s), {len(cycles)} circle(s)", file=sys.stderr)
+        print(f"circle: {label}" + " <-> ".join(group))
+    return mutual, cycles
+
+
+def main():
+    src = Path(sys.argv[1] if len(sys.argv) > 1 else "demux/src")
+    mutual, cycles = report(edges(src))
+    bad = [f"{len(mutual)} mutual import(s), {len(cycles)} circle(s)"] if mutual or cycles else []
+    for folder, found in inner_edges(src):
+        name = folder.relative_to(src).as_posix()
+        inner_mutual, inner_cycles = report(found, f"{name}/: ")
+        if not (inner_mutual or inner_cycles):
+            continue
+        counts = f"{len(inner_mutual)} mutual import(s), {len(inner_cycles)} circle(s)"
+        if allowed(folder):
+            print(f"{name}/: {counts}, allowed for now (ALLOWED in {Path(__file__).name})")
+        else:
+            bad.append(f"{counts} in {name}/")
+    if bad:
+        print(f"{src}: {'; '.join(bad)}", file=sys.stderr)
         return 1
     print("no circle")
     return 0
+
+
+def allowed(folder):
+    """Whether `folder` is one of ALLOWED (named relative to the repository)."""
+    root = Path(__file__).resolve().parent.parent
+    return any((root / entry).resolve() == folder.resolve() for entry in ALLOWED)
 
 
 if __name__ == "__main__":

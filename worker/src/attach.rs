@@ -338,7 +338,8 @@ impl Worker {
         };
         let ingress = ingress_of(&h, &mut next)?;
         let sessions = Arc::new(RemoteSessionStore::new(next("session socket")?));
-        let sites = read_site_table(next("site table")?).map_err(|e| bad("site table", e))?;
+        let sites =
+            read_site_table(next("site table")?).map_err(|e| bad("site table", e.to_string()))?;
         let certificates = SiteCerts::new(&sites)?;
         let (drain_tx, _) = watch::channel(false);
         let (cut_tx, _) = watch::channel(false);
@@ -925,20 +926,28 @@ fn applied(control: &sys::AsyncReadable, seq: u64) {
 
 /// Reads the site table from its sealed memfd, whole, from offset 0 (`control-protocol.md`,
 /// "Sites"), and closes it.
-fn read_site_table(fd: OwnedFd) -> Result<SiteTable, String> {
+fn read_site_table(fd: OwnedFd) -> Result<SiteTable, SiteTableError> {
     use std::io::Read;
     let mut text = Vec::new();
     std::fs::File::from(fd)
         .take(ringmux_proto::MAX_SITE_TABLE as u64 + 1)
         .read_to_end(&mut text)
-        .map_err(|e| format!("reading it: {e}"))?;
+        .map_err(SiteTableError::Read)?;
     if text.len() > ringmux_proto::MAX_SITE_TABLE {
-        return Err(format!(
-            "longer than MAX_SITE_TABLE ({} bytes)",
-            ringmux_proto::MAX_SITE_TABLE
-        ));
+        return Err(SiteTableError::TooLong);
     }
-    SiteTable::from_json(&text).map_err(|e| e.to_string())
+    Ok(SiteTable::from_json(&text)?)
+}
+
+/// Why the hand-off's site table cannot be used ([`read_site_table`]).
+#[derive(Debug, thiserror::Error)]
+enum SiteTableError {
+    #[error("reading it: {0}")]
+    Read(io::Error),
+    #[error("longer than MAX_SITE_TABLE ({} bytes)", ringmux_proto::MAX_SITE_TABLE)]
+    TooLong,
+    #[error(transparent)]
+    Table(#[from] ringmux_proto::sites::SitesError),
 }
 
 /// The ingress hand-off `h` describes, built from its descriptors: `next` gives them in

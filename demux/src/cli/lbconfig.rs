@@ -422,150 +422,233 @@ const fn payload_bit(n: usize) -> usize {
     (8 + n) * 8
 }
 
+/// `writeln!` to a String, which cannot fail.
+macro_rules! out {
+    ($o:expr, $($arg:tt)*) => { let _ = writeln!($o, $($arg)*); };
+}
+
 /// The nftables ruleset for `plan` (`nft -f`): its own table, deleted and made again in one
-/// transaction, with a NAT chain at prerouting. Module docs say what the rules do.
+/// transaction, with a NAT chain at prerouting. Module docs say what the rules do; one step
+/// per part, in the file's order.
 pub fn nftables(plan: &NftPlan) -> String {
-    let fam = plan.family();
-    let table = &plan.table;
-    let id_bits = plan.node_id_len * 8;
-    let first = plan.first_octet;
-    let cid_len = plan.cid_len;
-    let hashed: Vec<&NftNode> = plan.hashed_nodes().collect();
-    let vip_ip = match plan.vip {
+    let mut o = String::new();
+    nft_header(&mut o, plan);
+    nft_nodes(&mut o, plan);
+    nft_prerouting(&mut o, plan);
+    nft_quic(&mut o, plan);
+    nft_tcp_new(&mut o, plan);
+    out!(o, "}}");
+    o
+}
+
+/// The VIP's address, without its port.
+fn vip_ip(plan: &NftPlan) -> String {
+    match plan.vip {
         SocketAddr::V4(a) => a.ip().to_string(),
         SocketAddr::V6(a) => a.ip().to_string(),
-    };
-    let vip_port = plan.vip.port();
-    let tcp_ports: Vec<String> = plan.tcp_ports.iter().map(u16::to_string).collect();
-    let mut o = String::new();
-    // `writeln!` to a String cannot fail.
-    macro_rules! line {
-        ($($arg:tt)*) => { let _ = writeln!(o, $($arg)*); };
     }
-    line!("#!/usr/sbin/nft -f");
-    line!(
+}
+
+/// The TCP ports balanced, as text.
+fn tcp_ports(plan: &NftPlan) -> Vec<String> {
+    plan.tcp_ports.iter().map(u16::to_string).collect()
+}
+
+/// The comment that opens the file: how to apply it, what the nodes must share, what the
+/// rules do.
+fn nft_header(o: &mut String, plan: &NftPlan) {
+    let (fam, table) = (plan.family(), &plan.table);
+    let (first, cid_len) = (plan.first_octet, plan.cid_len);
+    let (vip_ip, vip_port, tcp_ports) = (vip_ip(plan), plan.vip.port(), tcp_ports(plan));
+    out!(o, "#!/usr/sbin/nft -f");
+    out!(
+        o,
         "# ringmux lb-config nftables (ringmux {}): the balancer in front of {} ringmux node(s).",
         env!("CARGO_PKG_VERSION"),
         plan.nodes.len()
     );
-    line!("# Apply with `nft -f FILE`: one transaction that replaces table {fam} {table} whole;");
-    line!("# generate and apply again to add, drain or remove a node (connection tracking keeps");
-    line!(
+    out!(
+        o,
+        "# Apply with `nft -f FILE`: one transaction that replaces table {fam} {table} whole;"
+    );
+    out!(
+        o,
+        "# generate and apply again to add, drain or remove a node (connection tracking keeps"
+    );
+    out!(
+        o,
         "# every 4-tuple on the node where it started). Needs IP forwarding on this box, and the"
     );
-    line!(
+    out!(
+        o,
         "# nodes' replies routed back through it (it rewrites their source to {}).",
         plan.vip
     );
-    line!("#");
-    line!("# PLAINTEXT CIDs ONLY: every node runs ringmux with --plaintext-cids, the same");
-    line!("# --config-id and --nonce-len, the same --key-file, and its own --node-id of");
-    line!(
+    out!(o, "#");
+    out!(
+        o,
+        "# PLAINTEXT CIDs ONLY: every node runs ringmux with --plaintext-cids, the same"
+    );
+    out!(
+        o,
+        "# --config-id and --nonce-len, the same --key-file, and its own --node-id of"
+    );
+    out!(o,
         "# {} byte(s). Their CIDs are {cid_len} bytes: first octet {first:#04x}, node ID (bytes 1 to {}),",
         plan.node_id_len,
         plan.node_id_len
     );
-    line!("# the instance byte, the nonce. Encrypted CIDs need a balancer that holds the QUIC-LB key.");
-    line!("#");
-    line!(
+    out!(o, "# the instance byte, the nonce. Encrypted CIDs need a balancer that holds the QUIC-LB key.");
+    out!(o, "#");
+    out!(
+        o,
         "# For the first packet of each UDP 4-tuple to {}:",
         plan.vip
     );
-    line!("#  1. short header with one of our CIDs: to the node its node ID names; naming no node");
-    line!(
+    out!(
+        o,
+        "#  1. short header with one of our CIDs: to the node its node ID names; naming no node"
+    );
+    out!(
+        o,
         "#     here: dropped, counted by counter unknown_node (no other node has the connection,"
     );
-    line!("#     and its stateless reset would end it);");
-    line!("#  2. long header with one of our CIDs: to its node; naming no node here: hashed (3);");
-    line!("#  3. anything else (new connections' Initials, garbage): hashed by source address and");
-    line!("#     port over the nodes not draining.");
-    line!("# Counters cid_ID and hash_ID count the 4-tuples each node got by 1-2 and by 3.");
-    line!("#");
+    out!(o, "#     and its stateless reset would end it);");
+    out!(
+        o,
+        "#  2. long header with one of our CIDs: to its node; naming no node here: hashed (3);"
+    );
+    out!(
+        o,
+        "#  3. anything else (new connections' Initials, garbage): hashed by source address and"
+    );
+    out!(o, "#     port over the nodes not draining.");
+    out!(
+        o,
+        "# Counters cid_ID and hash_ID count the 4-tuples each node got by 1-2 and by 3."
+    );
+    out!(o, "#");
     if plan.tcp_ports.is_empty() {
-        line!("# TCP: not balanced here (--tcp off).");
+        out!(o, "# TCP: not balanced here (--tcp off).");
     } else {
-        line!(
+        out!(o,
             "# TCP to {vip_ip} port(s) {}: every new connection is hashed by source address and port",
             tcp_ports.join(", ")
         );
-        line!("# over the nodes not draining, to the node's address (port {vip_port}: the node's port;");
-        line!("# another: the same port), and stays there to its end; counter tcp_ID counts them.");
+        out!(o, "# over the nodes not draining, to the node's address (port {vip_port}: the node's port;");
+        out!(
+            o,
+            "# another: the same port), and stays there to its end; counter tcp_ID counts them."
+        );
     }
-    line!("table {fam} {table}");
-    line!("delete table {fam} {table}");
-    line!("table {fam} {table} {{");
-    line!("\tcounter unknown_node {{");
-    line!("\t}}");
+}
+
+/// The table (deleted and made again), its counters, the node-ID map and each node's chains.
+fn nft_nodes(o: &mut String, plan: &NftPlan) {
+    let (fam, table) = (plan.family(), &plan.table);
+    let id_bits = plan.node_id_len * 8;
+    out!(o, "table {fam} {table}");
+    out!(o, "delete table {fam} {table}");
+    out!(o, "table {fam} {table} {{");
+    out!(o, "\tcounter unknown_node {{");
+    out!(o, "\t}}");
     for n in &plan.nodes {
         let l = n.label();
-        line!("\tcounter cid_{l} {{");
-        line!("\t}}");
-        line!("\tcounter hash_{l} {{");
-        line!("\t}}");
+        out!(o, "\tcounter cid_{l} {{");
+        out!(o, "\t}}");
+        out!(o, "\tcounter hash_{l} {{");
+        out!(o, "\t}}");
         if !plan.tcp_ports.is_empty() {
-            line!("\tcounter tcp_{l} {{");
-            line!("\t}}");
+            out!(o, "\tcounter tcp_{l} {{");
+            out!(o, "\t}}");
         }
     }
-    line!("");
-    line!("\t# Node ID -> that node; draining nodes too (their connections go on).");
-    line!("\tmap cid_node {{");
-    line!("\t\ttypeof @th,{},{id_bits} : verdict", payload_bit(2));
+    out!(o, "");
+    out!(
+        o,
+        "\t# Node ID -> that node; draining nodes too (their connections go on)."
+    );
+    out!(o, "\tmap cid_node {{");
+    out!(o, "\t\ttypeof @th,{},{id_bits} : verdict", payload_bit(2));
     let elements: Vec<String> = plan
         .nodes
         .iter()
         .map(|n| format!("0x{} : goto cid_{}", n.label(), n.label()))
         .collect();
-    line!("\t\telements = {{ {} }}", elements.join(", "));
-    line!("\t}}");
+    out!(o, "\t\telements = {{ {} }}", elements.join(", "));
+    out!(o, "\t}}");
     for n in &plan.nodes {
         let l = n.label();
         let drain = if n.draining { " (draining)" } else { "" };
-        line!("");
-        line!("\t# Node {l}{drain}.");
-        line!("\tchain cid_{l} {{");
-        line!(
+        out!(o, "");
+        out!(o, "\t# Node {l}{drain}.");
+        out!(o, "\tchain cid_{l} {{");
+        out!(
+            o,
             "\t\tmeta l4proto udp counter name \"cid_{l}\" dnat to {}",
             nat_target(n.addr)
         );
-        line!("\t}}");
-        line!("\tchain hash_{l} {{");
-        line!(
+        out!(o, "\t}}");
+        out!(o, "\tchain hash_{l} {{");
+        out!(
+            o,
             "\t\tmeta l4proto udp counter name \"hash_{l}\" dnat to {}",
             nat_target(n.addr)
         );
-        line!("\t}}");
+        out!(o, "\t}}");
         if !plan.tcp_ports.is_empty() {
-            line!("\tchain tcp_{l} {{");
+            out!(o, "\tchain tcp_{l} {{");
             for &port in &plan.tcp_ports {
-                line!(
+                out!(
+                    o,
                     "\t\ttcp dport {port} counter name \"tcp_{l}\" dnat to {}",
                     nat_target(n.tcp_addr(port, plan.vip))
                 );
             }
-            line!("\t}}");
+            out!(o, "\t}}");
         }
     }
-    line!("");
-    line!("\tchain prerouting {{");
-    line!("\t\ttype nat hook prerouting priority dstnat; policy accept;");
-    line!("\t\t{fam} daddr {vip_ip} udp dport {vip_port} jump quic");
+}
+
+/// The NAT hook: UDP to the VIP goes to `quic`, new TCP connections to `tcp_new`.
+fn nft_prerouting(o: &mut String, plan: &NftPlan) {
+    let fam = plan.family();
+    let (vip_ip, vip_port, tcp_ports) = (vip_ip(plan), plan.vip.port(), tcp_ports(plan));
+    out!(o, "");
+    out!(o, "\tchain prerouting {{");
+    out!(
+        o,
+        "\t\ttype nat hook prerouting priority dstnat; policy accept;"
+    );
+    out!(o, "\t\t{fam} daddr {vip_ip} udp dport {vip_port} jump quic");
     match tcp_ports.as_slice() {
         [] => {}
         [one] => {
-            line!("\t\t{fam} daddr {vip_ip} tcp dport {one} ct state new jump tcp_new");
+            out!(
+                o,
+                "\t\t{fam} daddr {vip_ip} tcp dport {one} ct state new jump tcp_new"
+            );
         }
         many => {
-            line!(
+            out!(
+                o,
                 "\t\t{fam} daddr {vip_ip} tcp dport {{ {} }} ct state new jump tcp_new",
                 many.join(", ")
             );
         }
     }
-    line!("\t}}");
-    line!("");
-    line!("\tchain quic {{");
-    line!(
+    out!(o, "\t}}");
+}
+
+/// The `quic` chain: by the node ID in the CID, else hashed.
+fn nft_quic(o: &mut String, plan: &NftPlan) {
+    let fam = plan.family();
+    let id_bits = plan.node_id_len * 8;
+    let (first, cid_len) = (plan.first_octet, plan.cid_len);
+    let hashed: Vec<&NftNode> = plan.hashed_nodes().collect();
+    out!(o, "");
+    out!(o, "\tchain quic {{");
+    out!(o,
         "\t\t# 1. Short header (form bit 0), first CID octet {first:#04x} at byte 1, node ID from byte 2."
     );
     let short_guard = format!(
@@ -574,16 +657,17 @@ pub fn nftables(plan: &NftPlan) -> String {
         payload_bit(0),
         payload_bit(1),
     );
-    line!(
+    out!(
+        o,
         "\t\t{short_guard} @th,{},{id_bits} vmap @cid_node",
         payload_bit(2)
     );
-    line!("\t\t{short_guard} counter name \"unknown_node\" drop");
-    line!(
+    out!(o, "\t\t{short_guard} counter name \"unknown_node\" drop");
+    out!(o,
         "\t\t# 2. Long header (form bit 1), DCID length {cid_len} at byte 5, first CID octet at byte 6,"
     );
-    line!("\t\t#    node ID from byte 7.");
-    line!(
+    out!(o, "\t\t#    node ID from byte 7.");
+    out!(o,
         "\t\tudp length >= {} @th,{},1 1 @th,{},8 {cid_len} @th,{},8 {first:#04x} @th,{},{id_bits} vmap @cid_node",
         8 + plan.long_min_payload(),
         payload_bit(0),
@@ -591,19 +675,30 @@ pub fn nftables(plan: &NftPlan) -> String {
         payload_bit(6),
         payload_bit(7),
     );
-    line!("\t\t# 3. Everything else: hashed by source address and port.");
+    out!(
+        o,
+        "\t\t# 3. Everything else: hashed by source address and port."
+    );
     let buckets: Vec<String> = hashed
         .iter()
         .enumerate()
         .map(|(i, n)| format!("{i} : goto hash_{}", n.label()))
         .collect();
-    line!(
+    out!(
+        o,
         "\t\tjhash {fam} saddr . udp sport mod {} seed {:#010x} vmap {{ {} }}",
         hashed.len(),
         plan.seed,
         buckets.join(", ")
     );
-    line!("\t}}");
+    out!(o, "\t}}");
+}
+
+/// The `tcp_new` chain, when TCP is balanced: a new connection hashed over the nodes not
+/// draining.
+fn nft_tcp_new(o: &mut String, plan: &NftPlan) {
+    let fam = plan.family();
+    let hashed: Vec<&NftNode> = plan.hashed_nodes().collect();
     if !plan.tcp_ports.is_empty() {
         // The same node set and seed as the UDP hash; conntrack keeps every later packet of
         // the connection, and only the first meets this chain.
@@ -612,19 +707,21 @@ pub fn nftables(plan: &NftPlan) -> String {
             .enumerate()
             .map(|(i, n)| format!("{i} : goto tcp_{}", n.label()))
             .collect();
-        line!("");
-        line!("\tchain tcp_new {{");
-        line!("\t\t# A new TCP connection: hashed by source address and port.");
-        line!(
+        out!(o, "");
+        out!(o, "\tchain tcp_new {{");
+        out!(
+            o,
+            "\t\t# A new TCP connection: hashed by source address and port."
+        );
+        out!(
+            o,
             "\t\tjhash {fam} saddr . tcp sport mod {} seed {:#010x} vmap {{ {} }}",
             hashed.len(),
             plan.seed,
             buckets.join(", ")
         );
-        line!("\t}}");
+        out!(o, "\t}}");
     }
-    line!("}}");
-    o
 }
 
 #[cfg(test)]

@@ -330,33 +330,24 @@ impl<F: Forward> DataPlane<F> {
     /// Runs until `control.stop` is set, then hands itself and `control` back (to run again,
     /// or to be exported for an upgrade). The counters go on from what they hold.
     pub fn run(mut self, control: Control) -> (Self, Control) {
-        let n_lanes = self.router.lanes();
         let mut active = self.active;
         let mut storage = vec![0u8; RECV_BUF * self.batch];
         let mut iovs: Vec<IoSliceMut<'_>> =
             storage.chunks_mut(RECV_BUF).map(IoSliceMut::new).collect();
         let fixed_local_ip = self.public.fixed_local_ip;
         let mut metas = vec![RecvMeta::default(); self.batch];
+        // Resets waiting for their ring (at most one per lane), and the round's copy.
+        let mut deferred = Vec::with_capacity(self.router.lanes());
+        let mut retry = Vec::with_capacity(self.router.lanes());
         let now = Instant::now();
-        // Buffers above are the loop's only allocations; from here on every allocation on this
-        // thread is counted (ringmux_dataplane_allocations_total).
         let (mut local, mut received, mut recv_calls, mut dropped) = self.resume_counting(now);
+        self.enter_loop();
         let mut last_gauges = now;
         let mut last_gauges_ns = monotonic_ns();
         // The last receive returned fewer messages than it had room for, and how many it
         // returned.
         let mut queue_empty = false;
         let mut found = 0usize;
-        // Resets waiting for their ring (at most one per lane), and the round's copy.
-        let mut deferred = Vec::with_capacity(n_lanes);
-        let mut retry = Vec::with_capacity(n_lanes);
-        crate::alloc::count_this_thread();
-        if !self.coalesce.max().is_zero() {
-            // Windows end when asked, not up to 50 µs later.
-            if let Err(e) = sys::set_timer_slack(Duration::from_micros(1)) {
-                tracing::warn!(error = %e, "could not shorten the data plane's timer slack");
-            }
-        }
 
         while !control.stop.load(Ordering::Relaxed) {
             self.take_commands(&control, &mut local, &mut active, &mut deferred, &mut retry);
@@ -452,14 +443,36 @@ impl<F: Forward> DataPlane<F> {
                 self.refresh_gauges(&mut local, &control, &mut last_gauges);
             }
         }
-        // Final publish so nothing written stays invisible.
+        self.leave_loop(active, &mut deferred);
+        (self, control)
+    }
+
+    /// What the loop does once it has its buffers, before its first receive: from here on
+    /// every allocation on this thread is counted (ringmux_dataplane_allocations_total), and
+    /// coalescing windows end when asked. Once per run, kept out of the loop's code.
+    #[cold]
+    #[inline(never)]
+    fn enter_loop(&self) {
+        crate::alloc::count_this_thread();
+        if !self.coalesce.max().is_zero() {
+            // Windows end when asked, not up to 50 µs later.
+            if let Err(e) = sys::set_timer_slack(Duration::from_micros(1)) {
+                tracing::warn!(error = %e, "could not shorten the data plane's timer slack");
+            }
+        }
+    }
+
+    /// What the loop does once stopped: the final publish, so nothing written stays
+    /// invisible; the active slot kept for the next run; and every reset still waiting for
+    /// its ring answered (the supervisor asks again).
+    #[cold]
+    #[inline(never)]
+    fn leave_loop(&mut self, active: usize, deferred: &mut Vec<Deferred>) {
         self.forward.publish();
         self.active = active;
-        // A reset still waiting for its ring is answered: the supervisor asks again.
         for (_, reply) in deferred.drain(..) {
             let _ = reply.send(Err(io::ErrorKind::Interrupted.into()));
         }
-        (self, control)
     }
 
     /// Carries out one command. A reset whose new ingress is not ready yet (the mode says

@@ -1,7 +1,7 @@
 //! The accept loop of one listener: it takes connections from the queue every worker shares,
 //! holds them to the cap ([`Registry`]), spawns each one's task ([`Conn`]) and, on drain,
 //! stops accepting and waits for its connections to end. It never reads or writes a
-//! connection.
+//! connection. The listeners' entry points, [`serve`] and [`serve_plain`], start it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,13 +12,43 @@ use tracing::{debug, info};
 
 use super::conn::Conn;
 use super::registry::{Admission, Registry};
-use super::{Kind, TcpErrorKind, TcpOptions};
+use super::{Kind, PlainAnswer, TcpErrorKind, TcpOptions};
 use crate::sites::Router;
 use crate::stats::ServerStats;
 
+/// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
+/// dropped), then drains: see the module documentation.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    sites: impl Into<Router>,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let https = Kind::Https(tokio_rustls::TlsAcceptor::from(tls));
+    serve_connections(listener, https, sites.into(), stats, shutdown, opts).await;
+}
+
+/// Serves plain HTTP/1.1 on `listener` until `shutdown`, as [`serve`] serves HTTPS (the same
+/// accepting, cap, timeouts, drain and graceful close), each request answered by `answer`.
+/// `what` names the listener in the log. The plain-HTTP listener (`crate::redirect`) runs on it.
+pub(crate) async fn serve_plain(
+    listener: tokio::net::TcpListener,
+    what: &'static str,
+    answer: PlainAnswer,
+    router: Router,
+    stats: Arc<ServerStats>,
+    shutdown: watch::Receiver<bool>,
+    opts: TcpOptions,
+) {
+    let plain = Kind::Plain { what, answer };
+    serve_connections(listener, plain, router, stats, shutdown, opts).await;
+}
+
 /// Serves the connections of `listener` as `kind` until `shutdown`, then drains: see the
 /// module documentation of `tcp`.
-pub(super) async fn serve_connections(
+async fn serve_connections(
     listener: tokio::net::TcpListener,
     kind: Kind,
     router: Router,

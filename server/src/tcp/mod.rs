@@ -49,6 +49,9 @@
 //! handshake, serving, being asked to finish), `answer.rs` (one request), `body.rs` (the
 //! response body hyper sends: one tracked type), `close.rs` (the graceful close) and `sys.rs`
 //! (its one system call, the only unsafe code of the crate).
+//!
+//! [`Router`]: crate::sites::Router
+//! [`ServerStats::tcp_errors`]: crate::stats::ServerStats::tcp_errors
 
 use std::io;
 use std::net::SocketAddr;
@@ -61,10 +64,7 @@ use http::{HeaderValue, Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use ringmux_worker::AcmeAnswers;
-use tokio::sync::watch;
 
-use crate::sites::Router;
-use crate::stats::ServerStats;
 pub use crate::stats::TcpErrorKind;
 pub(crate) use body::body_of;
 
@@ -76,6 +76,9 @@ mod conn;
 mod registry;
 #[allow(unsafe_code)]
 mod sys;
+
+pub use accept::serve;
+pub(crate) use accept::serve_plain;
 
 /// How the TCP side serves.
 #[derive(Clone, Debug)]
@@ -127,41 +130,11 @@ impl Default for TcpOptions {
 /// A response body over TCP.
 pub(crate) type TcpBody = UnsyncBoxBody<Bytes, io::Error>;
 
-/// Serves HTTPS over TCP on `listener` until `shutdown` becomes `true` (or its sender is
-/// dropped), then drains: see the module documentation.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    tls: Arc<rustls::ServerConfig>,
-    sites: impl Into<Router>,
-    stats: Arc<ServerStats>,
-    shutdown: watch::Receiver<bool>,
-    opts: TcpOptions,
-) {
-    let https = Kind::Https(tokio_rustls::TlsAcceptor::from(tls));
-    accept::serve_connections(listener, https, sites.into(), stats, shutdown, opts).await;
-}
-
 /// What answers each request of a plain-HTTP/1.1 listener ([`serve_plain`]), given the client's
 /// address.
 pub(crate) type PlainAnswer = Arc<
     dyn Fn(SocketAddr, Request<Incoming>) -> BoxFuture<'static, Response<TcpBody>> + Send + Sync,
 >;
-
-/// Serves plain HTTP/1.1 on `listener` until `shutdown`, as [`serve`] serves HTTPS (the same
-/// accepting, cap, timeouts, drain and graceful close), each request answered by `answer`.
-/// `what` names the listener in the log. The plain-HTTP listener (`crate::redirect`) runs on it.
-pub(crate) async fn serve_plain(
-    listener: tokio::net::TcpListener,
-    what: &'static str,
-    answer: PlainAnswer,
-    router: Router,
-    stats: Arc<ServerStats>,
-    shutdown: watch::Receiver<bool>,
-    opts: TcpOptions,
-) {
-    let plain = Kind::Plain { what, answer };
-    accept::serve_connections(listener, plain, router, stats, shutdown, opts).await;
-}
 
 /// What a listener serves.
 #[derive(Clone)]

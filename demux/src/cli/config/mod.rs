@@ -336,14 +336,26 @@ pub enum RedirectHttp {
     At(SocketAddr),
 }
 
-fn parse_redirect_http(s: &str) -> std::result::Result<RedirectHttp, String> {
+fn parse_redirect_http(s: &str) -> std::result::Result<RedirectHttp, FlagValueError> {
     match s.trim() {
         "off" => Ok(RedirectHttp::Off),
         addr => addr
             .parse()
             .map(RedirectHttp::At)
-            .map_err(|e| format!("{e}: expected IP:PORT (e.g. 0.0.0.0:80 or [::]:80) or off")),
+            .map_err(FlagValueError::RedirectAddress),
     }
+}
+
+/// Why clap refuses a value of `--redirect-http` or `--grace` (it shows the message after
+/// the flag's name).
+#[derive(Debug, thiserror::Error)]
+enum FlagValueError {
+    #[error("{0}: expected IP:PORT (e.g. 0.0.0.0:80 or [::]:80) or off")]
+    RedirectAddress(std::net::AddrParseError),
+    #[error("0 would cut every drain at once: expected at least 1 second, or off for no bound")]
+    ZeroGrace,
+    #[error("expected a number of seconds (at least 1), or off for no bound; got {0:?}")]
+    GraceNotSeconds(String),
 }
 
 /// Where plain HTTP is served ([`RunArgs::plain_http`]).
@@ -378,19 +390,13 @@ impl std::fmt::Display for Grace {
 }
 
 /// `--grace`'s value: `off` or `none` (no bound), or a number of seconds, at least 1.
-fn parse_grace(v: &str) -> Result<Grace, String> {
+fn parse_grace(v: &str) -> std::result::Result<Grace, FlagValueError> {
     match v.trim() {
         "off" | "none" | "" => Ok(Grace(None)),
         n => match n.parse::<u64>() {
-            Ok(0) => Err(
-                "0 would cut every drain at once: expected at least 1 second, or off \
-                          for no bound"
-                    .into(),
-            ),
+            Ok(0) => Err(FlagValueError::ZeroGrace),
             Ok(s) => Ok(Grace(Some(s))),
-            Err(_) => Err(format!(
-                "expected a number of seconds (at least 1), or off for no bound; got {n:?}"
-            )),
+            Err(_) => Err(FlagValueError::GraceNotSeconds(n.to_string())),
         },
     }
 }
@@ -2044,5 +2050,23 @@ mod tests {
         );
         let c = check(&[]).unwrap();
         assert_eq!((c.demux_cpu(), c.worker_cpu(0)), (None, None));
+    }
+
+    #[test]
+    fn grace_and_redirect_refusals_say_why_in_their_words() {
+        assert_eq!(
+            parse_grace("0").unwrap_err().to_string(),
+            "0 would cut every drain at once: expected at least 1 second, or off for no bound"
+        );
+        assert_eq!(
+            parse_grace("soon").unwrap_err().to_string(),
+            "expected a number of seconds (at least 1), or off for no bound; got \"soon\""
+        );
+        assert_eq!(parse_grace(" 30 ").unwrap(), Grace(Some(30)));
+        assert_eq!(
+            parse_redirect_http("localhost:80").unwrap_err().to_string(),
+            "invalid socket address syntax: expected IP:PORT (e.g. 0.0.0.0:80 or [::]:80) or off"
+        );
+        assert_eq!(parse_redirect_http("off").unwrap(), RedirectHttp::Off);
     }
 }

@@ -226,21 +226,17 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
 }
 
 /// A site's name, lower case: an exact DNS name of A-labels, or `*.` and one.
-pub fn check_name(name: &str) -> Result<String, String> {
+pub fn check_name(name: &str) -> Result<String, NameError> {
     if !name.is_ascii() {
-        return Err("write an international name as its A-labels (xn--…), as DNS holds it".into());
+        return Err(NameError::NotAscii);
     }
     let lower = name.to_ascii_lowercase();
     let rest = lower.strip_prefix("*.").unwrap_or(&lower);
     if rest.parse::<std::net::IpAddr>().is_ok() {
-        return Err(
-            "an IP address is no site name (clients send no SNI for one); make the \
-                    site the default_site to answer requests by address"
-                .into(),
-        );
+        return Err(NameError::Address);
     }
     if rest.len() > 253 || rest.is_empty() {
-        return Err("expected a DNS name of 1 to 253 characters".into());
+        return Err(NameError::Length);
     }
     for label in rest.split('.') {
         let ok = !label.is_empty()
@@ -251,18 +247,40 @@ pub fn check_name(name: &str) -> Result<String, String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !ok {
-            let hint = if label.contains('*') {
-                "a wildcard is `*.` followed by the name it covers one label of"
+            return Err(if label.contains('*') {
+                NameError::Wildcard
             } else {
-                "labels of letters, digits and hyphens, 1 to 63 each, separated by dots"
-            };
-            return Err(format!("expected a DNS name: {hint}"));
+                NameError::Label
+            });
         }
     }
     if lower.starts_with("*.") && !rest.contains('.') {
-        return Err("a wildcard of a top-level domain covers too much; name the domain".into());
+        return Err(NameError::TopLevelWildcard);
     }
     Ok(lower)
+}
+
+/// Why [`check_name`] refuses a site name.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("write an international name as its A-labels (xn--…), as DNS holds it")]
+    NotAscii,
+    #[error(
+        "an IP address is no site name (clients send no SNI for one); make the site the \
+         default_site to answer requests by address"
+    )]
+    Address,
+    #[error("expected a DNS name of 1 to 253 characters")]
+    Length,
+    #[error("expected a DNS name: a wildcard is `*.` followed by the name it covers one label of")]
+    Wildcard,
+    #[error(
+        "expected a DNS name: labels of letters, digits and hyphens, 1 to 63 each, separated by \
+         dots"
+    )]
+    Label,
+    #[error("a wildcard of a top-level domain covers too much; name the domain")]
+    TopLevelWildcard,
 }
 
 /// The certificate chain and key of a site, checked: readable, the key matching the leaf, the
@@ -439,6 +457,34 @@ fn check_root_at(dir: &Path, at: &Place, user: Option<&WorkerUser>, problems: &m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn name_refusals_say_why_in_their_words() {
+        let why = |name: &str| check_name(name).unwrap_err().to_string();
+        assert_eq!(
+            why("bücher.example"),
+            "write an international name as its A-labels (xn--…), as DNS holds it"
+        );
+        assert_eq!(
+            why("192.0.2.1"),
+            "an IP address is no site name (clients send no SNI for one); make the site the \
+             default_site to answer requests by address"
+        );
+        assert_eq!(why(""), "expected a DNS name of 1 to 253 characters");
+        assert_eq!(
+            why("a.*.example"),
+            "expected a DNS name: a wildcard is `*.` followed by the name it covers one label of"
+        );
+        assert_eq!(
+            why("a..example"),
+            "expected a DNS name: labels of letters, digits and hyphens, 1 to 63 each, separated \
+             by dots"
+        );
+        assert_eq!(
+            why("*.com"),
+            "a wildcard of a top-level domain covers too much; name the domain"
+        );
+    }
 
     #[test]
     fn names_are_dns_names_or_one_label_wildcards() {
