@@ -192,6 +192,18 @@ fn of_generation(m: &Metrics, name: &str, generation: u64) -> f64 {
         .sum()
 }
 
+/// A ringmux of one instance writing its access log into a folder of its own, with `extra`
+/// options: the folder (kept while it lives), the log's path, the ringmux.
+fn logged_ringmux(extra: &[&str]) -> (ringmux_testkit::TempDir, PathBuf, Ringmux) {
+    let logs = temp_dir("ringmux-drain-log");
+    let log = logs.path().join("access.log");
+    let log_arg = log.to_string_lossy().into_owned();
+    let mut args = vec!["--access-log", log_arg.as_str()];
+    args.extend_from_slice(extra);
+    let rm = Ringmux::start(1, Forward::Shm, &args);
+    (logs, log, rm)
+}
+
 fn have_curl() -> bool {
     tool::CURL.present()
 }
@@ -205,10 +217,7 @@ async fn slow_downloads_outlive_reloads_and_an_upgrade() {
         return;
     }
     bounded(Duration::from_secs(120), async {
-        let logs = temp_dir("ringmux-drain-log");
-        let log = logs.path().join("access.log");
-        let log_arg = log.to_string_lossy().into_owned();
-        let rm = Ringmux::start(1, Forward::Shm, &["--access-log", &log_arg]);
+        let (_logs, log, rm) = logged_ringmux(&[]);
         let n: u64 = 13 << 20;
         let path = format!("/bytes/{n}");
         let downloads = three_downloads(&rm, &path).await;
@@ -268,10 +277,7 @@ async fn with_a_grace_period_the_cut_requests_are_logged_cut() {
         return;
     }
     bounded(Duration::from_secs(90), async {
-        let logs = temp_dir("ringmux-drain-log");
-        let log = logs.path().join("access.log");
-        let log_arg = log.to_string_lossy().into_owned();
-        let rm = Ringmux::start(1, Forward::Shm, &["--access-log", &log_arg, "--grace", "3"]);
+        let (_logs, log, rm) = logged_ringmux(&["--grace", "3"]);
         let n: u64 = 13 << 20;
         let path = format!("/bytes/{n}");
         let downloads = three_downloads(&rm, &path).await;
@@ -310,10 +316,7 @@ async fn a_client_that_goes_away_is_logged_cut_client() {
         return;
     }
     bounded(Duration::from_secs(90), async {
-        let logs = temp_dir("ringmux-drain-log");
-        let log = logs.path().join("access.log");
-        let log_arg = log.to_string_lossy().into_owned();
-        let rm = Ringmux::start(1, Forward::Shm, &["--access-log", &log_arg]);
+        let (_logs, log, rm) = logged_ringmux(&[]);
         let n: u64 = 13 << 20;
         let path = format!("/bytes/{n}");
         let downloads = three_downloads(&rm, &path).await;
