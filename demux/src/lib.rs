@@ -1,6 +1,6 @@
 //! The parts of `ringmux`, the demux and supervisor, as a library so that each can be tested on
-//! its own; `main.rs` composes them. See `ringmux --help` and README.md. The folders follow the
-//! README's story:
+//! its own; `main.rs` composes them. See `ringmux --help`, README.md and docs/. The folders, from the
+//! data plane down to the system calls:
 //!
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance; in its
 //!   folder, re-exported here:

@@ -60,7 +60,7 @@ pub(super) struct TrackedBody {
 /// What the access-log line of a response body says when hyper is done with it (sent whole,
 /// or given up with its connection): the bytes that went out, and `ok` once hyper took its
 /// last frame, else cut. Its duration ends then: every byte handed to hyper to write to the
-/// socket (README "Access log" says what that leaves out).
+/// socket (docs/operators/access-log.md says what that leaves out).
 struct LogLine {
     /// `None` once written.
     logged: Option<Logged>,

@@ -101,7 +101,7 @@ pub enum Command {
     /// each with its own --node-id, that routes every packet carrying one of the nodes'
     /// connection IDs to the node that issued it, so that a client that moves (a new address
     /// or port) keeps its connection, and spreads new TCP connections (HTTPS, plain HTTP) over
-    /// the nodes. README "More than one box".
+    /// the nodes. docs/operators/cluster.md.
     LbConfig {
         #[command(subcommand)]
         balancer: crate::lbconfig::Balancer,
@@ -436,7 +436,7 @@ pub enum SpinMode {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
     /// Configuration file (TOML): every option below under its name with `_` for `-` (e.g.
-    /// `tcp_max_connections = 1024`), and the sites (`[[site]]`, README "Several sites"). An
+    /// `tcp_max_connections = 1024`), and the sites (`[[site]]`, docs/operators/sites.md). An
     /// option given on the command line or in its environment variable wins over the file.
     /// `ringmux check` checks a file without starting; `ringmux reload` reads it again.
     #[arg(long, env = "RINGMUX_CONFIG", value_name = "FILE")]
@@ -595,7 +595,7 @@ pub struct RunArgs {
     /// to any other process, ptrace and reading other processes' memory, new processes, and
     /// receiving on, changing or duplicating the public socket; a Landlock domain makes the
     /// file system an allow-list (read its program, libraries and site roots, plus
-    /// --worker-read; write nowhere but --worker-write) (README "Workers are untrusted").
+    /// --worker-read; write nowhere but --worker-write) (docs/security.md).
     /// Without Landlock (Linux 5.13, `landlock` among the boot's LSMs) ringmux refuses to
     /// start: `filter-only` runs the filter alone, and a worker then reads and writes every
     /// file its user may. `off` is for debugging a worker only: any worker can then stop,
