@@ -187,7 +187,27 @@ def h2_echo(port, path, n):
                 conn.send_data(stream, frame(0x1, f"message {sent}".encode()))
                 sent += 1
         sock.sendall(conn.data_to_send())
+    # The closing handshake (RFC 6455 §7.1.2): ours, then the server's close and the end of
+    # the stream, before the connection goes.
     conn.send_data(stream, frame(0x8, struct.pack("!H", 1000)), end_stream=True)
+    sock.sendall(conn.data_to_send())
+    closed, ended = False, False
+    while not (closed and ended):
+        data = sock.recv(65536)
+        if not data:
+            print("connection closed before the closing handshake", flush=True)
+            return 1
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                conn.acknowledge_received_data(event.flow_controlled_length, stream)
+                buf += event.data
+            elif isinstance(event, h2.events.StreamEnded):
+                ended = True
+        while (parsed := unframe(buf)) is not None:
+            opcode, payload, buf = parsed
+            closed |= opcode == 0x8
+        sock.sendall(conn.data_to_send())
+    conn.close_connection()
     sock.sendall(conn.data_to_send())
     print(f"ok {n}", flush=True)
     return 0

@@ -55,7 +55,10 @@ fn client(rm: &Ringmux, args: &[&str]) -> Child {
 async fn finish(child: Child) -> (Vec<String>, bool) {
     let out = child.wait_with_output().await.expect("ws_client.py");
     let text = String::from_utf8_lossy(&out.stdout);
-    (text.lines().map(str::to_owned).collect(), out.status.success())
+    (
+        text.lines().map(str::to_owned).collect(),
+        out.status.success(),
+    )
 }
 
 /// The next line `child` writes.
@@ -115,7 +118,11 @@ async fn websocket_echo_over_http1_and_http2() {
         };
         let (h1, h2) = (by_proto("h1"), by_proto("h2"));
         assert_eq!((h1[3].as_str(), h1[6].as_str()), ("GET", "101"), "{h1:?}");
-        assert_eq!((h2[3].as_str(), h2[6].as_str()), ("CONNECT", "200"), "{h2:?}");
+        assert_eq!(
+            (h2[3].as_str(), h2[6].as_str()),
+            ("CONNECT", "200"),
+            "{h2:?}"
+        );
         for f in [&h1, &h2] {
             assert_eq!(f.len(), 13, "{f:?}");
             assert_eq!(f[11], "ok", "{f:?}");
@@ -140,12 +147,16 @@ async fn the_cap_an_unasked_101_and_a_refusal() {
         assert_eq!(next_line(&mut lines).await, "open");
         let (out, _) = finish(client(&rm, &["status", "/echo"])).await;
         assert_eq!(out, ["status 503"]);
+        // The report reaches the demux about once a second.
+        rm.wait_for("the refusal counted", LIMIT, |m| {
+            m.sum(REFUSED) == 1.0 && m.sum(OPENED) == 1.0
+        })
+        .await;
+        first.kill().await.expect("kill the first client");
+        rm.wait_for("the first tunnel closed", LIMIT, |m| m.sum(CLOSED) == 1.0)
+            .await;
         let (out, _) = finish(client(&rm, &["status", "/refuse"])).await;
         assert_eq!(out, ["status 403"]);
-        let m = rm.metrics();
-        assert_eq!(m.sum(REFUSED), 1.0, "{m}");
-        assert_eq!(m.sum(OPENED), 1.0, "{m}");
-        first.kill().await.expect("kill the first client");
 
         let out = Command::new("curl")
             .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}"])
