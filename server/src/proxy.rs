@@ -55,7 +55,7 @@ pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
 
 mod tunnel;
-pub(crate) use tunnel::{Ask, ClientSide, Opened};
+pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};
 pub use tunnel::{TunnelEnd, TunnelOptions};
 
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).

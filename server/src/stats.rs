@@ -16,7 +16,7 @@ use http::StatusCode;
 use ringmux_proto::WorkerReport;
 
 use crate::access_log::AccessLog;
-use crate::proxy::{ErrorKind as ProxyErrorKind, TunnelEnd};
+use crate::proxy::{ErrorKind as ProxyErrorKind, TunnelCounters, TunnelEnd};
 use crate::sites::{Router, SiteStats};
 
 /// Where a counter goes in a `STATS` report.
@@ -328,6 +328,29 @@ impl ServerStats {
             _ => return,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl TunnelCounters for ServerStats {
+    fn opened(&self) {
+        self.tunnels_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refused(&self) {
+        self.tunnels_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self, how: TunnelEnd) {
+        self.tunnels_closed[how as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn moved(&self, up: bool, n: u64) {
+        let c = if up {
+            &self.tunnel_bytes_up
+        } else {
+            &self.tunnel_bytes_down
+        };
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 

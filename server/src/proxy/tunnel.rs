@@ -45,7 +45,6 @@ use tracing::debug;
 
 use super::{empty_body, find, ClientGone, ErrorKind, Exchange, ProxyBody, Upstream};
 use crate::access_log::{Ending, Logged};
-use crate::stats::ServerStats;
 
 /// Default of [`TunnelOptions::idle`]: nginx closes a tunnel after `proxy_read_timeout`
 /// (60 s) without a byte from the upstream, which applications without a heartbeat of their
@@ -158,6 +157,15 @@ impl TunnelEnd {
     }
 }
 
+/// Where tunnels are counted (the server's counters, `ServerStats`, declared with the others).
+pub(crate) trait TunnelCounters: Send + Sync {
+    fn opened(&self);
+    fn refused(&self);
+    fn closed(&self, how: TunnelEnd);
+    /// `n` bytes read from the client (`up`) or from the upstream.
+    fn moved(&self, up: bool, n: u64);
+}
+
 /// What a client asked to tunnel.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ask {
@@ -206,7 +214,7 @@ impl Ask {
 pub(crate) struct ClientSide {
     /// Resolves once the response head is out (hyper's `upgrade::on` of the request).
     pub(crate) upgrade: OnUpgrade,
-    pub(crate) stats: Arc<ServerStats>,
+    pub(crate) stats: Arc<dyn TunnelCounters>,
     pub(crate) tunnels: Arc<TunnelOptions>,
     /// Held while the tunnel lives (its connection's request in flight).
     pub(crate) hold: Box<dyn Send>,
@@ -235,7 +243,7 @@ impl Upstream {
         logged: &mut Option<Logged>,
     ) -> Opened {
         let Some(slot) = client.tunnels.reserve() else {
-            client.stats.tunnels_refused.fetch_add(1, Ordering::Relaxed);
+            client.stats.refused();
             debug!(%remote, max = client.tunnels.max, "tunnel refused: the worker's cap");
             let text = b"too many tunnels open on this server; try again later\n";
             return Opened::Exchange(Exchange::Reply(StatusCode::SERVICE_UNAVAILABLE, text));
@@ -344,7 +352,7 @@ impl Upstream {
 /// One tunnel once its head is out: both sides' switch of protocols, the copy, the counts
 /// and the access-log line.
 struct Tunnel {
-    stats: Arc<ServerStats>,
+    stats: Arc<dyn TunnelCounters>,
     logged: Option<Logged>,
     _hold: Box<dyn Send>,
     _slot: Slot,
@@ -362,7 +370,7 @@ impl Tunnel {
             Ok(Err(e)) => return self.end(TunnelEnd::Error, 0, 0, &e),
             Err(_) => return self.end(TunnelEnd::Error, 0, 0, &"switching protocols timed out"),
         };
-        self.stats.tunnels_opened.fetch_add(1, Ordering::Relaxed);
+        self.stats.opened();
         let activity = Arc::new(Activity::new());
         let mut client = Metered {
             io: TokioIo::new(client),
@@ -402,7 +410,7 @@ impl Tunnel {
 
     /// Counts the end, and writes the line: `up` bytes from the client, `down` to it.
     fn end(&mut self, how: TunnelEnd, up: u64, down: u64, why: &dyn std::fmt::Display) {
-        self.stats.tunnels_closed[how as usize].fetch_add(1, Ordering::Relaxed);
+        self.stats.closed(how);
         debug!(?how, up, down, %why, "tunnel ended");
         if let Some(logged) = self.logged.take() {
             logged.end_tunnel(self.status, down, up, how.ending());
@@ -447,7 +455,7 @@ impl Activity {
 struct Metered<T> {
     io: T,
     bytes: AtomicU64,
-    counted: Arc<ServerStats>,
+    counted: Arc<dyn TunnelCounters>,
     /// Reads from the client (the bytes go up); else from the upstream.
     up: bool,
     activity: Arc<Activity>,
@@ -464,11 +472,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Metered<T> {
         let n = (buf.filled().len() - before) as u64;
         if n > 0 {
             self.bytes.fetch_add(n, Ordering::Relaxed);
-            let counter = match self.up {
-                true => &self.counted.tunnel_bytes_up,
-                false => &self.counted.tunnel_bytes_down,
-            };
-            counter.fetch_add(n, Ordering::Relaxed);
+            self.counted.moved(self.up, n);
             self.activity.touch();
         }
         polled
