@@ -131,6 +131,9 @@ pub struct Entry<'a> {
     pub site: Option<&'a str>,
     /// How it ended.
     pub ending: Ending,
+    /// A tunnel's line only (a WebSocket through the proxy): the bytes received from the
+    /// client, written as one more field after the ending.
+    pub received: Option<u64>,
 }
 
 impl AccessLog {
@@ -300,6 +303,9 @@ fn format_line(e: &Entry<'_>, instance: u8) -> String {
     }
     line.push(' ');
     line.push_str(e.ending.as_str());
+    if let Some(n) = e.received {
+        let _ = write!(line, " {n}");
+    }
     line.push('\n');
     line
 }
@@ -366,6 +372,8 @@ pub(crate) struct Logged {
     bytes: u64,
     /// Written already.
     done: bool,
+    /// A tunnel's bytes from the client ([`Logged::end_tunnel`]).
+    received: Option<u64>,
 }
 
 impl Logged {
@@ -395,6 +403,7 @@ impl Logged {
             status: None,
             bytes: 0,
             done: false,
+            received: None,
         }
     }
 
@@ -429,6 +438,13 @@ impl Logged {
         self.write(ending);
     }
 
+    /// Writes a tunnel's line: `status` (101, or 200 over HTTP/2), the bytes sent to the
+    /// client (`down`) and received from it (`up`, the line's last field).
+    pub(crate) fn end_tunnel(mut self, status: StatusCode, down: u64, up: u64, ending: Ending) {
+        self.received = Some(up);
+        self.end_as(Some(status), down, ending);
+    }
+
     fn write(&mut self, ending: Ending) {
         if std::mem::replace(&mut self.done, true) {
             return;
@@ -449,6 +465,7 @@ impl Logged {
             duration: self.start.elapsed(),
             site: self.site.as_deref(),
             ending,
+            received: self.received,
         });
     }
 }
@@ -503,6 +520,7 @@ mod tests {
             duration: Duration::from_micros(312),
             site: None,
             ending: Ending::Ok,
+            received: None,
         };
         assert_eq!(
             format_line(&e, 1),
@@ -540,6 +558,19 @@ mod tests {
             1,
         );
         assert!(cut.ends_with(" - 5120 0.000312 1 - cut:drain\n"), "{cut}");
+        // A tunnel's line: the bytes from the client, after the ending.
+        let tunnel = format_line(
+            &Entry {
+                status: Some(101),
+                received: Some(77),
+                ..e.clone()
+            },
+            1,
+        );
+        assert!(
+            tunnel.ends_with(" 101 5120 0.000312 1 - ok 77\n"),
+            "{tunnel}"
+        );
         let e = Entry {
             authority: None,
             status: None,
@@ -574,6 +605,7 @@ mod tests {
             duration: Duration::from_millis(1),
             site: None,
             ending: Ending::Ok,
+            received: None,
         };
         let n = 3 * QUEUE_LINES as u64;
         for _ in 0..n {

@@ -29,6 +29,8 @@
 //! * A client that resets its stream, or stops reading, ends the upstream exchange: the hyper
 //!   request is dropped, which closes that upstream connection instead of returning it to the
 //!   pool.
+//! * Upgrades (WebSockets) are tunnels, the path of `tunnel` (`Upstream::tunnel` is what the
+//!   TCP front calls for a request that asks for one); `upgrade` is hop-by-hop everywhere else.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -51,6 +53,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
+
+mod tunnel;
+pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};
+pub use tunnel::{TunnelEnd, TunnelOptions};
 
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -229,11 +235,16 @@ impl Upstream {
         };
         if response.status().is_informational() {
             // hyper consumes 100 Continue itself; anything else (101) needs an upgrade we never
-            // asked for.
+            // asked for (the upgrades asked for take `tunnel`'s path).
             let e = format!("status {} as the final response", response.status());
             return self.fail(ErrorKind::Protocol, &e);
         }
         self.recovered();
+        self.response(response)
+    }
+
+    /// The upstream's final `response` as the client gets it.
+    fn response(self: &Arc<Self>, response: Response<hyper::body::Incoming>) -> Exchange {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let body = UpstreamBody {

@@ -217,6 +217,10 @@ fn tcp_fronts(
         idle_timeout: options.tcp_idle_timeout(),
         accepting: Some(Arc::new(worker.accepting())),
         acme: worker.acme_answers().clone(),
+        tunnels: Arc::new(crate::proxy::TunnelOptions::new(
+            options.serve.max_tunnels as usize,
+            std::time::Duration::from_secs(options.serve.tunnel_idle),
+        )),
         ..TcpOptions::default()
     };
     let registered = |what, listener| {

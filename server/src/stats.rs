@@ -16,7 +16,7 @@ use http::StatusCode;
 use ringmux_proto::WorkerReport;
 
 use crate::access_log::AccessLog;
-use crate::proxy::ErrorKind as ProxyErrorKind;
+use crate::proxy::{ErrorKind as ProxyErrorKind, TunnelCounters, TunnelEnd};
 use crate::sites::{Router, SiteStats};
 
 /// Where a counter goes in a `STATS` report.
@@ -233,6 +233,16 @@ server_counters! {
             help "HTTP/3 handshakes refused for their server name (no site has it, or none was sent, and there is no default site): the TLS alert unrecognized_name; not counted in `connections_failed`";
         tcp_errors[TcpErrorKind]: counter("tcp_errors", "kind" by TcpErrorKind),
             help "TCP connections refused or ended for bad input or overload, or closed idle, by `TcpErrorKind`";
+        tunnels_opened: counter("tunnels_opened"),
+            help "Reverse proxy: tunnels (WebSockets, HTTP/1.1 upgrades) whose both sides switched protocols";
+        tunnels_closed[TunnelEnd]: counter("tunnels_closed", "how" by TunnelEnd),
+            help "Reverse proxy: tunnels ended, by `TunnelEnd` (those that never opened too)";
+        tunnels_refused: counter("tunnels_refused"),
+            help "Reverse proxy: tunnels refused with 503, the worker at `--max-tunnels`";
+        tunnel_bytes_up: counter("tunnel_bytes", "direction" = "up"),
+            help "Reverse proxy: tunnel bytes from clients to upstreams";
+        tunnel_bytes_down: counter("tunnel_bytes", "direction" = "down"),
+            help "Reverse proxy: tunnel bytes from upstreams to clients";
     }
     elsewhere {
         upstream_errors: counter("upstream_errors", "kind" by ProxyErrorKind),
@@ -318,6 +328,29 @@ impl ServerStats {
             _ => return,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl TunnelCounters for ServerStats {
+    fn opened(&self) {
+        self.tunnels_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refused(&self) {
+        self.tunnels_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self, how: TunnelEnd) {
+        self.tunnels_closed[how as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn moved(&self, up: bool, n: u64) {
+        let c = if up {
+            &self.tunnel_bytes_up
+        } else {
+            &self.tunnel_bytes_down
+        };
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 

@@ -171,7 +171,11 @@ impl Conn {
             }
         };
         let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> =
+            // Never `SETTINGS_ENABLE_CONNECT_PROTOCOL` (RFC 9220 §3): h3 0.0.8 cannot carry
+            // `:protocol websocket`, so browsers must open their WebSockets over TCP, where
+            // the proxy tunnels them (`proxy::tunnel`).
             match h3::server::builder()
+                .enable_extended_connect(false)
                 .build(h3_quinn::Connection::new(conn.clone()))
                 .await
             {

@@ -12,9 +12,10 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
 use super::body::body_of;
+use super::registry::Tracked;
 use super::TcpBody;
 use crate::access_log::Logged;
-use crate::proxy::{ClientGone, Exchange, Upstream};
+use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions, Upstream};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
 use crate::sites::{Local, Router, Target};
@@ -30,6 +31,9 @@ pub(super) struct Connection {
     pub(super) stats: Arc<ServerStats>,
     pub(super) alt_svc: Option<HeaderValue>,
     pub(super) remote: SocketAddr,
+    /// The connection as its listener sees it: a tunnel keeps a request in flight on it.
+    pub(super) tracked: Arc<Tracked>,
+    pub(super) tunnels: Arc<TunnelOptions>,
 }
 
 /// Answers one request over TCP through the paths HTTP/3 takes (the router, then the files,
@@ -51,7 +55,7 @@ pub(super) async fn handle(
     let (mut parts, body) = req.into_parts();
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
-    let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
+    let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
     let target = conn.router.target(choice, &parts.method, &parts.uri);
     let mut resp = match target {
         Target::Proxy { upstream, path } => {
@@ -59,8 +63,13 @@ pub(super) async fn handle(
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
             }
-            let req = Request::from_parts(parts, body);
-            proxy(&upstream, site, stats, conn.remote, req).await
+            match Ask::of(&parts) {
+                Some(ask) => tunnel(&conn, &upstream, site, parts, ask, &mut logged).await,
+                None => {
+                    let req = Request::from_parts(parts, body);
+                    proxy(&upstream, site, stats, conn.remote, req).await
+                }
+            }
         }
         Target::Local(local) => {
             respond(local, site, stats, &parts.method, &parts.headers, body).await
@@ -70,6 +79,48 @@ pub(super) async fn handle(
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
     (resp, logged)
+}
+
+/// Opens a tunnel through the upstream for the request head `parts` that asked `ask`: its
+/// 101 (200 over HTTP/2) with the tunnel running from then on, holding the request's
+/// access-log line (taken from `logged`) and a request in flight on the connection; or the
+/// upstream's answer when it did not switch.
+async fn tunnel(
+    conn: &Connection,
+    upstream: &Arc<Upstream>,
+    site: Option<usize>,
+    mut parts: http::request::Parts,
+    ask: Ask,
+    logged: &mut Option<Logged>,
+) -> Response<TcpBody> {
+    let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+        // hyper gives every request its pending upgrade; none is a bug, not the client's.
+        return reply(
+            site,
+            &conn.stats,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            b"no upgrade\n",
+        );
+    };
+    let client = ClientSide {
+        upgrade,
+        stats: conn.stats.clone(),
+        tunnels: conn.tunnels.clone(),
+        hold: Box::new(conn.tracked.begin(&conn.stats)),
+    };
+    match upstream
+        .tunnel(parts, ask, conn.remote, client, logged)
+        .await
+    {
+        Opened::Head(head) => {
+            conn.stats.count_response(site, head.status);
+            Response::from_parts(
+                head,
+                Empty::new().map_err(|never| match never {}).boxed_unsync(),
+            )
+        }
+        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats),
+    }
 }
 
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
@@ -84,10 +135,15 @@ async fn proxy(
     let body = body
         .map_err(|e| BoxError::from(ClientGone(Box::new(e))))
         .boxed_unsync();
-    match upstream
+    let exchange = upstream
         .exchange(Request::from_parts(parts, body), remote, false)
-        .await
-    {
+        .await;
+    answer(exchange, site, stats)
+}
+
+/// The response of what an exchange with the upstream came to.
+fn answer(exchange: Exchange, site: Option<usize>, stats: &Arc<ServerStats>) -> Response<TcpBody> {
+    match exchange {
         Exchange::Response(resp) => {
             stats.count_response(site, resp.status());
             let stats = stats.clone();
@@ -105,14 +161,7 @@ async fn proxy(
                 .boxed_unsync()
             })
         }
-        Exchange::Reply(status, text) => {
-            stats.count_response(site, status);
-            let reply = Reply::text(status, text);
-            let mut resp = Response::new(body_of(reply.body, stats.clone()));
-            *resp.status_mut() = reply.status;
-            *resp.headers_mut() = reply.headers;
-            resp
-        }
+        Exchange::Reply(status, text) => reply(site, stats, status, text),
         Exchange::ClientGone => {
             stats.requests_failed.fetch_add(1, Ordering::Relaxed);
             // hyper sends nothing for a request whose client is gone; the status is moot.
@@ -122,6 +171,21 @@ async fn proxy(
             resp
         }
     }
+}
+
+/// Our short `text/plain` reply with `status`.
+fn reply(
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    status: StatusCode,
+    text: &'static [u8],
+) -> Response<TcpBody> {
+    stats.count_response(site, status);
+    let reply = Reply::text(status, text);
+    let mut resp = Response::new(body_of(reply.body, stats.clone()));
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
+    resp
 }
 
 /// Answers a request this worker answers itself, as HTTP/3 does.

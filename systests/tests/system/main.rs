@@ -23,6 +23,9 @@ mod coalescing;
 /// Drains with no clock: slow downloads across reloads and upgrades, `--grace` and
 /// `--max-draining`, every request in the access log.
 mod drain;
+/// WebSockets through the proxy over HTTP/1.1 and HTTP/2: echo, the cap, the idle timeout,
+/// an unasked 101, their counters and access-log lines.
+mod tunnel;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {
     mod faults;

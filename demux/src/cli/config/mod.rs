@@ -260,7 +260,7 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 18] = [
+pub const RELOADABLE: [&str; 20] = [
     "cert",
     "key",
     "root",
@@ -271,6 +271,8 @@ pub const RELOADABLE: [&str; 18] = [
     "cache_control",
     "tcp_max_connections",
     "tcp_idle_timeout",
+    "max_tunnels",
+    "tunnel_idle",
     "access_log",
     "worker_bin",
     "worker_cmd",
@@ -1657,7 +1659,9 @@ mod tests {
                 "--file-cache-mb=64",
                 "--upstream-timeout=60",
                 "--tcp-max-connections=4096",
-                "--tcp-idle-timeout=60"
+                "--tcp-idle-timeout=60",
+                "--max-tunnels=4096",
+                "--tunnel-idle=300"
             ]
         );
         assert_eq!(c.worker_label(), "/bin/true");
