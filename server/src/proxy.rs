@@ -52,6 +52,8 @@ use hyper_util::rt::TokioExecutor;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
 
+pub mod pool;
+
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -98,14 +100,14 @@ impl ErrorKind {
         Self::LABELS[self as usize]
     }
 
-    fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
 
-    fn body(self) -> &'static [u8] {
+    pub(crate) fn body(self) -> &'static [u8] {
         match self {
             ErrorKind::Connect => b"upstream refused the connection\n",
             ErrorKind::Reset => b"upstream closed the connection\n",
@@ -204,26 +206,53 @@ impl Upstream {
         remote: SocketAddr,
         early: bool,
     ) -> Exchange {
+        match self.attempt(request, remote, early).await {
+            Ok(exchange) => exchange,
+            Err(kind) => Exchange::Reply(kind.status(), kind.body()),
+        }
+    }
+
+    /// [`Upstream::exchange`], but a failure of the upstream (counted already) is returned as
+    /// its kind, for [`pool::Pool`] to decide whether another backend may take the request.
+    pub(crate) async fn attempt(
+        self: &Arc<Self>,
+        request: Request<ProxyBody>,
+        remote: SocketAddr,
+        early: bool,
+    ) -> Result<Exchange, ErrorKind> {
         if request.method() == Method::CONNECT {
             // No tunnels: the upstream speaks plain HTTP/1.1 requests only.
-            return Exchange::Reply(StatusCode::NOT_IMPLEMENTED, b"CONNECT is not supported\n");
+            return Ok(Exchange::Reply(
+                StatusCode::NOT_IMPLEMENTED,
+                b"CONNECT is not supported\n",
+            ));
         }
         let request = self.upstream_request(request, remote, early);
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => return self.fail(ErrorKind::Timeout, &"no response head"),
+            Err(_) => return Err(self.fail(ErrorKind::Timeout, &"no response head")),
             Ok(Err(e)) => {
                 if let Some(gone) = find::<ClientGone>(&e) {
                     debug!(error = %gone, "client went away while its request body was sent upstream");
-                    return Exchange::ClientGone;
+                    return Ok(Exchange::ClientGone);
+                }
+                if let Some(large) = find::<pool::BodyTooLarge>(&e) {
+                    debug!(error = %large, "request body cut at max_body");
+                    return Ok(Exchange::Reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        b"request body too large\n",
+                    ));
                 }
                 if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
                     // Our side of the exchange: a request body shorter or longer than the
                     // client's own content-length, say. Not the upstream's failure.
                     debug!(error = %e, "request refused by the HTTP/1.1 client");
-                    return Exchange::Reply(StatusCode::BAD_REQUEST, b"bad request body\n");
+                    return Ok(Exchange::Reply(
+                        StatusCode::BAD_REQUEST,
+                        b"bad request body\n",
+                    ));
                 }
-                return self.fail(classify(&e), &e);
+                return Err(self.fail(classify(&e), &e));
             }
             Ok(Ok(r)) => r,
         };
@@ -231,7 +260,7 @@ impl Upstream {
             // hyper consumes 100 Continue itself; anything else (101) needs an upgrade we never
             // asked for.
             let e = format!("status {} as the final response", response.status());
-            return self.fail(ErrorKind::Protocol, &e);
+            return Err(self.fail(ErrorKind::Protocol, &e));
         }
         self.recovered();
         let (mut parts, body) = response.into_parts();
@@ -241,8 +270,9 @@ impl Upstream {
             upstream: self.clone(),
             stall: Box::pin(tokio::time::sleep(self.timeout)),
             done: false,
+            in_flight: None,
         };
-        Exchange::Response(Response::from_parts(parts, body))
+        Ok(Exchange::Response(Response::from_parts(parts, body)))
     }
 
     /// The HTTP/1.1 request for the client's `request`.
@@ -303,10 +333,10 @@ impl Upstream {
         Request::from_parts(parts, body)
     }
 
-    /// Counts a failure of `kind` and answers with its 502/504.
-    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
+    /// Counts a failure of `kind`.
+    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> ErrorKind {
         self.count(kind, e);
-        Exchange::Reply(kind.status(), kind.body())
+        kind
     }
 
     fn count(&self, kind: ErrorKind, e: &dyn std::fmt::Display) {
@@ -345,11 +375,14 @@ pub struct UpstreamBody {
     upstream: Arc<Upstream>,
     stall: Pin<Box<tokio::time::Sleep>>,
     done: bool,
+    /// The request counted in flight at its backend until the body ends ([`pool`]).
+    in_flight: Option<pool::InFlight>,
 }
 
 impl UpstreamBody {
     fn failed(&mut self, kind: ErrorKind, message: String) -> UpstreamError {
         self.done = true;
+        self.in_flight = None;
         self.upstream.count(kind, &message);
         UpstreamError { kind, message }
     }
@@ -370,6 +403,7 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
                 this.done = true;
+                this.in_flight = None;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {

@@ -14,7 +14,8 @@ use hyper::body::Incoming;
 use super::body::body_of;
 use super::TcpBody;
 use crate::access_log::Logged;
-use crate::proxy::{ClientGone, Exchange, Upstream};
+use crate::proxy::pool::Pool;
+use crate::proxy::{ClientGone, Exchange};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
 use crate::sites::{Local, Router, Target};
@@ -74,7 +75,7 @@ pub(super) async fn handle(
 
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
 async fn proxy(
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<Pool>,
     site: Option<usize>,
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
