@@ -236,13 +236,6 @@ impl Upstream {
                     debug!(error = %gone, "client went away while its request body was sent upstream");
                     return Ok(Exchange::ClientGone);
                 }
-                if let Some(large) = find::<pool::BodyTooLarge>(&e) {
-                    debug!(error = %large, "request body cut at max_body");
-                    return Ok(Exchange::Reply(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        b"request body too large\n",
-                    ));
-                }
                 if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
                     // Our side of the exchange: a request body shorter or longer than the
                     // client's own content-length, say. Not the upstream's failure.
@@ -270,7 +263,7 @@ impl Upstream {
             upstream: self.clone(),
             stall: Box::pin(tokio::time::sleep(self.timeout)),
             done: false,
-            in_flight: None,
+            guard: None,
         };
         Ok(Exchange::Response(Response::from_parts(parts, body)))
     }
@@ -375,14 +368,15 @@ pub struct UpstreamBody {
     upstream: Arc<Upstream>,
     stall: Pin<Box<tokio::time::Sleep>>,
     done: bool,
-    /// The request counted in flight at its backend until the body ends ([`pool`]).
-    in_flight: Option<pool::InFlight>,
+    /// Kept until the body ends, then dropped: the pool's count of the request in flight at
+    /// its backend.
+    pub(crate) guard: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl UpstreamBody {
     fn failed(&mut self, kind: ErrorKind, message: String) -> UpstreamError {
         self.done = true;
-        self.in_flight = None;
+        self.guard = None;
         self.upstream.count(kind, &message);
         UpstreamError { kind, message }
     }
@@ -403,7 +397,7 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
                 this.done = true;
-                this.in_flight = None;
+                this.guard = None;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {

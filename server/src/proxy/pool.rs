@@ -24,7 +24,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -211,11 +211,14 @@ impl Pool {
                 | Method::TRACE
         );
         let empty = length == Some(0) || body.is_end_stream();
+        // Set when the body passed `max_body`: whatever the attempt then came to, the answer
+        // is 413 (hyper reports the body's error as a request of ours it refused).
+        let cut = Arc::new(AtomicBool::new(false));
         let held = match empty {
             true => Held::Empty,
             false => {
                 let body = match limit {
-                    Some(limit) => LimitedBody::new(body, limit).boxed_unsync(),
+                    Some(limit) => LimitedBody::new(body, limit, cut.clone()).boxed_unsync(),
                     None => body,
                 };
                 Held::Unread(Arc::new(Mutex::new(Some(body))))
@@ -244,8 +247,11 @@ impl Pool {
                     } else {
                         backend.health.succeeded();
                     }
-                    response.body_mut().in_flight = Some(in_flight);
+                    response.body_mut().guard = Some(Box::new(in_flight));
                     return Exchange::Response(response);
+                }
+                Ok(_) | Err(_) if cut.load(Ordering::Relaxed) => {
+                    return Exchange::Reply(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
                 }
                 Ok(other) => return other,
                 Err(kind) => {
@@ -449,24 +455,26 @@ fn label_of(authority: &str) -> String {
 /// response was sent yet.
 #[derive(Debug, thiserror::Error)]
 #[error("request body larger than max_body ({limit} bytes)")]
-pub struct BodyTooLarge {
+struct BodyTooLarge {
     limit: u64,
 }
 
 /// A request body that fails with [`BodyTooLarge`] once it carried more than its limit, frame
-/// by frame: nothing past the limit is passed on, and nothing is held.
+/// by frame, and says so in `cut`: nothing past the limit is passed on, and nothing is held.
 struct LimitedBody {
     inner: ProxyBody,
     limit: u64,
     seen: u64,
+    cut: Arc<AtomicBool>,
 }
 
 impl LimitedBody {
-    fn new(inner: ProxyBody, limit: u64) -> LimitedBody {
+    fn new(inner: ProxyBody, limit: u64, cut: Arc<AtomicBool>) -> LimitedBody {
         LimitedBody {
             inner,
             limit,
             seen: 0,
+            cut,
         }
     }
 }
@@ -483,6 +491,9 @@ impl Body for LimitedBody {
         if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
             self.seen += data.map_or(0, |d| d.len() as u64);
             if self.seen > self.limit {
+                // Relaxed: the failure of the request reaches the pool through hyper's
+                // channel, which orders this store before the pool's load.
+                self.cut.store(true, Ordering::Relaxed);
                 let limit = self.limit;
                 return Poll::Ready(Some(Err(BoxError::from(BodyTooLarge { limit }))));
             }

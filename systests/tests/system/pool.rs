@@ -225,7 +225,7 @@ async fn a_backend_stopped_under_load_is_ejected_and_comes_back() {
         for l in load {
             sent += l.await.expect("a load task");
         }
-        let failures = failures.lock().unwrap();
+        let failures = std::mem::take(&mut *failures.lock().unwrap());
         assert!(failures.is_empty(), "of {sent} GETs: {failures:?}");
         // Every worker reports it up again.
         rm.wait_for("the backend up again", Duration::from_secs(10), |m| {
