@@ -25,6 +25,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::UpstreamUrl;
 
+mod pool;
+
+pub use pool::{
+    Backends, Balance, Balancing, BodyLimit, HealthSeconds, PassiveHealth, Retries, HEALTH_SECONDS,
+    MAX_BACKENDS, MAX_FAILS, MAX_RETRIES,
+};
+
 /// The statuses a redirect may answer with (RFC 9110 §15.4): moved for good (301, 308) or for
 /// now (302, 307).
 pub const REDIRECT_STATUSES: [u16; 4] = [301, 302, 307, 308];
@@ -82,11 +89,16 @@ pub enum Action {
     /// files from `root` when set, else (and for names with no file) `/hello.txt` and
     /// `/bytes/N`.
     Builtin { root: Option<PathBuf> },
-    /// The reverse proxy to an HTTP/1.1 service; with `strip_prefix`, the route's prefix is
-    /// taken off the path passed on.
+    /// The reverse proxy to an HTTP/1.1 service, one backend or several; with `strip_prefix`,
+    /// the route's prefix is taken off the path passed on. `balancing` says how requests are
+    /// shared among the backends, `max_body` the largest request body passed on.
     Upstream {
-        url: UpstreamUrl,
+        url: Backends,
         strip_prefix: bool,
+        #[serde(default, skip_serializing_if = "Balancing::is_default")]
+        balancing: Balancing,
+        #[serde(default, skip_serializing_if = "BodyLimit::is_none")]
+        max_body: BodyLimit,
     },
     /// A redirect to `to` with `status`, in which `{path}` stands for the request's path and
     /// `{query}` for its query (without the `?`).
@@ -99,6 +111,16 @@ pub enum Action {
 }
 
 impl Action {
+    /// A proxy to the one backend `url`, every other setting at its default.
+    pub fn upstream(url: UpstreamUrl, strip_prefix: bool) -> Action {
+        Action::Upstream {
+            url: Backends::one(url),
+            strip_prefix,
+            balancing: Balancing::default(),
+            max_body: BodyLimit::default(),
+        }
+    }
+
     /// What no single value can say alone: a 204 or 304 response has no body (RFC 9110
     /// §15.3.5, §15.4.5).
     pub fn check(&self) -> Result<(), RouteError> {
@@ -142,15 +164,22 @@ impl Respond {
 }
 
 /// A `[[site.route]]` as the configuration file writes it: the path and one action's keys
-/// (`root`; `upstream` and `strip_prefix`; `redirect` and `status`; `respond`). The keys the
-/// file takes are this struct's fields.
+/// (`root`; `upstream` with `strip_prefix`, `lb`, `retries`, `max_fails`, `fail_window`,
+/// `eject_for` and `max_body`; `redirect` and `status`; `respond`). The keys the file takes
+/// are this struct's fields.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRoute {
     pub path: Option<String>,
     pub root: Option<PathBuf>,
-    pub upstream: Option<UpstreamUrl>,
+    pub upstream: Option<Backends>,
     pub strip_prefix: Option<bool>,
+    pub lb: Option<Balance>,
+    pub retries: Option<Retries>,
+    pub max_fails: Option<u32>,
+    pub fail_window: Option<HealthSeconds>,
+    pub eject_for: Option<HealthSeconds>,
+    pub max_body: Option<BodyLimit>,
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
@@ -170,8 +199,19 @@ impl TryFrom<FileRoute> for Route {
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(RouteError::Actions);
         }
-        if f.strip_prefix.is_some() && f.upstream.is_none() {
-            return Err(RouteError::StripPrefixAlone);
+        if f.upstream.is_none() {
+            let upstream_keys = [
+                ("strip_prefix", f.strip_prefix.is_some()),
+                ("lb", f.lb.is_some()),
+                ("retries", f.retries.is_some()),
+                ("max_fails", f.max_fails.is_some()),
+                ("fail_window", f.fail_window.is_some()),
+                ("eject_for", f.eject_for.is_some()),
+                ("max_body", f.max_body.is_some()),
+            ];
+            if let Some((key, _)) = upstream_keys.iter().find(|(_, given)| *given) {
+                return Err(RouteError::UpstreamKeyAlone(key));
+            }
         }
         if f.status.is_some() && f.redirect.is_none() {
             return Err(RouteError::StatusAlone);
@@ -179,9 +219,22 @@ impl TryFrom<FileRoute> for Route {
         let action = if let Some(root) = f.root {
             Action::Files { root }
         } else if let Some(url) = f.upstream {
+            let default = PassiveHealth::default();
+            let passive = PassiveHealth {
+                max_fails: f.max_fails.unwrap_or(default.max_fails),
+                fail_window: f.fail_window.unwrap_or(default.fail_window),
+                eject_for: f.eject_for.unwrap_or(default.eject_for),
+            };
+            passive.check().map_err(RouteError::MaxFails)?;
             Action::Upstream {
                 url,
                 strip_prefix: f.strip_prefix.unwrap_or(false),
+                balancing: Balancing {
+                    lb: f.lb.unwrap_or_default(),
+                    retries: f.retries.unwrap_or_default(),
+                    passive,
+                },
+                max_body: f.max_body.unwrap_or_default(),
             }
         } else if let Some(to) = f.redirect {
             Action::Redirect {
@@ -220,8 +273,10 @@ pub enum RouteError {
          respond = {{ status = N, body = \"...\" }}"
     )]
     Actions,
-    #[error("strip_prefix goes with upstream only")]
-    StripPrefixAlone,
+    #[error("{0} goes with upstream only")]
+    UpstreamKeyAlone(&'static str),
+    #[error("max_fails: {0}")]
+    MaxFails(ValueError),
     #[error(
         "status goes with redirect (respond takes its own: respond = {{ status = N, body = \
          \"...\" }})"
@@ -238,7 +293,8 @@ impl RouteError {
         match self {
             RouteError::NoPath | RouteError::Actions => None,
             RouteError::Path(_) => Some("path"),
-            RouteError::StripPrefixAlone => Some("strip_prefix"),
+            RouteError::UpstreamKeyAlone(key) => Some(key),
+            RouteError::MaxFails(_) => Some("max_fails"),
             RouteError::StatusAlone => Some("status"),
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
         }
@@ -274,6 +330,20 @@ pub enum ValueError {
     HeaderTwice(String),
     #[error("{0}")]
     Upstream(String),
+    #[error("{0} backends: give 1 to {MAX_BACKENDS}")]
+    Backends(usize),
+    #[error("{0} is listed twice; give each backend once")]
+    BackendTwice(String),
+    #[error("retries: 0 to {MAX_RETRIES}")]
+    Retries,
+    #[error("expected {} to {} seconds", HEALTH_SECONDS.start(), HEALTH_SECONDS.end())]
+    HealthSeconds,
+    #[error("expected 0 (never eject) to {MAX_FAILS} failures")]
+    MaxFails,
+    #[error(
+        "{0:?}: expected a size in bytes, as a number (1048576) or with a unit (\"10MB\", \"10MiB\", \"512KiB\", \"1GB\"); 0 for no limit"
+    )]
+    BodyLimit(String),
 }
 
 /// A redirect's status: one of [`REDIRECT_STATUSES`]; [`DEFAULT_REDIRECT_STATUS`] by default.
@@ -584,6 +654,41 @@ mod tests {
             ..FileRoute::default()
         };
         assert_eq!(route(strip).unwrap_err().key(), Some("strip_prefix"));
+        let lb = FileRoute {
+            path: path(),
+            respond: respond(),
+            lb: Some(Balance::RoundRobin),
+            ..FileRoute::default()
+        };
+        let e = route(lb).unwrap_err();
+        assert_eq!(
+            (e.key(), e.to_string()),
+            (Some("lb"), "lb goes with upstream only".to_string())
+        );
+        let pool = FileRoute {
+            path: path(),
+            upstream: Some(Backends::one("http://127.0.0.1:9".parse().unwrap())),
+            retries: Some(Retries::try_from(2).unwrap()),
+            max_fails: Some(5),
+            max_body: Some(BodyLimit::bytes(10)),
+            ..FileRoute::default()
+        };
+        let Action::Upstream {
+            balancing,
+            max_body,
+            ..
+        } = route(pool).unwrap().action
+        else {
+            unreachable!("an upstream route")
+        };
+        assert_eq!(
+            (
+                balancing.retries.get(),
+                balancing.passive.max_fails,
+                max_body.get()
+            ),
+            (2, 5, Some(10))
+        );
         let no_body = FileRoute {
             path: path(),
             respond: Some(Respond::new(204, "x").unwrap()),
@@ -638,5 +743,9 @@ mod tests {
         let json = serde_json::to_string(&route).unwrap();
         assert!(json.contains(r#""headers":{"x-a":"b"}"#), "{json}");
         assert_eq!(read::<Route>(&json).unwrap(), route);
+        // Several backends and settings away from their defaults are written, and read back.
+        let pool = r#"{"path":"/","action":{"upstream":{"url":["http://127.0.0.1:9","http://127.0.0.1:10"],"strip_prefix":false,"balancing":{"lb":"client_hash","retries":0,"passive":{"max_fails":1,"fail_window":10,"eject_for":5}},"max_body":100}}}"#;
+        let route: Route = read(pool).unwrap();
+        assert_eq!(serde_json::to_string(&route).unwrap(), pool);
     }
 }

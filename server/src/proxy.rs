@@ -54,6 +54,7 @@ use hyper_util::rt::TokioExecutor;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
 
+pub mod pool;
 mod tunnel;
 pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};
 pub use tunnel::{TunnelEnd, TunnelOptions};
@@ -104,14 +105,14 @@ impl ErrorKind {
         Self::LABELS[self as usize]
     }
 
-    fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
 
-    fn body(self) -> &'static [u8] {
+    pub(crate) fn body(self) -> &'static [u8] {
         match self {
             ErrorKind::Connect => b"upstream refused the connection\n",
             ErrorKind::Reset => b"upstream closed the connection\n",
@@ -210,26 +211,46 @@ impl Upstream {
         remote: SocketAddr,
         early: bool,
     ) -> Exchange {
+        match self.attempt(request, remote, early).await {
+            Ok(exchange) => exchange,
+            Err(kind) => Exchange::Reply(kind.status(), kind.body()),
+        }
+    }
+
+    /// [`Upstream::exchange`], but a failure of the upstream (counted already) is returned as
+    /// its kind, for [`pool::Pool`] to decide whether another backend may take the request.
+    pub(crate) async fn attempt(
+        self: &Arc<Self>,
+        request: Request<ProxyBody>,
+        remote: SocketAddr,
+        early: bool,
+    ) -> Result<Exchange, ErrorKind> {
         if request.method() == Method::CONNECT {
             // No tunnels: the upstream speaks plain HTTP/1.1 requests only.
-            return Exchange::Reply(StatusCode::NOT_IMPLEMENTED, b"CONNECT is not supported\n");
+            return Ok(Exchange::Reply(
+                StatusCode::NOT_IMPLEMENTED,
+                b"CONNECT is not supported\n",
+            ));
         }
         let request = self.upstream_request(request, remote, early);
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => return self.fail(ErrorKind::Timeout, &"no response head"),
+            Err(_) => return Err(self.fail(ErrorKind::Timeout, &"no response head")),
             Ok(Err(e)) => {
                 if let Some(gone) = find::<ClientGone>(&e) {
                     debug!(error = %gone, "client went away while its request body was sent upstream");
-                    return Exchange::ClientGone;
+                    return Ok(Exchange::ClientGone);
                 }
                 if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
                     // Our side of the exchange: a request body shorter or longer than the
                     // client's own content-length, say. Not the upstream's failure.
                     debug!(error = %e, "request refused by the HTTP/1.1 client");
-                    return Exchange::Reply(StatusCode::BAD_REQUEST, b"bad request body\n");
+                    return Ok(Exchange::Reply(
+                        StatusCode::BAD_REQUEST,
+                        b"bad request body\n",
+                    ));
                 }
-                return self.fail(classify(&e), &e);
+                return Err(self.fail(classify(&e), &e));
             }
             Ok(Ok(r)) => r,
         };
@@ -237,10 +258,10 @@ impl Upstream {
             // hyper consumes 100 Continue itself; anything else (101) needs an upgrade we never
             // asked for (the upgrades asked for take `tunnel`'s path).
             let e = format!("status {} as the final response", response.status());
-            return self.fail(ErrorKind::Protocol, &e);
+            return Err(self.fail(ErrorKind::Protocol, &e));
         }
         self.recovered();
-        self.response(response)
+        Ok(self.response(response))
     }
 
     /// The upstream's final `response` as the client gets it.
@@ -252,6 +273,7 @@ impl Upstream {
             upstream: self.clone(),
             stall: Box::pin(tokio::time::sleep(self.timeout)),
             done: false,
+            guard: None,
         };
         Exchange::Response(Response::from_parts(parts, body))
     }
@@ -314,9 +336,15 @@ impl Upstream {
         Request::from_parts(parts, body)
     }
 
-    /// Counts a failure of `kind` and answers with its 502/504.
-    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
+    /// Counts a failure of `kind`.
+    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> ErrorKind {
         self.count(kind, e);
+        kind
+    }
+
+    /// [`Upstream::fail`], answered to the client at once (a tunnel is never retried).
+    fn fail_reply(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
+        let kind = self.fail(kind, e);
         Exchange::Reply(kind.status(), kind.body())
     }
 
@@ -356,11 +384,15 @@ pub struct UpstreamBody {
     upstream: Arc<Upstream>,
     stall: Pin<Box<tokio::time::Sleep>>,
     done: bool,
+    /// Kept until the body ends, then dropped: the pool's count of the request in flight at
+    /// its backend.
+    pub(crate) guard: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl UpstreamBody {
     fn failed(&mut self, kind: ErrorKind, message: String) -> UpstreamError {
         self.done = true;
+        self.guard = None;
         self.upstream.count(kind, &message);
         UpstreamError { kind, message }
     }
@@ -381,6 +413,7 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
                 this.done = true;
+                this.guard = None;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {

@@ -32,6 +32,7 @@ use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
+use crate::proxy::pool::{Backend, Pool};
 use crate::proxy::{ErrorKind, Upstream};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
@@ -96,6 +97,8 @@ struct Inner {
     access_log: Option<Arc<AccessLog>>,
     /// Every distinct upstream, for its error counters.
     upstreams: Vec<Arc<Upstream>>,
+    /// Every distinct backend, for its series.
+    backends: Vec<Arc<Backend>>,
     /// Every distinct document root.
     roots: Vec<DocRoot>,
     /// Whether the access log names the site (see [`crate::access_log::Entry::site`]): not when
@@ -136,7 +139,7 @@ enum Handler {
     Files(DocRoot),
     Builtin(Option<DocRoot>),
     Upstream {
-        upstream: Arc<Upstream>,
+        upstream: Arc<Pool>,
         strip_prefix: bool,
     },
     Redirect {
@@ -158,7 +161,7 @@ struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
     roots: HashMap<PathBuf, DocRoot>,
-    upstreams: HashMap<String, Arc<Upstream>>,
+    upstreams: HashMap<String, Arc<Backend>>,
 }
 
 impl Opener<'_> {
@@ -171,10 +174,18 @@ impl Opener<'_> {
                 Some(root) => Some(self.root(root)?),
                 None => None,
             }),
-            Action::Upstream { url, strip_prefix } => Handler::Upstream {
-                upstream: self.upstream(url),
-                strip_prefix: *strip_prefix,
-            },
+            Action::Upstream {
+                url,
+                strip_prefix,
+                balancing,
+                max_body,
+            } => {
+                let backends = url.urls().iter().map(|u| self.upstream(u)).collect();
+                Handler::Upstream {
+                    upstream: Arc::new(Pool::new(backends, *balancing, *max_body)),
+                    strip_prefix: *strip_prefix,
+                }
+            }
             Action::Redirect { to, status } => Handler::Redirect {
                 to: to.as_str().to_owned(),
                 status: status_code(status.get()),
@@ -214,11 +225,11 @@ impl Opener<'_> {
         Ok(root)
     }
 
-    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Upstream> {
+    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Backend> {
         let timeout = self.opts.upstream_timeout;
         self.upstreams
             .entry(url.to_string())
-            .or_insert_with(|| Arc::new(Upstream::new(url, timeout)))
+            .or_insert_with(|| Arc::new(Backend::new(Arc::new(Upstream::new(url, timeout)))))
             .clone()
     }
 }
@@ -259,7 +270,7 @@ pub(crate) enum Target<'a> {
     Local(Local<'a>),
     /// Passed to the upstream, with this path and query instead of the request's when set.
     Proxy {
-        upstream: &'a Arc<Upstream>,
+        upstream: &'a Arc<Pool>,
         path: Option<PathAndQuery>,
     },
 }
@@ -364,7 +375,8 @@ impl Router {
                 index: SiteIndex::new(table),
                 max_bytes: opts.max_bytes,
                 access_log: opts.access_log.clone(),
-                upstreams: upstreams.into_values().collect(),
+                upstreams: upstreams.values().map(|b| b.upstream().clone()).collect(),
+                backends: upstreams.into_values().collect(),
                 roots: roots.into_values().collect(),
                 log_sites,
                 no_site: Arc::from(NO_SITE),
@@ -446,6 +458,11 @@ impl Router {
             }
         }
         sum
+    }
+
+    /// Puts every backend's series in `r` ([`crate::proxy::pool::report`]).
+    pub fn report_backends(&self, r: &mut ringmux_proto::WorkerReport) {
+        crate::proxy::pool::report(self.inner.backends.iter(), r);
     }
 
     /// Whether any route proxies.
@@ -735,10 +752,7 @@ pub fn with_command_line(
     upstream: Option<&UpstreamUrl>,
 ) -> SiteTable {
     let action = match (upstream, root) {
-        (Some(url), _) => Action::Upstream {
-            url: url.clone(),
-            strip_prefix: false,
-        },
+        (Some(url), _) => Action::upstream(url.clone(), false),
         (None, Some(root)) => Action::Builtin {
             root: Some(root.to_path_buf()),
         },
@@ -918,9 +932,17 @@ impl Default for Site {
 /// (files from its root, then the built-ins) or its upstream.
 impl From<&Site> for Router {
     fn from(site: &Site) -> Router {
-        let handler = match &site.upstream {
-            Some(upstream) => Handler::Upstream {
-                upstream: upstream.clone(),
+        let backend = site
+            .upstream
+            .as_ref()
+            .map(|u| Arc::new(Backend::new(u.clone())));
+        let handler = match &backend {
+            Some(backend) => Handler::Upstream {
+                upstream: Arc::new(Pool::new(
+                    vec![backend.clone()],
+                    Default::default(),
+                    Default::default(),
+                )),
                 strip_prefix: false,
             },
             None => Handler::Builtin(site.root.clone()),
@@ -940,6 +962,7 @@ impl From<&Site> for Router {
                 max_bytes: site.max_bytes,
                 access_log: site.access_log.clone(),
                 upstreams: site.upstream.iter().cloned().collect(),
+                backends: backend.into_iter().collect(),
                 roots: site.root.iter().cloned().collect(),
                 log_sites: false,
                 no_site: Arc::from(NO_SITE),
@@ -980,10 +1003,7 @@ mod tests {
     }
 
     fn upstream(url: &str, strip_prefix: bool) -> Action {
-        Action::Upstream {
-            url: url.parse().unwrap(),
-            strip_prefix,
-        }
+        Action::upstream(url.parse().unwrap(), strip_prefix)
     }
 
     fn redirect(to: &str, status: u16) -> Action {
@@ -1046,7 +1066,7 @@ mod tests {
         match r.target(Choice::Site(0), &method, &u) {
             Target::Proxy { upstream, path } => format!(
                 "proxy {} {}",
-                upstream.authority(),
+                upstream.first().authority(),
                 path.as_ref().map_or("-", |p| p.as_str())
             ),
             Target::Local(Local::Reply(reply)) => {

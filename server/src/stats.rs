@@ -286,6 +286,7 @@ impl Reporting {
                 }
             }
         }
+        self.router.report_backends(r);
         for (site, row) in (0u32..).zip(self.stats.sites.snapshot()) {
             let row = row.report_row();
             if row.iter().any(|v| *v != 0) {

@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info};
 
 use crate::access_log::{Ending, Logged};
-use crate::proxy::Upstream;
+use crate::proxy::pool::Pool;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
 use crate::sites::{Local, Router, Target};
@@ -450,7 +450,7 @@ impl Req {
     async fn proxy(
         &self,
         site: Option<usize>,
-        upstream: &Arc<Upstream>,
+        upstream: &Arc<Pool>,
         request: Request<()>,
         stream: Stream,
     ) -> Outcome {

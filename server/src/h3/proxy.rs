@@ -15,7 +15,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tracing::debug;
 
-use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody, Upstream};
+use crate::proxy::pool::Pool;
+use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody};
 
 /// The request stream of the h3 server over quinn.
 type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
@@ -36,7 +37,7 @@ pub enum Outcome {
 /// client's current address, `early` whether the request arrived in 0-RTT. Counts response
 /// body bytes handed to QUIC into `sent`.
 pub(crate) async fn proxy_h3(
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<Pool>,
     request: Request<()>,
     stream: Stream,
     remote: SocketAddr,

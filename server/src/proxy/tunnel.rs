@@ -251,12 +251,12 @@ impl Upstream {
         let (request, key) = self.handshake(parts, &ask, remote);
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => return Opened::Exchange(self.fail(ErrorKind::Timeout, &"no response head")),
+            Err(_) => return Opened::Exchange(self.fail_reply(ErrorKind::Timeout, &"no response head")),
             Ok(Err(e)) => {
                 if find::<ClientGone>(&e).is_some() {
                     return Opened::Exchange(Exchange::ClientGone);
                 }
-                return Opened::Exchange(self.fail(super::classify(&e), &e));
+                return Opened::Exchange(self.fail_reply(super::classify(&e), &e));
             }
             Ok(Ok(r)) => r,
         };
@@ -269,14 +269,14 @@ impl Upstream {
             let accept = response.headers().get("sec-websocket-accept");
             if accept.map(HeaderValue::as_bytes) != Some(accept_of(&key).as_bytes()) {
                 let e = format!("101 with sec-websocket-accept {accept:?} for our key");
-                return Opened::Exchange(self.fail(ErrorKind::Protocol, &e));
+                return Opened::Exchange(self.fail_reply(ErrorKind::Protocol, &e));
             }
         }
         self.recovered();
         let (mut head, _) = response.into_parts();
         let Some(backend) = head.extensions.remove::<OnUpgrade>() else {
             let e = "101 without an upgradable connection";
-            return Opened::Exchange(self.fail(ErrorKind::Protocol, &e));
+            return Opened::Exchange(self.fail_reply(ErrorKind::Protocol, &e));
         };
         let protocols = head.headers.get(header::UPGRADE).cloned();
         super::strip_hop_by_hop(&mut head.headers);

@@ -15,7 +15,8 @@ use super::body::body_of;
 use super::registry::Tracked;
 use super::TcpBody;
 use crate::access_log::Logged;
-use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions, Upstream};
+use crate::proxy::pool::Pool;
+use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
 use crate::sites::{Local, Router, Target};
@@ -87,7 +88,7 @@ pub(super) async fn handle(
 /// upstream's answer when it did not switch.
 async fn tunnel(
     conn: &Connection,
-    upstream: &Arc<Upstream>,
+    pool: &Arc<Pool>,
     site: Option<usize>,
     mut parts: http::request::Parts,
     ask: Ask,
@@ -108,7 +109,11 @@ async fn tunnel(
         tunnels: conn.tunnels.clone(),
         hold: Box::new(conn.tracked.begin(&conn.stats)),
     };
-    match upstream
+    // A tunnel goes to one backend, chosen as a request is, and is never retried: the
+    // client's bytes may have reached it.
+    let backend = pool.choose(conn.remote, &[]);
+    match backend
+        .upstream()
         .tunnel(parts, ask, conn.remote, client, logged)
         .await
     {
@@ -125,7 +130,7 @@ async fn tunnel(
 
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
 async fn proxy(
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<Pool>,
     site: Option<usize>,
     stats: &Arc<ServerStats>,
     remote: SocketAddr,

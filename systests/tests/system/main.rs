@@ -41,6 +41,8 @@ mod interop {
     mod examples;
     mod quinn;
 }
+/// Several backends behind one route: balancing, health, retries, `max_body`.
+mod pool;
 /// The reverse proxy in front of real HTTP/1.1 services.
 mod proxy;
 /// The built-in server's library on loopback: HTTP/3, sites over TCP, the shared session store.

@@ -1460,10 +1460,7 @@ impl Config {
     /// and the built-in responses.
     pub fn site_table(&self, cert: crate::certs::CertPem) -> SiteTable {
         let action = match &self.upstream {
-            Some(url) => Action::Upstream {
-                url: url.clone(),
-                strip_prefix: false,
-            },
+            Some(url) => Action::upstream(url.clone(), false),
             None => Action::Builtin {
                 root: self.args.root.clone(),
             },

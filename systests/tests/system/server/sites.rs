@@ -183,20 +183,8 @@ async fn each_request_is_answered_by_its_sites_route() {
                             ),
                         ),
                         route("/static", Action::Files { root: stat.clone() }),
-                        route(
-                            "/api",
-                            Action::Upstream {
-                                url: upstream.clone(),
-                                strip_prefix: true,
-                            },
-                        ),
-                        route(
-                            "/raw",
-                            Action::Upstream {
-                                url: upstream,
-                                strip_prefix: false,
-                            },
-                        ),
+                        route("/api", Action::upstream(upstream.clone(), true)),
+                        route("/raw", Action::upstream(upstream, false)),
                         route(
                             "/old",
                             Action::Redirect {
