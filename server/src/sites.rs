@@ -32,7 +32,7 @@ use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
-use crate::proxy::{ErrorKind, Upstream};
+use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
 
@@ -74,6 +74,12 @@ pub enum RouterError {
         site: String,
         route: String,
         error: RootError,
+    },
+    #[error("site {site:?}, route {route:?}: upstream {error}")]
+    Upstream {
+        site: String,
+        route: String,
+        error: Box<ConnectError>,
     },
     #[error("site {site:?}, route {route:?}: {what}")]
     Action {
@@ -158,21 +164,35 @@ struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
     roots: HashMap<PathBuf, DocRoot>,
-    upstreams: HashMap<String, Arc<Upstream>>,
+    upstreams: HashMap<(UpstreamUrl, UpstreamTls), Arc<Upstream>>,
+}
+
+/// Why a route's handler cannot be made: its root, on disk, or its upstream's TLS settings.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error(transparent)]
+    Upstream(#[from] Box<ConnectError>),
 }
 
 impl Opener<'_> {
     /// The handler of `action`, one arm per kind. Every value was checked when the table was
-    /// read (`ringmux_proto::route`); only a root can fail here, on disk.
-    fn handler(&mut self, action: &Action) -> Result<Handler, RootError> {
+    /// read (`ringmux_proto::route`); only a root can fail here, on disk, or an upstream's
+    /// certificates.
+    fn handler(&mut self, action: &Action) -> Result<Handler, OpenError> {
         Ok(match action {
             Action::Files { root } => Handler::Files(self.root(root)?),
             Action::Builtin { root } => Handler::Builtin(match root {
                 Some(root) => Some(self.root(root)?),
                 None => None,
             }),
-            Action::Upstream { url, strip_prefix } => Handler::Upstream {
-                upstream: self.upstream(url),
+            Action::Upstream {
+                url,
+                strip_prefix,
+                tls,
+            } => Handler::Upstream {
+                upstream: self.upstream(url, tls)?,
                 strip_prefix: *strip_prefix,
             },
             Action::Redirect { to, status } => Handler::Redirect {
@@ -214,12 +234,20 @@ impl Opener<'_> {
         Ok(root)
     }
 
-    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Upstream> {
-        let timeout = self.opts.upstream_timeout;
-        self.upstreams
-            .entry(url.to_string())
-            .or_insert_with(|| Arc::new(Upstream::new(url, timeout)))
-            .clone()
+    /// One client per URL and TLS settings: routes that name the same backend alike share
+    /// its connections.
+    fn upstream(
+        &mut self,
+        url: &UpstreamUrl,
+        tls: &UpstreamTls,
+    ) -> Result<Arc<Upstream>, OpenError> {
+        let key = (url.clone(), tls.clone());
+        if let Some(u) = self.upstreams.get(&key) {
+            return Ok(u.clone());
+        }
+        let made = Arc::new(Upstream::new(url, tls, self.opts.upstream_timeout).map_err(Box::new)?);
+        self.upstreams.insert(key, made.clone());
+        Ok(made)
     }
 }
 
@@ -334,13 +362,15 @@ impl Router {
                         what: e.to_string(),
                     })
                     .and_then(|()| {
-                        opener
-                            .handler(&route.action)
-                            .map_err(|error| RouterError::Root {
-                                site: site.label.clone(),
-                                route: route.path.clone(),
-                                error,
-                            })
+                        opener.handler(&route.action).map_err(|e| {
+                            let (site, route) = (site.label.clone(), route.path.clone());
+                            match e {
+                                OpenError::Root(error) => RouterError::Root { site, route, error },
+                                OpenError::Upstream(error) => {
+                                    RouterError::Upstream { site, route, error }
+                                }
+                            }
+                        })
                     })?;
                 routes.push(Routed {
                     prefix: route.path.clone(),
@@ -738,6 +768,7 @@ pub fn with_command_line(
         (Some(url), _) => Action::Upstream {
             url: url.clone(),
             strip_prefix: false,
+            tls: Default::default(),
         },
         (None, Some(root)) => Action::Builtin {
             root: Some(root.to_path_buf()),
@@ -983,6 +1014,7 @@ mod tests {
         Action::Upstream {
             url: url.parse().unwrap(),
             strip_prefix,
+            tls: Default::default(),
         }
     }
 

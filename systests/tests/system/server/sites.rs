@@ -188,6 +188,7 @@ async fn each_request_is_answered_by_its_sites_route() {
                             Action::Upstream {
                                 url: upstream.clone(),
                                 strip_prefix: true,
+                                tls: Default::default(),
                             },
                         ),
                         route(
@@ -195,6 +196,7 @@ async fn each_request_is_answered_by_its_sites_route() {
                             Action::Upstream {
                                 url: upstream,
                                 strip_prefix: false,
+                                tls: Default::default(),
                             },
                         ),
                         route(
