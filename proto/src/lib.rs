@@ -51,7 +51,7 @@ pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATIO
 pub use message::{
     ChallengeSet, Http01, Message, MessageError, SiteCertificate, TlsAlpn01, WorkerReport,
 };
-pub use upstream::{UpstreamError, UpstreamUrl};
+pub use upstream::{UpstreamError, UpstreamScheme, UpstreamUrl};
 
 /// `error` and each of its sources joined by `: `, as anyhow's `{:#}` shows a chain, leaving
 /// out a source whose text its error already wrote (hyper's and instant-acme's errors often

@@ -89,9 +89,10 @@ pub enum Action {
     /// files from `root` when set, else (and for names with no file) `/hello.txt` and
     /// `/bytes/N`.
     Builtin { root: Option<PathBuf> },
-    /// The reverse proxy to an HTTP/1.1 service, one backend or several; with `strip_prefix`,
+    /// The reverse proxy to an HTTP service, one backend or several; with `strip_prefix`,
     /// the route's prefix is taken off the path passed on. `balancing` says how requests are
-    /// shared among the backends, `max_body` the largest request body passed on.
+    /// shared among the backends, `max_body` the largest request body passed on; over TLS,
+    /// each backend is verified as `tls` says.
     Upstream {
         url: Backends,
         strip_prefix: bool,
@@ -99,6 +100,8 @@ pub enum Action {
         balancing: Balancing,
         #[serde(default, skip_serializing_if = "BodyLimit::is_none")]
         max_body: BodyLimit,
+        #[serde(default, skip_serializing_if = "UpstreamTls::is_default")]
+        tls: UpstreamTls,
     },
     /// A redirect to `to` with `status`, in which `{path}` stands for the request's path and
     /// `{query}` for its query (without the `?`).
@@ -118,6 +121,7 @@ impl Action {
             strip_prefix,
             balancing: Balancing::default(),
             max_body: BodyLimit::default(),
+            tls: UpstreamTls::default(),
         }
     }
 
@@ -127,6 +131,12 @@ impl Action {
         match self {
             Action::Respond(r) if matches!(r.status.get(), 204 | 304) && !r.body.is_empty() => {
                 Err(RouteError::BodyNotAllowed(r.status.get()))
+            }
+            Action::Upstream { url, tls, .. } if !tls.is_default() => {
+                match url.urls().iter().find(|u| !u.scheme.tls()) {
+                    Some(clear) => Err(RouteError::TlsInTheClear(clear.to_string())),
+                    None => Ok(()),
+                }
             }
             Action::Files { .. }
             | Action::Builtin { .. }
@@ -180,6 +190,12 @@ pub struct FileRoute {
     pub fail_window: Option<HealthSeconds>,
     pub eject_for: Option<HealthSeconds>,
     pub max_body: Option<BodyLimit>,
+    /// A PEM file of the certificates a TLS upstream is verified against instead of the
+    /// system's roots. The demux reads it and puts its text in [`UpstreamTls::roots_pem`]
+    /// ([`Route::try_from`] leaves that to it: this module never touches a file).
+    pub upstream_ca: Option<PathBuf>,
+    /// The name a TLS upstream is asked for and verified against, instead of its URL's host.
+    pub upstream_sni: Option<UpstreamSni>,
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
@@ -213,6 +229,24 @@ impl TryFrom<FileRoute> for Route {
                 return Err(RouteError::UpstreamKeyAlone(key));
             }
         }
+        for (given, key) in [
+            (f.upstream_ca.is_some(), "upstream_ca"),
+            (f.upstream_sni.is_some(), "upstream_sni"),
+        ] {
+            let clear = |b: &Backends| b.urls().iter().find(|u| !u.scheme.tls()).cloned();
+            match &f.upstream {
+                _ if !given => {}
+                None => return Err(RouteError::UpstreamKeyAlone(key)),
+                Some(backends) => {
+                    if let Some(url) = clear(backends) {
+                        return Err(RouteError::UpstreamKeyInTheClear {
+                            key,
+                            url: url.to_string(),
+                        });
+                    }
+                }
+            }
+        }
         if f.status.is_some() && f.redirect.is_none() {
             return Err(RouteError::StatusAlone);
         }
@@ -235,6 +269,10 @@ impl TryFrom<FileRoute> for Route {
                     passive,
                 },
                 max_body: f.max_body.unwrap_or_default(),
+                tls: UpstreamTls {
+                    roots_pem: String::new(),
+                    sni: f.upstream_sni,
+                },
             }
         } else if let Some(to) = f.redirect {
             Action::Redirect {
@@ -284,6 +322,15 @@ pub enum RouteError {
     StatusAlone,
     #[error("a {0} response has no body: drop body, or give another status")]
     BodyNotAllowed(u16),
+    #[error(
+        "{key} goes with a TLS upstream (https:// or h2://), and upstream = {url:?} is in the \
+         clear"
+    )]
+    UpstreamKeyInTheClear { key: &'static str, url: String },
+    #[error(
+        "upstream = {0:?} is in the clear: it has no certificates to verify nor a server name"
+    )]
+    TlsInTheClear(String),
 }
 
 impl RouteError {
@@ -297,6 +344,8 @@ impl RouteError {
             RouteError::MaxFails(_) => Some("max_fails"),
             RouteError::StatusAlone => Some("status"),
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
+            RouteError::UpstreamKeyInTheClear { key, .. } => Some(key),
+            RouteError::TlsInTheClear(_) => Some("upstream"),
         }
     }
 }
@@ -344,6 +393,11 @@ pub enum ValueError {
         "{0:?}: expected a size in bytes, as a number (1048576) or with a unit (\"10MB\", \"10MiB\", \"512KiB\", \"1GB\"); 0 for no limit"
     )]
     BodyLimit(String),
+    #[error(
+        "expected a DNS name (letters, digits, hyphens and dots) or an IP address, e.g. \
+         \"api.internal\""
+    )]
+    ServerName,
 }
 
 /// A redirect's status: one of [`REDIRECT_STATUSES`]; [`DEFAULT_REDIRECT_STATUS`] by default.
@@ -538,6 +592,78 @@ impl From<ResponseHeaders> for BTreeMap<String, String> {
     }
 }
 
+/// How a route's TLS upstream (`https://`, `h2://`) is verified: against `roots_pem`, and for
+/// the name `sni` or else its URL's host (an IP address is sent as no SNI, RFC 6066 §3, and
+/// verified as an IP address of the certificate). Empty for an upstream in the clear.
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM certificates to trust: the route's `upstream_ca`, else the system's roots, as the
+    /// demux read them (a worker reads no file for them).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub roots_pem: String,
+    /// `upstream_sni`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<UpstreamSni>,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    // The system's roots are some 200 KB of PEM: say how much, not what.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("roots_pem_bytes", &self.roots_pem.len())
+            .field("sni", &self.sni)
+            .finish()
+    }
+}
+
+impl UpstreamTls {
+    /// Nothing set: an upstream in the clear.
+    pub fn is_default(&self) -> bool {
+        self.roots_pem.is_empty() && self.sni.is_none()
+    }
+}
+
+/// `upstream_sni`: a DNS name (lower case, labels of letters, digits, hyphens and
+/// underscores, at most 253 characters) or an IP address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct UpstreamSni(String);
+
+impl UpstreamSni {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for UpstreamSni {
+    type Error = ValueError;
+
+    fn try_from(v: String) -> Result<Self, ValueError> {
+        if v.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(UpstreamSni(v));
+        }
+        let name = v.strip_suffix('.').unwrap_or(&v).to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        match name.len() <= 253 && name.split('.').all(label_ok) {
+            true => Ok(UpstreamSni(name)),
+            false => Err(ValueError::ServerName),
+        }
+    }
+}
+
+impl From<UpstreamSni> for String {
+    fn from(s: UpstreamSni) -> String {
+        s.0
+    }
+}
+
 // An upstream is written as its URL; a bad one is refused saying why, the reader naming it.
 impl Serialize for UpstreamUrl {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -589,8 +715,25 @@ mod tests {
             let e = read::<RedirectTarget>(bad).unwrap_err();
             assert!(e.contains("printable ASCII"), "{bad}: {e}");
         }
-        let e = read::<UpstreamUrl>("\"https://127.0.0.1:9\"").unwrap_err();
-        assert!(e.starts_with("https upstreams are not supported"), "{e}");
+        let e = read::<UpstreamUrl>("\"ftp://127.0.0.1:9\"").unwrap_err();
+        assert!(e.starts_with("expected http://HOST:PORT, https://"), "{e}");
+        for good in ["\"api.internal\"", "\"10.0.0.1\"", "\"::1\"", "\"A.Test.\""] {
+            assert!(read::<UpstreamSni>(good).is_ok(), "{good}");
+        }
+        assert_eq!(
+            read::<UpstreamSni>("\"A.Test.\"").unwrap().as_str(),
+            "a.test"
+        );
+        for bad in [
+            "\"\"",
+            "\"a b\"",
+            "\"-a.test\"",
+            "\"a..test\"",
+            "\"*.a.test\"",
+        ] {
+            let e = read::<UpstreamSni>(bad).unwrap_err();
+            assert!(e.contains("expected a DNS name"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -702,6 +845,39 @@ mod tests {
             ),
             (Some("respond.body"), true)
         );
+        let upstream = |url: &str| Some(Backends::one(url.parse::<UpstreamUrl>().unwrap()));
+        let sni = || Some(UpstreamSni::try_from("b.test".to_string()).unwrap());
+        let alone = FileRoute {
+            path: path(),
+            respond: respond(),
+            upstream_ca: Some("/etc/ca.pem".into()),
+            ..FileRoute::default()
+        };
+        assert_eq!(
+            route(alone),
+            Err(RouteError::UpstreamKeyAlone("upstream_ca"))
+        );
+        let clear = FileRoute {
+            path: path(),
+            upstream: upstream("h2c://127.0.0.1:9"),
+            upstream_sni: sni(),
+            ..FileRoute::default()
+        };
+        let e = route(clear).unwrap_err();
+        assert_eq!(e.key(), Some("upstream_sni"));
+        assert!(e.to_string().contains("h2c://127.0.0.1:9"), "{e}");
+        let tls = FileRoute {
+            path: path(),
+            upstream: upstream("https://127.0.0.1:9"),
+            upstream_ca: Some("/etc/ca.pem".into()),
+            upstream_sni: sni(),
+            ..FileRoute::default()
+        };
+        let Action::Upstream { tls, .. } = route(tls).unwrap().action else {
+            unreachable!("an upstream route")
+        };
+        // The demux reads the file; the declaration carries the name only.
+        assert_eq!((tls.roots_pem.as_str(), tls.sni), ("", sni()));
         let bad_path = FileRoute {
             path: Some("/x?y".into()),
             respond: respond(),
@@ -735,6 +911,12 @@ mod tests {
             let route: Route = read(json).unwrap_or_else(|e| panic!("{json}: {e}"));
             assert_eq!(serde_json::to_string(&route).unwrap(), json);
         }
+        let tls = r#"{"path":"/g","action":{"upstream":{"url":"h2://g.test:443","strip_prefix":false,"tls":{"roots_pem":"PEM","sni":"g.internal"}}}}"#;
+        let route: Route = read(tls).unwrap();
+        assert_eq!(serde_json::to_string(&route).unwrap(), tls);
+        let clear = r#"{"path":"/g","action":{"upstream":{"url":"h2c://g.test:80","strip_prefix":false,"tls":{"sni":"g.internal"}}}}"#;
+        let e = read::<Route>(clear).unwrap().check().unwrap_err();
+        assert!(e.to_string().contains("is in the clear"), "{e}");
         let mut route: Route = read(before[4]).unwrap();
         let Action::Respond(r) = &mut route.action else {
             unreachable!("a respond route")

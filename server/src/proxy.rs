@@ -1,13 +1,15 @@
 //! The reverse proxy of the built-in worker (`ringmux --upstream http://HOST:PORT`): every
-//! request, over HTTP/3 or TCP, is passed to an HTTP/1.1 service, the way nginx's `proxy_pass`
-//! does. [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
+//! request, over HTTP/3 or TCP, is passed to an HTTP service, the way nginx's `proxy_pass`
+//! does: HTTP/1.1 or HTTP/2, in the clear or over TLS, as the upstream's URL says (`connect`
+//! makes the client). [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
 //! whose body streams from the client and returns the upstream's response, whose body streams
 //! back ([`UpstreamBody`]); the HTTP/3 front (`h3::proxy`) drives it on an h3 request stream,
 //! the TCP front (`tcp`) hands it hyper's request and returns its response to hyper. This
 //! module knows neither transport.
 //!
 //! * One [`Upstream`] per worker holds hyper's client and its pool of keep-alive connections
-//!   (TCP_NODELAY), so requests reuse connections instead of opening one each.
+//!   (TCP_NODELAY), so requests reuse connections instead of opening one each; over HTTP/2,
+//!   one connection carries them all.
 //! * Bodies stream both ways: the request body is read from the client only as fast as the
 //!   upstream connection takes it, and the response body goes out frame by frame; neither is
 //!   held whole. Trailers pass in both directions where HTTP/1.1 allows: with chunked encoding,
@@ -43,14 +45,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as _, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+pub use ringmux_proto::route::UpstreamTls;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
 
@@ -62,11 +62,9 @@ pub use tunnel::{TunnelEnd, TunnelOptions};
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Idle upstream connections kept per worker; more are closed when they go idle.
-const POOL_IDLE_MAX: usize = 256;
+mod connect;
 
-/// How long an idle upstream connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub use connect::ConnectError;
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -86,19 +84,24 @@ pub enum ErrorKind {
     Timeout,
     /// The upstream answered with something that is not a usable HTTP/1.1 response. 502.
     Protocol,
+    /// The TLS handshake with the upstream failed (an unknown CA, a certificate for another
+    /// name, …). 502, saying why.
+    Tls,
 }
 
 impl ErrorKind {
     /// Every kind, in the order of [`Upstream::errors`].
-    pub const ALL: [ErrorKind; 4] = [
+    pub const ALL: [ErrorKind; 5] = [
         ErrorKind::Connect,
         ErrorKind::Reset,
         ErrorKind::Timeout,
         ErrorKind::Protocol,
+        ErrorKind::Tls,
     ];
 
     /// The metric labels, in [`ErrorKind::ALL`] order.
-    pub const LABELS: [&'static str; Self::ALL.len()] = ["connect", "reset", "timeout", "protocol"];
+    pub const LABELS: [&'static str; Self::ALL.len()] =
+        ["connect", "reset", "timeout", "protocol", "tls"];
 
     /// The metric label.
     pub fn as_str(self) -> &'static str {
@@ -118,6 +121,7 @@ impl ErrorKind {
             ErrorKind::Reset => b"upstream closed the connection\n",
             ErrorKind::Timeout => b"upstream did not answer in time\n",
             ErrorKind::Protocol => b"upstream sent an invalid response\n",
+            ErrorKind::Tls => b"upstream TLS: the handshake with the upstream failed\n",
         }
     }
 }
@@ -127,7 +131,7 @@ impl ErrorKind {
 pub struct Upstream {
     authority: Authority,
     timeout: Duration,
-    client: Client<HttpConnector, ProxyBody>,
+    client: connect::Backend,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     /// Per kind: a failure of that kind was logged and no request has succeeded since.
     failing: [AtomicBool; ErrorKind::ALL.len()],
@@ -170,24 +174,21 @@ pub struct UpstreamError {
 }
 
 impl Upstream {
-    /// A client for `url`. Every request waits at most `timeout` for the response head, and at
-    /// most `timeout` between two frames of the response body. Needs a tokio runtime only when
-    /// requests are made.
-    pub fn new(url: &UpstreamUrl, timeout: Duration) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(POOL_IDLE_MAX)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
-        Upstream {
+    /// A client for `url`, verified as `tls` says over TLS. Every request waits at most
+    /// `timeout` for the response head, and at most `timeout` between two frames of the
+    /// response body. Needs a tokio runtime only when requests are made.
+    pub fn new(
+        url: &UpstreamUrl,
+        tls: &UpstreamTls,
+        timeout: Duration,
+    ) -> Result<Upstream, ConnectError> {
+        Ok(Upstream {
             authority: url.authority.clone(),
             timeout,
-            client,
+            client: connect::Backend::new(url, tls, timeout)?,
             errors: Default::default(),
             failing: Default::default(),
-        }
+        })
     }
 
     /// The upstream's `HOST:PORT`.
@@ -250,6 +251,12 @@ impl Upstream {
                         b"bad request body\n",
                     ));
                 }
+                if let Some(why) = connect::tls_refusal(&e) {
+                    // Answered with its reason rather than retried on another backend: a
+                    // certificate the route's settings refuse is the operator's to fix.
+                    self.count(ErrorKind::Tls, &e);
+                    return Ok(Exchange::Reply(StatusCode::BAD_GATEWAY, why));
+                }
                 return Err(self.fail(classify(&e), &e));
             }
             Ok(Ok(r)) => r,
@@ -293,13 +300,13 @@ impl Upstream {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(Scheme::HTTP);
+        uri.scheme = Some(self.client.uri_scheme());
         uri.authority = Some(self.authority.clone());
         uri.path_and_query = Some(path);
         // Scheme, authority and path were each parsed already, so the URI is valid; the
         // fallback only keeps this free of panics.
         parts.uri = Uri::from_parts(uri).unwrap_or_else(|_| Uri::from_static("/"));
-        parts.version = http::Version::HTTP_11;
+        parts.version = self.client.version();
         let h = &mut parts.headers;
         strip_hop_by_hop(h);
         for name in [
@@ -314,6 +321,11 @@ impl Upstream {
         // `expect: 100-continue` would make hyper wait for a 100 the client cannot use here.
         h.remove(header::EXPECT);
         add_forwarded(h, remote, authority.as_deref());
+        if parts.version == http::Version::HTTP_2 {
+            // `:authority` is the upstream URL's, and a `host` that differs from it may be
+            // refused as malformed (RFC 9113 §8.3.1): the client's is in `x-forwarded-host`.
+            h.remove(header::HOST);
+        }
         if early {
             h.insert("early-data", HeaderValue::from_static("1"));
         }

@@ -33,7 +33,7 @@ use ringmux_proto::UpstreamUrl;
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
 use crate::proxy::pool::{Backend, Pool};
-use crate::proxy::{ErrorKind, Upstream};
+use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
 
@@ -75,6 +75,12 @@ pub enum RouterError {
         site: String,
         route: String,
         error: RootError,
+    },
+    #[error("site {site:?}, route {route:?}: upstream {error}")]
+    Upstream {
+        site: String,
+        route: String,
+        error: Box<ConnectError>,
     },
     #[error("site {site:?}, route {route:?}: {what}")]
     Action {
@@ -161,13 +167,23 @@ struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
     roots: HashMap<PathBuf, DocRoot>,
-    upstreams: HashMap<String, Arc<Backend>>,
+    upstreams: HashMap<(UpstreamUrl, UpstreamTls), Arc<Backend>>,
+}
+
+/// Why a route's handler cannot be made: its root, on disk, or its upstream's TLS settings.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error(transparent)]
+    Upstream(#[from] Box<ConnectError>),
 }
 
 impl Opener<'_> {
     /// The handler of `action`, one arm per kind. Every value was checked when the table was
-    /// read (`ringmux_proto::route`); only a root can fail here, on disk.
-    fn handler(&mut self, action: &Action) -> Result<Handler, RootError> {
+    /// read (`ringmux_proto::route`); only a root can fail here, on disk, or an upstream's
+    /// certificates.
+    fn handler(&mut self, action: &Action) -> Result<Handler, OpenError> {
         Ok(match action {
             Action::Files { root } => Handler::Files(self.root(root)?),
             Action::Builtin { root } => Handler::Builtin(match root {
@@ -179,8 +195,13 @@ impl Opener<'_> {
                 strip_prefix,
                 balancing,
                 max_body,
+                tls,
             } => {
-                let backends = url.urls().iter().map(|u| self.upstream(u)).collect();
+                let backends = url
+                    .urls()
+                    .iter()
+                    .map(|u| self.upstream(u, tls))
+                    .collect::<Result<Vec<_>, _>>()?;
                 Handler::Upstream {
                     upstream: Arc::new(Pool::new(backends, *balancing, *max_body)),
                     strip_prefix: *strip_prefix,
@@ -225,12 +246,21 @@ impl Opener<'_> {
         Ok(root)
     }
 
-    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Backend> {
-        let timeout = self.opts.upstream_timeout;
-        self.upstreams
-            .entry(url.to_string())
-            .or_insert_with(|| Arc::new(Backend::new(Arc::new(Upstream::new(url, timeout)))))
-            .clone()
+    /// One client per URL and TLS settings: routes that name the same backend alike share
+    /// its connections (and its health).
+    fn upstream(
+        &mut self,
+        url: &UpstreamUrl,
+        tls: &UpstreamTls,
+    ) -> Result<Arc<Backend>, OpenError> {
+        let key = (url.clone(), tls.clone());
+        if let Some(u) = self.upstreams.get(&key) {
+            return Ok(u.clone());
+        }
+        let made = Upstream::new(url, tls, self.opts.upstream_timeout).map_err(Box::new)?;
+        let backend = Arc::new(Backend::new(Arc::new(made)));
+        self.upstreams.insert(key, backend.clone());
+        Ok(backend)
     }
 }
 
@@ -345,13 +375,15 @@ impl Router {
                         what: e.to_string(),
                     })
                     .and_then(|()| {
-                        opener
-                            .handler(&route.action)
-                            .map_err(|error| RouterError::Root {
-                                site: site.label.clone(),
-                                route: route.path.clone(),
-                                error,
-                            })
+                        opener.handler(&route.action).map_err(|e| {
+                            let (site, route) = (site.label.clone(), route.path.clone());
+                            match e {
+                                OpenError::Root(error) => RouterError::Root { site, route, error },
+                                OpenError::Upstream(error) => {
+                                    RouterError::Upstream { site, route, error }
+                                }
+                            }
+                        })
                     })?;
                 routes.push(Routed {
                     prefix: route.path.clone(),

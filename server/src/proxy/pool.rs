@@ -42,7 +42,7 @@ use super::{empty_body, BoxError, ErrorKind, Exchange, ProxyBody, Upstream};
 /// Why a backend's request failed, for `ringmux_worker_backend_failures_total{backend,kind}`:
 /// the proxy's [`ErrorKind`]s, then a 5xx response.
 pub const FAILURE_LABELS: [&str; ErrorKind::ALL.len() + 1] =
-    ["connect", "reset", "timeout", "protocol", "status_5xx"];
+    ["connect", "reset", "timeout", "protocol", "tls", "status_5xx"];
 
 /// The body of a refusal for `max_body`.
 const TOO_LARGE: &[u8] = b"request body too large\n";
@@ -262,7 +262,7 @@ impl Pool {
                     };
                     let may_retry = match kind {
                         // Never reached the backend: hyper reads no body before it connects.
-                        ErrorKind::Connect => unread,
+                        ErrorKind::Connect | ErrorKind::Tls => unread,
                         ErrorKind::Reset | ErrorKind::Protocol => idempotent && empty,
                         ErrorKind::Timeout => false,
                     };
@@ -605,7 +605,9 @@ mod tests {
 
     fn backend(port: u16) -> Arc<Backend> {
         let url = format!("http://127.0.0.1:{port}").parse().unwrap();
-        let upstream = Arc::new(Upstream::new(&url, super::super::DEFAULT_TIMEOUT));
+        let tls = ringmux_proto::route::UpstreamTls::default();
+        let upstream = Upstream::new(&url, &tls, super::super::DEFAULT_TIMEOUT).expect("plain");
+        let upstream = Arc::new(upstream);
         Arc::new(Backend::new(upstream))
     }
 

@@ -120,6 +120,8 @@ pub struct RouteDoc {
     /// Where each key's value is, by its dotted name (`root`, `respond.status`): for the
     /// checks made later, on disk.
     pub places: Vec<(String, Place)>,
+    /// `upstream_ca`, the file the demux reads into the route's `UpstreamTls::roots_pem`.
+    pub upstream_ca: Option<PathBuf>,
 }
 
 impl RouteDoc {
@@ -585,6 +587,7 @@ impl Parser<'_> {
         self.places(&known, "", &mut places);
         let value = Spanned::new(span, DeValue::Table(known.clone()));
         let read = FileRoute::deserialize(toml::de::ValueDeserializer::from(value));
+        let upstream_ca = read.as_ref().ok().and_then(|f| f.upstream_ca.clone());
         let route = match read {
             Err(e) => Err(self.refusal(&known, &at, &e)),
             Ok(file) => Route::try_from(file).map_err(|e| {
@@ -595,7 +598,12 @@ impl Parser<'_> {
                 }
             }),
         };
-        RouteDoc { at, route, places }
+        RouteDoc {
+            at,
+            route,
+            places,
+            upstream_ca,
+        }
     }
 
     /// Where each value of `table` is, by its dotted key under `prefix`, tables within.
@@ -823,9 +831,19 @@ mod tests {
                  server sets it from the body)",
             ),
             (
-                "path = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n",
-                "f.toml:5:12: upstream = \"https://127.0.0.1:9\": https upstreams are not \
-                 supported",
+                "path = \"/api\"\nupstream = \"ftp://127.0.0.1:9\"\n",
+                "f.toml:5:12: upstream = \"ftp://127.0.0.1:9\": expected http://HOST:PORT, \
+                 https://HOST:PORT, h2c://HOST:PORT (HTTP/2 in the clear) or h2://HOST:PORT \
+                 (HTTP/2 over TLS)",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"http://127.0.0.1:9\"\nupstream_ca = \"/ca.pem\"\n",
+                "f.toml:6:15: upstream_ca goes with a TLS upstream (https:// or h2://), and \
+                 upstream = \"http://127.0.0.1:9\" is in the clear",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"h2://127.0.0.1:9\"\nupstream_sni = \"a b\"\n",
+                "f.toml:6:16: upstream_sni = \"a b\": expected a DNS name",
             ),
             (
                 "path = \"/x\"\nroot = \"/srv\"\nstrip_prefix = true\n",
@@ -874,6 +892,8 @@ mod tests {
                 "root",
                 "upstream",
                 "strip_prefix",
+                "upstream_ca",
+                "upstream_sni",
                 "redirect",
                 "status",
                 "respond"

@@ -528,8 +528,8 @@ pub struct RunArgs {
     /// (/hello.txt, /bytes/N).
     #[arg(long, env = "RINGMUX_ROOT")]
     pub root: Option<PathBuf>,
-    /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of
-    /// serving files; the built-in worker streams bodies both ways and adds `forwarded` and
+    /// Reverse proxy: pass every request to this HTTP service (`http://HOST:PORT`; `https://`,
+    /// `h2c://` for HTTP/2 in the clear, `h2://` for HTTP/2 over TLS) instead of serving files; the built-in worker streams bodies both ways and adds `forwarded` and
     /// `x-forwarded-*` with the client's address. Not with --root.
     #[arg(long, env = "RINGMUX_UPSTREAM")]
     pub upstream: Option<String>,
@@ -1171,6 +1171,10 @@ impl RunArgs {
         }
         let upstream = match &self.upstream {
             Some(up) => match up.parse::<UpstreamUrl>() {
+                Ok(u) if u.scheme.tls() => match crate::certs::system_roots_pem() {
+                    Ok(_) => Some(u),
+                    Err(e) => bail!("--upstream / RINGMUX_UPSTREAM={up}: {e}"),
+                },
                 Ok(u) => Some(u),
                 Err(e) => bail!("--upstream / RINGMUX_UPSTREAM={e}"),
             },
@@ -1460,7 +1464,17 @@ impl Config {
     /// and the built-in responses.
     pub fn site_table(&self, cert: crate::certs::CertPem) -> SiteTable {
         let action = match &self.upstream {
-            Some(url) => Action::upstream(url.clone(), false),
+            Some(url) => {
+                let mut action = Action::upstream(url.clone(), false);
+                if let Action::Upstream { tls, .. } = &mut action {
+                    // Checked by `serving` when the configuration was read; a bundle gone
+                    // since leaves the worker to refuse the route, naming it.
+                    if url.scheme.tls() {
+                        tls.roots_pem = crate::certs::system_roots_pem().unwrap_or_default();
+                    }
+                }
+                action
+            }
             None => Action::Builtin {
                 root: self.args.root.clone(),
             },
@@ -1767,12 +1781,12 @@ mod tests {
                 &["--root", "RINGMUX_ROOT"],
             ),
             (
-                &["--upstream", "https://127.0.0.1:8443"],
+                &["--upstream", "ftp://127.0.0.1:8443"],
                 &[
                     "--upstream",
                     "RINGMUX_UPSTREAM",
-                    "https://127.0.0.1:8443",
-                    "https",
+                    "ftp://127.0.0.1:8443",
+                    "h2c://HOST:PORT",
                 ],
             ),
             (

@@ -919,12 +919,51 @@ fn check_names_every_problem_at_its_place() {
             vec![(7, 8, format!("root = {}: not a directory", p("nowhere")))],
         ),
         (
-            "an https upstream",
-            format!("{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n"),
+            "an upstream of another scheme",
+            format!("{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"ftp://127.0.0.1:9\"\n"),
             vec![(
                 10,
                 12,
-                "upstream = \"https://127.0.0.1:9\": https upstreams are not supported".into(),
+                "upstream = \"ftp://127.0.0.1:9\": expected http://HOST:PORT, https://HOST:PORT"
+                    .into(),
+            )],
+        ),
+        (
+            "an upstream_ca that does not exist",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n\
+                 upstream_ca = \"{{D}}/nowhere.pem\"\n"
+            ),
+            vec![(
+                11,
+                15,
+                format!("upstream_ca = {}: cannot read it: ", p("nowhere.pem")),
+            )],
+        ),
+        (
+            "an upstream_ca without a certificate",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"h2://127.0.0.1:9\"\n\
+                 upstream_ca = \"{{D}}/a.key\"\n"
+            ),
+            vec![(
+                11,
+                15,
+                format!("upstream_ca = {}: no CERTIFICATE in it", p("a.key")),
+            )],
+        ),
+        (
+            "upstream_sni beside an upstream in the clear",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"h2c://127.0.0.1:9\"\n\
+                 upstream_sni = \"api.internal\"\n"
+            ),
+            vec![(
+                11,
+                16,
+                "upstream_sni goes with a TLS upstream (https:// or h2://), and upstream = \
+                 \"h2c://127.0.0.1:9\" is in the clear"
+                    .into(),
             )],
         ),
         (
