@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -138,6 +138,8 @@ enum Handler {
     Upstream {
         upstream: Arc<Upstream>,
         strip_prefix: bool,
+        /// Text responses are coded for clients that accept it (`crate::compress`).
+        compress: bool,
     },
     Redirect {
         to: String,
@@ -157,23 +159,26 @@ enum Handler {
 struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
-    roots: HashMap<PathBuf, DocRoot>,
+    /// By path and whether the route compresses.
+    roots: HashMap<(PathBuf, bool), DocRoot>,
     upstreams: HashMap<String, Arc<Upstream>>,
 }
 
 impl Opener<'_> {
     /// The handler of `action`, one arm per kind. Every value was checked when the table was
     /// read (`ringmux_proto::route`); only a root can fail here, on disk.
-    fn handler(&mut self, action: &Action) -> Result<Handler, RootError> {
+    /// `compress`: the route's and its site's `compress` (on unless one says false).
+    fn handler(&mut self, action: &Action, compress: bool) -> Result<Handler, RootError> {
         Ok(match action {
-            Action::Files { root } => Handler::Files(self.root(root)?),
+            Action::Files { root } => Handler::Files(self.root(root, compress)?),
             Action::Builtin { root } => Handler::Builtin(match root {
-                Some(root) => Some(self.root(root)?),
+                Some(root) => Some(self.root(root, compress)?),
                 None => None,
             }),
             Action::Upstream { url, strip_prefix } => Handler::Upstream {
                 upstream: self.upstream(url),
                 strip_prefix: *strip_prefix,
+                compress,
             },
             Action::Redirect { to, status } => Handler::Redirect {
                 to: to.as_str().to_owned(),
@@ -205,12 +210,18 @@ impl Opener<'_> {
         })
     }
 
-    fn root(&mut self, path: &PathBuf) -> Result<DocRoot, RootError> {
-        if let Some(root) = self.roots.get(path) {
+    fn root(&mut self, path: &Path, compress: bool) -> Result<DocRoot, RootError> {
+        let compress = compress && self.opts.files.compress;
+        let key = (path.to_path_buf(), compress);
+        if let Some(root) = self.roots.get(&key) {
             return Ok(root.clone());
         }
-        let root = DocRoot::open_with_cache(path, self.opts.files.clone(), &self.cache)?;
-        self.roots.insert(path.clone(), root.clone());
+        let opts = FileOptions {
+            compress,
+            ..self.opts.files.clone()
+        };
+        let root = DocRoot::open_with_cache(path, opts, &self.cache)?;
+        self.roots.insert(key, root.clone());
         Ok(root)
     }
 
@@ -261,6 +272,8 @@ pub(crate) enum Target<'a> {
     Proxy {
         upstream: &'a Arc<Upstream>,
         path: Option<PathAndQuery>,
+        /// The route codes text responses (`crate::compress::ProxyCoding`).
+        compress: bool,
     },
 }
 
@@ -334,8 +347,9 @@ impl Router {
                         what: e.to_string(),
                     })
                     .and_then(|()| {
+                        let compress = route.compress.or(site.compress).unwrap_or(true);
                         opener
-                            .handler(&route.action)
+                            .handler(&route.action, compress)
                             .map_err(|error| RouterError::Root {
                                 site: site.label.clone(),
                                 route: route.path.clone(),
@@ -522,9 +536,11 @@ impl Router {
             Handler::Upstream {
                 upstream,
                 strip_prefix,
+                compress,
             } => Target::Proxy {
                 upstream,
                 path: strip_prefix.then(|| stripped(rest, uri.query())).flatten(),
+                compress: *compress,
             },
             Handler::Redirect { to, status } => Target::reply(redirect(to, *status, uri)),
             Handler::Respond {
@@ -745,6 +761,7 @@ pub fn with_command_line(
         (None, None) => return table,
     };
     let routes = vec![Route {
+        compress: None,
         path: "/".into(),
         action,
     }];
@@ -763,6 +780,7 @@ pub fn with_command_line(
 pub fn command_line_table() -> SiteTable {
     SiteTable {
         sites: vec![command_line_site(vec![Route {
+            compress: None,
             path: "/".into(),
             action: Action::Builtin { root: None },
         }])],
@@ -780,6 +798,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         acme: false,
         routes,
         redirect_names: Vec::new(),
+        compress: None,
     }
 }
 
@@ -922,6 +941,7 @@ impl From<&Site> for Router {
             Some(upstream) => Handler::Upstream {
                 upstream: upstream.clone(),
                 strip_prefix: false,
+                compress: true,
             },
             None => Handler::Builtin(site.root.clone()),
         };
@@ -966,6 +986,7 @@ mod tests {
 
     fn route(path: &str, action: Action) -> Route {
         Route {
+            compress: None,
             path: path.into(),
             action,
         }
@@ -1001,6 +1022,7 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             routes,
         }
     }
@@ -1044,7 +1066,7 @@ mod tests {
     fn at(r: &Router, method: Method, path: &str) -> String {
         let u = uri(path);
         match r.target(Choice::Site(0), &method, &u) {
-            Target::Proxy { upstream, path } => format!(
+            Target::Proxy { upstream, path, .. } => format!(
                 "proxy {} {}",
                 upstream.authority(),
                 path.as_ref().map_or("-", |p| p.as_str())

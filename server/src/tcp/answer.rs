@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use super::body::body_of;
 use super::TcpBody;
 use crate::access_log::Logged;
+use crate::compress::ProxyCoding;
 use crate::proxy::{ClientGone, Exchange, Upstream};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
@@ -54,13 +55,18 @@ pub(super) async fn handle(
     let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
     let target = conn.router.target(choice, &parts.method, &parts.uri);
     let mut resp = match target {
-        Target::Proxy { upstream, path } => {
+        Target::Proxy {
+            upstream,
+            path,
+            compress,
+        } => {
             let upstream = upstream.clone();
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
             }
+            let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
             let req = Request::from_parts(parts, body);
-            proxy(&upstream, site, stats, conn.remote, req).await
+            proxy(&upstream, site, stats, conn.remote, req, coding).await
         }
         Target::Local(local) => {
             respond(local, site, stats, &parts.method, &parts.headers, body).await
@@ -79,6 +85,7 @@ async fn proxy(
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
     req: Request<Incoming>,
+    coding: ProxyCoding,
 ) -> Response<TcpBody> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -91,7 +98,9 @@ async fn proxy(
         Exchange::Response(resp) => {
             stats.count_response(site, resp.status());
             let stats = stats.clone();
-            resp.map(|body| {
+            let (mut head, body) = resp.into_parts();
+            let body = coding.apply(&mut head, body);
+            Response::from_parts(head, body).map(|body| {
                 body.map_frame(move |frame| {
                     if let Some(data) = frame.data_ref() {
                         let n = data.len() as u64;

@@ -222,6 +222,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         acme,
         routes,
         redirect_names,
+        compress: doc.compress.as_ref().map(|c| c.value),
     })
 }
 
