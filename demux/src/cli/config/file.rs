@@ -888,7 +888,8 @@ mod tests {
                 "strip_prefix",
                 "redirect",
                 "status",
-                "respond"
+                "respond",
+                "compress"
             ]
         );
         assert_eq!(
