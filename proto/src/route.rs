@@ -76,6 +76,10 @@ pub struct Route {
     /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
     pub path: String,
     pub action: Action,
+    /// `compress = false`: its responses go as they are, never coded with gzip, brotli or
+    /// zstd; `None`: as its site says (on by default). Meaningful for files and upstreams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
 }
 
 /// What a route does.
@@ -199,6 +203,7 @@ pub struct FileRoute {
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
+    pub compress: Option<bool>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -282,7 +287,11 @@ impl TryFrom<FileRoute> for Route {
         } else {
             Action::Respond(f.respond.ok_or(RouteError::Actions)?)
         };
-        let route = Route { path, action };
+        let route = Route {
+            path,
+            action,
+            compress: f.compress,
+        };
         route.check()?;
         Ok(route)
     }

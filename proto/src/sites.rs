@@ -53,6 +53,10 @@ pub struct Site {
     /// request named, if any), under the site's certificate ([`Site::redirects`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_names: Vec<String>,
+    /// `compress = false`: no route of the site codes its responses unless it says
+    /// `compress = true` itself; `None`: on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
 }
 
 impl std::fmt::Debug for Site {
@@ -273,9 +277,11 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             routes: routes
                 .iter()
                 .map(|p| Route {
+                    compress: None,
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
                 })

@@ -11,6 +11,7 @@
 //! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]; one site alone:
 //!   [`sites::Site`]): which site a request belongs to (421 when its connection's certificate
 //!   is another site's) and which route answers it.
+//! * [`compress`]: response compression (gzip, brotli, zstd): negotiation, coders.
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
 //!   every transport.
@@ -37,6 +38,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod access_log;
+pub mod compress;
 pub mod files;
 pub mod h3;
 pub mod options;

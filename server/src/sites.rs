@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -147,6 +147,8 @@ enum Handler {
     Upstream {
         upstream: Arc<Pool>,
         strip_prefix: bool,
+        /// Text responses are coded for clients that accept it (`crate::compress`).
+        compress: bool,
     },
     Redirect {
         to: String,
@@ -166,7 +168,8 @@ enum Handler {
 struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
-    roots: HashMap<PathBuf, DocRoot>,
+    /// By path and whether the route compresses.
+    roots: HashMap<(PathBuf, bool), DocRoot>,
     upstreams: HashMap<(UpstreamUrl, UpstreamTls), Arc<Backend>>,
 }
 
@@ -182,12 +185,13 @@ enum OpenError {
 impl Opener<'_> {
     /// The handler of `action`, one arm per kind. Every value was checked when the table was
     /// read (`ringmux_proto::route`); only a root can fail here, on disk, or an upstream's
-    /// certificates.
-    fn handler(&mut self, action: &Action) -> Result<Handler, OpenError> {
+    /// certificates. `compress`: the route's and its site's `compress` (on unless one says
+    /// false).
+    fn handler(&mut self, action: &Action, compress: bool) -> Result<Handler, OpenError> {
         Ok(match action {
-            Action::Files { root } => Handler::Files(self.root(root)?),
+            Action::Files { root } => Handler::Files(self.root(root, compress)?),
             Action::Builtin { root } => Handler::Builtin(match root {
-                Some(root) => Some(self.root(root)?),
+                Some(root) => Some(self.root(root, compress)?),
                 None => None,
             }),
             Action::Upstream {
@@ -205,6 +209,7 @@ impl Opener<'_> {
                 Handler::Upstream {
                     upstream: Arc::new(Pool::new(backends, *balancing, *max_body)),
                     strip_prefix: *strip_prefix,
+                    compress,
                 }
             }
             Action::Redirect { to, status } => Handler::Redirect {
@@ -237,12 +242,18 @@ impl Opener<'_> {
         })
     }
 
-    fn root(&mut self, path: &PathBuf) -> Result<DocRoot, RootError> {
-        if let Some(root) = self.roots.get(path) {
+    fn root(&mut self, path: &Path, compress: bool) -> Result<DocRoot, RootError> {
+        let compress = compress && self.opts.files.compress;
+        let key = (path.to_path_buf(), compress);
+        if let Some(root) = self.roots.get(&key) {
             return Ok(root.clone());
         }
-        let root = DocRoot::open_with_cache(path, self.opts.files.clone(), &self.cache)?;
-        self.roots.insert(path.clone(), root.clone());
+        let opts = FileOptions {
+            compress,
+            ..self.opts.files.clone()
+        };
+        let root = DocRoot::open_with_cache(path, opts, &self.cache)?;
+        self.roots.insert(key, root.clone());
         Ok(root)
     }
 
@@ -302,6 +313,8 @@ pub(crate) enum Target<'a> {
     Proxy {
         upstream: &'a Arc<Pool>,
         path: Option<PathAndQuery>,
+        /// The route codes text responses (`crate::compress::ProxyCoding`).
+        compress: bool,
     },
 }
 
@@ -375,7 +388,8 @@ impl Router {
                         what: e.to_string(),
                     })
                     .and_then(|()| {
-                        opener.handler(&route.action).map_err(|e| {
+                        let compress = route.compress.or(site.compress).unwrap_or(true);
+                        opener.handler(&route.action, compress).map_err(|e| {
                             let (site, route) = (site.label.clone(), route.path.clone());
                             match e {
                                 OpenError::Root(error) => RouterError::Root { site, route, error },
@@ -571,9 +585,11 @@ impl Router {
             Handler::Upstream {
                 upstream,
                 strip_prefix,
+                compress,
             } => Target::Proxy {
                 upstream,
                 path: strip_prefix.then(|| stripped(rest, uri.query())).flatten(),
+                compress: *compress,
             },
             Handler::Redirect { to, status } => Target::reply(redirect(to, *status, uri)),
             Handler::Respond {
@@ -791,6 +807,7 @@ pub fn with_command_line(
         (None, None) => return table,
     };
     let routes = vec![Route {
+        compress: None,
         path: "/".into(),
         action,
     }];
@@ -809,6 +826,7 @@ pub fn with_command_line(
 pub fn command_line_table() -> SiteTable {
     SiteTable {
         sites: vec![command_line_site(vec![Route {
+            compress: None,
             path: "/".into(),
             action: Action::Builtin { root: None },
         }])],
@@ -826,6 +844,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         acme: false,
         routes,
         redirect_names: Vec::new(),
+        compress: None,
     }
 }
 
@@ -976,6 +995,7 @@ impl From<&Site> for Router {
                     Default::default(),
                 )),
                 strip_prefix: false,
+                compress: true,
             },
             None => Handler::Builtin(site.root.clone()),
         };
@@ -1021,6 +1041,7 @@ mod tests {
 
     fn route(path: &str, action: Action) -> Route {
         Route {
+            compress: None,
             path: path.into(),
             action,
         }
@@ -1053,6 +1074,7 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             routes,
         }
     }
@@ -1096,7 +1118,7 @@ mod tests {
     fn at(r: &Router, method: Method, path: &str) -> String {
         let u = uri(path);
         match r.target(Choice::Site(0), &method, &u) {
-            Target::Proxy { upstream, path } => format!(
+            Target::Proxy { upstream, path, .. } => format!(
                 "proxy {} {}",
                 upstream.first().authority(),
                 path.as_ref().map_or("-", |p| p.as_str())

@@ -478,6 +478,7 @@ mod tests {
             label: "example".into(),
             names: vec!["example.test".into()],
             redirect_names: vec![],
+            compress: None,
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,

@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tracing::{debug, info};
 
 use crate::access_log::{Ending, Logged};
+use crate::compress::ProxyCoding;
 use crate::proxy::pool::Pool;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
@@ -392,14 +393,19 @@ impl Req {
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
         let local = match self.router.target(choice, &parts.method, &parts.uri) {
-            Target::Proxy { upstream, path } => {
+            Target::Proxy {
+                upstream,
+                path,
+                compress,
+            } => {
                 let upstream = upstream.clone();
                 if let Some(path) = path {
                     parts.uri = with_path(&parts.uri, path);
                 }
+                let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
                 let request = Request::from_parts(parts, ());
                 // Boxed: the proxy's state is most of a request's, and files need none of it.
-                let proxied = Box::pin(self.proxy(site, &upstream, request, stream)).await;
+                let proxied = Box::pin(self.proxy(site, &upstream, request, stream, coding)).await;
                 if let Some(l) = logged {
                     match proxied {
                         Outcome::Answered { status, bytes } => l.end(Some(status), bytes),
@@ -453,6 +459,7 @@ impl Req {
         upstream: &Arc<Pool>,
         request: Request<()>,
         stream: Stream,
+        coding: ProxyCoding,
     ) -> Outcome {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
@@ -470,6 +477,7 @@ impl Req {
             remote,
             early,
             &self.stats.bytes_sent,
+            coding,
         )
         .await
         {
@@ -578,6 +586,12 @@ impl Req {
                     }
                     sent += chunk.len() as u64;
                     self.send(stream, logged, chunk).await?;
+                }
+            }
+            Body::Stream(mut chunks) => {
+                use futures_util::StreamExt;
+                while let Some(chunk) = chunks.next().await {
+                    self.send(stream, logged, chunk?).await?;
                 }
             }
         }

@@ -15,6 +15,7 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tracing::debug;
 
+use crate::compress::ProxyCoding;
 use crate::proxy::pool::Pool;
 use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody};
 
@@ -43,6 +44,7 @@ pub(crate) async fn proxy_h3(
     remote: SocketAddr,
     early: bool,
     sent: &AtomicU64,
+    coding: ProxyCoding,
 ) -> Outcome {
     let (mut tx, mut rx) = stream.split();
     let (parts, ()) = request.into_parts();
@@ -77,7 +79,8 @@ pub(crate) async fn proxy_h3(
             return Outcome::Failed;
         }
     };
-    let (parts, mut body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    let mut body = coding.apply(&mut parts, body);
     let status = parts.status;
     if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {
         debug!(error = %e, "client went away before the response head");

@@ -41,8 +41,14 @@ use super::{empty_body, BoxError, ErrorKind, Exchange, ProxyBody, Upstream};
 
 /// Why a backend's request failed, for `ringmux_worker_backend_failures_total{backend,kind}`:
 /// the proxy's [`ErrorKind`]s, then a 5xx response.
-pub const FAILURE_LABELS: [&str; ErrorKind::ALL.len() + 1] =
-    ["connect", "reset", "timeout", "protocol", "tls", "status_5xx"];
+pub const FAILURE_LABELS: [&str; ErrorKind::ALL.len() + 1] = [
+    "connect",
+    "reset",
+    "timeout",
+    "protocol",
+    "tls",
+    "status_5xx",
+];
 
 /// The body of a refusal for `max_body`.
 const TOO_LARGE: &[u8] = b"request body too large\n";

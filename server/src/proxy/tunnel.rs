@@ -251,7 +251,9 @@ impl Upstream {
         let (request, key) = self.handshake(parts, &ask, remote);
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => return Opened::Exchange(self.fail_reply(ErrorKind::Timeout, &"no response head")),
+            Err(_) => {
+                return Opened::Exchange(self.fail_reply(ErrorKind::Timeout, &"no response head"))
+            }
             Ok(Err(e)) => {
                 if find::<ClientGone>(&e).is_some() {
                     return Opened::Exchange(Exchange::ClientGone);

@@ -15,6 +15,7 @@ use super::body::body_of;
 use super::registry::Tracked;
 use super::TcpBody;
 use crate::access_log::Logged;
+use crate::compress::ProxyCoding;
 use crate::proxy::pool::Pool;
 use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions};
 use crate::reply::{Body, Reply};
@@ -59,7 +60,11 @@ pub(super) async fn handle(
     let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
     let target = conn.router.target(choice, &parts.method, &parts.uri);
     let mut resp = match target {
-        Target::Proxy { upstream, path } => {
+        Target::Proxy {
+            upstream,
+            path,
+            compress,
+        } => {
             let upstream = upstream.clone();
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
@@ -67,8 +72,9 @@ pub(super) async fn handle(
             match Ask::of(&parts) {
                 Some(ask) => tunnel(&conn, &upstream, site, parts, ask, &mut logged).await,
                 None => {
+                    let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
                     let req = Request::from_parts(parts, body);
-                    proxy(&upstream, site, stats, conn.remote, req).await
+                    proxy(&upstream, site, stats, conn.remote, req, coding).await
                 }
             }
         }
@@ -124,7 +130,7 @@ async fn tunnel(
                 Empty::new().map_err(|never| match never {}).boxed_unsync(),
             )
         }
-        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats),
+        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats, ProxyCoding::NONE),
     }
 }
 
@@ -135,6 +141,7 @@ async fn proxy(
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
     req: Request<Incoming>,
+    coding: ProxyCoding,
 ) -> Response<TcpBody> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -143,16 +150,23 @@ async fn proxy(
     let exchange = upstream
         .exchange(Request::from_parts(parts, body), remote, false)
         .await;
-    answer(exchange, site, stats)
+    answer(exchange, site, stats, coding)
 }
 
 /// The response of what an exchange with the upstream came to.
-fn answer(exchange: Exchange, site: Option<usize>, stats: &Arc<ServerStats>) -> Response<TcpBody> {
+fn answer(
+    exchange: Exchange,
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    coding: ProxyCoding,
+) -> Response<TcpBody> {
     match exchange {
         Exchange::Response(resp) => {
             stats.count_response(site, resp.status());
             let stats = stats.clone();
-            resp.map(|body| {
+            let (mut head, body) = resp.into_parts();
+            let body = coding.apply(&mut head, body);
+            Response::from_parts(head, body).map(|body| {
                 body.map_frame(move |frame| {
                     if let Some(data) = frame.data_ref() {
                         let n = data.len() as u64;

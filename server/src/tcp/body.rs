@@ -206,5 +206,16 @@ pub(crate) fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
             });
             StreamBody::new(chunks).boxed_unsync()
         }
+        Body::Stream(chunks) => {
+            use futures_util::StreamExt;
+            let chunks = chunks.map(move |chunk| {
+                let chunk = chunk?;
+                stats
+                    .bytes_sent
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(Frame::data(chunk))
+            });
+            StreamBody::new(chunks).boxed_unsync()
+        }
     }
 }

@@ -94,6 +94,8 @@ pub struct SiteDoc {
     pub key: Option<Located<PathBuf>>,
     /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
     pub acme: Option<Located<bool>>,
+    /// `compress = false`: the site's responses are never coded (a route may say otherwise).
+    pub compress: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
 }
 
@@ -149,7 +151,15 @@ pub struct FileConfig {
 }
 
 /// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 6] = ["names", "redirect_names", "cert", "key", "acme", "route"];
+pub const SITE_KEYS: [&str; 7] = [
+    "names",
+    "redirect_names",
+    "cert",
+    "key",
+    "acme",
+    "compress",
+    "route",
+];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
     "directory",
@@ -492,6 +502,7 @@ impl Parser<'_> {
                 cert: None,
                 key: None,
                 acme: None,
+                compress: None,
                 routes: Vec::new(),
             };
             for (k, v) in table {
@@ -501,6 +512,7 @@ impl Parser<'_> {
                     "cert" => site.cert = self.path(v, "cert"),
                     "key" => site.key = self.path(v, "key"),
                     "acme" => site.acme = self.boolean(v, "acme"),
+                    "compress" => site.compress = self.boolean(v, "compress"),
                     "route" => {
                         for (at, span, route) in self.tables(v, "site.route") {
                             let r = self.route(at, span, route);
@@ -896,7 +908,8 @@ mod tests {
                 "upstream_sni",
                 "redirect",
                 "status",
-                "respond"
+                "respond",
+                "compress"
             ]
         );
         assert_eq!(

@@ -1487,10 +1487,12 @@ impl Config {
                 key_pem: cert.key,
                 acme: false,
                 routes: vec![Route {
+                    compress: None,
                     path: "/".into(),
                     action,
                 }],
                 redirect_names: Vec::new(),
+                compress: None,
             }],
             default_site: Some(0),
         }

@@ -228,6 +228,7 @@ fn site(
         acme,
         routes,
         redirect_names,
+        compress: doc.compress.as_ref().map(|c| c.value),
     })
 }
 

@@ -90,7 +90,9 @@ impl Server {
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
             redirect_names: Vec::new(),
+            compress: None,
             routes: vec![Route {
+                compress: None,
                 path: "/".into(),
                 action: Action::Respond(
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),

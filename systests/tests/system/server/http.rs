@@ -1419,9 +1419,11 @@ async fn requests_for_another_sites_host_are_misdirected() {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             routes,
         };
         let respond = |path: &str, status, body: &str| Route {
+            compress: None,
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
         };
@@ -1434,6 +1436,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
                         respond("/", 200, "local\n"),
                         respond("/gone", 410, "gone\n"),
                         Route {
+                            compress: None,
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
                         },

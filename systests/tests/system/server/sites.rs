@@ -141,6 +141,7 @@ impl Server {
 
 fn route(path: &str, action: Action) -> Route {
     Route {
+        compress: None,
         path: path.into(),
         action,
     }
@@ -154,6 +155,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         key_pem: String::new(),
         acme: false,
         redirect_names: Vec::new(),
+        compress: None,
         routes,
     }
 }
