@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
 
 /// The statuses a redirect may answer with (RFC 9110 §15.4): moved for good (301, 308) or for
@@ -69,6 +70,9 @@ pub struct Route {
     /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
     pub path: String,
     pub action: Action,
+    /// Header rules and a file route's fallback (`crate::rules`).
+    #[serde(default, skip_serializing_if = "RouteRules::is_empty")]
+    pub rules: RouteRules,
 }
 
 /// What a route does.
@@ -154,6 +158,12 @@ pub struct FileRoute {
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
+    /// Header rules of the route's responses, after the site's (`crate::rules`).
+    pub headers: Option<HeaderRules>,
+    /// Header rules of the request an upstream route passes on.
+    pub request_headers: Option<HeaderRules>,
+    /// A `root` route's single-page-app fallback, beneath the root.
+    pub fallback: Option<Fallback>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -176,6 +186,17 @@ impl TryFrom<FileRoute> for Route {
         if f.status.is_some() && f.redirect.is_none() {
             return Err(RouteError::StatusAlone);
         }
+        if f.request_headers.is_some() && f.upstream.is_none() {
+            return Err(RouteError::RequestHeadersAlone);
+        }
+        if f.fallback.is_some() && f.root.is_none() {
+            return Err(RouteError::FallbackAlone);
+        }
+        let rules = RouteRules {
+            headers: f.headers.unwrap_or_default(),
+            request_headers: f.request_headers.unwrap_or_default(),
+            fallback: f.fallback,
+        };
         let action = if let Some(root) = f.root {
             Action::Files { root }
         } else if let Some(url) = f.upstream {
@@ -191,7 +212,11 @@ impl TryFrom<FileRoute> for Route {
         } else {
             Action::Respond(f.respond.ok_or(RouteError::Actions)?)
         };
-        let route = Route { path, action };
+        let route = Route {
+            path,
+            action,
+            rules,
+        };
         route.check()?;
         Ok(route)
     }
@@ -203,6 +228,13 @@ impl Route {
     pub fn check(&self) -> Result<(), RouteError> {
         if !self.path.starts_with('/') || self.path.contains(['?', '#']) {
             return Err(RouteError::Path(self.path.clone()));
+        }
+        if !self.rules.request_headers.is_empty() && !matches!(self.action, Action::Upstream { .. })
+        {
+            return Err(RouteError::RequestHeadersAlone);
+        }
+        if self.rules.fallback.is_some() && !matches!(self.action, Action::Files { .. }) {
+            return Err(RouteError::FallbackAlone);
         }
         self.action.check()
     }
@@ -229,6 +261,10 @@ pub enum RouteError {
     StatusAlone,
     #[error("a {0} response has no body: drop body, or give another status")]
     BodyNotAllowed(u16),
+    #[error("request_headers goes with upstream only: only a proxied request goes further")]
+    RequestHeadersAlone,
+    #[error("fallback goes with root only: it names a file beneath the route's root")]
+    FallbackAlone,
 }
 
 impl RouteError {
@@ -241,6 +277,8 @@ impl RouteError {
             RouteError::StripPrefixAlone => Some("strip_prefix"),
             RouteError::StatusAlone => Some("status"),
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
+            RouteError::RequestHeadersAlone => Some("request_headers"),
+            RouteError::FallbackAlone => Some("fallback"),
         }
     }
 }

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::route::{Action, Route};
+pub use crate::rules::SiteRules;
 
 /// Every site a worker serves, in the configuration's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +54,9 @@ pub struct Site {
     /// request named, if any), under the site's certificate ([`Site::redirects`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_names: Vec<String>,
+    /// Header rules, HSTS, CORS and error pages of every route (`crate::rules`).
+    #[serde(default, skip_serializing_if = "SiteRules::is_empty")]
+    pub rules: SiteRules,
 }
 
 impl std::fmt::Debug for Site {
@@ -273,11 +277,13 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            rules: SiteRules::default(),
             routes: routes
                 .iter()
                 .map(|p| Route {
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
+                    rules: Default::default(),
                 })
                 .collect(),
         }

@@ -413,6 +413,7 @@ mod tests {
                 key_pem: String::new(),
                 acme: true,
                 redirect_names: Vec::new(),
+                rules: Default::default(),
                 routes: Vec::new(),
             }],
             default_site: None,
@@ -456,6 +457,7 @@ mod tests {
                 key_pem: if acme { String::new() } else { pem.key.clone() },
                 acme,
                 redirect_names: Vec::new(),
+                rules: Default::default(),
                 routes: Vec::new(),
             });
         }

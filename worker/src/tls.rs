@@ -697,6 +697,7 @@ pub(crate) mod tests {
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
             redirect_names: Vec::new(),
+            rules: Default::default(),
             routes: Vec::new(),
         };
         let table = SiteTable {

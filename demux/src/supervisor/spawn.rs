@@ -478,6 +478,7 @@ mod tests {
             label: "example".into(),
             names: vec!["example.test".into()],
             redirect_names: vec![],
+            rules: Default::default(),
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,

@@ -28,6 +28,7 @@ use crate::access_log::{Ending, Logged};
 use crate::proxy::Upstream;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
+use crate::rules::Applied;
 use crate::sites::{Local, Router, Target};
 use crate::stats::ServerStats;
 
@@ -387,15 +388,19 @@ impl Req {
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
-        let local = match self.router.target(choice, &parts.method, &parts.uri) {
+        let (target, rules) = self
+            .router
+            .target(choice, &parts.method, &parts.headers, &parts.uri);
+        let local = match target {
             Target::Proxy { upstream, path } => {
                 let upstream = upstream.clone();
                 if let Some(path) = path {
                     parts.uri = with_path(&parts.uri, path);
                 }
+                rules.request(&mut parts.headers);
                 let request = Request::from_parts(parts, ());
                 // Boxed: the proxy's state is most of a request's, and files need none of it.
-                let proxied = Box::pin(self.proxy(site, &upstream, request, stream)).await;
+                let proxied = Box::pin(self.proxy(site, &upstream, request, stream, &rules)).await;
                 if let Some(l) = logged {
                     match proxied {
                         Outcome::Answered { status, bytes } => l.end(Some(status), bytes),
@@ -411,6 +416,7 @@ impl Req {
                 &parts.method,
                 &parts.headers,
                 local,
+                &rules,
                 &mut stream,
                 &mut logged,
             )
@@ -449,6 +455,7 @@ impl Req {
         upstream: &Arc<Upstream>,
         request: Request<()>,
         stream: Stream,
+        rules: &Applied<'_>,
     ) -> Outcome {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
@@ -466,6 +473,7 @@ impl Req {
             remote,
             early,
             &self.stats.bytes_sent,
+            rules,
         )
         .await
         {
@@ -486,6 +494,7 @@ impl Req {
         method: &Method,
         headers: &HeaderMap,
         local: Local<'_>,
+        rules: &Applied<'_>,
         stream: &mut Stream,
         logged: &mut Option<Logged>,
     ) -> Result<StatusCode, RequestError> {
@@ -496,7 +505,7 @@ impl Req {
             self.handshake.clone().await;
         }
 
-        let mut reply = match local {
+        let reply = match local {
             Local::EchoLen => {
                 let n = drain(stream).await?;
                 Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n")))
@@ -509,6 +518,8 @@ impl Req {
                 reply
             }
         };
+        let mut reply = rules.error_page(reply);
+        rules.response(&mut reply.headers);
 
         let status = reply.status;
         let mut resp = Response::new(());

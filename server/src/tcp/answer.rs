@@ -17,6 +17,7 @@ use crate::access_log::Logged;
 use crate::proxy::{ClientGone, Exchange, Upstream};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
+use crate::rules::Applied;
 use crate::sites::{Local, Router, Target};
 use crate::stats::ServerStats;
 
@@ -52,20 +53,25 @@ pub(super) async fn handle(
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
     let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
-    let target = conn.router.target(choice, &parts.method, &parts.uri);
+    let (target, rules) = conn
+        .router
+        .target(choice, &parts.method, &parts.headers, &parts.uri);
     let mut resp = match target {
         Target::Proxy { upstream, path } => {
             let upstream = upstream.clone();
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
             }
+            rules.request(&mut parts.headers);
             let req = Request::from_parts(parts, body);
-            proxy(&upstream, site, stats, conn.remote, req).await
+            proxy(&upstream, site, stats, conn.remote, req, &rules).await
         }
         Target::Local(local) => {
-            respond(local, site, stats, &parts.method, &parts.headers, body).await
+            let reply = local_reply(local, &parts.method, &parts.headers, body).await;
+            respond(rules.error_page(reply), site, stats, &parts.method)
         }
     };
+    rules.response(resp.headers_mut());
     if let Some(v) = conn.alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
@@ -79,6 +85,7 @@ async fn proxy(
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
     req: Request<Incoming>,
+    rules: &Applied<'_>,
 ) -> Response<TcpBody> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -106,12 +113,8 @@ async fn proxy(
             })
         }
         Exchange::Reply(status, text) => {
-            stats.count_response(site, status);
-            let reply = Reply::text(status, text);
-            let mut resp = Response::new(body_of(reply.body, stats.clone()));
-            *resp.status_mut() = reply.status;
-            *resp.headers_mut() = reply.headers;
-            resp
+            let method = Method::GET;
+            respond(rules.own_error(status, text), site, stats, &method)
         }
         Exchange::ClientGone => {
             stats.requests_failed.fetch_add(1, Ordering::Relaxed);
@@ -124,23 +127,30 @@ async fn proxy(
     }
 }
 
-/// Answers a request this worker answers itself, as HTTP/3 does.
-async fn respond(
+/// The reply to a request this worker answers itself, as HTTP/3 makes it.
+async fn local_reply(
     local: Local<'_>,
-    site: Option<usize>,
-    stats: &Arc<ServerStats>,
     method: &Method,
     headers: &http::HeaderMap,
     body: Incoming,
-) -> Response<TcpBody> {
-    let reply = match local {
+) -> Reply {
+    match local {
         Local::EchoLen => match count_body(body).await {
             Ok(n) => Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n"))),
             Err(_) => Reply::text(StatusCode::BAD_REQUEST, b"request body broke off\n"),
         },
         Local::Get(lookup) => lookup.reply(method, headers).await,
         Local::Reply(reply) => reply,
-    };
+    }
+}
+
+/// `reply` as hyper's response, counted (no body for a HEAD).
+fn respond(
+    reply: Reply,
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    method: &Method,
+) -> Response<TcpBody> {
     stats.count_response(site, reply.status);
     let mut resp = Response::new(if method == Method::HEAD {
         Empty::new().map_err(|never| match never {}).boxed_unsync()

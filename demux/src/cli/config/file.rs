@@ -21,6 +21,9 @@ use toml::Spanned;
 
 use super::Cli;
 
+mod rules;
+pub use rules::{SiteRulesDoc, SITE_RULE_KEYS};
+
 /// Where something is in the file: `FILE:LINE:COLUMN`, both from 1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
@@ -95,6 +98,8 @@ pub struct SiteDoc {
     /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
     pub acme: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
+    /// `headers`, `hsts`, `cors`, `errors`.
+    pub rules: SiteRulesDoc,
 }
 
 /// The `[acme]` table as written; checked by `super::acme`.
@@ -147,7 +152,19 @@ pub struct FileConfig {
 }
 
 /// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 6] = ["names", "redirect_names", "cert", "key", "acme", "route"];
+pub const SITE_KEYS: [&str; 10] = [
+    "names",
+    "redirect_names",
+    "cert",
+    "key",
+    "acme",
+    "route",
+    // The site's rules: `rules::SITE_RULE_KEYS`.
+    "headers",
+    "hsts",
+    "cors",
+    "errors",
+];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
     "directory",
@@ -491,6 +508,7 @@ impl Parser<'_> {
                 key: None,
                 acme: None,
                 routes: Vec::new(),
+                rules: SiteRulesDoc::default(),
             };
             for (k, v) in table {
                 match k.get_ref().as_ref() {
@@ -505,6 +523,7 @@ impl Parser<'_> {
                             site.routes.push(r);
                         }
                     }
+                    key if SITE_RULE_KEYS.contains(&key) => self.site_rule(k, v, &mut site.rules),
                     _ => self.unknown(k, &SITE_KEYS, "key of [[site]]"),
                 }
             }

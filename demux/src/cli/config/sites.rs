@@ -14,6 +14,8 @@ use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteD
 use super::WorkerUser;
 use crate::certs::{covers, leaf, CertPem};
 
+mod rules;
+
 /// The site table of the file's `[[site]]`s; every problem found, each with its place.
 /// `worker_user` is whom the workers run as (a root must be reachable by it).
 pub fn build(file: &FileConfig, worker_user: Option<&WorkerUser>) -> Result<SiteTable, Problems> {
@@ -210,6 +212,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
             routes.push(route);
         }
     }
+    let rules = rules::site_rules(&doc.rules, problems);
     if problems.len() > before {
         return None;
     }
@@ -222,6 +225,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         acme,
         routes,
         redirect_names,
+        rules,
     })
 }
 
@@ -376,7 +380,12 @@ fn route(r: &RouteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         }
     };
     match &route.action {
-        Action::Files { root } => check_root(root, r.place_of("root"), user, problems)?,
+        Action::Files { root } => {
+            check_root(root, r.place_of("root"), user, problems)?;
+            if let Some(fallback) = &route.rules.fallback {
+                rules::check_fallback(root, fallback, r.place_of("fallback"), problems);
+            }
+        }
         Action::Builtin { .. }
         | Action::Upstream { .. }
         | Action::Redirect { .. }

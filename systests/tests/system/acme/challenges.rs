@@ -90,11 +90,13 @@ impl Server {
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
             redirect_names: Vec::new(),
+            rules: Default::default(),
             routes: vec![Route {
                 path: "/".into(),
                 action: Action::Respond(
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
                 ),
+                rules: Default::default(),
             }],
         };
         let table = SiteTable {

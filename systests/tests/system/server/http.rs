@@ -1419,11 +1419,13 @@ async fn requests_for_another_sites_host_are_misdirected() {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            rules: Default::default(),
             routes,
         };
         let respond = |path: &str, status, body: &str| Route {
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
+            rules: Default::default(),
         };
         let table = SiteTable {
             sites: vec![
@@ -1436,6 +1438,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
                         Route {
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
+                            rules: Default::default(),
                         },
                     ],
                 ),

@@ -143,6 +143,7 @@ fn route(path: &str, action: Action) -> Route {
     Route {
         path: path.into(),
         action,
+        rules: Default::default(),
     }
 }
 
@@ -154,6 +155,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         key_pem: String::new(),
         acme: false,
         redirect_names: Vec::new(),
+        rules: Default::default(),
         routes,
     }
 }
