@@ -895,7 +895,10 @@ mod tests {
                 "strip_prefix",
                 "redirect",
                 "status",
-                "respond"
+                "respond",
+                "headers",
+                "request_headers",
+                "fallback"
             ]
         );
         assert_eq!(
