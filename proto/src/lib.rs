@@ -14,6 +14,8 @@
 //!   for `ringmux` and `ringmux-worker`.
 //! * [`route`]: what a route does, each kind and its limits declared once, read alike from
 //!   the configuration file by the demux and from the site table by a worker.
+//! * [`rules`]: what a site or route does around its content (header rules, HSTS, CORS,
+//!   error pages, a single-page app's fallback), each value declared and checked once.
 //! * [`series`]: the labelled counters and gauges of a `STATS` report, which any worker
 //!   program names itself.
 //! * [`session`]: the codec of the session-store socket (cross-instance TLS resumption).
@@ -38,6 +40,7 @@ pub mod handoff;
 pub mod logging;
 pub mod message;
 pub mod route;
+pub mod rules;
 pub mod series;
 #[cfg(feature = "serve-args")]
 pub mod serve;

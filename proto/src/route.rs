@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
 
 mod pool;
@@ -80,6 +81,9 @@ pub struct Route {
     /// zstd; `None`: as its site says (on by default). Meaningful for files and upstreams.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
+    /// Header rules and a file route's fallback (`crate::rules`).
+    #[serde(default, skip_serializing_if = "RouteRules::is_empty")]
+    pub rules: RouteRules,
 }
 
 /// What a route does.
@@ -204,6 +208,12 @@ pub struct FileRoute {
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
     pub compress: Option<bool>,
+    /// Header rules of the route's responses, after the site's (`crate::rules`).
+    pub headers: Option<HeaderRules>,
+    /// Header rules of the request an upstream route passes on.
+    pub request_headers: Option<HeaderRules>,
+    /// A `root` route's single-page-app fallback, beneath the root.
+    pub fallback: Option<Fallback>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -255,6 +265,17 @@ impl TryFrom<FileRoute> for Route {
         if f.status.is_some() && f.redirect.is_none() {
             return Err(RouteError::StatusAlone);
         }
+        if f.request_headers.is_some() && f.upstream.is_none() {
+            return Err(RouteError::RequestHeadersAlone);
+        }
+        if f.fallback.is_some() && f.root.is_none() {
+            return Err(RouteError::FallbackAlone);
+        }
+        let rules = RouteRules {
+            headers: f.headers.unwrap_or_default(),
+            request_headers: f.request_headers.unwrap_or_default(),
+            fallback: f.fallback,
+        };
         let action = if let Some(root) = f.root {
             Action::Files { root }
         } else if let Some(url) = f.upstream {
@@ -291,6 +312,7 @@ impl TryFrom<FileRoute> for Route {
             path,
             action,
             compress: f.compress,
+            rules,
         };
         route.check()?;
         Ok(route)
@@ -303,6 +325,13 @@ impl Route {
     pub fn check(&self) -> Result<(), RouteError> {
         if !self.path.starts_with('/') || self.path.contains(['?', '#']) {
             return Err(RouteError::Path(self.path.clone()));
+        }
+        if !self.rules.request_headers.is_empty() && !matches!(self.action, Action::Upstream { .. })
+        {
+            return Err(RouteError::RequestHeadersAlone);
+        }
+        if self.rules.fallback.is_some() && !matches!(self.action, Action::Files { .. }) {
+            return Err(RouteError::FallbackAlone);
         }
         self.action.check()
     }
@@ -340,6 +369,10 @@ pub enum RouteError {
         "upstream = {0:?} is in the clear: it has no certificates to verify nor a server name"
     )]
     TlsInTheClear(String),
+    #[error("request_headers goes with upstream only: only a proxied request goes further")]
+    RequestHeadersAlone,
+    #[error("fallback goes with root only: it names a file beneath the route's root")]
+    FallbackAlone,
 }
 
 impl RouteError {
@@ -355,6 +388,8 @@ impl RouteError {
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
             RouteError::UpstreamKeyInTheClear { key, .. } => Some(key),
             RouteError::TlsInTheClear(_) => Some("upstream"),
+            RouteError::RequestHeadersAlone => Some("request_headers"),
+            RouteError::FallbackAlone => Some("fallback"),
         }
     }
 }

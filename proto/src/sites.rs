@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 pub use crate::route::{Action, Route};
+pub use crate::rules::SiteRules;
 
 /// Every site a worker serves, in the configuration's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +58,9 @@ pub struct Site {
     /// `compress = true` itself; `None`: on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compress: Option<bool>,
+    /// Header rules, HSTS, CORS and error pages of every route (`crate::rules`).
+    #[serde(default, skip_serializing_if = "SiteRules::is_empty")]
+    pub rules: SiteRules,
 }
 
 impl std::fmt::Debug for Site {
@@ -278,12 +282,14 @@ mod tests {
             acme: false,
             redirect_names: Vec::new(),
             compress: None,
+            rules: SiteRules::default(),
             routes: routes
                 .iter()
                 .map(|p| Route {
                     compress: None,
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
+                    rules: Default::default(),
                 })
                 .collect(),
         }

@@ -12,6 +12,7 @@
 //!   [`sites::Site`]): which site a request belongs to (421 when its connection's certificate
 //!   is another site's) and which route answers it.
 //! * [`compress`]: response compression (gzip, brotli, zstd): negotiation, coders.
+//! * `rules`: header rules, HSTS, CORS and error pages around every response.
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
 //!   every transport.
@@ -46,6 +47,7 @@ pub mod proxy;
 pub mod redirect;
 pub mod reply;
 pub mod request;
+pub(crate) mod rules;
 pub mod server;
 pub mod sink;
 pub mod sites;

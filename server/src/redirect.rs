@@ -170,6 +170,7 @@ mod tests {
                 routes: Vec::new(),
                 redirect_names: Vec::new(),
                 compress: None,
+                rules: Default::default(),
             })
             .collect();
         let table = SiteTable {

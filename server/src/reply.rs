@@ -218,6 +218,21 @@ pub(crate) async fn files(
     }
 }
 
+/// The reply to a GET or HEAD that found no file on a route with a single-page app's
+/// `fallback` (a path beneath `root`, checked at load): that file, or 404 if it is gone.
+pub(crate) async fn fallback(
+    root: &DocRoot,
+    method: &Method,
+    headers: &HeaderMap,
+    fallback: &str,
+) -> Reply {
+    let rel = Cow::Borrowed(fallback);
+    match file_reply(root, method, headers, fallback, fallback, rel).await {
+        Some(reply) => reply,
+        None => Reply::text(StatusCode::NOT_FOUND, b"not found\n"),
+    }
+}
+
 /// [`clean_path`] of the path beneath a route's prefix; `""` (the prefix itself) names the
 /// route's directory.
 fn clean_rest(rest: &str) -> Option<Cow<'_, str>> {

@@ -36,6 +36,7 @@ use crate::proxy::pool::{Backend, Pool};
 use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
+use crate::rules::{Applied, RouteRules, SiteRules};
 
 /// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
@@ -132,12 +133,16 @@ struct Served {
     home: Option<String>,
     /// Its names that only redirect (`table::Site::redirect_names`).
     redirect_names: Vec<String>,
+    /// Its header rules, HSTS, CORS and error pages.
+    rules: SiteRules,
 }
 
 /// A route with what it does, opened.
 struct Routed {
     prefix: String,
     handler: Handler,
+    /// Its header rules and fallback.
+    rules: RouteRules,
 }
 
 /// What a route does, with its root opened or its upstream made.
@@ -344,6 +349,8 @@ pub(crate) struct Lookup<'a> {
     path: &'a str,
     /// The path beneath the route's prefix.
     rest: &'a str,
+    /// A file route's fallback (beneath its root) for a path with no file and no extension.
+    fallback: Option<&'a str>,
 }
 
 impl Lookup<'_> {
@@ -352,7 +359,15 @@ impl Lookup<'_> {
             let Some(root) = self.root else {
                 return not_found();
             };
-            reply::files(root, method, headers, self.path, self.rest).await
+            let reply = reply::files(root, method, headers, self.path, self.rest).await;
+            match self.fallback {
+                Some(fallback)
+                    if reply.status == StatusCode::NOT_FOUND && no_extension(self.rest) =>
+                {
+                    reply::fallback(root, method, headers, fallback).await
+                }
+                _ => reply,
+            }
         } else {
             reply::builtin(
                 self.root,
@@ -402,6 +417,7 @@ impl Router {
                 routes.push(Routed {
                     prefix: route.path.clone(),
                     handler,
+                    rules: RouteRules::new(&route.rules),
                 });
             }
             sites.push(Served {
@@ -411,6 +427,7 @@ impl Router {
                     .then(|| site.names.first().cloned())
                     .flatten(),
                 redirect_names: site.redirect_names.clone(),
+                rules: SiteRules::new(&site.rules),
             });
         }
         let (roots, upstreams) = (opener.roots, opener.upstreams);
@@ -550,36 +567,64 @@ impl Router {
         })
     }
 
-    /// What a `method` request for `uri` gets, its site chosen as `choice`.
-    pub(crate) fn target<'a>(
-        &'a self,
+    /// What a `method` request for `uri` with `headers` gets, its site chosen as `choice`, and
+    /// the rules of its site and route that its response goes through
+    /// ([`crate::rules::Applied`]); a CORS preflight is answered here.
+    pub(crate) fn target<'r: 'a, 'a>(
+        &'r self,
         choice: Choice,
         method: &Method,
+        headers: &HeaderMap,
         uri: &'a Uri,
-    ) -> Target<'a> {
+    ) -> (Target<'a>, Applied<'r>) {
         let site = match choice {
             Choice::Site(site) => site,
-            Choice::Misdirected => return Target::reply(misdirected()),
-            Choice::NoHost => return Target::reply(no_host()),
+            Choice::Misdirected => return (Target::reply(misdirected()), Applied::default()),
+            Choice::NoHost => return (Target::reply(no_host()), Applied::default()),
             Choice::Redirect { site, port } => {
-                let home = self.inner.sites.get(site).and_then(|s| s.home.as_deref());
-                return Target::reply(match home {
+                let served = self.inner.sites.get(site);
+                let home = served.and_then(|s| s.home.as_deref());
+                let applied = served.map_or_else(Applied::default, |s| {
+                    Applied::new(&s.rules, None, headers, true)
+                });
+                let reply = match home {
                     Some(home) => to_home(home, port, uri),
                     None => not_found(),
-                });
+                };
+                return (Target::reply(reply), applied);
             }
         };
         let Some(served) = self.inner.sites.get(site) else {
-            return Target::reply(not_found());
+            return (Target::reply(not_found()), Applied::default());
         };
         let path = uri.path();
+        let site_only = || Applied::new(&served.rules, None, headers, true);
         let (routed, rest) = match served.route(path) {
             Ok(Some(found)) => found,
-            Ok(None) => return Target::reply(not_found()),
+            Ok(None) => return (Target::reply(not_found()), site_only()),
             Err(AmbiguousPath) => {
-                return Target::reply(Reply::text(StatusCode::BAD_REQUEST, b"bad path\n"))
+                let bad = Reply::text(StatusCode::BAD_REQUEST, b"bad path\n");
+                return (Target::reply(bad), site_only());
             }
         };
+        let fixed = matches!(routed.handler, Handler::Respond { .. });
+        let applied = Applied::new(&served.rules, Some(&routed.rules), headers, !fixed);
+        if let Some(preflight) = applied.preflight(method, headers) {
+            return (Target::reply(preflight), applied);
+        }
+        (self.handle(routed, method, path, rest, uri), applied)
+    }
+
+    /// What `routed` does with a `method` request for `uri` (`path` beneath its prefix:
+    /// `rest`).
+    fn handle<'a>(
+        &'a self,
+        routed: &'a Routed,
+        method: &Method,
+        path: &'a str,
+        rest: &'a str,
+        uri: &'a Uri,
+    ) -> Target<'a> {
         let safe = method == Method::GET || method == Method::HEAD;
         match &routed.handler {
             Handler::Upstream {
@@ -607,6 +652,7 @@ impl Router {
                 max_bytes: self.inner.max_bytes,
                 path,
                 rest,
+                fallback: routed.rules.fallback.as_deref(),
             })),
             Handler::Files(_) => Target::reply(not_allowed("GET, HEAD")),
             Handler::Builtin(_) if method == Method::POST && rest == "/echo-len" => {
@@ -618,6 +664,7 @@ impl Router {
                 max_bytes: self.inner.max_bytes,
                 path,
                 rest,
+                fallback: None,
             })),
             Handler::Builtin(_) => Target::reply(not_allowed("GET, HEAD, POST")),
         }
@@ -655,6 +702,12 @@ impl Served {
     fn longest<'p>(&self, path: &'p str) -> Option<(&Routed, &'p str)> {
         longest_prefix(&self.routes, |r| &r.prefix, path)
     }
+}
+
+/// Whether the last segment of `path` has no extension (a single-page app's route, not a
+/// missing asset).
+fn no_extension(path: &str) -> bool {
+    !path.rsplit('/').next().unwrap_or(path).contains('.')
 }
 
 /// Whether `path` holds an escape, an empty segment or a dot segment.
@@ -810,6 +863,7 @@ pub fn with_command_line(
         compress: None,
         path: "/".into(),
         action,
+        rules: Default::default(),
     }];
     match table.sites.iter_mut().position(|s| s.names.is_empty()) {
         Some(i) => table.sites[i].routes = routes,
@@ -829,6 +883,7 @@ pub fn command_line_table() -> SiteTable {
             compress: None,
             path: "/".into(),
             action: Action::Builtin { root: None },
+            rules: Default::default(),
         }])],
         default_site: Some(0),
     }
@@ -845,6 +900,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         routes,
         redirect_names: Vec::new(),
         compress: None,
+        rules: Default::default(),
     }
 }
 
@@ -1006,9 +1062,11 @@ impl From<&Site> for Router {
                     routes: vec![Routed {
                         prefix: "/".into(),
                         handler,
+                        rules: RouteRules::default(),
                     }],
                     home: None,
                     redirect_names: Vec::new(),
+                    rules: Default::default(),
                 }],
                 index: SiteIndex::new(&command_line_table()),
                 max_bytes: site.max_bytes,
@@ -1044,6 +1102,7 @@ mod tests {
             compress: None,
             path: path.into(),
             action,
+            rules: Default::default(),
         }
     }
 
@@ -1075,6 +1134,7 @@ mod tests {
             acme: false,
             redirect_names: Vec::new(),
             compress: None,
+            rules: Default::default(),
             routes,
         }
     }
@@ -1117,7 +1177,7 @@ mod tests {
     /// What `GET path` on site 0 gets, in short: the reply's status and body, the proxy's path.
     fn at(r: &Router, method: Method, path: &str) -> String {
         let u = uri(path);
-        match r.target(Choice::Site(0), &method, &u) {
+        match r.target(Choice::Site(0), &method, &HeaderMap::new(), &u).0 {
             Target::Proxy { upstream, path, .. } => format!(
                 "proxy {} {}",
                 upstream.first().authority(),
@@ -1167,7 +1227,8 @@ mod tests {
         let b = Router::new(&table(None), &RouterOptions::default()).unwrap();
         let u = uri("/y");
         assert!(matches!(
-            b.target(Choice::Site(1), &Method::GET, &u),
+            b.target(Choice::Site(1), &Method::GET, &HeaderMap::new(), &u)
+                .0,
             Target::Local(Local::Reply(Reply {
                 status: StatusCode::NOT_FOUND,
                 ..
@@ -1230,7 +1291,10 @@ mod tests {
         };
         let r = router(&t);
         let u = uri("/");
-        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::GET, &u) else {
+        let Target::Local(Local::Reply(reply)) = r
+            .target(Choice::Site(0), &Method::GET, &HeaderMap::new(), &u)
+            .0
+        else {
             panic!("a fixed response is a reply");
         };
         let h = |n: &str| {
@@ -1337,7 +1401,10 @@ mod tests {
         );
         assert_eq!(at(&r, Method::PUT, "/x"), "405 method not allowed");
         let u = uri("/static/a");
-        let Target::Local(Local::Reply(reply)) = r.target(Choice::Site(0), &Method::PUT, &u) else {
+        let Target::Local(Local::Reply(reply)) = r
+            .target(Choice::Site(0), &Method::PUT, &HeaderMap::new(), &u)
+            .0
+        else {
             panic!("a reply");
         };
         assert_eq!(reply.headers[header::ALLOW], "GET, HEAD");
@@ -1380,7 +1447,9 @@ mod tests {
             let choice = r.choose(a, &req, http11);
             assert_eq!(choice, Choice::Redirect { site: 0, port }, "{:?}", req.uri);
             assert_eq!(choice.answering(a), Some(0));
-            let Target::Local(Local::Reply(reply)) = r.target(choice, &Method::GET, &req.uri)
+            let Target::Local(Local::Reply(reply)) = r
+                .target(choice, &Method::GET, &HeaderMap::new(), &req.uri)
+                .0
             else {
                 panic!("a redirect is a reply");
             };

@@ -414,6 +414,7 @@ mod tests {
                 acme: true,
                 redirect_names: Vec::new(),
                 compress: None,
+                rules: Default::default(),
                 routes: Vec::new(),
             }],
             default_site: None,
@@ -458,6 +459,7 @@ mod tests {
                 acme,
                 redirect_names: Vec::new(),
                 compress: None,
+                rules: Default::default(),
                 routes: Vec::new(),
             });
         }

@@ -698,6 +698,7 @@ pub(crate) mod tests {
             acme,
             redirect_names: Vec::new(),
             compress: None,
+            rules: Default::default(),
             routes: Vec::new(),
         };
         let table = SiteTable {

@@ -479,6 +479,7 @@ mod tests {
             names: vec!["example.test".into()],
             redirect_names: vec![],
             compress: None,
+            rules: Default::default(),
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,

@@ -29,6 +29,7 @@ use crate::compress::ProxyCoding;
 use crate::proxy::pool::Pool;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
+use crate::rules::Applied;
 use crate::sites::{Local, Router, Target};
 use crate::stats::ServerStats;
 
@@ -392,7 +393,10 @@ impl Req {
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
-        let local = match self.router.target(choice, &parts.method, &parts.uri) {
+        let (target, rules) = self
+            .router
+            .target(choice, &parts.method, &parts.headers, &parts.uri);
+        let local = match target {
             Target::Proxy {
                 upstream,
                 path,
@@ -402,10 +406,13 @@ impl Req {
                 if let Some(path) = path {
                     parts.uri = with_path(&parts.uri, path);
                 }
+                // What the client accepts, before the route's rules change the request.
                 let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
+                rules.request(&mut parts.headers);
                 let request = Request::from_parts(parts, ());
                 // Boxed: the proxy's state is most of a request's, and files need none of it.
-                let proxied = Box::pin(self.proxy(site, &upstream, request, stream, coding)).await;
+                let proxied =
+                    Box::pin(self.proxy(site, &upstream, request, stream, coding, &rules)).await;
                 if let Some(l) = logged {
                     match proxied {
                         Outcome::Answered { status, bytes } => l.end(Some(status), bytes),
@@ -421,6 +428,7 @@ impl Req {
                 &parts.method,
                 &parts.headers,
                 local,
+                &rules,
                 &mut stream,
                 &mut logged,
             )
@@ -460,6 +468,7 @@ impl Req {
         request: Request<()>,
         stream: Stream,
         coding: ProxyCoding,
+        rules: &Applied<'_>,
     ) -> Outcome {
         let method = request.method().clone();
         let path = request.uri().path().to_string();
@@ -478,6 +487,7 @@ impl Req {
             early,
             &self.stats.bytes_sent,
             coding,
+            rules,
         )
         .await
         {
@@ -498,6 +508,7 @@ impl Req {
         method: &Method,
         headers: &HeaderMap,
         local: Local<'_>,
+        rules: &Applied<'_>,
         stream: &mut Stream,
         logged: &mut Option<Logged>,
     ) -> Result<StatusCode, RequestError> {
@@ -508,7 +519,7 @@ impl Req {
             self.handshake.clone().await;
         }
 
-        let mut reply = match local {
+        let reply = match local {
             Local::EchoLen => {
                 let n = drain(stream).await?;
                 Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n")))
@@ -521,6 +532,8 @@ impl Req {
                 reply
             }
         };
+        let mut reply = rules.error_page(reply);
+        rules.response(&mut reply.headers);
 
         let status = reply.status;
         let mut resp = Response::new(());

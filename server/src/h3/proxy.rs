@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes};
 use h3::error::Code;
 use h3::server::RequestStream;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tracing::debug;
@@ -18,6 +18,8 @@ use tracing::debug;
 use crate::compress::ProxyCoding;
 use crate::proxy::pool::Pool;
 use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody};
+use crate::reply::{Body, Reply};
+use crate::rules::Applied;
 
 /// The request stream of the h3 server over quinn.
 type Stream = RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>;
@@ -45,6 +47,7 @@ pub(crate) async fn proxy_h3(
     early: bool,
     sent: &AtomicU64,
     coding: ProxyCoding,
+    rules: &Applied<'_>,
 ) -> Outcome {
     let (mut tx, mut rx) = stream.split();
     let (parts, ()) = request.into_parts();
@@ -73,7 +76,9 @@ pub(crate) async fn proxy_h3(
         .await
     {
         Exchange::Response(r) => r,
-        Exchange::Reply(status, body) => return reply(&mut tx, status, body).await,
+        Exchange::Reply(status, body) => {
+            return reply(&mut tx, rules, rules.own_error(status, body)).await
+        }
         Exchange::ClientGone => {
             tx.stop_stream(Code::H3_REQUEST_CANCELLED);
             return Outcome::Failed;
@@ -81,6 +86,7 @@ pub(crate) async fn proxy_h3(
     };
     let (mut parts, body) = response.into_parts();
     let mut body = coding.apply(&mut parts, body);
+    rules.response(&mut parts.headers);
     let status = parts.status;
     if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {
         debug!(error = %e, "client went away before the response head");
@@ -138,22 +144,30 @@ async fn finish(tx: &mut SendHalf, status: StatusCode, bytes: u64) -> Outcome {
     }
 }
 
-/// A complete short text response of ours.
-async fn reply(tx: &mut SendHalf, status: StatusCode, body: &'static [u8]) -> Outcome {
+/// A complete response of ours (the proxy's 502 or 504, or the site's page for it), after
+/// the rules.
+async fn reply(tx: &mut SendHalf, rules: &Applied<'_>, mut reply: Reply) -> Outcome {
+    rules.response(&mut reply.headers);
+    let status = reply.status;
+    let body = match reply.body {
+        Body::Static(b) => Bytes::from_static(b),
+        Body::Memory(b) => b,
+        // The proxy's own answers are one of those two.
+        _ => Bytes::new(),
+    };
     let mut head = Response::new(());
     *head.status_mut() = status;
-    let h = head.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    *head.headers_mut() = reply.headers;
     if let Err(e) = tx.send_response(head).await {
         debug!(error = %e, "client went away before our response");
         return Outcome::Failed;
     }
-    if let Err(e) = tx.send_data(Bytes::from_static(body)).await {
+    let len = body.len() as u64;
+    if let Err(e) = tx.send_data(body).await {
         debug!(error = %e, "client went away during our response");
         return Outcome::Failed;
     }
-    finish(tx, status, body.len() as u64).await
+    finish(tx, status, len).await
 }
 
 /// The request body as hyper polls it: `first` (a frame already read), then the stream's data

@@ -20,6 +20,7 @@ use crate::proxy::pool::Pool;
 use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
+use crate::rules::Applied;
 use crate::sites::{Local, Router, Target};
 use crate::stats::ServerStats;
 
@@ -58,7 +59,9 @@ pub(super) async fn handle(
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
     let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
-    let target = conn.router.target(choice, &parts.method, &parts.uri);
+    let (target, rules) = conn
+        .router
+        .target(choice, &parts.method, &parts.headers, &parts.uri);
     let mut resp = match target {
         Target::Proxy {
             upstream,
@@ -69,19 +72,24 @@ pub(super) async fn handle(
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
             }
-            match Ask::of(&parts) {
-                Some(ask) => tunnel(&conn, &upstream, site, parts, ask, &mut logged).await,
+            let ask = Ask::of(&parts);
+            // What the client accepts, before the route's rules change the request.
+            let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
+            rules.request(&mut parts.headers);
+            match ask {
+                Some(ask) => tunnel(&conn, &upstream, site, parts, ask, &mut logged, &rules).await,
                 None => {
-                    let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
                     let req = Request::from_parts(parts, body);
-                    proxy(&upstream, site, stats, conn.remote, req, coding).await
+                    proxy(&upstream, site, stats, conn.remote, req, coding, &rules).await
                 }
             }
         }
         Target::Local(local) => {
-            respond(local, site, stats, &parts.method, &parts.headers, body).await
+            let reply = local_reply(local, &parts.method, &parts.headers, body).await;
+            respond(rules.error_page(reply), site, stats, &parts.method)
         }
     };
+    rules.response(resp.headers_mut());
     if let Some(v) = conn.alt_svc {
         resp.headers_mut().insert(header::ALT_SVC, v);
     }
@@ -99,6 +107,7 @@ async fn tunnel(
     mut parts: http::request::Parts,
     ask: Ask,
     logged: &mut Option<Logged>,
+    rules: &Applied<'_>,
 ) -> Response<TcpBody> {
     let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
         // hyper gives every request its pending upgrade; none is a bug, not the client's.
@@ -130,7 +139,7 @@ async fn tunnel(
                 Empty::new().map_err(|never| match never {}).boxed_unsync(),
             )
         }
-        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats, ProxyCoding::NONE),
+        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats, ProxyCoding::NONE, rules),
     }
 }
 
@@ -142,6 +151,7 @@ async fn proxy(
     remote: SocketAddr,
     req: Request<Incoming>,
     coding: ProxyCoding,
+    rules: &Applied<'_>,
 ) -> Response<TcpBody> {
     let (parts, body) = req.into_parts();
     let body = body
@@ -150,7 +160,7 @@ async fn proxy(
     let exchange = upstream
         .exchange(Request::from_parts(parts, body), remote, false)
         .await;
-    answer(exchange, site, stats, coding)
+    answer(exchange, site, stats, coding, rules)
 }
 
 /// The response of what an exchange with the upstream came to.
@@ -159,6 +169,7 @@ fn answer(
     site: Option<usize>,
     stats: &Arc<ServerStats>,
     coding: ProxyCoding,
+    rules: &Applied<'_>,
 ) -> Response<TcpBody> {
     match exchange {
         Exchange::Response(resp) => {
@@ -180,7 +191,10 @@ fn answer(
                 .boxed_unsync()
             })
         }
-        Exchange::Reply(status, text) => reply(site, stats, status, text),
+        Exchange::Reply(status, text) => {
+            let method = Method::GET;
+            respond(rules.own_error(status, text), site, stats, &method)
+        }
         Exchange::ClientGone => {
             stats.requests_failed.fetch_add(1, Ordering::Relaxed);
             // hyper sends nothing for a request whose client is gone; the status is moot.
@@ -207,23 +221,30 @@ fn reply(
     resp
 }
 
-/// Answers a request this worker answers itself, as HTTP/3 does.
-async fn respond(
+/// The reply to a request this worker answers itself, as HTTP/3 makes it.
+async fn local_reply(
     local: Local<'_>,
-    site: Option<usize>,
-    stats: &Arc<ServerStats>,
     method: &Method,
     headers: &http::HeaderMap,
     body: Incoming,
-) -> Response<TcpBody> {
-    let reply = match local {
+) -> Reply {
+    match local {
         Local::EchoLen => match count_body(body).await {
             Ok(n) => Reply::new(StatusCode::OK, "text/plain", Body::Text(format!("{n}\n"))),
             Err(_) => Reply::text(StatusCode::BAD_REQUEST, b"request body broke off\n"),
         },
         Local::Get(lookup) => lookup.reply(method, headers).await,
         Local::Reply(reply) => reply,
-    };
+    }
+}
+
+/// `reply` as hyper's response, counted (no body for a HEAD).
+fn respond(
+    reply: Reply,
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    method: &Method,
+) -> Response<TcpBody> {
     stats.count_response(site, reply.status);
     let mut resp = Response::new(if method == Method::HEAD {
         Empty::new().map_err(|never| match never {}).boxed_unsync()

@@ -21,6 +21,9 @@ use toml::Spanned;
 
 use super::Cli;
 
+mod rules;
+pub use rules::{SiteRulesDoc, SITE_RULE_KEYS};
+
 /// Where something is in the file: `FILE:LINE:COLUMN`, both from 1.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Place {
@@ -97,6 +100,8 @@ pub struct SiteDoc {
     /// `compress = false`: the site's responses are never coded (a route may say otherwise).
     pub compress: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
+    /// `headers`, `hsts`, `cors`, `errors`.
+    pub rules: SiteRulesDoc,
 }
 
 /// The `[acme]` table as written; checked by `super::acme`.
@@ -151,7 +156,7 @@ pub struct FileConfig {
 }
 
 /// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 7] = [
+pub const SITE_KEYS: [&str; 11] = [
     "names",
     "redirect_names",
     "cert",
@@ -159,6 +164,11 @@ pub const SITE_KEYS: [&str; 7] = [
     "acme",
     "compress",
     "route",
+    // The site's rules: `rules::SITE_RULE_KEYS`.
+    "headers",
+    "hsts",
+    "cors",
+    "errors",
 ];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
@@ -504,6 +514,7 @@ impl Parser<'_> {
                 acme: None,
                 compress: None,
                 routes: Vec::new(),
+                rules: SiteRulesDoc::default(),
             };
             for (k, v) in table {
                 match k.get_ref().as_ref() {
@@ -519,6 +530,7 @@ impl Parser<'_> {
                             site.routes.push(r);
                         }
                     }
+                    key if SITE_RULE_KEYS.contains(&key) => self.site_rule(k, v, &mut site.rules),
                     _ => self.unknown(k, &SITE_KEYS, "key of [[site]]"),
                 }
             }
@@ -909,7 +921,10 @@ mod tests {
                 "redirect",
                 "status",
                 "respond",
-                "compress"
+                "compress",
+                "headers",
+                "request_headers",
+                "fallback"
             ]
         );
         assert_eq!(

@@ -1490,9 +1490,11 @@ impl Config {
                     compress: None,
                     path: "/".into(),
                     action,
+                    rules: Default::default(),
                 }],
                 redirect_names: Vec::new(),
                 compress: None,
+                rules: Default::default(),
             }],
             default_site: Some(0),
         }

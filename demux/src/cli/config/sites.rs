@@ -14,6 +14,8 @@ use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteD
 use super::WorkerUser;
 use crate::certs::{covers, leaf, CertPem};
 
+mod rules;
+
 /// The site table of the file's `[[site]]`s; every problem found, each with its place.
 /// `worker_user` is whom the workers run as (a root must be reachable by it).
 pub fn build(file: &FileConfig, worker_user: Option<&WorkerUser>) -> Result<SiteTable, Problems> {
@@ -216,6 +218,7 @@ fn site(
             routes.push(route);
         }
     }
+    let rules = rules::site_rules(&doc.rules, problems);
     if problems.len() > before {
         return None;
     }
@@ -229,6 +232,7 @@ fn site(
         routes,
         redirect_names,
         compress: doc.compress.as_ref().map(|c| c.value),
+        rules,
     })
 }
 
@@ -389,7 +393,12 @@ fn route(
         }
     };
     match &mut route.action {
-        Action::Files { root } => check_root(root, r.place_of("root"), user, problems)?,
+        Action::Files { root } => {
+            check_root(root, r.place_of("root"), user, problems)?;
+            if let Some(fallback) = &route.rules.fallback {
+                rules::check_fallback(root, fallback, r.place_of("fallback"), problems);
+            }
+        }
         Action::Upstream { url, tls, .. } if url.urls().iter().any(|u| u.scheme.tls()) => {
             let read = match &r.upstream_ca {
                 Some(ca) => crate::certs::load_upstream_ca(ca).map_err(|e| {

@@ -91,12 +91,14 @@ impl Server {
             acme,
             redirect_names: Vec::new(),
             compress: None,
+            rules: Default::default(),
             routes: vec![Route {
                 compress: None,
                 path: "/".into(),
                 action: Action::Respond(
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
                 ),
+                rules: Default::default(),
             }],
         };
         let table = SiteTable {

@@ -1420,12 +1420,14 @@ async fn requests_for_another_sites_host_are_misdirected() {
             acme: false,
             redirect_names: Vec::new(),
             compress: None,
+            rules: Default::default(),
             routes,
         };
         let respond = |path: &str, status, body: &str| Route {
             compress: None,
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
+            rules: Default::default(),
         };
         let table = SiteTable {
             sites: vec![
@@ -1439,6 +1441,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
                             compress: None,
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
+                            rules: Default::default(),
                         },
                     ],
                 ),

@@ -144,6 +144,7 @@ fn route(path: &str, action: Action) -> Route {
         compress: None,
         path: path.into(),
         action,
+        rules: Default::default(),
     }
 }
 
@@ -156,6 +157,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         acme: false,
         redirect_names: Vec::new(),
         compress: None,
+        rules: Default::default(),
         routes,
     }
 }

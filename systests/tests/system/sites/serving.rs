@@ -1653,3 +1653,6 @@ async fn redirect_names_send_clients_to_the_first_name() {
     })
     .await
 }
+
+/// Header rules, HSTS, CORS, fallbacks and error pages.
+mod rules;

@@ -1,0 +1,305 @@
+//! What a site does around its content (`docs/operators/headers-and-errors.md`), end to end on
+//! a real ringmux, asked by curl over HTTP/1.1 and HTTP/2 and by aioquic over HTTP/3: header
+//! rules of the site and of a route, HSTS (and none on the plain-HTTP listener), a CORS
+//! preflight and a credentialed request, a rule on the request a backend gets, a single-page
+//! app's fallback, and error pages for ringmux's own 404 and the proxy's 502. Then `ringmux
+//! check` refusing each kind of bad rule by its key.
+
+use super::*;
+
+/// The body of the app's `index.html`.
+const INDEX: &str = "<div id=app></div>\n";
+const PAGE_404: &str = "<h1>not here</h1>\n";
+const PAGE_502: &str = "<h1>backend down</h1>\n";
+const APP: &str = "https://app.example";
+
+/// a.test with every rule, its files and error pages in `dir`; `upstream` behind `/api`, and
+/// `/down` proxied to a port nothing listens on.
+fn rules_config(dir: &Path, upstream: &str) -> PathBuf {
+    let d = dir.display();
+    certificate(dir, "a", A.common_name, A.names, false);
+    open_folder(&dir.join("root/app"));
+    open_file(&dir.join("root/app/index.html"), INDEX);
+    open_file(&dir.join("404.html"), PAGE_404);
+    open_file(&dir.join("502.html"), PAGE_502);
+    let down = harness::unused_tcp_port();
+    let text = format!(
+        r#"
+[[site]]
+names = ["a.test", "www.a.test"]
+cert = "{d}/a.pem"
+key = "{d}/a.key"
+hsts = {{ max_age = 31536000, include_subdomains = true }}
+  [site.headers]
+  set = {{ "x-frame-options" = "DENY" }}
+  remove = ["last-modified", "etag"]
+  [site.cors]
+  origins = ["{APP}"]
+  methods = ["GET", "PUT"]
+  headers = ["content-type"]
+  credentials = true
+  max_age = 600
+  [site.errors]
+  404 = "{d}/404.html"
+  502 = "{d}/502.html"
+  [[site.route]]
+  path = "/app"
+  root = "{d}/root"
+  fallback = "/app/index.html"
+  headers = {{ set = {{ "content-security-policy" = "default-src 'self'" }} }}
+  [[site.route]]
+  path = "/api"
+  upstream = "{upstream}"
+  strip_prefix = true
+  request_headers = {{ set = {{ "x-from" = "ringmux" }}, remove = ["cookie"] }}
+  [[site.route]]
+  path = "/down"
+  upstream = "http://{down}"
+"#
+    );
+    let path = dir.join("rules.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Over HTTP/1.1, HTTP/2 and HTTP/3: the site's and the route's rules, HSTS, the fallback, the
+/// error pages and the backend's request; CORS over TCP; no HSTS on plain HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_rules_hsts_fallback_and_error_pages_on_every_protocol() {
+    if !tool::CURL.present() || !tool::AIOQUIC.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let dir = temp_dir("ringmux-rules");
+        let upstream = PyUpstream::start();
+        let config = rules_config(dir.path(), &upstream.url());
+        let plain = harness::unused_tcp_port();
+        let rm = Ringmux::start(
+            1,
+            Forward::Shm,
+            &[
+                "--config",
+                &config.to_string_lossy(),
+                "--redirect-http",
+                &plain.to_string(),
+            ],
+        );
+        let cert = dir.path().join("a.pem");
+        let a = Reach::Name("a.test");
+        let hsts = "max-age=31536000; includeSubDomains";
+        for (flag, _) in TCP_VERSIONS {
+            let app = curl_ok(&rm, a, Some(&cert), &[flag], "/app/settings").await;
+            assert_eq!(
+                (app.status, app.body.as_str()),
+                (200, INDEX),
+                "{flag}: {app:?}"
+            );
+            assert_eq!(app.header("x-frame-options"), Some("DENY"), "{flag}");
+            let csp = app.header("content-security-policy");
+            assert_eq!(csp, Some("default-src 'self'"), "{flag}");
+            assert_eq!(
+                app.header("strict-transport-security"),
+                Some(hsts),
+                "{flag}"
+            );
+            assert_eq!(app.header("last-modified"), None, "{flag}: removed");
+            assert_eq!(app.header("etag"), None, "{flag}: removed");
+            let js = curl_ok(&rm, a, Some(&cert), &[flag], "/app/x.js").await;
+            assert_eq!(
+                (js.status, js.body.as_str()),
+                (404, PAGE_404),
+                "{flag}: {js:?}"
+            );
+            assert_eq!(js.header("cache-control"), Some("no-store"), "{flag}");
+            assert_eq!(
+                js.header("content-type"),
+                Some("text/html; charset=utf-8"),
+                "{flag}"
+            );
+            let down = curl_ok(&rm, a, Some(&cert), &[flag], "/down/x").await;
+            assert_eq!((down.status, down.body.as_str()), (502, PAGE_502), "{flag}");
+            assert_eq!(down.header("cache-control"), Some("no-store"), "{flag}");
+            assert_eq!(down.header("strict-transport-security"), Some(hsts));
+            let args = [flag, "-H", "cookie: secret=1", "-H", "x-mine: 1"];
+            let api = curl_ok(&rm, a, Some(&cert), &args, "/api/headers").await;
+            let asked: Vec<&str> = api.body.lines().collect();
+            assert!(asked.contains(&"x-from: ringmux"), "{flag}: {asked:?}");
+            assert!(asked.contains(&"x-mine: 1"), "{flag}: {asked:?}");
+            assert!(
+                !asked.iter().any(|l| l.starts_with("cookie")),
+                "{flag}: {asked:?}"
+            );
+            assert_eq!(
+                api.header("x-frame-options"),
+                Some("DENY"),
+                "{flag}: proxied"
+            );
+            assert_eq!(
+                api.header("content-security-policy"),
+                None,
+                "{flag}: /app's"
+            );
+        }
+        let (got, _) = aioquic_ok(&rm, "a.test", &["/app/settings", "/app/x.js", "/down/x"]).await;
+        let h = |i: usize, name: &str| got[i].headers[name].as_str().map(str::to_owned);
+        assert_eq!(
+            (got[0].status, got[0].body.as_str()),
+            (200, INDEX),
+            "h3: {got:?}"
+        );
+        assert_eq!(h(0, "x-frame-options").as_deref(), Some("DENY"), "h3");
+        assert_eq!(
+            h(0, "content-security-policy").as_deref(),
+            Some("default-src 'self'"),
+            "h3"
+        );
+        assert_eq!(
+            h(0, "strict-transport-security").as_deref(),
+            Some(hsts),
+            "h3"
+        );
+        assert_eq!(h(0, "last-modified"), None, "h3: removed");
+        assert_eq!((got[1].status, got[1].body.as_str()), (404, PAGE_404), "h3");
+        assert_eq!(h(1, "cache-control").as_deref(), Some("no-store"), "h3");
+        assert_eq!((got[2].status, got[2].body.as_str()), (502, PAGE_502), "h3");
+        assert_eq!(h(2, "cache-control").as_deref(), Some("no-store"), "h3");
+
+        // The plain-HTTP listener redirects, without HSTS (RFC 6797 §7.2).
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "-D", "-", "-o", "/dev/null", "-H", "host: a.test"])
+            .arg(format!("http://{plain}/app/settings"))
+            .output()
+            .await
+            .expect("curl");
+        let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 301"), "{head}");
+        assert!(!head.contains("strict-transport-security"), "{head}");
+    })
+    .await
+}
+
+/// A CORS preflight from the allowed origin gets 204 and the allow fields; one from another
+/// origin none; a credentialed GET from the allowed origin its origin, `vary` and credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_answers_preflights_and_credentialed_requests() {
+    if !tool::CURL.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let dir = temp_dir("ringmux-cors");
+        let upstream = PyUpstream::start();
+        let config = rules_config(dir.path(), &upstream.url());
+        let rm = Ringmux::start(1, Forward::Shm, &["--config", &config.to_string_lossy()]);
+        let cert = dir.path().join("a.pem");
+        let a = Reach::Name("a.test");
+        for (flag, _) in TCP_VERSIONS {
+            let origin = format!("origin: {APP}");
+            let pre = [
+                flag,
+                "-X",
+                "OPTIONS",
+                "-H",
+                &origin,
+                "-H",
+                "access-control-request-method: PUT",
+            ];
+            let got = curl_ok(&rm, a, Some(&cert), &pre, "/api/headers").await;
+            assert_eq!(got.status, 204, "{flag}: {got:?}");
+            assert_eq!(got.header("access-control-allow-origin"), Some(APP));
+            assert_eq!(got.header("access-control-allow-methods"), Some("GET, PUT"));
+            assert_eq!(
+                got.header("access-control-allow-headers"),
+                Some("content-type")
+            );
+            assert_eq!(got.header("access-control-max-age"), Some("600"));
+            assert_eq!(got.header("access-control-allow-credentials"), Some("true"));
+            let evil = [
+                flag,
+                "-X",
+                "OPTIONS",
+                "-H",
+                "origin: https://evil.example",
+                "-H",
+                "access-control-request-method: PUT",
+            ];
+            let got = curl_ok(&rm, a, Some(&cert), &evil, "/app/").await;
+            assert_ne!(got.status, 204, "{flag}: {got:?}");
+            assert_eq!(got.header("access-control-allow-origin"), None, "{flag}");
+            let with = [flag, "-H", &origin, "-H", "cookie: session=1"];
+            let got = curl_ok(&rm, a, Some(&cert), &with, "/app/settings").await;
+            assert_eq!(got.status, 200, "{flag}: {got:?}");
+            assert_eq!(got.header("access-control-allow-origin"), Some(APP));
+            assert_eq!(got.header("access-control-allow-credentials"), Some("true"));
+            assert_eq!(got.header("vary"), Some("origin"), "{flag}: {got:?}");
+        }
+    })
+    .await
+}
+
+/// `ringmux check` refuses a forbidden header, a bad HSTS, `*` with credentials, a fallback
+/// outside the root and an unreadable error page, each by its key.
+#[test]
+fn check_refuses_bad_rules_by_their_key() {
+    let parts = Parts::new();
+    std::fs::write(parts.dir.path().join("root/index.html"), "x").unwrap();
+    let cases = [
+        (
+            "[site.headers]\nset = { \"alt-svc\" = \"h3=\\\":1\\\"\" }",
+            "site.headers: alt-svc: ringmux owns this field",
+        ),
+        (
+            "[site.headers]\nremove = [\"Connection\"]",
+            "site.headers: connection: ringmux owns this field",
+        ),
+        ("hsts = \"1y\"", "site.hsts"),
+        (
+            "hsts = { max_age = 60, include_subdomains = true, preload = true }",
+            "site.hsts: preload = true needs",
+        ),
+        (
+            "[site.cors]\norigins = [\"*\"]\ncredentials = true",
+            "site.cors: origins = [\"*\"] with credentials = true",
+        ),
+        (
+            "[site.errors]\n404 = \"{D}/missing.html\"",
+            "site.errors.404 = ",
+        ),
+        (
+            "[site.errors]\n404 = \"{D}/fifo\"",
+            "the error page cannot be read",
+        ),
+        (
+            "[site.errors]\n418 = \"{D}/a.pem\"",
+            "site.errors.418: status 418",
+        ),
+    ];
+    // Site-level keys go between the site's own and its route.
+    let (head, route) = SITE.split_at(SITE.find("[[site.route]]").unwrap());
+    for (i, (rule, says)) in cases.iter().enumerate() {
+        let file = parts.file(&format!("rule-{i}"), &format!("{head}{rule}\n{route}"));
+        let out = check(&file, &[]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{rule}: {err}");
+        assert!(err.contains(says), "{rule}: expected {says:?} in {err}");
+    }
+    for (route, says) in [
+        ("fallback = \"/../a.pem\"", "fallback = \"/../a.pem\": "),
+        (
+            "fallback = \"/nothere.html\"",
+            "fallback = \"/nothere.html\": ",
+        ),
+        (
+            "fallback = \"/index.html\"\nrequest_headers = { set = { \"x\" = \"y\" } }",
+            "request_headers goes with upstream only",
+        ),
+    ] {
+        let file = parts.file("fallback", &format!("{SITE}{route}\n"));
+        let out = check(&file, &[]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{route}: {err}");
+        assert!(err.contains(says), "{route}: expected {says:?} in {err}");
+    }
+    let good = parts.file("good", &format!("{SITE}fallback = \"/index.html\"\n"));
+    let out = check(&good, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
