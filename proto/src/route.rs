@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{Burst, Cidr, FileLimits, LimitError, Limits, PrefixV4, PrefixV6, Rate};
 use crate::UpstreamUrl;
 
 /// The statuses a redirect may answer with (RFC 9110 §15.4): moved for good (301, 308) or for
@@ -69,6 +70,9 @@ pub struct Route {
     /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
     pub path: String,
     pub action: Action,
+    /// Who may ask and how often: replaces the site's, key by key ([`Limits::over`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 /// What a route does.
@@ -154,6 +158,13 @@ pub struct FileRoute {
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
+    /// The route's limits (`crate::limits::FILE_KEYS`), as a `[[site]]` writes them too.
+    pub allow: Option<Vec<Cidr>>,
+    pub deny: Option<Vec<Cidr>>,
+    pub rate: Option<Rate>,
+    pub burst: Option<Burst>,
+    pub rate_prefix_v4: Option<PrefixV4>,
+    pub rate_prefix_v6: Option<PrefixV6>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -191,7 +202,19 @@ impl TryFrom<FileRoute> for Route {
         } else {
             Action::Respond(f.respond.ok_or(RouteError::Actions)?)
         };
-        let route = Route { path, action };
+        let limits = Limits::try_from(FileLimits {
+            allow: f.allow,
+            deny: f.deny,
+            rate: f.rate,
+            burst: f.burst,
+            rate_prefix_v4: f.rate_prefix_v4,
+            rate_prefix_v6: f.rate_prefix_v6,
+        })?;
+        let route = Route {
+            path,
+            action,
+            limits,
+        };
         route.check()?;
         Ok(route)
     }
@@ -204,6 +227,7 @@ impl Route {
         if !self.path.starts_with('/') || self.path.contains(['?', '#']) {
             return Err(RouteError::Path(self.path.clone()));
         }
+        self.limits.check()?;
         self.action.check()
     }
 }
@@ -229,6 +253,8 @@ pub enum RouteError {
     StatusAlone,
     #[error("a {0} response has no body: drop body, or give another status")]
     BodyNotAllowed(u16),
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 impl RouteError {
@@ -241,6 +267,7 @@ impl RouteError {
             RouteError::StripPrefixAlone => Some("strip_prefix"),
             RouteError::StatusAlone => Some("status"),
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
+            RouteError::Limit(e) => e.key(),
         }
     }
 }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limits::Limits;
 pub use crate::route::{Action, Route};
 
 /// Every site a worker serves, in the configuration's order.
@@ -53,6 +54,10 @@ pub struct Site {
     /// request named, if any), under the site's certificate ([`Site::redirects`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_names: Vec<String>,
+    /// Who may ask and how often, on every route that has none of its own
+    /// ([`crate::limits`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Site {
@@ -216,6 +221,9 @@ impl SiteTable {
             }
         }
         for site in &table.sites {
+            site.limits
+                .check()
+                .map_err(|e| SitesError(format!("site {}: {e}", site.label)))?;
             for r in &site.routes {
                 r.check().map_err(|e| {
                     SitesError(format!("site {}: route {:?}: {e}", site.label, r.path))
@@ -273,11 +281,13 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            limits: Limits::default(),
             routes: routes
                 .iter()
                 .map(|p| Route {
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
+                    limits: Limits::default(),
                 })
                 .collect(),
         }

@@ -169,6 +169,7 @@ mod tests {
                 acme: false,
                 routes: Vec::new(),
                 redirect_names: Vec::new(),
+                limits: Default::default(),
             })
             .collect();
         let table = SiteTable {

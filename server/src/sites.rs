@@ -18,7 +18,7 @@
 //! This module decides; it never reads a request body nor writes a response (the transports do).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -32,9 +32,11 @@ use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
+use crate::limits::{Gate, GateMaker, Gates, Refusal};
 use crate::proxy::{ErrorKind, Upstream};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
+use ringmux_ring::tally::Tallies;
 
 /// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
@@ -53,6 +55,8 @@ pub struct RouterOptions {
     pub upstream_timeout: Duration,
     /// One line per request (`--access-log`).
     pub access_log: Option<Arc<AccessLog>>,
+    /// The rate tables the demux handed over (`ringmux_worker::rate_tables`), if any.
+    pub rate_tables: Option<Arc<Tallies>>,
 }
 
 impl Default for RouterOptions {
@@ -62,6 +66,7 @@ impl Default for RouterOptions {
             files: FileOptions::default(),
             upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
             access_log: None,
+            rate_tables: None,
         }
     }
 }
@@ -102,6 +107,8 @@ struct Inner {
     /// the command line's site is the only one.
     log_sites: bool,
     no_site: Arc<str>,
+    /// Per-client limits' counters (`crate::limits`).
+    gates: Gates,
 }
 
 impl std::fmt::Debug for Router {
@@ -123,12 +130,16 @@ struct Served {
     home: Option<String>,
     /// Its names that only redirect (`table::Site::redirect_names`).
     redirect_names: Vec<String>,
+    /// Its limits, for a request no route takes.
+    gate: Option<Gate>,
 }
 
 /// A route with what it does, opened.
 struct Routed {
     prefix: String,
     handler: Handler,
+    /// Its limits over its site's.
+    gate: Option<Gate>,
 }
 
 /// What a route does, with its root opened or its upstream made.
@@ -322,8 +333,10 @@ impl Router {
             roots: HashMap::new(),
             upstreams: HashMap::new(),
         };
+        let mut gates = GateMaker::new(table);
         let mut sites = Vec::with_capacity(table.sites.len());
         for site in &table.sites {
+            let site_share = gates.site_share(&site.limits);
             let mut routes = Vec::with_capacity(site.routes.len());
             for route in &site.routes {
                 let handler = route
@@ -345,6 +358,7 @@ impl Router {
                 routes.push(Routed {
                     prefix: route.path.clone(),
                     handler,
+                    gate: gates.gate(&route.limits, &site.limits, site_share),
                 });
             }
             sites.push(Served {
@@ -354,6 +368,7 @@ impl Router {
                     .then(|| site.names.first().cloned())
                     .flatten(),
                 redirect_names: site.redirect_names.clone(),
+                gate: gates.gate(&Default::default(), &site.limits, site_share),
             });
         }
         let (roots, upstreams) = (opener.roots, opener.upstreams);
@@ -368,6 +383,7 @@ impl Router {
                 roots: roots.into_values().collect(),
                 log_sites,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::new(opts.rate_tables.clone(), gates.rated()),
             }),
         })
     }
@@ -485,6 +501,40 @@ impl Router {
             Some(s) => s.label.clone(),
             None => self.inner.no_site.clone(),
         })
+    }
+
+    /// What a `method` request for `uri` from `client` gets, its site chosen as `choice`:
+    /// refused by its route's limits (`crate::limits`), else [`Router::target`].
+    pub(crate) fn target_for<'a>(
+        &'a self,
+        choice: Choice,
+        method: &Method,
+        uri: &'a Uri,
+        client: IpAddr,
+    ) -> Target<'a> {
+        if let Some(refused) = self.refusal(choice, uri, client) {
+            return Target::reply(refused);
+        }
+        self.target(choice, method, uri)
+    }
+
+    /// The refusal of a request for `uri` from `client` by the limits of its route (of its
+    /// site, when no route takes it), if any.
+    fn refusal(&self, choice: Choice, uri: &Uri, client: IpAddr) -> Option<Reply> {
+        let Choice::Site(site) = choice else {
+            return None;
+        };
+        let served = self.inner.sites.get(site)?;
+        let gate = match served.route(uri.path()) {
+            Ok(Some((routed, _))) => routed.gate.as_ref(),
+            Ok(None) | Err(AmbiguousPath) => served.gate.as_ref(),
+        }?;
+        self.inner.gates.check(gate, client)
+    }
+
+    /// Requests refused by limits, in [`Refusal::ALL`] order.
+    pub fn refused(&self) -> [u64; Refusal::ALL.len()] {
+        self.inner.gates.refused()
     }
 
     /// What a `method` request for `uri` gets, its site chosen as `choice`.
@@ -747,6 +797,7 @@ pub fn with_command_line(
     let routes = vec![Route {
         path: "/".into(),
         action,
+        limits: Default::default(),
     }];
     match table.sites.iter_mut().position(|s| s.names.is_empty()) {
         Some(i) => table.sites[i].routes = routes,
@@ -765,6 +816,7 @@ pub fn command_line_table() -> SiteTable {
         sites: vec![command_line_site(vec![Route {
             path: "/".into(),
             action: Action::Builtin { root: None },
+            limits: Default::default(),
         }])],
         default_site: Some(0),
     }
@@ -780,6 +832,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         acme: false,
         routes,
         redirect_names: Vec::new(),
+        limits: Default::default(),
     }
 }
 
@@ -932,9 +985,11 @@ impl From<&Site> for Router {
                     routes: vec![Routed {
                         prefix: "/".into(),
                         handler,
+                        gate: None,
                     }],
                     home: None,
                     redirect_names: Vec::new(),
+                    gate: None,
                 }],
                 index: SiteIndex::new(&command_line_table()),
                 max_bytes: site.max_bytes,
@@ -943,6 +998,7 @@ impl From<&Site> for Router {
                 roots: site.root.iter().cloned().collect(),
                 log_sites: false,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::default(),
             }),
         }
     }
@@ -968,6 +1024,7 @@ mod tests {
         Route {
             path: path.into(),
             action,
+            limits: Default::default(),
         }
     }
 
@@ -1002,6 +1059,7 @@ mod tests {
             acme: false,
             redirect_names: Vec::new(),
             routes,
+            limits: Default::default(),
         }
     }
 

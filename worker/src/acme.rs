@@ -414,6 +414,7 @@ mod tests {
                 acme: true,
                 redirect_names: Vec::new(),
                 routes: Vec::new(),
+                limits: Default::default(),
             }],
             default_site: None,
         };
@@ -457,6 +458,7 @@ mod tests {
                 acme,
                 redirect_names: Vec::new(),
                 routes: Vec::new(),
+                limits: Default::default(),
             });
         }
         let certs = SiteCerts::new(&table).unwrap();

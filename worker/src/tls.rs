@@ -698,6 +698,7 @@ pub(crate) mod tests {
             acme,
             redirect_names: Vec::new(),
             routes: Vec::new(),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

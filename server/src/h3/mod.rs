@@ -387,7 +387,8 @@ impl Req {
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
-        let local = match self.router.target(choice, &parts.method, &parts.uri) {
+        let target = (self.router).target_for(choice, &parts.method, &parts.uri, remote.ip());
+        let local = match target {
             Target::Proxy { upstream, path } => {
                 let upstream = upstream.clone();
                 if let Some(path) = path {

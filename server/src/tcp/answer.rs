@@ -52,7 +52,7 @@ pub(super) async fn handle(
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
     let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
-    let target = conn.router.target(choice, &parts.method, &parts.uri);
+    let target = (conn.router).target_for(choice, &parts.method, &parts.uri, conn.remote.ip());
     let mut resp = match target {
         Target::Proxy { upstream, path } => {
             let upstream = upstream.clone();

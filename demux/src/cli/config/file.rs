@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory};
+use ringmux_proto::limits::{FileLimits, Limits, FILE_KEYS};
 use ringmux_proto::route::FileRoute;
 use ringmux_proto::sites::Route;
 use serde::Deserialize;
@@ -95,6 +96,9 @@ pub struct SiteDoc {
     /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
     pub acme: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
+    /// Its limits (`allow`, `deny`, `rate`, ...: `ringmux_proto::limits::FILE_KEYS`) as the
+    /// contract read them, or the problem it found.
+    pub limits: Result<Limits, Problem>,
 }
 
 /// The `[acme]` table as written; checked by `super::acme`.
@@ -146,8 +150,21 @@ pub struct FileConfig {
     pub acme: Option<AcmeDoc>,
 }
 
-/// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 6] = ["names", "redirect_names", "cert", "key", "acme", "route"];
+/// The keys a `[[site]]` takes: its own, and its limits' (`ringmux_proto::limits::FILE_KEYS`).
+pub const SITE_KEYS: [&str; 12] = [
+    "names",
+    "redirect_names",
+    "cert",
+    "key",
+    "acme",
+    "route",
+    "allow",
+    "deny",
+    "rate",
+    "burst",
+    "rate_prefix_v4",
+    "rate_prefix_v6",
+];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
     "directory",
@@ -482,7 +499,7 @@ impl Parser<'_> {
 
     fn sites(&mut self, value: &Value<'_>) -> Vec<SiteDoc> {
         let mut sites = Vec::new();
-        for (at, _, table) in self.tables(value, "site") {
+        for (at, span, table) in self.tables(value, "site") {
             let mut site = SiteDoc {
                 at,
                 names: Vec::new(),
@@ -491,9 +508,12 @@ impl Parser<'_> {
                 key: None,
                 acme: None,
                 routes: Vec::new(),
+                limits: Ok(Limits::default()),
             };
+            let mut limits = DeTable::new();
             for (k, v) in table {
                 match k.get_ref().as_ref() {
+                    key if FILE_KEYS.contains(&key) => drop(limits.insert(k.clone(), v.clone())),
                     "names" => site.names = self.names(v, "names"),
                     "redirect_names" => site.redirect_names = self.names(v, "redirect_names"),
                     "cert" => site.cert = self.path(v, "cert"),
@@ -508,9 +528,27 @@ impl Parser<'_> {
                     _ => self.unknown(k, &SITE_KEYS, "key of [[site]]"),
                 }
             }
+            site.limits = self.limits(&site.at, span, limits);
             sites.push(site);
         }
         sites
+    }
+
+    /// A site's limit keys (`limits`, the table at `span` without its other keys), read by
+    /// the contract's declaration ([`FileLimits`]).
+    fn limits(&self, at: &Place, span: Span, limits: DeTable<'_>) -> Result<Limits, Problem> {
+        let mut places = Vec::new();
+        self.places(&limits, "", &mut places);
+        let value = Spanned::new(span, DeValue::Table(limits.clone()));
+        let file = FileLimits::deserialize(toml::de::ValueDeserializer::from(value))
+            .map_err(|e| self.refusal(&limits, at, &e))?;
+        Limits::try_from(file).map_err(|e| {
+            let place = e.key().and_then(|k| places.iter().find(|(p, _)| p == k));
+            Problem {
+                at: Some(place.map_or(at, |(_, p)| p).clone()),
+                message: e.to_string(),
+            }
+        })
     }
 
     /// A list of names (`names`, `redirect_names`), each with its place.
@@ -866,6 +904,52 @@ mod tests {
     }
 
     #[test]
+    fn bad_limits_are_placed_and_named() {
+        let site = |keys: &str| {
+            let text = format!("[[site]]\nnames = [\"a.test\"]\n{keys}");
+            let file = FileConfig::parse(Path::new("f.toml"), &text).unwrap();
+            assert!(file.problems.is_empty(), "{keys:?}: {:?}", file.problems);
+            file.sites[0].limits.clone().map_err(|p| p.to_string())
+        };
+        for (keys, want) in [
+            (
+                "deny = [\"10.0.0.0/8\", \"203.0.113.1/24\"]\n",
+                "f.toml:3:23: deny: \"203.0.113.1/24\": bits are set beyond the prefix",
+            ),
+            (
+                "allow = [\"localhost\"]\n",
+                "f.toml:3:10: allow: \"localhost\": expected an IPv4 or IPv6 address",
+            ),
+            (
+                "rate = \"5/d\"\n",
+                "f.toml:3:8: rate = \"5/d\": rate = \"5/d\": expected",
+            ),
+            ("burst = 10\n", "f.toml:3:9: burst goes with rate"),
+            (
+                "rate = \"5/s\"\nburst = 0\n",
+                "f.toml:4:9: burst = 0: burst = 0: expected",
+            ),
+            (
+                "rate = \"5/s\"\nrate_prefix_v6 = 129\n",
+                "f.toml:4:18: rate_prefix_v6 = 129: 129: expected an IPv6 prefix length",
+            ),
+        ] {
+            let got = site(keys).unwrap_err();
+            assert!(
+                got.starts_with(want),
+                "{keys:?}:\n  want {want}\n  got  {got}"
+            );
+        }
+        let l = site("deny = [\"10.0.0.0/8\"]\nrate = \"5/s\"\nburst = 10\n").unwrap();
+        assert_eq!((l.deny.len(), l.rate.map(|r| r.burst.get())), (1, Some(10)));
+        let text = "[[site]]\nnames = [\"a.test\"]\n[[site.route]]\npath = \"/\"\nroot = \"/s\"\n\
+                    rate = \"2/m\"\nallow = [\"::1\"]\n";
+        let file = FileConfig::parse(Path::new("f.toml"), text).unwrap();
+        let route = file.sites[0].routes[0].route.as_ref().unwrap();
+        assert_eq!(route.limits.allow[0].to_string(), "::1/128");
+    }
+
+    #[test]
     fn the_keys_of_a_route_are_its_declarations_fields() {
         assert_eq!(
             fields::<FileRoute>(),
@@ -876,9 +960,17 @@ mod tests {
                 "strip_prefix",
                 "redirect",
                 "status",
-                "respond"
+                "respond",
+                "allow",
+                "deny",
+                "rate",
+                "burst",
+                "rate_prefix_v4",
+                "rate_prefix_v6"
             ]
         );
+        assert_eq!(fields::<ringmux_proto::limits::FileLimits>(), FILE_KEYS);
+        assert!(FILE_KEYS.iter().all(|k| SITE_KEYS.contains(k)));
         assert_eq!(
             fields::<ringmux_proto::route::Respond>(),
             ["status", "body", "headers"]

@@ -1476,8 +1476,10 @@ impl Config {
                 routes: vec![Route {
                     path: "/".into(),
                     action,
+                    limits: Default::default(),
                 }],
                 redirect_names: Vec::new(),
+                limits: Default::default(),
             }],
             default_site: Some(0),
         }

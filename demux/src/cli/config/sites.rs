@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use ringmux_proto::sites::{Action, Route, Site, SiteTable};
+use ringmux_proto::sites::{Action, Limits, Route, Site, SiteTable};
 
 use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
 use super::WorkerUser;
@@ -210,6 +210,13 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
             routes.push(route);
         }
     }
+    let limits = match &doc.limits {
+        Ok(limits) => limits.clone(),
+        Err(refused) => {
+            problems.push(refused.clone());
+            Limits::default()
+        }
+    };
     if problems.len() > before {
         return None;
     }
@@ -222,6 +229,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         acme,
         routes,
         redirect_names,
+        limits,
     })
 }
 

@@ -95,7 +95,9 @@ impl Server {
                 action: Action::Respond(
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
                 ),
+                limits: Default::default(),
             }],
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

@@ -1420,10 +1420,12 @@ async fn requests_for_another_sites_host_are_misdirected() {
             acme: false,
             redirect_names: Vec::new(),
             routes,
+            limits: Default::default(),
         };
         let respond = |path: &str, status, body: &str| Route {
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![
@@ -1436,6 +1438,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
                         Route {
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
+                            limits: Default::default(),
                         },
                     ],
                 ),

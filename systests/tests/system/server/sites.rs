@@ -143,6 +143,7 @@ fn route(path: &str, action: Action) -> Route {
     Route {
         path: path.into(),
         action,
+        limits: Default::default(),
     }
 }
 
@@ -155,6 +156,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         acme: false,
         redirect_names: Vec::new(),
         routes,
+        limits: Default::default(),
     }
 }
 
