@@ -208,11 +208,13 @@ fn header_of(map: &[u8], index: usize) -> Result<[u64; 2], TallyError> {
 /// Cell `c` of slot `slot` (modulo [`TALLY_SLOTS`]) of the table mapped at `base`.
 fn cell<'m>(base: *const u8, slot: u32, c: usize) -> &'m AtomicU64 {
     let index = (slot % TALLY_SLOTS) as usize * CELLS_PER_SLOT + c % CELLS_PER_SLOT;
+    // The offset is below TALLY_BYTES: the index is below TALLY_SLOTS * CELLS_PER_SLOT by the
+    // moduli above.
+    let at = base.wrapping_add(TALLY_HEADER_BYTES + index * 8) as *const AtomicU64;
     // SAFETY: `base` is a live mapping of TALLY_BYTES (checked at attach), page-aligned, so
-    // the header and every 8-byte cell after it are aligned for AtomicU64; the index is
-    // below TALLY_SLOTS * CELLS_PER_SLOT by the moduli above, so the cell lies within the
-    // mapping. The reference lives no longer than `Tallies`, which owns the mapping.
-    unsafe { &*(base.add(TALLY_HEADER_BYTES + index * 8) as *const AtomicU64) }
+    // the header and every 8-byte cell after it are aligned for AtomicU64, and `at` lies
+    // within it (above). The reference lives no longer than `Tallies`, which owns the mapping.
+    unsafe { &*at }
 }
 
 #[cfg(test)]
