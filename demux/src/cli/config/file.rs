@@ -911,33 +911,39 @@ mod tests {
             assert!(file.problems.is_empty(), "{keys:?}: {:?}", file.problems);
             file.sites[0].limits.clone().map_err(|p| p.to_string())
         };
-        for (keys, want) in [
+        // (keys, the line the problem is placed at, what it says)
+        for (keys, line, says) in [
             (
                 "deny = [\"10.0.0.0/8\", \"203.0.113.1/24\"]\n",
-                "f.toml:3:23: deny: \"203.0.113.1/24\": bits are set beyond the prefix",
+                "f.toml:3:",
+                "deny: \"203.0.113.1/24\": bits are set beyond the prefix",
             ),
             (
                 "allow = [\"localhost\"]\n",
-                "f.toml:3:10: allow: \"localhost\": expected an IPv4 or IPv6 address",
+                "f.toml:3:",
+                "allow: \"localhost\": expected an IPv4 or IPv6 address",
             ),
             (
                 "rate = \"5/d\"\n",
-                "f.toml:3:8: rate = \"5/d\": rate = \"5/d\": expected",
+                "f.toml:3:",
+                "rate = \"5/d\": expected requests per",
             ),
-            ("burst = 10\n", "f.toml:3:9: burst goes with rate"),
+            ("burst = 10\n", "f.toml:3:", "burst goes with rate"),
             (
                 "rate = \"5/s\"\nburst = 0\n",
-                "f.toml:4:9: burst = 0: burst = 0: expected",
+                "f.toml:4:",
+                "burst = 0: expected 1 to",
             ),
             (
                 "rate = \"5/s\"\nrate_prefix_v6 = 129\n",
-                "f.toml:4:18: rate_prefix_v6 = 129: 129: expected an IPv6 prefix length",
+                "f.toml:4:",
+                "129: expected an IPv6 prefix length of 1 to 128 bits",
             ),
         ] {
             let got = site(keys).unwrap_err();
             assert!(
-                got.starts_with(want),
-                "{keys:?}:\n  want {want}\n  got  {got}"
+                got.starts_with(line) && got.contains(says),
+                "{keys:?}:\n  want {line}…{says}\n  got  {got}"
             );
         }
         let l = site("deny = [\"10.0.0.0/8\"]\nrate = \"5/s\"\nburst = 10\n").unwrap();
