@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{Burst, Cidr, FileLimits, LimitError, Limits, PrefixV4, PrefixV6, Rate};
 use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
 
@@ -84,6 +85,9 @@ pub struct Route {
     /// Header rules and a file route's fallback (`crate::rules`).
     #[serde(default, skip_serializing_if = "RouteRules::is_empty")]
     pub rules: RouteRules,
+    /// Who may ask and how often: replaces the site's, key by key ([`Limits::over`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 /// What a route does.
@@ -214,6 +218,13 @@ pub struct FileRoute {
     pub request_headers: Option<HeaderRules>,
     /// A `root` route's single-page-app fallback, beneath the root.
     pub fallback: Option<Fallback>,
+    /// The route's limits (`crate::limits::FILE_KEYS`), as a `[[site]]` writes them too.
+    pub allow: Option<Vec<Cidr>>,
+    pub deny: Option<Vec<Cidr>>,
+    pub rate: Option<Rate>,
+    pub burst: Option<Burst>,
+    pub rate_prefix_v4: Option<PrefixV4>,
+    pub rate_prefix_v6: Option<PrefixV6>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -308,11 +319,20 @@ impl TryFrom<FileRoute> for Route {
         } else {
             Action::Respond(f.respond.ok_or(RouteError::Actions)?)
         };
+        let limits = Limits::try_from(FileLimits {
+            allow: f.allow,
+            deny: f.deny,
+            rate: f.rate,
+            burst: f.burst,
+            rate_prefix_v4: f.rate_prefix_v4,
+            rate_prefix_v6: f.rate_prefix_v6,
+        })?;
         let route = Route {
             path,
             action,
             compress: f.compress,
             rules,
+            limits,
         };
         route.check()?;
         Ok(route)
@@ -333,6 +353,7 @@ impl Route {
         if self.rules.fallback.is_some() && !matches!(self.action, Action::Files { .. }) {
             return Err(RouteError::FallbackAlone);
         }
+        self.limits.check()?;
         self.action.check()
     }
 }
@@ -373,6 +394,8 @@ pub enum RouteError {
     RequestHeadersAlone,
     #[error("fallback goes with root only: it names a file beneath the route's root")]
     FallbackAlone,
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 impl RouteError {
@@ -390,6 +413,7 @@ impl RouteError {
             RouteError::TlsInTheClear(_) => Some("upstream"),
             RouteError::RequestHeadersAlone => Some("request_headers"),
             RouteError::FallbackAlone => Some("fallback"),
+            RouteError::Limit(e) => e.key(),
         }
     }
 }

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limits::Limits;
 pub use crate::route::{Action, Route};
 pub use crate::rules::SiteRules;
 
@@ -61,6 +62,10 @@ pub struct Site {
     /// Header rules, HSTS, CORS and error pages of every route (`crate::rules`).
     #[serde(default, skip_serializing_if = "SiteRules::is_empty")]
     pub rules: SiteRules,
+    /// Who may ask and how often, on every route that has none of its own
+    /// ([`crate::limits`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Site {
@@ -224,6 +229,9 @@ impl SiteTable {
             }
         }
         for site in &table.sites {
+            site.limits
+                .check()
+                .map_err(|e| SitesError(format!("site {}: {e}", site.label)))?;
             for r in &site.routes {
                 r.check().map_err(|e| {
                     SitesError(format!("site {}: route {:?}: {e}", site.label, r.path))
@@ -283,6 +291,7 @@ mod tests {
             redirect_names: Vec::new(),
             compress: None,
             rules: SiteRules::default(),
+            limits: Limits::default(),
             routes: routes
                 .iter()
                 .map(|p| Route {
@@ -290,6 +299,7 @@ mod tests {
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
                     rules: Default::default(),
+                    limits: Limits::default(),
                 })
                 .collect(),
         }

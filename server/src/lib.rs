@@ -16,6 +16,7 @@
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
 //!   every transport.
+//! * [`limits`]: per-client limits before a route answers (`allow`/`deny`: 403, rates: 429).
 //! * [`access_log`]: one line per request, written off the request path.
 //! * [`stats`]: the server's counters, each declared once, and how they go into a `STATS`
 //!   report.
@@ -42,6 +43,7 @@ pub mod access_log;
 pub mod compress;
 pub mod files;
 pub mod h3;
+pub mod limits;
 pub mod options;
 pub mod proxy;
 pub mod redirect;

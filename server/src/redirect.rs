@@ -171,6 +171,7 @@ mod tests {
                 redirect_names: Vec::new(),
                 compress: None,
                 rules: Default::default(),
+                limits: Default::default(),
             })
             .collect();
         let table = SiteTable {

@@ -68,6 +68,8 @@ pub enum ServerError {
     },
     #[error("the sink")]
     Sink(#[source] io::Error),
+    #[error("the rate tables the demux handed over")]
+    RateTables(#[from] ringmux_worker::rate_tables::RateTablesError),
 }
 
 impl Server {
@@ -189,6 +191,7 @@ fn routes(
         files: options.file_options(),
         upstream_timeout: options.upstream_timeout(),
         access_log,
+        rate_tables: ringmux_worker::rate_tables::inherited()?.map(Arc::new),
     };
     Ok(Router::new(&table, &opts)?)
 }

@@ -18,7 +18,7 @@
 //! This module decides; it never reads a request body nor writes a response (the transports do).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -32,11 +32,13 @@ use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
+use crate::limits::{Gate, GateMaker, Gates, Refusal};
 use crate::proxy::pool::{Backend, Pool};
 use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
 use crate::rules::{Applied, RouteRules, SiteRules};
+use ringmux_ring::tally::Tallies;
 
 /// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
@@ -55,6 +57,8 @@ pub struct RouterOptions {
     pub upstream_timeout: Duration,
     /// One line per request (`--access-log`).
     pub access_log: Option<Arc<AccessLog>>,
+    /// The rate tables the demux handed over (`ringmux_worker::rate_tables`), if any.
+    pub rate_tables: Option<Arc<Tallies>>,
 }
 
 impl Default for RouterOptions {
@@ -64,6 +68,7 @@ impl Default for RouterOptions {
             files: FileOptions::default(),
             upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
             access_log: None,
+            rate_tables: None,
         }
     }
 }
@@ -112,6 +117,8 @@ struct Inner {
     /// the command line's site is the only one.
     log_sites: bool,
     no_site: Arc<str>,
+    /// Per-client limits' counters (`crate::limits`).
+    gates: Gates,
 }
 
 impl std::fmt::Debug for Router {
@@ -135,6 +142,8 @@ struct Served {
     redirect_names: Vec<String>,
     /// Its header rules, HSTS, CORS and error pages.
     rules: SiteRules,
+    /// Its limits, for a request no route takes.
+    gate: Option<Gate>,
 }
 
 /// A route with what it does, opened.
@@ -143,6 +152,8 @@ struct Routed {
     handler: Handler,
     /// Its header rules and fallback.
     rules: RouteRules,
+    /// Its limits over its site's.
+    gate: Option<Gate>,
 }
 
 /// What a route does, with its root opened or its upstream made.
@@ -391,8 +402,10 @@ impl Router {
             roots: HashMap::new(),
             upstreams: HashMap::new(),
         };
+        let mut gates = GateMaker::new(table);
         let mut sites = Vec::with_capacity(table.sites.len());
         for site in &table.sites {
+            let site_share = gates.site_share(&site.limits);
             let mut routes = Vec::with_capacity(site.routes.len());
             for route in &site.routes {
                 let handler = route
@@ -418,6 +431,7 @@ impl Router {
                     prefix: route.path.clone(),
                     handler,
                     rules: RouteRules::new(&route.rules),
+                    gate: gates.gate(&route.limits, &site.limits, site_share),
                 });
             }
             sites.push(Served {
@@ -428,6 +442,7 @@ impl Router {
                     .flatten(),
                 redirect_names: site.redirect_names.clone(),
                 rules: SiteRules::new(&site.rules),
+                gate: gates.gate(&Default::default(), &site.limits, site_share),
             });
         }
         let (roots, upstreams) = (opener.roots, opener.upstreams);
@@ -443,6 +458,7 @@ impl Router {
                 roots: roots.into_values().collect(),
                 log_sites,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::new(opts.rate_tables.clone(), gates.rated()),
             }),
         })
     }
@@ -565,6 +581,44 @@ impl Router {
             Some(s) => s.label.clone(),
             None => self.inner.no_site.clone(),
         })
+    }
+
+    /// What a `method` request for `uri` with `headers` from `client` gets, its site chosen as
+    /// `choice`: refused by its route's limits (`crate::limits`), else [`Router::target`];
+    /// with the rules its response goes through either way.
+    pub(crate) fn target_for<'r: 'a, 'a>(
+        &'r self,
+        choice: Choice,
+        method: &Method,
+        headers: &HeaderMap,
+        uri: &'a Uri,
+        client: IpAddr,
+    ) -> (Target<'a>, Applied<'r>) {
+        let refused = self.refusal(choice, uri, client);
+        let (target, rules) = self.target(choice, method, headers, uri);
+        match refused {
+            Some(refused) => (Target::reply(refused), rules),
+            None => (target, rules),
+        }
+    }
+
+    /// The refusal of a request for `uri` from `client` by the limits of its route (of its
+    /// site, when no route takes it), if any.
+    fn refusal(&self, choice: Choice, uri: &Uri, client: IpAddr) -> Option<Reply> {
+        let Choice::Site(site) = choice else {
+            return None;
+        };
+        let served = self.inner.sites.get(site)?;
+        let gate = match served.route(uri.path()) {
+            Ok(Some((routed, _))) => routed.gate.as_ref(),
+            Ok(None) | Err(AmbiguousPath) => served.gate.as_ref(),
+        }?;
+        self.inner.gates.check(gate, client)
+    }
+
+    /// Requests refused by limits, in [`Refusal::ALL`] order.
+    pub fn refused(&self) -> [u64; Refusal::ALL.len()] {
+        self.inner.gates.refused()
     }
 
     /// What a `method` request for `uri` with `headers` gets, its site chosen as `choice`, and
@@ -864,6 +918,7 @@ pub fn with_command_line(
         path: "/".into(),
         action,
         rules: Default::default(),
+        limits: Default::default(),
     }];
     match table.sites.iter_mut().position(|s| s.names.is_empty()) {
         Some(i) => table.sites[i].routes = routes,
@@ -884,6 +939,7 @@ pub fn command_line_table() -> SiteTable {
             path: "/".into(),
             action: Action::Builtin { root: None },
             rules: Default::default(),
+            limits: Default::default(),
         }])],
         default_site: Some(0),
     }
@@ -901,6 +957,7 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         redirect_names: Vec::new(),
         compress: None,
         rules: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -1063,10 +1120,12 @@ impl From<&Site> for Router {
                         prefix: "/".into(),
                         handler,
                         rules: RouteRules::default(),
+                        gate: None,
                     }],
                     home: None,
                     redirect_names: Vec::new(),
                     rules: Default::default(),
+                    gate: None,
                 }],
                 index: SiteIndex::new(&command_line_table()),
                 max_bytes: site.max_bytes,
@@ -1076,6 +1135,7 @@ impl From<&Site> for Router {
                 roots: site.root.iter().cloned().collect(),
                 log_sites: false,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::default(),
             }),
         }
     }
@@ -1103,6 +1163,7 @@ mod tests {
             path: path.into(),
             action,
             rules: Default::default(),
+            limits: Default::default(),
         }
     }
 
@@ -1136,6 +1197,7 @@ mod tests {
             compress: None,
             rules: Default::default(),
             routes,
+            limits: Default::default(),
         }
     }
 

@@ -16,6 +16,7 @@ use http::StatusCode;
 use ringmux_proto::WorkerReport;
 
 use crate::access_log::AccessLog;
+use crate::limits::Refusal;
 use crate::proxy::{ErrorKind as ProxyErrorKind, TunnelCounters, TunnelEnd};
 use crate::sites::{Router, SiteStats};
 
@@ -248,6 +249,9 @@ server_counters! {
         upstream_errors: counter("upstream_errors", "kind" by ProxyErrorKind),
             help "Reverse proxy: upstream failures by kind, over every upstream",
             from |r: &Reporting, i| r.router.upstream_errors().get(i).copied().unwrap_or(0);
+        requests_refused: counter("requests_refused", "reason" by Refusal),
+            help "Requests refused by a site's or route's limits before their route answered: `denied` (403, `allow`/`deny`), `rate` (429, over `rate`)",
+            from |r: &Reporting, i| r.router.refused().get(i).copied().unwrap_or(0);
         access_log_lines: counter("access_log_lines"),
             help "Access-log lines written",
             from |r: &Reporting, _| r.access_log.as_ref().map_or(0, |l| l.written());

@@ -416,6 +416,7 @@ mod tests {
                 compress: None,
                 rules: Default::default(),
                 routes: Vec::new(),
+                limits: Default::default(),
             }],
             default_site: None,
         };
@@ -461,6 +462,7 @@ mod tests {
                 compress: None,
                 rules: Default::default(),
                 routes: Vec::new(),
+                limits: Default::default(),
             });
         }
         let certs = SiteCerts::new(&table).unwrap();

@@ -700,6 +700,7 @@ pub(crate) mod tests {
             compress: None,
             rules: Default::default(),
             routes: Vec::new(),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

@@ -393,9 +393,13 @@ impl Req {
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
-        let (target, rules) = self
-            .router
-            .target(choice, &parts.method, &parts.headers, &parts.uri);
+        let (target, rules) = (self.router).target_for(
+            choice,
+            &parts.method,
+            &parts.headers,
+            &parts.uri,
+            remote.ip(),
+        );
         let local = match target {
             Target::Proxy {
                 upstream,

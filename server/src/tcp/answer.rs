@@ -59,9 +59,13 @@ pub(super) async fn handle(
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
     let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
-    let (target, rules) = conn
-        .router
-        .target(choice, &parts.method, &parts.headers, &parts.uri);
+    let (target, rules) = conn.router.target_for(
+        choice,
+        &parts.method,
+        &parts.headers,
+        &parts.uri,
+        conn.remote.ip(),
+    );
     let mut resp = match target {
         Target::Proxy {
             upstream,

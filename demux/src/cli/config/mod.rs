@@ -1491,10 +1491,12 @@ impl Config {
                     path: "/".into(),
                     action,
                     rules: Default::default(),
+                    limits: Default::default(),
                 }],
                 redirect_names: Vec::new(),
                 compress: None,
                 rules: Default::default(),
+                limits: Default::default(),
             }],
             default_site: Some(0),
         }

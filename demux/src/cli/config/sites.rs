@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use ringmux_proto::sites::{Action, Route, Site, SiteTable};
+use ringmux_proto::sites::{Action, Limits, Route, Site, SiteTable};
 
 use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
 use super::WorkerUser;
@@ -219,6 +219,13 @@ fn site(
         }
     }
     let rules = rules::site_rules(&doc.rules, problems);
+    let limits = match &doc.limits {
+        Ok(limits) => limits.clone(),
+        Err(refused) => {
+            problems.push(refused.clone());
+            Limits::default()
+        }
+    };
     if problems.len() > before {
         return None;
     }
@@ -233,6 +240,7 @@ fn site(
         redirect_names,
         compress: doc.compress.as_ref().map(|c| c.value),
         rules,
+        limits,
     })
 }
 

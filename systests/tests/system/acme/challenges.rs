@@ -99,7 +99,9 @@ impl Server {
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
                 ),
                 rules: Default::default(),
+                limits: Default::default(),
             }],
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

@@ -1422,12 +1422,14 @@ async fn requests_for_another_sites_host_are_misdirected() {
             compress: None,
             rules: Default::default(),
             routes,
+            limits: Default::default(),
         };
         let respond = |path: &str, status, body: &str| Route {
             compress: None,
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
             rules: Default::default(),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![
@@ -1442,6 +1444,7 @@ async fn requests_for_another_sites_host_are_misdirected() {
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
                             rules: Default::default(),
+                            limits: Default::default(),
                         },
                     ],
                 ),

@@ -145,6 +145,7 @@ fn route(path: &str, action: Action) -> Route {
         path: path.into(),
         action,
         rules: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -159,6 +160,7 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         compress: None,
         rules: Default::default(),
         routes,
+        limits: Default::default(),
     }
 }
 
