@@ -490,8 +490,7 @@ impl Req {
             remote,
             early,
             &self.stats.bytes_sent,
-            coding,
-            rules,
+            proxy::Shaping { coding, rules },
         )
         .await
         {

@@ -36,9 +36,16 @@ pub enum Outcome {
     Failed,
 }
 
-/// Passes one HTTP/3 request to `upstream` and its response back on `stream`. `remote` is the
-/// client's current address, `early` whether the request arrived in 0-RTT. Counts response
-/// body bytes handed to QUIC into `sent`.
+/// What becomes of the upstream's response on its way to the client: its coding, then the
+/// route's response rules.
+pub(crate) struct Shaping<'a, 'r> {
+    pub coding: ProxyCoding,
+    pub rules: &'a Applied<'r>,
+}
+
+/// Passes one HTTP/3 request to `upstream` and its response back on `stream`, shaped as
+/// `shaping` says. `remote` is the client's current address, `early` whether the request
+/// arrived in 0-RTT. Counts response body bytes handed to QUIC into `sent`.
 pub(crate) async fn proxy_h3(
     upstream: &Arc<Pool>,
     request: Request<()>,
@@ -46,9 +53,9 @@ pub(crate) async fn proxy_h3(
     remote: SocketAddr,
     early: bool,
     sent: &AtomicU64,
-    coding: ProxyCoding,
-    rules: &Applied<'_>,
+    shaping: Shaping<'_, '_>,
 ) -> Outcome {
+    let Shaping { coding, rules } = shaping;
     let (mut tx, mut rx) = stream.split();
     let (parts, ()) = request.into_parts();
     let head = parts.method == Method::HEAD;

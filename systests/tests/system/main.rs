@@ -53,6 +53,7 @@ mod server {
 }
 /// Several sites on one port, and their metrics.
 mod sites {
+    mod compress;
     mod metrics;
     mod serving;
 }
@@ -60,3 +61,5 @@ mod sites {
 mod tcp;
 /// The demux's binding of session tickets to instances.
 mod tickets;
+/// TLS and HTTP/2 upstreams: a private CA, SNI, gRPC's trailers over HTTP/2 and HTTP/3.
+mod upstream_tls;
