@@ -15,10 +15,8 @@
 //! touches a stream.
 
 mod body;
-mod files;
 
 pub(crate) use body::ProxyCoding;
-pub(crate) use files::{coded_file, Form, Variants};
 
 use std::io::{self, Write};
 use std::pin::Pin;

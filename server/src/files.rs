@@ -18,7 +18,10 @@
 //! It never touches a stream or a connection (that is each front's) and never follows a path outside
 //! its root.
 
+mod coded;
 mod sys;
+
+pub(crate) use coded::{coded_file, Form, Variants};
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
@@ -223,7 +226,7 @@ pub struct FileMeta {
     pub compressible: bool,
     /// Per coding (`Coding::index`), what a cached version is sent as, decided at its first
     /// request in that coding (`compress::files`).
-    pub(crate) variants: compress::Variants,
+    pub(crate) variants: Variants,
 }
 
 /// What identifies one version of a file: any change of these drops the cached copy.
@@ -556,7 +559,7 @@ fn file_meta(rel: &str, md: &std::fs::Metadata, now: SystemTime, opts: &FileOpti
         content_type,
         headers,
         compressible,
-        variants: compress::Variants::default(),
+        variants: Variants::default(),
     }
 }
 
@@ -1028,7 +1031,7 @@ mod tests {
             content_type: "text/plain",
             headers: HeaderMap::new(),
             compressible: false,
-            variants: compress::Variants::default(),
+            variants: Variants::default(),
         }
     }
 

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use tracing::warn;
 
-use crate::compress::{coded_file, coded_stream, ChunkStream, Form};
+use crate::compress::{coded_stream, ChunkStream};
+use crate::files::{coded_file, Form};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::request::clean_path;
 

@@ -27,7 +27,12 @@ use ringmux_proto::{UpstreamScheme, UpstreamUrl};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use super::ProxyBody;
+/// The body of a request to the upstream (the proxy's `ProxyBody`, named here so that this
+/// module imports nothing of its parent).
+type ProxyBody = http_body_util::combinators::UnsyncBoxBody<
+    bytes::Bytes,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// Idle upstream connections kept per worker; more are closed when they go idle.
 const POOL_IDLE_MAX: usize = 256;

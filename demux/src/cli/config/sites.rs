@@ -439,12 +439,12 @@ fn route(
 /// The system's roots, read once per build and only if a TLS upstream without `upstream_ca`
 /// needs them.
 #[derive(Default)]
-struct SystemRoots(Option<Result<String, String>>);
+struct SystemRoots(Option<Result<String, std::sync::Arc<crate::certs::TrustError>>>);
 
 impl SystemRoots {
-    fn get(&mut self) -> Result<String, String> {
+    fn get(&mut self) -> Result<String, std::sync::Arc<crate::certs::TrustError>> {
         self.0
-            .get_or_insert_with(|| crate::certs::system_roots_pem().map_err(|e| e.to_string()))
+            .get_or_insert_with(|| crate::certs::system_roots_pem().map_err(std::sync::Arc::new))
             .clone()
     }
 }

@@ -11,7 +11,7 @@
 //!   For a cached version, whether it has a sibling is decided at that same first request: a
 //!   sibling deployed later, for an unchanged file, is seen once the file's entry leaves the
 //!   cache (deploy siblings with their files).
-//! * A file too fresh or too large for the cache is coded on the fly ([`super::coded_stream`]),
+//! * A file too fresh or too large for the cache is coded on the fly ([`crate::compress::coded_stream`]),
 //!   after a look for a sibling at every request (the file is read from the disk anyway).
 //! * A request with `Range` gets the plain file (as nginx does): ranges of a coded form would
 //!   be ranges of bytes no client can rely on.
@@ -22,8 +22,8 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method};
 use tokio::sync::OnceCell;
 
-use super::{add_vary, coded_etag, compress_whole, negotiate, Coding, Level};
-use crate::files::{Content, DocRoot, FileMeta, Lookup, StaticFile};
+use super::{Content, DocRoot, FileMeta, Lookup, StaticFile};
+use crate::compress::{add_vary, coded_etag, compress_whole, negotiate, Coding, Level};
 
 /// What each coding of one cached file version is sent as; empty until asked.
 #[derive(Debug, Default)]
