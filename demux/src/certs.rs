@@ -68,16 +68,16 @@ pub fn load_upstream_ca(path: &Path) -> Result<String, TrustError> {
     Ok(text)
 }
 
-/// The system's root certificates, as rustls-native-certs finds them (`SSL_CERT_FILE`,
+/// The system's root certificates ([`ringmux_acme::system_roots`]: `SSL_CERT_FILE`,
 /// `SSL_CERT_DIR`, else the distribution's bundle), as PEM text: what a TLS upstream without
 /// `upstream_ca` is verified against. Read by the demux and handed over, since a confined
 /// worker may not read `/etc/ssl`.
 pub fn system_roots_pem() -> Result<String, TrustError> {
     use base64::Engine as _;
-    let found = rustls_native_certs::load_native_certs();
+    let (found, error) = ringmux_acme::system_roots();
     let mut roots = rustls::RootCertStore::empty();
     let mut pem = String::new();
-    for der in found.certs {
+    for der in found {
         // Only the certificates rustls can use as anchors (a bundle may hold others).
         if roots.add(der.clone()).is_err() {
             continue;
@@ -91,10 +91,7 @@ pub fn system_roots_pem() -> Result<String, TrustError> {
         pem.push_str("-----END CERTIFICATE-----\n");
     }
     if roots.is_empty() {
-        let why = match found.errors.first() {
-            Some(e) => e.to_string(),
-            None => "none in the system's bundle".into(),
-        };
+        let why = error.unwrap_or_else(|| "none in the system's bundle".into());
         return Err(TrustError::NoSystemRoots(why));
     }
     Ok(pem)
