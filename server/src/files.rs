@@ -194,7 +194,7 @@ pub struct StaticFile {
     pub meta: Arc<FileMeta>,
     pub content: Content,
     /// Whether this version is in the cache, so that coded copies of it may be kept beside it
-    /// ([`DocRoot::charge`]).
+    /// (`DocRoot::charge`).
     pub cached: bool,
 }
 

@@ -1,7 +1,7 @@
 //! Per-client limits before a route answers: `allow`/`deny` lists (403) and request rates
 //! (429 with `retry-after`), as a site or route declares them (`ringmux_proto::limits`).
 //!
-//! Each route's limits are resolved once, when the router is built ([`Gate`]: the route's over
+//! Each route's limits are resolved once, when the router is built (`Gate`: the route's over
 //! its site's); a request's decision is a few comparisons and, for a rate, a read of every
 //! worker's counts in shared memory and one write to this worker's own (`crate::limits`'s
 //! rate module), no system call. This module decides; it never writes a response (the

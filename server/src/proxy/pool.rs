@@ -2,7 +2,7 @@
 //! for each request by its route's policy ([`Balance`]), counts each backend's requests in
 //! flight, takes a backend that keeps failing out of the choice for a while (passive health,
 //! [`PassiveHealth`]), moves a failed request to another backend when that cannot repeat an
-//! effect ([`Retries`]), and refuses a request body past the route's `max_body` with a 413.
+//! effect (`ringmux_proto::route::Retries`), and refuses a request body past the route's `max_body` with a 413.
 //! How one backend is reached (its connection pool, its scheme) is [`Upstream`]'s; this module
 //! only chooses among them.
 //!
