@@ -254,7 +254,8 @@ impl Upstream {
                 if let Some(why) = connect::tls_refusal(&e) {
                     // Answered with its reason rather than retried on another backend: a
                     // certificate the route's settings refuse is the operator's to fix.
-                    self.count(ErrorKind::Tls, &e);
+                    // Logged with its sources: hyper's own line is only "client error (Connect)".
+                    self.count(ErrorKind::Tls, &ringmux_proto::one_line(&e));
                     return Ok(Exchange::Reply(StatusCode::BAD_GATEWAY, why));
                 }
                 return Err(self.fail(classify(&e), &e));

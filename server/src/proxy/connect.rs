@@ -90,6 +90,9 @@ impl Backend {
         timeout: Duration,
     ) -> Result<Backend, ConnectError> {
         let mut tcp = HttpConnector::new();
+        // The TLS connector wraps this one and hands it `https` URIs: without this it would
+        // refuse them (hyper-util's HttpConnector takes `http` only by default).
+        tcp.enforce_http(!url.scheme.tls());
         tcp.set_nodelay(true);
         tcp.set_connect_timeout(Some(timeout));
         let mut builder = Client::builder(TokioExecutor::new());

@@ -53,6 +53,27 @@ pub const FAILURE_LABELS: [&str; ErrorKind::ALL.len() + 1] = [
 /// The body of a refusal for `max_body`.
 const TOO_LARGE: &[u8] = b"request body too large\n";
 
+/// The most of a refused body read and thrown away before the 413 goes out, and how long that
+/// may take: a client that sent its small body already gets the answer rather than a stream
+/// reset (over HTTP/2, dropping a body the client is still sending resets its stream before
+/// the answer can go), and a large upload is not read to its end.
+const DISCARD_MAX: u64 = 256 * 1024;
+const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads `body` and throws it away, up to [`DISCARD_MAX`] bytes or [`DISCARD_WAIT`].
+async fn discard(mut body: ProxyBody) {
+    let drain = async {
+        let mut read = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            read += frame.data_ref().map_or(0, |d| d.len() as u64);
+            if read > DISCARD_MAX {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_WAIT, drain).await;
+}
+
 /// One backend of a worker: how it is reached, its requests in flight, its passive health and
 /// its counters. One per URL, shared by the routes that name it.
 pub struct Backend {
@@ -203,6 +224,7 @@ impl Pool {
         let length = content_length(request.headers());
         if let (Some(limit), Some(length)) = (limit, length) {
             if length > limit {
+                discard(request.into_body()).await;
                 return Exchange::Reply(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
             }
         }

@@ -41,12 +41,14 @@ struct Pki {
     key: rustls::pki_types::PrivateKeyDer<'static>,
 }
 
-fn pki(names: &[&str]) -> Pki {
+/// A CA named `ca_name` and a leaf for `names` it signed. Two CAs of different names: one of
+/// the same name would make the leaf's check a bad signature rather than an unknown issuer.
+fn pki(ca_name: &str, names: &[&str]) -> Pki {
     let ca_key = rcgen::KeyPair::generate().expect("a CA key");
     let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
     ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "ringmux test upstream CA");
+        .push(rcgen::DnType::CommonName, ca_name);
     let ca_cert = ca.self_signed(&ca_key).expect("the CA certificate");
     let issuer = rcgen::Issuer::new(ca, ca_key);
     let leaf_key = rcgen::KeyPair::generate().expect("a leaf key");
@@ -254,8 +256,8 @@ key = "{key}"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_and_http2_upstreams_with_grpc_trailers() {
     let dir = temp_dir("ringmux-upstream-tls");
-    let right = pki(&[BACKEND_NAME]);
-    let other = pki(&[BACKEND_NAME]);
+    let right = pki("ringmux test upstream CA", &[BACKEND_NAME]);
+    let other = pki("another CA", &[BACKEND_NAME]);
     let tls = tls_backend(&right).await;
     let grpc = grpc_echo().await;
     let rm = ringmux(dir.path(), tls, grpc, &right, &other);
@@ -265,7 +267,7 @@ async fn tls_and_http2_upstreams_with_grpc_trailers() {
             (
                 "/tls/a",
                 StatusCode::OK,
-                format!("sni={BACKEND_NAME} alpn=http/1.1 version=HTTP/1.1 path=/tls/a\n"),
+                format!("sni={BACKEND_NAME} alpn=- version=HTTP/1.1 path=/tls/a\n"),
             ),
             (
                 "/h2/b",
