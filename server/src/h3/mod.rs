@@ -191,6 +191,7 @@ impl Conn {
             .and_then(|d| d.server_name);
         let site = self.router.connection_site(sni.as_deref());
         debug!(%remote, ?sni, ?site, "HTTP/3 connection up");
+        let sni: Option<Arc<str>> = sni.as_deref().map(Arc::from);
 
         let mut requests = JoinSet::new();
         let mut draining = false;
@@ -223,6 +224,7 @@ impl Conn {
                             conn: conn.clone(),
                             router: self.router.clone(),
                             site,
+                            sni: sni.clone(),
                             stats: self.stats.clone(),
                             handshake: handshake.clone(),
                             early_requests: self.early_requests,
@@ -337,6 +339,8 @@ struct Req {
     router: Router,
     /// The connection's site.
     site: Option<usize>,
+    /// The connection's TLS server name, for the access log.
+    sni: Option<Arc<str>>,
     stats: Arc<ServerStats>,
     handshake: HandshakeDone,
     early_requests: bool,
@@ -391,6 +395,9 @@ impl Req {
         let (target, rules) = self
             .router
             .target(choice, &parts.method, &parts.headers, &parts.uri);
+        if let Some(l) = logged.as_mut() {
+            l.note(rules.route_path(), || self.sni.clone());
+        }
         let local = match target {
             Target::Proxy { upstream, path } => {
                 let upstream = upstream.clone();

@@ -28,6 +28,8 @@ pub(super) struct Connection {
     pub(super) router: Router,
     /// The connection's site, by its TLS server name.
     pub(super) site: Option<usize>,
+    /// That name, for the access log.
+    pub(super) sni: Option<Arc<str>>,
     pub(super) stats: Arc<ServerStats>,
     pub(super) alt_svc: Option<HeaderValue>,
     pub(super) remote: SocketAddr,
@@ -52,10 +54,13 @@ pub(super) async fn handle(
     let (mut parts, body) = req.into_parts();
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
-    let logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
+    let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
     let (target, rules) = conn
         .router
         .target(choice, &parts.method, &parts.headers, &parts.uri);
+    if let Some(l) = logged.as_mut() {
+        l.note(rules.route_path(), || conn.sni.clone());
+    }
     let mut resp = match target {
         Target::Proxy { upstream, path } => {
             let upstream = upstream.clone();
