@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # deploy/cluster.sh up|test|down [--bin DIR]: three ringmux nodes behind an nftables balancer
-# made by `ringmux lb-config nftables`, all on this machine in network namespaces (README
-# "More than one box"). Needs root, iproute2 (`ip netns`), nftables, and for `test`
+# made by `ringmux lb-config nftables`, all on this machine in network namespaces
+# (docs/operators/cluster.md). Needs root, iproute2 (`ip netns`), nftables, and for `test`
 # gtlsclient (ngtcp2-client), conntrack, curl, python3 with aioquic, and pebble (with
 # pebble-challtestsrv).
 #

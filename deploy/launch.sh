@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs ringmux on a dedicated Linux box (README.md, "Running on a dedicated box"):
+# Runs ringmux on a dedicated Linux box (docs/operators/service.md):
 #
 #   deploy/launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
 #
@@ -47,7 +47,7 @@ usage: launch.sh [--dry-run] [--no-sysctl] [--] [ringmux options...]
   --dry-run    print the kernel check, sysctl changes, CPU plan and every setting; change nothing
   --no-sysctl  leave net.core.rmem_max/wmem_max alone (warn when below RINGMUX_RCVBUF/SNDBUF)
   -h, --help   this text; ringmux's own options: launch.sh -- --help
-Every other argument goes to ringmux unchanged. See README.md, "Running on a dedicated box".
+Every other argument goes to ringmux unchanged. See docs/operators/service.md.
 EOF
 }
 
@@ -251,7 +251,7 @@ warn_unknown_variables() {
     for entry in "${SETTINGS[@]}" BIN CONTROL_FD; do
       [[ $v == "RINGMUX_${entry%%|*}" ]] && known=1
     done
-    ((known)) || warn "$v is not a ringmux setting and is ignored (see README.md, \"Running on a dedicated box\")"
+    ((known)) || warn "$v is not a ringmux setting and is ignored (see docs/operators/service.md)"
   done
 }
 
@@ -287,7 +287,7 @@ raise_max() {
   elif ((cur >= want)); then
     line "$key $cur >= $var=$want: unchanged"
   elif ((no_sysctl)); then
-    warn "$key is $cur, below $var=$want, and --no-sysctl was given: the kernel caps the buffer at $cur unless ringmux runs as root; set $key = $want in /etc/sysctl.d (README.md, \"Running on a dedicated box\")"
+    warn "$key is $cur, below $var=$want, and --no-sysctl was given: the kernel caps the buffer at $cur unless ringmux runs as root; set $key = $want in /etc/sysctl.d (docs/operators/service.md)"
   elif ((dry_run)); then
     line "$key $cur -> $want (would raise, for $var)"
   else

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ["demux", "worker", "server", "proto", "acme", "ring", "quic-lb", "inherit"]
+PRODUCT = ["demux", "worker", "server", "proto", "acme", "lb", "ring", "quic-lb", "inherit"]
 TYPED_ERRORS = ["demux", "worker", "proto", "acme"]
 MAX_LINES = 160
 # (file, function): a tighter limit.

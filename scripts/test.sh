@@ -31,6 +31,12 @@ if ! python3 -c 'import niquests' 2>/dev/null; then
   echo "== installing niquests (pip)"
   python3 -m pip install -q niquests
 fi
+# The proxy's WebSocket tests: the echo service and the HTTP/1.1 client (websockets), the
+# HTTP/2 extended CONNECT client (h2).
+if ! python3 -c 'import websockets, h2' 2>/dev/null; then
+  echo "== installing websockets and h2 (pip)"
+  python3 -m pip install -q websockets h2
+fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "== installing cargo-nextest"
   cargo install --locked cargo-nextest

@@ -129,6 +129,18 @@ pub enum ProbeError {
     NotDirectory { directory: String },
 }
 
+/// The system's root certificates as rustls-native-certs finds them (`SSL_CERT_FILE`,
+/// `SSL_CERT_DIR`, else the distribution's bundle), the same the ACME client trusts, with the
+/// first error met while reading them. The demux hands them to the workers for TLS upstreams
+/// (a confined worker cannot read `/etc/ssl`).
+pub fn system_roots() -> (
+    Vec<rustls::pki_types::CertificateDer<'static>>,
+    Option<String>,
+) {
+    let found = rustls_native_certs::load_native_certs();
+    (found.certs, found.errors.first().map(ToString::to_string))
+}
+
 /// Fetches the CA's directory as the engine would, over the roots it would trust (`[acme]
 /// ca_roots` and the system's), within `deadline`: `ringmux check --online`. Returns the
 /// directory's `meta.termsOfService` when it has one.

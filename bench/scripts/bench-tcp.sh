@@ -1,29 +1,33 @@
 #!/usr/bin/env bash
-# ringmux and Caddy, over TCP and over HTTP/3, measured side by side in one run: for each
-# round, ringmux over TCP (h2load, HTTP/2), Caddy over TCP (h2load, HTTP/2), ringmux over HTTP/3
+# ringmux, nginx and Caddy, over TCP and over HTTP/3, measured side by side in one run: for each
+# round, ringmux over TCP (h2load, HTTP/2), nginx over TCP (h2load, HTTP/2, as many worker
+# processes as ringmux has instances), Caddy over TCP (h2load, HTTP/2), ringmux over HTTP/3
 # and Caddy over HTTP/3 (h3-probe), each on the same small file and the same 1 MiB file from a
 # document root, one after the other. Reports per target and file the median (min-max) over
 # rounds of requests/s, latency p99 and the server's CPU per request (ringmux: its workers;
-# Caddy: its process) and the whole box's busy CPU per request (every CPU, /proc/stat: the
+# nginx: its master and workers; Caddy: its process) and the whole box's busy CPU per request
+# (every CPU, /proc/stat: the
 # client, the server and the kernel), the client's own CPU per request (h3-probe: over its
 # measured window, from its JSON; h2load: its whole run from GNU time, scaled by
-# seconds / (seconds + the 1 s warm-up)), and the ringmux/Caddy req/s ratios within each
-# round, per transport.
+# seconds / (seconds + the 1 s warm-up)), the ringmux/nginx and ringmux/Caddy ratios of req/s
+# and of server CPU per request within each round, per transport, and ringmux's own HTTP/3
+# against its HTTP/2 (CPU per request). No server writes an access log.
 # --files LIST picks the files (default "small big"): tiny (1 byte), small (1 KiB), big (1 MiB).
 # The tiny-response shape of published HTTP/3 comparisons (64 connections x 64 streams, a tiny
 # body): --connections 64 --streams 64 --files tiny; the summary gives each server's requests
 # per server core-second (1 / its CPU per request).
-# --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only).
+# --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only);
+# --no-caddy and --no-nginx leave that server out.
 # --h3-probe-arg ARG (repeatable) passes ARG to every h3-probe run, e.g.
 # --h3-probe-arg=--task-per-stream for the client's earlier shape.
 #
-# Needs Debian's nghttp2-client (h2load), caddy, openssl and time (GNU time); jq for
+# Needs Debian's nghttp2-client (h2load), caddy, nginx, openssl and time (GNU time); jq for
 # h3-probe's JSON. The client shares the machine with the servers: compare targets within a
 # run, not across machines.
 #
 # Usage: bench/scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
 #          [--instances K] [--files "tiny small big"] [--out DIR] [--no-build] [--no-caddy-h3]
-#          [--h3-probe-arg ARG]...
+#          [--no-caddy] [--no-nginx] [--h3-probe-arg ARG]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,6 +39,8 @@ instances=2
 out=""
 build=1
 caddy_h3=1
+caddy=1
+nginx=1
 files="small big"
 probe_args=()
 while (($#)); do
@@ -48,13 +54,18 @@ while (($#)); do
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --no-caddy-h3) caddy_h3=0; shift ;;
+    --no-caddy) caddy=0; caddy_h3=0; shift ;;
+    --no-nginx) nginx=0; shift ;;
     --h3-probe-arg) probe_args+=("$2"); shift 2 ;;
     --h3-probe-arg=*) probe_args+=("${1#--h3-probe-arg=}"); shift ;;
     *) echo "bench-tcp.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for tool in h2load caddy openssl jq /usr/bin/time; do
-  command -v "$tool" >/dev/null || { echo "bench-tcp.sh: $tool is required (apt-get install nghttp2-client caddy openssl jq time)" >&2; exit 1; }
+tools=(h2load openssl jq /usr/bin/time)
+((caddy)) && tools+=(caddy)
+((nginx)) && tools+=(nginx)
+for tool in "${tools[@]}"; do
+  command -v "$tool" >/dev/null || { echo "bench-tcp.sh: $tool is required (apt-get install nghttp2-client caddy nginx openssl jq time)" >&2; exit 1; }
 done
 if ((build)); then
   echo "== cargo build --release --workspace --bins"
@@ -67,8 +78,9 @@ mkdir -p "$out" "$work/root"
 chmod 755 "$work" "$work/root"
 rm_pid=""
 caddy_pid=""
+nginx_pid=""
 cleanup() {
-  for p in $rm_pid $caddy_pid; do
+  for p in $rm_pid $caddy_pid $nginx_pid; do
     kill -TERM "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
   done
@@ -90,8 +102,12 @@ chmod 644 "$work/key.pem" "$work/cert.pem"
 
 rm_port=4440
 caddy_port=4441
+nginx_port=4442
 caddy_protocols="h1 h2"
-targets="ringmux-tcp caddy-tcp ringmux-h3"
+targets="ringmux-tcp"
+((nginx)) && targets="$targets nginx-tcp"
+((caddy)) && targets="$targets caddy-tcp"
+targets="$targets ringmux-h3"
 if ((caddy_h3)); then
   # Caddy's HTTP/3 (quic-go) listens on the same port over UDP; default_sni lets a client that
   # names an IP literal (h3-probe, h2load) get the certificate.
@@ -111,6 +127,39 @@ https://127.0.0.1:$caddy_port {
 	tls $work/cert.pem $work/key.pem
 	root * $work/root
 	file_server
+}
+EOF
+
+# nginx as Debian builds it (1.22: HTTP/2 over TLS, no QUIC), set up as a benchmark would be:
+# one worker process per ringmux instance, sendfile, no access log, TLS 1.3 only (as ringmux),
+# keep-alive long enough for a whole run.
+mkdir -p "$work/nginx"
+cat >"$work/nginx.conf" <<EOF
+worker_processes $instances;
+daemon off;
+pid $work/nginx.pid;
+error_log $work/nginx-error.log warn;
+events {
+	worker_connections 4096;
+}
+http {
+	access_log off;
+	default_type application/octet-stream;
+	sendfile on;
+	tcp_nopush on;
+	keepalive_requests 1000000;
+	client_body_temp_path $work/nginx/body;
+	proxy_temp_path $work/nginx/proxy;
+	fastcgi_temp_path $work/nginx/fastcgi;
+	uwsgi_temp_path $work/nginx/uwsgi;
+	scgi_temp_path $work/nginx/scgi;
+	server {
+		listen 127.0.0.1:$nginx_port ssl http2;
+		ssl_certificate $work/cert.pem;
+		ssl_certificate_key $work/key.pem;
+		ssl_protocols TLSv1.3;
+		root $work/root;
+	}
 }
 EOF
 
@@ -144,7 +193,7 @@ run_h2load() {
 
 tsv=$out/bench-tcp.tsv
 printf 'round\ttarget\tfile\treq_per_s\tp99_us\tserver_us_per_request\tbox_us_per_request\tclient_us_per_request\n' >"$tsv"
-echo "== ringmux and Caddy over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; h3-probe args: ${probe_args[*]:-none}; load $(cat /proc/loadavg)"
+echo "== ringmux and its peers over TCP and HTTP/3 [$targets]: $rounds rounds, ${connections}x$streams, ${duration}s; h3-probe args: ${probe_args[*]:-none}; load $(cat /proc/loadavg)"
 for round in $(seq 1 "$rounds"); do
   "$bin/ringmux" --listen "127.0.0.1:$rm_port" --instances "$instances" --root "$work/root" \
     --cert "$work/cert.pem" --key "$work/key.pem" --metrics 127.0.0.1:0 \
@@ -152,15 +201,26 @@ for round in $(seq 1 "$rounds"); do
   rm_pid=$!
   for _ in $(seq 1 100); do grep -q "ringmux ready" "$work/ringmux.log" && break; sleep 0.1; done
   mapfile -t workers < <(pgrep -P "$rm_pid")
-  caddy run --config "$work/Caddyfile" --adapter caddyfile >"$work/caddy.log" 2>&1 &
-  caddy_pid=$!
-  for _ in $(seq 1 100); do curl -sk -o /dev/null "https://127.0.0.1:$caddy_port/small.bin" && break; sleep 0.1; done
+  if ((caddy)); then
+    caddy run --config "$work/Caddyfile" --adapter caddyfile >"$work/caddy.log" 2>&1 &
+    caddy_pid=$!
+    for _ in $(seq 1 100); do curl -sk -o /dev/null "https://127.0.0.1:$caddy_port/small.bin" && break; sleep 0.1; done
+  fi
+  nginx_pids=()
+  if ((nginx)); then
+    nginx -p "$work" -c "$work/nginx.conf" -e "$work/nginx-error.log" >"$work/nginx.log" 2>&1 &
+    nginx_pid=$!
+    for _ in $(seq 1 100); do curl -sk -o /dev/null "https://127.0.0.1:$nginx_port/small.bin" && break; sleep 0.1; done
+    mapfile -t nginx_pids < <(pgrep -P "$nginx_pid")
+    nginx_pids+=("$nginx_pid")
+  fi
   for file in $files; do
     for target in $targets; do
       log=$work/$target-$file-$round.log
       case $target in
         ringmux-tcp) pids=("${workers[@]}"); port=$rm_port ;;
         caddy-tcp) pids=("$caddy_pid"); port=$caddy_port ;;
+        nginx-tcp) pids=("${nginx_pids[@]}"); port=$nginx_port ;;
         ringmux-h3) pids=("${workers[@]}"); port=$rm_port ;;
         caddy-h3) pids=("$caddy_pid"); port=$caddy_port ;;
       esac
@@ -188,10 +248,13 @@ for round in $(seq 1 "$rounds"); do
       printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request  box %6s us/request  client %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" "$client"
     done
   done
-  kill -TERM "$rm_pid" "$caddy_pid" 2>/dev/null || true
-  wait "$rm_pid" "$caddy_pid" 2>/dev/null || true
+  for p in $rm_pid $caddy_pid $nginx_pid; do
+    kill -TERM "$p" 2>/dev/null || true
+    wait "$p" 2>/dev/null || true
+  done
   rm_pid=""
   caddy_pid=""
+  nginx_pid=""
 done
 
 python3 - "$tsv" <<'PY'
@@ -206,7 +269,7 @@ files = [f for f in ("tiny", "small", "big") if any(r["file"] == f for r in rows
 print("| target | file | req/s | p99 µs | server µs/request | server requests per core-second | box µs/request | client µs/request |")
 print("|---|---|---|---|---|---|---|---|")
 for file in files:
-    for target in ("ringmux-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
+    for target in ("ringmux-tcp", "nginx-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
         if not sel:
             continue
@@ -215,13 +278,20 @@ for file in files:
         per_core = statistics.median(1e6 / f(r["server_us_per_request"]) for r in sel if f(r["server_us_per_request"]) > 0)
         print(f"| {target} | {file} | {cell('req_per_s')} | {cell('p99_us')} | {cellf('server_us_per_request')} | {per_core:.0f} | {cellf('box_us_per_request')} | {cellf('client_us_per_request')} |")
 targets = {r["target"] for r in rows}
-for ours, theirs, what in (("ringmux-tcp", "caddy-tcp", "over TCP"), ("ringmux-h3", "caddy-h3", "over HTTP/3")):
-    if theirs not in targets:
+def ratios(ours, theirs, file, key):
+    out = []
+    for rnd in sorted({r["round"] for r in rows}):
+        get = lambda t: next(f(r[key]) for r in rows if r["round"] == rnd and r["target"] == t and r["file"] == file)
+        out.append(get(ours) / get(theirs) if get(theirs) > 0 else float("nan"))
+    return f"median {statistics.median(out):.2f} ({min(out):.2f}–{max(out):.2f})"
+for ours, theirs, what in (
+    ("ringmux-tcp", "nginx-tcp", "ringmux / nginx over TCP"),
+    ("ringmux-tcp", "caddy-tcp", "ringmux / Caddy over TCP"),
+    ("ringmux-h3", "caddy-h3", "ringmux / Caddy over HTTP/3"),
+    ("ringmux-h3", "ringmux-tcp", "ringmux's HTTP/3 / its HTTP/2"),
+):
+    if theirs not in targets or ours not in targets:
         continue
     for file in files:
-        ratios = []
-        for rnd in sorted({r["round"] for r in rows}):
-            get = lambda t: next(f(r["req_per_s"]) for r in rows if r["round"] == rnd and r["target"] == t and r["file"] == file)
-            ratios.append(get(ours) / get(theirs) if get(theirs) > 0 else float("nan"))
-        print(f"- {file}: ringmux / Caddy {what}, req/s: median {statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
+        print(f"- {file}: {what}: req/s {ratios(ours, theirs, file, 'req_per_s')}; server CPU per request {ratios(ours, theirs, file, 'server_us_per_request')}")
 PY

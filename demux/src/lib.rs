@@ -1,6 +1,6 @@
 //! The parts of `ringmux`, the demux and supervisor, as a library so that each can be tested on
-//! its own; `main.rs` composes them. See `ringmux --help` and README.md. The folders follow the
-//! README's story:
+//! its own; `main.rs` composes them. See `ringmux --help`, README.md and docs/. The folders, from the
+//! data plane down to the system calls:
 //!
 //! * [`dataplane`]: the receive loop: route every datagram and hand it to its instance; in its
 //!   folder, re-exported here:
@@ -26,9 +26,9 @@
 //! * [`metrics`]: counters, which lanes are up, the Prometheus endpoint, `ringmux stats`.
 //! * The command line (folder `cli/`, private; re-exported here):
 //!   * [`config`]: the command line, the configuration file and their checks.
-//!   * [`options`]: option values both command lines parse (on/off, a node's QUIC-LB identity).
-//!   * [`lbconfig`]: `ringmux lb-config`, the rules of a load balancer in front of several
-//!     boxes.
+//!   * `ringmux lb-config`, the rules of a load balancer in front of several boxes, and the
+//!     option values both command lines parse (on/off, a node's QUIC-LB identity), are the
+//!     crate `ringmux-lb`, re-exported as [`lbconfig`] and [`options`].
 //! * [`sys`]: every system call of the demux, wrapped once, one file per topic, and the
 //!   counting allocator behind `ringmux_dataplane_allocations_total` ([`alloc`], re-exported
 //!   here). The only module allowed unsafe code; it imports nothing of the crate above it.
@@ -40,7 +40,7 @@
 //! The modules are layered: each imports only modules below it, bottom to top `sys`; `certs`;
 //! `metrics` (the labels it counts by and the log thread's dropped lines included); `budget`,
 //! `logs`; `dataplane` (inside it `tickets`, `admission`, `dispatch`, `forward`, then the
-//! loop); `sessions`; `cli` (`options`, `lbconfig`, `config`); `upgrade`; `supervisor`
+//! loop); `sessions`; `cli` (`config`, over the crate `ringmux-lb`); `upgrade`; `supervisor`
 //! (which reads a [`config::Config`], at start and at every reload); and `main.rs`.
 //! `scripts/mod-graph.py` prints which imports which and fails on a circle or a mutual import
 //! (CI runs it).
@@ -59,8 +59,10 @@ pub mod supervisor;
 pub mod sys;
 pub mod upgrade;
 
-pub use cli::{config, lbconfig, options};
+pub use cli::config;
 pub use dataplane::{admission, dispatch, forward, tickets};
+pub use ringmux_lb as lbconfig;
+pub use ringmux_lb::options;
 pub use sys::alloc;
 
 pub use ringmux_proto::one_line;

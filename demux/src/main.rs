@@ -440,7 +440,7 @@ impl Start {
             tcp: https,
             redirect,
             metrics,
-            control: supervisor::bind_control(cfg)?,
+            control: supervisor::control::bind(cfg)?,
             ..upgrade::Fds::new(udp.into())
         };
         Ok(Start {

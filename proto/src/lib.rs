@@ -9,6 +9,7 @@
 //!   parsed, the same way on both sides.
 //! * [`handoff`]: the first message on the control socket, demux → worker: configuration
 //!   and keys, with descriptors attached in a fixed order.
+//! * [`limits`]: per-client limits of a site or route (`allow`, `deny`, `rate`), declared once.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * `serve` (feature `serve-args`): the built-in worker's serving options, declared once
 //!   for `ringmux` and `ringmux-worker`.
@@ -36,6 +37,7 @@
 #[cfg(feature = "certs")]
 pub mod certs;
 pub mod handoff;
+pub mod limits;
 #[cfg(feature = "logging")]
 pub mod logging;
 pub mod message;
@@ -54,7 +56,7 @@ pub use handoff::{generation_slot, Handoff, HandoffError, IngressKind, GENERATIO
 pub use message::{
     ChallengeSet, Http01, Message, MessageError, SiteCertificate, TlsAlpn01, WorkerReport,
 };
-pub use upstream::{UpstreamError, UpstreamUrl};
+pub use upstream::{UpstreamError, UpstreamScheme, UpstreamUrl};
 
 /// `error` and each of its sources joined by `: `, as anyhow's `{:#}` shows a chain, leaving
 /// out a source whose text its error already wrote (hyper's and instant-acme's errors often
@@ -111,6 +113,20 @@ pub const MAX_FDS: usize = 8;
 /// in a worker after its `execve` (the demux's system-call filter refuses every receipt of
 /// one), so no worker can get a second number for a descriptor the filter's rules name.
 pub const FIRST_HANDOFF_FD: i32 = 8;
+
+/// The descriptor number of the first of the rate tables (`ringmux_ring::tally`), when the site
+/// table limits a rate: every worker of the generation finds its own table here, writable,
+/// then every other worker's, read-only, one per instance in instance order from its own on
+/// ([`RATE_TABLES_ENV`] gives how many). Placed by the demux after the hand-off's own (past
+/// [`MAX_FDS`] of them), for the built-in server; a program of one's own may ignore them.
+pub const RATE_TABLES_FD: i32 = FIRST_HANDOFF_FD + MAX_FDS as i32;
+
+/// The most rate tables a worker is given: one per instance.
+pub const MAX_RATE_TABLES: usize = 64;
+
+/// Name of the environment variable in which the demux tells a worker how many rate tables
+/// it finds from [`RATE_TABLES_FD`] on; unset when no site limits a rate.
+pub const RATE_TABLES_ENV: &str = "RINGMUX_RATE_TABLES";
 
 /// The descriptor number of the demux's listening TCP socket, when the hand-off's `tcp` is 1
 /// (nothing is open there otherwise): one accept queue all workers share, created once by the

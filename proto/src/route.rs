@@ -23,8 +23,16 @@ use std::path::PathBuf;
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{Burst, Cidr, FileLimits, LimitError, Limits, PrefixV4, PrefixV6, Rate};
 use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
+
+mod pool;
+
+pub use pool::{
+    Backends, Balance, Balancing, BodyLimit, HealthSeconds, PassiveHealth, Retries, HEALTH_SECONDS,
+    MAX_BACKENDS, MAX_FAILS, MAX_RETRIES,
+};
 
 /// The statuses a redirect may answer with (RFC 9110 §15.4): moved for good (301, 308) or for
 /// now (302, 307).
@@ -70,9 +78,16 @@ pub struct Route {
     /// (`/api` matches `/api` and `/api/v1`, not `/apix`); `/` matches every path.
     pub path: String,
     pub action: Action,
+    /// `compress = false`: its responses go as they are, never coded with gzip, brotli or
+    /// zstd; `None`: as its site says (on by default). Meaningful for files and upstreams.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
     /// Header rules and a file route's fallback (`crate::rules`).
     #[serde(default, skip_serializing_if = "RouteRules::is_empty")]
     pub rules: RouteRules,
+    /// Who may ask and how often: replaces the site's, key by key ([`Limits::over`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 /// What a route does.
@@ -86,11 +101,19 @@ pub enum Action {
     /// files from `root` when set, else (and for names with no file) `/hello.txt` and
     /// `/bytes/N`.
     Builtin { root: Option<PathBuf> },
-    /// The reverse proxy to an HTTP/1.1 service; with `strip_prefix`, the route's prefix is
-    /// taken off the path passed on.
+    /// The reverse proxy to an HTTP service, one backend or several; with `strip_prefix`,
+    /// the route's prefix is taken off the path passed on. `balancing` says how requests are
+    /// shared among the backends, `max_body` the largest request body passed on; over TLS,
+    /// each backend is verified as `tls` says.
     Upstream {
-        url: UpstreamUrl,
+        url: Backends,
         strip_prefix: bool,
+        #[serde(default, skip_serializing_if = "Balancing::is_default")]
+        balancing: Balancing,
+        #[serde(default, skip_serializing_if = "BodyLimit::is_none")]
+        max_body: BodyLimit,
+        #[serde(default, skip_serializing_if = "UpstreamTls::is_default")]
+        tls: UpstreamTls,
     },
     /// A redirect to `to` with `status`, in which `{path}` stands for the request's path and
     /// `{query}` for its query (without the `?`).
@@ -103,12 +126,29 @@ pub enum Action {
 }
 
 impl Action {
+    /// A proxy to the one backend `url`, every other setting at its default.
+    pub fn upstream(url: UpstreamUrl, strip_prefix: bool) -> Action {
+        Action::Upstream {
+            url: Backends::one(url),
+            strip_prefix,
+            balancing: Balancing::default(),
+            max_body: BodyLimit::default(),
+            tls: UpstreamTls::default(),
+        }
+    }
+
     /// What no single value can say alone: a 204 or 304 response has no body (RFC 9110
     /// §15.3.5, §15.4.5).
     pub fn check(&self) -> Result<(), RouteError> {
         match self {
             Action::Respond(r) if matches!(r.status.get(), 204 | 304) && !r.body.is_empty() => {
                 Err(RouteError::BodyNotAllowed(r.status.get()))
+            }
+            Action::Upstream { url, tls, .. } if !tls.is_default() => {
+                match url.urls().iter().find(|u| !u.scheme.tls()) {
+                    Some(clear) => Err(RouteError::TlsInTheClear(clear.to_string())),
+                    None => Ok(()),
+                }
             }
             Action::Files { .. }
             | Action::Builtin { .. }
@@ -146,24 +186,45 @@ impl Respond {
 }
 
 /// A `[[site.route]]` as the configuration file writes it: the path and one action's keys
-/// (`root`; `upstream` and `strip_prefix`; `redirect` and `status`; `respond`). The keys the
-/// file takes are this struct's fields.
+/// (`root`; `upstream` with `strip_prefix`, `lb`, `retries`, `max_fails`, `fail_window`,
+/// `eject_for` and `max_body`; `redirect` and `status`; `respond`). The keys the file takes
+/// are this struct's fields.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileRoute {
     pub path: Option<String>,
     pub root: Option<PathBuf>,
-    pub upstream: Option<UpstreamUrl>,
+    pub upstream: Option<Backends>,
     pub strip_prefix: Option<bool>,
+    pub lb: Option<Balance>,
+    pub retries: Option<Retries>,
+    pub max_fails: Option<u32>,
+    pub fail_window: Option<HealthSeconds>,
+    pub eject_for: Option<HealthSeconds>,
+    pub max_body: Option<BodyLimit>,
+    /// A PEM file of the certificates a TLS upstream is verified against instead of the
+    /// system's roots. The demux reads it and puts its text in [`UpstreamTls::roots_pem`]
+    /// ([`Route::try_from`] leaves that to it: this module never touches a file).
+    pub upstream_ca: Option<PathBuf>,
+    /// The name a TLS upstream is asked for and verified against, instead of its URL's host.
+    pub upstream_sni: Option<UpstreamSni>,
     pub redirect: Option<RedirectTarget>,
     pub status: Option<RedirectStatus>,
     pub respond: Option<Respond>,
+    pub compress: Option<bool>,
     /// Header rules of the route's responses, after the site's (`crate::rules`).
     pub headers: Option<HeaderRules>,
     /// Header rules of the request an upstream route passes on.
     pub request_headers: Option<HeaderRules>,
     /// A `root` route's single-page-app fallback, beneath the root.
     pub fallback: Option<Fallback>,
+    /// The route's limits (`crate::limits::FILE_KEYS`), as a `[[site]]` writes them too.
+    pub allow: Option<Vec<Cidr>>,
+    pub deny: Option<Vec<Cidr>>,
+    pub rate: Option<Rate>,
+    pub burst: Option<Burst>,
+    pub rate_prefix_v4: Option<PrefixV4>,
+    pub rate_prefix_v6: Option<PrefixV6>,
 }
 
 impl TryFrom<FileRoute> for Route {
@@ -180,8 +241,37 @@ impl TryFrom<FileRoute> for Route {
         if kinds.iter().filter(|k| **k).count() != 1 {
             return Err(RouteError::Actions);
         }
-        if f.strip_prefix.is_some() && f.upstream.is_none() {
-            return Err(RouteError::StripPrefixAlone);
+        if f.upstream.is_none() {
+            let upstream_keys = [
+                ("strip_prefix", f.strip_prefix.is_some()),
+                ("lb", f.lb.is_some()),
+                ("retries", f.retries.is_some()),
+                ("max_fails", f.max_fails.is_some()),
+                ("fail_window", f.fail_window.is_some()),
+                ("eject_for", f.eject_for.is_some()),
+                ("max_body", f.max_body.is_some()),
+            ];
+            if let Some((key, _)) = upstream_keys.iter().find(|(_, given)| *given) {
+                return Err(RouteError::UpstreamKeyAlone(key));
+            }
+        }
+        for (given, key) in [
+            (f.upstream_ca.is_some(), "upstream_ca"),
+            (f.upstream_sni.is_some(), "upstream_sni"),
+        ] {
+            let clear = |b: &Backends| b.urls().iter().find(|u| !u.scheme.tls()).cloned();
+            match &f.upstream {
+                _ if !given => {}
+                None => return Err(RouteError::UpstreamKeyAlone(key)),
+                Some(backends) => {
+                    if let Some(url) = clear(backends) {
+                        return Err(RouteError::UpstreamKeyInTheClear {
+                            key,
+                            url: url.to_string(),
+                        });
+                    }
+                }
+            }
         }
         if f.status.is_some() && f.redirect.is_none() {
             return Err(RouteError::StatusAlone);
@@ -200,9 +290,26 @@ impl TryFrom<FileRoute> for Route {
         let action = if let Some(root) = f.root {
             Action::Files { root }
         } else if let Some(url) = f.upstream {
+            let default = PassiveHealth::default();
+            let passive = PassiveHealth {
+                max_fails: f.max_fails.unwrap_or(default.max_fails),
+                fail_window: f.fail_window.unwrap_or(default.fail_window),
+                eject_for: f.eject_for.unwrap_or(default.eject_for),
+            };
+            passive.check().map_err(RouteError::MaxFails)?;
             Action::Upstream {
                 url,
                 strip_prefix: f.strip_prefix.unwrap_or(false),
+                balancing: Balancing {
+                    lb: f.lb.unwrap_or_default(),
+                    retries: f.retries.unwrap_or_default(),
+                    passive,
+                },
+                max_body: f.max_body.unwrap_or_default(),
+                tls: UpstreamTls {
+                    roots_pem: String::new(),
+                    sni: f.upstream_sni,
+                },
             }
         } else if let Some(to) = f.redirect {
             Action::Redirect {
@@ -212,10 +319,20 @@ impl TryFrom<FileRoute> for Route {
         } else {
             Action::Respond(f.respond.ok_or(RouteError::Actions)?)
         };
+        let limits = Limits::try_from(FileLimits {
+            allow: f.allow,
+            deny: f.deny,
+            rate: f.rate,
+            burst: f.burst,
+            rate_prefix_v4: f.rate_prefix_v4,
+            rate_prefix_v6: f.rate_prefix_v6,
+        })?;
         let route = Route {
             path,
             action,
+            compress: f.compress,
             rules,
+            limits,
         };
         route.check()?;
         Ok(route)
@@ -236,6 +353,7 @@ impl Route {
         if self.rules.fallback.is_some() && !matches!(self.action, Action::Files { .. }) {
             return Err(RouteError::FallbackAlone);
         }
+        self.limits.check()?;
         self.action.check()
     }
 }
@@ -252,8 +370,10 @@ pub enum RouteError {
          respond = {{ status = N, body = \"...\" }}"
     )]
     Actions,
-    #[error("strip_prefix goes with upstream only")]
-    StripPrefixAlone,
+    #[error("{0} goes with upstream only")]
+    UpstreamKeyAlone(&'static str),
+    #[error("max_fails: {0}")]
+    MaxFails(ValueError),
     #[error(
         "status goes with redirect (respond takes its own: respond = {{ status = N, body = \
          \"...\" }})"
@@ -261,10 +381,21 @@ pub enum RouteError {
     StatusAlone,
     #[error("a {0} response has no body: drop body, or give another status")]
     BodyNotAllowed(u16),
+    #[error(
+        "{key} goes with a TLS upstream (https:// or h2://), and upstream = {url:?} is in the \
+         clear"
+    )]
+    UpstreamKeyInTheClear { key: &'static str, url: String },
+    #[error(
+        "upstream = {0:?} is in the clear: it has no certificates to verify nor a server name"
+    )]
+    TlsInTheClear(String),
     #[error("request_headers goes with upstream only: only a proxied request goes further")]
     RequestHeadersAlone,
     #[error("fallback goes with root only: it names a file beneath the route's root")]
     FallbackAlone,
+    #[error(transparent)]
+    Limit(#[from] LimitError),
 }
 
 impl RouteError {
@@ -274,11 +405,15 @@ impl RouteError {
         match self {
             RouteError::NoPath | RouteError::Actions => None,
             RouteError::Path(_) => Some("path"),
-            RouteError::StripPrefixAlone => Some("strip_prefix"),
+            RouteError::UpstreamKeyAlone(key) => Some(key),
+            RouteError::MaxFails(_) => Some("max_fails"),
             RouteError::StatusAlone => Some("status"),
             RouteError::BodyNotAllowed(_) => Some("respond.body"),
+            RouteError::UpstreamKeyInTheClear { key, .. } => Some(key),
+            RouteError::TlsInTheClear(_) => Some("upstream"),
             RouteError::RequestHeadersAlone => Some("request_headers"),
             RouteError::FallbackAlone => Some("fallback"),
+            RouteError::Limit(e) => e.key(),
         }
     }
 }
@@ -312,6 +447,25 @@ pub enum ValueError {
     HeaderTwice(String),
     #[error("{0}")]
     Upstream(String),
+    #[error("{0} backends: give 1 to {MAX_BACKENDS}")]
+    Backends(usize),
+    #[error("{0} is listed twice; give each backend once")]
+    BackendTwice(String),
+    #[error("retries: 0 to {MAX_RETRIES}")]
+    Retries,
+    #[error("expected {} to {} seconds", HEALTH_SECONDS.start(), HEALTH_SECONDS.end())]
+    HealthSeconds,
+    #[error("expected 0 (never eject) to {MAX_FAILS} failures")]
+    MaxFails,
+    #[error(
+        "{0:?}: expected a size in bytes, as a number (1048576) or with a unit (\"10MB\", \"10MiB\", \"512KiB\", \"1GB\"); 0 for no limit"
+    )]
+    BodyLimit(String),
+    #[error(
+        "expected a DNS name (letters, digits, hyphens and dots) or an IP address, e.g. \
+         \"api.internal\""
+    )]
+    ServerName,
 }
 
 /// A redirect's status: one of [`REDIRECT_STATUSES`]; [`DEFAULT_REDIRECT_STATUS`] by default.
@@ -506,6 +660,78 @@ impl From<ResponseHeaders> for BTreeMap<String, String> {
     }
 }
 
+/// How a route's TLS upstream (`https://`, `h2://`) is verified: against `roots_pem`, and for
+/// the name `sni` or else its URL's host (an IP address is sent as no SNI, RFC 6066 §3, and
+/// verified as an IP address of the certificate). Empty for an upstream in the clear.
+#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// PEM certificates to trust: the route's `upstream_ca`, else the system's roots, as the
+    /// demux read them (a worker reads no file for them).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub roots_pem: String,
+    /// `upstream_sni`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sni: Option<UpstreamSni>,
+}
+
+impl std::fmt::Debug for UpstreamTls {
+    // The system's roots are some 200 KB of PEM: say how much, not what.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("roots_pem_bytes", &self.roots_pem.len())
+            .field("sni", &self.sni)
+            .finish()
+    }
+}
+
+impl UpstreamTls {
+    /// Nothing set: an upstream in the clear.
+    pub fn is_default(&self) -> bool {
+        self.roots_pem.is_empty() && self.sni.is_none()
+    }
+}
+
+/// `upstream_sni`: a DNS name (lower case, labels of letters, digits, hyphens and
+/// underscores, at most 253 characters) or an IP address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct UpstreamSni(String);
+
+impl UpstreamSni {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for UpstreamSni {
+    type Error = ValueError;
+
+    fn try_from(v: String) -> Result<Self, ValueError> {
+        if v.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(UpstreamSni(v));
+        }
+        let name = v.strip_suffix('.').unwrap_or(&v).to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            (1..=63).contains(&l.len())
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        match name.len() <= 253 && name.split('.').all(label_ok) {
+            true => Ok(UpstreamSni(name)),
+            false => Err(ValueError::ServerName),
+        }
+    }
+}
+
+impl From<UpstreamSni> for String {
+    fn from(s: UpstreamSni) -> String {
+        s.0
+    }
+}
+
 // An upstream is written as its URL; a bad one is refused saying why, the reader naming it.
 impl Serialize for UpstreamUrl {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -557,8 +783,25 @@ mod tests {
             let e = read::<RedirectTarget>(bad).unwrap_err();
             assert!(e.contains("printable ASCII"), "{bad}: {e}");
         }
-        let e = read::<UpstreamUrl>("\"https://127.0.0.1:9\"").unwrap_err();
-        assert!(e.starts_with("https upstreams are not supported"), "{e}");
+        let e = read::<UpstreamUrl>("\"ftp://127.0.0.1:9\"").unwrap_err();
+        assert!(e.starts_with("expected http://HOST:PORT, https://"), "{e}");
+        for good in ["\"api.internal\"", "\"10.0.0.1\"", "\"::1\"", "\"A.Test.\""] {
+            assert!(read::<UpstreamSni>(good).is_ok(), "{good}");
+        }
+        assert_eq!(
+            read::<UpstreamSni>("\"A.Test.\"").unwrap().as_str(),
+            "a.test"
+        );
+        for bad in [
+            "\"\"",
+            "\"a b\"",
+            "\"-a.test\"",
+            "\"a..test\"",
+            "\"*.a.test\"",
+        ] {
+            let e = read::<UpstreamSni>(bad).unwrap_err();
+            assert!(e.contains("expected a DNS name"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -622,6 +865,41 @@ mod tests {
             ..FileRoute::default()
         };
         assert_eq!(route(strip).unwrap_err().key(), Some("strip_prefix"));
+        let lb = FileRoute {
+            path: path(),
+            respond: respond(),
+            lb: Some(Balance::RoundRobin),
+            ..FileRoute::default()
+        };
+        let e = route(lb).unwrap_err();
+        assert_eq!(
+            (e.key(), e.to_string()),
+            (Some("lb"), "lb goes with upstream only".to_string())
+        );
+        let pool = FileRoute {
+            path: path(),
+            upstream: Some(Backends::one("http://127.0.0.1:9".parse().unwrap())),
+            retries: Some(Retries::try_from(2).unwrap()),
+            max_fails: Some(5),
+            max_body: Some(BodyLimit::bytes(10)),
+            ..FileRoute::default()
+        };
+        let Action::Upstream {
+            balancing,
+            max_body,
+            ..
+        } = route(pool).unwrap().action
+        else {
+            unreachable!("an upstream route")
+        };
+        assert_eq!(
+            (
+                balancing.retries.get(),
+                balancing.passive.max_fails,
+                max_body.get()
+            ),
+            (2, 5, Some(10))
+        );
         let no_body = FileRoute {
             path: path(),
             respond: Some(Respond::new(204, "x").unwrap()),
@@ -635,6 +913,39 @@ mod tests {
             ),
             (Some("respond.body"), true)
         );
+        let upstream = |url: &str| Some(Backends::one(url.parse::<UpstreamUrl>().unwrap()));
+        let sni = || Some(UpstreamSni::try_from("b.test".to_string()).unwrap());
+        let alone = FileRoute {
+            path: path(),
+            respond: respond(),
+            upstream_ca: Some("/etc/ca.pem".into()),
+            ..FileRoute::default()
+        };
+        assert_eq!(
+            route(alone),
+            Err(RouteError::UpstreamKeyAlone("upstream_ca"))
+        );
+        let clear = FileRoute {
+            path: path(),
+            upstream: upstream("h2c://127.0.0.1:9"),
+            upstream_sni: sni(),
+            ..FileRoute::default()
+        };
+        let e = route(clear).unwrap_err();
+        assert_eq!(e.key(), Some("upstream_sni"));
+        assert!(e.to_string().contains("h2c://127.0.0.1:9"), "{e}");
+        let tls = FileRoute {
+            path: path(),
+            upstream: upstream("https://127.0.0.1:9"),
+            upstream_ca: Some("/etc/ca.pem".into()),
+            upstream_sni: sni(),
+            ..FileRoute::default()
+        };
+        let Action::Upstream { tls, .. } = route(tls).unwrap().action else {
+            unreachable!("an upstream route")
+        };
+        // The demux reads the file; the declaration carries the name only.
+        assert_eq!((tls.roots_pem.as_str(), tls.sni), ("", sni()));
         let bad_path = FileRoute {
             path: Some("/x?y".into()),
             respond: respond(),
@@ -668,6 +979,12 @@ mod tests {
             let route: Route = read(json).unwrap_or_else(|e| panic!("{json}: {e}"));
             assert_eq!(serde_json::to_string(&route).unwrap(), json);
         }
+        let tls = r#"{"path":"/g","action":{"upstream":{"url":"h2://g.test:443","strip_prefix":false,"tls":{"roots_pem":"PEM","sni":"g.internal"}}}}"#;
+        let route: Route = read(tls).unwrap();
+        assert_eq!(serde_json::to_string(&route).unwrap(), tls);
+        let clear = r#"{"path":"/g","action":{"upstream":{"url":"h2c://g.test:80","strip_prefix":false,"tls":{"sni":"g.internal"}}}}"#;
+        let e = read::<Route>(clear).unwrap().check().unwrap_err();
+        assert!(e.to_string().contains("is in the clear"), "{e}");
         let mut route: Route = read(before[4]).unwrap();
         let Action::Respond(r) = &mut route.action else {
             unreachable!("a respond route")
@@ -676,5 +993,9 @@ mod tests {
         let json = serde_json::to_string(&route).unwrap();
         assert!(json.contains(r#""headers":{"x-a":"b"}"#), "{json}");
         assert_eq!(read::<Route>(&json).unwrap(), route);
+        // Several backends and settings away from their defaults are written, and read back.
+        let pool = r#"{"path":"/","action":{"upstream":{"url":["http://127.0.0.1:9","http://127.0.0.1:10"],"strip_prefix":false,"balancing":{"lb":"client_hash","retries":0,"passive":{"max_fails":1,"fail_window":10,"eject_for":5}},"max_body":100}}}"#;
+        let route: Route = read(pool).unwrap();
+        assert_eq!(serde_json::to_string(&route).unwrap(), pool);
     }
 }

@@ -69,6 +69,27 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub tcp_idle_timeout: u64,
+    /// Tunnels through the proxy (WebSockets, HTTP/1.1 upgrades) each worker holds at once
+    /// (1–1000000); one more is answered 503 (ringmux_worker_tunnels_refused_total).
+    #[arg(
+        long,
+        env = "RINGMUX_MAX_TUNNELS",
+        value_name = "N",
+        default_value_t = 4096,
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_tunnels: u32,
+    /// Seconds a tunnel through the proxy may go without a byte either way (1–86400); then
+    /// it is closed (ringmux_worker_tunnels_closed_total{how="idle"}). nginx's 60 s
+    /// (`proxy_read_timeout`) closes quiet WebSockets; Caddy has no limit.
+    #[arg(
+        long,
+        env = "RINGMUX_TUNNEL_IDLE",
+        value_name = "SECONDS",
+        default_value_t = 300,
+        value_parser = clap::value_parser!(u64).range(1..=86400)
+    )]
+    pub tunnel_idle: u64,
     /// The access log's lines: ringmux (fields separated by spaces), combined (Apache's and
     /// nginx's, with referer and user agent) or json (one object per line, every field).
     #[arg(

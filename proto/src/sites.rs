@@ -13,6 +13,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::limits::Limits;
 pub use crate::route::{Action, Route};
 pub use crate::rules::SiteRules;
 
@@ -54,9 +55,17 @@ pub struct Site {
     /// request named, if any), under the site's certificate ([`Site::redirects`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_names: Vec<String>,
+    /// `compress = false`: no route of the site codes its responses unless it says
+    /// `compress = true` itself; `None`: on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compress: Option<bool>,
     /// Header rules, HSTS, CORS and error pages of every route (`crate::rules`).
     #[serde(default, skip_serializing_if = "SiteRules::is_empty")]
     pub rules: SiteRules,
+    /// Who may ask and how often, on every route that has none of its own
+    /// ([`crate::limits`]).
+    #[serde(default, skip_serializing_if = "Limits::is_none")]
+    pub limits: Limits,
 }
 
 impl std::fmt::Debug for Site {
@@ -220,6 +229,9 @@ impl SiteTable {
             }
         }
         for site in &table.sites {
+            site.limits
+                .check()
+                .map_err(|e| SitesError(format!("site {}: {e}", site.label)))?;
             for r in &site.routes {
                 r.check().map_err(|e| {
                     SitesError(format!("site {}: route {:?}: {e}", site.label, r.path))
@@ -277,13 +289,17 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             rules: SiteRules::default(),
+            limits: Limits::default(),
             routes: routes
                 .iter()
                 .map(|p| Route {
+                    compress: None,
                     path: p.to_string(),
                     action: Action::Respond(crate::route::Respond::new(200, p).unwrap()),
                     rules: Default::default(),
+                    limits: Limits::default(),
                 })
                 .collect(),
         }

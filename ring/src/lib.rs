@@ -8,7 +8,8 @@
 //!
 //! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
 //! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (pipe), `config.rs`
-//! (geometry and its bounds), `spin.rs` (how an idle consumer spins: [`SpinPolicy`]).
+//! (geometry and its bounds), `spin.rs` (how an idle consumer spins: [`SpinPolicy`]),
+//! `tally.rs` (the single-writer counter tables of per-client rate limits, beside the rings).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -24,6 +25,8 @@ mod ring;
 mod shm;
 pub mod spin;
 mod sync;
+#[cfg(not(loom))]
+pub mod tally;
 
 pub use config::{ConfigError, RingConfig, RingField};
 pub use doorbell::{Doorbell, DoorbellReader};

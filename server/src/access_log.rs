@@ -141,6 +141,9 @@ pub struct Entry<'a> {
     pub sni: Option<&'a str>,
     pub user_agent: Option<&'a str>,
     pub referer: Option<&'a str>,
+    /// A tunnel's line only (a WebSocket through the proxy): the bytes received from the
+    /// client, written as one more field after the ending.
+    pub received: Option<u64>,
 }
 
 impl AccessLog {
@@ -319,6 +322,9 @@ fn format_line(e: &Entry<'_>, instance: u8) -> String {
     }
     line.push(' ');
     line.push_str(e.ending.as_str());
+    if let Some(n) = e.received {
+        let _ = write!(line, " {n}");
+    }
     line.push('\n');
     line
 }
@@ -390,6 +396,8 @@ pub(crate) struct Logged {
     bytes: u64,
     /// Written already.
     done: bool,
+    /// A tunnel's bytes from the client ([`Logged::end_tunnel`]).
+    received: Option<u64>,
 }
 
 impl Logged {
@@ -429,6 +437,7 @@ impl Logged {
             status: None,
             bytes: 0,
             done: false,
+            received: None,
         }
     }
 
@@ -471,6 +480,13 @@ impl Logged {
         self.write(ending);
     }
 
+    /// Writes a tunnel's line: `status` (101, or 200 over HTTP/2), the bytes sent to the
+    /// client (`down`) and received from it (`up`, the line's last field).
+    pub(crate) fn end_tunnel(mut self, status: StatusCode, down: u64, up: u64, ending: Ending) {
+        self.received = Some(up);
+        self.end_as(Some(status), down, ending);
+    }
+
     fn write(&mut self, ending: Ending) {
         if std::mem::replace(&mut self.done, true) {
             return;
@@ -495,6 +511,7 @@ impl Logged {
             sni: self.sni.as_deref(),
             user_agent: self.user_agent.as_deref(),
             referer: self.referer.as_deref(),
+            received: self.received,
         });
     }
 }
@@ -553,6 +570,7 @@ mod tests {
             sni: None,
             user_agent: None,
             referer: None,
+            received: None,
         };
         assert_eq!(
             format_line(&e, 1),
@@ -590,6 +608,19 @@ mod tests {
             1,
         );
         assert!(cut.ends_with(" - 5120 0.000312 1 - cut:drain\n"), "{cut}");
+        // A tunnel's line: the bytes from the client, after the ending.
+        let tunnel = format_line(
+            &Entry {
+                status: Some(101),
+                received: Some(77),
+                ..e.clone()
+            },
+            1,
+        );
+        assert!(
+            tunnel.ends_with(" 101 5120 0.000312 1 - ok 77\n"),
+            "{tunnel}"
+        );
         let e = Entry {
             authority: None,
             status: None,
@@ -628,6 +659,7 @@ mod tests {
             sni: None,
             user_agent: None,
             referer: None,
+            received: None,
         };
         let n = 3 * QUEUE_LINES as u64;
         for _ in 0..n {

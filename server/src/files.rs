@@ -18,7 +18,10 @@
 //! It never touches a stream or a connection (that is each front's) and never follows a path outside
 //! its root.
 
+mod coded;
 mod sys;
+
+pub(crate) use coded::{coded_file, Form, Variants};
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::CString;
@@ -33,6 +36,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, HeaderValue, Method};
+
+use crate::compress;
 
 /// How long a cached file is served without looking at the disk again. An edit to a cached
 /// file is visible at most this long after it (per worker process), plus the few milliseconds
@@ -64,6 +69,9 @@ pub struct FileOptions {
     pub revalidate: Duration,
     /// See [`SETTLE`]; tests set 0 to cache files they have just written.
     pub settle: Duration,
+    /// Whether files of a compressible type (`crate::compress`) are sent coded to clients
+    /// that accept it; `compress = false` of a site or route turns it off.
+    pub compress: bool,
 }
 
 impl Default for FileOptions {
@@ -73,6 +81,7 @@ impl Default for FileOptions {
             cache_control: None,
             revalidate: REVALIDATE_AFTER,
             settle: SETTLE,
+            compress: true,
         }
     }
 }
@@ -184,6 +193,9 @@ pub enum Lookup {
 pub struct StaticFile {
     pub meta: Arc<FileMeta>,
     pub content: Content,
+    /// Whether this version is in the cache, so that coded copies of it may be kept beside it
+    /// (`DocRoot::charge`).
+    pub cached: bool,
 }
 
 /// Where a file's bytes are.
@@ -206,8 +218,15 @@ pub struct FileMeta {
     pub modified_secs: u64,
     pub content_type: &'static str,
     /// The header fields of a 200 response, built once per file version: Content-Type,
-    /// Content-Length, ETag, Last-Modified, Accept-Ranges and the configured Cache-Control.
+    /// Content-Length, ETag, Last-Modified, Accept-Ranges and the configured Cache-Control,
+    /// and `vary: accept-encoding` when `compressible`.
     pub headers: HeaderMap,
+    /// Whether clients that accept a coding get this file coded: its root compresses, its type
+    /// is worth it and it is at least [`compress::MIN_LENGTH`] long.
+    pub compressible: bool,
+    /// Per coding (`Coding::index`), what a cached version is sent as, decided at its first
+    /// request in that coding (`compress::files`).
+    pub(crate) variants: Variants,
 }
 
 /// What identifies one version of a file: any change of these drops the cached copy.
@@ -345,32 +364,34 @@ impl DocRoot {
             }
             self.cache().remove(self.inner.slot, rel);
         }
-        let cache_control = inner.opts.cache_control.as_ref();
-        let meta = Arc::new(file_meta(rel, &md, SystemTime::now(), cache_control));
+        let meta = Arc::new(file_meta(rel, &md, SystemTime::now(), &inner.opts));
         let file = Arc::new(file);
         let cacheable = id.len <= MAX_CACHED_FILE.min(inner.cache.budget / 4);
         if !cacheable {
             return Ok(Lookup::File(StaticFile {
                 meta,
                 content: Content::Disk(file),
+                cached: false,
             }));
         }
         let body = self.read_whole(&file, id.len).await?;
         // A write during the read may have torn what we read: serve it (as any file server
         // would) but do not cache it. The identity from before the read would match it.
         let unchanged = Identity::of(&file.metadata()?) == id;
+        let mut cached = false;
         if unchanged && changed_before(&md, SystemTime::now(), inner.opts.settle) {
             let entry = Arc::new(Entry {
                 id,
                 meta: meta.clone(),
                 body: body.clone(),
             });
-            self.cache().insert(self.inner.slot, rel, entry);
+            cached = self.cache().insert(self.inner.slot, rel, entry);
             inner.stats.cache_fills.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Lookup::File(StaticFile {
             meta,
             content: Content::Memory(body),
+            cached,
         }))
     }
 
@@ -439,6 +460,14 @@ impl DocRoot {
         }
     }
 
+    /// Charges `bytes` (a coded copy of the version `meta` of `rel`, kept in its
+    /// [`FileMeta::variants`]) to the cache entry of that version, evicting others if the
+    /// budget needs it. Nothing if that version is no longer cached: the copy then lives only
+    /// as long as the requests that hold it.
+    pub(crate) fn charge(&self, rel: &str, meta: &Arc<FileMeta>, bytes: u64) {
+        self.cache().charge(self.inner.slot, rel, meta, bytes);
+    }
+
     fn cached(&self, rel: &str) -> Cached {
         if self.inner.cache.budget == 0 {
             return Cached::Miss;
@@ -494,12 +523,7 @@ fn changed_before(md: &std::fs::Metadata, now: SystemTime, settle: Duration) -> 
     md.mtime() < limit && md.ctime() < limit
 }
 
-fn file_meta(
-    rel: &str,
-    md: &std::fs::Metadata,
-    now: SystemTime,
-    cache_control: Option<&HeaderValue>,
-) -> FileMeta {
+fn file_meta(rel: &str, md: &std::fs::Metadata, now: SystemTime, opts: &FileOptions) -> FileMeta {
     let len = md.len();
     // RFC 9110 §8.8.2.1: a Last-Modified later than the response's time is replaced by it.
     let now_secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -517,8 +541,15 @@ fn file_meta(
     headers.insert(header::ETAG, etag.clone());
     headers.insert(header::LAST_MODIFIED, last_modified.clone());
     headers.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
-    if let Some(cc) = cache_control {
+    if let Some(cc) = &opts.cache_control {
         headers.insert(header::CACHE_CONTROL, cc.clone());
+    }
+    let compressible =
+        opts.compress && len >= compress::MIN_LENGTH && compress::compressible(content_type);
+    if compressible {
+        // RFC 9110 §12.5.5: every response whose form depends on accept-encoding says so,
+        // the plain ones too, or a shared cache would hand a coded body to anyone.
+        headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
     }
     FileMeta {
         len,
@@ -527,6 +558,8 @@ fn file_meta(
         modified_secs,
         content_type,
         headers,
+        compressible,
+        variants: Variants::default(),
     }
 }
 
@@ -572,6 +605,7 @@ impl Entry {
         StaticFile {
             meta: self.meta.clone(),
             content: Content::Memory(self.body.clone()),
+            cached: true,
         }
     }
 }
@@ -656,14 +690,15 @@ impl Cache {
         }
     }
 
-    fn insert(&mut self, root: usize, key: &str, entry: Arc<Entry>) {
+    /// Caches `entry` under `key`; whether it did (not if larger than the whole budget).
+    fn insert(&mut self, root: usize, key: &str, entry: Arc<Entry>) -> bool {
         if root >= self.roots.len() {
-            return;
+            return false;
         }
         self.remove(root, key);
         let cost = entry.body.len() as u64 + key.len() as u64 + ENTRY_OVERHEAD;
         if cost > self.budget {
-            return;
+            return false;
         }
         self.evict_until_fits(cost);
         let generation = self.next_generation;
@@ -687,6 +722,21 @@ impl Cache {
             self.clock
                 .retain(|(r, k, g)| roots[*r].get(k).is_some_and(|s| s.generation == *g));
         }
+        true
+    }
+
+    /// Adds `bytes` to the cost of `key`'s entry if it still holds the version `meta`, then
+    /// evicts until the budget holds again (perhaps that entry itself).
+    fn charge(&mut self, root: usize, key: &str, meta: &Arc<FileMeta>, bytes: u64) {
+        let Some(slot) = self.roots.get_mut(root).and_then(|m| m.get_mut(key)) else {
+            return;
+        };
+        if !Arc::ptr_eq(&slot.entry.meta, meta) {
+            return;
+        }
+        slot.cost += bytes;
+        self.used += bytes;
+        self.evict_until_fits(0);
     }
 
     fn evict_until_fits(&mut self, cost: u64) {
@@ -980,6 +1030,8 @@ mod tests {
             modified_secs: 100_000_000,
             content_type: "text/plain",
             headers: HeaderMap::new(),
+            compressible: false,
+            variants: Variants::default(),
         }
     }
 

@@ -11,10 +11,12 @@
 //! * [`sites`]: the worker's sites ready to serve ([`sites::Router`]; one site alone:
 //!   [`sites::Site`]): which site a request belongs to (421 when its connection's certificate
 //!   is another site's) and which route answers it.
+//! * [`compress`]: response compression (gzip, brotli, zstd): negotiation, coders.
 //! * `rules`: header rules, HSTS, CORS and error pages around every response.
 //! * [`files`]: static files under a document root (openat2, cache, RFC 9110 validators).
 //! * [`proxy`]: the reverse proxy to an HTTP/1.1 upstream (`--upstream`), one exchange for
 //!   every transport.
+//! * [`limits`]: per-client limits before a route answers (`allow`/`deny`: 403, rates: 429).
 //! * [`access_log`]: one line per request, written off the request path.
 //! * [`stats`]: the server's counters, each declared once, and how they go into a `STATS`
 //!   report.
@@ -38,8 +40,10 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod access_log;
+pub mod compress;
 pub mod files;
 pub mod h3;
+pub mod limits;
 pub mod options;
 pub mod proxy;
 pub mod redirect;

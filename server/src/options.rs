@@ -27,8 +27,10 @@ pub struct Options {
     /// ringmux handed over (which carry ringmux's own --root).
     #[arg(long, value_name = "DIR", conflicts_with = "upstream")]
     pub root: Option<PathBuf>,
-    /// Reverse proxy of the command line's site: pass every request to this HTTP/1.1 service
-    /// (`http://HOST:PORT`), in place of the routes ringmux handed over. Not with --root.
+    /// Reverse proxy of the command line's site: pass every request to this HTTP service
+    /// (`http://HOST:PORT`, `h2c://HOST:PORT`), in place of the routes ringmux handed over.
+    /// Not with --root. A TLS one (`https://`, `h2://`) goes to ringmux's own --upstream, which
+    /// hands the roots it is verified against over: this program reads no file for them.
     #[arg(long, value_name = "URL", value_parser = upstream_url)]
     pub upstream: Option<UpstreamUrl>,
     /// How it serves: the options ringmux declares with it and passes on its command line.
@@ -174,7 +176,7 @@ mod tests {
             (&["--tcp-max-connections", "0"], "--tcp-max-connections"),
             (&["--tcp-idle-timeout", "0"], "--tcp-idle-timeout"),
             (&["--cache-control", " "], "--cache-control"),
-            (&["--upstream", "https://x:1"], "--upstream"),
+            (&["--upstream", "ftp://x:1"], "--upstream"),
             (&["--root", "/", "--upstream", "http://x:1"], "--root"),
         ] {
             let argv = std::iter::once(&"ringmux-worker").chain(args);

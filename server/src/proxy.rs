@@ -1,13 +1,15 @@
 //! The reverse proxy of the built-in worker (`ringmux --upstream http://HOST:PORT`): every
-//! request, over HTTP/3 or TCP, is passed to an HTTP/1.1 service, the way nginx's `proxy_pass`
-//! does. [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
+//! request, over HTTP/3 or TCP, is passed to an HTTP service, the way nginx's `proxy_pass`
+//! does: HTTP/1.1 or HTTP/2, in the clear or over TLS, as the upstream's URL says (`connect`
+//! makes the client). [`Upstream::exchange`] is the one path of both transports: it takes an `http` request
 //! whose body streams from the client and returns the upstream's response, whose body streams
 //! back ([`UpstreamBody`]); the HTTP/3 front (`h3::proxy`) drives it on an h3 request stream,
 //! the TCP front (`tcp`) hands it hyper's request and returns its response to hyper. This
 //! module knows neither transport.
 //!
 //! * One [`Upstream`] per worker holds hyper's client and its pool of keep-alive connections
-//!   (TCP_NODELAY), so requests reuse connections instead of opening one each.
+//!   (TCP_NODELAY), so requests reuse connections instead of opening one each; over HTTP/2,
+//!   one connection carries them all.
 //! * Bodies stream both ways: the request body is read from the client only as fast as the
 //!   upstream connection takes it, and the response body goes out frame by frame; neither is
 //!   held whole. Trailers pass in both directions where HTTP/1.1 allows: with chunked encoding,
@@ -29,6 +31,8 @@
 //! * A client that resets its stream, or stops reading, ends the upstream exchange: the hyper
 //!   request is dropped, which closes that upstream connection instead of returning it to the
 //!   pool.
+//! * Upgrades (WebSockets) are tunnels, the path of `tunnel` (`Upstream::tunnel` is what the
+//!   TCP front calls for a request that asks for one); `upgrade` is hop-by-hop everywhere else.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -41,25 +45,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderName};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::{Authority, PathAndQuery};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::{Body as _, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+pub use ringmux_proto::route::UpstreamTls;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
+
+pub mod pool;
+mod tunnel;
+pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};
+pub use tunnel::{TunnelEnd, TunnelOptions};
 
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Idle upstream connections kept per worker; more are closed when they go idle.
-const POOL_IDLE_MAX: usize = 256;
+mod connect;
 
-/// How long an idle upstream connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub use connect::ConnectError;
 
 pub(crate) type BoxError = Box<dyn StdError + Send + Sync>;
 
@@ -79,38 +84,44 @@ pub enum ErrorKind {
     Timeout,
     /// The upstream answered with something that is not a usable HTTP/1.1 response. 502.
     Protocol,
+    /// The TLS handshake with the upstream failed (an unknown CA, a certificate for another
+    /// name, …). 502, saying why.
+    Tls,
 }
 
 impl ErrorKind {
     /// Every kind, in the order of [`Upstream::errors`].
-    pub const ALL: [ErrorKind; 4] = [
+    pub const ALL: [ErrorKind; 5] = [
         ErrorKind::Connect,
         ErrorKind::Reset,
         ErrorKind::Timeout,
         ErrorKind::Protocol,
+        ErrorKind::Tls,
     ];
 
     /// The metric labels, in [`ErrorKind::ALL`] order.
-    pub const LABELS: [&'static str; Self::ALL.len()] = ["connect", "reset", "timeout", "protocol"];
+    pub const LABELS: [&'static str; Self::ALL.len()] =
+        ["connect", "reset", "timeout", "protocol", "tls"];
 
     /// The metric label.
     pub fn as_str(self) -> &'static str {
         Self::LABELS[self as usize]
     }
 
-    fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::BAD_GATEWAY,
         }
     }
 
-    fn body(self) -> &'static [u8] {
+    pub(crate) fn body(self) -> &'static [u8] {
         match self {
             ErrorKind::Connect => b"upstream refused the connection\n",
             ErrorKind::Reset => b"upstream closed the connection\n",
             ErrorKind::Timeout => b"upstream did not answer in time\n",
             ErrorKind::Protocol => b"upstream sent an invalid response\n",
+            ErrorKind::Tls => b"upstream TLS: the handshake with the upstream failed\n",
         }
     }
 }
@@ -120,7 +131,7 @@ impl ErrorKind {
 pub struct Upstream {
     authority: Authority,
     timeout: Duration,
-    client: Client<HttpConnector, ProxyBody>,
+    client: connect::Backend,
     errors: [AtomicU64; ErrorKind::ALL.len()],
     /// Per kind: a failure of that kind was logged and no request has succeeded since.
     failing: [AtomicBool; ErrorKind::ALL.len()],
@@ -163,24 +174,21 @@ pub struct UpstreamError {
 }
 
 impl Upstream {
-    /// A client for `url`. Every request waits at most `timeout` for the response head, and at
-    /// most `timeout` between two frames of the response body. Needs a tokio runtime only when
-    /// requests are made.
-    pub fn new(url: &UpstreamUrl, timeout: Duration) -> Upstream {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(POOL_IDLE_MAX)
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
-        Upstream {
+    /// A client for `url`, verified as `tls` says over TLS. Every request waits at most
+    /// `timeout` for the response head, and at most `timeout` between two frames of the
+    /// response body. Needs a tokio runtime only when requests are made.
+    pub fn new(
+        url: &UpstreamUrl,
+        tls: &UpstreamTls,
+        timeout: Duration,
+    ) -> Result<Upstream, ConnectError> {
+        Ok(Upstream {
             authority: url.authority.clone(),
             timeout,
-            client,
+            client: connect::Backend::new(url, tls, timeout)?,
             errors: Default::default(),
             failing: Default::default(),
-        }
+        })
     }
 
     /// The upstream's `HOST:PORT`.
@@ -204,36 +212,67 @@ impl Upstream {
         remote: SocketAddr,
         early: bool,
     ) -> Exchange {
+        match self.attempt(request, remote, early).await {
+            Ok(exchange) => exchange,
+            Err(kind) => Exchange::Reply(kind.status(), kind.body()),
+        }
+    }
+
+    /// [`Upstream::exchange`], but a failure of the upstream (counted already) is returned as
+    /// its kind, for [`pool::Pool`] to decide whether another backend may take the request.
+    pub(crate) async fn attempt(
+        self: &Arc<Self>,
+        request: Request<ProxyBody>,
+        remote: SocketAddr,
+        early: bool,
+    ) -> Result<Exchange, ErrorKind> {
         if request.method() == Method::CONNECT {
             // No tunnels: the upstream speaks plain HTTP/1.1 requests only.
-            return Exchange::Reply(StatusCode::NOT_IMPLEMENTED, b"CONNECT is not supported\n");
+            return Ok(Exchange::Reply(
+                StatusCode::NOT_IMPLEMENTED,
+                b"CONNECT is not supported\n",
+            ));
         }
         let request = self.upstream_request(request, remote, early);
         let response = match tokio::time::timeout(self.timeout, self.client.request(request)).await
         {
-            Err(_) => return self.fail(ErrorKind::Timeout, &"no response head"),
+            Err(_) => return Err(self.fail(ErrorKind::Timeout, &"no response head")),
             Ok(Err(e)) => {
                 if let Some(gone) = find::<ClientGone>(&e) {
                     debug!(error = %gone, "client went away while its request body was sent upstream");
-                    return Exchange::ClientGone;
+                    return Ok(Exchange::ClientGone);
                 }
                 if find::<hyper::Error>(&e).is_some_and(|h| h.is_user()) {
                     // Our side of the exchange: a request body shorter or longer than the
                     // client's own content-length, say. Not the upstream's failure.
                     debug!(error = %e, "request refused by the HTTP/1.1 client");
-                    return Exchange::Reply(StatusCode::BAD_REQUEST, b"bad request body\n");
+                    return Ok(Exchange::Reply(
+                        StatusCode::BAD_REQUEST,
+                        b"bad request body\n",
+                    ));
                 }
-                return self.fail(classify(&e), &e);
+                if let Some(why) = connect::tls_refusal(&e) {
+                    // Answered with its reason rather than retried on another backend: a
+                    // certificate the route's settings refuse is the operator's to fix.
+                    self.count(ErrorKind::Tls, &e);
+                    return Ok(Exchange::Reply(StatusCode::BAD_GATEWAY, why));
+                }
+                return Err(self.fail(classify(&e), &e));
             }
             Ok(Ok(r)) => r,
         };
         if response.status().is_informational() {
             // hyper consumes 100 Continue itself; anything else (101) needs an upgrade we never
-            // asked for.
+            // asked for (the upgrades asked for take `tunnel`'s path).
             let e = format!("status {} as the final response", response.status());
-            return self.fail(ErrorKind::Protocol, &e);
+            return Err(self.fail(ErrorKind::Protocol, &e));
         }
         self.recovered();
+        Ok(self.response(response))
+    }
+
+    /// The upstream's final `response` as the client gets it.
+    fn response(self: &Arc<Self>, response: Response<hyper::body::Incoming>) -> Exchange {
         let (mut parts, body) = response.into_parts();
         strip_hop_by_hop(&mut parts.headers);
         let body = UpstreamBody {
@@ -241,6 +280,7 @@ impl Upstream {
             upstream: self.clone(),
             stall: Box::pin(tokio::time::sleep(self.timeout)),
             done: false,
+            guard: None,
         };
         Exchange::Response(Response::from_parts(parts, body))
     }
@@ -260,13 +300,13 @@ impl Upstream {
             .cloned()
             .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut uri = http::uri::Parts::default();
-        uri.scheme = Some(Scheme::HTTP);
+        uri.scheme = Some(self.client.uri_scheme());
         uri.authority = Some(self.authority.clone());
         uri.path_and_query = Some(path);
         // Scheme, authority and path were each parsed already, so the URI is valid; the
         // fallback only keeps this free of panics.
         parts.uri = Uri::from_parts(uri).unwrap_or_else(|_| Uri::from_static("/"));
-        parts.version = http::Version::HTTP_11;
+        parts.version = self.client.version();
         let h = &mut parts.headers;
         strip_hop_by_hop(h);
         for name in [
@@ -281,6 +321,11 @@ impl Upstream {
         // `expect: 100-continue` would make hyper wait for a 100 the client cannot use here.
         h.remove(header::EXPECT);
         add_forwarded(h, remote, authority.as_deref());
+        if parts.version == http::Version::HTTP_2 {
+            // `:authority` is the upstream URL's, and a `host` that differs from it may be
+            // refused as malformed (RFC 9113 §8.3.1): the client's is in `x-forwarded-host`.
+            h.remove(header::HOST);
+        }
         if early {
             h.insert("early-data", HeaderValue::from_static("1"));
         }
@@ -303,9 +348,15 @@ impl Upstream {
         Request::from_parts(parts, body)
     }
 
-    /// Counts a failure of `kind` and answers with its 502/504.
-    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
+    /// Counts a failure of `kind`.
+    fn fail(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> ErrorKind {
         self.count(kind, e);
+        kind
+    }
+
+    /// [`Upstream::fail`], answered to the client at once (a tunnel is never retried).
+    fn fail_reply(&self, kind: ErrorKind, e: &dyn std::fmt::Display) -> Exchange {
+        let kind = self.fail(kind, e);
         Exchange::Reply(kind.status(), kind.body())
     }
 
@@ -345,11 +396,15 @@ pub struct UpstreamBody {
     upstream: Arc<Upstream>,
     stall: Pin<Box<tokio::time::Sleep>>,
     done: bool,
+    /// Kept until the body ends, then dropped: the pool's count of the request in flight at
+    /// its backend.
+    pub(crate) guard: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl UpstreamBody {
     fn failed(&mut self, kind: ErrorKind, message: String) -> UpstreamError {
         self.done = true;
+        self.guard = None;
         self.upstream.count(kind, &message);
         UpstreamError { kind, message }
     }
@@ -370,6 +425,7 @@ impl http_body::Body for UpstreamBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
                 this.done = true;
+                this.guard = None;
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => {

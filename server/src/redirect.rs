@@ -169,7 +169,9 @@ mod tests {
                 acme: false,
                 routes: Vec::new(),
                 redirect_names: Vec::new(),
+                compress: None,
                 rules: Default::default(),
+                limits: Default::default(),
             })
             .collect();
         let table = SiteTable {

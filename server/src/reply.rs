@@ -13,6 +13,8 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use tracing::warn;
 
+use crate::compress::{coded_stream, ChunkStream};
+use crate::files::{coded_file, Form};
 use crate::files::{evaluate, Content, Decision, DocRoot, Lookup, StaticFile};
 use crate::request::clean_path;
 
@@ -53,6 +55,9 @@ pub(crate) enum Body {
         offset: u64,
         len: u64,
     },
+    /// Chunks of a length known only at their end (a body coded on the fly); never empty
+    /// chunks. A reply with one has no `content-length`.
+    Stream(ChunkStream),
 }
 
 impl Body {
@@ -63,6 +68,59 @@ impl Body {
             Body::Text(s) => s.len() as u64,
             Body::Memory(b) => b.len() as u64,
             Body::Pattern(n) | Body::File { len: n, .. } => *n,
+            // Not known before the end; such a reply is never built with a content-length.
+            Body::Stream(_) => 0,
+        }
+    }
+
+    /// The body as a stream of chunks (for coding it on the fly).
+    fn into_stream(self) -> ChunkStream {
+        use futures_util::stream;
+        let one =
+            |b: Bytes| -> ChunkStream { Box::pin(stream::iter((!b.is_empty()).then_some(Ok(b)))) };
+        match self {
+            Body::Empty => one(Bytes::new()),
+            Body::Static(b) => one(Bytes::from_static(b)),
+            Body::Text(s) => one(Bytes::from(s)),
+            Body::Memory(b) => one(b),
+            Body::Pattern(len) => Box::pin(stream::unfold(0u64, move |sent| async move {
+                if sent >= len {
+                    return None;
+                }
+                let n = (len - sent).min(CHUNK as u64) as usize;
+                let mut chunk = vec![0; n];
+                fill_pattern(sent, &mut chunk);
+                Some((Ok(Bytes::from(chunk)), sent + n as u64))
+            })),
+            Body::File {
+                root,
+                file,
+                offset,
+                len,
+            } => Box::pin(stream::unfold(0u64, move |sent| {
+                let (root, file) = (root.clone(), file.clone());
+                async move {
+                    if sent >= len {
+                        return None;
+                    }
+                    let want = (len - sent).min(CHUNK as u64) as usize;
+                    match root.read_chunk(&file, offset + sent, want).await {
+                        Ok(chunk) if chunk.is_empty() => Some((
+                            Err(std::io::Error::new(
+                                std::io::ErrorKind::UnexpectedEof,
+                                format!("file changed size while sending ({sent} of {len} bytes)"),
+                            )),
+                            len,
+                        )),
+                        Ok(chunk) => {
+                            let n = chunk.len() as u64;
+                            Some((Ok(chunk), sent + n))
+                        }
+                        Err(e) => Some((Err(e), len)),
+                    }
+                }
+            })),
+            Body::Stream(s) => s,
         }
     }
 }
@@ -205,7 +263,23 @@ async fn file_reply(
         Cow::Owned(format!("{rel}/index.html"))
     };
     match root.lookup(&rel).await {
-        Ok(Lookup::File(file)) => Some(serve_file(root, method, headers, file)),
+        Ok(Lookup::File(file)) => Some(match coded_file(root, &rel, file, method, headers).await {
+            Form::Plain(file) | Form::Coded(file) => serve_file(root, method, headers, file),
+            Form::OnTheFly { file, meta, coding } => {
+                // The coded form's validators and fields, the plain file's bytes coded as they go.
+                let coded = StaticFile {
+                    meta,
+                    content: file.content,
+                    cached: file.cached,
+                };
+                let mut reply = serve_file(root, method, headers, coded);
+                if reply.status == StatusCode::OK {
+                    let plain = std::mem::replace(&mut reply.body, Body::Empty);
+                    reply.body = Body::Stream(coded_stream(coding, plain.into_stream()));
+                }
+                reply
+            }
+        }),
         Ok(Lookup::Directory) if !dir_request => {
             // Like nginx and Caddy: relative links in the index page need the trailing slash.
             let Ok(location) = HeaderValue::from_str(&format!("{path}/")) else {
@@ -233,7 +307,12 @@ fn serve_file(root: &DocRoot, method: &Method, headers: &HeaderMap, file: Static
     // Everything but a whole file gets the validators and Cache-Control only.
     let validators = || {
         let mut h = HeaderMap::with_capacity(6);
-        for name in [header::ETAG, header::LAST_MODIFIED, header::CACHE_CONTROL] {
+        for name in [
+            header::ETAG,
+            header::LAST_MODIFIED,
+            header::CACHE_CONTROL,
+            header::VARY,
+        ] {
             if let Some(v) = meta.headers.get(&name) {
                 h.insert(name, v.clone());
             }

@@ -68,6 +68,8 @@ pub enum ServerError {
     },
     #[error("the sink")]
     Sink(#[source] io::Error),
+    #[error("the rate tables the demux handed over")]
+    RateTables(#[from] ringmux_worker::rate_tables::RateTablesError),
 }
 
 impl Server {
@@ -191,6 +193,7 @@ fn routes(
         files: options.file_options(),
         upstream_timeout: options.upstream_timeout(),
         access_log,
+        rate_tables: ringmux_worker::rate_tables::inherited()?.map(Arc::new),
     };
     Ok(Router::new(&table, &opts)?)
 }
@@ -219,6 +222,10 @@ fn tcp_fronts(
         idle_timeout: options.tcp_idle_timeout(),
         accepting: Some(Arc::new(worker.accepting())),
         acme: worker.acme_answers().clone(),
+        tunnels: Arc::new(crate::proxy::TunnelOptions::new(
+            options.serve.max_tunnels as usize,
+            std::time::Duration::from_secs(options.serve.tunnel_idle),
+        )),
         ..TcpOptions::default()
     };
     let registered = |what, listener| {

@@ -18,8 +18,8 @@
 //! This module decides; it never reads a request body nor writes a response (the transports do).
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -32,10 +32,13 @@ use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
-use crate::proxy::{ErrorKind, Upstream};
+use crate::limits::{Gate, GateMaker, Gates, Refusal};
+use crate::proxy::pool::{Backend, Pool};
+use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
 use crate::request::authority_of;
 use crate::rules::{Applied, RouteRules, SiteRules};
+use ringmux_ring::tally::Tallies;
 
 /// The label of the site the command line makes (`ringmux_proto::sites::Site::label`).
 pub const COMMAND_LINE_LABEL: &str = "default";
@@ -54,6 +57,8 @@ pub struct RouterOptions {
     pub upstream_timeout: Duration,
     /// One line per request (`--access-log`).
     pub access_log: Option<Arc<AccessLog>>,
+    /// The rate tables the demux handed over (`ringmux_worker::rate_tables`), if any.
+    pub rate_tables: Option<Arc<Tallies>>,
 }
 
 impl Default for RouterOptions {
@@ -63,6 +68,7 @@ impl Default for RouterOptions {
             files: FileOptions::default(),
             upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
             access_log: None,
+            rate_tables: None,
         }
     }
 }
@@ -75,6 +81,12 @@ pub enum RouterError {
         site: String,
         route: String,
         error: RootError,
+    },
+    #[error("site {site:?}, route {route:?}: upstream {error}")]
+    Upstream {
+        site: String,
+        route: String,
+        error: Box<ConnectError>,
     },
     #[error("site {site:?}, route {route:?}: {what}")]
     Action {
@@ -97,12 +109,16 @@ struct Inner {
     access_log: Option<Arc<AccessLog>>,
     /// Every distinct upstream, for its error counters.
     upstreams: Vec<Arc<Upstream>>,
+    /// Every distinct backend, for its series.
+    backends: Vec<Arc<Backend>>,
     /// Every distinct document root.
     roots: Vec<DocRoot>,
     /// Whether the access log names the site (see [`crate::access_log::Entry::site`]): not when
     /// the command line's site is the only one.
     log_sites: bool,
     no_site: Arc<str>,
+    /// Per-client limits' counters (`crate::limits`).
+    gates: Gates,
 }
 
 impl std::fmt::Debug for Router {
@@ -126,6 +142,8 @@ struct Served {
     redirect_names: Vec<String>,
     /// Its header rules, HSTS, CORS and error pages.
     rules: SiteRules,
+    /// Its limits, for a request no route takes.
+    gate: Option<Gate>,
 }
 
 /// A route with what it does, opened.
@@ -134,6 +152,8 @@ struct Routed {
     handler: Handler,
     /// Its header rules and fallback.
     rules: RouteRules,
+    /// Its limits over its site's.
+    gate: Option<Gate>,
 }
 
 /// What a route does, with its root opened or its upstream made.
@@ -141,8 +161,10 @@ enum Handler {
     Files(DocRoot),
     Builtin(Option<DocRoot>),
     Upstream {
-        upstream: Arc<Upstream>,
+        upstream: Arc<Pool>,
         strip_prefix: bool,
+        /// Text responses are coded for clients that accept it (`crate::compress`).
+        compress: bool,
     },
     Redirect {
         to: String,
@@ -162,24 +184,50 @@ enum Handler {
 struct Opener<'o> {
     opts: &'o RouterOptions,
     cache: FileCache,
-    roots: HashMap<PathBuf, DocRoot>,
-    upstreams: HashMap<String, Arc<Upstream>>,
+    /// By path and whether the route compresses.
+    roots: HashMap<(PathBuf, bool), DocRoot>,
+    upstreams: HashMap<(UpstreamUrl, UpstreamTls), Arc<Backend>>,
+}
+
+/// Why a route's handler cannot be made: its root, on disk, or its upstream's TLS settings.
+#[derive(Debug, thiserror::Error)]
+enum OpenError {
+    #[error(transparent)]
+    Root(#[from] RootError),
+    #[error(transparent)]
+    Upstream(#[from] Box<ConnectError>),
 }
 
 impl Opener<'_> {
     /// The handler of `action`, one arm per kind. Every value was checked when the table was
-    /// read (`ringmux_proto::route`); only a root can fail here, on disk.
-    fn handler(&mut self, action: &Action) -> Result<Handler, RootError> {
+    /// read (`ringmux_proto::route`); only a root can fail here, on disk, or an upstream's
+    /// certificates. `compress`: the route's and its site's `compress` (on unless one says
+    /// false).
+    fn handler(&mut self, action: &Action, compress: bool) -> Result<Handler, OpenError> {
         Ok(match action {
-            Action::Files { root } => Handler::Files(self.root(root)?),
+            Action::Files { root } => Handler::Files(self.root(root, compress)?),
             Action::Builtin { root } => Handler::Builtin(match root {
-                Some(root) => Some(self.root(root)?),
+                Some(root) => Some(self.root(root, compress)?),
                 None => None,
             }),
-            Action::Upstream { url, strip_prefix } => Handler::Upstream {
-                upstream: self.upstream(url),
-                strip_prefix: *strip_prefix,
-            },
+            Action::Upstream {
+                url,
+                strip_prefix,
+                balancing,
+                max_body,
+                tls,
+            } => {
+                let backends = url
+                    .urls()
+                    .iter()
+                    .map(|u| self.upstream(u, tls))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Handler::Upstream {
+                    upstream: Arc::new(Pool::new(backends, *balancing, *max_body)),
+                    strip_prefix: *strip_prefix,
+                    compress,
+                }
+            }
             Action::Redirect { to, status } => Handler::Redirect {
                 to: to.as_str().to_owned(),
                 status: status_code(status.get()),
@@ -210,21 +258,36 @@ impl Opener<'_> {
         })
     }
 
-    fn root(&mut self, path: &PathBuf) -> Result<DocRoot, RootError> {
-        if let Some(root) = self.roots.get(path) {
+    fn root(&mut self, path: &Path, compress: bool) -> Result<DocRoot, RootError> {
+        let compress = compress && self.opts.files.compress;
+        let key = (path.to_path_buf(), compress);
+        if let Some(root) = self.roots.get(&key) {
             return Ok(root.clone());
         }
-        let root = DocRoot::open_with_cache(path, self.opts.files.clone(), &self.cache)?;
-        self.roots.insert(path.clone(), root.clone());
+        let opts = FileOptions {
+            compress,
+            ..self.opts.files.clone()
+        };
+        let root = DocRoot::open_with_cache(path, opts, &self.cache)?;
+        self.roots.insert(key, root.clone());
         Ok(root)
     }
 
-    fn upstream(&mut self, url: &UpstreamUrl) -> Arc<Upstream> {
-        let timeout = self.opts.upstream_timeout;
-        self.upstreams
-            .entry(url.to_string())
-            .or_insert_with(|| Arc::new(Upstream::new(url, timeout)))
-            .clone()
+    /// One client per URL and TLS settings: routes that name the same backend alike share
+    /// its connections (and its health).
+    fn upstream(
+        &mut self,
+        url: &UpstreamUrl,
+        tls: &UpstreamTls,
+    ) -> Result<Arc<Backend>, OpenError> {
+        let key = (url.clone(), tls.clone());
+        if let Some(u) = self.upstreams.get(&key) {
+            return Ok(u.clone());
+        }
+        let made = Upstream::new(url, tls, self.opts.upstream_timeout).map_err(Box::new)?;
+        let backend = Arc::new(Backend::new(Arc::new(made)));
+        self.upstreams.insert(key, backend.clone());
+        Ok(backend)
     }
 }
 
@@ -264,8 +327,10 @@ pub(crate) enum Target<'a> {
     Local(Local<'a>),
     /// Passed to the upstream, with this path and query instead of the request's when set.
     Proxy {
-        upstream: &'a Arc<Upstream>,
+        upstream: &'a Arc<Pool>,
         path: Option<PathAndQuery>,
+        /// The route codes text responses (`crate::compress::ProxyCoding`).
+        compress: bool,
     },
 }
 
@@ -337,8 +402,10 @@ impl Router {
             roots: HashMap::new(),
             upstreams: HashMap::new(),
         };
+        let mut gates = GateMaker::new(table);
         let mut sites = Vec::with_capacity(table.sites.len());
         for site in &table.sites {
+            let site_share = gates.site_share(&site.limits);
             let mut routes = Vec::with_capacity(site.routes.len());
             for route in &site.routes {
                 let handler = route
@@ -349,18 +416,22 @@ impl Router {
                         what: e.to_string(),
                     })
                     .and_then(|()| {
-                        opener
-                            .handler(&route.action)
-                            .map_err(|error| RouterError::Root {
-                                site: site.label.clone(),
-                                route: route.path.clone(),
-                                error,
-                            })
+                        let compress = route.compress.or(site.compress).unwrap_or(true);
+                        opener.handler(&route.action, compress).map_err(|e| {
+                            let (site, route) = (site.label.clone(), route.path.clone());
+                            match e {
+                                OpenError::Root(error) => RouterError::Root { site, route, error },
+                                OpenError::Upstream(error) => {
+                                    RouterError::Upstream { site, route, error }
+                                }
+                            }
+                        })
                     })?;
                 routes.push(Routed {
                     prefix: route.path.clone(),
                     handler,
                     rules: RouteRules::new(&route.rules),
+                    gate: gates.gate(&route.limits, &site.limits, site_share),
                 });
             }
             sites.push(Served {
@@ -371,6 +442,7 @@ impl Router {
                     .flatten(),
                 redirect_names: site.redirect_names.clone(),
                 rules: SiteRules::new(&site.rules),
+                gate: gates.gate(&Default::default(), &site.limits, site_share),
             });
         }
         let (roots, upstreams) = (opener.roots, opener.upstreams);
@@ -381,10 +453,12 @@ impl Router {
                 index: SiteIndex::new(table),
                 max_bytes: opts.max_bytes,
                 access_log: opts.access_log.clone(),
-                upstreams: upstreams.into_values().collect(),
+                upstreams: upstreams.values().map(|b| b.upstream().clone()).collect(),
+                backends: upstreams.into_values().collect(),
                 roots: roots.into_values().collect(),
                 log_sites,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::new(opts.rate_tables.clone(), gates.rated()),
             }),
         })
     }
@@ -465,6 +539,11 @@ impl Router {
         sum
     }
 
+    /// Puts every backend's series in `r` ([`crate::proxy::pool::report`]).
+    pub fn report_backends(&self, r: &mut ringmux_proto::WorkerReport) {
+        crate::proxy::pool::report(self.inner.backends.iter(), r);
+    }
+
     /// Whether any route proxies.
     pub fn proxies(&self) -> bool {
         !self.inner.upstreams.is_empty()
@@ -502,6 +581,44 @@ impl Router {
             Some(s) => s.label.clone(),
             None => self.inner.no_site.clone(),
         })
+    }
+
+    /// What a `method` request for `uri` with `headers` from `client` gets, its site chosen as
+    /// `choice`: refused by its route's limits (`crate::limits`), else [`Router::target`];
+    /// with the rules its response goes through either way.
+    pub(crate) fn target_for<'r: 'a, 'a>(
+        &'r self,
+        choice: Choice,
+        method: &Method,
+        headers: &HeaderMap,
+        uri: &'a Uri,
+        client: IpAddr,
+    ) -> (Target<'a>, Applied<'r>) {
+        let refused = self.refusal(choice, uri, client);
+        let (target, rules) = self.target(choice, method, headers, uri);
+        match refused {
+            Some(refused) => (Target::reply(refused), rules),
+            None => (target, rules),
+        }
+    }
+
+    /// The refusal of a request for `uri` from `client` by the limits of its route (of its
+    /// site, when no route takes it), if any.
+    fn refusal(&self, choice: Choice, uri: &Uri, client: IpAddr) -> Option<Reply> {
+        let Choice::Site(site) = choice else {
+            return None;
+        };
+        let served = self.inner.sites.get(site)?;
+        let gate = match served.route(uri.path()) {
+            Ok(Some((routed, _))) => routed.gate.as_ref(),
+            Ok(None) | Err(AmbiguousPath) => served.gate.as_ref(),
+        }?;
+        self.inner.gates.check(gate, client)
+    }
+
+    /// Requests refused by limits, in [`Refusal::ALL`] order.
+    pub fn refused(&self) -> [u64; Refusal::ALL.len()] {
+        self.inner.gates.refused()
     }
 
     /// What a `method` request for `uri` with `headers` gets, its site chosen as `choice`, and
@@ -568,9 +685,11 @@ impl Router {
             Handler::Upstream {
                 upstream,
                 strip_prefix,
+                compress,
             } => Target::Proxy {
                 upstream,
                 path: strip_prefix.then(|| stripped(rest, uri.query())).flatten(),
+                compress: *compress,
             },
             Handler::Redirect { to, status } => Target::reply(redirect(to, *status, uri)),
             Handler::Respond {
@@ -789,19 +908,18 @@ pub fn with_command_line(
     upstream: Option<&UpstreamUrl>,
 ) -> SiteTable {
     let action = match (upstream, root) {
-        (Some(url), _) => Action::Upstream {
-            url: url.clone(),
-            strip_prefix: false,
-        },
+        (Some(url), _) => Action::upstream(url.clone(), false),
         (None, Some(root)) => Action::Builtin {
             root: Some(root.to_path_buf()),
         },
         (None, None) => return table,
     };
     let routes = vec![Route {
+        compress: None,
         path: "/".into(),
         action,
         rules: Default::default(),
+        limits: Default::default(),
     }];
     match table.sites.iter_mut().position(|s| s.names.is_empty()) {
         Some(i) => table.sites[i].routes = routes,
@@ -818,9 +936,11 @@ pub fn with_command_line(
 pub fn command_line_table() -> SiteTable {
     SiteTable {
         sites: vec![command_line_site(vec![Route {
+            compress: None,
             path: "/".into(),
             action: Action::Builtin { root: None },
             rules: Default::default(),
+            limits: Default::default(),
         }])],
         default_site: Some(0),
     }
@@ -836,7 +956,9 @@ fn command_line_site(routes: Vec<Route>) -> table::Site {
         acme: false,
         routes,
         redirect_names: Vec::new(),
+        compress: None,
         rules: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -975,10 +1097,19 @@ impl Default for Site {
 /// (files from its root, then the built-ins) or its upstream.
 impl From<&Site> for Router {
     fn from(site: &Site) -> Router {
-        let handler = match &site.upstream {
-            Some(upstream) => Handler::Upstream {
-                upstream: upstream.clone(),
+        let backend = site
+            .upstream
+            .as_ref()
+            .map(|u| Arc::new(Backend::new(u.clone())));
+        let handler = match &backend {
+            Some(backend) => Handler::Upstream {
+                upstream: Arc::new(Pool::new(
+                    vec![backend.clone()],
+                    Default::default(),
+                    Default::default(),
+                )),
                 strip_prefix: false,
+                compress: true,
             },
             None => Handler::Builtin(site.root.clone()),
         };
@@ -990,18 +1121,22 @@ impl From<&Site> for Router {
                         prefix: "/".into(),
                         handler,
                         rules: RouteRules::default(),
+                        gate: None,
                     }],
                     home: None,
                     redirect_names: Vec::new(),
                     rules: Default::default(),
+                    gate: None,
                 }],
                 index: SiteIndex::new(&command_line_table()),
                 max_bytes: site.max_bytes,
                 access_log: site.access_log.clone(),
                 upstreams: site.upstream.iter().cloned().collect(),
+                backends: backend.into_iter().collect(),
                 roots: site.root.iter().cloned().collect(),
                 log_sites: false,
                 no_site: Arc::from(NO_SITE),
+                gates: Gates::default(),
             }),
         }
     }
@@ -1025,9 +1160,11 @@ mod tests {
 
     fn route(path: &str, action: Action) -> Route {
         Route {
+            compress: None,
             path: path.into(),
             action,
             rules: Default::default(),
+            limits: Default::default(),
         }
     }
 
@@ -1040,10 +1177,7 @@ mod tests {
     }
 
     fn upstream(url: &str, strip_prefix: bool) -> Action {
-        Action::Upstream {
-            url: url.parse().unwrap(),
-            strip_prefix,
-        }
+        Action::upstream(url.parse().unwrap(), strip_prefix)
     }
 
     fn redirect(to: &str, status: u16) -> Action {
@@ -1061,8 +1195,10 @@ mod tests {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             rules: Default::default(),
             routes,
+            limits: Default::default(),
         }
     }
 
@@ -1105,9 +1241,9 @@ mod tests {
     fn at(r: &Router, method: Method, path: &str) -> String {
         let u = uri(path);
         match r.target(Choice::Site(0), &method, &HeaderMap::new(), &u).0 {
-            Target::Proxy { upstream, path } => format!(
+            Target::Proxy { upstream, path, .. } => format!(
                 "proxy {} {}",
-                upstream.authority(),
+                upstream.first().authority(),
                 path.as_ref().map_or("-", |p| p.as_str())
             ),
             Target::Local(Local::Reply(reply)) => {

@@ -16,7 +16,8 @@ use http::StatusCode;
 use ringmux_proto::WorkerReport;
 
 use crate::access_log::AccessLog;
-use crate::proxy::ErrorKind as ProxyErrorKind;
+use crate::limits::Refusal;
+use crate::proxy::{ErrorKind as ProxyErrorKind, TunnelCounters, TunnelEnd};
 use crate::sites::{Router, SiteStats};
 
 /// Where a counter goes in a `STATS` report.
@@ -233,11 +234,24 @@ server_counters! {
             help "HTTP/3 handshakes refused for their server name (no site has it, or none was sent, and there is no default site): the TLS alert unrecognized_name; not counted in `connections_failed`";
         tcp_errors[TcpErrorKind]: counter("tcp_errors", "kind" by TcpErrorKind),
             help "TCP connections refused or ended for bad input or overload, or closed idle, by `TcpErrorKind`";
+        tunnels_opened: counter("tunnels_opened"),
+            help "Reverse proxy: tunnels (WebSockets, HTTP/1.1 upgrades) whose both sides switched protocols";
+        tunnels_closed[TunnelEnd]: counter("tunnels_closed", "how" by TunnelEnd),
+            help "Reverse proxy: tunnels ended, by `TunnelEnd` (those that never opened too)";
+        tunnels_refused: counter("tunnels_refused"),
+            help "Reverse proxy: tunnels refused with 503, the worker at `--max-tunnels`";
+        tunnel_bytes_up: counter("tunnel_bytes", "direction" = "up"),
+            help "Reverse proxy: tunnel bytes from clients to upstreams";
+        tunnel_bytes_down: counter("tunnel_bytes", "direction" = "down"),
+            help "Reverse proxy: tunnel bytes from upstreams to clients";
     }
     elsewhere {
         upstream_errors: counter("upstream_errors", "kind" by ProxyErrorKind),
             help "Reverse proxy: upstream failures by kind, over every upstream",
             from |r: &Reporting, i| r.router.upstream_errors().get(i).copied().unwrap_or(0);
+        requests_refused: counter("requests_refused", "reason" by Refusal),
+            help "Requests refused by a site's or route's limits before their route answered: `denied` (403, `allow`/`deny`), `rate` (429, over `rate`)",
+            from |r: &Reporting, i| r.router.refused().get(i).copied().unwrap_or(0);
         access_log_lines: counter("access_log_lines"),
             help "Access-log lines written",
             from |r: &Reporting, _| r.access_log.as_ref().map_or(0, |l| l.written());
@@ -276,6 +290,7 @@ impl Reporting {
                 }
             }
         }
+        self.router.report_backends(r);
         for (site, row) in (0u32..).zip(self.stats.sites.snapshot()) {
             let row = row.report_row();
             if row.iter().any(|v| *v != 0) {
@@ -318,6 +333,29 @@ impl ServerStats {
             _ => return,
         };
         c.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl TunnelCounters for ServerStats {
+    fn opened(&self) {
+        self.tunnels_opened.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn refused(&self) {
+        self.tunnels_refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn closed(&self, how: TunnelEnd) {
+        self.tunnels_closed[how as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn moved(&self, up: bool, n: u64) {
+        let c = if up {
+            &self.tunnel_bytes_up
+        } else {
+            &self.tunnel_bytes_down
+        };
+        c.fetch_add(n, Ordering::Relaxed);
     }
 }
 

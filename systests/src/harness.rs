@@ -835,8 +835,16 @@ pub struct PyUpstream {
 impl PyUpstream {
     /// Starts it and waits (bounded) for its "listening PORT" line.
     pub fn start() -> PyUpstream {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../test-tools/python/http1_upstream.py");
+        PyUpstream::start_script("http1_upstream.py")
+    }
+
+    /// Starts `test-tools/python/SCRIPT`, which says "listening PORT" as `http1_upstream.py`
+    /// does (`ws_upstream.py`, say), and waits (bounded) for that line.
+    pub fn start_script(script: &str) -> PyUpstream {
+        let name = script;
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../test-tools/python")
+            .join(name);
         let mut child = Command::new("python3")
             .arg(&script)
             .arg("0")
@@ -853,12 +861,12 @@ impl PyUpstream {
         });
         let line = rx
             .recv_timeout(Duration::from_secs(30))
-            .expect("http1_upstream.py did not say where it listens within 30 s");
+            .unwrap_or_else(|_| panic!("{name} did not say where it listens within 30 s"));
         let port: u16 = line
             .trim()
             .strip_prefix("listening ")
             .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("http1_upstream.py said {line:?}"));
+            .unwrap_or_else(|| panic!("{name} said {line:?}"));
         PyUpstream {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             child,

@@ -9,6 +9,9 @@ once it accepts connections. Runs until killed. Paths (the same as ringmux_testk
     GET /hello             "hello from upstream (python)\n"
     GET /bytes/N           N bytes, byte i = i % 251, with content-length
     GET /headers           "METHOD PATH\n" then "name: value\n" per request header
+    GET /text/N[?ce=C][&cc=V]  N bytes of text/html, "<p>line I of the upstream's text</p>\n"
+                           for I = 0, 1, ... cut at N; with content-encoding: C and
+                           cache-control: V when given (the body stays that text)
     POST|PUT /sha256       "METHOD LEN SHA256HEX\n" of the request body (content-length or chunked)
 """
 
@@ -44,6 +47,8 @@ class Handler(BaseHTTPRequestHandler):
             lines = [f"{self.command} {self.path}"]
             lines += [f"{k.lower()}: {v}" for k, v in self.headers.items()]
             return self.reply(200, ("\n".join(lines) + "\n").encode())
+        if self.path.startswith("/text/"):
+            return self.text()
         if self.path.startswith("/bytes/"):
             try:
                 n = int(self.path[len("/bytes/"):])
@@ -63,6 +68,30 @@ class Handler(BaseHTTPRequestHandler):
                 sent += k
             return
         self.reply(404, b"not found\n")
+
+    def text(self):
+        path, _, query = self.path.partition("?")
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        try:
+            n = int(path[len("/text/"):])
+        except ValueError:
+            return self.reply(400, b"bad length\n")
+        body = bytearray()
+        i = 0
+        while len(body) < n:
+            body += b"<p>line %d of the upstream's text</p>\n" % i
+            i += 1
+        body = bytes(body[:n])
+        self.send_response(200)
+        self.send_header("content-type", "text/html; charset=utf-8")
+        self.send_header("content-length", str(n))
+        if "ce" in params:
+            self.send_header("content-encoding", params["ce"])
+        if "cc" in params:
+            self.send_header("cache-control", params["cc"])
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def body_chunks(self):
         if self.headers.get("transfer-encoding", "").lower() == "chunked":

@@ -22,8 +22,8 @@ data), requests (each --request in turn on one connection).
 A --path of "paths" may be https://HOST/PATH: that request's :authority is HOST.
 A --request SPEC is "METHOD|PATH|name:value|name:value...": in header values, $ETAG and
 $LAST_MODIFIED stand for the etag and last-modified of the first response. For each, an entry
-of "responses" holds string fields: status, body_len, body_fnv (FNV-1a 64, hex) and every
-response header field.
+of "responses" holds string fields: status, body_len, body_fnv (FNV-1a 64, hex), body_hex (the
+first 256 KiB of the body, hex) and every response header field.
 aioquic ignores stateless resets, drops datagrams from any address but the server's, and
 switches both key directions at once on a key update.
 """
@@ -53,6 +53,7 @@ SCENARIO_TIMEOUT = 60.0
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
 MASK = 0xFFFFFFFFFFFFFFFF
+KEPT = 256 * 1024
 
 
 class Response:
@@ -64,12 +65,15 @@ class Response:
         self.fnv = FNV_OFFSET
         self.sink = sink  # open file for large bodies, else None (checksum instead)
         self.head = b""  # the first 4 KiB of the body, for checks of small answers
+        self.kept = b""  # the first 256 KiB, for "requests" (body_hex)
         self.done = asyncio.get_running_loop().create_future()
 
     def data(self, chunk):
         self.length += len(chunk)
         if len(self.head) < 4096:
             self.head += chunk[: 4096 - len(self.head)]
+        if len(self.kept) < KEPT:
+            self.kept += chunk[: KEPT - len(self.kept)]
         if self.sink is not None:
             self.sink.write(chunk)
             return
@@ -368,7 +372,10 @@ async def scenario(args, result):
                 first = headers
             entry = {k: v for k, v in r.headers if not k.startswith(":")}
             entry.update(
-                status=headers.get(":status", ""), body_len=str(r.length), body_fnv=f"{r.fnv:016x}"
+                status=headers.get(":status", ""),
+                body_len=str(r.length),
+                body_fnv=f"{r.fnv:016x}",
+                body_hex=r.kept.hex(),
             )
             result["responses"].append(entry)
         await close(p)

@@ -413,8 +413,10 @@ mod tests {
                 key_pem: String::new(),
                 acme: true,
                 redirect_names: Vec::new(),
+                compress: None,
                 rules: Default::default(),
                 routes: Vec::new(),
+                limits: Default::default(),
             }],
             default_site: None,
         };
@@ -457,8 +459,10 @@ mod tests {
                 key_pem: if acme { String::new() } else { pem.key.clone() },
                 acme,
                 redirect_names: Vec::new(),
+                compress: None,
                 rules: Default::default(),
                 routes: Vec::new(),
+                limits: Default::default(),
             });
         }
         let certs = SiteCerts::new(&table).unwrap();

@@ -72,6 +72,7 @@ pub mod control;
 pub mod counters;
 pub mod ingress;
 pub mod quic;
+pub mod rate_tables;
 pub mod sessions;
 pub mod sni;
 pub mod socket;

@@ -697,8 +697,10 @@ pub(crate) mod tests {
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
             redirect_names: Vec::new(),
+            compress: None,
             rules: Default::default(),
             routes: Vec::new(),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

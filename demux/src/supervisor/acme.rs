@@ -6,7 +6,8 @@
 //! update (`APPLIED`), which is what `ringmux acme renew` waits for.
 
 use std::collections::{BTreeSet, HashMap};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -14,7 +15,10 @@ use ringmux_proto::message::{ChallengeSet, SiteCertificate};
 use ringmux_proto::sites::SiteTable;
 use ringmux_proto::Message;
 
+use super::workers::Worker;
 use crate::config::Config;
+use crate::forward::Lanes;
+use crate::metrics::Counters;
 use ringmux_acme::{Acme, AcmeSite, AcmeStatus, Issued, RenewError, RenewTicket};
 
 /// How long `ringmux acme renew` waits, once the certificate is issued, for every live worker
@@ -56,6 +60,14 @@ pub struct Changes {
     pub challenges: bool,
     /// The engine had news (a change of its view or of its status).
     pub woke: bool,
+}
+
+/// What [`Relay::forward`] did that its caller acts on.
+pub struct Forwarded {
+    /// A certificate changed: [`Relay::table`] has it.
+    pub certs_changed: bool,
+    /// The `ringmux acme renew` clients whose renewal is over, with their answer.
+    pub renewals_over: Vec<(u64, String)>,
 }
 
 impl Relay {
@@ -100,6 +112,53 @@ impl Relay {
     /// The site table with every certificate relayed so far.
     pub fn table(&self) -> &SiteTable {
         &self.table
+    }
+
+    /// Sends what the engine published since the last look: a changed certificate and changed
+    /// challenges to every live worker, the engine's status to the counters.
+    pub fn forward(&mut self, workers: &[Worker], lanes: Lanes, counters: &Counters) -> Forwarded {
+        let changes = self.look();
+        if changes.woke {
+            let status = self.status();
+            counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
+            counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
+            let refused = status
+                .state_refused
+                .iter()
+                .chain([&status.foreign_challenges]);
+            for (c, n) in counters.acme_state_refused.iter().zip(refused) {
+                c.store(*n, Ordering::Relaxed);
+            }
+        }
+        if !changes.certs.is_empty() {
+            crate::metrics::counters::set_certificates(counters, &self.table);
+        }
+        for (i, worker) in workers.iter().enumerate() {
+            let Some(control) = worker.control.as_ref() else {
+                continue;
+            };
+            let mut messages: Vec<Message> = changes
+                .certs
+                .iter()
+                .map(|(site, issued)| self.certificate_message(i, *site, issued))
+                .collect();
+            if changes.challenges {
+                messages.extend(self.challenges_message(i, false));
+            }
+            for m in messages {
+                if let Err(e) = crate::sys::send_packet(control.as_fd(), &m.encode()) {
+                    tracing::warn!(
+                        instance = lanes.at(i).instance,
+                        error = %e,
+                        "could not send an ACME update to the worker"
+                    );
+                }
+            }
+        }
+        Forwarded {
+            certs_changed: !changes.certs.is_empty(),
+            renewals_over: self.finished_renewals(Instant::now()),
+        }
     }
 
     /// Reads the engine's view: the certificates that changed are put into the table and

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::config::Config;
+
 /// Longest request line: `acme renew` and a name of up to 253 characters.
 const MAX_REQUEST: usize = 300;
 /// How long a client has to send its request line.
@@ -333,6 +335,31 @@ pub fn exchange(
         }
     }
     Ok(last)
+}
+
+/// Binds `--control-socket`, unless it is `off`, for the supervisor's `Parts::control`; the
+/// default path failing only warns.
+pub fn bind(cfg: &Config) -> Result<Option<OwnedFd>> {
+    let control = match cfg.args.control_socket.as_str() {
+        "off" => None,
+        path => match ControlServer::listen(Path::new(path)) {
+            Ok(c) => Some(c),
+            // Without root the default folder cannot be made: say so, and serve on.
+            Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {
+                tracing::warn!(
+                    error = %format!("{e:#}"),
+                    "no control socket: `ringmux reload` cannot reach this ringmux (SIGHUP \
+                     still reloads); give --control-socket / RINGMUX_CONTROL_SOCKET a path \
+                     you may write, or off"
+                );
+                None
+            }
+            Err(e) => {
+                return Err(e.context("--control-socket / RINGMUX_CONTROL_SOCKET"));
+            }
+        },
+    };
+    Ok(control)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
-use ringmux_proto::{Message, MessageError, MAX_MESSAGE};
+use ringmux_proto::{Message, MAX_MESSAGE};
 
 use crate::budget::{MessageKind, Verdict};
 use crate::config::Config;
@@ -269,54 +269,18 @@ impl Supervisor {
         self.acme.as_ref().map(acme::Relay::status)
     }
 
-    /// Sends what the ACME engine published since the last look: a changed certificate to
-    /// every live worker (and into the template, for every worker started later), changed
-    /// challenges to every live worker; then answers the `ringmux acme renew` clients whose
-    /// renewal is over.
+    /// Relays what the ACME engine published since the last look ([`acme::Relay::forward`]),
+    /// keeps a changed certificate in the template for every worker started later, and answers
+    /// the `ringmux acme renew` clients whose renewal is over.
     fn forward_acme(&mut self) {
         let Some(relay) = self.acme.as_mut() else {
             return;
         };
-        let changes = relay.look();
-        if changes.woke {
-            let status = relay.status();
-            self.counters.acme_orders[0].store(status.orders_issued, Ordering::Relaxed);
-            self.counters.acme_orders[1].store(status.orders_failed, Ordering::Relaxed);
-            let refused = status
-                .state_refused
-                .iter()
-                .chain([&status.foreign_challenges]);
-            for (c, n) in self.counters.acme_state_refused.iter().zip(refused) {
-                c.store(*n, Ordering::Relaxed);
-            }
-        }
-        if !changes.certs.is_empty() {
+        let sent = relay.forward(&self.workers, self.lanes, &self.counters);
+        if sent.certs_changed {
             self.template = Template::new(self.template.handoff.clone(), relay.table());
-            crate::metrics::counters::set_certificates(&self.counters, relay.table());
         }
-        for i in 0..self.workers.len() {
-            let Some(control) = self.workers[i].control.as_ref() else {
-                continue;
-            };
-            let mut messages: Vec<Message> = changes
-                .certs
-                .iter()
-                .map(|(site, issued)| relay.certificate_message(i, *site, issued))
-                .collect();
-            if changes.challenges {
-                messages.extend(relay.challenges_message(i, false));
-            }
-            for m in messages {
-                if let Err(e) = sys::send_packet(control.as_fd(), &m.encode()) {
-                    tracing::warn!(
-                        instance = self.lanes.at(i).instance,
-                        error = %e,
-                        "could not send an ACME update to the worker"
-                    );
-                }
-            }
-        }
-        for (client, line) in relay.finished_renewals(Instant::now()) {
+        for (client, line) in sent.renewals_over {
             if let Some(c) = self.control.as_mut() {
                 c.answer(client, &line);
             }
@@ -705,7 +669,7 @@ impl Supervisor {
                         let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
                     }
                 }
-                Action::Died(d) => self.log_death(&d),
+                Action::Died(d) => workers::log_death(&d, self.cfg.worker_program()),
                 Action::Finish => {
                     tracing::info!("all workers exited");
                     self.reloads.tell(
@@ -728,28 +692,8 @@ impl Supervisor {
 
     /// Kills lane `i`'s worker, saying why when it is news.
     fn kill(&mut self, i: usize, why: policy::Why) {
-        if why == policy::Why::NotReady {
-            tracing::error!(
-                instance = self.lanes.at(i).instance,
-                program = self.cfg.worker_program(),
-                timeout = ?self.cfg.ready_timeout(),
-                "worker did not report READY in time (a worker must call \
-                 Worker::attach and create its endpoint); killing it"
-            );
-        }
-        match why {
-            policy::Why::CutIgnored => tracing::warn!(
-                instance = self.lanes.at(i).instance,
-                generation = self.policy.lane(i).0,
-                wait = ?policy::CUT_WAIT,
-                "a worker told to cut did not exit in time: killing it"
-            ),
-            policy::Why::Abandoned => tracing::info!(
-                instance = self.lanes.at(i).instance,
-                "stopping a worker of the abandoned generation"
-            ),
-            _ => {}
-        }
+        let (instance, generation) = (self.lanes.at(i).instance, self.policy.lane(i).0);
+        workers::log_kill(why, instance, generation, &self.cfg);
         if let Some(c) = self.workers[i].child.as_mut() {
             let _ = c.kill();
         }
@@ -763,22 +707,7 @@ impl Supervisor {
             .policy
             .draining_since(i)
             .map(|s| Instant::now().saturating_duration_since(s));
-        match why {
-            policy::Why::GraceOver => tracing::warn!(
-                instance,
-                generation,
-                grace = ?self.cfg.grace(),
-                "replaced worker still serving at the end of --grace: cutting what it serves"
-            ),
-            _ => tracing::warn!(
-                instance,
-                generation,
-                draining_for = ?age,
-                max_draining = self.cfg.max_draining(),
-                "the oldest draining generation makes room for a new one \
-                 (--max-draining): cutting what its worker serves"
-            ),
-        }
+        workers::log_cut(why, instance, generation, age, &self.cfg);
         self.counters.instances[i]
             .cuts
             .fetch_add(1, Ordering::Relaxed);
@@ -811,30 +740,6 @@ impl Supervisor {
             }
         };
         self.policy.on(Instant::now(), event)
-    }
-
-    /// Logs a worker's death as the policy judged it.
-    fn log_death(&self, d: &policy::Death) {
-        let program = self.cfg.worker_program();
-        let (i, uptime, restart_in) = (d.instance, d.uptime, d.restart_in);
-        if d.crashes >= 3 {
-            tracing::warn!(
-                instance = i,
-                program,
-                crashes = d.crashes,
-                ?restart_in,
-                "worker is crash-looping; restarts throttled"
-            );
-        } else if !d.was_ready {
-            tracing::warn!(
-                instance = i,
-                program,
-                ?uptime,
-                "worker exited before it reported READY; restarting"
-            );
-        } else {
-            tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
-        }
     }
 
     /// Tells the clients of a reload that succeeded (`ringmux reload`) once every worker of
@@ -1004,8 +909,12 @@ impl Supervisor {
                 MessageKind::of_control(packet).count_dropped(ic);
                 continue;
             }
-            match buf.get(..n).map(Message::decode) {
-                Some(Ok(Message::Ready)) => {
+            // An oversized packet (longer than the buffer) is ignored.
+            let report = buf
+                .get(..n)
+                .map_or(workers::Report::Ignored, workers::Report::of);
+            match report {
+                workers::Report::Ready => {
                     if !self.policy.is_ready(i) {
                         self.link.liveness().set_up(i, true);
                         let generation = self.policy.lane(i).0;
@@ -1018,28 +927,19 @@ impl Supervisor {
                     let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
                     self.deferred.extend(actions);
                 }
-                Some(Ok(Message::Stats(r))) => {
+                workers::Report::Stats(r) => {
                     ic.record_report(&r, ic.sites.rows_known(self.counters.site_labels.len()))
                 }
-                Some(Ok(Message::Stopped)) => w.stopped = true,
-                Some(Err(MessageError::Malformed { .. })) => {
+                workers::Report::Stopped => w.stopped = true,
+                workers::Report::Malformed => {
                     ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(Ok(Message::Applied(seq))) => {
+                workers::Report::Applied(seq) => {
                     if let Some(a) = self.acme.as_mut() {
                         a.applied(i, seq);
                     }
                 }
-                // SHUTDOWN, CUT, CERTIFICATE and CHALLENGES go the other way; unknown or
-                // oversized messages are ignored.
-                Some(Ok(
-                    Message::Shutdown
-                    | Message::Cut
-                    | Message::Certificate(_)
-                    | Message::Challenges(_),
-                ))
-                | Some(Err(_))
-                | None => {}
+                workers::Report::Ignored => {}
             }
         }
         Liveness::Alive
@@ -1100,31 +1000,6 @@ impl Supervisor {
             Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
         }
     }
-}
-
-/// Binds `--control-socket`, unless it is `off`, for [`Parts::control`]; the default path
-/// failing only warns.
-pub fn bind_control(cfg: &Config) -> Result<Option<OwnedFd>> {
-    let control = match cfg.args.control_socket.as_str() {
-        "off" => None,
-        path => match ControlServer::listen(std::path::Path::new(path)) {
-            Ok(c) => Some(c),
-            // Without root the default folder cannot be made: say so, and serve on.
-            Err(e) if cfg.args.control_socket == crate::config::DEFAULT_CONTROL_SOCKET => {
-                tracing::warn!(
-                    error = %format!("{e:#}"),
-                    "no control socket: `ringmux reload` cannot reach this ringmux (SIGHUP \
-                     still reloads); give --control-socket / RINGMUX_CONTROL_SOCKET a path \
-                     you may write, or off"
-                );
-                None
-            }
-            Err(e) => {
-                return Err(e.context("--control-socket / RINGMUX_CONTROL_SOCKET"));
-            }
-        },
-    };
-    Ok(control)
 }
 
 #[derive(PartialEq, Eq)]

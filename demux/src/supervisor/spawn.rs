@@ -32,15 +32,83 @@ pub struct Template {
     pub sites: SiteTable,
     /// The labels of its sites, by the index a worker's report names them with.
     pub site_labels: Arc<[String]>,
+    /// One rate table per instance when a site or route limits a rate
+    /// (`ringmux_ring::tally`): fresh for each generation, as its rings are.
+    pub rate_tables: Option<Arc<RateTables>>,
 }
 
 impl Template {
     pub fn new(handoff: Handoff, sites: &SiteTable) -> Template {
+        let rate_tables = match RateTables::needed(sites) {
+            false => None,
+            true => match RateTables::create(handoff.instances) {
+                Ok(t) => Some(Arc::new(t)),
+                Err(e) => {
+                    // Each worker then counts alone (the server makes a table of its own).
+                    tracing::warn!(error = %e, "no rate tables: each worker limits rates alone");
+                    None
+                }
+            },
+        };
         Template {
             handoff,
             sites: sites.clone(),
             site_labels: crate::metrics::counters::site_labels(sites),
+            rate_tables,
         }
+    }
+}
+
+/// The rate tables of a generation, one per instance, in instance order.
+#[derive(Debug)]
+pub struct RateTables(Vec<OwnedFd>);
+
+impl PartialEq for RateTables {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for RateTables {}
+
+impl RateTables {
+    /// Whether any site or route of `sites` limits a rate.
+    pub fn needed(sites: &SiteTable) -> bool {
+        sites
+            .sites
+            .iter()
+            .any(|s| s.limits.rate.is_some() || s.routes.iter().any(|r| r.limits.rate.is_some()))
+    }
+
+    /// A table per instance, all with one fresh hash key.
+    fn create(instances: u8) -> std::io::Result<RateTables> {
+        use std::hash::{BuildHasher, Hasher};
+        let random = || {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        let key = [random(), random()];
+        let n = usize::from(instances).min(ringmux_proto::MAX_RATE_TABLES);
+        let tables = (0..n)
+            .map(|_| ringmux_ring::tally::create(key))
+            .collect::<std::io::Result<_>>()?;
+        Ok(RateTables(tables))
+    }
+
+    /// What the worker of `instance` is given: its own table as it is, then every other's
+    /// read-only, in instance order from its own on.
+    fn for_instance(&self, instance: u8) -> std::io::Result<Vec<OwnedFd>> {
+        let n = self.0.len();
+        let own = usize::from(instance);
+        let Some(first) = self.0.get(own) else {
+            return Ok(Vec::new());
+        };
+        let mut fds = vec![first.try_clone()?];
+        for i in 1..n {
+            fds.push(ringmux_ring::tally::read_only(&self.0[(own + i) % n])?);
+        }
+        Ok(fds)
     }
 }
 
@@ -145,6 +213,8 @@ pub struct LaunchPlan<'t> {
     pub redirect: bool,
     /// What the sealed memfd holds.
     pub sites: &'t SiteTable,
+    /// The generation's rate tables, placed from `ringmux_proto::RATE_TABLES_FD` on.
+    pub rate_tables: Option<&'t RateTables>,
     /// Send it the pending ACME challenges once it has its hand-off.
     pub acme_challenges: bool,
 }
@@ -168,6 +238,19 @@ pub fn plan<'t>(
         },
     };
     let user = cfg.worker_user.as_ref().map(|u| (u.uid, u.gid));
+    let mut env = vec![
+        (
+            ringmux_proto::CONTROL_FD_ENV,
+            ringmux_proto::CONTROL_FD.to_string(),
+        ),
+        (
+            ringmux_proto::PUBLIC_FD_ENV,
+            ringmux_proto::PUBLIC_FD.to_string(),
+        ),
+    ];
+    if let Some(tables) = &template.rate_tables {
+        env.push((ringmux_proto::RATE_TABLES_ENV, tables.0.len().to_string()));
+    }
     LaunchPlan {
         lane: slot.lane,
         instance: slot.instance,
@@ -179,16 +262,7 @@ pub fn plan<'t>(
             crate::upgrade::FALLBACK_ENV,
             crate::upgrade::REFUSED_ENV,
         ],
-        env: vec![
-            (
-                ringmux_proto::CONTROL_FD_ENV,
-                ringmux_proto::CONTROL_FD.to_string(),
-            ),
-            (
-                ringmux_proto::PUBLIC_FD_ENV,
-                ringmux_proto::PUBLIC_FD.to_string(),
-            ),
-        ],
+        env,
         handoff,
         descriptors: vec![Descriptor::Ingress, Descriptor::Sessions, Descriptor::Sites],
         sending,
@@ -208,6 +282,7 @@ pub fn plan<'t>(
         tcp: around.tcp,
         redirect: around.redirect,
         sites: &template.sites,
+        rate_tables: template.rate_tables.as_deref(),
         acme_challenges: around.acme,
     }
 }
@@ -312,10 +387,18 @@ pub fn launch(plan: &LaunchPlan<'_>, handles: IngressHandles, held: Held<'_>) ->
         (None, Sending::Own { bind, sndbuf }) => sending_socket(bind, sndbuf)?,
     };
     let handoff: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+    let tables = match plan.rate_tables {
+        Some(t) => t
+            .for_instance(plan.instance)
+            .context("the worker's rate tables")?,
+        None => Vec::new(),
+    };
+    let rate_tables: Vec<BorrowedFd<'_>> = tables.iter().map(|f| f.as_fd()).collect();
     let setup = sys::WorkerSetup {
         control: theirs.as_fd(),
         public: socket.as_fd(),
         handoff: &handoff,
+        rate_tables: &rate_tables,
         tcp: held
             .tcp
             .https
@@ -478,11 +561,13 @@ mod tests {
             label: "example".into(),
             names: vec!["example.test".into()],
             redirect_names: vec![],
+            compress: None,
             rules: Default::default(),
             cert_pem: String::new(),
             key_pem: String::new(),
             acme: false,
             routes: vec![],
+            limits: Default::default(),
         };
         let sites = SiteTable {
             sites: vec![site],

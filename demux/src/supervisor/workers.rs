@@ -8,10 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use ringmux_proto::Message;
+use ringmux_proto::message::WorkerReport;
+use ringmux_proto::{Message, MessageError};
 
 use super::policy;
 use crate::budget::{self, Budget};
+use crate::config::Config;
 use crate::forward::{IngressHandles, Lanes};
 use crate::metrics::Counters;
 use crate::sys::{self, ChildProcess};
@@ -167,5 +169,113 @@ pub fn cut_all(workers: &mut [Worker], counters: &Counters, lanes: Lanes) {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// What one packet from a worker's control socket tells the supervisor.
+#[derive(Debug)]
+pub enum Report {
+    /// `READY`: its endpoint is up.
+    Ready,
+    /// Its counters.
+    Stats(WorkerReport),
+    /// `STOPPED`: it accepts no new connection.
+    Stopped,
+    /// `APPLIED seq`: it took the certificate or challenge update `seq`.
+    Applied(u64),
+    /// A known message whose fields do not parse (counted).
+    Malformed,
+    /// A message that goes the other way (SHUTDOWN, CUT, CERTIFICATE, CHALLENGES), an unknown
+    /// one or an oversized one.
+    Ignored,
+}
+
+impl Report {
+    /// Decodes `packet`; never fails, whatever a worker sends.
+    pub fn of(packet: &[u8]) -> Report {
+        match Message::decode(packet) {
+            Ok(Message::Ready) => Report::Ready,
+            Ok(Message::Stats(r)) => Report::Stats(r),
+            Ok(Message::Stopped) => Report::Stopped,
+            Ok(Message::Applied(seq)) => Report::Applied(seq),
+            Err(MessageError::Malformed { .. }) => Report::Malformed,
+            Ok(
+                Message::Shutdown | Message::Cut | Message::Certificate(_) | Message::Challenges(_),
+            )
+            | Err(_) => Report::Ignored,
+        }
+    }
+}
+
+/// Logs why the worker of `instance` (generation `generation`) is killed, when that is news:
+/// the other reasons were logged when they were decided.
+pub fn log_kill(why: policy::Why, instance: u8, generation: u64, cfg: &Config) {
+    match why {
+        policy::Why::NotReady => tracing::error!(
+            instance,
+            program = cfg.worker_program(),
+            timeout = ?cfg.ready_timeout(),
+            "worker did not report READY in time (a worker must call \
+             Worker::attach and create its endpoint); killing it"
+        ),
+        policy::Why::CutIgnored => tracing::warn!(
+            instance,
+            generation,
+            wait = ?policy::CUT_WAIT,
+            "a worker told to cut did not exit in time: killing it"
+        ),
+        policy::Why::Abandoned => {
+            tracing::info!(instance, "stopping a worker of the abandoned generation")
+        }
+        policy::Why::Misbehaved | policy::Why::GraceOver | policy::Why::TooManyDraining => {}
+    }
+}
+
+/// Logs why the worker of `instance` is told to cut what it serves, draining for `age`.
+pub fn log_cut(
+    why: policy::Why,
+    instance: u8,
+    generation: u64,
+    age: Option<Duration>,
+    cfg: &Config,
+) {
+    match why {
+        policy::Why::GraceOver => tracing::warn!(
+            instance,
+            generation,
+            grace = ?cfg.grace(),
+            "replaced worker still serving at the end of --grace: cutting what it serves"
+        ),
+        _ => tracing::warn!(
+            instance,
+            generation,
+            draining_for = ?age,
+            max_draining = cfg.max_draining(),
+            "the oldest draining generation makes room for a new one \
+             (--max-draining): cutting what its worker serves"
+        ),
+    }
+}
+
+/// Logs a worker's death as the policy judged it.
+pub fn log_death(d: &policy::Death, program: &str) {
+    let (i, uptime, restart_in) = (d.instance, d.uptime, d.restart_in);
+    if d.crashes >= 3 {
+        tracing::warn!(
+            instance = i,
+            program,
+            crashes = d.crashes,
+            ?restart_in,
+            "worker is crash-looping; restarts throttled"
+        );
+    } else if !d.was_ready {
+        tracing::warn!(
+            instance = i,
+            program,
+            ?uptime,
+            "worker exited before it reported READY; restarting"
+        );
+    } else {
+        tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
     }
 }

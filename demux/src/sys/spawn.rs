@@ -22,6 +22,8 @@ pub struct WorkerSetup<'a> {
     pub public: BorrowedFd<'a>,
     /// The hand-off's descriptors, placed at `ringmux_proto::FIRST_HANDOFF_FD` and on, in order.
     pub handoff: &'a [BorrowedFd<'a>],
+    /// The rate tables, placed at `ringmux_proto::RATE_TABLES_FD` and on, in order.
+    pub rate_tables: &'a [BorrowedFd<'a>],
     /// The listening TCP socket every worker shares (`--tcp on`): descriptor 5.
     pub tcp: Option<BorrowedFd<'a>>,
     /// The listening socket for plain HTTP (`--redirect-http`): descriptor 6.
@@ -81,6 +83,20 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     for (slot, fd) in handoff.iter_mut().zip(setup.handoff) {
         *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, 10)?);
     }
+    if setup.rate_tables.len() > ringmux_proto::MAX_RATE_TABLES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "more rate tables than the protocol's MAX_RATE_TABLES",
+        ));
+    }
+    // Copies above every number they are placed at, so placing one never closes another's
+    // copy.
+    let above = ringmux_proto::RATE_TABLES_FD + ringmux_proto::MAX_RATE_TABLES as RawFd;
+    let mut tables: [Option<OwnedFd>; ringmux_proto::MAX_RATE_TABLES] =
+        std::array::from_fn(|_| None);
+    for (slot, fd) in tables.iter_mut().zip(setup.rate_tables) {
+        *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, above)?);
+    }
     // The shared descriptors at their fixed numbers, copied after the hand-off's: their
     // copies' numbers are then above every number the hand-off's are placed at.
     let mut fixed: [(Option<OwnedFd>, RawFd); 3] = [
@@ -128,6 +144,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
             }
         }
         for (number, fd) in (ringmux_proto::FIRST_HANDOFF_FD..).zip(handoff.iter().flatten()) {
+            dup_onto(fd.as_fd(), number)?;
+        }
+        for (number, fd) in (ringmux_proto::RATE_TABLES_FD..).zip(tables.iter().flatten()) {
             dup_onto(fd.as_fd(), number)?;
         }
         // A session of its own, so a process group of its own too: Ctrl-C at a terminal

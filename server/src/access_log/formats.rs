@@ -86,6 +86,10 @@ pub(super) fn json(e: &Entry<'_>, instance: u8) -> String {
     text("sni", e.sni, MAX_AUTHORITY, &mut line);
     text("user_agent", e.user_agent, MAX_FIELD, &mut line);
     text("referer", e.referer, MAX_FIELD, &mut line);
+    if let Some(received) = e.received {
+        // A tunnel's: the bytes that came from the client (`bytes` went to it).
+        let _ = write!(line, ",\"received\":{received}");
+    }
     let _ = write!(
         line,
         ",\"instance\":{instance},\"ending\":\"{}\"}}\n",
@@ -175,6 +179,7 @@ mod tests {
             sni: Some("example.com"),
             user_agent: Some(ua),
             referer: None,
+            received: None,
         }
     }
 

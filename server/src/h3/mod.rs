@@ -25,7 +25,8 @@ use tokio::task::JoinSet;
 use tracing::{debug, info};
 
 use crate::access_log::{Ending, Logged};
-use crate::proxy::Upstream;
+use crate::compress::ProxyCoding;
+use crate::proxy::pool::Pool;
 use crate::reply::{fill_pattern, Body, Reply, CHUNK};
 use crate::request::with_path;
 use crate::rules::Applied;
@@ -172,7 +173,11 @@ impl Conn {
             }
         };
         let mut h3c: h3::server::Connection<h3_quinn::Connection, Bytes> =
+            // Never `SETTINGS_ENABLE_CONNECT_PROTOCOL` (RFC 9220 §3): h3 0.0.8 cannot carry
+            // `:protocol websocket`, so browsers must open their WebSockets over TCP, where
+            // the proxy tunnels them (`proxy::tunnel`).
             match h3::server::builder()
+                .enable_extended_connect(false)
                 .build(h3_quinn::Connection::new(conn.clone()))
                 .await
             {
@@ -392,22 +397,33 @@ impl Req {
         let site = choice.answering(self.site);
         let remote = self.conn.remote_address();
         let mut logged = self.router.begin_log(site, remote, "h3", &parts);
-        let (target, rules) = self
-            .router
-            .target(choice, &parts.method, &parts.headers, &parts.uri);
+        let (target, rules) = (self.router).target_for(
+            choice,
+            &parts.method,
+            &parts.headers,
+            &parts.uri,
+            remote.ip(),
+        );
         if let Some(l) = logged.as_mut() {
             l.note(rules.route_path(), || self.sni.clone());
         }
         let local = match target {
-            Target::Proxy { upstream, path } => {
+            Target::Proxy {
+                upstream,
+                path,
+                compress,
+            } => {
                 let upstream = upstream.clone();
                 if let Some(path) = path {
                     parts.uri = with_path(&parts.uri, path);
                 }
+                // What the client accepts, before the route's rules change the request.
+                let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
                 rules.request(&mut parts.headers);
                 let request = Request::from_parts(parts, ());
                 // Boxed: the proxy's state is most of a request's, and files need none of it.
-                let proxied = Box::pin(self.proxy(site, &upstream, request, stream, &rules)).await;
+                let proxied =
+                    Box::pin(self.proxy(site, &upstream, request, stream, coding, &rules)).await;
                 if let Some(l) = logged {
                     match proxied {
                         Outcome::Answered { status, bytes } => l.end(Some(status), bytes),
@@ -459,9 +475,10 @@ impl Req {
     async fn proxy(
         &self,
         site: Option<usize>,
-        upstream: &Arc<Upstream>,
+        upstream: &Arc<Pool>,
         request: Request<()>,
         stream: Stream,
+        coding: ProxyCoding,
         rules: &Applied<'_>,
     ) -> Outcome {
         let method = request.method().clone();
@@ -480,7 +497,7 @@ impl Req {
             remote,
             early,
             &self.stats.bytes_sent,
-            rules,
+            proxy::Shaping { coding, rules },
         )
         .await
         {
@@ -592,6 +609,12 @@ impl Req {
                     }
                     sent += chunk.len() as u64;
                     self.send(stream, logged, chunk).await?;
+                }
+            }
+            Body::Stream(mut chunks) => {
+                use futures_util::StreamExt;
+                while let Some(chunk) = chunks.next().await {
+                    self.send(stream, logged, chunk?).await?;
                 }
             }
         }

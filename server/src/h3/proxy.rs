@@ -15,7 +15,9 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tracing::debug;
 
-use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody, Upstream};
+use crate::compress::ProxyCoding;
+use crate::proxy::pool::Pool;
+use crate::proxy::{empty_body, BoxError, ClientGone, Exchange, ProxyBody};
 use crate::reply::{Body, Reply};
 use crate::rules::Applied;
 
@@ -34,18 +36,26 @@ pub enum Outcome {
     Failed,
 }
 
-/// Passes one HTTP/3 request to `upstream` and its response back on `stream`. `remote` is the
-/// client's current address, `early` whether the request arrived in 0-RTT. Counts response
-/// body bytes handed to QUIC into `sent`.
+/// What becomes of the upstream's response on its way to the client: its coding, then the
+/// route's response rules.
+pub(crate) struct Shaping<'a, 'r> {
+    pub coding: ProxyCoding,
+    pub rules: &'a Applied<'r>,
+}
+
+/// Passes one HTTP/3 request to `upstream` and its response back on `stream`, shaped as
+/// `shaping` says. `remote` is the client's current address, `early` whether the request
+/// arrived in 0-RTT. Counts response body bytes handed to QUIC into `sent`.
 pub(crate) async fn proxy_h3(
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<Pool>,
     request: Request<()>,
     stream: Stream,
     remote: SocketAddr,
     early: bool,
     sent: &AtomicU64,
-    rules: &Applied<'_>,
+    shaping: Shaping<'_, '_>,
 ) -> Outcome {
+    let Shaping { coding, rules } = shaping;
     let (mut tx, mut rx) = stream.split();
     let (parts, ()) = request.into_parts();
     let head = parts.method == Method::HEAD;
@@ -81,7 +91,8 @@ pub(crate) async fn proxy_h3(
             return Outcome::Failed;
         }
     };
-    let (mut parts, mut body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    let mut body = coding.apply(&mut parts, body);
     rules.response(&mut parts.headers);
     let status = parts.status;
     if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {

@@ -117,5 +117,7 @@ async fn serve_connections(
         "{what} stopping: no more accepts, draining"
     );
     while connections.join_next().await.is_some() {}
+    // The proxy's tunnels outlive their HTTP/1.1 connections' tasks.
+    opts.tunnels.all_closed().await;
     info!("{what} stopped");
 }

@@ -12,9 +12,12 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 
 use super::body::body_of;
+use super::registry::Tracked;
 use super::TcpBody;
 use crate::access_log::Logged;
-use crate::proxy::{ClientGone, Exchange, Upstream};
+use crate::compress::ProxyCoding;
+use crate::proxy::pool::Pool;
+use crate::proxy::{Ask, ClientGone, ClientSide, Exchange, Opened, TunnelOptions};
 use crate::reply::{Body, Reply};
 use crate::request::with_path;
 use crate::rules::Applied;
@@ -33,6 +36,9 @@ pub(super) struct Connection {
     pub(super) stats: Arc<ServerStats>,
     pub(super) alt_svc: Option<HeaderValue>,
     pub(super) remote: SocketAddr,
+    /// The connection as its listener sees it: a tunnel keeps a request in flight on it.
+    pub(super) tracked: Arc<Tracked>,
+    pub(super) tunnels: Arc<TunnelOptions>,
 }
 
 /// Answers one request over TCP through the paths HTTP/3 takes (the router, then the files,
@@ -55,21 +61,37 @@ pub(super) async fn handle(
     let choice = conn.router.choose(conn.site, &parts, http1);
     let site = choice.answering(conn.site);
     let mut logged = conn.router.begin_log(site, conn.remote, protocol, &parts);
-    let (target, rules) = conn
-        .router
-        .target(choice, &parts.method, &parts.headers, &parts.uri);
+    let (target, rules) = conn.router.target_for(
+        choice,
+        &parts.method,
+        &parts.headers,
+        &parts.uri,
+        conn.remote.ip(),
+    );
     if let Some(l) = logged.as_mut() {
         l.note(rules.route_path(), || conn.sni.clone());
     }
     let mut resp = match target {
-        Target::Proxy { upstream, path } => {
+        Target::Proxy {
+            upstream,
+            path,
+            compress,
+        } => {
             let upstream = upstream.clone();
             if let Some(path) = path {
                 parts.uri = with_path(&parts.uri, path);
             }
+            let ask = Ask::of(&parts);
+            // What the client accepts, before the route's rules change the request.
+            let coding = ProxyCoding::of(&parts.method, &parts.headers, compress);
             rules.request(&mut parts.headers);
-            let req = Request::from_parts(parts, body);
-            proxy(&upstream, site, stats, conn.remote, req, &rules).await
+            match ask {
+                Some(ask) => tunnel(&conn, &upstream, site, parts, ask, &mut logged, &rules).await,
+                None => {
+                    let req = Request::from_parts(parts, body);
+                    proxy(&upstream, site, stats, conn.remote, req, coding, &rules).await
+                }
+            }
         }
         Target::Local(local) => {
             let reply = local_reply(local, &parts.method, &parts.headers, body).await;
@@ -83,27 +105,88 @@ pub(super) async fn handle(
     (resp, logged)
 }
 
+/// Opens a tunnel through the upstream for the request head `parts` that asked `ask`: its
+/// 101 (200 over HTTP/2) with the tunnel running from then on, holding the request's
+/// access-log line (taken from `logged`) and a request in flight on the connection; or the
+/// upstream's answer when it did not switch.
+async fn tunnel(
+    conn: &Connection,
+    pool: &Arc<Pool>,
+    site: Option<usize>,
+    mut parts: http::request::Parts,
+    ask: Ask,
+    logged: &mut Option<Logged>,
+    rules: &Applied<'_>,
+) -> Response<TcpBody> {
+    let Some(upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+        // hyper gives every request its pending upgrade; none is a bug, not the client's.
+        return reply(
+            site,
+            &conn.stats,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            b"no upgrade\n",
+        );
+    };
+    let client = ClientSide {
+        upgrade,
+        stats: conn.stats.clone(),
+        tunnels: conn.tunnels.clone(),
+        hold: Box::new(conn.tracked.begin(&conn.stats)),
+    };
+    // A tunnel goes to one backend, chosen as a request is, and is never retried: the
+    // client's bytes may have reached it.
+    let backend = pool.choose(conn.remote, &[]);
+    match backend
+        .upstream()
+        .tunnel(parts, ask, conn.remote, client, logged)
+        .await
+    {
+        Opened::Head(head) => {
+            conn.stats.count_response(site, head.status);
+            Response::from_parts(
+                head,
+                Empty::new().map_err(|never| match never {}).boxed_unsync(),
+            )
+        }
+        Opened::Exchange(exchange) => answer(exchange, site, &conn.stats, ProxyCoding::NONE, rules),
+    }
+}
+
 /// Passes a request to the upstream: the proxy's one path, fed hyper's request body.
 async fn proxy(
-    upstream: &Arc<Upstream>,
+    upstream: &Arc<Pool>,
     site: Option<usize>,
     stats: &Arc<ServerStats>,
     remote: SocketAddr,
     req: Request<Incoming>,
+    coding: ProxyCoding,
     rules: &Applied<'_>,
 ) -> Response<TcpBody> {
     let (parts, body) = req.into_parts();
     let body = body
         .map_err(|e| BoxError::from(ClientGone(Box::new(e))))
         .boxed_unsync();
-    match upstream
+    let exchange = upstream
         .exchange(Request::from_parts(parts, body), remote, false)
-        .await
-    {
+        .await;
+    answer(exchange, site, stats, coding, rules)
+}
+
+/// The response of what an exchange with the upstream came to.
+fn answer(
+    exchange: Exchange,
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    coding: ProxyCoding,
+    rules: &Applied<'_>,
+) -> Response<TcpBody> {
+    match exchange {
         Exchange::Response(resp) => {
             stats.count_response(site, resp.status());
             let stats = stats.clone();
-            resp.map(|body| {
+            let (mut head, body) = resp.into_parts();
+            let body = coding.apply(&mut head, body);
+            Response::from_parts(head, body).map(|body| {
                 body.map_frame(move |frame| {
                     if let Some(data) = frame.data_ref() {
                         let n = data.len() as u64;
@@ -130,6 +213,21 @@ async fn proxy(
             resp
         }
     }
+}
+
+/// Our short `text/plain` reply with `status`.
+fn reply(
+    site: Option<usize>,
+    stats: &Arc<ServerStats>,
+    status: StatusCode,
+    text: &'static [u8],
+) -> Response<TcpBody> {
+    stats.count_response(site, status);
+    let reply = Reply::text(status, text);
+    let mut resp = Response::new(body_of(reply.body, stats.clone()));
+    *resp.status_mut() = reply.status;
+    *resp.headers_mut() = reply.headers;
+    resp
 }
 
 /// The reply to a request this worker answers itself, as HTTP/3 makes it.

@@ -60,7 +60,7 @@ pub(super) struct TrackedBody {
 /// What the access-log line of a response body says when hyper is done with it (sent whole,
 /// or given up with its connection): the bytes that went out, and `ok` once hyper took its
 /// last frame, else cut. Its duration ends then: every byte handed to hyper to write to the
-/// socket (README "Access log" says what that leaves out).
+/// socket (docs/operators/access-log.md says what that leaves out).
 struct LogLine {
     /// `None` once written.
     logged: Option<Logged>,
@@ -203,6 +203,17 @@ pub(crate) fn body_of(body: Body, stats: Arc<ServerStats>) -> TcpBody {
                         Err(e) => Some((Err(e), len)),
                     }
                 }
+            });
+            StreamBody::new(chunks).boxed_unsync()
+        }
+        Body::Stream(chunks) => {
+            use futures_util::StreamExt;
+            let chunks = chunks.map(move |chunk| {
+                let chunk = chunk?;
+                stats
+                    .bytes_sent
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                Ok(Frame::data(chunk))
             });
             StreamBody::new(chunks).boxed_unsync()
         }

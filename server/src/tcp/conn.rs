@@ -157,6 +157,7 @@ impl Conn {
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
         let tracked_conn = self.tracked.clone();
+        let tunnels = self.opts.tunnels.clone();
         let service = hyper::service::service_fn(move |req| {
             let conn = Connection {
                 router: router.clone(),
@@ -165,6 +166,8 @@ impl Conn {
                 stats: stats.clone(),
                 alt_svc: alt_svc.clone(),
                 remote,
+                tracked: tracked_conn.clone(),
+                tunnels: tunnels.clone(),
             };
             let in_flight = tracked_conn.begin(&stats);
             tracked(in_flight, handle(conn, req))
@@ -180,10 +183,14 @@ impl Conn {
                 .timer(TokioTimer::new())
                 .max_concurrent_streams(self.opts.max_streams)
                 .max_header_list_size(self.opts.max_header_bytes)
+                // RFC 8441 §3: WebSockets over HTTP/2 (the proxy's tunnels).
+                .enable_connect_protocol()
                 .serve_connection(io, service);
             self.drive(remote, conn, Some(self.opts.idle_timeout)).await;
         } else {
-            let conn = self.http1().serve_connection(io, service);
+            // An upgraded connection is the tunnel's from then on: it never comes back to be
+            // closed here.
+            let conn = self.http1().serve_connection(io, service).with_upgrades();
             self.drive(remote, conn, None).await;
         }
         self.close(remote, back).await;
@@ -334,6 +341,19 @@ where
 {
     fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
         hyper::server::conn::http1::Connection::graceful_shutdown(self)
+    }
+}
+
+impl<I, S, B> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
+        hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(self)
     }
 }
 

@@ -6,7 +6,10 @@
 //! response carries the `alt-svc` value ringmux was given.
 //!
 //! TLS 1.3 and 1.2 with ringmux's certificate (tokio-rustls), ALPN `h2` and `http/1.1`, served
-//! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN).
+//! by hyper (HTTP/1.1 or HTTP/2, as ALPN chose; HTTP/1.1 without ALPN). HTTP/1.1 upgrades
+//! and HTTP/2's extended CONNECT (`SETTINGS_ENABLE_CONNECT_PROTOCOL`, RFC 8441 §3) carry the
+//! proxy's tunnels (WebSockets); a tunnel outlives its HTTP/1.1 connection's task, and holds
+//! its HTTP/2 connection busy while it lives.
 //! Connections come from the demux's listening socket, which every worker accepts from
 //! ([`ringmux_worker::Worker::tcp_listener`]).
 //!
@@ -109,6 +112,9 @@ pub struct TcpOptions {
     /// listener, HTTP-01 on the plain-HTTP one (see the module documentation). None by
     /// default.
     pub acme: AcmeAnswers,
+    /// The worker's tunnels through the proxy (WebSockets, HTTP/1.1 upgrades): their cap and
+    /// idle timeout, shared by its listeners (`crate::proxy::TunnelOptions`).
+    pub tunnels: Arc<crate::proxy::TunnelOptions>,
 }
 
 impl Default for TcpOptions {
@@ -123,6 +129,7 @@ impl Default for TcpOptions {
             max_header_bytes: 64 * 1024,
             accepting: None,
             acme: AcmeAnswers::new(),
+            tunnels: Arc::default(),
         }
     }
 }

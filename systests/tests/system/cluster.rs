@@ -1,4 +1,4 @@
-//! More than one box (README "More than one box"): ringmux nodes that share one key file
+//! More than one box (docs/operators/cluster.md): ringmux nodes that share one key file
 //! behind a load balancer that routes by their QUIC-LB node IDs.
 //!
 //! * Two ringmux processes on loopback with one key file and different node IDs: a Retry

@@ -1,5 +1,4 @@
-//! Drains without a clock (`--grace`, `--max-draining`; README "Upgrading without dropping
-//! connections"): slow downloads over HTTP/1.1, HTTP/2 and HTTP/3 outlive reloads and an
+//! Drains without a clock (`--grace`, `--max-draining`; docs/operators/upgrades.md): slow downloads over HTTP/1.1, HTTP/2 and HTTP/3 outlive reloads and an
 //! upgrade byte-exact and end `ok` in the access log; with `--grace` they are cut and logged
 //! cut with the bytes sent; past `--max-draining` the oldest draining generation is the one
 //! cut.

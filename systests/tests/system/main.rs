@@ -23,6 +23,9 @@ mod coalescing;
 /// Drains with no clock: slow downloads across reloads and upgrades, `--grace` and
 /// `--max-draining`, every request in the access log.
 mod drain;
+/// WebSockets through the proxy over HTTP/1.1 and HTTP/2: echo, the cap, the idle timeout,
+/// an unasked 101, their counters and access-log lines.
+mod tunnel;
 /// Hostile and broken workers, floods, faults, harvested connection IDs.
 mod hostile {
     mod faults;
@@ -38,6 +41,8 @@ mod interop {
     mod examples;
     mod quinn;
 }
+/// Several backends behind one route: balancing, health, retries, `max_body`.
+mod pool;
 /// The reverse proxy in front of real HTTP/1.1 services.
 mod proxy;
 /// The built-in server's library on loopback: HTTP/3, sites over TCP, the shared session store.
@@ -48,6 +53,7 @@ mod server {
 }
 /// Several sites on one port, and their metrics.
 mod sites {
+    mod compress;
     mod metrics;
     mod serving;
 }
@@ -55,3 +61,5 @@ mod sites {
 mod tcp;
 /// The demux's binding of session tickets to instances.
 mod tickets;
+/// TLS and HTTP/2 upstreams: a private CA, SNI, gRPC's trailers over HTTP/2 and HTTP/3.
+mod upstream_tls;

@@ -556,7 +556,7 @@ async fn a_slow_http2_download_survives_reloads_byte_exact() {
 
 /// `--redirect-http`: plain HTTP answered with 301 to the HTTPS port, same host and path.
 /// `--access-log`: one line per request over HTTP/3, HTTP/2, HTTP/1.1 and the redirects, with
-/// the fields the README names; a reload opens the path again, so a rotated log is let go.
+/// the fields docs/operators/access-log.md names; a reload opens the path again, so a rotated log is let go.
 #[tokio::test]
 async fn redirects_to_https_and_an_access_log_of_every_request() {
     if !have_curl() {

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory};
+use ringmux_proto::limits::{FileLimits, Limits, FILE_KEYS};
 use ringmux_proto::route::FileRoute;
 use ringmux_proto::sites::Route;
 use serde::Deserialize;
@@ -97,9 +98,14 @@ pub struct SiteDoc {
     pub key: Option<Located<PathBuf>>,
     /// `acme = true`: the certificate comes from the `[acme]` CA instead of `cert`/`key`.
     pub acme: Option<Located<bool>>,
+    /// `compress = false`: the site's responses are never coded (a route may say otherwise).
+    pub compress: Option<Located<bool>>,
     pub routes: Vec<RouteDoc>,
     /// `headers`, `hsts`, `cors`, `errors`.
     pub rules: SiteRulesDoc,
+    /// Its limits (`allow`, `deny`, `rate`, ...: `ringmux_proto::limits::FILE_KEYS`) as the
+    /// contract read them, or the problem it found.
+    pub limits: Result<Limits, Problem>,
 }
 
 /// The `[acme]` table as written; checked by `super::acme`.
@@ -125,6 +131,8 @@ pub struct RouteDoc {
     /// Where each key's value is, by its dotted name (`root`, `respond.status`): for the
     /// checks made later, on disk.
     pub places: Vec<(String, Place)>,
+    /// `upstream_ca`, the file the demux reads into the route's `UpstreamTls::roots_pem`.
+    pub upstream_ca: Option<PathBuf>,
 }
 
 impl RouteDoc {
@@ -151,19 +159,26 @@ pub struct FileConfig {
     pub acme: Option<AcmeDoc>,
 }
 
-/// The keys a `[[site]]` takes.
-pub const SITE_KEYS: [&str; 10] = [
+/// The keys a `[[site]]` takes: its own, and its limits' (`ringmux_proto::limits::FILE_KEYS`).
+pub const SITE_KEYS: [&str; 17] = [
     "names",
     "redirect_names",
     "cert",
     "key",
     "acme",
+    "compress",
     "route",
     // The site's rules: `rules::SITE_RULE_KEYS`.
     "headers",
     "hsts",
     "cors",
     "errors",
+    "allow",
+    "deny",
+    "rate",
+    "burst",
+    "rate_prefix_v4",
+    "rate_prefix_v6",
 ];
 /// The keys the `[acme]` table takes.
 pub const ACME_KEYS: [&str; 7] = [
@@ -499,7 +514,7 @@ impl Parser<'_> {
 
     fn sites(&mut self, value: &Value<'_>) -> Vec<SiteDoc> {
         let mut sites = Vec::new();
-        for (at, _, table) in self.tables(value, "site") {
+        for (at, span, table) in self.tables(value, "site") {
             let mut site = SiteDoc {
                 at,
                 names: Vec::new(),
@@ -507,16 +522,21 @@ impl Parser<'_> {
                 cert: None,
                 key: None,
                 acme: None,
+                compress: None,
                 routes: Vec::new(),
                 rules: SiteRulesDoc::default(),
+                limits: Ok(Limits::default()),
             };
+            let mut limits = DeTable::new();
             for (k, v) in table {
                 match k.get_ref().as_ref() {
+                    key if FILE_KEYS.contains(&key) => drop(limits.insert(k.clone(), v.clone())),
                     "names" => site.names = self.names(v, "names"),
                     "redirect_names" => site.redirect_names = self.names(v, "redirect_names"),
                     "cert" => site.cert = self.path(v, "cert"),
                     "key" => site.key = self.path(v, "key"),
                     "acme" => site.acme = self.boolean(v, "acme"),
+                    "compress" => site.compress = self.boolean(v, "compress"),
                     "route" => {
                         for (at, span, route) in self.tables(v, "site.route") {
                             let r = self.route(at, span, route);
@@ -527,9 +547,27 @@ impl Parser<'_> {
                     _ => self.unknown(k, &SITE_KEYS, "key of [[site]]"),
                 }
             }
+            site.limits = self.limits(&site.at, span, limits);
             sites.push(site);
         }
         sites
+    }
+
+    /// A site's limit keys (`limits`, the table at `span` without its other keys), read by
+    /// the contract's declaration ([`FileLimits`]).
+    fn limits(&self, at: &Place, span: Span, limits: DeTable<'_>) -> Result<Limits, Problem> {
+        let mut places = Vec::new();
+        self.places(&limits, "", &mut places);
+        let value = Spanned::new(span, DeValue::Table(limits.clone()));
+        let file = FileLimits::deserialize(toml::de::ValueDeserializer::from(value))
+            .map_err(|e| self.refusal(&limits, at, &e))?;
+        Limits::try_from(file).map_err(|e| {
+            let place = e.key().and_then(|k| places.iter().find(|(p, _)| p == k));
+            Problem {
+                at: Some(place.map_or(at, |(_, p)| p).clone()),
+                message: e.to_string(),
+            }
+        })
     }
 
     /// A list of names (`names`, `redirect_names`), each with its place.
@@ -604,6 +642,7 @@ impl Parser<'_> {
         self.places(&known, "", &mut places);
         let value = Spanned::new(span, DeValue::Table(known.clone()));
         let read = FileRoute::deserialize(toml::de::ValueDeserializer::from(value));
+        let upstream_ca = read.as_ref().ok().and_then(|f| f.upstream_ca.clone());
         let route = match read {
             Err(e) => Err(self.refusal(&known, &at, &e)),
             Ok(file) => Route::try_from(file).map_err(|e| {
@@ -614,7 +653,12 @@ impl Parser<'_> {
                 }
             }),
         };
-        RouteDoc { at, route, places }
+        RouteDoc {
+            at,
+            route,
+            places,
+            upstream_ca,
+        }
     }
 
     /// Where each value of `table` is, by its dotted key under `prefix`, tables within.
@@ -842,9 +886,19 @@ mod tests {
                  server sets it from the body)",
             ),
             (
-                "path = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n",
-                "f.toml:5:12: upstream = \"https://127.0.0.1:9\": https upstreams are not \
-                 supported",
+                "path = \"/api\"\nupstream = \"ftp://127.0.0.1:9\"\n",
+                "f.toml:5:12: upstream = \"ftp://127.0.0.1:9\": expected http://HOST:PORT, \
+                 https://HOST:PORT, h2c://HOST:PORT (HTTP/2 in the clear) or h2://HOST:PORT \
+                 (HTTP/2 over TLS)",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"http://127.0.0.1:9\"\nupstream_ca = \"/ca.pem\"\n",
+                "f.toml:6:15: upstream_ca goes with a TLS upstream (https:// or h2://), and \
+                 upstream = \"http://127.0.0.1:9\" is in the clear",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"h2://127.0.0.1:9\"\nupstream_sni = \"a b\"\n",
+                "f.toml:6:16: upstream_sni = \"a b\": expected a DNS name",
             ),
             (
                 "path = \"/x\"\nroot = \"/srv\"\nstrip_prefix = true\n",
@@ -885,6 +939,58 @@ mod tests {
     }
 
     #[test]
+    fn bad_limits_are_placed_and_named() {
+        let site = |keys: &str| {
+            let text = format!("[[site]]\nnames = [\"a.test\"]\n{keys}");
+            let file = FileConfig::parse(Path::new("f.toml"), &text).unwrap();
+            assert!(file.problems.is_empty(), "{keys:?}: {:?}", file.problems);
+            file.sites[0].limits.clone().map_err(|p| p.to_string())
+        };
+        // (keys, the line the problem is placed at, what it says)
+        for (keys, line, says) in [
+            (
+                "deny = [\"10.0.0.0/8\", \"203.0.113.1/24\"]\n",
+                "f.toml:3:",
+                "deny: \"203.0.113.1/24\": bits are set beyond the prefix",
+            ),
+            (
+                "allow = [\"localhost\"]\n",
+                "f.toml:3:",
+                "allow: \"localhost\": expected an IPv4 or IPv6 address",
+            ),
+            (
+                "rate = \"5/d\"\n",
+                "f.toml:3:",
+                "rate = \"5/d\": expected requests per",
+            ),
+            ("burst = 10\n", "f.toml:3:", "burst goes with rate"),
+            (
+                "rate = \"5/s\"\nburst = 0\n",
+                "f.toml:4:",
+                "burst = 0: expected 1 to",
+            ),
+            (
+                "rate = \"5/s\"\nrate_prefix_v6 = 129\n",
+                "f.toml:4:",
+                "129: expected an IPv6 prefix length of 1 to 128 bits",
+            ),
+        ] {
+            let got = site(keys).unwrap_err();
+            assert!(
+                got.starts_with(line) && got.contains(says),
+                "{keys:?}:\n  want {line}…{says}\n  got  {got}"
+            );
+        }
+        let l = site("deny = [\"10.0.0.0/8\"]\nrate = \"5/s\"\nburst = 10\n").unwrap();
+        assert_eq!((l.deny.len(), l.rate.map(|r| r.burst.get())), (1, Some(10)));
+        let text = "[[site]]\nnames = [\"a.test\"]\n[[site.route]]\npath = \"/\"\nroot = \"/s\"\n\
+                    rate = \"2/m\"\nallow = [\"::1\"]\n";
+        let file = FileConfig::parse(Path::new("f.toml"), text).unwrap();
+        let route = file.sites[0].routes[0].route.as_ref().unwrap();
+        assert_eq!(route.limits.allow[0].to_string(), "::1/128");
+    }
+
+    #[test]
     fn the_keys_of_a_route_are_its_declarations_fields() {
         assert_eq!(
             fields::<FileRoute>(),
@@ -893,14 +999,25 @@ mod tests {
                 "root",
                 "upstream",
                 "strip_prefix",
+                "upstream_ca",
+                "upstream_sni",
                 "redirect",
                 "status",
                 "respond",
+                "compress",
                 "headers",
                 "request_headers",
-                "fallback"
+                "fallback",
+                "allow",
+                "deny",
+                "rate",
+                "burst",
+                "rate_prefix_v4",
+                "rate_prefix_v6"
             ]
         );
+        assert_eq!(fields::<ringmux_proto::limits::FileLimits>(), FILE_KEYS);
+        assert!(FILE_KEYS.iter().all(|k| SITE_KEYS.contains(k)));
         assert_eq!(
             fields::<ringmux_proto::route::Respond>(),
             ["status", "body", "headers"]

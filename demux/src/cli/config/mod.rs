@@ -101,7 +101,7 @@ pub enum Command {
     /// each with its own --node-id, that routes every packet carrying one of the nodes'
     /// connection IDs to the node that issued it, so that a client that moves (a new address
     /// or port) keeps its connection, and spreads new TCP connections (HTTPS, plain HTTP) over
-    /// the nodes. README "More than one box".
+    /// the nodes. docs/operators/cluster.md.
     LbConfig {
         #[command(subcommand)]
         balancer: crate::lbconfig::Balancer,
@@ -260,7 +260,7 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 18] = [
+pub const RELOADABLE: [&str; 20] = [
     "cert",
     "key",
     "root",
@@ -271,6 +271,8 @@ pub const RELOADABLE: [&str; 18] = [
     "cache_control",
     "tcp_max_connections",
     "tcp_idle_timeout",
+    "max_tunnels",
+    "tunnel_idle",
     "access_log",
     "worker_bin",
     "worker_cmd",
@@ -436,7 +438,7 @@ pub enum SpinMode {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
     /// Configuration file (TOML): every option below under its name with `_` for `-` (e.g.
-    /// `tcp_max_connections = 1024`), and the sites (`[[site]]`, README "Several sites"). An
+    /// `tcp_max_connections = 1024`), and the sites (`[[site]]`, docs/operators/sites.md). An
     /// option given on the command line or in its environment variable wins over the file.
     /// `ringmux check` checks a file without starting; `ringmux reload` reads it again.
     #[arg(long, env = "RINGMUX_CONFIG", value_name = "FILE")]
@@ -526,8 +528,8 @@ pub struct RunArgs {
     /// (/hello.txt, /bytes/N).
     #[arg(long, env = "RINGMUX_ROOT")]
     pub root: Option<PathBuf>,
-    /// Reverse proxy: pass every request to this HTTP/1.1 service (`http://HOST:PORT`) instead of
-    /// serving files; the built-in worker streams bodies both ways and adds `forwarded` and
+    /// Reverse proxy: pass every request to this HTTP service (`http://HOST:PORT`; `https://`,
+    /// `h2c://` for HTTP/2 in the clear, `h2://` for HTTP/2 over TLS) instead of serving files; the built-in worker streams bodies both ways and adds `forwarded` and
     /// `x-forwarded-*` with the client's address. Not with --root.
     #[arg(long, env = "RINGMUX_UPSTREAM")]
     pub upstream: Option<String>,
@@ -595,7 +597,7 @@ pub struct RunArgs {
     /// to any other process, ptrace and reading other processes' memory, new processes, and
     /// receiving on, changing or duplicating the public socket; a Landlock domain makes the
     /// file system an allow-list (read its program, libraries and site roots, plus
-    /// --worker-read; write nowhere but --worker-write) (README "Workers are untrusted").
+    /// --worker-read; write nowhere but --worker-write) (docs/security.md).
     /// Without Landlock (Linux 5.13, `landlock` among the boot's LSMs) ringmux refuses to
     /// start: `filter-only` runs the filter alone, and a worker then reads and writes every
     /// file its user may. `off` is for debugging a worker only: any worker can then stop,
@@ -1169,6 +1171,10 @@ impl RunArgs {
         }
         let upstream = match &self.upstream {
             Some(up) => match up.parse::<UpstreamUrl>() {
+                Ok(u) if u.scheme.tls() => match crate::certs::system_roots_pem() {
+                    Ok(_) => Some(u),
+                    Err(e) => bail!("--upstream / RINGMUX_UPSTREAM={up}: {e}"),
+                },
                 Ok(u) => Some(u),
                 Err(e) => bail!("--upstream / RINGMUX_UPSTREAM={e}"),
             },
@@ -1458,10 +1464,17 @@ impl Config {
     /// and the built-in responses.
     pub fn site_table(&self, cert: crate::certs::CertPem) -> SiteTable {
         let action = match &self.upstream {
-            Some(url) => Action::Upstream {
-                url: url.clone(),
-                strip_prefix: false,
-            },
+            Some(url) => {
+                let mut action = Action::upstream(url.clone(), false);
+                if let Action::Upstream { tls, .. } = &mut action {
+                    // Checked by `serving` when the configuration was read; a bundle gone
+                    // since leaves the worker to refuse the route, naming it.
+                    if url.scheme.tls() {
+                        tls.roots_pem = crate::certs::system_roots_pem().unwrap_or_default();
+                    }
+                }
+                action
+            }
             None => Action::Builtin {
                 root: self.args.root.clone(),
             },
@@ -1474,12 +1487,16 @@ impl Config {
                 key_pem: cert.key,
                 acme: false,
                 routes: vec![Route {
+                    compress: None,
                     path: "/".into(),
                     action,
                     rules: Default::default(),
+                    limits: Default::default(),
                 }],
                 redirect_names: Vec::new(),
+                compress: None,
                 rules: Default::default(),
+                limits: Default::default(),
             }],
             default_site: Some(0),
         }
@@ -1659,7 +1676,9 @@ mod tests {
                 "--file-cache-mb=64",
                 "--upstream-timeout=60",
                 "--tcp-max-connections=4096",
-                "--tcp-idle-timeout=60"
+                "--tcp-idle-timeout=60",
+                "--max-tunnels=4096",
+                "--tunnel-idle=300"
             ]
         );
         assert_eq!(c.worker_label(), "/bin/true");
@@ -1768,12 +1787,12 @@ mod tests {
                 &["--root", "RINGMUX_ROOT"],
             ),
             (
-                &["--upstream", "https://127.0.0.1:8443"],
+                &["--upstream", "ftp://127.0.0.1:8443"],
                 &[
                     "--upstream",
                     "RINGMUX_UPSTREAM",
-                    "https://127.0.0.1:8443",
-                    "https",
+                    "ftp://127.0.0.1:8443",
+                    "h2c://HOST:PORT",
                 ],
             ),
             (

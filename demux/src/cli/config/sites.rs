@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use ringmux_proto::sites::{Action, Route, Site, SiteTable};
+use ringmux_proto::sites::{Action, Limits, Route, Site, SiteTable};
 
 use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
 use super::WorkerUser;
@@ -21,8 +21,9 @@ mod rules;
 pub fn build(file: &FileConfig, worker_user: Option<&WorkerUser>) -> Result<SiteTable, Problems> {
     let mut problems = Vec::new();
     let mut sites = Vec::new();
+    let mut roots = SystemRoots::default();
     for doc in &file.sites {
-        if let Some(site) = site(doc, worker_user, &mut problems) {
+        if let Some(site) = site(doc, worker_user, &mut roots, &mut problems) {
             sites.push(site);
         }
     }
@@ -89,7 +90,12 @@ fn problem(problems: &mut Vec<Problem>, at: &Place, message: String) {
     });
 }
 
-fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -> Option<Site> {
+fn site(
+    doc: &SiteDoc,
+    user: Option<&WorkerUser>,
+    roots: &mut SystemRoots,
+    problems: &mut Vec<Problem>,
+) -> Option<Site> {
     let before = problems.len();
     if doc.names.is_empty() {
         problem(
@@ -198,7 +204,7 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
     }
     let mut routes: Vec<Route> = Vec::new();
     for r in &doc.routes {
-        if let Some(route) = route(r, user, problems) {
+        if let Some(route) = route(r, user, roots, problems) {
             if let Some(same) = routes.iter().find(|o| o.path == route.path) {
                 problem(
                     problems,
@@ -213,6 +219,13 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         }
     }
     let rules = rules::site_rules(&doc.rules, problems);
+    let limits = match &doc.limits {
+        Ok(limits) => limits.clone(),
+        Err(refused) => {
+            problems.push(refused.clone());
+            Limits::default()
+        }
+    };
     if problems.len() > before {
         return None;
     }
@@ -225,7 +238,9 @@ fn site(doc: &SiteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         acme,
         routes,
         redirect_names,
+        compress: doc.compress.as_ref().map(|c| c.value),
         rules,
+        limits,
     })
 }
 
@@ -370,20 +385,47 @@ fn certificate(
     Some(pem)
 }
 
-/// A route the contract read ([`RouteDoc::route`]), and what only the disk can tell of it.
-fn route(r: &RouteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -> Option<Route> {
-    let route = match &r.route {
-        Ok(route) => route,
+/// A route the contract read ([`RouteDoc::route`]), and what only the disk can tell of it:
+/// a root the workers can read; a TLS upstream's certificates to trust, read here.
+fn route(
+    r: &RouteDoc,
+    user: Option<&WorkerUser>,
+    roots: &mut SystemRoots,
+    problems: &mut Vec<Problem>,
+) -> Option<Route> {
+    let mut route = match &r.route {
+        Ok(route) => route.clone(),
         Err(refused) => {
             problems.push(refused.clone());
             return None;
         }
     };
-    match &route.action {
+    match &mut route.action {
         Action::Files { root } => {
             check_root(root, r.place_of("root"), user, problems)?;
             if let Some(fallback) = &route.rules.fallback {
                 rules::check_fallback(root, fallback, r.place_of("fallback"), problems);
+            }
+        }
+        Action::Upstream { url, tls, .. } if url.urls().iter().any(|u| u.scheme.tls()) => {
+            let read = match &r.upstream_ca {
+                Some(ca) => crate::certs::load_upstream_ca(ca).map_err(|e| {
+                    let at = r.place_of("upstream_ca");
+                    (at, format!("upstream_ca = {}: {e}", ca.display()))
+                }),
+                None => roots.get().map_err(|e| {
+                    let at = r.place_of("upstream");
+                    let tls = url.urls().iter().find(|u| u.scheme.tls());
+                    let named = tls.map(ToString::to_string).unwrap_or_default();
+                    (at, format!("upstream = \"{named}\": {e}"))
+                }),
+            };
+            match read {
+                Ok(pem) => tls.roots_pem = pem,
+                Err((at, message)) => {
+                    problem(problems, at, message);
+                    return None;
+                }
             }
         }
         Action::Builtin { .. }
@@ -391,7 +433,20 @@ fn route(r: &RouteDoc, user: Option<&WorkerUser>, problems: &mut Vec<Problem>) -
         | Action::Redirect { .. }
         | Action::Respond(_) => {}
     }
-    Some(route.clone())
+    Some(route)
+}
+
+/// The system's roots, read once per build and only if a TLS upstream without `upstream_ca`
+/// needs them.
+#[derive(Default)]
+struct SystemRoots(Option<Result<String, std::sync::Arc<crate::certs::TrustError>>>);
+
+impl SystemRoots {
+    fn get(&mut self) -> Result<String, std::sync::Arc<crate::certs::TrustError>> {
+        self.0
+            .get_or_insert_with(|| crate::certs::system_roots_pem().map_err(std::sync::Arc::new))
+            .clone()
+    }
 }
 
 /// A route's root: a folder the demux can list and the workers' user can enter; `None`

@@ -90,14 +90,18 @@ impl Server {
             key_pem: pem.map(|p| p.key.clone()).unwrap_or_default(),
             acme,
             redirect_names: Vec::new(),
+            compress: None,
             rules: Default::default(),
             routes: vec![Route {
+                compress: None,
                 path: "/".into(),
                 action: Action::Respond(
                     ringmux_proto::route::Respond::new(200, &format!("{label}\n")).unwrap(),
                 ),
                 rules: Default::default(),
+                limits: Default::default(),
             }],
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![

@@ -1,5 +1,4 @@
-//! What a worker can reach of the file system, from its first instruction (README "Workers
-//! are untrusted"): the fault worker's `files` attack (test-tools/fault-worker) reads the
+//! What a worker can reach of the file system, from its first instruction (docs/security.md): the fault worker's `files` attack (test-tools/fault-worker) reads the
 //! ACME account key and a site key, plants a certificate and a challenge in the ACME state
 //! folder, reads files outside every root, changes a site root and writes anywhere else. Each
 //! attempt must be refused, in every mode ringmux runs in: as root (workers as nobody), as an

@@ -36,8 +36,7 @@ fn fault_env(fault: &str, dir: &TempDir, real: &std::path::Path) -> Vec<(&'stati
 }
 
 /// What an attack that looks for processes under `/proc` (siblings, the demux, its own
-/// status) is given: every worker's allow-list closes `/proc` (README "Workers are
-/// untrusted"), so without it the attack would find nothing, and what refuses it would be the
+/// status) is given: every worker's allow-list closes `/proc` (docs/security.md), so without it the attack would find nothing, and what refuses it would be the
 /// allow-list rather than the wall it aims at (the filter, the Landlock domain's ptrace scope).
 const READ_PROC: [&str; 2] = ["--worker-read", "/proc"];
 

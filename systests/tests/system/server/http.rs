@@ -1419,13 +1419,17 @@ async fn requests_for_another_sites_host_are_misdirected() {
             key_pem: String::new(),
             acme: false,
             redirect_names: Vec::new(),
+            compress: None,
             rules: Default::default(),
             routes,
+            limits: Default::default(),
         };
         let respond = |path: &str, status, body: &str| Route {
+            compress: None,
             path: path.into(),
             action: Action::Respond(ringmux_proto::route::Respond::new(status, body).unwrap()),
             rules: Default::default(),
+            limits: Default::default(),
         };
         let table = SiteTable {
             sites: vec![
@@ -1436,9 +1440,11 @@ async fn requests_for_another_sites_host_are_misdirected() {
                         respond("/", 200, "local\n"),
                         respond("/gone", 410, "gone\n"),
                         Route {
+                            compress: None,
                             path: "/b".into(),
                             action: Action::Builtin { root: None },
                             rules: Default::default(),
+                            limits: Default::default(),
                         },
                     ],
                 ),

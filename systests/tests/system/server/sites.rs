@@ -141,9 +141,11 @@ impl Server {
 
 fn route(path: &str, action: Action) -> Route {
     Route {
+        compress: None,
         path: path.into(),
         action,
         rules: Default::default(),
+        limits: Default::default(),
     }
 }
 
@@ -155,8 +157,10 @@ fn site(label: &str, routes: Vec<Route>) -> Site {
         key_pem: String::new(),
         acme: false,
         redirect_names: Vec::new(),
+        compress: None,
         rules: Default::default(),
         routes,
+        limits: Default::default(),
     }
 }
 
@@ -170,7 +174,7 @@ async fn each_request_is_answered_by_its_sites_route() {
         std::fs::write(stat.join("a.css"), b"p{}").unwrap();
         let log_path = tmp.path().join("access.log");
         let log_file = std::fs::File::create(&log_path).unwrap();
-        let log = AccessLog::start(log_file, 0).unwrap();
+        let log = AccessLog::start(log_file, 0, ringmux_server::access_log::LogFormat::Ringmux).unwrap();
         let upstream: ringmux_proto::UpstreamUrl =
             format!("http://{}", echo_upstream().await).parse().unwrap();
         let table = SiteTable {
@@ -185,20 +189,8 @@ async fn each_request_is_answered_by_its_sites_route() {
                             ),
                         ),
                         route("/static", Action::Files { root: stat.clone() }),
-                        route(
-                            "/api",
-                            Action::Upstream {
-                                url: upstream.clone(),
-                                strip_prefix: true,
-                            },
-                        ),
-                        route(
-                            "/raw",
-                            Action::Upstream {
-                                url: upstream,
-                                strip_prefix: false,
-                            },
-                        ),
+                        route("/api", Action::upstream(upstream.clone(), true)),
+                        route("/raw", Action::upstream(upstream, false)),
                         route(
                             "/old",
                             Action::Redirect {

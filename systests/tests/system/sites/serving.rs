@@ -919,12 +919,51 @@ fn check_names_every_problem_at_its_place() {
             vec![(7, 8, format!("root = {}: not a directory", p("nowhere")))],
         ),
         (
-            "an https upstream",
-            format!("{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n"),
+            "an upstream of another scheme",
+            format!("{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"ftp://127.0.0.1:9\"\n"),
             vec![(
                 10,
                 12,
-                "upstream = \"https://127.0.0.1:9\": https upstreams are not supported".into(),
+                "upstream = \"ftp://127.0.0.1:9\": expected http://HOST:PORT, https://HOST:PORT"
+                    .into(),
+            )],
+        ),
+        (
+            "an upstream_ca that does not exist",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"https://127.0.0.1:9\"\n\
+                 upstream_ca = \"{{D}}/nowhere.pem\"\n"
+            ),
+            vec![(
+                11,
+                15,
+                format!("upstream_ca = {}: cannot read it: ", p("nowhere.pem")),
+            )],
+        ),
+        (
+            "an upstream_ca without a certificate",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"h2://127.0.0.1:9\"\n\
+                 upstream_ca = \"{{D}}/a.key\"\n"
+            ),
+            vec![(
+                11,
+                15,
+                format!("upstream_ca = {}: no CERTIFICATE in it", p("a.key")),
+            )],
+        ),
+        (
+            "upstream_sni beside an upstream in the clear",
+            format!(
+                "{SITE}[[site.route]]\npath = \"/api\"\nupstream = \"h2c://127.0.0.1:9\"\n\
+                 upstream_sni = \"api.internal\"\n"
+            ),
+            vec![(
+                11,
+                16,
+                "upstream_sni goes with a TLS upstream (https:// or h2://), and upstream = \
+                 \"h2c://127.0.0.1:9\" is in the clear"
+                    .into(),
             )],
         ),
         (
@@ -1617,3 +1656,117 @@ async fn redirect_names_send_clients_to_the_first_name() {
 
 /// Header rules, HSTS, CORS, fallbacks and error pages.
 mod rules;
+/// `allow` and `deny` answer 403 on HTTP/1.1, HTTP/2 and HTTP/3 to the client address each
+/// transport sees (127.0.0.1 here): a route's list replaces its site's, and a site's list
+/// holds for its routes without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_and_deny_answer_403_on_every_protocol() {
+    if !tool::CURL.present() || !tool::AIOQUIC.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let sites = Sites::new();
+        let rm = sites.start_edited("", |text| {
+            let text = text.replacen(
+                "path = \"/hi\"\n",
+                "path = \"/hi\"\ndeny = [\"127.0.0.0/8\"]\n",
+                1,
+            );
+            // b.test: only blocks the client is not in, on the site.
+            let allow = "b.key\"\nallow = [\"10.0.0.0/8\", \"2001:db8::/32\"]\n";
+            text.replacen("b.key\"\n", allow, 1)
+        });
+        let (a, b) = (sites.cert(&A), sites.cert(&B));
+        for (flag, _) in TCP_VERSIONS {
+            let a_name = Reach::Name("a.test");
+            let hi = curl_ok(&rm, a_name, Some(&a), &[flag], "/hi").await;
+            assert_eq!(hi.status, 403, "{flag}: a.test/hi {hi:?}");
+            let root = curl_ok(&rm, a_name, Some(&a), &[flag], "/").await;
+            assert_eq!(root.status, 200, "{flag}: a.test/ {root:?}");
+            let b_root = curl_ok(&rm, Reach::Name("b.test"), Some(&b), &[flag], "/").await;
+            assert_eq!(b_root.status, 403, "{flag}: b.test/ {b_root:?}");
+        }
+        let (got, _) = aioquic_ok(&rm, "a.test", &["/hi", "/"]).await;
+        assert_eq!(
+            (got[0].status, got[1].status),
+            (403, 200),
+            "h3 a.test: {got:?}"
+        );
+        let (got, _) = aioquic_ok(&rm, "b.test", &["/"]).await;
+        assert_eq!(got[0].status, 403, "h3 b.test: {got:?}");
+        let refused = "ringmux_worker_requests_refused_total";
+        rm.wait_for("six refusals counted", LIMIT, |m| {
+            m.sum_where(refused, "reason", "denied") >= 6.0
+        })
+        .await;
+    })
+    .await
+}
+
+/// A rate holds for the box, not per worker: one client (127.0.0.1) over four HTTP/3
+/// connections pinned to the four workers gets exactly the burst admitted over them all
+/// (each worker served its share, the metrics show), the rest 429 with `retry-after`; a
+/// second client (127.0.0.2) is not affected. `1/m` with a burst of 20: the window is 20
+/// minutes, so no window turns during the test and the count is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_holds_across_four_workers() {
+    use ringmux_testkit::client::{client_config, H3Client};
+    bounded(LIMIT, async {
+        let sites = Sites::new();
+        let config = sites.config("");
+        let text = std::fs::read_to_string(&config).unwrap().replacen(
+            "path = \"/hi\"\n",
+            "path = \"/hi\"\nrate = \"1/m\"\nburst = 20\n",
+            1,
+        );
+        std::fs::write(&config, text).unwrap();
+        let rm = Ringmux::start(4, Forward::Shm, &["--config", &config.to_string_lossy()]);
+        let client = |from: &str, instance: u8| {
+            let socket = std::net::UdpSocket::bind((from, 0)).expect("binding a client");
+            let mut c = H3Client::with_socket(client_config(None).unwrap(), socket).unwrap();
+            let dcid = rm.dcid_for(instance, 20);
+            c.set_initial_dst_cid_provider(std::sync::Arc::new(move || {
+                quinn::ConnectionId::new(&dcid)
+            }));
+            c
+        };
+        let clients: Vec<H3Client> = (0..4).map(|i| client("127.0.0.1", i)).collect();
+        let mut conns = Vec::new();
+        for c in &clients {
+            conns.push(c.connect(rm.listen, "a.test").await.expect("connecting"));
+        }
+        let (mut admitted, mut limited) = (0, 0);
+        for i in 0..80 {
+            let r = conns[i % 4].get("/hi").await.expect("GET /hi");
+            match r.status.as_u16() {
+                200 => admitted += 1,
+                429 => {
+                    let retry = r.headers.get("retry-after").and_then(|v| v.to_str().ok());
+                    assert!(retry.is_some_and(|v| v.parse::<u64>().is_ok()), "{r:?}");
+                    limited += 1;
+                }
+                other => panic!("GET /hi: {other}"),
+            }
+        }
+        assert_eq!((admitted, limited), (20, 60), "one burst over four workers");
+        let other = client("127.0.0.2", 1);
+        let conn = other
+            .connect(rm.listen, "a.test")
+            .await
+            .expect("connecting");
+        for _ in 0..5 {
+            let r = conn.get("/hi").await.expect("GET /hi from 127.0.0.2");
+            assert_eq!(r.status, 200, "a second client is not limited");
+        }
+        let m = rm
+            .wait_for("every refusal counted", LIMIT, |m| {
+                m.sum_where("ringmux_worker_requests_refused_total", "reason", "rate") >= 60.0
+            })
+            .await;
+        for i in 0..4 {
+            let served = m.sum_where("ringmux_worker_requests_total", "instance", &i.to_string());
+            assert!(served >= 20.0, "instance {i} served {served} requests: {m}");
+        }
+    })
+    .await
+}

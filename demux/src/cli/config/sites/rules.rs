@@ -7,7 +7,6 @@ use std::path::Path;
 use ringmux_proto::rules::{ErrorPage, ErrorPages, Fallback, SiteRules, MAX_ERROR_PAGE};
 
 use super::super::file::{Place, Problem, SiteRulesDoc};
-use super::problem;
 
 /// The site table's rules of `doc`, every error page read; a page that cannot be read is a
 /// problem naming its key.
@@ -74,4 +73,12 @@ pub(super) fn check_fallback(
             ),
         );
     }
+}
+
+/// A problem `message` at `at`.
+fn problem(problems: &mut Vec<Problem>, at: &Place, message: String) {
+    problems.push(Problem {
+        at: Some(at.clone()),
+        message,
+    });
 }

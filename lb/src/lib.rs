@@ -6,7 +6,7 @@
 //! packet of a connection to the box that holds it, also after the client moved to a new
 //! address or port, which a 4-tuple hash cannot do.
 //!
-//! This module owns turning a checked description of the nodes ([`NftPlan`]) into an nftables
+//! This crate owns turning a checked description of the nodes ([`NftPlan`]) into an nftables
 //! ruleset ([`nftables`]) for a Linux box in front of them: a pure function, tested on its text
 //! here and on real packets by `deploy/cluster.sh test`. It never runs `nft` itself and never
 //! touches the network. Plaintext CIDs only: nftables reads bytes at fixed offsets and cannot
@@ -42,6 +42,8 @@
 //! node's end when its entries are deleted (`conntrack -D -r ADDR`). A new connection from
 //! a source port used before meets the hash again: conntrack starts a new entry for a SYN on
 //! a closed one.
+
+pub mod options;
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};

@@ -1,6 +1,6 @@
-//! Option values that both command lines parse, `ringmux` ([`crate::config`]) and `ringmux
-//! lb-config` ([`crate::lbconfig`]): an on/off switch and a node's QUIC-LB identity. Below both,
-//! so that neither imports the other's module for them; imports nothing of the crate.
+//! Option values that both command lines parse, `ringmux`'s (its configuration, in the demux)
+//! and `ringmux lb-config`'s ([`crate`]): an on/off switch and a node's QUIC-LB identity.
+//! Imports nothing of the crate.
 
 /// An on/off setting.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
