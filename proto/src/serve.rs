@@ -90,6 +90,28 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=86400)
     )]
     pub tunnel_idle: u64,
+    /// The access log's lines: ringmux (fields separated by spaces), combined (Apache's and
+    /// nginx's, with referer and user agent) or json (one object per line, every field).
+    #[arg(
+        long,
+        env = "RINGMUX_ACCESS_LOG_FORMAT",
+        value_name = "FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Ringmux
+    )]
+    pub access_log_format: LogFormat,
+}
+
+/// How the access log writes a line.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// ringmux's own line, fields separated by spaces.
+    #[default]
+    Ringmux,
+    /// The combined format of Apache and nginx (GoAccess's `COMBINED`).
+    Combined,
+    /// One JSON object per line.
+    Json,
 }
 
 impl ServeArgs {

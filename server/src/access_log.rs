@@ -48,6 +48,9 @@ use tracing::warn;
 
 use crate::request::authority_of;
 
+mod formats;
+pub use ringmux_proto::serve::LogFormat;
+
 /// Lines a worker may have waiting to be written; one more is dropped.
 pub const QUEUE_LINES: usize = 16 * 1024;
 
@@ -62,6 +65,7 @@ const MAX_PATH: usize = 2048;
 pub struct AccessLog {
     tx: SyncSender<String>,
     instance: u8,
+    format: LogFormat,
     counts: Arc<Counts>,
     /// 0, or the [`Ending`] of every request the worker itself ends from now on
     /// ([`AccessLog::ending_all`]).
@@ -131,6 +135,12 @@ pub struct Entry<'a> {
     pub site: Option<&'a str>,
     /// How it ended.
     pub ending: Ending,
+    /// The prefix of the route that answered, if one did.
+    pub route: Option<&'a str>,
+    /// The TLS server name of the request's connection, if any.
+    pub sni: Option<&'a str>,
+    pub user_agent: Option<&'a str>,
+    pub referer: Option<&'a str>,
     /// A tunnel's line only (a WebSocket through the proxy): the bytes received from the
     /// client, written as one more field after the ending.
     pub received: Option<u64>,
@@ -138,8 +148,12 @@ pub struct Entry<'a> {
 
 impl AccessLog {
     /// Starts the writer thread on `out` (opened for appending, or a pipe) for instance
-    /// `instance`'s lines.
-    pub fn start(out: std::fs::File, instance: u8) -> std::io::Result<Arc<AccessLog>> {
+    /// `instance`'s lines, each in `format`.
+    pub fn start(
+        out: std::fs::File,
+        instance: u8,
+        format: LogFormat,
+    ) -> std::io::Result<Arc<AccessLog>> {
         let (tx, rx) = mpsc::sync_channel(QUEUE_LINES);
         let counts = Arc::new(Counts::default());
         let c = counts.clone();
@@ -149,6 +163,7 @@ impl AccessLog {
         Ok(Arc::new(AccessLog {
             tx,
             instance,
+            format,
             counts,
             ending_all: AtomicU8::new(0),
         }))
@@ -186,7 +201,11 @@ impl AccessLog {
 
     /// Queues the line of `e`; drops and counts it if the queue is full.
     pub fn record(&self, e: &Entry<'_>) {
-        let line = format_line(e, self.instance);
+        let line = match self.format {
+            LogFormat::Ringmux => format_line(e, self.instance),
+            LogFormat::Combined => formats::combined(e),
+            LogFormat::Json => formats::json(e, self.instance),
+        };
         match self.tx.try_send(line) {
             Ok(()) => {
                 self.counts.queued.fetch_add(1, Ordering::Relaxed);
@@ -366,6 +385,11 @@ pub(crate) struct Logged {
     method: Method,
     authority: Option<String>,
     path: String,
+    user_agent: Option<String>,
+    referer: Option<String>,
+    /// The route's prefix and the connection's server name ([`Logged::note`]).
+    route: Option<String>,
+    sni: Option<Arc<str>>,
     /// The status of the head sent, if one was.
     status: Option<StatusCode>,
     /// Body bytes sent so far.
@@ -387,6 +411,12 @@ impl Logged {
         parts: &http::request::Parts,
     ) -> Logged {
         let authority = authority_of(parts).map(str::to_owned);
+        // Captured only for the formats that write them.
+        let field = |name: http::header::HeaderName| {
+            let wanted = log.format != LogFormat::Ringmux;
+            let v = parts.headers.get(name).filter(|_| wanted)?;
+            Some(String::from_utf8_lossy(v.as_bytes()).into_owned())
+        };
         Logged {
             log: log.clone(),
             site,
@@ -400,10 +430,22 @@ impl Logged {
                 .uri
                 .path_and_query()
                 .map_or_else(|| parts.uri.path().to_owned(), |p| p.as_str().to_owned()),
+            user_agent: field(http::header::USER_AGENT),
+            referer: field(http::header::REFERER),
+            route: None,
+            sni: None,
             status: None,
             bytes: 0,
             done: false,
             received: None,
+        }
+    }
+
+    /// The route that answers (its prefix) and the connection's TLS server name.
+    pub(crate) fn note(&mut self, route: Option<&str>, sni: impl FnOnce() -> Option<Arc<str>>) {
+        if self.log.format != LogFormat::Ringmux {
+            self.route = route.map(str::to_owned);
+            self.sni = sni();
         }
     }
 
@@ -465,6 +507,10 @@ impl Logged {
             duration: self.start.elapsed(),
             site: self.site.as_deref(),
             ending,
+            route: self.route.as_deref(),
+            sni: self.sni.as_deref(),
+            user_agent: self.user_agent.as_deref(),
+            referer: self.referer.as_deref(),
             received: self.received,
         });
     }
@@ -520,6 +566,10 @@ mod tests {
             duration: Duration::from_micros(312),
             site: None,
             ending: Ending::Ok,
+            route: None,
+            sni: None,
+            user_agent: None,
+            referer: None,
             received: None,
         };
         assert_eq!(
@@ -592,7 +642,7 @@ mod tests {
             .append(true)
             .open(&path)
             .unwrap();
-        let log = AccessLog::start(file, 3).unwrap();
+        let log = AccessLog::start(file, 3, LogFormat::Ringmux).unwrap();
         let e = Entry {
             time: SystemTime::now(),
             client: "[2001:db8::1]:443".parse().unwrap(),
@@ -605,6 +655,10 @@ mod tests {
             duration: Duration::from_millis(1),
             site: None,
             ending: Ending::Ok,
+            route: None,
+            sni: None,
+            user_agent: None,
+            referer: None,
             received: None,
         };
         let n = 3 * QUEUE_LINES as u64;
@@ -626,7 +680,7 @@ mod tests {
         let dir = ringmux_testkit::temp_dir("ringmux-access-log-cut");
         let path = dir.path().join("access.log");
         let file = std::fs::File::create(&path).unwrap();
-        let log = AccessLog::start(file, 0).unwrap();
+        let log = AccessLog::start(file, 0, LogFormat::Ringmux).unwrap();
         let parts = http::Request::get("https://localhost/big")
             .body(())
             .unwrap()

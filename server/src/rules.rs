@@ -79,6 +79,8 @@ pub(crate) struct Applied<'r> {
     /// Whether ringmux's own errors get the site's error pages (not a fixed response's
     /// status, which the operator chose).
     pages: bool,
+    /// The prefix of the route that answers, for the access log.
+    route_path: Option<&'r str>,
 }
 
 impl<'r> Applied<'r> {
@@ -98,7 +100,21 @@ impl<'r> Applied<'r> {
             route,
             origin,
             pages,
+            route_path: None,
         }
+    }
+
+    /// These rules, for the route of prefix `path`.
+    pub(crate) fn on_route(self, path: &'r str) -> Applied<'r> {
+        Applied {
+            route_path: Some(path),
+            ..self
+        }
+    }
+
+    /// The prefix of the route that answers, if one does.
+    pub(crate) fn route_path(&self) -> Option<&'r str> {
+        self.route_path
     }
 
     /// The answer to a CORS preflight (an `OPTIONS` with `origin` and

@@ -88,7 +88,9 @@ impl Server {
         }
         let access_log = match worker.access_log() {
             Some(file) => {
-                Some(AccessLog::start(file, worker.instance()).map_err(ServerError::AccessLog)?)
+                let format = options.serve.access_log_format;
+                let log = AccessLog::start(file, worker.instance(), format);
+                Some(log.map_err(ServerError::AccessLog)?)
             }
             None => None,
         };

@@ -662,7 +662,8 @@ impl Router {
             }
         };
         let fixed = matches!(routed.handler, Handler::Respond { .. });
-        let applied = Applied::new(&served.rules, Some(&routed.rules), headers, !fixed);
+        let applied = Applied::new(&served.rules, Some(&routed.rules), headers, !fixed)
+            .on_route(&routed.prefix);
         if let Some(preflight) = applied.preflight(method, headers) {
             return (Target::reply(preflight), applied);
         }

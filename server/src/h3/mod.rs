@@ -196,6 +196,7 @@ impl Conn {
             .and_then(|d| d.server_name);
         let site = self.router.connection_site(sni.as_deref());
         debug!(%remote, ?sni, ?site, "HTTP/3 connection up");
+        let sni: Option<Arc<str>> = sni.as_deref().map(Arc::from);
 
         let mut requests = JoinSet::new();
         let mut draining = false;
@@ -228,6 +229,7 @@ impl Conn {
                             conn: conn.clone(),
                             router: self.router.clone(),
                             site,
+                            sni: sni.clone(),
                             stats: self.stats.clone(),
                             handshake: handshake.clone(),
                             early_requests: self.early_requests,
@@ -342,6 +344,8 @@ struct Req {
     router: Router,
     /// The connection's site.
     site: Option<usize>,
+    /// The connection's TLS server name, for the access log.
+    sni: Option<Arc<str>>,
     stats: Arc<ServerStats>,
     handshake: HandshakeDone,
     early_requests: bool,
@@ -400,6 +404,9 @@ impl Req {
             &parts.uri,
             remote.ip(),
         );
+        if let Some(l) = logged.as_mut() {
+            l.note(rules.route_path(), || self.sni.clone());
+        }
         let local = match target {
             Target::Proxy {
                 upstream,

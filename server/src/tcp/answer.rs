@@ -31,6 +31,8 @@ pub(super) struct Connection {
     pub(super) router: Router,
     /// The connection's site, by its TLS server name.
     pub(super) site: Option<usize>,
+    /// That name, for the access log.
+    pub(super) sni: Option<Arc<str>>,
     pub(super) stats: Arc<ServerStats>,
     pub(super) alt_svc: Option<HeaderValue>,
     pub(super) remote: SocketAddr,
@@ -66,6 +68,9 @@ pub(super) async fn handle(
         &parts.uri,
         conn.remote.ip(),
     );
+    if let Some(l) = logged.as_mut() {
+        l.note(rules.route_path(), || conn.sni.clone());
+    }
     let mut resp = match target {
         Target::Proxy {
             upstream,

@@ -151,7 +151,8 @@ impl Conn {
                 return;
             }
         };
-        let site = self.router.connection_site(tls.get_ref().1.server_name());
+        let sni: Option<Arc<str>> = tls.get_ref().1.server_name().map(Arc::from);
+        let site = self.router.connection_site(sni.as_deref());
         let router = self.router.clone();
         let stats = self.stats.clone();
         let alt_svc = self.opts.alt_svc.clone();
@@ -161,6 +162,7 @@ impl Conn {
             let conn = Connection {
                 router: router.clone(),
                 site,
+                sni: sni.clone(),
                 stats: stats.clone(),
                 alt_svc: alt_svc.clone(),
                 remote,

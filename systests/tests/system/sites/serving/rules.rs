@@ -303,3 +303,136 @@ fn check_refuses_bad_rules_by_their_key() {
     let out = check(&good, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// A user agent a log must not let forge a line or a field.
+const HOSTILE_UA: &str = "ua \"quoted\" back\\slash \\\" tab\tend";
+
+/// ringmux with the rules' site, its access log in `format`; `n` requests over HTTP/1.1 and
+/// HTTP/2 with [`HOSTILE_UA`] and a quoted referer; every line written. (A newline cannot reach
+/// the server inside a field: the unit tests of `access_log::formats` escape one.)
+async fn logged(format: &str, n: usize) -> (TempDir, PathBuf, String) {
+    let dir = temp_dir("ringmux-log-format");
+    let upstream = PyUpstream::start();
+    let config = rules_config(dir.path(), &upstream.url());
+    let log = dir.path().join("access.log");
+    let rm = Ringmux::start(
+        1,
+        Forward::Shm,
+        &[
+            "--config",
+            &config.to_string_lossy(),
+            "--access-log",
+            &log.to_string_lossy(),
+            "--access-log-format",
+            format,
+        ],
+    );
+    let cert = dir.path().join("a.pem");
+    let ua = format!("user-agent: {HOSTILE_UA}");
+    for i in 0..n {
+        let flag = TCP_VERSIONS[i % 2].0;
+        let args = [flag, "-H", &ua, "-H", "referer: https://r.example/\"x\""];
+        let got = curl_ok(&rm, Reach::Name("a.test"), Some(&cert), &args, "/app/x?q=1").await;
+        assert_eq!(got.status, 200, "{got:?}");
+    }
+    let m = rm
+        .wait_for("every line written", LIMIT, |m| {
+            m.sum(names::WORKER_ACCESS_LOG_LINES) >= n as f64
+        })
+        .await;
+    assert_eq!(m.sum(names::WORKER_ACCESS_LOG_DROPPED), 0.0, "{m}");
+    drop(rm);
+    let text = std::fs::read_to_string(&log).unwrap();
+    drop(upstream);
+    (dir, log, text)
+}
+
+/// `combined` lines read by GoAccess as `COMBINED`: every request counted, the hostile user
+/// agent kept in its field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn combined_lines_are_read_by_goaccess() {
+    if !tool::CURL.present() || which("goaccess").is_none() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let n = 6;
+        let (dir, log, text) = logged("combined", n).await;
+        assert_eq!(text.lines().count(), n, "{text}");
+        let report = dir.path().join("report.json");
+        let out = Command::new("goaccess")
+            .arg(&log)
+            .args(["--log-format=COMBINED", "--no-global-config", "-o"])
+            .arg(&report)
+            .output()
+            .expect("goaccess");
+        assert!(out.status.success(), "{}", text_of(&out.stderr));
+        let json: Json = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+        let general = &json["general"];
+        assert_eq!(general["total_requests"], Json::from(n), "{general}");
+        assert_eq!(general["failed_requests"], Json::from(0), "{general}");
+        assert_eq!(general["valid_requests"], Json::from(n), "{general}");
+    })
+    .await
+}
+
+/// `json` lines, each read by Python's `json` as one object with the fields named, the
+/// hostile user agent and referer whole in their fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_are_read_by_python() {
+    if !tool::CURL.present() {
+        return;
+    }
+    bounded(LIMIT, async {
+        let n = 4;
+        let (dir, log, text) = logged("json", n).await;
+        assert_eq!(text.lines().count(), n, "{text}");
+        let script = dir.path().join("read.py");
+        std::fs::write(
+            &script,
+            "import json, sys\n\
+             for line in open(sys.argv[1]):\n\
+             \x20   o = json.loads(line)\n\
+             \x20   print(json.dumps([o['method'], o['path'], o['query'], o['status'], \
+             o['route'], o['sni'], o['user_agent'], o['referer'], o['ending'], o['site'], \
+             o['protocol']]))\n",
+        )
+        .unwrap();
+        let out = Command::new("python3")
+            .arg(&script)
+            .arg(&log)
+            .output()
+            .expect("python3");
+        assert!(out.status.success(), "{}\n{text}", text_of(&out.stderr));
+        for (i, line) in text_of(&out.stdout).lines().enumerate() {
+            let got: Json = serde_json::from_str(line).unwrap();
+            let protocol = if i % 2 == 0 { "h1" } else { "h2" };
+            let want = serde_json::json!([
+                "GET",
+                "/app/x",
+                "q=1",
+                200,
+                "/app",
+                "a.test",
+                HOSTILE_UA,
+                "https://r.example/\"x\"",
+                "ok",
+                "a.test",
+                protocol
+            ]);
+            assert_eq!(got, want, "line {i}");
+        }
+    })
+    .await
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+fn text_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
