@@ -18,6 +18,8 @@ command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
 command -v conntrack >/dev/null 2>&1 || need_apt+=(conntrack)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v pebble >/dev/null 2>&1 || need_apt+=(pebble)
+# The access log's combined format, read by a tool of its own (sites::serving::rules).
+command -v goaccess >/dev/null 2>&1 || need_apt+=(goaccess)
 if ((${#need_apt[@]})); then
   echo "== installing ${need_apt[*]} (apt)"
   apt-get update -qq

@@ -90,9 +90,9 @@ pub(super) fn json(e: &Entry<'_>, instance: u8) -> String {
         // A tunnel's: the bytes that came from the client (`bytes` went to it).
         let _ = write!(line, ",\"received\":{received}");
     }
-    let _ = write!(
+    let _ = writeln!(
         line,
-        ",\"instance\":{instance},\"ending\":\"{}\"}}\n",
+        ",\"instance\":{instance},\"ending\":\"{}\"}}",
         e.ending.as_str()
     );
     line

@@ -260,7 +260,7 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 20] = [
+pub const RELOADABLE: [&str; 21] = [
     "cert",
     "key",
     "root",
@@ -274,6 +274,7 @@ pub const RELOADABLE: [&str; 20] = [
     "max_tunnels",
     "tunnel_idle",
     "access_log",
+    "access_log_format",
     "worker_bin",
     "worker_cmd",
     "worker_mode",
@@ -1678,7 +1679,8 @@ mod tests {
                 "--tcp-max-connections=4096",
                 "--tcp-idle-timeout=60",
                 "--max-tunnels=4096",
-                "--tunnel-idle=300"
+                "--tunnel-idle=300",
+                "--access-log-format=ringmux"
             ]
         );
         assert_eq!(c.worker_label(), "/bin/true");

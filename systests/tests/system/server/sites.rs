@@ -174,7 +174,8 @@ async fn each_request_is_answered_by_its_sites_route() {
         std::fs::write(stat.join("a.css"), b"p{}").unwrap();
         let log_path = tmp.path().join("access.log");
         let log_file = std::fs::File::create(&log_path).unwrap();
-        let log = AccessLog::start(log_file, 0, ringmux_server::access_log::LogFormat::Ringmux).unwrap();
+        let log =
+            AccessLog::start(log_file, 0, ringmux_server::access_log::LogFormat::Ringmux).unwrap();
         let upstream: ringmux_proto::UpstreamUrl =
             format!("http://{}", echo_upstream().await).parse().unwrap();
         let table = SiteTable {
