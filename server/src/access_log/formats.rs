@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-use super::{civil_from_days, rfc3339_millis, Entry, MAX_AUTHORITY, MAX_PATH};
+use super::line::{civil_from_days, rfc3339_millis, Entry, MAX_AUTHORITY, MAX_PATH};
 
 /// The longest user agent or referer written, in bytes.
 const MAX_FIELD: usize = 1024;
@@ -159,7 +159,7 @@ fn common_log_time(t: SystemTime, out: &mut String) {
 mod tests {
     use std::time::Duration;
 
-    use super::super::Ending;
+    use super::super::line::Ending;
     use super::*;
 
     fn entry<'a>(ua: &'a str) -> Entry<'a> {
