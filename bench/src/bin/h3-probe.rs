@@ -89,6 +89,11 @@ struct Args {
     #[arg(long)]
     task_per_stream: bool,
 
+    /// Add this header to every request, as `NAME: VALUE` (repeatable), e.g.
+    /// `--header 'accept-encoding: br'`.
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+
     /// Internal (set by --processes): write this process's share as JSON here, print nothing.
     #[arg(long, hide = true)]
     shard_out: Option<PathBuf>,
@@ -107,6 +112,20 @@ struct Plan {
     counted: AtomicU64,
     /// `--task-per-stream`.
     task_per_stream: bool,
+    /// `--header`: added to every request.
+    headers: http::HeaderMap,
+}
+
+/// `--header`'s value: `NAME: VALUE`.
+fn parse_header(v: &str) -> anyhow::Result<(http::HeaderName, http::HeaderValue)> {
+    let (name, value) = v.split_once(':').with_context(|| {
+        format!("--header {v:?}: expected NAME: VALUE, e.g. 'accept-encoding: br'")
+    })?;
+    let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+        .with_context(|| format!("--header {v:?}: {:?} is not a header name", name.trim()))?;
+    let value = http::HeaderValue::from_str(value.trim())
+        .with_context(|| format!("--header {v:?}: {:?} is not a header value", value.trim()))?;
+    Ok((name, value))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -197,6 +216,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         budget: args.requests,
         counted: AtomicU64::new(0),
         task_per_stream: args.task_per_stream,
+        headers: args.headers.iter().cloned().collect(),
     });
     // The process's CPU time when the measurement starts (u64::MAX until then), so that the
     // client's own cost per request covers the measured window only.
@@ -468,7 +488,7 @@ async fn request(plan: &Plan, conn: &H3Conn, uri: &http::Uri, failures: u32) -> 
         tokio::time::sleep((BACKOFF * failures).min(MAX_BACKOFF)).await;
     }
     let t0 = Instant::now();
-    let result = tokio::time::timeout(plan.timeout, conn.get_len(uri)).await;
+    let result = tokio::time::timeout(plan.timeout, conn.get_len_with(uri, &plan.headers)).await;
     (failures, t0, Instant::now(), result)
 }
 

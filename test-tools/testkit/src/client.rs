@@ -379,8 +379,20 @@ impl H3Conn {
     /// `GET uri` (made by [`H3Conn::uri`]), the body read to its end and counted: the status
     /// and the body's length ([`InFlight::count_body`]).
     pub async fn get_len(&self, uri: &http::Uri) -> Result<(StatusCode, u64), ClientError> {
+        self.get_len_with(uri, &http::HeaderMap::new()).await
+    }
+
+    /// [`H3Conn::get_len`] with `headers` added to the request (e.g. `accept-encoding`).
+    pub async fn get_len_with(
+        &self,
+        uri: &http::Uri,
+        headers: &http::HeaderMap,
+    ) -> Result<(StatusCode, u64), ClientError> {
         let mut req = http::Request::new(());
         *req.uri_mut() = uri.clone();
+        if !headers.is_empty() {
+            req.headers_mut().extend(headers.clone());
+        }
         self.send_head(req, None).await?.count_body().await
     }
 
