@@ -12,12 +12,19 @@
 # seconds / (seconds + the 1 s warm-up)), the ringmux/nginx and ringmux/Caddy ratios of req/s
 # and of server CPU per request within each round, per transport, and ringmux's own HTTP/3
 # against its HTTP/2 (CPU per request). No server writes an access log.
-# --files LIST picks the files (default "small big"): tiny (1 byte), small (1 KiB), big (1 MiB).
+# --files LIST picks the files (default "small big"): tiny (1 byte), small (1 KiB), big (1 MiB),
+# page (a 16 KiB HTML page of words, which ringmux compresses).
+# --coding CODING (br, zstd or gzip) adds ringmux-tcp-CODING and ringmux-h3-CODING: ringmux
+# again, each request with `accept-encoding: CODING` (a compressible file is then served from
+# its cached compressed copy); the summary gives coded / plain within each round.
 # The tiny-response shape of published HTTP/3 comparisons (64 connections x 64 streams, a tiny
 # body): --connections 64 --streams 64 --files tiny; the summary gives each server's requests
 # per server core-second (1 / its CPU per request).
 # --no-caddy-h3 leaves Caddy's HTTP/3 out (it then serves HTTP/1.1 and HTTP/2 only);
 # --no-caddy and --no-nginx leave that server out.
+# --base DIR adds base-tcp and base-h3: the ringmux and ringmux-worker in DIR (a copy of
+# another build's target/release) run beside this build's in every round, for an A/B of two
+# builds; the summary gives this build / the base within each round.
 # --h3-probe-arg ARG (repeatable) passes ARG to every h3-probe run, e.g.
 # --h3-probe-arg=--task-per-stream for the client's earlier shape.
 #
@@ -27,7 +34,7 @@
 #
 # Usage: bench/scripts/bench-tcp.sh [--rounds N] [--seconds S] [--connections C] [--streams M]
 #          [--instances K] [--files "tiny small big"] [--out DIR] [--no-build] [--no-caddy-h3]
-#          [--no-caddy] [--no-nginx] [--h3-probe-arg ARG]...
+#          [--no-caddy] [--no-nginx] [--coding CODING] [--base DIR] [--h3-probe-arg ARG]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -42,6 +49,8 @@ caddy_h3=1
 caddy=1
 nginx=1
 files="small big"
+coding=""
+base=""
 probe_args=()
 while (($#)); do
   case $1 in
@@ -51,6 +60,8 @@ while (($#)); do
     --streams) streams=$2; shift 2 ;;
     --instances) instances=$2; shift 2 ;;
     --files) files=$2; shift 2 ;;
+    --coding) coding=$2; shift 2 ;;
+    --base) base=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --no-caddy-h3) caddy_h3=0; shift ;;
@@ -77,10 +88,11 @@ out=${out:-$work}
 mkdir -p "$out" "$work/root"
 chmod 755 "$work" "$work/root"
 rm_pid=""
+base_pid=""
 caddy_pid=""
 nginx_pid=""
 cleanup() {
-  for p in $rm_pid $caddy_pid $nginx_pid; do
+  for p in $rm_pid $base_pid $caddy_pid $nginx_pid; do
     kill -TERM "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
   done
@@ -89,11 +101,30 @@ cleanup() {
 trap cleanup EXIT
 
 for file in $files; do
-  [[ $file == tiny || $file == small || $file == big ]] || { echo "bench-tcp.sh: --files takes tiny, small and big, not $file" >&2; exit 2; }
+  [[ $file == tiny || $file == small || $file == big || $file == page ]] || { echo "bench-tcp.sh: --files takes tiny, small, big and page, not $file" >&2; exit 2; }
 done
+[[ -z $coding || $coding == br || $coding == zstd || $coding == gzip ]] || { echo "bench-tcp.sh: --coding takes br, zstd or gzip, not $coding" >&2; exit 2; }
+# name_of FILE: the file's name in the document root.
+name_of() {
+  if [[ $1 == page ]]; then echo page.html; else echo "$1.bin"; fi
+}
 head -c 1 /dev/urandom >"$work/root/tiny.bin"
 head -c 1024 /dev/urandom >"$work/root/small.bin"
 head -c 1048576 /dev/urandom >"$work/root/big.bin"
+python3 - "$work/root/page.html" <<'PY'
+import random, sys
+rng = random.Random(7)
+words = ["ringmux", "quic", "worker", "datagram", "stream", "server", "header", "the", "of", "and",
+         "request", "response", "a", "to", "connection", "reload", "site", "route", "file", "proxy"]
+out = ["<!doctype html><html><head><title>page</title></head><body>"]
+size = len(out[0])
+while size < 16 * 1024 - 32:
+    p = "<p>" + " ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) + ".</p>\n"
+    out.append(p)
+    size += len(p)
+out.append("</body></html>\n")
+open(sys.argv[1], "w").write("".join(out))
+PY
 chmod 644 "$work/root/"*.bin
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
   -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
@@ -103,11 +134,17 @@ chmod 644 "$work/key.pem" "$work/cert.pem"
 rm_port=4440
 caddy_port=4441
 nginx_port=4442
+base_port=4443
+if [[ -n $base ]]; then
+  [[ -x $base/ringmux && -x $base/ringmux-worker ]] || { echo "bench-tcp.sh: --base $base holds no ringmux and ringmux-worker" >&2; exit 2; }
+fi
 caddy_protocols="h1 h2"
 targets="ringmux-tcp"
 ((nginx)) && targets="$targets nginx-tcp"
 ((caddy)) && targets="$targets caddy-tcp"
 targets="$targets ringmux-h3"
+[[ -n $coding ]] && targets="$targets ringmux-tcp-$coding ringmux-h3-$coding"
+[[ -n $base ]] && targets="$targets base-tcp base-h3"
 if ((caddy_h3)); then
   # Caddy's HTTP/3 (quic-go) listens on the same port over UDP; default_sni lets a client that
   # names an IP literal (h3-probe, h2load) get the certificate.
@@ -184,10 +221,11 @@ p99_us() {
   awk '{ print $3 }' "$1" | sort -n | awk '{ a[NR] = $1 } END { i = int(NR * 0.99); if (i < 1) i = 1; print a[i] }'
 }
 
-# run_h2load PORT PATH LOG: req/s; h2load's user and system CPU seconds in LOG.time.
+# run_h2load PORT PATH LOG [H2LOAD-ARG...]: req/s; h2load's user and system CPU seconds in
+# LOG.time.
 run_h2load() {
   /usr/bin/time -f "%U %S" -o "$3.time" h2load -c "$connections" -m "$streams" -D "$duration" \
-    --warm-up-time=1 --log-file="$3" "https://127.0.0.1:$1$2" 2>&1 |
+    --warm-up-time=1 --log-file="$3" "${@:4}" "https://127.0.0.1:$1$2" 2>&1 |
     awk '/^finished in/ { gsub(",", "", $4); print $4 }'
 }
 
@@ -201,6 +239,15 @@ for round in $(seq 1 "$rounds"); do
   rm_pid=$!
   for _ in $(seq 1 100); do grep -q "ringmux ready" "$work/ringmux.log" && break; sleep 0.1; done
   mapfile -t workers < <(pgrep -P "$rm_pid")
+  base_workers=()
+  if [[ -n $base ]]; then
+    "$base/ringmux" --listen "127.0.0.1:$base_port" --instances "$instances" --root "$work/root" \
+      --cert "$work/cert.pem" --key "$work/key.pem" --metrics 127.0.0.1:0 \
+      --control-socket off >"$work/base.log" 2>&1 &
+    base_pid=$!
+    for _ in $(seq 1 100); do grep -q "ringmux ready" "$work/base.log" && break; sleep 0.1; done
+    mapfile -t base_workers < <(pgrep -P "$base_pid")
+  fi
   if ((caddy)); then
     caddy run --config "$work/Caddyfile" --adapter caddyfile >"$work/caddy.log" 2>&1 &
     caddy_pid=$!
@@ -217,25 +264,30 @@ for round in $(seq 1 "$rounds"); do
   for file in $files; do
     for target in $targets; do
       log=$work/$target-$file-$round.log
+      extra=()
+      [[ $target == ringmux-*-"$coding" && -n $coding ]] && extra=(-H "accept-encoding: $coding")
       case $target in
         ringmux-tcp) pids=("${workers[@]}"); port=$rm_port ;;
         caddy-tcp) pids=("$caddy_pid"); port=$caddy_port ;;
         nginx-tcp) pids=("${nginx_pids[@]}"); port=$nginx_port ;;
-        ringmux-h3) pids=("${workers[@]}"); port=$rm_port ;;
+        ringmux-h3 | ringmux-h3-*) pids=("${workers[@]}"); port=$rm_port ;;
+        ringmux-tcp-*) pids=("${workers[@]}"); port=$rm_port ;;
+        base-tcp | base-h3) pids=("${base_workers[@]}"); port=$base_port ;;
         caddy-h3) pids=("$caddy_pid"); port=$caddy_port ;;
       esac
       c0=$(cpu_ns "${pids[@]}")
       x0=$(box_busy_ns)
-      if [[ $target == *-h3 ]]; then
-        "$bin/h3-probe" --url "https://127.0.0.1:$port/$file.bin" --insecure -c "$connections" \
-          -s "$streams" -d "$duration" --warmup 1 --json "$log.json" ${probe_args[@]+"${probe_args[@]}"} >/dev/null 2>&1
+      if [[ $target == *-h3 || $target == *-h3-* ]]; then
+        "$bin/h3-probe" --url "https://127.0.0.1:$port/$(name_of "$file")" --insecure -c "$connections" \
+          -s "$streams" -d "$duration" --warmup 1 --json "$log.json" ${extra[@]+"${extra[@]}"} \
+          ${probe_args[@]+"${probe_args[@]}"} >/dev/null 2>&1
         rps=$(jq -r '.requests_per_s' "$log.json")
         p99=$(jq -r '.latency_us.p99' "$log.json")
         n=$(jq -r '.requests' "$log.json")
         client=$(jq -r '.client_cpu_us_per_request // "nan"' "$log.json")
         client=$(awk -v c="$client" 'BEGIN { if (c == "nan") print c; else printf "%.1f", c }')
       else
-        rps=$(run_h2load "$port" "/$file.bin" "$log")
+        rps=$(run_h2load "$port" "/$(name_of "$file")" "$log" ${extra[@]+"${extra[@]}"})
         p99=$(p99_us "$log")
         n=$(wc -l <"$log")
         client=$(awk -v n="$n" -v d="$duration" '{ if (n > 0) printf "%.1f", ($1 + $2) * d / (d + 1) / n * 1e6; else print "nan" }' "$log.time")
@@ -248,11 +300,12 @@ for round in $(seq 1 "$rounds"); do
       printf 'round %s %-12s %-5s %10s req/s  p99 %8s us  server %6s us/request  box %6s us/request  client %6s us/request\n' "$round" "$target" "$file" "$rps" "$p99" "$per" "$box" "$client"
     done
   done
-  for p in $rm_pid $caddy_pid $nginx_pid; do
+  for p in $rm_pid $base_pid $caddy_pid $nginx_pid; do
     kill -TERM "$p" 2>/dev/null || true
     wait "$p" 2>/dev/null || true
   done
   rm_pid=""
+  base_pid=""
   caddy_pid=""
   nginx_pid=""
 done
@@ -265,11 +318,12 @@ def f(v):
         return float(v)
     except ValueError:
         return float("nan")
-files = [f for f in ("tiny", "small", "big") if any(r["file"] == f for r in rows)]
+files = [f for f in ("tiny", "small", "big", "page") if any(r["file"] == f for r in rows)]
+coded = sorted({r["target"] for r in rows if r["target"].startswith("ringmux-") and r["target"].count("-") == 2})
 print("| target | file | req/s | p99 µs | server µs/request | server requests per core-second | box µs/request | client µs/request |")
 print("|---|---|---|---|---|---|---|---|")
 for file in files:
-    for target in ("ringmux-tcp", "nginx-tcp", "caddy-tcp", "ringmux-h3", "caddy-h3"):
+    for target in ("ringmux-tcp", "base-tcp", "nginx-tcp", "caddy-tcp", "ringmux-h3", "base-h3", "caddy-h3", *coded):
         sel = [r for r in rows if r["target"] == target and r["file"] == file]
         if not sel:
             continue
@@ -289,6 +343,9 @@ for ours, theirs, what in (
     ("ringmux-tcp", "caddy-tcp", "ringmux / Caddy over TCP"),
     ("ringmux-h3", "caddy-h3", "ringmux / Caddy over HTTP/3"),
     ("ringmux-h3", "ringmux-tcp", "ringmux's HTTP/3 / its HTTP/2"),
+    ("ringmux-tcp", "base-tcp", "this build / the base over TCP"),
+    ("ringmux-h3", "base-h3", "this build / the base over HTTP/3"),
+    *((c, c.rsplit("-", 1)[0], f"ringmux {c.rsplit('-', 1)[1]} / plain over {'HTTP/3' if '-h3-' in c else 'TCP'}") for c in coded),
 ):
     if theirs not in targets or ours not in targets:
         continue
