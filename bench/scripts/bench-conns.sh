@@ -20,6 +20,8 @@
 #          [--instances K] [--no-nginx] [--base DIR] [--out DIR] [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/scripts/common.sh
+. bench/scripts/common.sh
 
 connections=2000
 rounds=3
@@ -58,7 +60,7 @@ fi
 bin=target/release
 work=$(mktemp -d /tmp/ringmux-bench-conns.XXXXXX)
 out=${out:-$work}
-mkdir -p "$out" "$work/root" "$work/nginx"
+mkdir -p "$out" "$work/root"
 chmod 755 "$work" "$work/root"
 server_pid=""
 cleanup() {
@@ -68,39 +70,9 @@ cleanup() {
 trap cleanup EXIT
 head -c 1024 /dev/urandom >"$work/root/small.bin"
 chmod 644 "$work/root/small.bin"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-chmod 644 "$work/key.pem" "$work/cert.pem"
+self_signed "$work"
 port=4470
-cat >"$work/nginx.conf" <<EOF
-worker_processes $instances;
-worker_rlimit_nofile $((connections * 2 + 1024));
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-events {
-	worker_connections $((connections + 1024));
-}
-http {
-	access_log off;
-	default_type application/octet-stream;
-	sendfile on;
-	keepalive_requests 1000000;
-	client_body_temp_path $work/nginx/body;
-	proxy_temp_path $work/nginx/proxy;
-	fastcgi_temp_path $work/nginx/fastcgi;
-	uwsgi_temp_path $work/nginx/uwsgi;
-	scgi_temp_path $work/nginx/scgi;
-	server {
-		listen 127.0.0.1:$port ssl http2;
-		ssl_certificate $work/cert.pem;
-		ssl_certificate_key $work/key.pem;
-		ssl_protocols TLSv1.3;
-		root $work/root;
-	}
-}
-EOF
+nginx_conf "$work" "$port" "$instances" "$connections"
 
 # rss_kb PID...: the processes' resident memory, KiB.
 rss_kb() {

@@ -13,6 +13,8 @@
 # the server, so compare runs within one invocation.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/scripts/common.sh
+. bench/scripts/common.sh
 rounds=3
 seconds=6
 connections=16
@@ -39,10 +41,7 @@ mkdir -p "$work/root"
 chmod 755 "$work" "$work/root"
 head -c 1024 /dev/urandom >"$work/root/small.bin"
 chmod 644 "$work/root/small.bin"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-chmod 644 "$work/key.pem" "$work/cert.pem"
+self_signed "$work"
 port=4442
 "$ringmux" --listen "127.0.0.1:$port" --instances 2 --root "$work/root" --cert "$work/cert.pem" \
   --key "$work/key.pem" --metrics 127.0.0.1:0 --control-socket off >"$work/ringmux.log" 2>&1 &

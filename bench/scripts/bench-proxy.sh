@@ -19,6 +19,8 @@
 #          [--cases "builtin proxy bytes1m proxy1m"] [--out DIR] [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/scripts/common.sh
+. bench/scripts/common.sh
 
 rounds=5
 secs=6
@@ -51,18 +53,6 @@ fi
 out=${out:-$(mktemp -d /tmp/bench-proxy.XXXXXX)}
 mkdir -p "$out"
 echo "results in $out"
-
-# cpu_ns PID...: on-CPU ns of every thread of the processes.
-cpu_ns() {
-  local s=0 t v
-  for p in "$@"; do
-    for t in /proc/"$p"/task/*/schedstat; do
-      read -r v _ <"$t" 2>/dev/null || continue
-      s=$((s + v))
-    done
-  done
-  echo "$s"
-}
 
 # One upstream for the whole run, so every proxy case meets the same service.
 "$bin/http1-upstream" --listen 127.0.0.1:0 >"$out/upstream.out" 2>&1 &

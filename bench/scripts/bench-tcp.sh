@@ -37,6 +37,8 @@
 #          [--no-caddy] [--no-nginx] [--coding CODING] [--base DIR] [--h3-probe-arg ARG]...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/scripts/common.sh
+. bench/scripts/common.sh
 
 rounds=3
 duration=8
@@ -126,10 +128,7 @@ out.append("</body></html>\n")
 open(sys.argv[1], "w").write("".join(out))
 PY
 chmod 644 "$work/root/"*.bin
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-chmod 644 "$work/key.pem" "$work/cert.pem"
+self_signed "$work"
 
 rm_port=4440
 caddy_port=4441
@@ -167,49 +166,9 @@ https://127.0.0.1:$caddy_port {
 }
 EOF
 
-# nginx as Debian builds it (1.22: HTTP/2 over TLS, no QUIC), set up as a benchmark would be:
-# one worker process per ringmux instance, sendfile, no access log, TLS 1.3 only (as ringmux),
-# keep-alive long enough for a whole run.
-mkdir -p "$work/nginx"
-cat >"$work/nginx.conf" <<EOF
-worker_processes $instances;
-daemon off;
-pid $work/nginx.pid;
-error_log $work/nginx-error.log warn;
-events {
-	worker_connections 4096;
-}
-http {
-	access_log off;
-	default_type application/octet-stream;
-	sendfile on;
-	tcp_nopush on;
-	keepalive_requests 1000000;
-	client_body_temp_path $work/nginx/body;
-	proxy_temp_path $work/nginx/proxy;
-	fastcgi_temp_path $work/nginx/fastcgi;
-	uwsgi_temp_path $work/nginx/uwsgi;
-	scgi_temp_path $work/nginx/scgi;
-	server {
-		listen 127.0.0.1:$nginx_port ssl http2;
-		ssl_certificate $work/cert.pem;
-		ssl_certificate_key $work/key.pem;
-		ssl_protocols TLSv1.3;
-		root $work/root;
-	}
-}
-EOF
-
-# cpu_ns PID...: on-CPU ns of every thread of the processes.
-cpu_ns() {
-  local s=0 p t
-  for p in "$@"; do
-    for t in /proc/"$p"/task/*/schedstat; do
-      [[ -r $t ]] && s=$((s + $(cut -d' ' -f1 "$t")))
-    done
-  done
-  echo "$s"
-}
+# nginx as Debian builds it (1.22: HTTP/2 over TLS, no QUIC), one worker process per ringmux
+# instance.
+nginx_conf "$work" "$nginx_port" "$instances" 3072
 
 # box_busy_ns: busy time of every CPU since boot (user, nice, system, irq, softirq, steal), ns.
 box_busy_ns() {

@@ -18,6 +18,8 @@
 # Needs caddy, openssl and Python's `websockets` (pip install websockets).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=bench/scripts/common.sh
+. bench/scripts/common.sh
 
 rounds=3
 seconds=8
@@ -55,10 +57,7 @@ cleanup() {
   done
 }
 trap cleanup EXIT
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-  -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
-  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
-chmod 644 "$work/key.pem" "$work/cert.pem"
+self_signed "$work"
 
 python3 test-tools/python/ws_upstream.py 0 >"$work/upstream.out" 2>&1 &
 pids+=($!)
@@ -113,17 +112,6 @@ async def main():
 
 asyncio.run(main())
 PY
-
-# cpu_ns PID...: on-CPU ns of every thread of the processes.
-cpu_ns() {
-  local s=0 p t
-  for p in "$@"; do
-    for t in /proc/"$p"/task/*/schedstat; do
-      [[ -r $t ]] && s=$((s + $(cut -d' ' -f1 "$t")))
-    done
-  done
-  echo "$s"
-}
 
 tsv=$out/bench-ws.tsv
 printf 'round\ttarget\tmb_per_s\tproxy_ms_per_mb\n' >"$tsv"
