@@ -5,16 +5,17 @@
 # TCP (the same h2load run; one worker process per ringmux instance, as bench-tcp.sh sets it
 # up). Each target gets a fresh server; its processes' RSS (VmRSS of every worker; nginx: its
 # master and workers) is read once the server is idle and ready (the base), then every 0.5 s
-# while the client runs; the client's connections are all open by the second half of the run,
-# and the median of the samples taken then, less the base, over N, is the memory per
-# connection. The summary gives the median (min-max) over rounds and ringmux HTTP/3 / TCP and
+# while the client runs, with the connections open at that moment (over TCP, `ss` counts the
+# established ones on the server's port; over HTTP/3, the workers' `ringmux_worker_connections`
+# gauges). Each sample of the second half of the run, less the base, over the connections open
+# then, is a figure of memory per connection; the median of those is the run's. The summary gives the median (min-max) over rounds and ringmux HTTP/3 / TCP and
 # ringmux / nginx over TCP within each round. Memory does not depend on the CPU's other load,
 # so this runs beside builds without harm to its figures (the client's rate does).
 #
 # --base DIR adds base-h3 and base-tcp: the ringmux and ringmux-worker in DIR (another build's
 # target/release), for an A/B of two builds.
 #
-# Needs h2load (nghttp2-client), nginx, openssl and jq; raises the open-files limit to fit N.
+# Needs h2load (nghttp2-client), nginx, openssl, jq, curl and ss (iproute2); raises the open-files limit to fit N.
 #
 # Usage: bench/scripts/bench-conns.sh [--connections N] [--rounds R] [--seconds S]
 #          [--instances K] [--no-nginx] [--base DIR] [--out DIR] [--no-build]
@@ -84,6 +85,16 @@ rss_kb() {
   echo "$s"
 }
 
+# open_tcp: established TCP connections to the server's port.
+open_tcp() {
+  ss -Htn state established "( sport = :$port )" | wc -l
+}
+
+# open_quic URL: the workers' open QUIC connections, from ringmux's metrics at URL.
+open_quic() {
+  curl -s "$1" | awk '/^ringmux_worker_connections[{ ]/ { s += $NF } END { print s + 0 }'
+}
+
 # start TARGET: starts the target's server; sets server_pid and pids (the processes measured).
 start() {
   local dir=$bin
@@ -101,6 +112,7 @@ start() {
     server_pid=$!
     for _ in $(seq 1 100); do grep -q "ringmux ready" "$work/ringmux.log" && break; sleep 0.1; done
     mapfile -t pids < <(pgrep -P "$server_pid")
+    metrics="http://$(sed -n 's/.*ringmux ready.* metrics=\([^ ]*\).*/\1/p' "$work/ringmux.log" | head -1)/metrics"
     # One request over each transport first, so that neither the base nor the run pays for
     # the first request's lazy set-up (file cache, TLS and QUIC state created on first use).
     curl -sk -o /dev/null "https://127.0.0.1:$port/small.bin" || true
@@ -109,7 +121,7 @@ start() {
 }
 
 tsv=$out/bench-conns.tsv
-printf 'round\ttarget\tconnections\tbase_kib\tloaded_kib\tbytes_per_connection\trequests\n' >"$tsv"
+printf 'round\ttarget\tconnections\tbase_kib\tloaded_kib\topen\tbytes_per_connection\trequests\n' >"$tsv"
 targets="ringmux-h3 ringmux-tcp"
 ((nginx)) && targets="$targets nginx-tcp"
 [[ -n $base ]] && targets="$targets base-h3 base-tcp"
@@ -127,13 +139,21 @@ for round in $(seq 1 "$rounds"); do
     fi
     client=$!
     samples=()
+    opens=()
+    pers=()
     t0=$(date +%s%N)
     while kill -0 "$client" 2>/dev/null; do
       sleep 0.5
       now=$(date +%s%N)
       # The second half of the run: every connection is open by then.
       if ((now - t0 > duration * 500000000 && now - t0 < duration * 1000000000)); then
-        samples+=("$(rss_kb "${pids[@]}")")
+        rss=$(rss_kb "${pids[@]}")
+        if [[ $target == *-h3 ]]; then open=$(open_quic "$metrics"); else open=$(open_tcp); fi
+        if ((open > 0)); then
+          samples+=("$rss")
+          opens+=("$open")
+          pers+=("$(awk -v l="$rss" -v b="$base_kib" -v n="$open" 'BEGIN { printf "%.0f", (l - b) * 1024 / n }')")
+        fi
       fi
     done
     wait "$client" || true
@@ -142,11 +162,13 @@ for round in $(seq 1 "$rounds"); do
     else
       requests=$(awk '/^requests:/ { print $4 }' "$log.txt")
     fi
-    loaded=$(printf '%s\n' "${samples[@]:-0}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-    per=$(awk -v l="$loaded" -v b="$base_kib" -v n="$connections" 'BEGIN { printf "%.0f", (l - b) * 1024 / n }')
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$connections" "$base_kib" "$loaded" "$per" "$requests" >>"$tsv"
-    printf 'round %s %-11s base %8s KiB  loaded %8s KiB  %7s bytes per connection  (%s requests, %s samples)\n' \
-      "$round" "$target" "$base_kib" "$loaded" "$per" "$requests" "${#samples[@]}"
+    median() { sort -n | awk '{ a[NR] = $1 } END { print (NR ? a[int((NR + 1) / 2)] : "nan") }'; }
+    loaded=$(printf '%s\n' "${samples[@]}" | median)
+    open=$(printf '%s\n' "${opens[@]}" | median)
+    per=$(printf '%s\n' "${pers[@]}" | median)
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$target" "$connections" "$base_kib" "$loaded" "$open" "$per" "$requests" >>"$tsv"
+    printf 'round %s %-11s base %8s KiB  loaded %8s KiB  open %5s  %7s bytes per connection  (%s requests, %s samples)\n' \
+      "$round" "$target" "$base_kib" "$loaded" "$open" "$per" "$requests" "${#samples[@]}"
     kill -TERM "$server_pid" 2>/dev/null || true
     wait "$server_pid" 2>/dev/null || true
     server_pid=""
@@ -157,12 +179,12 @@ python3 - "$tsv" <<'PY'
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1]), delimiter="\t"))
 targets = [t for t in ("ringmux-h3", "ringmux-tcp", "nginx-tcp", "base-h3", "base-tcp") if any(r["target"] == t for r in rows)]
-print("| target | connections | base KiB | loaded KiB | bytes per connection |")
-print("|---|---|---|---|---|")
+print("| target | connections | open | base KiB | loaded KiB | bytes per open connection |")
+print("|---|---|---|---|---|---|")
 for t in targets:
     sel = [r for r in rows if r["target"] == t]
     cell = lambda k: "%.0f (%.0f–%.0f)" % (statistics.median(float(r[k]) for r in sel), min(float(r[k]) for r in sel), max(float(r[k]) for r in sel))
-    print(f"| {t} | {sel[0]['connections']} | {cell('base_kib')} | {cell('loaded_kib')} | {cell('bytes_per_connection')} |")
+    print(f"| {t} | {sel[0]['connections']} | {cell('open')} | {cell('base_kib')} | {cell('loaded_kib')} | {cell('bytes_per_connection')} |")
 def ratio(a, b):
     out = []
     for rnd in sorted({r["round"] for r in rows}):
