@@ -15,8 +15,12 @@
 # within-round ratios proxy/builtin and proxy1m/bytes1m. Client, workers and upstream share the
 # machine's CPUs: compare cases within a run, not with other machines.
 #
+# --base DIR adds base-proxy and base-proxy1m: the same cases with the ringmux and ringmux-worker
+# in DIR (a copy of another build's target/release), for an A/B of the proxy's request path
+# between two builds; the summary gives this build / the base within each round.
+#
 # Usage: bench/scripts/bench-proxy.sh [--rounds N] [--seconds S] [--connections C] [--streams S]
-#          [--cases "builtin proxy bytes1m proxy1m"] [--out DIR] [--no-build]
+#          [--cases "builtin proxy bytes1m proxy1m"] [--base DIR] [--out DIR] [--no-build]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=bench/scripts/common.sh
@@ -28,6 +32,7 @@ connections=16
 streams=8
 cases="builtin proxy bytes1m proxy1m"
 out=""
+base=""
 build=1
 while (($#)); do
   case $1 in
@@ -37,14 +42,19 @@ while (($#)); do
     --streams) streams=$2; shift 2 ;;
     --cases) cases=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --base) base=$2; shift 2 ;;
     --no-build) build=0; shift ;;
-    -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "bench-proxy.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 for tool in jq awk; do
   command -v "$tool" >/dev/null || { echo "bench-proxy.sh: needs $tool (apt-get install $tool)" >&2; exit 2; }
 done
+if [[ -n $base ]]; then
+  [[ -x $base/ringmux && -x $base/ringmux-worker ]] || { echo "bench-proxy.sh: --base $base holds no ringmux and ringmux-worker" >&2; exit 2; }
+  for c in proxy proxy1m; do [[ " $cases " == *" $c "* ]] && cases="$cases base-$c"; done
+fi
 target=${CARGO_TARGET_DIR:-target}
 bin=$target/release
 if ((build)); then
@@ -70,16 +80,18 @@ for ((r = 1; r <= rounds; r++)); do
   order=$cases
   ((r % 2 == 0)) && order=$reversed
   for c in $order; do
+    rm=$bin
+    [[ $c == base-* ]] && rm=$base
     args=(--listen 127.0.0.1:0 --metrics 127.0.0.1:0 --instances 2 --forward shm --grace 2
-      --worker-bin "$bin/ringmux-worker")
-    case $c in
+      --worker-bin "$rm/ringmux-worker")
+    case ${c#base-} in
       builtin) path=/hello.txt len=19 ;;
       proxy) path=/hello len=20 args+=(--upstream "$upstream_url") ;;
       bytes1m) path=/bytes/1048576 len=1048576 ;;
       proxy1m) path=/bytes/1048576 len=1048576 args+=(--upstream "$upstream_url") ;;
       *) echo "unknown case $c" >&2; exit 2 ;;
     esac
-    RUST_LOG=warn "$bin/ringmux" "${args[@]}" >"$out/rm-$c-$r.out" 2>"$out/rm-$c-$r.err" &
+    RUST_LOG=warn "$rm/ringmux" "${args[@]}" >"$out/rm-$c-$r.out" 2>"$out/rm-$c-$r.err" &
     pid=$!
     for _ in $(seq 300); do grep -q '^ringmux ready' "$out/rm-$c-$r.out" && break; sleep 0.1; done
     listen=$(sed -n 's/.* listen=\([^ ]*\).*/\1/p' "$out/rm-$c-$r.out")
@@ -124,4 +136,10 @@ ratio() {
   echo "Within-round ratios, median (min–max):"
   echo "- proxy/builtin: req/s $(ratio proxy builtin 3 | summary), p50 $(ratio proxy builtin 4 | summary), p99 $(ratio proxy builtin 5 | summary), worker CPU/request $(ratio proxy builtin 7 | summary)"
   echo "- proxy1m/bytes1m: req/s $(ratio proxy1m bytes1m 3 | summary), p50 $(ratio proxy1m bytes1m 4 | summary), p99 $(ratio proxy1m bytes1m 5 | summary), worker CPU/request $(ratio proxy1m bytes1m 7 | summary)"
+  if [[ -n $base ]]; then
+    for c in proxy proxy1m; do
+      [[ " $cases " == *" base-$c "* ]] || continue
+      echo "- $c, this build / the base: req/s $(ratio "$c" "base-$c" 3 | summary), p99 $(ratio "$c" "base-$c" 5 | summary), worker CPU/request $(ratio "$c" "base-$c" 7 | summary)"
+    done
+  fi
 } | tee "$out/summary.md"
