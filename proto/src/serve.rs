@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use clap::{Arg, ArgMatches, Args, Command};
 use http::HeaderValue;
 
+use crate::limits::Cidr;
+
 /// The built-in worker's serving options.
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct ServeArgs {
@@ -69,6 +71,21 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub tcp_idle_timeout: u64,
+    /// Behind a balancer that hides the client's address: the balancer's addresses (address
+    /// blocks, `10.0.0.0/8` or `192.0.2.7`, comma-separated; a TOML array in the file), whose
+    /// TCP connections must begin with a PROXY protocol header, version 1 or 2. The client
+    /// address it names stands for the peer's everywhere: access log, allow/deny, rates,
+    /// forwarded and x-forwarded-for. A connection from one of them without a valid header
+    /// within 5 s is closed (ringmux_worker_proxy_protocol_refused_total{why}); one from any
+    /// other address is served as it is, its bytes never read as a header. Default: none.
+    /// TCP only (HTTPS and plain HTTP): QUIC carries no such header.
+    #[arg(
+        long,
+        env = "RINGMUX_PROXY_PROTOCOL_FROM",
+        value_name = "CIDRS",
+        value_delimiter = ','
+    )]
+    pub proxy_protocol_from: Vec<Cidr>,
     /// Tunnels through the proxy (WebSockets, HTTP/1.1 upgrades) each worker holds at once
     /// (1–1000000); one more is answered 503 (ringmux_worker_tunnels_refused_total).
     #[arg(

@@ -145,7 +145,7 @@ fn series_limits_and_examples_match() {
         .filter(|r| !r[0].starts_with("MAX_"))
         .map(|r| r[0].split(',').next().unwrap())
         .collect();
-    assert_eq!(examples.len(), 15, "{examples:?}");
+    assert_eq!(examples.len(), 16, "{examples:?}");
     for key in examples {
         let key = key.replace("…", "x");
         let parsed = Series::parse_key(&key).unwrap_or_else(|| panic!("{key}: not a series"));

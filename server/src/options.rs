@@ -143,6 +143,8 @@ mod tests {
             "7",
             "--tcp-idle-timeout",
             "5",
+            "--proxy-protocol-from",
+            "10.0.0.0/8,192.0.2.7",
             "--worker-mode",
             "sink",
         ]);
@@ -156,6 +158,13 @@ mod tests {
         );
         assert_eq!(o.serve.tcp_max_connections, 7);
         assert_eq!(o.tcp_idle_timeout(), Duration::from_secs(5));
+        let blocks: Vec<String> = o
+            .serve
+            .proxy_protocol_from
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(blocks, ["10.0.0.0/8", "192.0.2.7/32"]);
         assert!(o.sink);
         let o = passed_by_ringmux(&[
             "--upstream",
@@ -176,6 +185,11 @@ mod tests {
             (&["--tcp-max-connections", "0"], "--tcp-max-connections"),
             (&["--tcp-idle-timeout", "0"], "--tcp-idle-timeout"),
             (&["--cache-control", " "], "--cache-control"),
+            (
+                &["--proxy-protocol-from", "10.0.0.1/8"],
+                "--proxy-protocol-from",
+            ),
+            (&["--proxy-protocol-from", "lb"], "--proxy-protocol-from"),
             (&["--upstream", "ftp://x:1"], "--upstream"),
             (&["--root", "/", "--upstream", "http://x:1"], "--root"),
         ] {

@@ -220,6 +220,7 @@ fn tcp_fronts(
     let opts = TcpOptions {
         max_connections: options.serve.tcp_max_connections as usize,
         idle_timeout: options.tcp_idle_timeout(),
+        proxy_protocol_from: options.serve.proxy_protocol_from.clone(),
         accepting: Some(Arc::new(worker.accepting())),
         acme: worker.acme_answers().clone(),
         tunnels: Arc::new(crate::proxy::TunnelOptions::new(

@@ -234,6 +234,8 @@ server_counters! {
             help "HTTP/3 handshakes refused for their server name (no site has it, or none was sent, and there is no default site): the TLS alert unrecognized_name; not counted in `connections_failed`";
         tcp_errors[TcpErrorKind]: counter("tcp_errors", "kind" by TcpErrorKind),
             help "TCP connections refused or ended for bad input or overload, or closed idle, by `TcpErrorKind`";
+        proxy_protocol_refused[ProxyRefusal]: counter("proxy_protocol_refused", "why" by ProxyRefusal),
+            help "TCP connections from a `--proxy-protocol-from` source closed without a valid PROXY header, by `ProxyRefusal`";
         tunnels_opened: counter("tunnels_opened"),
             help "Reverse proxy: tunnels (WebSockets, HTTP/1.1 upgrades) whose both sides switched protocols";
         tunnels_closed[TunnelEnd]: counter("tunnels_closed", "how" by TunnelEnd),
@@ -316,6 +318,10 @@ impl ServerStats {
     pub(crate) fn begin_request(self: &Arc<Self>) -> ActiveRequest {
         self.requests_active.fetch_add(1, Ordering::Relaxed);
         ActiveRequest(self.clone())
+    }
+
+    pub(crate) fn count_proxy_refusal(&self, why: ProxyRefusal) {
+        self.proxy_protocol_refused[why as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_tcp_error(&self, kind: TcpErrorKind) {
@@ -429,6 +435,49 @@ impl TcpErrorKind {
     }
 }
 
+/// Why a connection from a source of `--proxy-protocol-from` was closed before its PROXY
+/// header was read whole (`crate::tcp`'s PROXY protocol), for
+/// `ringmux_worker_proxy_protocol_refused_total{why}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyRefusal {
+    /// Its first bytes are no PROXY header's (neither `PROXY ` nor version 2's signature).
+    #[error("no PROXY header")]
+    Missing,
+    /// A PROXY header that breaks the protocol (a bad address, port, version or command).
+    #[error("a malformed PROXY header")]
+    Malformed,
+    /// A header longer than its bound: 107 bytes (version 1), 16 + 1024 (version 2).
+    #[error("a PROXY header over its bound")]
+    Oversize,
+    /// The header was not complete within `TcpOptions::proxy_header_timeout`.
+    #[error("no whole PROXY header in time")]
+    Timeout,
+    /// The connection ended (or failed) before the header was complete.
+    #[error("the connection ended within its PROXY header")]
+    Closed,
+}
+
+impl ProxyRefusal {
+    /// Every reason, in the order of [`ServerStats::proxy_protocol_refused`]:
+    /// `ALL[r as usize] == r`.
+    pub const ALL: [ProxyRefusal; 5] = [
+        ProxyRefusal::Missing,
+        ProxyRefusal::Malformed,
+        ProxyRefusal::Oversize,
+        ProxyRefusal::Timeout,
+        ProxyRefusal::Closed,
+    ];
+
+    /// The metric labels, in [`ProxyRefusal::ALL`] order.
+    pub const LABELS: [&'static str; Self::ALL.len()] =
+        ["missing", "malformed", "oversize", "timeout", "closed"];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        Self::LABELS[self as usize]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,6 +556,24 @@ mod tests {
         for (i, kind) in TcpErrorKind::ALL.into_iter().enumerate() {
             let got = r.counter("tcp_errors", &[("kind", kind.as_str())]);
             assert_eq!(got, Some(i as u64 + 1), "{kind:?}");
+        }
+    }
+
+    /// Each PROXY refusal indexes its own counter and names a label value the contract takes.
+    #[test]
+    fn proxy_refusals_index_their_counters() {
+        let stats = ServerStats::default();
+        for (i, why) in ProxyRefusal::ALL.into_iter().enumerate() {
+            assert_eq!(why as usize, i, "{why:?}");
+            for _ in 0..=i {
+                stats.count_proxy_refusal(why);
+            }
+        }
+        let mut r = WorkerReport::default();
+        reporting(stats).fill(&mut r);
+        for (i, why) in ProxyRefusal::ALL.into_iter().enumerate() {
+            let got = r.counter("proxy_protocol_refused", &[("why", why.as_str())]);
+            assert_eq!(got, Some(i as u64 + 1), "{why:?}");
         }
     }
 

@@ -235,6 +235,65 @@ mod tests {
         assert_eq!(admitted, 10);
     }
 
+    /// Garbage of every kind in a hostile worker's own table (torn values, counts up to
+    /// `u32::MAX`, windows near and far): an honest worker never admits more than one burst
+    /// for a key; cells of any window but the current and the previous one change nothing;
+    /// and a cell of the current window takes `min(count, burst)` from the burst, no more (a
+    /// fixed-seed generator, so a failure repeats).
+    #[test]
+    fn garbage_in_a_table_counts_at_most_its_share() {
+        let (fds, w) = workers(2);
+        let hostile = Tallies::attach(fds[1].try_clone().unwrap(), vec![]).unwrap();
+        let l = limit("5/s", 10);
+        let burst = 10u64;
+        let window = l.window_ms();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed >> 12;
+            seed ^= seed << 25;
+            seed ^= seed >> 27;
+            seed.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        };
+        for round in 0..300u64 {
+            // A window of its own each round, so the honest counts of the last one are stale.
+            let now = 9_000_000 + round * 4 * window + next() % window;
+            let epoch = (now / window) as u32;
+            let slot = (round % 97) as u32;
+            let far = |r: u64| epoch.wrapping_add(2 + (r % (u64::from(u32::MAX) - 3)) as u32);
+            let count = |r: u64| match r % 3 {
+                0 => u32::MAX,
+                _ => (r >> 8) as u32 % 40,
+            };
+            let kind = next() % 3;
+            let cells = match kind {
+                0 => [(far(next()), count(next())), (far(next()), count(next()))],
+                1 => [(epoch, count(next())), (far(next()), count(next()))],
+                _ => [
+                    (next() as u32, next() as u32),
+                    (next() as u32, next() as u32),
+                ],
+            };
+            for (c, (win, n)) in cells.into_iter().enumerate() {
+                hostile.update(slot, c, |_| u64::from(win) << 32 | u64::from(n));
+            }
+            let admitted = (0..3 * burst)
+                .filter(|_| admit(&w[0], slot, &l, now).is_ok())
+                .count() as u64;
+            let want = match kind {
+                0 => Some(burst),
+                1 => Some(burst - u64::from(cells[0].1).min(burst)),
+                _ => None,
+            };
+            assert!(
+                admitted <= burst,
+                "round {round}: {cells:?} admitted {admitted}"
+            );
+            if let Some(want) = want {
+                assert_eq!(admitted, want, "round {round}: {cells:?}");
+            }
+        }
+    }
+
     #[test]
     fn prefixes_make_one_client_of_a_block() {
         let key = [1, 1];

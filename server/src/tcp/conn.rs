@@ -1,5 +1,6 @@
-//! One TCP connection, from its TLS handshake (ACME's TLS-ALPN-01 and unknown names answered
-//! there) to its graceful close: hyper serves it over HTTP/1.1 or HTTP/2 as ALPN chose, and
+//! One TCP connection, from its PROXY header (a listed balancer's, `proxy_protocol.rs`) and
+//! its TLS handshake (ACME's TLS-ALPN-01 and unknown names answered there) to its graceful
+//! close: hyper serves it over HTTP/1.1 or HTTP/2 as ALPN chose, and
 //! it is asked to finish when the worker drains, its listener needs its room, or it stays idle
 //! (`Conn::drive`); what ended it with bad input is counted by [`TcpErrorKind`].
 
@@ -21,6 +22,7 @@ use tracing::debug;
 use super::answer::{handle, Connection};
 use super::body::tracked;
 use super::close::{close_gracefully, lend, Transport};
+use super::proxy_protocol::client_of;
 use super::registry::{Tracked, CLOSING, OPEN};
 use super::{Kind, TcpErrorKind, TcpOptions};
 use crate::sites::Router;
@@ -95,8 +97,12 @@ impl Conn {
         Ok(Handshake::Serve(tls))
     }
 
-    pub(super) async fn run(mut self, stream: TcpStream, remote: SocketAddr) {
+    pub(super) async fn run(mut self, mut stream: TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
+        // Behind a listed balancer, the client it names is the remote from here on.
+        let Some(remote) = client_of(&mut stream, peer, &self.opts, &self.stats).await else {
+            return;
+        };
         let acceptor = match &self.kind {
             Kind::Https(acceptor) => acceptor.clone(),
             Kind::Plain { answer, .. } => {

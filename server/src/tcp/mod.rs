@@ -47,9 +47,15 @@
 //! reset (RFC 1122 §4.2.2.13) and throws away what it had not yet delivered. RFC 9112 §9.6
 //! describes this close; nginx's `lingering_close` is the same.
 //!
+//! Behind a balancer that hides the client's address, [`TcpOptions::proxy_protocol_from`]
+//! names the balancer's addresses, whose connections begin with a PROXY protocol header
+//! (versions 1 and 2): the address it gives is the client's for everything after
+//! (`proxy_protocol.rs`).
+//!
 //! The module by concern: `accept.rs` (the accept loop and the cap), `registry.rs` (each
 //! connection as its listener sees it: idle or busy, eviction), `conn.rs` (one connection:
-//! handshake, serving, being asked to finish), `answer.rs` (one request), `body.rs` (the
+//! PROXY header, handshake, serving, being asked to finish), `proxy_protocol.rs` (the PROXY
+//! header), `answer.rs` (one request), `body.rs` (the
 //! response body hyper sends: one tracked type), `close.rs` (the graceful close) and `sys.rs`
 //! (its one system call, the only unsafe code of the crate).
 //!
@@ -66,6 +72,7 @@ use futures_util::future::BoxFuture;
 use http::{HeaderValue, Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
+use ringmux_proto::limits::Cidr;
 use ringmux_worker::AcmeAnswers;
 
 pub use crate::stats::TcpErrorKind;
@@ -76,6 +83,7 @@ mod answer;
 mod body;
 mod close;
 mod conn;
+mod proxy_protocol;
 mod registry;
 #[allow(unsafe_code)]
 mod sys;
@@ -115,6 +123,12 @@ pub struct TcpOptions {
     /// The worker's tunnels through the proxy (WebSockets, HTTP/1.1 upgrades): their cap and
     /// idle timeout, shared by its listeners (`crate::proxy::TunnelOptions`).
     pub tunnels: Arc<crate::proxy::TunnelOptions>,
+    /// The sources whose connections begin with a PROXY protocol header (`proxy_protocol.rs`:
+    /// a balancer's), whose client address then stands for the peer's; empty by default (no
+    /// connection's bytes are read as a header).
+    pub proxy_protocol_from: Vec<Cidr>,
+    /// Longest a listed source's PROXY header may take to arrive whole.
+    pub proxy_header_timeout: Duration,
 }
 
 impl Default for TcpOptions {
@@ -130,6 +144,8 @@ impl Default for TcpOptions {
             accepting: None,
             acme: AcmeAnswers::new(),
             tunnels: Arc::default(),
+            proxy_protocol_from: Vec::new(),
+            proxy_header_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -45,6 +45,8 @@ mod interop {
 mod pool;
 /// The reverse proxy in front of real HTTP/1.1 services.
 mod proxy;
+/// The PROXY protocol on the TCP listener: a balancer's header names the client.
+mod proxy_protocol;
 /// The built-in server's library on loopback: HTTP/3, sites over TCP, the shared session store.
 mod server {
     mod http;

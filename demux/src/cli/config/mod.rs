@@ -260,7 +260,7 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 21] = [
+pub const RELOADABLE: [&str; 22] = [
     "cert",
     "key",
     "root",
@@ -271,6 +271,7 @@ pub const RELOADABLE: [&str; 21] = [
     "cache_control",
     "tcp_max_connections",
     "tcp_idle_timeout",
+    "proxy_protocol_from",
     "max_tunnels",
     "tunnel_idle",
     "access_log",
@@ -1103,6 +1104,10 @@ impl RunArgs {
                 self.serve.cache_control.is_some(),
             ),
             ("--upstream / RINGMUX_UPSTREAM", self.upstream.is_some()),
+            (
+                "--proxy-protocol-from / RINGMUX_PROXY_PROTOCOL_FROM",
+                !self.serve.proxy_protocol_from.is_empty(),
+            ),
             (
                 "--worker-mode / RINGMUX_WORKER_MODE=sink",
                 self.worker_mode == WorkerMode::Sink,

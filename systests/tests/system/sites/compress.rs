@@ -198,6 +198,9 @@ fn accept(coding: &str) -> String {
     format!("accept-encoding: {coding}")
 }
 
+/// Slow readers through compression.
+mod slow;
+
 /// Over HTTP/1.1 and HTTP/2 (curl): every check of this module's doc.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compression_over_http1_and_http2() {

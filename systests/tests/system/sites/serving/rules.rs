@@ -236,6 +236,89 @@ async fn cors_answers_preflights_and_credentialed_requests() {
     .await
 }
 
+/// The same CORS over HTTP/3 (the project's quinn client, which sends any method and field):
+/// a preflight from the allowed origin gets 204 and the allow fields, one from another origin
+/// none, and a credentialed GET from the allowed origin its origin, `vary` and credentials.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_answers_preflights_and_credentialed_requests_over_http3() {
+    bounded(LIMIT, async {
+        let dir = temp_dir("ringmux-cors-h3");
+        let upstream = PyUpstream::start();
+        let config = rules_config(dir.path(), &upstream.url());
+        let rm = Ringmux::start(1, Forward::Shm, &["--config", &config.to_string_lossy()]);
+        let conn = rm
+            .client()
+            .connect(rm.listen, "a.test")
+            .await
+            .expect("connecting over HTTP/3");
+        let preflight =
+            |origin: &'static str| [("origin", origin), ("access-control-request-method", "PUT")];
+        let (status, h) = h3_ask(&conn, "OPTIONS", "/api/headers", &preflight(APP)).await;
+        assert_eq!(status, 204, "{h:?}");
+        let field = |h: &http::HeaderMap, name: &str| {
+            h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+        };
+        assert_eq!(
+            field(&h, "access-control-allow-origin").as_deref(),
+            Some(APP)
+        );
+        assert_eq!(
+            field(&h, "access-control-allow-methods").as_deref(),
+            Some("GET, PUT")
+        );
+        assert_eq!(
+            field(&h, "access-control-allow-headers").as_deref(),
+            Some("content-type")
+        );
+        assert_eq!(field(&h, "access-control-max-age").as_deref(), Some("600"));
+        assert_eq!(
+            field(&h, "access-control-allow-credentials").as_deref(),
+            Some("true")
+        );
+        let evil = preflight("https://evil.example");
+        let (status, h) = h3_ask(&conn, "OPTIONS", "/app/", &evil).await;
+        assert_ne!(status, 204, "{h:?}");
+        assert_eq!(field(&h, "access-control-allow-origin"), None, "{h:?}");
+        let with = [("origin", APP), ("cookie", "session=1")];
+        let (status, h) = h3_ask(&conn, "GET", "/app/settings", &with).await;
+        assert_eq!(status, 200, "{h:?}");
+        assert_eq!(
+            field(&h, "access-control-allow-origin").as_deref(),
+            Some(APP)
+        );
+        assert_eq!(
+            field(&h, "access-control-allow-credentials").as_deref(),
+            Some("true")
+        );
+        assert_eq!(field(&h, "vary").as_deref(), Some("origin"), "{h:?}");
+    })
+    .await
+}
+
+/// `method path` with `fields` on `conn` over HTTP/3: the status and the response's fields,
+/// its body read to the end.
+async fn h3_ask(
+    conn: &ringmux_testkit::client::H3Conn,
+    method: &str,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> (u16, http::HeaderMap) {
+    let mut req = http::Request::builder().method(method).uri(path);
+    for (name, value) in fields {
+        req = req.header(*name, *value);
+    }
+    let mut stream = conn
+        .open(req.body(()).unwrap())
+        .await
+        .expect("a request stream");
+    // A server that answered already may have stopped our side (STOP_SENDING): the response
+    // is still read below, and any real failure shows there.
+    let _ = stream.finish().await;
+    let head = stream.recv_response().await.expect("a response head");
+    while stream.recv_data().await.expect("the body").is_some() {}
+    (head.status().as_u16(), head.headers().clone())
+}
+
 /// `ringmux check` refuses a forbidden header, a bad HSTS, `*` with credentials, a fallback
 /// outside the root and an unreadable error page, each by its key.
 #[test]
