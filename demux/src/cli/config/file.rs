@@ -55,6 +55,14 @@ impl fmt::Display for Problem {
     }
 }
 
+/// Adds a problem placed at `at` (`None`: the file as a whole) to `problems`.
+pub fn problem<'a>(problems: &mut Vec<Problem>, at: impl Into<Option<&'a Place>>, message: String) {
+    problems.push(Problem {
+        at: at.into().cloned(),
+        message,
+    });
+}
+
 /// Every problem found, one per line.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct Problems(pub Vec<Problem>);
@@ -882,7 +890,7 @@ mod tests {
             ),
             (
                 "path = \"/hi\"\nrespond = { headers = { \"Content-Length\" = \"3\" } }\n",
-                "f.toml:5:23: respond.headers: content-length: the response may not set it (the \
+                "f.toml:5:23: respond.headers: content-length: ringmux owns this field (the \
                  server sets it from the body)",
             ),
             (
