@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
 use super::file::{problem, AcmeDoc, FileConfig, Located, Place, Problem, Problems};
-use super::RunArgs;
+use super::flags::RunArgs;
 use ringmux_acme::seal::KeyFileSecret;
 use ringmux_acme::{AcmeSettings, AcmeSite, ChallengeKind, Eab, DEFAULT_STATE, LETS_ENCRYPT};
 

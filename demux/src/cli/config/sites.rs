@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use ringmux_proto::sites::{Action, Limits, Route, Site, SiteTable};
 
 use super::file::{problem, FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
-use super::WorkerUser;
+use super::worker_user::WorkerUser;
 use crate::certs::{covers, leaf, CertPem};
 
 mod rules;
