@@ -42,13 +42,7 @@ PATH = re.compile(r"\b(crate|super|ringmux_demux)((?:::super)*)::")
 
 # Module folders (relative to the repository) whose inner mutual pairs and circles are reported
 # but do not fail the check. Each entry is temporary and says why; remove it with the fix.
-ALLOWED = {
-    # mod.rs declares the flags (Cli, RunArgs, WorkerUser) and resolves the configuration
-    # with its children (file, running, sites, acme), which read those declarations: four
-    # mutual pairs. Fix: the declarations into a child of their own that imports no sibling
-    # (running's ControlTarget and MetricsTarget with them); then remove this entry.
-    "demux/src/cli/config",
-}
+ALLOWED = set()
 
 
 def top_module(src, file):

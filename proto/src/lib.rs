@@ -9,6 +9,8 @@
 //!   parsed, the same way on both sides.
 //! * [`handoff`]: the first message on the control socket, demux → worker: configuration
 //!   and keys, with descriptors attached in a fixed order.
+//! * [`header_field`]: a header field the configuration writes (a fixed response's, a header
+//!   rule's), its name and value checked once, and the fields ringmux owns.
 //! * [`limits`]: per-client limits of a site or route (`allow`, `deny`, `rate`), declared once.
 //! * [`message`]: every later control message ([`Message`]), in both directions.
 //! * `serve` (feature `serve-args`): the built-in worker's serving options, declared once
@@ -37,6 +39,7 @@
 #[cfg(feature = "certs")]
 pub mod certs;
 pub mod handoff;
+pub mod header_field;
 pub mod limits;
 #[cfg(feature = "logging")]
 pub mod logging;

@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
-use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
+use crate::header_field::{FieldTable, HeaderFieldError};
 use crate::limits::{Burst, Cidr, FileLimits, LimitError, Limits, PrefixV4, PrefixV6, Rate};
 use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
@@ -51,24 +51,6 @@ pub const MAX_RESPOND_BODY: usize = 64 * 1024;
 
 /// The most header fields a fixed response may add.
 pub const MAX_RESPOND_HEADERS: usize = 32;
-
-/// Header fields a response of a route may not set, and why: the server writes each itself or
-/// it belongs to one connection only (RFC 9110 §7.6.1; HTTP/2 and HTTP/3 refuse a message that
-/// carries one: RFC 9113 §8.2.2, RFC 9114 §4.2).
-pub const FORBIDDEN_HEADERS: [(&str, &str); 9] = [
-    ("connection", "a hop-by-hop field"),
-    ("keep-alive", "a hop-by-hop field"),
-    ("proxy-connection", "a hop-by-hop field"),
-    ("te", "a hop-by-hop field"),
-    ("trailer", "a hop-by-hop field"),
-    (
-        "transfer-encoding",
-        "a hop-by-hop field; the server frames the body",
-    ),
-    ("upgrade", "a hop-by-hop field"),
-    ("content-length", "the server sets it from the body"),
-    ("host", "a field of requests"),
-];
 
 /// A path prefix and what requests under it get.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -430,21 +412,8 @@ pub enum ValueError {
     RespondStatus,
     #[error("a body of {0} bytes; at most {MAX_RESPOND_BODY}")]
     BodyTooLong(usize),
-    #[error("{0} header fields; at most {MAX_RESPOND_HEADERS}")]
-    TooManyHeaders(usize),
-    #[error(
-        "{0:?} is not a header field name: expected letters, digits and !#$%&'*+-.^_`|~ \
-         (RFC 9110 §5.1)"
-    )]
-    HeaderName(String),
-    #[error("{0:?} is a pseudo-header, which only the protocol sets")]
-    PseudoHeader(String),
-    #[error("{name}: the response may not set it ({why})")]
-    ForbiddenHeader { name: String, why: &'static str },
-    #[error("{name} = {value:?}: expected a header field value of printable ASCII")]
-    HeaderValue { name: String, value: String },
-    #[error("{0} is given twice (names are compared without case)")]
-    HeaderTwice(String),
+    #[error(transparent)]
+    Header(#[from] HeaderFieldError),
     #[error("{0}")]
     Upstream(String),
     #[error("{0} backends: give 1 to {MAX_BACKENDS}")]
@@ -597,9 +566,9 @@ impl From<RespondBody> for String {
     }
 }
 
-/// Header fields a response carries besides its own: names lower case, each a field name
-/// (RFC 9110 §5.1) that no pseudo-header nor [`FORBIDDEN_HEADERS`] is, given once; values of
-/// printable ASCII, spaces and tabs (§5.5); at most [`MAX_RESPOND_HEADERS`].
+/// Header fields a response carries besides its own, each given once as a [`FieldTable`]
+/// reads them (no pseudo-header nor [`crate::header_field::OWNED_HEADERS`]), names lower
+/// case; at most [`MAX_RESPOND_HEADERS`].
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     try_from = "BTreeMap<String, String>",
@@ -622,33 +591,11 @@ impl TryFrom<BTreeMap<String, String>> for ResponseHeaders {
     type Error = ValueError;
 
     fn try_from(given: BTreeMap<String, String>) -> Result<Self, ValueError> {
-        if given.len() > MAX_RESPOND_HEADERS {
-            return Err(ValueError::TooManyHeaders(given.len()));
-        }
+        let mut table = FieldTable::new(given.len(), MAX_RESPOND_HEADERS)?;
         let mut fields = BTreeMap::new();
         for (name, value) in given {
-            if name.starts_with(':') {
-                return Err(ValueError::PseudoHeader(name));
-            }
-            let Ok(parsed) = HeaderName::from_bytes(name.as_bytes()) else {
-                return Err(ValueError::HeaderName(name));
-            };
-            let lower = parsed.as_str();
-            if let Some((_, why)) = FORBIDDEN_HEADERS.iter().find(|(n, _)| *n == lower) {
-                return Err(ValueError::ForbiddenHeader {
-                    name: lower.to_string(),
-                    why,
-                });
-            }
-            let printable = value
-                .bytes()
-                .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
-            if !printable || HeaderValue::from_str(&value).is_err() {
-                return Err(ValueError::HeaderValue { name, value });
-            }
-            if fields.insert(lower.to_string(), value).is_some() {
-                return Err(ValueError::HeaderTwice(lower.to_string()));
-            }
+            let field = table.field(&name, value)?;
+            fields.insert(field.name.to_string(), field.value_str().to_string());
         }
         Ok(ResponseHeaders(fields))
     }
@@ -817,15 +764,15 @@ mod tests {
             (r#"{":status": "200"}"#, "\":status\" is a pseudo-header"),
             (
                 r#"{"Content-Length": "3"}"#,
-                "content-length: the response may not set it (the server sets it",
+                "content-length: ringmux owns this field (the server sets it",
             ),
             (
                 r#"{"transfer-encoding": "chunked"}"#,
-                "transfer-encoding: the response may not set it (a hop-by-hop field",
+                "transfer-encoding: ringmux owns this field (a hop-by-hop field",
             ),
             (
                 r#"{"connection": "close"}"#,
-                "connection: the response may not",
+                "connection: ringmux owns this field",
             ),
             (
                 r#"{"x-a": "b\nc"}"#,
@@ -841,7 +788,10 @@ mod tests {
             .collect();
         assert_eq!(
             ResponseHeaders::try_from(many),
-            Err(ValueError::TooManyHeaders(MAX_RESPOND_HEADERS + 1))
+            Err(ValueError::Header(HeaderFieldError::TooMany {
+                count: MAX_RESPOND_HEADERS + 1,
+                most: MAX_RESPOND_HEADERS
+            }))
         );
     }
 

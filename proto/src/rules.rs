@@ -31,36 +31,10 @@
 
 use std::collections::BTreeMap;
 
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, Method};
 use serde::{Deserialize, Serialize};
 
-/// Header fields no rule may set, add or remove, and why: ringmux writes each itself, or it
-/// belongs to one connection only (RFC 9110 §7.6.1; RFC 9113 §8.2.2, RFC 9114 §4.2).
-pub const OWNED_HEADERS: [(&str, &str); 14] = [
-    ("alt-svc", "ringmux announces HTTP/3 with it"),
-    ("forwarded", "the proxy writes it from the connection"),
-    ("x-forwarded-for", "the proxy writes it from the connection"),
-    (
-        "x-forwarded-proto",
-        "the proxy writes it from the connection",
-    ),
-    (
-        "x-forwarded-host",
-        "the proxy writes it from the connection",
-    ),
-    ("connection", "a hop-by-hop field"),
-    ("keep-alive", "a hop-by-hop field"),
-    ("proxy-connection", "a hop-by-hop field"),
-    ("te", "a hop-by-hop field"),
-    ("trailer", "a hop-by-hop field"),
-    (
-        "transfer-encoding",
-        "a hop-by-hop field; the server frames the body",
-    ),
-    ("upgrade", "a hop-by-hop field"),
-    ("content-length", "the server sets it from the body"),
-    ("host", "the proxy passes the request's authority"),
-];
+use crate::header_field::{field_name, FieldTable, HeaderField, HeaderFieldError};
 
 /// The most fields one [`HeaderRules`] may name, all of set, add and remove together.
 pub const MAX_RULES: usize = 64;
@@ -79,21 +53,8 @@ pub const HSTS_PRELOAD_MIN_AGE: u64 = 31_536_000;
 /// key it is under.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuleError {
-    #[error(
-        "{0:?} is not a header field name: expected letters, digits and !#$%&'*+-.^_`|~ \
-         (RFC 9110 §5.1)"
-    )]
-    HeaderName(String),
-    #[error("{0:?} is a pseudo-header, which only the protocol sets")]
-    PseudoHeader(String),
-    #[error("{name}: ringmux owns this field ({why}); a rule can neither set nor remove it")]
-    Owned { name: String, why: &'static str },
-    #[error("{name} = {value:?}: expected a header field value of printable ASCII")]
-    HeaderValue { name: String, value: String },
-    #[error("{0} is given twice (names are compared without case)")]
-    Twice(String),
-    #[error("{0} fields; at most {MAX_RULES}")]
-    TooMany(usize),
+    #[error(transparent)]
+    Header(#[from] HeaderFieldError),
     #[error("{0}")]
     Hsts(&'static str),
     #[error("origin {0:?}: expected \"*\" or scheme://host[:port], e.g. \"https://app.example\"")]
@@ -116,14 +77,14 @@ pub enum RuleError {
 }
 
 /// Header rules: `set` (replacing any field of the name), `add` (one more field beside
-/// those there), `remove`. Names lower case, each a field name (RFC 9110 §5.1) that no
-/// pseudo-header nor [`OWNED_HEADERS`] is, given once across the three; values of printable
-/// ASCII, spaces and tabs (§5.5); at most [`MAX_RULES`] in all.
+/// those there), `remove`. Each name given once across the three, as a [`FieldTable`] reads
+/// them (no pseudo-header nor [`crate::header_field::OWNED_HEADERS`]); at most [`MAX_RULES`]
+/// in all.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "RawHeaderRules", into = "RawHeaderRules")]
 pub struct HeaderRules {
-    set: Vec<(HeaderName, HeaderValue)>,
-    add: Vec<(HeaderName, HeaderValue)>,
+    set: Vec<HeaderField>,
+    add: Vec<HeaderField>,
     remove: Vec<HeaderName>,
 }
 
@@ -148,11 +109,11 @@ impl HeaderRules {
         for name in &self.remove {
             headers.remove(name);
         }
-        for (name, value) in &self.set {
-            headers.insert(name.clone(), value.clone());
+        for f in &self.set {
+            headers.insert(f.name.clone(), f.value.clone());
         }
-        for (name, value) in &self.add {
-            headers.append(name.clone(), value.clone());
+        for f in &self.add {
+            headers.append(f.name.clone(), f.value.clone());
         }
     }
 }
@@ -162,29 +123,16 @@ impl TryFrom<RawHeaderRules> for HeaderRules {
 
     fn try_from(raw: RawHeaderRules) -> Result<Self, RuleError> {
         let count = raw.set.len() + raw.add.len() + raw.remove.len();
-        if count > MAX_RULES {
-            return Err(RuleError::TooMany(count));
-        }
-        let mut seen = Vec::with_capacity(count);
-        let mut once = |name: &str| -> Result<HeaderName, RuleError> {
-            let name = field_name(name)?;
-            if seen.contains(&name) {
-                return Err(RuleError::Twice(name.to_string()));
-            }
-            seen.push(name.clone());
-            Ok(name)
-        };
+        let mut table = FieldTable::new(count, MAX_RULES)?;
         let mut rules = HeaderRules::default();
         for (name, value) in raw.set {
-            let n = once(&name)?;
-            rules.set.push((n, field_value(&name, value)?));
+            rules.set.push(table.field(&name, value)?);
         }
         for (name, value) in raw.add {
-            let n = once(&name)?;
-            rules.add.push((n, field_value(&name, value)?));
+            rules.add.push(table.field(&name, value)?);
         }
         for name in raw.remove {
-            rules.remove.push(once(&name)?);
+            rules.remove.push(table.name(&name)?);
         }
         Ok(rules)
     }
@@ -192,50 +140,12 @@ impl TryFrom<RawHeaderRules> for HeaderRules {
 
 impl From<HeaderRules> for RawHeaderRules {
     fn from(r: HeaderRules) -> Self {
-        let text = |v: &HeaderValue| v.to_str().unwrap_or_default().to_string();
+        let text = |f: &HeaderField| (f.name.to_string(), f.value_str().to_string());
         RawHeaderRules {
-            set: r
-                .set
-                .iter()
-                .map(|(n, v)| (n.to_string(), text(v)))
-                .collect(),
-            add: r
-                .add
-                .iter()
-                .map(|(n, v)| (n.to_string(), text(v)))
-                .collect(),
+            set: r.set.iter().map(text).collect(),
+            add: r.add.iter().map(text).collect(),
             remove: r.remove.iter().map(|n| n.to_string()).collect(),
         }
-    }
-}
-
-/// `name` as a field name a rule may touch.
-fn field_name(name: &str) -> Result<HeaderName, RuleError> {
-    if name.starts_with(':') {
-        return Err(RuleError::PseudoHeader(name.to_string()));
-    }
-    let parsed = HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| RuleError::HeaderName(name.to_string()))?;
-    if let Some((_, why)) = OWNED_HEADERS.iter().find(|(n, _)| *n == parsed.as_str()) {
-        return Err(RuleError::Owned {
-            name: parsed.to_string(),
-            why,
-        });
-    }
-    Ok(parsed)
-}
-
-/// `value` as the value of the field `name`: printable ASCII, spaces and tabs.
-fn field_value(name: &str, value: String) -> Result<HeaderValue, RuleError> {
-    let printable = value
-        .bytes()
-        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
-    match HeaderValue::from_str(&value) {
-        Ok(v) if printable => Ok(v),
-        _ => Err(RuleError::HeaderValue {
-            name: name.to_string(),
-            value,
-        }),
     }
 }
 
@@ -372,10 +282,7 @@ impl TryFrom<RawCors> for Cors {
         };
         let mut headers = Vec::new();
         for h in &raw.headers {
-            headers.push(
-                HeaderName::from_bytes(h.as_bytes())
-                    .map_err(|_| RuleError::HeaderName(h.clone()))?,
-            );
+            headers.push(field_name(h)?);
         }
         Ok(Cors {
             origins: if any { Vec::new() } else { origins },
@@ -585,6 +492,8 @@ impl From<Fallback> for String {
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+
     use super::*;
 
     fn read<T: for<'de> Deserialize<'de>>(json: &str) -> Result<T, String> {

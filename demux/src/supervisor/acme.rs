@@ -15,6 +15,8 @@ use ringmux_proto::message::{ChallengeSet, SiteCertificate};
 use ringmux_proto::sites::SiteTable;
 use ringmux_proto::Message;
 
+use super::control::Clients;
+use super::spawn::Template;
 use super::workers::Worker;
 use crate::config::Config;
 use crate::forward::Lanes;
@@ -354,5 +356,48 @@ impl Relay {
             }
         });
         done
+    }
+}
+
+impl Relay {
+    /// Relays what the engine published since the last look ([`Relay::forward`]), keeps a
+    /// changed certificate in `template` for every worker started later, and answers the
+    /// `ringmux acme renew` clients whose renewal is over.
+    pub fn relay(
+        &mut self,
+        workers: &[Worker],
+        lanes: Lanes,
+        counters: &Counters,
+        template: &mut Template,
+        control: &mut Clients,
+    ) {
+        let sent = self.forward(workers, lanes, counters);
+        if sent.certs_changed {
+            *template = Template::new(template.handoff.clone(), self.table());
+        }
+        for (client, line) in sent.renewals_over {
+            control.answer(client, &line);
+        }
+    }
+}
+
+/// `ringmux acme renew [NAME]` from control client `client`, to `relay` (`None`: no site
+/// takes its certificate from ACME): told it renews, or answered why not.
+pub fn renew_request(
+    relay: Option<&mut Relay>,
+    client: u64,
+    name: Option<String>,
+    control: &mut Clients,
+) {
+    let refused = match relay {
+        None => Some("no site takes its certificate from ACME (acme = true)".to_string()),
+        Some(r) => r
+            .renew(client, name.as_deref())
+            .err()
+            .map(|e| e.to_string()),
+    };
+    match refused {
+        None => control.tell(client, "renewing"),
+        Some(why) => control.answer(client, &format!("error: {why}")),
     }
 }

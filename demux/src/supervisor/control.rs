@@ -269,6 +269,80 @@ impl Drop for ControlServer {
     }
 }
 
+/// The supervisor's side of the control socket: the server, unless `--control-socket off`,
+/// and the clients of the upgrade that made this process image, waiting for its outcome.
+/// Without a server, every answer goes nowhere.
+#[derive(Default)]
+pub struct Clients {
+    server: Option<ControlServer>,
+    upgrade: Vec<u64>,
+}
+
+impl Clients {
+    /// The clients on `control` (a listener, and the clients of the upgrade handed over) at
+    /// `path`; none with `None`.
+    pub fn adopt(control: Option<(OwnedFd, Vec<OwnedFd>)>, path: &Path) -> Clients {
+        match control {
+            Some((listener, waiting)) => {
+                let (server, upgrade) = ControlServer::adopt(listener, path, waiting);
+                Clients {
+                    server: Some(server),
+                    upgrade,
+                }
+            }
+            None => Clients::default(),
+        }
+    }
+
+    /// The server, if there is one.
+    pub fn server(&mut self) -> Option<&mut ControlServer> {
+        self.server.as_mut()
+    }
+
+    /// The descriptors to poll ([`ControlServer::fds`]).
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.server
+            .as_ref()
+            .map(ControlServer::fds)
+            .unwrap_or_default()
+    }
+
+    /// The requests now complete ([`ControlServer::poll`]).
+    pub fn poll(&mut self, now: Instant, refuse: impl Fn(u32) -> bool) -> Vec<(u64, Request)> {
+        match self.server.as_mut() {
+            Some(s) => s.poll(now, refuse),
+            None => Vec::new(),
+        }
+    }
+
+    /// Sends client `id` a progress line.
+    pub fn tell(&mut self, id: u64, line: &str) {
+        if let Some(s) = self.server.as_mut() {
+            s.tell(id, line);
+        }
+    }
+
+    /// Sends client `id`, if any (`None`: the request came by a signal), its last line.
+    pub fn answer(&mut self, id: impl Into<Option<u64>>, line: &str) {
+        if let (Some(id), Some(s)) = (id.into(), self.server.as_mut()) {
+            s.answer(id, line);
+        }
+    }
+
+    /// Tells the clients of the upgrade that made this process image `line`, and closes them.
+    pub fn answer_upgrade(&mut self, line: &str) {
+        for id in std::mem::take(&mut self.upgrade) {
+            self.answer(id, line);
+        }
+    }
+
+    /// The listener's descriptor and those of the clients `ids`, if there is a server
+    /// ([`ControlServer::export`]).
+    pub fn export(&self, ids: &[u64]) -> Option<(RawFd, Vec<RawFd>)> {
+        self.server.as_ref().map(|s| s.export(ids))
+    }
+}
+
 /// Writes one line without waiting: a client that does not read loses what does not fit.
 fn write_line(stream: &UnixStream, line: &str) {
     let mut s = stream;
@@ -364,7 +438,7 @@ pub fn bind(cfg: &Config) -> Result<Option<OwnedFd>> {
 
 #[cfg(test)]
 mod tests {
-    use super::Request;
+    use super::{Clients, ControlServer, Request};
 
     /// Every request's line parses back to it; anything else, a word more or less included,
     /// is no request.
@@ -389,5 +463,26 @@ mod tests {
         ] {
             assert_eq!(Request::parse(line), None, "{line:?}");
         }
+    }
+
+    /// The clients of the upgrade that made this image get its last line, once; without a
+    /// server, answers go nowhere.
+    #[test]
+    fn the_upgrades_clients_are_answered_once() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let listener = ControlServer::listen(&path).unwrap();
+        let (waiting, mut client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut clients = Clients::adopt(Some((listener, vec![waiting.into()])), &path);
+        assert_eq!(clients.fds().len(), 1, "the listener; the client has asked");
+        clients.answer_upgrade("ok upgraded");
+        clients.answer_upgrade("again");
+        let mut got = String::new();
+        client.read_to_string(&mut got).unwrap();
+        assert_eq!(got, "ok upgraded\n");
+        let mut none = Clients::adopt(None, &path);
+        none.answer(Some(1), "nowhere");
+        assert!(none.fds().is_empty() && none.server().is_none());
     }
 }

@@ -6,7 +6,7 @@
 //! hand over is the policy's ([`Policy::export`]).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use ringmux_proto::sites::SiteTable;
@@ -24,6 +24,22 @@ pub struct Upgrade {
     pub binary: PathBuf,
     /// Control clients waiting for its outcome.
     pub clients: Vec<u64>,
+}
+
+impl Upgrade {
+    /// Control client `client` (`None`: SIGUSR2) asks for an upgrade that passed its checks:
+    /// it joins the one `pending`, or one to `binary` starts.
+    pub fn ask(pending: &mut Option<Upgrade>, client: Option<u64>, binary: &Path) {
+        match pending {
+            Some(u) => u.clients.extend(client),
+            None => {
+                *pending = Some(Upgrade {
+                    binary: binary.to_path_buf(),
+                    clients: client.into_iter().collect(),
+                })
+            }
+        }
+    }
 }
 
 /// What the supervisor hands to a new process image besides its descriptors.
@@ -154,4 +170,26 @@ pub fn adopt(lane: usize, instance: u8, w: upgrade::Worker<OwnedFd>) -> Result<(
         ..Worker::default()
     };
     Ok((worker, w.sessions))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upgrade_asked_for_again_gathers_its_clients() {
+        let mut pending = None;
+        Upgrade::ask(&mut pending, None, Path::new("/usr/bin/ringmux"));
+        Upgrade::ask(&mut pending, Some(4), Path::new("/elsewhere"));
+        Upgrade::ask(&mut pending, None, Path::new("/elsewhere"));
+        Upgrade::ask(&mut pending, Some(9), Path::new("/elsewhere"));
+        let u = pending.expect("an upgrade");
+        assert_eq!(
+            (u.binary, u.clients),
+            (PathBuf::from("/usr/bin/ringmux"), vec![4, 9])
+        );
+        let mut asked = None;
+        Upgrade::ask(&mut asked, Some(2), Path::new("/b"));
+        assert_eq!(asked.map(|u| u.clients), Some(vec![2]));
+    }
 }

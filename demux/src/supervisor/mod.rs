@@ -10,28 +10,30 @@
 //! This module is the event loop: it waits for what happens, feeds it to [`policy`], which
 //! decides (READY deadlines, back-off, crash loops, draining) without processes or clocks, and
 //! carries the decisions out. The rest is by concern, each file below this one and none of
-//! them using it: [`spawn`] plans a worker's start without I/O and carries the plan out,
-//! [`reload`] reads the next configuration, [`handover`] is what `ringmux upgrade` takes and
-//! gives, [`workers`] the processes and descriptors of each lane, [`acme`] the certificates
-//! relayed, [`control`] `ringmux reload`'s socket, [`sandbox`] and [`filesystem`] the
-//! workers' confinement.
+//! them using it, each part of the supervisor's state a type of its own there:
+//! [`spawn`] plans a worker's start without I/O and carries the plan out ([`spawn::Launcher`]:
+//! what every start is given), [`workers`] the processes and descriptors of each lane and what
+//! they say ([`workers::WorkerTable`]), [`reload`] reads the next configuration and answers
+//! its clients ([`reload::Reloads`]), [`handover`] is what `ringmux upgrade` takes and gives,
+//! [`acme`] the certificates relayed ([`acme::Relay`]), [`control`] `ringmux reload`'s socket
+//! and its clients ([`control::Clients`]), [`sandbox`] and [`filesystem`] the workers'
+//! confinement.
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use nix::sys::signalfd::SignalFd;
-use ringmux_proto::{Message, MAX_MESSAGE};
+use ringmux_proto::Message;
 
-use crate::budget::{MessageKind, Verdict};
 use crate::config::Config;
 use crate::dataplane::{DataPlaneLink, Event};
 use crate::forward::{IngressHandles, Lanes};
 use crate::metrics::Counters;
-use crate::sys::{self, ChildProcess};
+use crate::sys;
 
 pub mod acme;
 pub mod control;
@@ -46,64 +48,37 @@ pub mod workers;
 pub use handover::{Exported, Upgrade};
 pub use spawn::{TcpListeners, Template};
 
-use control::ControlServer;
+use control::Clients;
 use policy::{Action, Limits, Policy};
-use sandbox::WorkerFilter;
-use workers::Worker;
-
-/// How often the supervisor looks for processes re-parented to the demux (descendants of a
-/// worker whose parent died) when no worker died since the last look.
-const ORPHAN_SWEEP: Duration = Duration::from_secs(1);
-
-/// Most control messages read from one worker per supervision round (a worker sends one STATS a
-/// second; more is a flood). Over time its [`Budget`](crate::budget::Budget)
-/// ([`budget::CONTROL`](crate::budget::CONTROL)) bounds them.
-const CONTROL_READS_PER_ROUND: usize = 16;
+use spawn::Launcher;
+use workers::{Worker, WorkerTable};
 
 pub struct Supervisor {
     cfg: Config,
     template: Template,
-    /// The public socket's address: every worker's sending socket is bound to it.
-    public: std::net::SocketAddr,
     counters: Arc<Counters>,
     link: DataPlaneLink,
     signals: SignalFd,
     policy: Policy,
-    workers: Vec<Worker>,
+    /// Every lane's worker, by lane.
+    workers: WorkerTable,
     sessions: crate::sessions::Sessions,
-    /// The workers' confinement; `None` with `--sandbox off`.
-    filter: Option<WorkerFilter>,
-    /// The listening TCP sockets every worker accepts from, at its descriptors 5 (`--tcp on`)
-    /// and 6 (`--redirect-http`).
-    tcp: TcpListeners,
-    /// Whether workers get an access-log pipe (`--access-log`), at their descriptor 7. The
-    /// log thread writes what comes through it; the file is opened again at every reload.
-    access_log: bool,
-    /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
-    /// where the kernel has no Landlock.
-    domain: Option<sys::WorkerDomain>,
-    /// When to look for orphans next (sooner after a worker died).
-    next_sweep: Instant,
+    /// What every worker's start is given besides its lane.
+    launcher: Launcher,
     /// How the lanes of the instances are numbered.
     lanes: Lanes,
-    /// `ringmux reload`'s socket, unless `--control-socket off`.
-    control: Option<ControlServer>,
-    /// Control clients waiting for the outcome of the reload under way, and a reload's answer
-    /// until the workers it replaced stopped accepting.
-    reloads: reload::Waiters,
-    /// Why starting each lane's worker failed last, for the reload's answer.
-    start_errors: Vec<Option<String>>,
+    /// `ringmux reload`'s socket (unless `--control-socket off`) and its clients.
+    control: Clients,
+    /// Control clients waiting for the outcome of the reload under way, and why each lane's
+    /// start failed last.
+    reloads: reload::Reloads,
     /// What the policy decided while the supervisor was reading (READY, reset replies), to
     /// carry out with the round's other actions.
     deferred: Vec<Action>,
     /// The `ringmux` binary on disk (what an upgrade executes).
-    binary: std::path::PathBuf,
+    binary: PathBuf,
     /// An upgrade that passed its checks: [`Supervisor::run`] returns it.
     upgrade: Option<Upgrade>,
-    /// Control clients of the upgrade that made this process image, to answer once it serves.
-    waiters_upgrade: Vec<u64>,
-    /// Where a worker's control message is read: room for the largest ([`MAX_MESSAGE`]).
-    control_buf: Box<[u8]>,
     /// What the ACME engine publishes, relayed to the workers; `None` without ACME sites.
     acme: Option<acme::Relay>,
 }
@@ -175,18 +150,7 @@ impl Supervisor {
         let numbering = Lanes::new(cfg.instances);
         let lanes = numbering.count();
         let limits = Limits::new(cfg.ready_timeout(), cfg.grace(), cfg.max_draining());
-        let filter = spawn::worker_filter(&cfg, tcp.redirect.is_some())?;
-        let domain = spawn::worker_domain(&cfg)?;
-        if domain.is_some() {
-            let abi = sys::landlock_abi().unwrap_or(0);
-            for gap in sys::landlock_gaps(abi) {
-                tracing::warn!(
-                    landlock_abi = abi,
-                    "this kernel's Landlock leaves one right to every worker: {gap}"
-                );
-            }
-        }
-        let access_log = cfg.access_log() != crate::config::AccessLog::Off;
+        let launcher = Launcher::new(&cfg, public, tcp)?;
         crate::logs::access_to(cfg.access_log().open()?);
         let now = Instant::now();
         let policy = match handed.is_empty() {
@@ -201,35 +165,20 @@ impl Supervisor {
             }
         };
         sessions.cache().restore(frozen, now);
-        let (control, waiters_upgrade) = match control {
-            Some((listener, waiting)) => {
-                let path = std::path::Path::new(&cfg.args.control_socket);
-                let (server, ids) = ControlServer::adopt(listener, path, waiting);
-                (Some(server), ids)
-            }
-            None => (None, Vec::new()),
-        };
+        let control = Clients::adopt(control, std::path::Path::new(&cfg.args.control_socket));
         let mut sup = Supervisor {
-            filter,
-            domain,
-            tcp,
-            access_log,
-            next_sweep: now + ORPHAN_SWEEP,
+            launcher,
             policy,
-            workers: (0..lanes).map(|_| Worker::default()).collect(),
+            workers: WorkerTable::new(lanes, now),
             lanes: numbering,
             control,
-            reloads: reload::Waiters::default(),
-            start_errors: vec![None; lanes],
+            reloads: reload::Reloads::new(lanes),
             deferred: Vec::new(),
             binary,
             upgrade: None,
-            waiters_upgrade,
-            control_buf: vec![0; MAX_MESSAGE].into_boxed_slice(),
             acme,
             cfg,
             template,
-            public,
             counters,
             link,
             signals,
@@ -267,41 +216,6 @@ impl Supervisor {
     /// The ACME engine's counters and certificates, for the metrics.
     pub fn acme_status(&self) -> Option<ringmux_acme::AcmeStatus> {
         self.acme.as_ref().map(acme::Relay::status)
-    }
-
-    /// Relays what the ACME engine published since the last look ([`acme::Relay::forward`]),
-    /// keeps a changed certificate in the template for every worker started later, and answers
-    /// the `ringmux acme renew` clients whose renewal is over.
-    fn forward_acme(&mut self) {
-        let Some(relay) = self.acme.as_mut() else {
-            return;
-        };
-        let sent = relay.forward(&self.workers, self.lanes, &self.counters);
-        if sent.certs_changed {
-            self.template = Template::new(self.template.handoff.clone(), relay.table());
-        }
-        for (client, line) in sent.renewals_over {
-            if let Some(c) = self.control.as_mut() {
-                c.answer(client, &line);
-            }
-        }
-    }
-
-    /// `ringmux acme renew [NAME]` from control client `client`.
-    fn acme_renew(&mut self, client: u64, name: Option<String>) {
-        let refused = match self.acme.as_mut() {
-            None => Some("no site takes its certificate from ACME (acme = true)".to_string()),
-            Some(r) => r
-                .renew(client, name.as_deref())
-                .err()
-                .map(|e| e.to_string()),
-        };
-        if let Some(c) = self.control.as_mut() {
-            match refused {
-                None => c.tell(client, "renewing"),
-                Some(why) => c.answer(client, &format!("error: {why}")),
-            }
-        }
     }
 
     /// Starts every worker with its initial descriptors and waits until each has reported ready
@@ -360,12 +274,7 @@ impl Supervisor {
 
     /// Tells the clients that asked for the upgrade `line`, and closes them.
     pub fn answer_upgrade(&mut self, line: &str) {
-        let ids = std::mem::take(&mut self.waiters_upgrade);
-        if let Some(c) = self.control.as_mut() {
-            for id in ids {
-                c.answer(id, line);
-            }
-        }
+        self.control.answer_upgrade(line);
     }
 
     /// An upgrade asked for by control client `client` (or by SIGUSR2): refused unless the
@@ -379,28 +288,17 @@ impl Supervisor {
             self.lanes,
             &self.binary,
         );
-        if let Err(why) = refused {
-            tracing::warn!(reason = %why, "upgrade refused; this demux serves on");
-            self.counters
-                .upgrades_failed
-                .fetch_add(1, Ordering::Relaxed);
-            if let (Some(id), Some(c)) = (client, self.control.as_mut()) {
-                c.answer(id, &format!("error: {why}; this demux serves on"));
+        match refused {
+            Ok(()) => Upgrade::ask(&mut self.upgrade, client, &self.binary),
+            Err(why) => {
+                tracing::warn!(reason = %why, "upgrade refused; this demux serves on");
+                self.counters
+                    .upgrades_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                let line = format!("error: {why}; this demux serves on");
+                self.control.answer(client, &line);
             }
-            return;
         }
-        let clients = match (&mut self.upgrade, client) {
-            (Some(u), Some(id)) => {
-                u.clients.push(id);
-                return;
-            }
-            (Some(_), None) => return,
-            (None, c) => c.into_iter().collect(),
-        };
-        self.upgrade = Some(Upgrade {
-            binary: self.binary.clone(),
-            clients,
-        });
     }
 
     /// Everything a new process image takes over from the supervisor: its descriptors by
@@ -416,13 +314,13 @@ impl Supervisor {
         let now = Instant::now();
         let phases = self.policy.export(now)?;
         fds.lanes = handover::export_lanes(phases, &self.workers);
-        if let Some(c) = &self.control {
-            let (listener, answers) = c.export(&upgrade.clients);
+        if let Some((listener, answers)) = self.control.export(&upgrade.clients) {
             fds.control = Some(listener);
             fds.answers = answers;
         }
-        fds.tcp = self.tcp.https.as_ref().map(AsRawFd::as_raw_fd);
-        fds.redirect = self.tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
+        let tcp = &self.launcher.tcp;
+        fds.tcp = tcp.https.as_ref().map(AsRawFd::as_raw_fd);
+        fds.redirect = tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
         let sessions = self
             .sessions
             .cache()
@@ -444,19 +342,9 @@ impl Supervisor {
             .upgrades_failed
             .fetch_add(1, Ordering::Relaxed);
         tracing::error!(reason = %why, "upgrade failed; this demux serves on");
-        if let Some(c) = self.control.as_mut() {
-            for id in upgrade.clients {
-                c.answer(id, &format!("error: {why}; this demux serves on"));
-            }
-        }
-    }
-
-    /// Answers `client` whether a reload now would start a new generation
-    /// ([`reload::check_line`]): nothing started.
-    fn reload_check(&mut self, client: u64) {
-        let answer = reload::check_line(&self.cfg, &self.template, self.acme.is_some());
-        if let Some(c) = self.control.as_mut() {
-            c.answer(client, &answer);
+        for id in upgrade.clients {
+            self.control
+                .answer(id, &format!("error: {why}; this demux serves on"));
         }
     }
 
@@ -465,23 +353,14 @@ impl Supervisor {
     /// ([`reload::next_generation`]), then lets the policy start the next generation with
     /// them. Refusals are answered at once, and the running configuration serves on.
     fn reload(&mut self, client: Option<u64>) -> Vec<Action> {
-        let answer = |s: &mut Self, line: &str| {
-            if let (Some(id), Some(c)) = (client, s.control.as_mut()) {
-                c.answer(id, line);
-            }
-        };
         let next = match reload::next_generation(&self.cfg, &self.template, self.acme.is_some()) {
             Ok(next) => next,
             Err(why) => {
                 tracing::error!(error = format!("{why:#}"), "reload refused");
                 self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                answer(
-                    self,
-                    &format!(
-                        "error: {why:#}; generation {} serves on",
-                        self.policy.active()
-                    ),
-                );
+                let active = self.policy.active();
+                let line = format!("error: {why:#}; generation {active} serves on");
+                self.control.answer(client, &line);
                 return Vec::new();
             }
         };
@@ -489,94 +368,57 @@ impl Supervisor {
         if let Some(Action::ReloadRefused(r)) = actions.first() {
             let why = reload::refusal_line(r);
             tracing::warn!(reason = %why, "reload refused");
-            answer(self, &format!("error: {why}"));
+            self.control.answer(client, &format!("error: {why}"));
             return Vec::new();
         }
         // The next generation starts from these.
         next.apply(reload::Running {
             cfg: &mut self.cfg,
             template: &mut self.template,
-            domain: &mut self.domain,
+            domain: &mut self.launcher.domain,
             acme: self.acme.as_mut(),
             policy: &mut self.policy,
             counters: &self.counters,
         });
-        self.reloads.join(self.control.as_mut(), client);
+        self.reloads.waiters.join(self.control.server(), client);
         actions
     }
 
     /// One round: wait up to `timeout` for anything to happen, feed what happened to the
     /// policy, carry out its actions. `Ok(true)` once the shutdown is complete.
     fn step(&mut self, timeout: Duration) -> Result<bool> {
-        let mut fds = vec![sys::signal_fd(&self.signals)];
         let now = Instant::now();
         let mut timeout = timeout;
-        for w in &mut self.workers {
-            fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
-            // A worker that spent its budget is not listened to until it may be read again:
-            // its flood waits in its own socket instead of waking this loop (its death still
-            // shows on its pidfd).
-            match w.budget.read_after(now) {
-                None => fds.extend(w.control.as_ref().map(|c| c.as_fd())),
-                Some(at) if w.control.is_some() => {
-                    timeout = timeout.min(at.saturating_duration_since(now));
-                }
-                Some(_) => {}
-            }
-        }
-        if let Some(c) = &self.control {
-            fds.extend(c.fds());
-        }
+        let mut fds = vec![sys::signal_fd(&self.signals)];
+        self.workers.poll_fds(now, &mut timeout, &mut fds);
+        fds.extend(self.control.fds());
         if let Some(a) = &self.acme {
             fds.push(a.fd());
         }
-        if let Some(until) = self.reloads.due() {
+        if let Some(until) = self.reloads.waiters.due() {
             timeout = timeout.min(until.saturating_duration_since(now));
         }
         let _ = sys::poll_readable(&fds, Some(timeout));
         drop(fds);
 
         let mut actions = Vec::new();
-        let requests = match self.control.as_mut() {
-            Some(c) => {
-                let workers: Vec<u32> = self
-                    .workers
-                    .iter()
-                    .filter_map(|w| w.child.as_ref().map(ChildProcess::id))
-                    .collect();
-                c.poll(Instant::now(), |pid| workers.contains(&pid))
-            }
-            None => Vec::new(),
-        };
+        let workers = &self.workers;
+        let requests = self.control.poll(Instant::now(), |pid| workers.runs(pid));
         for (client, request) in requests {
             match request {
                 control::Request::Reload => actions.extend(self.reload(Some(client))),
-                control::Request::ReloadCheck => self.reload_check(client),
+                control::Request::ReloadCheck => {
+                    let acme = self.acme.is_some();
+                    let answer = reload::check_line(&self.cfg, &self.template, acme);
+                    self.control.answer(client, &answer);
+                }
                 control::Request::Upgrade => self.upgrade_request(Some(client)),
-                control::Request::AcmeRenew(name) => self.acme_renew(client, name),
-            }
-        }
-        let signal = sys::read_signal(&self.signals);
-        if signal == Some(libc::SIGHUP) {
-            tracing::info!("SIGHUP: reloading");
-            actions.extend(self.reload(None));
-        } else if signal == Some(libc::SIGUSR2) {
-            tracing::info!("SIGUSR2: upgrading");
-            self.upgrade_request(None);
-        } else if let Some(sig) = signal {
-            if self.policy.shutting_down() {
-                tracing::warn!(signal = sig, "second signal: stopping now");
-            } else {
-                match self.cfg.grace() {
-                    Some(grace) => tracing::info!(signal = sig, ?grace, "shutting down: draining workers (what they still serve at the end of --grace is cut; a second signal cuts it now)"),
-                    None => tracing::info!(signal = sig, "shutting down: draining workers until every request in flight is done (no --grace; a second signal cuts them now)"),
+                control::Request::AcmeRenew(name) => {
+                    acme::renew_request(self.acme.as_mut(), client, name, &mut self.control)
                 }
             }
-            actions.extend(
-                self.policy
-                    .on(Instant::now(), policy::Event::ShutdownSignal),
-            );
         }
+        actions.extend(self.signal());
         while let Some(Event::Misbehaved { lane, stalled }) = self.link.next_event() {
             let i = usize::from(lane);
             tracing::error!(
@@ -588,7 +430,7 @@ impl Supervisor {
             actions.extend(self.policy.on(Instant::now(), policy::Event::Misbehaved(i)));
         }
         for i in 0..self.workers.len() {
-            let closed = self.read_control(i) == Liveness::Gone;
+            let closed = self.read_control(i);
             if closed {
                 // Stop polling it; the process itself may still be running.
                 self.workers[i].control = None;
@@ -601,16 +443,29 @@ impl Supervisor {
                 self.reap(i);
                 actions.extend(self.policy.on(Instant::now(), policy::Event::Exited(i)));
             }
-            self.collect_reset(i)?;
+            if self.workers.collect_reset(i)? {
+                let done = self.policy.on(Instant::now(), policy::Event::ResetDone(i));
+                self.deferred.extend(done);
+            }
         }
-        self.forward_acme();
-        if Instant::now() >= self.next_sweep {
-            self.kill_orphans();
+        if let Some(relay) = self.acme.as_mut() {
+            let (workers, control) = (&self.workers, &mut self.control);
+            relay.relay(
+                workers,
+                self.lanes,
+                &self.counters,
+                &mut self.template,
+                control,
+            );
+        }
+        if self.workers.sweep_due(Instant::now()) {
+            self.workers.kill_orphans();
         }
         actions.append(&mut self.deferred);
         actions.extend(self.policy.tick(Instant::now()));
         let done = self.carry_out(actions);
-        self.answer_reload(Instant::now());
+        let (reloads, mut books) = self.reload_books();
+        reloads.answer(&mut books, Instant::now());
         let now = Instant::now();
         for (l, c) in self.counters.instances.iter().enumerate() {
             let (generation, state) = self.policy.lane(l);
@@ -621,6 +476,46 @@ impl Supervisor {
             c.set_lane(generation, state, draining);
         }
         done
+    }
+
+    /// The signal that came, if one did: SIGHUP reloads, SIGUSR2 upgrades, any other starts
+    /// the shutdown (a second one cuts it); what the policy answers.
+    fn signal(&mut self) -> Vec<Action> {
+        let signal = sys::read_signal(&self.signals);
+        if signal == Some(libc::SIGHUP) {
+            tracing::info!("SIGHUP: reloading");
+            return self.reload(None);
+        }
+        if signal == Some(libc::SIGUSR2) {
+            tracing::info!("SIGUSR2: upgrading");
+            self.upgrade_request(None);
+            return Vec::new();
+        }
+        let Some(sig) = signal else {
+            return Vec::new();
+        };
+        if self.policy.shutting_down() {
+            tracing::warn!(signal = sig, "second signal: stopping now");
+        } else {
+            match self.cfg.grace() {
+                Some(grace) => tracing::info!(signal = sig, ?grace, "shutting down: draining workers (what they still serve at the end of --grace is cut; a second signal cuts it now)"),
+                None => tracing::info!(signal = sig, "shutting down: draining workers until every request in flight is done (no --grace; a second signal cuts them now)"),
+            }
+        }
+        self.policy
+            .on(Instant::now(), policy::Event::ShutdownSignal)
+    }
+
+    /// The reloads' books, with what they read of the rest of the supervisor.
+    fn reload_books(&mut self) -> (&mut reload::Reloads, reload::Books<'_>) {
+        let books = reload::Books {
+            cfg: &self.cfg,
+            policy: &self.policy,
+            counters: &self.counters,
+            workers: &self.workers,
+            control: &mut self.control,
+        };
+        (&mut self.reloads, books)
     }
 
     /// Does what the policy decided. `Ok(true)`: the shutdown is complete.
@@ -651,7 +546,10 @@ impl Supervisor {
                 }
                 a @ (Action::Reloaded { .. }
                 | Action::ReloadFailed { .. }
-                | Action::ReloadWaits { .. }) => self.report_reload(a),
+                | Action::ReloadWaits { .. }) => {
+                    let (reloads, mut books) = self.reload_books();
+                    reloads.report(a, &mut books);
+                }
                 Action::ReloadRefused(_) => {}
                 Action::RequestReset(i) => {
                     self.workers[i].reset_reply = Some(self.link.request_reset(i as u8));
@@ -665,24 +563,19 @@ impl Supervisor {
                             "asking a replaced worker to drain"
                         );
                     }
-                    if let Some(c) = &self.workers[i].control {
-                        let _ = sys::send_packet(c.as_fd(), &Message::Shutdown.encode());
-                    }
+                    self.workers[i].tell(&Message::Shutdown);
                 }
                 Action::Died(d) => workers::log_death(&d, self.cfg.worker_program()),
                 Action::Finish => {
                     tracing::info!("all workers exited");
-                    self.reloads.tell(
-                        self.control.as_mut(),
-                        "error: ringmux is shutting down",
-                        true,
-                    );
-                    self.kill_orphans();
+                    let last = "error: ringmux is shutting down";
+                    self.reloads.waiters.tell(self.control.server(), last, true);
+                    self.workers.kill_orphans();
                     return Ok(true);
                 }
                 Action::CutAllAndFinish => {
                     workers::cut_all(&mut self.workers, &self.counters, self.lanes);
-                    self.kill_orphans();
+                    self.workers.kill_orphans();
                     return Ok(true);
                 }
             }
@@ -711,9 +604,7 @@ impl Supervisor {
         self.counters.instances[i]
             .cuts
             .fetch_add(1, Ordering::Relaxed);
-        if let Some(c) = &self.workers[i].control {
-            let _ = sys::send_packet(c.as_fd(), &Message::Cut.encode());
-        }
+        self.workers[i].tell(&Message::Cut);
     }
 
     /// Starts lane `i`'s worker on the ingress reset for it; what the policy answers.
@@ -729,92 +620,21 @@ impl Supervisor {
         }
         let event = match self.spawn(i as u8, h) {
             Ok(()) => {
-                self.start_errors[i] = None;
+                self.reloads.started(i, None);
                 policy::Event::Started(i)
             }
             Err(e) => {
                 let why = format!("{e:#}");
                 tracing::error!(instance = self.lanes.at(i).instance, generation, error = %why, "starting a worker failed");
-                self.start_errors[i] = Some(why);
+                self.reloads.started(i, Some(why));
                 policy::Event::StartFailed(i)
             }
         };
         self.policy.on(Instant::now(), event)
     }
 
-    /// Tells the clients of a reload that succeeded (`ringmux reload`) once every worker of
-    /// the replaced generation has said it accepts no new connection (`STOPPED`) or is gone,
-    /// or at the latest after [`ringmux_proto::STOPPED_WAIT`] ([`reload::Waiters::answer`]).
-    fn answer_reload(&mut self, now: Instant) {
-        let Some(replaced) = self.reloads.replaced() else {
-            return;
-        };
-        let lanes = self.policy.lanes_of(replaced);
-        let stopped = self.workers[lanes]
-            .iter()
-            .all(|w| w.stopped || w.child.is_none());
-        self.reloads.answer(self.control.as_mut(), now, stopped);
-    }
-
-    /// Logs how a reload went and tells whoever asked for it (`ringmux reload`).
-    fn report_reload(&mut self, action: Action) {
-        match action {
-            Action::Reloaded {
-                generation,
-                replaced: old,
-            } => {
-                self.counters.reloads.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(generation, draining = old, "reload done");
-                // Answered once the replaced workers accept no new connection.
-                self.reloads.done(generation, old, Instant::now());
-                self.answer_reload(Instant::now());
-            }
-            Action::ReloadFailed {
-                generation,
-                instance,
-                why,
-            } => {
-                self.counters.reloads_failed.fetch_add(1, Ordering::Relaxed);
-                let lane = self.policy.lanes_of(generation).start + instance;
-                let why = reload::failure_line(
-                    why,
-                    instance,
-                    self.cfg.worker_program(),
-                    self.cfg.ready_timeout(),
-                    self.start_errors[lane].as_deref(),
-                );
-                let active = self.policy.active();
-                tracing::error!(generation, reason = %why, serving = active, "reload failed");
-                self.reloads.tell(
-                    self.control.as_mut(),
-                    &format!(
-                        "error: generation {generation} abandoned: {why}; generation {active} \
-                         serves on"
-                    ),
-                    true,
-                );
-            }
-            Action::ReloadWaits {
-                generation,
-                draining,
-            } => {
-                tracing::info!(
-                    generation,
-                    draining,
-                    "reload waits for a generation to drain"
-                );
-                self.reloads.tell(
-                    self.control.as_mut(),
-                    &reload::waits_line(generation, draining),
-                    false,
-                );
-            }
-            _ => {}
-        }
-    }
-
-    /// Starts lane `lane`'s worker on `handles` as [`spawn::plan`] plans it, and keeps the
-    /// books: its session socket served, its counters started again, its descriptors held.
+    /// Starts lane `lane`'s worker on `handles` ([`Launcher::start`]), and keeps the books:
+    /// its session socket served, its counters started again, its descriptors held.
     fn spawn(&mut self, lane: u8, handles: IngressHandles) -> Result<()> {
         let l = usize::from(lane);
         let slot = spawn::Slot {
@@ -823,23 +643,10 @@ impl Supervisor {
             generation: self.policy.lane(l).0,
             ingress: spawn::ingress_kind(&handles),
         };
-        let around = spawn::Surroundings {
-            public: self.public,
-            tcp: self.tcp.https.is_some(),
-            redirect: self.tcp.redirect.is_some(),
-            access_log: self.access_log,
-            filter: self.filter.is_some(),
-            landlock: self.domain.is_some(),
-            may_drop_bounding_set: sys::may_drop_bounding_set(),
-            acme: self.acme.is_some(),
-        };
-        let plan = spawn::plan(&self.cfg, &self.template, &around, slot);
-        let held = spawn::Held {
-            tcp: &self.tcp,
-            filter: self.filter.as_ref(),
-            domain: self.domain.as_ref(),
-        };
-        let started = spawn::launch(&plan, handles, held)?;
+        let acme = self.acme.is_some();
+        let (started, challenges) =
+            self.launcher
+                .start(&self.cfg, &self.template, slot, acme, handles)?;
         let i = slot.instance;
         self.sessions.serve(i, started.sessions);
         let lane_counters = &self.counters.instances[l];
@@ -858,7 +665,7 @@ impl Supervisor {
             "worker started"
         );
         // The challenges pending now: the site table it got has every certificate already.
-        if plan.acme_challenges {
+        if challenges {
             if let Some(m) = self
                 .acme
                 .as_mut()
@@ -879,131 +686,42 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Reads pending control messages of worker `i`.
-    ///
-    /// At most [`CONTROL_READS_PER_ROUND`] messages, and no more than its [`Budget`] allows: a
-    /// worker that floods its socket gets no more of the supervisor's time than that, and every
-    /// other duty still comes round. Messages past the budget's serve rate are dropped unparsed
-    /// and counted; `READY` is acted on all the same (it spends, so a flood of it is bounded
-    /// too).
-    fn read_control(&mut self, i: usize) -> Liveness {
-        let buf = &mut self.control_buf;
-        for _ in 0..CONTROL_READS_PER_ROUND {
-            let w = &mut self.workers[i];
-            let Some(control) = w.control.as_ref() else {
-                return Liveness::Alive;
-            };
-            if w.budget.read_after(Instant::now()).is_some() {
-                return Liveness::Alive;
+    /// Reads pending control messages of lane `i`'s worker ([`WorkerTable::read`]) and acts
+    /// on its `READY`s and confirmations; `true` when its control socket closed.
+    fn read_control(&mut self, i: usize) -> bool {
+        let heard = self.workers.read(i, &self.counters);
+        for _ in 0..heard.ready {
+            if !self.policy.is_ready(i) {
+                self.link.liveness().set_up(i, true);
+                let generation = self.policy.lane(i).0;
+                tracing::info!(
+                    instance = self.lanes.at(i).instance,
+                    generation,
+                    "worker ready"
+                );
             }
-            let n = match sys::recv_packet(control.as_fd(), buf) {
-                Ok(0) => return Liveness::Gone,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Liveness::Alive,
-                Err(_) => return Liveness::Gone,
-            };
-            let ic = &self.counters.instances[i];
-            let packet = &buf[..n.min(buf.len())];
-            let ready = packet == ringmux_proto::message::WORDS[0].as_bytes();
-            if w.budget.spend(Instant::now()) == Verdict::Drop && !ready {
-                MessageKind::of_control(packet).count_dropped(ic);
-                continue;
-            }
-            // An oversized packet (longer than the buffer) is ignored.
-            let report = buf
-                .get(..n)
-                .map_or(workers::Report::Ignored, workers::Report::of);
-            match report {
-                workers::Report::Ready => {
-                    if !self.policy.is_ready(i) {
-                        self.link.liveness().set_up(i, true);
-                        let generation = self.policy.lane(i).0;
-                        tracing::info!(
-                            instance = self.lanes.at(i).instance,
-                            generation,
-                            "worker ready"
-                        );
-                    }
-                    let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
-                    self.deferred.extend(actions);
-                }
-                workers::Report::Stats(r) => {
-                    ic.record_report(&r, ic.sites.rows_known(self.counters.site_labels.len()))
-                }
-                workers::Report::Stopped => w.stopped = true,
-                workers::Report::Malformed => {
-                    ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
-                }
-                workers::Report::Applied(seq) => {
-                    if let Some(a) = self.acme.as_mut() {
-                        a.applied(i, seq);
-                    }
-                }
-                workers::Report::Ignored => {}
+            let actions = self.policy.on(Instant::now(), policy::Event::Ready(i));
+            self.deferred.extend(actions);
+        }
+        if let Some(a) = self.acme.as_mut() {
+            for seq in heard.applied {
+                a.applied(i, seq);
             }
         }
-        Liveness::Alive
+        heard.gone
     }
 
-    /// Collects the process of a dead worker ([`Worker::reap`]) and says how it ended.
+    /// Collects the process of a dead worker ([`WorkerTable::reap`]) and forgets it.
     fn reap(&mut self, i: usize) {
-        let ic = &self.counters.instances[i];
         self.link.liveness().set_up(i, false);
-        ic.worker_pid.store(0, Ordering::Relaxed);
+        self.counters.instances[i]
+            .worker_pid
+            .store(0, Ordering::Relaxed);
         let draining = self.policy.draining(i);
         if let Some(a) = self.acme.as_mut() {
             a.forget(i);
         }
-        let Some(status) = self.workers[i].reap(draining) else {
-            return;
-        };
         let (instance, generation) = (self.lanes.at(i).instance, self.policy.lane(i).0);
-        if draining {
-            tracing::info!(instance, generation, ?status, "worker exited");
-        } else {
-            tracing::warn!(instance, generation, ?status, "worker process ended");
-        }
-        // Its descendants are re-parented to the demux now (or as their parents die): look for
-        // them at once, and again each round while any turn up.
-        self.kill_orphans();
+        self.workers.reap(i, draining, instance, generation);
     }
-
-    /// Kills the processes dead workers left behind ([`workers::kill_orphans`]); looks again
-    /// next round while any turn up.
-    fn kill_orphans(&mut self) {
-        let found = workers::kill_orphans(&self.workers);
-        self.next_sweep = Instant::now()
-            + if found > 0 {
-                // Their own children are re-parented as they die: next round.
-                Duration::ZERO
-            } else {
-                ORPHAN_SWEEP
-            };
-    }
-
-    /// Takes the new generation's descriptors once the data plane has reset the ingress.
-    fn collect_reset(&mut self, i: usize) -> Result<()> {
-        let w = &mut self.workers[i];
-        let Some(rx) = &w.reset_reply else {
-            return Ok(());
-        };
-        match rx.try_recv() {
-            Ok(Ok(h)) => {
-                w.handles = Some(h);
-                w.reset_reply = None;
-                let actions = self.policy.on(Instant::now(), policy::Event::ResetDone(i));
-                self.deferred.extend(actions);
-                Ok(())
-            }
-            Ok(Err(e)) => bail!("resetting the ring of instance {i}: {e}"),
-            Err(TryRecvError::Empty) => Ok(()),
-            Err(TryRecvError::Disconnected) => bail!("the data plane stopped"),
-        }
-    }
-}
-
-#[derive(PartialEq, Eq)]
-enum Liveness {
-    Alive,
-    Gone,
 }

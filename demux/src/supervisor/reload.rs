@@ -2,17 +2,20 @@
 //! starts with ([`next_generation`]: the command line, its configuration file and
 //! certificates read again and checked as a start checks them), whether a reload would start
 //! one (`ringmux reload --check`, [`check_line`]), taking it as the running configuration
-//! ([`Next::apply`]), and the clients waiting for the outcome ([`Waiters`]). When the new
-//! generation starts and the old one drains is [`super::policy`]'s.
+//! ([`Next::apply`]), and the clients waiting for the outcome and what they are told
+//! ([`Reloads`], [`Waiters`]). When the new generation starts and the old one drains is
+//! [`super::policy`]'s.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use super::acme;
-use super::control::ControlServer;
-use super::policy::{Failure, Limits, Policy, Refusal, CUT_WAIT};
+use super::control::{Clients, ControlServer};
+use super::policy::{Action, Failure, Limits, Policy, Refusal, CUT_WAIT};
 use super::spawn::{worker_domain, Template};
+use super::workers::Worker;
 use crate::config::Config;
 use crate::metrics::Counters;
 use crate::sys;
@@ -189,6 +192,112 @@ pub fn waits_line(generation: u64, draining: u64) -> String {
          {draining}, the oldest draining one, which is cut and given {CUT_WAIT:?} to write its \
          logs and exit"
     )
+}
+
+/// The reloads' books: the control clients waiting on the reload under way ([`Waiters`]),
+/// and why each lane's worker failed to start last, for the answer of a reload that failed of
+/// it.
+pub struct Reloads {
+    pub waiters: Waiters,
+    start_errors: Vec<Option<String>>,
+}
+
+/// What [`Reloads`] reads to answer, borrowed from the supervisor.
+pub struct Books<'a> {
+    pub cfg: &'a Config,
+    pub policy: &'a Policy,
+    pub counters: &'a Counters,
+    pub workers: &'a [Worker],
+    pub control: &'a mut Clients,
+}
+
+impl Reloads {
+    /// The books of `lanes` lanes, no reload under way.
+    pub fn new(lanes: usize) -> Reloads {
+        Reloads {
+            waiters: Waiters::default(),
+            start_errors: vec![None; lanes],
+        }
+    }
+
+    /// Lane `lane`'s worker started (`None`), or why starting it failed.
+    pub fn started(&mut self, lane: usize, error: Option<String>) {
+        self.start_errors[lane] = error;
+    }
+
+    /// Tells the clients of a reload that succeeded (`ringmux reload`) once every worker of
+    /// the replaced generation has said it accepts no new connection (`STOPPED`) or is gone,
+    /// or at the latest after [`ringmux_proto::STOPPED_WAIT`] ([`Waiters::answer`]).
+    pub fn answer(&mut self, books: &mut Books<'_>, now: Instant) {
+        let Some(replaced) = self.waiters.replaced() else {
+            return;
+        };
+        let lanes = books.policy.lanes_of(replaced);
+        let stopped = books.workers[lanes]
+            .iter()
+            .all(|w| w.stopped || w.child.is_none());
+        self.waiters.answer(books.control.server(), now, stopped);
+    }
+
+    /// Logs how a reload went (the policy's `action`) and tells whoever asked for it.
+    pub fn report(&mut self, action: Action, books: &mut Books<'_>) {
+        match action {
+            Action::Reloaded {
+                generation,
+                replaced: old,
+            } => {
+                books.counters.reloads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(generation, draining = old, "reload done");
+                // Answered once the replaced workers accept no new connection.
+                self.waiters.done(generation, old, Instant::now());
+                self.answer(books, Instant::now());
+            }
+            Action::ReloadFailed {
+                generation,
+                instance,
+                why,
+            } => {
+                books
+                    .counters
+                    .reloads_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                let lane = books.policy.lanes_of(generation).start + instance;
+                let why = failure_line(
+                    why,
+                    instance,
+                    books.cfg.worker_program(),
+                    books.cfg.ready_timeout(),
+                    self.start_errors[lane].as_deref(),
+                );
+                let active = books.policy.active();
+                tracing::error!(generation, reason = %why, serving = active, "reload failed");
+                self.waiters.tell(
+                    books.control.server(),
+                    &format!(
+                        "error: generation {generation} abandoned: {why}; generation {active} \
+                         serves on"
+                    ),
+                    true,
+                );
+            }
+            Action::ReloadWaits {
+                generation,
+                draining,
+            } => {
+                tracing::info!(
+                    generation,
+                    draining,
+                    "reload waits for a generation to drain"
+                );
+                self.waiters.tell(
+                    books.control.server(),
+                    &waits_line(generation, draining),
+                    false,
+                );
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The control clients waiting for the outcome of the reload under way, and the answer to a

@@ -18,7 +18,7 @@ use ringmux_proto::{Handoff, IngressKind};
 
 use super::filesystem;
 use super::sandbox::{self, WorkerFilter};
-use crate::config::{Config, Sandbox};
+use crate::config::{AccessLog, Config, Sandbox};
 use crate::forward::IngressHandles;
 use crate::sys::{self, ChildProcess};
 
@@ -301,6 +301,79 @@ pub struct Held<'a> {
     pub tcp: &'a TcpListeners,
     pub filter: Option<&'a WorkerFilter>,
     pub domain: Option<&'a sys::WorkerDomain>,
+}
+
+/// What the supervisor keeps for every worker's start, made once (the Landlock ruleset again
+/// at each reload): the public address, the TCP listeners, the access log, the confinement.
+/// [`Launcher::start`] plans a lane's start ([`plan`]) and carries the plan out ([`launch`]).
+pub struct Launcher {
+    /// The public socket's address: every worker's sending socket is bound to it.
+    pub public: SocketAddr,
+    /// The listening TCP sockets every worker accepts from, at its descriptors 5 (`--tcp on`)
+    /// and 6 (`--redirect-http`).
+    pub tcp: TcpListeners,
+    /// Whether workers get an access-log pipe (`--access-log`), at their descriptor 7. The
+    /// log thread writes what comes through it; the file is opened again at every reload.
+    pub access_log: bool,
+    /// The workers' system-call filter; `None` with `--sandbox off`.
+    pub filter: Option<WorkerFilter>,
+    /// The Landlock ruleset each worker enters a domain of; `None` with `--sandbox off` or
+    /// where the kernel has no Landlock.
+    pub domain: Option<sys::WorkerDomain>,
+}
+
+impl Launcher {
+    /// What the workers of `cfg` start with beside `public` and `tcp`: their filter and
+    /// Landlock ruleset made (a right this kernel's Landlock leaves every worker is warned of).
+    pub fn new(cfg: &Config, public: SocketAddr, tcp: TcpListeners) -> Result<Launcher> {
+        let filter = worker_filter(cfg, tcp.redirect.is_some())?;
+        let domain = worker_domain(cfg)?;
+        if domain.is_some() {
+            let abi = sys::landlock_abi().unwrap_or(0);
+            for gap in sys::landlock_gaps(abi) {
+                tracing::warn!(
+                    landlock_abi = abi,
+                    "this kernel's Landlock leaves one right to every worker: {gap}"
+                );
+            }
+        }
+        Ok(Launcher {
+            public,
+            tcp,
+            access_log: cfg.access_log() != AccessLog::Off,
+            filter,
+            domain,
+        })
+    }
+
+    /// Starts `slot`'s worker on `handles` as [`plan`] plans it from `cfg` and `template`
+    /// (`acme`: the ACME relay runs); with whether it is to be sent the pending challenges.
+    pub fn start(
+        &self,
+        cfg: &Config,
+        template: &Template,
+        slot: Slot,
+        acme: bool,
+        handles: IngressHandles,
+    ) -> Result<(Launched, bool)> {
+        let around = Surroundings {
+            public: self.public,
+            tcp: self.tcp.https.is_some(),
+            redirect: self.tcp.redirect.is_some(),
+            access_log: self.access_log,
+            filter: self.filter.is_some(),
+            landlock: self.domain.is_some(),
+            may_drop_bounding_set: sys::may_drop_bounding_set(),
+            acme,
+        };
+        let plan = plan(cfg, template, &around, slot);
+        let held = Held {
+            tcp: &self.tcp,
+            filter: self.filter.as_ref(),
+            domain: self.domain.as_ref(),
+        };
+        Ok((launch(&plan, handles, held)?, plan.acme_challenges))
+    }
 }
 
 /// A worker started: its process and the demux's ends of what it was given.

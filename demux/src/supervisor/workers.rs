@@ -1,11 +1,12 @@
-//! The processes and descriptors of each lane's worker, and what is done to them whatever
-//! the reason: wait for one, reap it, tell it something, cut them all at the end of a
-//! shutdown, kill what dead workers left behind. Whether and when is [`super::policy`]'s.
+//! The processes and descriptors of each lane's worker ([`WorkerTable`]), and what is done to
+//! them whatever the reason: wait for one, read what it says, reap it, tell it something, cut
+//! them all at the end of a shutdown, kill what dead workers left behind. Whether and when is
+//! [`super::policy`]'s.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::ExitStatus;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use ringmux_proto::message::WorkerReport;
@@ -96,6 +97,201 @@ impl Worker {
             let _ = sys::shut_down(s.as_fd());
         }
         Some(status)
+    }
+}
+
+/// How often the supervisor looks for processes re-parented to the demux (descendants of a
+/// worker whose parent died) when no worker died since the last look.
+const ORPHAN_SWEEP: Duration = Duration::from_secs(1);
+
+/// Most control messages read from one worker per supervision round (a worker sends one STATS a
+/// second; more is a flood). Over time its [`Budget`] ([`budget::CONTROL`]) bounds them.
+const CONTROL_READS_PER_ROUND: usize = 16;
+
+/// Every lane's worker, by lane (the table derefs to a slice of [`Worker`]), and what is kept
+/// for them all: where their control messages are read, when to look for orphans next.
+pub struct WorkerTable {
+    lanes: Vec<Worker>,
+    /// Where a worker's control message is read: room for the largest
+    /// ([`ringmux_proto::MAX_MESSAGE`]).
+    control_buf: Box<[u8]>,
+    /// When to look for orphans next (sooner after a worker died).
+    next_sweep: Instant,
+}
+
+/// What reading a worker's control socket found that is for the supervisor to act on (its
+/// counters, `STOPPED` and malformed messages are taken care of).
+#[derive(Debug, Default)]
+pub struct Heard {
+    /// The socket closed or broke: stop polling it (the process may still run).
+    pub gone: bool,
+    /// How many `READY`s it sent.
+    pub ready: usize,
+    /// The certificate and challenge updates it applied (`APPLIED seq`), in order.
+    pub applied: Vec<u64>,
+}
+
+impl WorkerTable {
+    /// `lanes` lanes without a worker.
+    pub fn new(lanes: usize, now: Instant) -> WorkerTable {
+        WorkerTable {
+            lanes: (0..lanes).map(|_| Worker::default()).collect(),
+            control_buf: vec![0; ringmux_proto::MAX_MESSAGE].into_boxed_slice(),
+            next_sweep: now + ORPHAN_SWEEP,
+        }
+    }
+
+    /// Adds what a supervision round polls of the workers to `fds`: each pidfd, and each
+    /// control socket its worker's budget lets be read `now`; `timeout` is cut to when the
+    /// next of the others may be read.
+    pub fn poll_fds<'a>(
+        &'a mut self,
+        now: Instant,
+        timeout: &mut Duration,
+        fds: &mut Vec<BorrowedFd<'a>>,
+    ) {
+        for w in self.lanes.iter_mut() {
+            fds.extend(w.pidfd.as_ref().map(|p| p.as_fd()));
+            // A worker that spent its budget is not listened to until it may be read again:
+            // its flood waits in its own socket instead of waking this loop (its death still
+            // shows on its pidfd).
+            match w.budget.read_after(now) {
+                None => fds.extend(w.control.as_ref().map(|c| c.as_fd())),
+                Some(at) if w.control.is_some() => {
+                    *timeout = (*timeout).min(at.saturating_duration_since(now));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Whether `pid` is one of the workers' processes.
+    pub fn runs(&self, pid: u32) -> bool {
+        self.lanes
+            .iter()
+            .any(|w| w.child.as_ref().map(ChildProcess::id) == Some(pid))
+    }
+
+    /// Reads pending control messages of lane `i`'s worker, recording its counters in
+    /// `counters`.
+    ///
+    /// At most [`CONTROL_READS_PER_ROUND`] messages, and no more than its [`Budget`] allows: a
+    /// worker that floods its socket gets no more of the supervisor's time than that, and every
+    /// other duty still comes round. Messages past the budget's serve rate are dropped unparsed
+    /// and counted; `READY` is acted on all the same (it spends, so a flood of it is bounded
+    /// too).
+    pub fn read(&mut self, i: usize, counters: &Counters) -> Heard {
+        let mut heard = Heard::default();
+        let buf = &mut self.control_buf;
+        let w = &mut self.lanes[i];
+        for _ in 0..CONTROL_READS_PER_ROUND {
+            let Some(control) = w.control.as_ref() else {
+                break;
+            };
+            if w.budget.read_after(Instant::now()).is_some() {
+                break;
+            }
+            let n = match sys::recv_packet(control.as_fd(), buf) {
+                Ok(0) => {
+                    heard.gone = true;
+                    break;
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    heard.gone = true;
+                    break;
+                }
+            };
+            let ic = &counters.instances[i];
+            let packet = &buf[..n.min(buf.len())];
+            let ready = packet == ringmux_proto::message::WORDS[0].as_bytes();
+            if w.budget.spend(Instant::now()) == budget::Verdict::Drop && !ready {
+                budget::MessageKind::of_control(packet).count_dropped(ic);
+                continue;
+            }
+            // An oversized packet (longer than the buffer) is ignored.
+            match buf.get(..n).map_or(Report::Ignored, Report::of) {
+                Report::Ready => heard.ready += 1,
+                Report::Stats(r) => {
+                    ic.record_report(&r, ic.sites.rows_known(counters.site_labels.len()))
+                }
+                Report::Stopped => w.stopped = true,
+                Report::Malformed => {
+                    ic.reports_malformed.fetch_add(1, Ordering::Relaxed);
+                }
+                Report::Applied(seq) => heard.applied.push(seq),
+                Report::Ignored => {}
+            }
+        }
+        heard
+    }
+
+    /// Collects the process of lane `i`'s dead worker ([`Worker::reap`]), `draining` or not,
+    /// says how it ended, and looks for what it left behind.
+    pub fn reap(&mut self, i: usize, draining: bool, instance: u8, generation: u64) {
+        let Some(status) = self.lanes[i].reap(draining) else {
+            return;
+        };
+        if draining {
+            tracing::info!(instance, generation, ?status, "worker exited");
+        } else {
+            tracing::warn!(instance, generation, ?status, "worker process ended");
+        }
+        // Its descendants are re-parented to the demux now (or as their parents die): look for
+        // them at once, and again each round while any turn up.
+        self.kill_orphans();
+    }
+
+    /// Whether it is time to look for orphans again.
+    pub fn sweep_due(&self, now: Instant) -> bool {
+        now >= self.next_sweep
+    }
+
+    /// Kills the processes dead workers left behind ([`kill_orphans`]); looks again next
+    /// round while any turn up.
+    pub fn kill_orphans(&mut self) {
+        let found = kill_orphans(&self.lanes);
+        self.next_sweep = Instant::now()
+            + if found > 0 {
+                // Their own children are re-parented as they die: next round.
+                Duration::ZERO
+            } else {
+                ORPHAN_SWEEP
+            };
+    }
+
+    /// Takes lane `i`'s new descriptors once the data plane has reset its ingress: `Ok(true)`
+    /// when they came now.
+    pub fn collect_reset(&mut self, i: usize) -> anyhow::Result<bool> {
+        let w = &mut self.lanes[i];
+        let Some(rx) = &w.reset_reply else {
+            return Ok(false);
+        };
+        match rx.try_recv() {
+            Ok(Ok(h)) => {
+                w.handles = Some(h);
+                w.reset_reply = None;
+                Ok(true)
+            }
+            Ok(Err(e)) => anyhow::bail!("resetting the ring of instance {i}: {e}"),
+            Err(TryRecvError::Empty) => Ok(false),
+            Err(TryRecvError::Disconnected) => anyhow::bail!("the data plane stopped"),
+        }
+    }
+}
+
+impl std::ops::Deref for WorkerTable {
+    type Target = [Worker];
+
+    fn deref(&self) -> &[Worker] {
+        &self.lanes
+    }
+}
+
+impl std::ops::DerefMut for WorkerTable {
+    fn deref_mut(&mut self) -> &mut [Worker] {
+        &mut self.lanes
     }
 }
 
@@ -277,5 +473,47 @@ pub fn log_death(d: &policy::Death, program: &str) {
         );
     } else {
         tracing::warn!(instance = i, program, ?uptime, "worker died; restarting");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_worker_says_is_heard_and_a_closed_socket_is_gone() {
+        let (ours, theirs) = sys::seqpacket_pair().unwrap();
+        let ours = socket2::Socket::from(ours);
+        ours.set_nonblocking(true).unwrap();
+        let mut table = WorkerTable::new(2, Instant::now());
+        table[1].control = Some(ours.into());
+        let counters = Counters::new(1, 2);
+        for m in [
+            Message::Ready,
+            Message::Stopped,
+            Message::Applied(3),
+            Message::Ready,
+        ] {
+            sys::send_packet(theirs.as_fd(), &m.encode()).unwrap();
+        }
+        sys::send_packet(theirs.as_fd(), b"APPLIED x").unwrap();
+        let heard = table.read(1, &counters);
+        assert_eq!(
+            (heard.gone, heard.ready, heard.applied),
+            (false, 2, vec![3])
+        );
+        assert!(table[1].stopped && !table[0].stopped);
+        assert_eq!(
+            counters.instances[1]
+                .reports_malformed
+                .load(Ordering::Relaxed),
+            1
+        );
+        // Nothing more to read: still there.
+        assert!(!table.read(1, &counters).gone);
+        drop(theirs);
+        assert!(table.read(1, &counters).gone);
+        // A lane without a control socket has nothing to say.
+        assert_eq!(table.read(0, &counters).ready, 0);
     }
 }

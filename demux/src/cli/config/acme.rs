@@ -10,8 +10,8 @@ use ringmux_proto::sites::SiteTable;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
-use super::file::{AcmeDoc, FileConfig, Located, Place, Problem, Problems};
-use super::RunArgs;
+use super::file::{problem, AcmeDoc, FileConfig, Located, Place, Problem, Problems};
+use super::flags::RunArgs;
 use ringmux_acme::seal::KeyFileSecret;
 use ringmux_acme::{AcmeSettings, AcmeSite, ChallengeKind, Eab, DEFAULT_STATE, LETS_ENCRYPT};
 
@@ -61,14 +61,6 @@ pub fn settings(file: &FileConfig, args: &RunArgs) -> Result<AcmeSettings, Probl
             .map(|r| r.value.clone()),
         eab,
         key_file,
-    })
-}
-
-/// Adds a problem placed at `at` (none: the file as a whole).
-fn problem(problems: &mut Vec<Problem>, at: Option<&Place>, message: String) {
-    problems.push(Problem {
-        at: at.cloned(),
-        message,
     })
 }
 

@@ -9,22 +9,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, CommandFactory, FromArgMatches};
+use clap::{CommandFactory, FromArgMatches};
 
-use super::{file, Cli, DEFAULT_CONTROL_SOCKET, DEFAULT_METRICS};
-
-/// The control socket of the running ringmux (`reload`, `upgrade`, `acme renew`).
-#[derive(Args, Debug, Clone)]
-pub struct ControlTarget {
-    /// The running ringmux's configuration file: the control socket is the file's
-    /// `control_socket` unless --control-socket / RINGMUX_CONTROL_SOCKET names one.
-    #[arg(long, env = "RINGMUX_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Control socket of the running ringmux [default: the file's `control_socket`, else
-    /// /run/ringmux/control.sock].
-    #[arg(long, env = "RINGMUX_CONTROL_SOCKET")]
-    pub control_socket: Option<PathBuf>,
-}
+use super::file;
+use super::flags::{Cli, RunArgs, DEFAULT_CONTROL_SOCKET, DEFAULT_METRICS};
+pub use super::flags::{ControlTarget, MetricsTarget};
 
 impl ControlTarget {
     /// The socket to talk to: the flag's or the variable's, else the file's, else the default.
@@ -53,19 +42,6 @@ impl ControlTarget {
         }
         Ok(chosen)
     }
-}
-
-/// The metrics address of the running ringmux (`stats`).
-#[derive(Args, Debug, Clone)]
-pub struct MetricsTarget {
-    /// The running ringmux's configuration file: the metrics address is the file's `metrics`
-    /// unless --metrics / RINGMUX_METRICS names one.
-    #[arg(long, env = "RINGMUX_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// Metrics address of the running ringmux [default: the file's `metrics`, else
-    /// 127.0.0.1:9433].
-    #[arg(long, env = "RINGMUX_METRICS")]
-    pub metrics: Option<String>,
 }
 
 impl MetricsTarget {
@@ -98,7 +74,7 @@ impl MetricsTarget {
 fn from_file(
     path: &Path,
     key: &str,
-    pick: impl Fn(&super::RunArgs) -> &String,
+    pick: impl Fn(&RunArgs) -> &String,
     default: &str,
 ) -> Result<String> {
     let file = file::FileConfig::read(path).map_err(anyhow::Error::new)?;

@@ -10,8 +10,8 @@ use std::time::SystemTime;
 
 use ringmux_proto::sites::{Action, Limits, Route, Site, SiteTable};
 
-use super::file::{FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
-use super::WorkerUser;
+use super::file::{problem, FileConfig, Located, Place, Problem, Problems, RouteDoc, SiteDoc};
+use super::worker_user::WorkerUser;
 use crate::certs::{covers, leaf, CertPem};
 
 mod rules;
@@ -81,13 +81,6 @@ pub fn build(file: &FileConfig, worker_user: Option<&WorkerUser>) -> Result<Site
         sites,
         default_site,
     })
-}
-
-fn problem(problems: &mut Vec<Problem>, at: &Place, message: String) {
-    problems.push(Problem {
-        at: Some(at.clone()),
-        message,
-    });
 }
 
 fn site(

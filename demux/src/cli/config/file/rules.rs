@@ -4,25 +4,15 @@
 
 use std::path::PathBuf;
 
-use ringmux_proto::rules::{self, Cors, HeaderRules, Hsts};
+use ringmux_proto::rules;
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::{Located, Parser, Value};
+use super::{Located, Parser, SiteRulesDoc, Value};
 
 /// The keys of a `[[site]]` this module reads.
 pub const SITE_RULE_KEYS: [&str; 4] = ["headers", "hsts", "cors", "errors"];
-
-/// A site's rules as written.
-#[derive(Clone, Debug, Default)]
-pub struct SiteRulesDoc {
-    pub headers: Option<HeaderRules>,
-    pub hsts: Option<Hsts>,
-    pub cors: Option<Cors>,
-    /// `[site.errors]`: each status (checked) and its file (read at load).
-    pub errors: Vec<(u16, Located<PathBuf>)>,
-}
 
 impl Parser<'_> {
     /// Reads the site key `key` (one of [`SITE_RULE_KEYS`]) into `doc`.

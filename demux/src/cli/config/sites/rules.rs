@@ -6,7 +6,7 @@ use std::path::Path;
 
 use ringmux_proto::rules::{ErrorPage, ErrorPages, Fallback, SiteRules, MAX_ERROR_PAGE};
 
-use super::super::file::{Place, Problem, SiteRulesDoc};
+use super::super::file::{problem, Place, Problem, SiteRulesDoc};
 
 /// The site table's rules of `doc`, every error page read; a page that cannot be read is a
 /// problem naming its key.
@@ -73,12 +73,4 @@ pub(super) fn check_fallback(
             ),
         );
     }
-}
-
-/// A problem `message` at `at`.
-fn problem(problems: &mut Vec<Problem>, at: &Place, message: String) {
-    problems.push(Problem {
-        at: Some(at.clone()),
-        message,
-    });
 }
