@@ -32,6 +32,7 @@ mod hostile {
     mod files;
     mod floods;
     mod harvested_cids;
+    mod rate_tables;
     mod workers;
 }
 /// Third-party HTTP/3 clients, the project's own client, and programs built on the worker

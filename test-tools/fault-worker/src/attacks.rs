@@ -46,6 +46,7 @@ pub fn play(name: &str) -> Option<Outcomes> {
         "stderr-flood" => stderr_flood(&mut out),
         "files" => files(&mut out),
         "log-forge" => log_forge(&mut out),
+        "rate-tables" => rate_tables(&mut out),
         _ => return None,
     }
     Some(out)
@@ -1158,5 +1159,110 @@ fn log_forge(out: &mut Outcomes) {
             }
         }
         out.push((name, raw(result)));
+    }
+}
+
+/// The rate tables (`ringmux_ring::tally`, shm-layout.md "Rate tables"): its sibling's table,
+/// handed over as a read-only open file description (descriptor `RATE_TABLES_FD + 1`), cannot
+/// be written by any way in: a writable shared mapping, `pwrite`, `mprotect` of a read-only
+/// mapping to writable, a writable reopen through `/proc/self/fd`, truncation. What the
+/// sibling's cells hold after those attempts is recorded (`sibling-cells-nonzero`). Then this
+/// worker's own table (`RATE_TABLES_FD`) is filled with garbage: every cell a count of
+/// `u32::MAX` in a window far from any the workers count in, as a torn or stale write would
+/// leave it, before the real worker takes the table over.
+fn rate_tables(out: &mut Outcomes) {
+    use ringmux_ring::tally::{TALLY_BYTES, TALLY_HEADER_BYTES};
+    const OWN: i32 = ringmux_proto::RATE_TABLES_FD;
+    const SIBLING: i32 = OWN + 1;
+    let tables = std::env::var(ringmux_proto::RATE_TABLES_ENV).unwrap_or_default();
+    out.push(("tables", tables));
+    let map = |fd: i32, prot: libc::c_int| {
+        // SAFETY: a new shared mapping of a descriptor; nothing is overwritten (address NULL),
+        // and every mapping made here is unmapped by `unmap`.
+        unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                TALLY_BYTES,
+                prot,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+    };
+    let unmap = |p: *mut libc::c_void| {
+        // SAFETY: `p` is a mapping of TALLY_BYTES made by `map`, no longer used.
+        unsafe { libc::munmap(p, TALLY_BYTES) };
+    };
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let p = map(SIBLING, rw);
+    out.push(("sibling-map-writable", mapped(p)));
+    if p != libc::MAP_FAILED {
+        unmap(p);
+    }
+    let garbage = u64::MAX.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a local buffer.
+    let r = unsafe {
+        libc::pwrite(
+            SIBLING,
+            garbage.as_ptr().cast(),
+            8,
+            TALLY_HEADER_BYTES as libc::off_t,
+        )
+    };
+    out.push(("sibling-pwrite", raw(r as libc::c_long)));
+    let p = map(SIBLING, libc::PROT_READ);
+    out.push(("sibling-map-read-only", mapped(p)));
+    if p != libc::MAP_FAILED {
+        // SAFETY: changes the protection of our own mapping of TALLY_BYTES.
+        let r = unsafe { libc::mprotect(p, TALLY_BYTES, rw) };
+        out.push(("sibling-mprotect-writable", raw(r.into())));
+        let cells = (TALLY_HEADER_BYTES..TALLY_BYTES).step_by(8);
+        // SAFETY: every offset is within the mapping of TALLY_BYTES and 8-byte aligned (the
+        // mapping is page-aligned); read volatile, as the sibling may be writing.
+        let nonzero = cells
+            .filter(|&at| unsafe { p.cast::<u8>().add(at).cast::<u64>().read_volatile() } != 0)
+            .count();
+        out.push(("sibling-cells-nonzero", nonzero.to_string()));
+        unmap(p);
+    }
+    let path = format!("/proc/self/fd/{SIBLING}\0");
+    // SAFETY: a NUL-terminated path; a descriptor opened by mistake is closed.
+    let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
+    out.push(("sibling-reopen-writable", raw(fd.into())));
+    if fd >= 0 {
+        let p = map(fd, rw);
+        out.push(("sibling-reopened-map-writable", mapped(p)));
+        if p != libc::MAP_FAILED {
+            unmap(p);
+        }
+    }
+    close_if_made(fd);
+    // SAFETY: integers only.
+    let r = unsafe { libc::ftruncate(SIBLING, 0) };
+    out.push(("sibling-truncate", raw(r.into())));
+
+    let p = map(OWN, rw);
+    out.push(("own-map-writable", mapped(p)));
+    if p != libc::MAP_FAILED {
+        for (i, at) in (TALLY_HEADER_BYTES..TALLY_BYTES).step_by(8).enumerate() {
+            let window = 0x8000_0000u64 | i as u64;
+            // SAFETY: within our own writable mapping of TALLY_BYTES, 8-byte aligned.
+            unsafe {
+                p.cast::<u8>()
+                    .add(at)
+                    .cast::<u64>()
+                    .write_volatile(window << 32 | u64::from(u32::MAX))
+            };
+        }
+        unmap(p);
+    }
+}
+
+/// The outcome of an `mmap`.
+fn mapped(p: *mut libc::c_void) -> String {
+    match p == libc::MAP_FAILED {
+        true => format!("{:?}", Errno::last()),
+        false => "ok".into(),
     }
 }

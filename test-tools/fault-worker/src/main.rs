@@ -22,7 +22,8 @@
 //!   for a reload on the control socket named by `RINGMUX_FAULT_CONTROL_SOCKET`),
 //!   `steal-steering` (under `--forward reuseport`: change the kernel's steering, join the
 //!   group, connect or swap its own socket), `files` (reads and writes the ACME state, files
-//!   outside the roots, the site root and elsewhere) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
+//!   outside the roots, the site root and elsewhere), `rate-tables` (tries every way to write
+//!   its sibling's rate table, then fills its own with garbage) (`attacks.rs`); and `take-foreign-session` (stores two sessions, then, once a datagram
 //!   reached it, tries to take a session whose ClientHello went to another instance and one
 //!   whose ClientHello came to it, and records both answers); `stats-flood` and
 //!   `session-flood`, floods of well-formed reports and session-store PUTs (`floods.rs`);
