@@ -216,6 +216,7 @@ impl Opener<'_> {
                 balancing,
                 max_body,
                 tls,
+                ..
             } => {
                 let backends = url
                     .urls()

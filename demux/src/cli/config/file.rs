@@ -1005,6 +1005,7 @@ mod tests {
                 "fail_window",
                 "eject_for",
                 "max_body",
+                "health",
                 "upstream_ca",
                 "upstream_sni",
                 "redirect",
