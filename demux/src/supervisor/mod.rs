@@ -37,6 +37,7 @@ pub mod acme;
 pub mod control;
 pub mod filesystem;
 pub mod handover;
+pub mod health;
 pub mod policy;
 pub mod reload;
 pub mod sandbox;
@@ -106,6 +107,8 @@ pub struct Supervisor {
     control_buf: Box<[u8]>,
     /// What the ACME engine publishes, relayed to the workers; `None` without ACME sites.
     acme: Option<acme::Relay>,
+    /// The active health checks, fed the template's health table.
+    health: health::Checks,
 }
 
 /// Everything a supervisor is made of, handed over whole at construction: what every start
@@ -227,6 +230,7 @@ impl Supervisor {
             waiters_upgrade,
             control_buf: vec![0; MAX_MESSAGE].into_boxed_slice(),
             acme,
+            health: health::Checks::new(counters.health.clone()),
             cfg,
             template,
             public,
@@ -604,6 +608,7 @@ impl Supervisor {
             self.collect_reset(i)?;
         }
         self.forward_acme();
+        self.health.follow(self.template.health.as_ref());
         if Instant::now() >= self.next_sweep {
             self.kill_orphans();
         }
