@@ -7,6 +7,7 @@
 //!
 //! * `certs` (feature `certs`): the hand-off's certificate, read, checked or made, and
 //!   parsed, the same way on both sides.
+//! * [`health`]: the order of the health table's slots, from the site table, for both sides.
 //! * [`handoff`]: the first message on the control socket, demux → worker: configuration
 //!   and keys, with descriptors attached in a fixed order.
 //! * [`header_field`]: a header field the configuration writes (a fixed response's, a header
@@ -40,6 +41,7 @@
 pub mod certs;
 pub mod handoff;
 pub mod header_field;
+pub mod health;
 pub mod limits;
 #[cfg(feature = "logging")]
 pub mod logging;
@@ -130,6 +132,16 @@ pub const MAX_RATE_TABLES: usize = 64;
 /// Name of the environment variable in which the demux tells a worker how many rate tables
 /// it finds from [`RATE_TABLES_FD`] on; unset when no site limits a rate.
 pub const RATE_TABLES_ENV: &str = "RINGMUX_RATE_TABLES";
+
+/// The descriptor number of the health table (`ringmux_ring::health`), when a route of the
+/// site table checks its backends' health: the demux's verdict on each backend, which the
+/// worker maps read-only (the memfd is sealed against writing). Placed after the rate tables'
+/// numbers; [`HEALTH_TABLE_ENV`] says it is there.
+pub const HEALTH_TABLE_FD: i32 = RATE_TABLES_FD + MAX_RATE_TABLES as i32;
+
+/// Name of the environment variable set to `1` when the health table is at
+/// [`HEALTH_TABLE_FD`]; unset when no route checks health.
+pub const HEALTH_TABLE_ENV: &str = "RINGMUX_HEALTH_TABLE";
 
 /// The descriptor number of the demux's listening TCP socket, when the hand-off's `tcp` is 1
 /// (nothing is open there otherwise): one accept queue all workers share, created once by the

@@ -27,8 +27,10 @@ use crate::limits::{Burst, Cidr, FileLimits, LimitError, Limits, PrefixV4, Prefi
 use crate::rules::{Fallback, HeaderRules, RouteRules};
 use crate::UpstreamUrl;
 
+mod health;
 mod pool;
 
+pub use health::{ActiveHealth, HealthError};
 pub use pool::{
     Backends, Balance, Balancing, BodyLimit, HealthSeconds, PassiveHealth, Retries, HEALTH_SECONDS,
     MAX_BACKENDS, MAX_FAILS, MAX_RETRIES,
@@ -96,6 +98,9 @@ pub enum Action {
         max_body: BodyLimit,
         #[serde(default, skip_serializing_if = "UpstreamTls::is_default")]
         tls: UpstreamTls,
+        /// The active health check of its backends (`health`), run by the demux.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health: Option<ActiveHealth>,
     },
     /// A redirect to `to` with `status`, in which `{path}` stands for the request's path and
     /// `{query}` for its query (without the `?`).
@@ -116,6 +121,7 @@ impl Action {
             balancing: Balancing::default(),
             max_body: BodyLimit::default(),
             tls: UpstreamTls::default(),
+            health: None,
         }
     }
 
@@ -169,7 +175,7 @@ impl Respond {
 
 /// A `[[site.route]]` as the configuration file writes it: the path and one action's keys
 /// (`root`; `upstream` with `strip_prefix`, `lb`, `retries`, `max_fails`, `fail_window`,
-/// `eject_for` and `max_body`; `redirect` and `status`; `respond`). The keys the file takes
+/// `eject_for`, `max_body` and `health`; `redirect` and `status`; `respond`). The keys the file takes
 /// are this struct's fields.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -184,6 +190,9 @@ pub struct FileRoute {
     pub fail_window: Option<HealthSeconds>,
     pub eject_for: Option<HealthSeconds>,
     pub max_body: Option<BodyLimit>,
+    /// The active health check of the backends: `health = { path = "/healthz", interval = 5,
+    /// timeout = 2 }` ([`ActiveHealth`]).
+    pub health: Option<ActiveHealth>,
     /// A PEM file of the certificates a TLS upstream is verified against instead of the
     /// system's roots. The demux reads it and puts its text in [`UpstreamTls::roots_pem`]
     /// ([`Route::try_from`] leaves that to it: this module never touches a file).
@@ -232,6 +241,7 @@ impl TryFrom<FileRoute> for Route {
                 ("fail_window", f.fail_window.is_some()),
                 ("eject_for", f.eject_for.is_some()),
                 ("max_body", f.max_body.is_some()),
+                ("health", f.health.is_some()),
             ];
             if let Some((key, _)) = upstream_keys.iter().find(|(_, given)| *given) {
                 return Err(RouteError::UpstreamKeyAlone(key));
@@ -292,6 +302,7 @@ impl TryFrom<FileRoute> for Route {
                     roots_pem: String::new(),
                     sni: f.upstream_sni,
                 },
+                health: f.health,
             }
         } else if let Some(to) = f.redirect {
             Action::Redirect {
@@ -947,5 +958,9 @@ mod tests {
         let pool = r#"{"path":"/","action":{"upstream":{"url":["http://127.0.0.1:9","http://127.0.0.1:10"],"strip_prefix":false,"balancing":{"lb":"client_hash","retries":0,"passive":{"max_fails":1,"fail_window":10,"eject_for":5}},"max_body":100}}}"#;
         let route: Route = read(pool).unwrap();
         assert_eq!(serde_json::to_string(&route).unwrap(), pool);
+        // An active health check is written in seconds, and read back.
+        let checked = r#"{"path":"/","action":{"upstream":{"url":"http://127.0.0.1:9","strip_prefix":false,"health":{"path":"/healthz","interval":5.0,"timeout":0.5}}}}"#;
+        let route: Route = read(checked).unwrap();
+        assert_eq!(serde_json::to_string(&route).unwrap(), checked);
     }
 }

@@ -9,7 +9,8 @@
 //! Files: `layout.rs` (shared structs, offset asserts), `ring.rs` (the algorithm, no syscalls),
 //! `shm.rs` (memfd, mmap, seals, the public halves), `doorbell.rs` (pipe), `config.rs`
 //! (geometry and its bounds), `spin.rs` (how an idle consumer spins: [`SpinPolicy`]),
-//! `tally.rs` (the single-writer counter tables of per-client rate limits, beside the rings).
+//! `tally.rs` (the single-writer counter tables of per-client rate limits, beside the rings),
+//! `health.rs` (the demux's verdict on each checked backend, read-only to workers).
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
@@ -18,6 +19,8 @@ pub mod doorbell;
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(not(loom))]
+pub mod health;
 pub mod layout;
 #[cfg_attr(loom, allow(dead_code))]
 mod ring;

@@ -54,6 +54,7 @@ pub use ringmux_proto::route::UpstreamTls;
 pub use ringmux_proto::UpstreamUrl;
 use tracing::{debug, info, warn};
 
+pub mod health;
 pub mod pool;
 mod tunnel;
 pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};

@@ -70,6 +70,8 @@ pub enum ServerError {
     Sink(#[source] io::Error),
     #[error("the rate tables the demux handed over")]
     RateTables(#[from] ringmux_worker::rate_tables::RateTablesError),
+    #[error("the health table the demux handed over")]
+    HealthTable(#[from] ringmux_worker::health_table::HealthTableUseError),
 }
 
 impl Server {
@@ -194,6 +196,7 @@ fn routes(
         upstream_timeout: options.upstream_timeout(),
         access_log,
         rate_tables: ringmux_worker::rate_tables::inherited()?.map(Arc::new),
+        health_table: ringmux_worker::health_table::inherited()?.map(Arc::new),
     };
     Ok(Router::new(&table, &opts)?)
 }

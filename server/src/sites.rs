@@ -27,12 +27,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::uri::PathAndQuery;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use ringmux_proto::health::HealthSlots;
 use ringmux_proto::sites::{self as table, longest_prefix, Action, Route, SiteIndex, SiteTable};
 use ringmux_proto::UpstreamUrl;
 
 use crate::access_log::{AccessLog, Logged};
 use crate::files::{DocRoot, FileCache, FileOptions, RootError};
 use crate::limits::{Gate, GateMaker, Gates, Refusal};
+use crate::proxy::health::Verdicts;
 use crate::proxy::pool::{Backend, Pool};
 use crate::proxy::{ConnectError, ErrorKind, Upstream, UpstreamTls};
 use crate::reply::{self, Body, Reply};
@@ -59,6 +61,8 @@ pub struct RouterOptions {
     pub access_log: Option<Arc<AccessLog>>,
     /// The rate tables the demux handed over (`ringmux_worker::rate_tables`), if any.
     pub rate_tables: Option<Arc<Tallies>>,
+    /// The health table the demux handed over (`ringmux_worker::health_table`), if any.
+    pub health_table: Option<Arc<ringmux_ring::health::HealthReader>>,
 }
 
 impl Default for RouterOptions {
@@ -69,6 +73,7 @@ impl Default for RouterOptions {
             upstream_timeout: crate::proxy::DEFAULT_TIMEOUT,
             access_log: None,
             rate_tables: None,
+            health_table: None,
         }
     }
 }
@@ -203,7 +208,15 @@ impl Opener<'_> {
     /// read (`ringmux_proto::route`); only a root can fail here, on disk, or an upstream's
     /// certificates. `compress`: the route's and its site's `compress` (on unless one says
     /// false).
-    fn handler(&mut self, action: &Action, compress: bool) -> Result<Handler, OpenError> {
+    ///
+    /// `first_slot`: the route's first slot of the health table when it checks health
+    /// (`HealthSlots::firsts`).
+    fn handler(
+        &mut self,
+        action: &Action,
+        compress: bool,
+        first_slot: Option<u32>,
+    ) -> Result<Handler, OpenError> {
         Ok(match action {
             Action::Files { root } => Handler::Files(self.root(root, compress)?),
             Action::Builtin { root } => Handler::Builtin(match root {
@@ -216,14 +229,19 @@ impl Opener<'_> {
                 balancing,
                 max_body,
                 tls,
+                ..
             } => {
                 let backends = url
                     .urls()
                     .iter()
                     .map(|u| self.upstream(u, tls))
                     .collect::<Result<Vec<_>, _>>()?;
+                let mut pool = Pool::new(backends, *balancing, *max_body);
+                if let (Some(first), Some(table)) = (first_slot, &self.opts.health_table) {
+                    pool = pool.checked(Verdicts::new(table.clone(), first));
+                }
                 Handler::Upstream {
-                    upstream: Arc::new(Pool::new(backends, *balancing, *max_body)),
+                    upstream: Arc::new(pool),
                     strip_prefix: *strip_prefix,
                     compress,
                 }
@@ -403,11 +421,13 @@ impl Router {
             upstreams: HashMap::new(),
         };
         let mut gates = GateMaker::new(table);
+        let first_slots = HealthSlots::firsts(table);
         let mut sites = Vec::with_capacity(table.sites.len());
-        for site in &table.sites {
+        for (s, site) in table.sites.iter().enumerate() {
             let site_share = gates.site_share(&site.limits);
             let mut routes = Vec::with_capacity(site.routes.len());
-            for route in &site.routes {
+            for (r, route) in site.routes.iter().enumerate() {
+                let first_slot = first_slots.get(s).and_then(|f| f.get(r)).copied().flatten();
                 let handler = route
                     .check()
                     .map_err(|e| RouterError::Action {
@@ -417,15 +437,19 @@ impl Router {
                     })
                     .and_then(|()| {
                         let compress = route.compress.or(site.compress).unwrap_or(true);
-                        opener.handler(&route.action, compress).map_err(|e| {
-                            let (site, route) = (site.label.clone(), route.path.clone());
-                            match e {
-                                OpenError::Root(error) => RouterError::Root { site, route, error },
-                                OpenError::Upstream(error) => {
-                                    RouterError::Upstream { site, route, error }
+                        opener
+                            .handler(&route.action, compress, first_slot)
+                            .map_err(|e| {
+                                let (site, route) = (site.label.clone(), route.path.clone());
+                                match e {
+                                    OpenError::Root(error) => {
+                                        RouterError::Root { site, route, error }
+                                    }
+                                    OpenError::Upstream(error) => {
+                                        RouterError::Upstream { site, route, error }
+                                    }
                                 }
-                            }
-                        })
+                            })
                     })?;
                 routes.push(Routed {
                     prefix: route.path.clone(),

@@ -70,6 +70,7 @@ pub mod acme;
 pub mod attach;
 pub mod control;
 pub mod counters;
+pub mod health_table;
 pub mod ingress;
 pub mod quic;
 pub mod rate_tables;

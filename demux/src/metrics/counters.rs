@@ -362,6 +362,9 @@ counter_table! {
         /// ACME state files refused ([`names::ACME_STATE_REFUSED`]), by
         /// [`names::ACME_STATE_FILES`] then `foreign-challenge`, as the engine counted them.
         pub acme_state_refused: [AtomicU64; names::ACME_STATE_FILES.len() + 1],
+        /// The active health checks' verdicts and probes ([`names::BACKEND_UP`],
+        /// [`names::HEALTH_PROBES`]), as their thread counts them.
+        pub health: ringmux_health::Board,
     }
     table {
         received: Counter(RECEIVED), help "Datagrams received on the public socket";

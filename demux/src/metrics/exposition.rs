@@ -24,6 +24,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     own(&mut reg, c);
     certificates(&mut reg, c);
+    backend_health(&mut reg, c);
     for (name, help, value) in [
         (
             names::DATAPLANE_ALLOCATIONS,
@@ -331,6 +332,46 @@ fn certificates(reg: &mut Registry, c: &Counters) {
         base(names::ACME_STATE_REFUSED),
         "ACME state files refused: not sealed by a demux, or a challenge for a name no ACME site of this node has",
         refused,
+    );
+}
+
+/// The active health checks: each checked backend's verdict, and the probes by result.
+fn backend_health(reg: &mut Registry, c: &Counters) {
+    let up = Family::<Labels, Gauge<i64>>::default();
+    for row in c.health.backends() {
+        let value = match row.verdict {
+            ringmux_health::Verdict::Up => 1,
+            ringmux_health::Verdict::Down => 0,
+            ringmux_health::Verdict::Unknown => continue,
+        };
+        up.get_or_create(&vec![
+            ("site".into(), row.site),
+            ("route".into(), row.route),
+            ("backend".into(), row.backend),
+        ])
+        .set(value);
+    }
+    reg.register(
+        names::BACKEND_UP,
+        "A checked backend's verdict by its active health check: 1 up, 0 down",
+        up,
+    );
+    let probes = Family::<Labels, Counter<u64>>::default();
+    for row in c.health.probes() {
+        for (outcome, n) in ringmux_health::Outcome::ALL.iter().zip(row.results) {
+            probes
+                .get_or_create(&vec![
+                    ("backend".into(), row.backend.clone()),
+                    ("path".into(), row.path.clone()),
+                    ("result".into(), outcome.as_str().into()),
+                ])
+                .inc_by(n);
+        }
+    }
+    reg.register(
+        base(names::HEALTH_PROBES),
+        "Active health probes by backend, path and result, for the box",
+        probes,
     );
 }
 
@@ -902,6 +943,22 @@ mod tests {
         *c.certificates.write().unwrap() =
             vec![("a.test".into(), "www.a.test".into(), 1_900_000_000)];
         c.acme_orders[1].store(2, Ordering::Relaxed);
+        // One checked backend, up after one probe.
+        let table: ringmux_proto::sites::SiteTable = serde_json::from_str(
+            r#"{"sites":[{"label":"a.test","names":["a.test"],"cert_pem":"","key_pem":"","routes":[{"path":"/","action":{"upstream":{"url":"http://127.0.0.1:9","strip_prefix":false,"health":{"path":"/h","interval":2,"timeout":1}}}}]}],"default_site":null}"#,
+        )
+        .unwrap();
+        let plan = ringmux_health::Plan::of(&table);
+        let key = plan.targets[0].key.clone();
+        let writer = ringmux_health::HealthWriter::create(plan.slots()).unwrap();
+        c.health.feed(ringmux_health::Feed {
+            table: std::sync::Arc::new(writer),
+            plan,
+        });
+        let mut tracker = ringmux_health::Tracker::default();
+        tracker.observe(true, 1, 1);
+        c.health
+            .observed(&key, ringmux_health::Outcome::Pass, tracker);
         let live = Liveness::new(8);
         live.set_up(1, true);
         let text = encode(&c, &live);
@@ -916,6 +973,11 @@ mod tests {
         }
         assert_eq!(m.received(), 10.0);
         assert_eq!(m.instance(names::FORWARDED, 1), 7.0);
+        assert_eq!(
+            m.get(r#"ringmux_backend_up{site="a.test",route="/",backend="127_0_0_1_9"}"#),
+            1.0,
+            "{text}"
+        );
         assert_eq!(m.dropped("malformed"), 3.0);
         assert_eq!(
             (

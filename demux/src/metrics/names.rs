@@ -163,6 +163,15 @@ metric_names! {
     /// `file`: `certificate`, `challenge`, `attempt`, `account`; and `foreign-challenge`: a
     /// sealed challenge for a name no ACME site of this node has (never answered).
     ACME_STATE_REFUSED = "ringmux_acme_state_refused_total";
+
+    /// Gauge: a checked backend's verdict by its active health check, labels `site`, `route`
+    /// (its path) and `backend` (as the workers' `backend` label): 1 up, 0 down; absent until
+    /// its first verdict.
+    BACKEND_UP = "ringmux_backend_up";
+    /// Counter: active health probes, labels `backend`, `path` and `result` (`pass`,
+    /// `timeout`, `connect`, `status`, `tls`, `protocol`): one per interval per distinct
+    /// backend and path, for the box.
+    HEALTH_PROBES = "ringmux_health_probes_total";
 }
 
 /// The `file` labels of [`ACME_STATE_REFUSED`] for files refused for their seal, in the order

@@ -60,6 +60,7 @@ pub fn table(m: &Scrape) -> String {
     }
     generations(m, &mut out);
     certificates(m, &mut out);
+    backends(m, &mut out);
     reported_series(m, &mut out);
     sites(m, &mut out);
     let _ = writeln!(out);
@@ -302,6 +303,46 @@ fn certificates(m: &Scrape, out: &mut String) {
     }
 }
 
+/// Each checked backend's verdict by its active health check, with its probes.
+fn backends(m: &Scrape, out: &mut String) {
+    let samples = m.samples(names::BACKEND_UP);
+    if samples.is_empty() {
+        return;
+    }
+    let label = |labels: &[(String, String)], key: &str| {
+        labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:>24} {:>16} {:>24} {:>6} {:>8} {:>8}",
+        "backend", "site", "route", "state", "probes", "failed"
+    );
+    for (labels, up) in &samples {
+        let backend = label(labels, "backend");
+        let probes = m.sum_where(names::HEALTH_PROBES, "backend", &backend);
+        let passed = m
+            .samples(names::HEALTH_PROBES)
+            .iter()
+            .filter(|(l, _)| label(l, "backend") == backend && label(l, "result") == "pass")
+            .map(|(_, v)| v)
+            .sum::<f64>();
+        let state = if *up > 0.0 { "up" } else { "down" };
+        let _ = writeln!(
+            out,
+            "{:>24} {:>16} {:>24} {state:>6} {probes:>8.0} {:>8.0}",
+            backend,
+            label(labels, "site"),
+            label(labels, "route"),
+            probes - passed,
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +504,45 @@ mod tests {
 
     /// A row per site that answered, summed over instances and their generations, named by the
     /// demux's labels; the row of no site last; nothing of a site that never answered.
+    #[test]
+    fn table_shows_each_checked_backends_state_and_probes() {
+        let c = Counters::new(1, 4);
+        let table_json = r#"{"sites":[{"label":"a.test","names":["a.test"],"cert_pem":"","key_pem":"","routes":[{"path":"/api","action":{"upstream":{"url":["http://127.0.0.1:8","http://127.0.0.1:9"],"strip_prefix":false,"health":{"path":"/h","interval":2,"timeout":1}}}}]}],"default_site":null}"#;
+        let sites: ringmux_proto::sites::SiteTable = serde_json::from_str(table_json).unwrap();
+        let plan = ringmux_health::Plan::of(&sites);
+        let keys: Vec<_> = plan.targets.iter().map(|t| t.key.clone()).collect();
+        let writer = ringmux_health::HealthWriter::create(plan.slots()).unwrap();
+        c.health.feed(ringmux_health::Feed {
+            table: std::sync::Arc::new(writer),
+            plan,
+        });
+        let mut t = ringmux_health::Tracker::default();
+        t.observe(true, 1, 1);
+        c.health
+            .observed(&keys[0], ringmux_health::Outcome::Pass, t);
+        let mut t = ringmux_health::Tracker::default();
+        t.observe(false, 1, 1);
+        c.health
+            .observed(&keys[1], ringmux_health::Outcome::Timeout, t);
+        c.health
+            .observed(&keys[1], ringmux_health::Outcome::Connect, t);
+        let live = crate::metrics::Liveness::new(4);
+        let out = table(&Scrape::parse(&exposition::encode(&c, &live)));
+        let rows: Vec<Vec<&str>> = out
+            .lines()
+            .filter(|l| l.contains("127_0_0_1_"))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec!["127_0_0_1_8", "a.test", "/api", "up", "1", "0"],
+                vec!["127_0_0_1_9", "a.test", "/api", "down", "2", "2"],
+            ],
+            "{out}"
+        );
+    }
+
     #[test]
     fn table_shows_responses_by_site() {
         let mut c = Counters::new(2, 8);

@@ -39,6 +39,7 @@ pub mod acme;
 pub mod control;
 pub mod filesystem;
 pub mod handover;
+pub mod health;
 pub mod policy;
 pub mod reload;
 pub mod sandbox;
@@ -81,6 +82,8 @@ pub struct Supervisor {
     upgrade: Option<Upgrade>,
     /// What the ACME engine publishes, relayed to the workers; `None` without ACME sites.
     acme: Option<acme::Relay>,
+    /// The active health checks, fed the template's health table.
+    health: health::Checks,
 }
 
 /// Everything a supervisor is made of, handed over whole at construction: what every start
@@ -177,6 +180,7 @@ impl Supervisor {
             binary,
             upgrade: None,
             acme,
+            health: health::Checks::new(counters.health.clone()),
             cfg,
             template,
             counters,
@@ -458,6 +462,7 @@ impl Supervisor {
                 control,
             );
         }
+        self.health.follow(self.template.health.as_ref());
         if self.workers.sweep_due(Instant::now()) {
             self.workers.kill_orphans();
         }

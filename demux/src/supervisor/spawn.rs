@@ -17,6 +17,7 @@ use ringmux_proto::sites::SiteTable;
 use ringmux_proto::{Handoff, IngressKind};
 
 use super::filesystem;
+use super::health::HealthTable;
 use super::sandbox::{self, WorkerFilter};
 use crate::config::{AccessLog, Config, Sandbox};
 use crate::forward::IngressHandles;
@@ -35,6 +36,9 @@ pub struct Template {
     /// One rate table per instance when a site or route limits a rate
     /// (`ringmux_ring::tally`): fresh for each generation, as its rings are.
     pub rate_tables: Option<Arc<RateTables>>,
+    /// The health table when a route checks its backends' health (`super::health`): fresh
+    /// for each site table, as the rate tables are.
+    pub health: Option<Arc<HealthTable>>,
 }
 
 impl Template {
@@ -55,6 +59,7 @@ impl Template {
             sites: sites.clone(),
             site_labels: crate::metrics::counters::site_labels(sites),
             rate_tables,
+            health: HealthTable::for_sites(sites),
         }
     }
 }
@@ -215,6 +220,8 @@ pub struct LaunchPlan<'t> {
     pub sites: &'t SiteTable,
     /// The generation's rate tables, placed from `ringmux_proto::RATE_TABLES_FD` on.
     pub rate_tables: Option<&'t RateTables>,
+    /// The health table, placed at `ringmux_proto::HEALTH_TABLE_FD`.
+    pub health: Option<&'t HealthTable>,
     /// Send it the pending ACME challenges once it has its hand-off.
     pub acme_challenges: bool,
 }
@@ -251,6 +258,9 @@ pub fn plan<'t>(
     if let Some(tables) = &template.rate_tables {
         env.push((ringmux_proto::RATE_TABLES_ENV, tables.0.len().to_string()));
     }
+    if template.health.is_some() {
+        env.push((ringmux_proto::HEALTH_TABLE_ENV, "1".to_string()));
+    }
     LaunchPlan {
         lane: slot.lane,
         instance: slot.instance,
@@ -283,6 +293,7 @@ pub fn plan<'t>(
         redirect: around.redirect,
         sites: &template.sites,
         rate_tables: template.rate_tables.as_deref(),
+        health: template.health.as_deref(),
         acme_challenges: around.acme,
     }
 }
@@ -472,6 +483,7 @@ pub fn launch(plan: &LaunchPlan<'_>, handles: IngressHandles, held: Held<'_>) ->
         public: socket.as_fd(),
         handoff: &handoff,
         rate_tables: &rate_tables,
+        health: plan.health.map(|h| h.writer.fd()),
         tcp: held
             .tcp
             .https

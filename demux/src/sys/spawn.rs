@@ -24,6 +24,8 @@ pub struct WorkerSetup<'a> {
     pub handoff: &'a [BorrowedFd<'a>],
     /// The rate tables, placed at `ringmux_proto::RATE_TABLES_FD` and on, in order.
     pub rate_tables: &'a [BorrowedFd<'a>],
+    /// The health table, placed at `ringmux_proto::HEALTH_TABLE_FD`.
+    pub health: Option<BorrowedFd<'a>>,
     /// The listening TCP socket every worker shares (`--tcp on`): descriptor 5.
     pub tcp: Option<BorrowedFd<'a>>,
     /// The listening socket for plain HTTP (`--redirect-http`): descriptor 6.
@@ -97,6 +99,11 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
     for (slot, fd) in tables.iter_mut().zip(setup.rate_tables) {
         *slot = Some(rustix::io::fcntl_dupfd_cloexec(fd, above)?);
     }
+    // Above every number anything is placed at, the health table's own included.
+    let health = setup
+        .health
+        .map(|fd| rustix::io::fcntl_dupfd_cloexec(fd, ringmux_proto::HEALTH_TABLE_FD + 1))
+        .transpose()?;
     // The shared descriptors at their fixed numbers, copied after the hand-off's: their
     // copies' numbers are then above every number the hand-off's are placed at.
     let mut fixed: [(Option<OwnedFd>, RawFd); 3] = [
@@ -148,6 +155,9 @@ pub fn prepare_worker(cmd: &mut Command, setup: WorkerSetup<'_>) -> io::Result<(
         }
         for (number, fd) in (ringmux_proto::RATE_TABLES_FD..).zip(tables.iter().flatten()) {
             dup_onto(fd.as_fd(), number)?;
+        }
+        if let Some(fd) = &health {
+            dup_onto(fd.as_fd(), ringmux_proto::HEALTH_TABLE_FD)?;
         }
         // A session of its own, so a process group of its own too: Ctrl-C at a terminal
         // (SIGINT to the foreground group) reaches the demux alone, which drains the workers,

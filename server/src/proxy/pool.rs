@@ -17,6 +17,10 @@
 //!   `fail_window` is left out of the choice for `eject_for`, then chosen again. When every
 //!   backend is out, the choice is among all of them (a pool never answers 502 only because it
 //!   ejected everything: a backend that recovered is found by the next request).
+//! * Active health is the demux's, one verdict for the box ([`Verdicts`], `super::health`): a
+//!   backend it marks down is left out of the choice as an ejected one is, and counted
+//!   (`backend_skipped_down`). When it marks every backend of the route down, the request is
+//!   answered 503 at once, as Caddy answers when no upstream is available: nothing is tried.
 //! * Every decision is counted per backend and reported as series labelled by the backend
 //!   ([`report`]): bounded, as the backends are the configuration's.
 
@@ -37,6 +41,7 @@ use ringmux_proto::route::{Balance, Balancing, BodyLimit, PassiveHealth};
 use ringmux_proto::WorkerReport;
 use tracing::warn;
 
+use super::health::Verdicts;
 use super::{empty_body, BoxError, ErrorKind, Exchange, ProxyBody, Upstream};
 
 /// Why a backend's request failed, for `ringmux_worker_backend_failures_total{backend,kind}`:
@@ -49,6 +54,10 @@ pub const FAILURE_LABELS: [&str; ErrorKind::ALL.len() + 1] = [
     "tls",
     "status_5xx",
 ];
+
+/// The body of the 503 when the demux's health checks mark every backend of the route down.
+const ALL_DOWN: &[u8] =
+    b"no healthy upstream: every backend of this route is down by its health check\n";
 
 /// The body of a refusal for `max_body`.
 const TOO_LARGE: &[u8] = b"request body too large\n";
@@ -91,6 +100,8 @@ pub struct Backend {
     retried: AtomicU64,
     /// Times it was ejected.
     ejections: AtomicU64,
+    /// Times a choice left it out because the demux's health check marks it down.
+    skipped_down: AtomicU64,
 }
 
 impl std::fmt::Debug for Backend {
@@ -112,6 +123,7 @@ impl Backend {
             status_5xx: AtomicU64::new(0),
             retried: AtomicU64::new(0),
             ejections: AtomicU64::new(0),
+            skipped_down: AtomicU64::new(0),
         }
     }
 
@@ -170,6 +182,8 @@ pub struct Pool {
     max_body: BodyLimit,
     /// The next turn of `round_robin`.
     turn: AtomicUsize,
+    /// The demux's verdicts on the backends, when the route checks their health.
+    verdicts: Option<Verdicts>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -199,7 +213,21 @@ impl Pool {
             balancing,
             max_body,
             turn: AtomicUsize::new(0),
+            verdicts: None,
         }
+    }
+
+    /// The pool that leaves out what `verdicts` marks down.
+    pub fn checked(mut self, verdicts: Verdicts) -> Pool {
+        self.verdicts = Some(verdicts);
+        self
+    }
+
+    /// Whether the demux's health checks mark every backend down.
+    fn all_down(&self) -> bool {
+        self.verdicts
+            .as_ref()
+            .is_some_and(|v| (0..self.backends.len()).all(|i| v.down(i)))
     }
 
     /// The backends, in the route's order.
@@ -220,6 +248,13 @@ impl Pool {
         remote: SocketAddr,
         early: bool,
     ) -> Exchange {
+        if self.all_down() {
+            for b in &self.backends {
+                b.skipped_down.fetch_add(1, Ordering::Relaxed);
+            }
+            discard(request.into_body()).await;
+            return Exchange::Reply(StatusCode::SERVICE_UNAVAILABLE, ALL_DOWN);
+        }
         let limit = self.max_body.get();
         let length = content_length(request.headers());
         if let (Some(limit), Some(length)) = (limit, length) {
@@ -305,16 +340,34 @@ impl Pool {
     }
 
     /// The backend for a request from `remote` that has tried `tried` already: by the route's
-    /// policy among those neither ejected nor tried, else among those not tried.
+    /// policy among those neither down (by the demux's check), ejected nor tried, else among
+    /// those neither down nor tried, else among those not tried.
     pub(crate) fn choose(&self, remote: SocketAddr, tried: &[Arc<Backend>]) -> Arc<Backend> {
         let now = now_ms();
         let untried = |b: &&Arc<Backend>| !tried.iter().any(|t| Arc::ptr_eq(t, b));
-        let mut usable: Vec<&Arc<Backend>> = self
+        // Each verdict loaded once for this choice.
+        let up: Vec<&Arc<Backend>> = self
             .backends
             .iter()
+            .enumerate()
+            .filter(|(i, b)| {
+                let down = self.verdicts.as_ref().is_some_and(|v| v.down(*i));
+                if down {
+                    b.skipped_down.fetch_add(1, Ordering::Relaxed);
+                }
+                !down
+            })
+            .map(|(_, b)| b)
+            .collect();
+        let mut usable: Vec<&Arc<Backend>> = up
+            .iter()
+            .copied()
             .filter(untried)
             .filter(|b| !b.health.ejected(now))
             .collect();
+        if usable.is_empty() {
+            usable = up.iter().copied().filter(untried).collect();
+        }
         if usable.is_empty() {
             usable = self.backends.iter().filter(untried).collect();
         }
@@ -607,6 +660,7 @@ pub fn report<'b>(backends: impl Iterator<Item = &'b Arc<Backend>>, r: &mut Work
         set("backend_requests", &label, get(&b.requests));
         set("backend_retries", &label, get(&b.retried));
         set("backend_ejections", &label, get(&b.ejections));
+        set("backend_skipped_down", &label, get(&b.skipped_down));
         for (i, kind) in FAILURE_LABELS.iter().enumerate() {
             let v = errors.get(i).copied().unwrap_or_else(|| get(&b.status_5xx));
             set(
@@ -729,6 +783,66 @@ mod tests {
                 assert!(Arc::ptr_eq(now, &all[*was]), "client {c} moved");
             }
         }
+    }
+
+    /// A pool of `all`, round robin, reading its verdicts at slots 1 and on of a table whose
+    /// slot 0 is another route's; and the table.
+    fn checked(all: &[Arc<Backend>]) -> (Arc<Pool>, ringmux_ring::health::HealthWriter) {
+        use ringmux_ring::health::{HealthReader, HealthWriter};
+        let table = HealthWriter::create(1 + all.len() as u32).unwrap();
+        let reader = HealthReader::attach(table.fd().try_clone_to_owned().unwrap()).unwrap();
+        let balancing = Balancing {
+            lb: Balance::RoundRobin,
+            ..Balancing::default()
+        };
+        let pool = Pool::new(all.to_vec(), balancing, BodyLimit::default())
+            .checked(Verdicts::new(Arc::new(reader), 1));
+        (Arc::new(pool), table)
+    }
+
+    #[test]
+    fn a_backend_down_by_the_demuxs_check_is_left_out_and_counted() {
+        use ringmux_ring::health::Verdict;
+        let all = [backend(1), backend(2)];
+        let (pool, table) = checked(&all);
+        let picks = |n| {
+            (0..n)
+                .map(|_| pool.choose(client(1), &[]).label.clone())
+                .collect::<Vec<_>>()
+        };
+        // Another route's slot down, ours without a verdict: both are chosen.
+        table.set(0, Verdict::Down);
+        let mut got = picks(4);
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 2, "{got:?}");
+        table.set(2, Verdict::Down);
+        assert!(picks(4).iter().all(|l| *l == all[0].label));
+        assert_eq!(all[1].skipped_down.load(Ordering::Relaxed), 4);
+        assert_eq!(all[0].skipped_down.load(Ordering::Relaxed), 0);
+        // Up again: chosen again.
+        table.set(2, Verdict::Up);
+        assert!(picks(4).contains(&all[1].label));
+        assert!(!pool.all_down());
+    }
+
+    #[tokio::test]
+    async fn every_backend_down_is_a_503_with_none_tried() {
+        use ringmux_ring::health::Verdict;
+        let all = [backend(1), backend(2)];
+        let (pool, table) = checked(&all);
+        table.set(1, Verdict::Down);
+        table.set(2, Verdict::Down);
+        let request = Request::get("/x").body(empty_body()).unwrap();
+        let Exchange::Reply(status, body) = pool.exchange(request, client(1), false).await else {
+            panic!("a reply of ringmux's own");
+        };
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with(b"no healthy upstream"));
+        assert!(all.iter().all(|b| b.requests.load(Ordering::Relaxed) == 0));
+        assert!(all
+            .iter()
+            .all(|b| b.skipped_down.load(Ordering::Relaxed) == 1));
     }
 
     #[test]

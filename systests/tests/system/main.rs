@@ -42,6 +42,9 @@ mod interop {
     mod examples;
     mod quinn;
 }
+/// Active health checks: a backend down by its check gets no request, one probe per interval
+/// for the box, a health endpoint that hangs.
+mod health;
 /// Several backends behind one route: balancing, health, retries, `max_body`.
 mod pool;
 /// The reverse proxy in front of real HTTP/1.1 services.

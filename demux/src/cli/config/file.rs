@@ -771,6 +771,18 @@ mod tests {
                 "f.toml:6:16: upstream_sni = \"a b\": expected a DNS name",
             ),
             (
+                "path = \"/api\"\nupstream = \"http://127.0.0.1:9\"\nhealth = { path = \"/h\", interval = 2, timeout = 3 }\n",
+                "f.toml:6:10: health: health.timeout = 3: must be shorter than health.interval = 2",
+            ),
+            (
+                "path = \"/api\"\nupstream = \"http://127.0.0.1:9\"\nhealth = { path = \"h\" }\n",
+                "f.toml:6:10: health: health.path = \"h\": expected a path starting with /",
+            ),
+            (
+                "path = \"/x\"\nroot = \"/srv\"\nhealth = { path = \"/h\" }\n",
+                "f.toml:6:10: health goes with upstream only",
+            ),
+            (
                 "path = \"/x\"\nroot = \"/srv\"\nstrip_prefix = true\n",
                 "f.toml:6:16: strip_prefix goes with upstream only",
             ),
@@ -875,6 +887,7 @@ mod tests {
                 "fail_window",
                 "eject_for",
                 "max_body",
+                "health",
                 "upstream_ca",
                 "upstream_sni",
                 "redirect",
