@@ -260,7 +260,7 @@ fn run_args(cli: &mut Cli) -> Option<&mut RunArgs> {
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 21] = [
+pub const RELOADABLE: [&str; 23] = [
     "cert",
     "key",
     "root",
@@ -273,6 +273,8 @@ pub const RELOADABLE: [&str; 21] = [
     "tcp_idle_timeout",
     "max_tunnels",
     "tunnel_idle",
+    "tunnel_drain",
+    "tunnel_drain_spread",
     "access_log",
     "access_log_format",
     "worker_bin",
