@@ -8,8 +8,6 @@ Each prints what it saw on stdout, one line per event, and exits 0 (1 on a faile
                                         messages both ways; "ok N"
     ws_client.py hold PORT PATH         HTTP/1.1: opens, says "open", then waits for the end:
                                         "closed CODE" (1006: no close frame)
-    ws_client.py h2hold PORT PATH       as hold, over HTTP/2 extended CONNECT; it answers the
-                                        server's close frame with its own
     ws_client.py status PORT PATH       HTTP/1.1: "status NNN" for a refused handshake, or "open"
     ws_client.py many PORT PATH N       HTTP/1.1: opens N WebSockets, says "open N", then obeys
                                         its stdin, a line at a time: "echo" sends a message on
@@ -275,40 +273,6 @@ def h2_connect(port, path):
     return sock, conn, stream
 
 
-def h2_hold(port, path):
-    """HTTP/2: opens a WebSocket, says "open", answers the server's close frame with one of
-    its own and says "closed CODE" once the stream ended."""
-    import h2.events
-
-    opened = h2_connect(port, path)
-    if opened is None:
-        return 1
-    sock, conn, stream = opened
-    buf, code, ended = b"", None, False
-    while not ended:
-        data = sock.recv(65536)
-        if not data:
-            print("connection closed", flush=True)
-            return 1
-        for event in conn.receive_data(data):
-            if isinstance(event, h2.events.ResponseReceived):
-                status = dict(event.headers).get(b":status")
-                print("open" if status == b"200" else f"status {status.decode()}", flush=True)
-            elif isinstance(event, h2.events.DataReceived):
-                conn.acknowledge_received_data(event.flow_controlled_length, stream)
-                buf += event.data
-            elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)):
-                ended = True
-        while (parsed := unframe(buf)) is not None:
-            opcode, payload, buf = parsed
-            if opcode == 0x8 and code is None:
-                code = struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
-                conn.send_data(stream, frame(0x8, payload[:2]), end_stream=True)
-        sock.sendall(conn.data_to_send())
-    print(f"closed {code if code is not None else 1006}", flush=True)
-    return 0
-
-
 def h2_echo(port, path, n):
     import h2.events
 
@@ -380,8 +344,6 @@ def main():
         return asyncio.run(echo(port, path, int(sys.argv[4]), int(sys.argv[5])))
     if what == "h2":
         return h2_echo(port, path, int(sys.argv[4]))
-    if what == "h2hold":
-        return h2_hold(port, path)
     if what == "hold":
         return asyncio.run(hold(port, path))
     if what == "status":
