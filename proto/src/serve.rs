@@ -107,6 +107,30 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(1..=86400)
     )]
     pub tunnel_idle: u64,
+    /// Seconds a draining worker (a reload, a stop) keeps its tunnels through the proxy
+    /// (0–86400), or off: until they end, or the drain's bound (--grace, --max-draining) cuts
+    /// the worker. Then each WebSocket is sent close 1001 ("going away") at a frame boundary,
+    /// both ways, and any other tunnel is closed, each at its own time within
+    /// --tunnel-drain-spread (ringmux_worker_tunnels_closed_total{how="drain"}).
+    #[arg(
+        long,
+        env = "RINGMUX_TUNNEL_DRAIN",
+        value_name = "SECONDS|off",
+        default_value = "off",
+        value_parser = tunnel_drain
+    )]
+    pub tunnel_drain: TunnelDrainAfter,
+    /// Seconds over which a draining worker spreads the closes of its tunnels after
+    /// --tunnel-drain (0–3600): each closes at a time drawn uniformly within them, so clients
+    /// do not all reconnect at once.
+    #[arg(
+        long,
+        env = "RINGMUX_TUNNEL_DRAIN_SPREAD",
+        value_name = "SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(0..=3600)
+    )]
+    pub tunnel_drain_spread: u64,
     /// The access log's lines: ringmux (fields separated by spaces), combined (Apache's and
     /// nginx's, with referer and user agent) or json (one object per line, every field).
     #[arg(
@@ -117,6 +141,30 @@ pub struct ServeArgs {
         default_value_t = LogFormat::Ringmux
     )]
     pub access_log_format: LogFormat,
+}
+
+/// `--tunnel-drain`: seconds, or `None` for off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelDrainAfter(pub Option<u64>);
+
+/// The longest `--tunnel-drain`, a day (as `--tunnel-idle`'s).
+pub const MAX_TUNNEL_DRAIN: u64 = 86400;
+
+/// A `--tunnel-drain` that is none.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a number of seconds from 0 to 86400, nor off")]
+pub struct NotATunnelDrain(String);
+
+/// `--tunnel-drain`'s value: `off` (or `none`), or seconds from 0 to [`MAX_TUNNEL_DRAIN`].
+fn tunnel_drain(v: &str) -> Result<TunnelDrainAfter, NotATunnelDrain> {
+    let t = v.trim();
+    if t.eq_ignore_ascii_case("off") || t.eq_ignore_ascii_case("none") {
+        return Ok(TunnelDrainAfter(None));
+    }
+    match t.parse::<u64>() {
+        Ok(n) if n <= MAX_TUNNEL_DRAIN => Ok(TunnelDrainAfter(Some(n))),
+        _ => Err(NotATunnelDrain(v.to_string())),
+    }
 }
 
 /// How the access log writes a line.
@@ -188,5 +236,22 @@ fn header_value(v: &str) -> Result<HeaderValue, NotAHeaderValue> {
             Ok(h)
         }
         _ => Err(NotAHeaderValue(v.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnel_drain_takes_seconds_or_off() {
+        assert_eq!(tunnel_drain("off").unwrap(), TunnelDrainAfter(None));
+        assert_eq!(tunnel_drain("None").unwrap(), TunnelDrainAfter(None));
+        assert_eq!(tunnel_drain("0").unwrap(), TunnelDrainAfter(Some(0)));
+        assert_eq!(tunnel_drain(" 30 ").unwrap(), TunnelDrainAfter(Some(30)));
+        for bad in ["86401", "-1", "soon", ""] {
+            let e = tunnel_drain(bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("{bad:?}")) && e.contains("off"), "{e}");
+        }
     }
 }

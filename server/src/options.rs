@@ -61,6 +61,17 @@ impl Options {
     pub fn tcp_idle_timeout(&self) -> Duration {
         Duration::from_secs(self.serve.tcp_idle_timeout)
     }
+
+    /// When a draining worker closes its tunnels (`--tunnel-drain`), if it does.
+    pub fn tunnel_drain(&self) -> Option<crate::proxy::TunnelDrain> {
+        self.serve
+            .tunnel_drain
+            .0
+            .map(|after| crate::proxy::TunnelDrain {
+                after: Duration::from_secs(after),
+                spread: Duration::from_secs(self.serve.tunnel_drain_spread),
+            })
+    }
 }
 
 fn upstream_url(v: &str) -> Result<UpstreamUrl, ringmux_proto::UpstreamError> {
@@ -102,11 +113,13 @@ mod tests {
     /// range both accept the value or both refuse it.
     #[test]
     fn ringmux_and_the_worker_accept_the_same_ranges() {
-        let edges: [(&str, &[&str]); 4] = [
+        let edges: [(&str, &[&str]); 6] = [
             ("--file-cache-mb", &["0", "65536", "65537"]),
             ("--upstream-timeout", &["0", "1", "3600", "3601"]),
             ("--tcp-max-connections", &["0", "1", "4294967295"]),
             ("--tcp-idle-timeout", &["0", "1", "3600", "3601"]),
+            ("--tunnel-drain", &["off", "0", "86400", "86401", "soon"]),
+            ("--tunnel-drain-spread", &["0", "3600", "3601"]),
         ];
         for (option, values) in edges {
             for value in values {
@@ -145,6 +158,10 @@ mod tests {
             "5",
             "--proxy-protocol-from",
             "10.0.0.0/8,192.0.2.7",
+            "--tunnel-drain",
+            "30",
+            "--tunnel-drain-spread",
+            "4",
             "--worker-mode",
             "sink",
         ]);
@@ -165,6 +182,13 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(blocks, ["10.0.0.0/8", "192.0.2.7/32"]);
+        assert_eq!(
+            o.tunnel_drain(),
+            Some(crate::proxy::TunnelDrain {
+                after: Duration::from_secs(30),
+                spread: Duration::from_secs(4),
+            })
+        );
         assert!(o.sink);
         let o = passed_by_ringmux(&[
             "--upstream",
@@ -174,6 +198,7 @@ mod tests {
         ]);
         assert_eq!(o.upstream, None);
         assert_eq!(o.upstream_timeout(), Duration::from_secs(9));
+        assert_eq!(o.tunnel_drain(), None, "off by default");
         assert!(!o.sink);
     }
 
@@ -184,6 +209,7 @@ mod tests {
             (&["--upstream-timeout", "0"], "--upstream-timeout"),
             (&["--tcp-max-connections", "0"], "--tcp-max-connections"),
             (&["--tcp-idle-timeout", "0"], "--tcp-idle-timeout"),
+            (&["--tunnel-drain", "soon"], "--tunnel-drain"),
             (&["--cache-control", " "], "--cache-control"),
             (
                 &["--proxy-protocol-from", "10.0.0.1/8"],

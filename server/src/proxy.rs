@@ -58,7 +58,7 @@ pub mod health;
 pub mod pool;
 mod tunnel;
 pub(crate) use tunnel::{Ask, ClientSide, Opened, TunnelCounters};
-pub use tunnel::{TunnelEnd, TunnelOptions};
+pub use tunnel::{TunnelDrain, TunnelEnd, TunnelOptions};
 
 /// Default for [`Upstream::new`]'s `timeout` (nginx's `proxy_read_timeout` is the same).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);

@@ -220,16 +220,20 @@ fn tcp_fronts(
     let Some(listener) = worker.tcp_listener() else {
         return Ok((None, None));
     };
+    let mut tunnels = crate::proxy::TunnelOptions::new(
+        options.serve.max_tunnels as usize,
+        std::time::Duration::from_secs(options.serve.tunnel_idle),
+    );
+    if let Some(drain) = options.tunnel_drain() {
+        tunnels = tunnels.with_drain(drain, worker.drain_signal().into_receiver());
+    }
     let opts = TcpOptions {
         max_connections: options.serve.tcp_max_connections as usize,
         idle_timeout: options.tcp_idle_timeout(),
         proxy_protocol_from: options.serve.proxy_protocol_from.clone(),
         accepting: Some(Arc::new(worker.accepting())),
         acme: worker.acme_answers().clone(),
-        tunnels: Arc::new(crate::proxy::TunnelOptions::new(
-            options.serve.max_tunnels as usize,
-            std::time::Duration::from_secs(options.serve.tunnel_idle),
-        )),
+        tunnels: Arc::new(tunnels),
         ..TcpOptions::default()
     };
     let registered = |what, listener| {

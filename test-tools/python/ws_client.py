@@ -9,16 +9,32 @@ Each prints what it saw on stdout, one line per event, and exits 0 (1 on a faile
     ws_client.py hold PORT PATH         HTTP/1.1: opens, says "open", then waits for the end:
                                         "closed CODE" (1006: no close frame)
     ws_client.py status PORT PATH       HTTP/1.1: "status NNN" for a refused handshake, or "open"
+    ws_client.py many PORT PATH N       HTTP/1.1: opens N WebSockets, says "open N", then obeys
+                                        its stdin, a line at a time: "echo" sends a message on
+                                        each, and says "echoed K" for the K echoed back; "wait"
+                                        waits for each to be closed and says "closed CODE MS"
+                                        for each (MS: when, on a monotonic clock), then exits
+    ws_client.py early PORT PATH        raw: the handshake and a text frame "early" in one
+                                        write, before the 101; "status NNN", then "echo TEXT"
+                                        for the frame that comes back, or "closed"
+    ws_client.py garbage PORT PATH      raw: the handshake and bytes that are no frame, in one
+                                        write; "status NNN", then "closed" at the end, or
+                                        "frame" for a frame
+    ws_client.py flood PORT PATH        raw: sends 64 KiB frames and never reads; "stalled
+                                        BYTES" once a write waited 2 s (or "unbounded BYTES"
+                                        past 1 GiB), then holds the connection until killed
 
 TLS is not verified (the tests' certificate is self-signed); the server name is localhost.
 """
 
 import asyncio
+import base64
 import os
 import socket
 import ssl
 import struct
 import sys
+import time
 
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -86,6 +102,103 @@ async def status(port, path):
     return 0
 
 
+async def many(port, path, n):
+    conns = [await open_ws(port, path) for _ in range(n)]
+    print(f"open {len(conns)}", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        command = (await loop.run_in_executor(None, sys.stdin.readline)).strip()
+        if command == "echo":
+            echoed = 0
+            for i, ws in enumerate(conns):
+                await ws.send(f"ping {i}")
+                echoed += await ws.recv() == f"ping {i}"
+            print(f"echoed {echoed}", flush=True)
+        elif command == "wait":
+            async def closed(ws):
+                try:
+                    while True:
+                        await ws.recv()
+                except ConnectionClosed as e:
+                    code = e.rcvd.code if e.rcvd else 1006
+                    return code, int(time.monotonic() * 1000)
+            for code, ms in await asyncio.gather(*(closed(ws) for ws in conns)):
+                print(f"closed {code} {ms}", flush=True)
+            return 0
+        else:
+            print(f"unknown command {command!r}", flush=True)
+            return 1
+
+
+def raw_handshake(port, path, then):
+    """A TLS connection (HTTP/1.1) that sent a WebSocket handshake and `then` in one write,
+    and the status of the response, with the bytes read after its head."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock = tls(["http/1.1"]).wrap_socket(sock, server_hostname="localhost")
+    key = base64.b64encode(os.urandom(16)).decode()
+    head = (
+        f"GET {path} HTTP/1.1\r\nHost: localhost:{port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    sock.sendall(head.encode() + then)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            return sock, None, b""
+        buf += data
+    head, rest = buf.split(b"\r\n\r\n", 1)
+    status = head.split(b" ")[1].decode()
+    print(f"status {status}", flush=True)
+    return sock, status, rest
+
+
+def read_frame(sock, buf):
+    """The first whole frame (opcode, payload) reading on from buf, or None at the end."""
+    while (parsed := unframe(buf)) is None:
+        try:
+            data = sock.recv(65536)
+        except (ConnectionError, ssl.SSLError):
+            data = b""
+        if not data:
+            return None
+        buf += data
+    return parsed[:2]
+
+
+def early(port, path):
+    sock, status, rest = raw_handshake(port, path, frame(0x1, b"early"))
+    got = read_frame(sock, rest) if status else None
+    print(f"echo {got[1].decode()}" if got else "closed", flush=True)
+    return 0
+
+
+def garbage(port, path):
+    sock, status, rest = raw_handshake(port, path, b"GARBAGE\r\n\r\n")
+    got = read_frame(sock, rest) if status else None
+    print("frame" if got else "closed", flush=True)
+    return 0
+
+
+def flood(port, path):
+    sock, status, _ = raw_handshake(port, path, b"")
+    if status != "101":
+        return 1
+    sock.settimeout(2)
+    chunk = frame(0x2, os.urandom(64 << 10))
+    sent = 0
+    try:
+        while sent < 1 << 30:
+            sock.sendall(chunk)
+            sent += len(chunk)
+    except (socket.timeout, ssl.SSLError):
+        print(f"stalled {sent}", flush=True)
+        sys.stdin.readline()
+        return 0
+    print(f"unbounded {sent}", flush=True)
+    return 1
+
+
 def frame(opcode, payload):
     """A masked client frame (RFC 6455 §5.2), FIN set."""
     mask = os.urandom(4)
@@ -118,7 +231,9 @@ def unframe(buf):
     return buf[0] & 0x0F, buf[at : at + n], buf[at + n :]
 
 
-def h2_echo(port, path, n):
+def h2_connect(port, path):
+    """An HTTP/2 connection (TLS, h2) that sent an extended CONNECT for a WebSocket at path:
+    (sock, conn, stream), or None after saying why."""
     import h2.config
     import h2.connection
     import h2.events
@@ -128,7 +243,7 @@ def h2_echo(port, path, n):
     sock = tls(["h2"]).wrap_socket(sock, server_hostname="localhost")
     if sock.selected_alpn_protocol() != "h2":
         print(f"alpn {sock.selected_alpn_protocol()}", flush=True)
-        return 1
+        return None
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
@@ -141,7 +256,7 @@ def h2_echo(port, path, n):
         sock.sendall(conn.data_to_send())
     if not enabled:
         print("no SETTINGS_ENABLE_CONNECT_PROTOCOL", flush=True)
-        return 1
+        return None
     stream = conn.get_next_available_stream_id()
     conn.send_headers(
         stream,
@@ -155,6 +270,16 @@ def h2_echo(port, path, n):
         ],
     )
     sock.sendall(conn.data_to_send())
+    return sock, conn, stream
+
+
+def h2_echo(port, path, n):
+    import h2.events
+
+    opened = h2_connect(port, path)
+    if opened is None:
+        return 1
+    sock, conn, stream = opened
     buf, status, sent, got = b"", None, 0, 0
     if n > 0:
         conn.send_data(stream, frame(0x1, b"message 0"))
@@ -223,6 +348,14 @@ def main():
         return asyncio.run(hold(port, path))
     if what == "status":
         return asyncio.run(status(port, path))
+    if what == "many":
+        return asyncio.run(many(port, path, int(sys.argv[4])))
+    if what == "early":
+        return early(port, path)
+    if what == "garbage":
+        return garbage(port, path)
+    if what == "flood":
+        return flood(port, path)
     print(f"unknown {what}", file=sys.stderr)
     return 2
 

@@ -20,6 +20,16 @@
 //!   closed (`tunnels_closed{how="idle"}`). Each tunnel ends with its one access-log line:
 //!   status 101 (or 200), the bytes sent to the client, its duration, how it ended and, last,
 //!   the bytes received from it.
+//! * A WebSocket's bytes go through [`websocket::copy`], which follows each direction's frames
+//!   ([`frames`]); a malformed one cuts the tunnel (`tunnels_closed{how="malformed"}`). Any
+//!   other upgrade is copied as bytes.
+//! * When the worker drains (a reload, a stop) with a [`TunnelDrain`], each tunnel closes at
+//!   its own time, drawn uniformly from [`TunnelDrain::after`] to `after` plus
+//!   [`TunnelDrain::spread`] after the drain began, so that a reload does not make every
+//!   client reconnect in the same second: a WebSocket with status 1001 to both sides at a
+//!   frame boundary, then its closing handshake (at most [`CLOSE_BOUND`]); any other tunnel at
+//!   once. Either way `tunnels_closed{how="drain"}`, its line ending `cut:drain`. Without one,
+//!   a draining worker keeps its tunnels until they end or the demux cuts it.
 //!
 //! This module knows no transport: the TCP front hands it the client's pending upgrade
 //! ([`hyper::upgrade::OnUpgrade`]) and what the tunnel must hold while it lives
@@ -27,6 +37,7 @@
 //! (RFC 9220), so the HTTP/3 server never announces extended CONNECT and browsers open their
 //! WebSockets over TCP.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -40,11 +51,17 @@ use http::{HeaderValue, Method, Request, StatusCode};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::debug;
 
 use super::{empty_body, find, ClientGone, ErrorKind, Exchange, ProxyBody, Upstream};
 use crate::access_log::{Ending, Logged};
+
+mod frames;
+mod websocket;
+
+use websocket::{CopyError, Finish};
 
 /// Default of [`TunnelOptions::idle`]: nginx closes a tunnel after `proxy_read_timeout`
 /// (60 s) without a byte from the upstream, which applications without a heartbeat of their
@@ -57,6 +74,11 @@ pub const DEFAULT_MAX: usize = 4096;
 
 /// Bytes each direction of a tunnel holds at most (one read, then written out whole).
 const COPY_BUFFER: usize = 16 * 1024;
+
+/// How long a WebSocket closed on a drain has for its closing handshake (each side's close
+/// frame, or the end of its stream) before it is cut: RFC 6455 §7.1.1 leaves the wait to the
+/// server; a peer that answers at all answers within a round trip.
+pub const CLOSE_BOUND: Duration = Duration::from_secs(5);
 
 /// The GUID of the WebSocket handshake (RFC 6455 §1.3).
 const WEBSOCKET_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -71,6 +93,18 @@ pub struct TunnelOptions {
     open: AtomicUsize,
     /// Woken when `open` falls to 0.
     none_open: tokio::sync::Notify,
+    /// When a draining worker closes its tunnels, and the worker's drain signal; `None`:
+    /// never (`--tunnel-drain off`).
+    drain: Option<(TunnelDrain, watch::Receiver<bool>)>,
+}
+
+/// When a draining worker closes its tunnels (`--tunnel-drain`, `--tunnel-drain-spread`):
+/// each at its own time, drawn uniformly from `after` to `after + spread` after the drain
+/// began (after the tunnel opened, for one opened while draining).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelDrain {
+    pub after: Duration,
+    pub spread: Duration,
 }
 
 impl TunnelOptions {
@@ -80,6 +114,16 @@ impl TunnelOptions {
             idle,
             open: AtomicUsize::new(0),
             none_open: tokio::sync::Notify::new(),
+            drain: None,
+        }
+    }
+
+    /// These options, whose tunnels close as `drain` says once `draining` holds `true` (the
+    /// worker's drain signal).
+    pub fn with_drain(self, drain: TunnelDrain, draining: watch::Receiver<bool>) -> Self {
+        TunnelOptions {
+            drain: Some((drain, draining)),
+            ..self
         }
     }
 
@@ -139,20 +183,32 @@ pub enum TunnelEnd {
     Idle,
     /// A side reset or failed (or a side never completed its switch of protocols).
     Error,
+    /// Closed by the worker's drain ([`TunnelDrain`]).
+    Drain,
+    /// A side sent a malformed WebSocket frame (RFC 6455 §5.2).
+    Malformed,
 }
 
 impl TunnelEnd {
     /// Every kind, in the order of `ServerStats::tunnels_closed`.
-    pub const ALL: [TunnelEnd; 3] = [TunnelEnd::Closed, TunnelEnd::Idle, TunnelEnd::Error];
+    pub const ALL: [TunnelEnd; 5] = [
+        TunnelEnd::Closed,
+        TunnelEnd::Idle,
+        TunnelEnd::Error,
+        TunnelEnd::Drain,
+        TunnelEnd::Malformed,
+    ];
 
     /// The metric labels, in [`TunnelEnd::ALL`] order.
-    pub const LABELS: [&'static str; Self::ALL.len()] = ["closed", "idle", "error"];
+    pub const LABELS: [&'static str; Self::ALL.len()] =
+        ["closed", "idle", "error", "drain", "malformed"];
 
     fn ending(self) -> Ending {
         match self {
             TunnelEnd::Closed => Ending::Ok,
             TunnelEnd::Idle => Ending::CutTimeout,
-            TunnelEnd::Error => Ending::CutError,
+            TunnelEnd::Error | TunnelEnd::Malformed => Ending::CutError,
+            TunnelEnd::Drain => Ending::CutDrain,
         }
     }
 }
@@ -281,6 +337,16 @@ impl Upstream {
             return Opened::Exchange(self.fail_reply(ErrorKind::Protocol, &e));
         };
         let protocols = head.headers.get(header::UPGRADE).cloned();
+        // A WebSocket is copied frame by frame; its extensions may use the reserved bits.
+        let websocket = match (&ask, &protocols) {
+            (Ask::WebSocket, _) => true,
+            (Ask::Upgrade(asked), p) => p
+                .as_ref()
+                .unwrap_or(asked)
+                .as_bytes()
+                .eq_ignore_ascii_case(b"websocket"),
+        };
+        let websocket = websocket.then(|| head.headers.contains_key("sec-websocket-extensions"));
         super::strip_hop_by_hop(&mut head.headers);
         match &ask {
             Ask::Upgrade(asked) => {
@@ -304,6 +370,8 @@ impl Upstream {
             status: head.status,
             idle: client.tunnels.idle,
             timeout: self.timeout,
+            websocket,
+            drain: client.tunnels.drain.clone(),
         };
         tokio::spawn(tunnel.run(client.upgrade, backend));
         Opened::Head(head)
@@ -362,7 +430,13 @@ struct Tunnel {
     idle: Duration,
     /// How long either side may take to switch protocols.
     timeout: Duration,
+    /// A WebSocket: whether it negotiated an extension. `None`: another protocol.
+    websocket: Option<bool>,
+    drain: Option<(TunnelDrain, watch::Receiver<bool>)>,
 }
+
+/// A tunnel's copy, whichever it is.
+type Copying = Pin<Box<dyn Future<Output = Result<Finish, CopyError>> + Send>>;
 
 impl Tunnel {
     async fn run(mut self, client: OnUpgrade, backend: OnUpgrade) {
@@ -374,40 +448,82 @@ impl Tunnel {
         };
         self.stats.opened();
         let activity = Arc::new(Activity::new());
-        let mut client = Metered {
-            io: TokioIo::new(client),
-            bytes: AtomicU64::new(0),
+        let from_client = Arc::new(AtomicU64::new(0));
+        let from_backend = Arc::new(AtomicU64::new(0));
+        let metered = |io, bytes: &Arc<AtomicU64>, up| Metered {
+            io: TokioIo::new(io),
+            bytes: bytes.clone(),
             counted: self.stats.clone(),
-            up: true,
+            up,
             activity: activity.clone(),
         };
-        let mut backend = Metered {
-            io: TokioIo::new(backend),
-            bytes: AtomicU64::new(0),
-            counted: self.stats.clone(),
-            up: false,
-            activity: activity.clone(),
+        let client = metered(client, &from_client, true);
+        let backend = metered(backend, &from_backend, false);
+        let (closing, told) = watch::channel(false);
+        let copy: Copying = match self.websocket {
+            Some(extensions) => Box::pin(websocket::copy(
+                client,
+                backend,
+                extensions,
+                told,
+                COPY_BUFFER,
+            )),
+            None => Box::pin(async move {
+                let (mut client, mut backend) = (client, backend);
+                let (up, down) = (COPY_BUFFER, COPY_BUFFER);
+                tokio::io::copy_bidirectional_with_sizes(&mut client, &mut backend, up, down)
+                    .await?;
+                Ok::<_, CopyError>(Finish::Ended)
+            }),
         };
-        let copy = tokio::io::copy_bidirectional_with_sizes(
-            &mut client,
-            &mut backend,
-            COPY_BUFFER,
-            COPY_BUFFER,
-        );
-        let (how, why): (TunnelEnd, Option<std::io::Error>) = tokio::select! {
-            done = copy => match done {
-                Ok(_) => (TunnelEnd::Closed, None),
-                Err(e) => (TunnelEnd::Error, Some(e)),
-            },
-            () = activity.idle_for(self.idle) => (TunnelEnd::Idle, None),
-        };
-        let up = client.bytes.load(Ordering::Relaxed);
-        let down = backend.bytes.load(Ordering::Relaxed);
-        let why: &dyn std::fmt::Display = match &why {
-            Some(e) => e,
-            None => &"",
-        };
-        self.end(how, up, down, why);
+        let (how, why) = self.copied(copy, &activity, &closing).await;
+        let up = from_client.load(Ordering::Relaxed);
+        let down = from_backend.load(Ordering::Relaxed);
+        self.end(how, up, down, &why);
+    }
+
+    /// Runs `copy` to its end, or to the tunnel's idle timeout, or to its close on a drain
+    /// (told to the WebSocket copy by `closing`, then bounded by [`CLOSE_BOUND`]).
+    async fn copied(
+        // `&mut`: `_hold` is `Send` only, so a shared `&Tunnel` could not cross an await.
+        &mut self,
+        mut copy: Copying,
+        activity: &Activity,
+        closing: &watch::Sender<bool>,
+    ) -> (TunnelEnd, String) {
+        let due = drain_due(self.drain.clone());
+        tokio::pin!(due);
+        let mut cut_at: Option<Instant> = None;
+        loop {
+            let cut = async {
+                match cut_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                done = &mut copy => {
+                    let draining = cut_at.is_some();
+                    return match done {
+                        Ok(Finish::Ended) if !draining => (TunnelEnd::Closed, String::new()),
+                        Ok(_) => (TunnelEnd::Drain, String::new()),
+                        Err(e @ CopyError::Malformed { .. }) => (TunnelEnd::Malformed, e.to_string()),
+                        Err(e) if draining => (TunnelEnd::Drain, e.to_string()),
+                        Err(e) => (TunnelEnd::Error, e.to_string()),
+                    };
+                }
+                () = activity.idle_for(self.idle) => return (TunnelEnd::Idle, String::new()),
+                () = &mut due, if cut_at.is_none() => {
+                    if self.websocket.is_none() {
+                        return (TunnelEnd::Drain, "not a WebSocket: cut".into());
+                    }
+                    // The copy holds the receiver while it runs.
+                    let _ = closing.send(true);
+                    cut_at = Some(Instant::now() + CLOSE_BOUND);
+                }
+                () = cut => return (TunnelEnd::Drain, "no closing handshake in time".into()),
+            }
+        }
     }
 
     /// Counts the end, and writes the line: `up` bytes from the client, `down` to it.
@@ -418,6 +534,23 @@ impl Tunnel {
             logged.end_tunnel(self.status, down, up, how.ending());
         }
     }
+}
+
+/// Returns when a tunnel of `drain` is to close: once the worker drains, after
+/// [`TunnelDrain::after`] and a share of [`TunnelDrain::spread`] drawn uniformly. Never without
+/// one (or if the drain signal is gone).
+async fn drain_due(drain: Option<(TunnelDrain, watch::Receiver<bool>)>) {
+    let Some((drain, mut draining)) = drain else {
+        return std::future::pending().await;
+    };
+    if draining.wait_for(|d| *d).await.is_err() {
+        return std::future::pending().await;
+    }
+    let mut draw = [0u8; 4];
+    // The system's generator failing puts every tunnel at `after`: closed, only not spread.
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut draw);
+    let share = f64::from(u32::from_le_bytes(draw)) / f64::from(u32::MAX);
+    tokio::time::sleep(drain.after + drain.spread.mul_f64(share)).await;
 }
 
 /// When a tunnel last moved a byte, either way.
@@ -456,7 +589,7 @@ impl Activity {
 /// One side of a tunnel: its reads counted (bytes, and as activity).
 struct Metered<T> {
     io: T,
-    bytes: AtomicU64,
+    bytes: Arc<AtomicU64>,
     counted: Arc<dyn TunnelCounters>,
     /// Reads from the client (the bytes go up); else from the upstream.
     up: bool,
@@ -554,6 +687,38 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(new_key().len(), 24);
+    }
+
+    /// Whether `due` is over when polled once now.
+    async fn over(due: Pin<&mut impl Future<Output = ()>>) -> bool {
+        tokio::select! {
+            biased;
+            () = due => true,
+            () = std::future::ready(()) => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_is_due_only_once_its_worker_drains() {
+        let now = TunnelDrain {
+            after: Duration::ZERO,
+            spread: Duration::ZERO,
+        };
+        let (drains, draining) = watch::channel(false);
+        let due = drain_due(Some((now, draining.clone())));
+        tokio::pin!(due);
+        assert!(!over(due.as_mut()).await, "due before the drain");
+        drains.send(true).unwrap();
+        due.await;
+
+        let never = drain_due(None);
+        tokio::pin!(never);
+        assert!(!over(never.as_mut()).await);
+        let (gone, draining) = watch::channel(false);
+        drop(gone);
+        let never = drain_due(Some((now, draining)));
+        tokio::pin!(never);
+        assert!(!over(never.as_mut()).await, "due with no drain signal left");
     }
 
     fn parts(req: http::request::Builder) -> Parts {

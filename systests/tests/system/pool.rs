@@ -368,12 +368,49 @@ async fn only_requests_that_cannot_repeat_an_effect_are_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_past_max_body_gets_413_on_every_transport() {
     let good = backend();
-    let dir = ringmux_testkit::temp_dir("ringmux-pool");
     let routes = route("/", &[url(&good)], "max_body = 1000");
+    past_1000_bytes_is_413(&good, &routes, "/sha256").await;
+}
+
+/// A site's `max_body` holds on its upstream route that sets none, over every transport; a
+/// route's own `max_body = 0` lifts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sites_max_body_holds_on_its_routes() {
+    let good = backend();
+    let routes = format!(
+        "max_body = \"1000B\"\n{}{}",
+        route("/", &[url(&good)], ""),
+        route("/any", &[url(&good)], "max_body = 0")
+    );
+    past_1000_bytes_is_413(&good, &routes, "/sha256").await;
+    // The route that lifts it: 5000 bytes pass, over HTTP/3.
+    let dir = ringmux_testkit::temp_dir("ringmux-pool");
     let rm = Ringmux::start(
         1,
         Forward::Shm,
         &["--config", &config(dir.path(), 1, &routes)],
+    );
+    bounded(LIMIT, async {
+        let conn = connect(&rm).await;
+        let big = Some(Bytes::from(vec![b'x'; 5000]));
+        let r = conn
+            .request(Method::POST, "/any/sha256", big, true)
+            .await
+            .expect("POST past the site's limit");
+        assert_eq!(r.status, StatusCode::OK);
+    })
+    .await;
+}
+
+/// ringmux with one site holding `routes` to the backend `good`: a POST to `path` of more
+/// than 1000 bytes gets 413 (before the backend for a length over HTTP/3), one of 1000 does
+/// not, over HTTP/3, HTTP/2 and HTTP/1.1 (with a length and chunked).
+async fn past_1000_bytes_is_413(good: &Upstream, routes: &str, path: &str) {
+    let dir = ringmux_testkit::temp_dir("ringmux-pool");
+    let rm = Ringmux::start(
+        1,
+        Forward::Shm,
+        &["--config", &config(dir.path(), 1, routes)],
     );
     let small = dir.path().join("small");
     let large = dir.path().join("large");
@@ -385,7 +422,7 @@ async fn a_body_past_max_body_gets_413_on_every_transport() {
         let before = good.stats().requests();
         let mut s = conn
             .open(
-                Request::post("/sha256")
+                Request::post(path)
                     .header("content-length", "5000")
                     .body(())
                     .unwrap(),
@@ -405,7 +442,7 @@ async fn a_body_past_max_body_gets_413_on_every_transport() {
         let r = conn
             .request(
                 Method::POST,
-                "/sha256",
+                path,
                 Some(Bytes::from(vec![b'x'; 5000])),
                 false,
             )
@@ -415,7 +452,7 @@ async fn a_body_past_max_body_gets_413_on_every_transport() {
         let r = conn
             .request(
                 Method::POST,
-                "/sha256",
+                path,
                 Some(Bytes::from(vec![b'x'; 1000])),
                 false,
             )
@@ -440,7 +477,7 @@ async fn a_body_past_max_body_gets_413_on_every_transport() {
                     Reach::Name(NAME),
                     None,
                     &args,
-                    "/sha256",
+                    path,
                     LIMIT,
                 )
                 .await

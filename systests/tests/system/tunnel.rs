@@ -1,7 +1,10 @@
 //! WebSockets through the proxy (`server/src/proxy/tunnel.rs`): a Python `websockets` echo
 //! service behind ringmux, Python clients over HTTP/1.1 (`websockets`) and HTTP/2 extended
 //! CONNECT (`h2`, RFC 8441), the cap, the idle timeout, an unasked 101, each counted and in
-//! the access log (`test-tools/python/ws_client.py` says what each client does).
+//! the access log (`test-tools/python/ws_client.py` says what each client does). Tunnels
+//! across a reload, with and without `--tunnel-drain`; bad inputs (data before the 101, bytes
+//! that are no WebSocket frame, an upstream that resets, a client that never reads), each
+//! ending its own tunnel only while a request beside it is answered.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -11,7 +14,7 @@ use ringmux_systests::harness;
 
 use harness::{bounded, Forward, PyUpstream, Ringmux};
 use ringmux_testkit::temp_dir;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -20,6 +23,32 @@ const OPENED: &str = "ringmux_worker_tunnels_opened_total";
 const CLOSED: &str = "ringmux_worker_tunnels_closed_total";
 const REFUSED: &str = "ringmux_worker_tunnels_refused_total";
 const BYTES: &str = "ringmux_worker_tunnel_bytes_total";
+
+/// `ws_client.py ARGS` as [`client`] starts it, its stdin piped too (`many`, `flood`).
+fn commanded(rm: &Ringmux, args: &[&str]) -> Child {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../test-tools/python/ws_client.py");
+    let port = rm.listen.port().to_string();
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg(args[0]).arg(&port).args(&args[1..]);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()))
+}
+
+/// A GET of `path` over HTTPS on TCP with curl: the status and the body.
+async fn get(rm: &Ringmux, path: &str) -> (String, String) {
+    let out = Command::new("curl")
+        .args(["-sk", "-w", "\n%{http_code}"])
+        .arg(format!("https://127.0.0.1:{}{path}", rm.listen.port()))
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (status.to_owned(), body.trim().to_owned())
+}
 
 /// ringmux (one worker) proxying to `ws_upstream.py`, with an access log and `extra`.
 fn start(extra: &[&str]) -> (PyUpstream, ringmux_testkit::TempDir, PathBuf, Ringmux) {
@@ -192,6 +221,146 @@ async fn an_idle_tunnel_is_closed() {
         let lines = log_lines(&log, "/echo", 1).await;
         assert_eq!(lines[0][6], "101", "{lines:?}");
         assert_eq!(lines[0][11], "cut:timeout", "{lines:?}");
+    })
+    .await;
+}
+
+/// `--tunnel-drain 1 --tunnel-drain-spread 3`: eight WebSockets across a reload live on in the
+/// draining worker, then each is closed with 1001, the client told and the upstream too, at
+/// times spread over the window (not all the same), each line ending `cut:drain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_closes_websockets_with_1001_spread_after_tunnel_drain() {
+    let drain = ["--tunnel-drain", "1", "--tunnel-drain-spread", "3"];
+    let (_py, _logs, log, rm) = start(&drain);
+    bounded(LIMIT, async {
+        let mut many = commanded(&rm, &["many", "/echo", "8"]);
+        let mut stdin = many.stdin.take().unwrap();
+        let mut lines = BufReader::new(many.stdout.take().unwrap()).lines();
+        assert_eq!(next_line(&mut lines).await, "open 8");
+        stdin.write_all(b"echo\n").await.unwrap();
+        assert_eq!(next_line(&mut lines).await, "echoed 8");
+
+        let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+        assert!(ok, "reload: {text}");
+        stdin.write_all(b"wait\n").await.unwrap();
+        let mut times = Vec::new();
+        for _ in 0..8 {
+            let line = next_line(&mut lines).await;
+            let f: Vec<&str> = line.split(' ').collect();
+            assert_eq!(f[..2], ["closed", "1001"], "{line}");
+            times.push(f[2].parse::<u64>().unwrap());
+        }
+        times.sort_unstable();
+        times.dedup();
+        assert!(
+            times.len() > 1,
+            "every close at the same instant: {times:?}"
+        );
+
+        // The upstream was sent 1001 on each too (a new request reaches the new generation).
+        let codes = loop {
+            let (status, body) = get(&rm, "/closes").await;
+            assert_eq!(status, "200", "{body}");
+            let codes: Vec<String> = body.split_whitespace().map(str::to_owned).collect();
+            if codes.len() >= 8 {
+                break codes;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(codes, vec!["1001"; 8]);
+        let lines = log_lines(&log, "/echo", 8).await;
+        for f in &lines {
+            assert_eq!(
+                (f[6].as_str(), f[11].as_str()),
+                ("101", "cut:drain"),
+                "{f:?}"
+            );
+        }
+    })
+    .await;
+}
+
+/// Without `--tunnel-drain` (off, the default), WebSockets outlive a reload in the draining
+/// worker and go on echoing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tunnel_drain_websockets_outlive_a_reload() {
+    let (_py, _logs, _log, rm) = start(&[]);
+    bounded(LIMIT, async {
+        let mut many = commanded(&rm, &["many", "/echo", "4"]);
+        let mut stdin = many.stdin.take().unwrap();
+        let mut lines = BufReader::new(many.stdout.take().unwrap()).lines();
+        assert_eq!(next_line(&mut lines).await, "open 4");
+        for _ in 0..2 {
+            let (ok, text) = rm.reload(Duration::from_secs(30)).await;
+            assert!(ok, "reload: {text}");
+            stdin.write_all(b"echo\n").await.unwrap();
+            assert_eq!(next_line(&mut lines).await, "echoed 4");
+        }
+        let m = rm.metrics();
+        assert_eq!(m.sum(CLOSED), 0.0, "{m}");
+    })
+    .await;
+}
+
+/// A client that sends a frame before the 101 has it echoed once the tunnel is up; one that
+/// sends bytes that are no WebSocket frame is cut, counted as `malformed`; an upstream that
+/// resets mid-tunnel ends that tunnel only, counted as `error`. A WebSocket and a request
+/// beside them are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_data_garbage_and_a_reset_end_only_their_tunnel() {
+    let (_py, _logs, _log, rm) = start(&[]);
+    bounded(LIMIT, async {
+        let (out, _) = finish(client(&rm, &["early", "/echo"])).await;
+        assert_eq!(out, ["status 101", "echo early"]);
+        let (out, _) = finish(client(&rm, &["garbage", "/echo"])).await;
+        assert_eq!(out, ["status 101", "closed"]);
+        let (out, _) = finish(client(&rm, &["early", "/reset"])).await;
+        assert_eq!(out, ["status 101", "closed"]);
+        let m = rm
+            .wait_for("the three tunnels ended", LIMIT, |m| m.sum(CLOSED) >= 3.0)
+            .await;
+        assert_eq!(m.sum_where(CLOSED, "how", "malformed"), 1.0, "{m}");
+        // The reset, and the early client too when it leaves without TLS's close_notify.
+        assert!(m.sum_where(CLOSED, "how", "error") >= 1.0, "{m}");
+        assert_eq!(m.sum(CLOSED), 3.0, "{m}");
+
+        let (out, ok) = finish(client(&rm, &["echo", "/echo", "100", "1"])).await;
+        assert!(ok && out == ["ok 100 1"], "{out:?}");
+        let (status, _) = get(&rm, "/closes").await;
+        assert_eq!(status, "200");
+    })
+    .await;
+}
+
+/// A client that sends and never reads: its tunnel fills the buffers on its way and stops,
+/// well short of what it tried to send, while a WebSocket and a request beside it are
+/// answered; killed, its tunnel ends and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_stalls_only_its_tunnel() {
+    let (_py, _logs, _log, rm) = start(&[]);
+    bounded(LIMIT, async {
+        let mut flood = commanded(&rm, &["flood", "/echo"]);
+        let mut lines = BufReader::new(flood.stdout.take().unwrap()).lines();
+        assert_eq!(next_line(&mut lines).await, "status 101");
+        let line = next_line(&mut lines).await;
+        let sent: u64 = match line.strip_prefix("stalled ") {
+            Some(n) => n.parse().unwrap(),
+            None => panic!("the flood never stalled: {line}"),
+        };
+        // Socket buffers on the way (each a few MiB at most) and one 16 KiB buffer per
+        // direction in the worker: far below what an unbounded buffer would take in.
+        assert!(sent < 256 << 20, "{sent} bytes taken in before the stall");
+
+        let (out, ok) = finish(client(&rm, &["echo", "/echo", "100", "1"])).await;
+        assert!(ok && out == ["ok 100 1"], "{out:?}");
+        let (status, _) = get(&rm, "/closes").await;
+        assert_eq!(status, "200");
+
+        flood.kill().await.expect("kill the flood");
+        rm.wait_for("both tunnels ended", LIMIT, |m| {
+            m.sum(OPENED) == 2.0 && m.sum(CLOSED) == 2.0
+        })
+        .await;
     })
     .await;
 }

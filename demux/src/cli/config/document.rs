@@ -9,6 +9,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use ringmux_proto::limits::Limits;
+use ringmux_proto::route::BodyLimit;
 use ringmux_proto::rules::{Cors, HeaderRules, Hsts};
 use ringmux_proto::sites::Route;
 
@@ -95,6 +96,8 @@ pub struct SiteDoc {
     pub acme: Option<Located<bool>>,
     /// `compress = false`: the site's responses are never coded (a route may say otherwise).
     pub compress: Option<Located<bool>>,
+    /// `max_body`: the largest request body of each upstream route that sets none itself.
+    pub max_body: Option<Located<BodyLimit>>,
     pub routes: Vec<RouteDoc>,
     /// `headers`, `hsts`, `cors`, `errors`.
     pub rules: SiteRulesDoc,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, CommandFactory};
 use ringmux_proto::limits::{FileLimits, Limits, FILE_KEYS};
-use ringmux_proto::route::FileRoute;
+use ringmux_proto::route::{BodyLimit, FileRoute};
 use ringmux_proto::sites::Route;
 use serde::Deserialize;
 use toml::de::{DeTable, DeValue};
@@ -30,13 +30,14 @@ pub use super::document::{
 };
 
 /// The keys a `[[site]]` takes: its own, and its limits' (`ringmux_proto::limits::FILE_KEYS`).
-pub const SITE_KEYS: [&str; 17] = [
+pub const SITE_KEYS: [&str; 18] = [
     "names",
     "redirect_names",
     "cert",
     "key",
     "acme",
     "compress",
+    "max_body",
     "route",
     // The site's rules: `rules::SITE_RULE_KEYS`.
     "headers",
@@ -328,6 +329,18 @@ impl Parser<'_> {
         })
     }
 
+    /// A site's `max_body`, read as a route's is ([`BodyLimit`]).
+    fn body_limit(&mut self, value: &Value<'_>) -> Option<Located<BodyLimit>> {
+        let at = self.at(value);
+        match BodyLimit::deserialize(toml::de::ValueDeserializer::from(value.clone())) {
+            Ok(limit) => Some(Located { value: limit, at }),
+            Err(e) => {
+                self.problem(at, format!("max_body: {}", e.message()));
+                None
+            }
+        }
+    }
+
     fn boolean(&mut self, value: &Value<'_>, what: &str) -> Option<Located<bool>> {
         match value.get_ref() {
             DeValue::Boolean(b) => Some(Located {
@@ -393,6 +406,7 @@ impl Parser<'_> {
                 key: None,
                 acme: None,
                 compress: None,
+                max_body: None,
                 routes: Vec::new(),
                 rules: SiteRulesDoc::default(),
                 limits: Ok(Limits::default()),
@@ -407,6 +421,7 @@ impl Parser<'_> {
                     "key" => site.key = self.path(v, "key"),
                     "acme" => site.acme = self.boolean(v, "acme"),
                     "compress" => site.compress = self.boolean(v, "compress"),
+                    "max_body" => site.max_body = self.body_limit(v),
                     "route" => {
                         for (at, span, route) in self.tables(v, "site.route") {
                             let r = self.route(at, span, route);

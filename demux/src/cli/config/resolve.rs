@@ -25,7 +25,7 @@ use crate::options::{default_nonce_len, node_id_bytes};
 /// The options a reload takes up: what the workers of a new generation are given (the sites
 /// and their certificates, the built-in worker's options, the program, what it may read and
 /// write), the drains' bounds and the access log's path. Every other option needs a restart.
-pub const RELOADABLE: [&str; 22] = [
+pub const RELOADABLE: [&str; 24] = [
     "cert",
     "key",
     "root",
@@ -39,6 +39,8 @@ pub const RELOADABLE: [&str; 22] = [
     "proxy_protocol_from",
     "max_tunnels",
     "tunnel_idle",
+    "tunnel_drain",
+    "tunnel_drain_spread",
     "access_log",
     "access_log_format",
     "worker_bin",

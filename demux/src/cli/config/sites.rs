@@ -197,7 +197,8 @@ fn site(
     }
     let mut routes: Vec<Route> = Vec::new();
     for r in &doc.routes {
-        if let Some(route) = route(r, user, roots, problems) {
+        if let Some(mut route) = route(r, user, roots, problems) {
+            inherit_max_body(&mut route, r, doc.max_body.as_ref());
             if let Some(same) = routes.iter().find(|o| o.path == route.path) {
                 problem(
                     problems,
@@ -235,6 +236,19 @@ fn site(
         rules,
         limits,
     })
+}
+
+/// The site's `max_body` on an upstream route of it that sets none itself (its own, 0
+/// included, wins).
+fn inherit_max_body(
+    route: &mut Route,
+    r: &RouteDoc,
+    site: Option<&Located<ringmux_proto::route::BodyLimit>>,
+) {
+    let own = r.places.iter().any(|(key, _)| key == "max_body");
+    if let (Some(site), false, Action::Upstream { max_body, .. }) = (site, own, &mut route.action) {
+        *max_body = site.value;
+    }
 }
 
 /// A site's name, lower case: an exact DNS name of A-labels, or `*.` and one.
@@ -514,6 +528,44 @@ fn check_root_at(dir: &Path, at: &Place, user: Option<&WorkerUser>, problems: &m
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sites_max_body_goes_to_its_upstream_routes_that_set_none() {
+        let up = "upstream = [\"http://127.0.0.1:9\"]";
+        let text = format!(
+            "[[site]]\nnames = [\"a.test\"]\nmax_body = \"1KiB\"\n\
+             [[site.route]]\npath = \"/\"\n{up}\n\
+             [[site.route]]\npath = \"/own\"\n{up}\nmax_body = 5\n\
+             [[site.route]]\npath = \"/none\"\n{up}\nmax_body = 0\n\
+             [[site.route]]\npath = \"/ok\"\nrespond = {{ status = 200 }}\n"
+        );
+        let file = FileConfig::parse(Path::new("f.toml"), &text).unwrap();
+        assert!(file.problems.is_empty(), "{:?}", file.problems);
+        let site = &file.sites[0];
+        let limits: Vec<Option<u64>> = site
+            .routes
+            .iter()
+            .map(|r| {
+                let mut route = r.route.clone().unwrap();
+                inherit_max_body(&mut route, r, site.max_body.as_ref());
+                match route.action {
+                    Action::Upstream { max_body, .. } => max_body.get(),
+                    _ => Some(u64::MAX),
+                }
+            })
+            .collect();
+        assert_eq!(limits, [Some(1024), Some(5), None, Some(u64::MAX)]);
+
+        let bad = "[[site]]\nnames = [\"a.test\"]\nmax_body = \"lots\"\n";
+        let file = FileConfig::parse(Path::new("f.toml"), bad).unwrap();
+        let got: Vec<String> = file.problems.iter().map(ToString::to_string).collect();
+        assert!(
+            got.len() == 1
+                && got[0].starts_with("f.toml:3:12: max_body: ")
+                && got[0].contains("lots"),
+            "{got:?}"
+        );
+    }
 
     #[test]
     fn name_refusals_say_why_in_their_words() {
