@@ -1220,8 +1220,14 @@ fn rate_tables(out: &mut Outcomes) {
         let cells = (TALLY_HEADER_BYTES..TALLY_BYTES).step_by(8);
         // SAFETY: every offset is within the mapping of TALLY_BYTES and 8-byte aligned (the
         // mapping is page-aligned); read volatile, as the sibling may be writing.
+        let base = p.cast::<u8>();
         let nonzero = cells
-            .filter(|&at| unsafe { p.cast::<u8>().add(at).cast::<u64>().read_volatile() } != 0)
+            .filter(|&at| {
+                // SAFETY: `at` is within the mapping (above).
+                let cell = unsafe { base.add(at) }.cast::<u64>();
+                // SAFETY: a readable, aligned u64 of the mapping (above).
+                unsafe { cell.read_volatile() != 0 }
+            })
             .count();
         out.push(("sibling-cells-nonzero", nonzero.to_string()));
         unmap(p);
@@ -1247,13 +1253,11 @@ fn rate_tables(out: &mut Outcomes) {
     if p != libc::MAP_FAILED {
         for (i, at) in (TALLY_HEADER_BYTES..TALLY_BYTES).step_by(8).enumerate() {
             let window = 0x8000_0000u64 | i as u64;
-            // SAFETY: within our own writable mapping of TALLY_BYTES, 8-byte aligned.
-            unsafe {
-                p.cast::<u8>()
-                    .add(at)
-                    .cast::<u64>()
-                    .write_volatile(window << 32 | u64::from(u32::MAX))
-            };
+            // SAFETY: within our own writable mapping of TALLY_BYTES.
+            let cell = unsafe { p.cast::<u8>().add(at) }.cast::<u64>();
+            // SAFETY: a writable u64 of our own mapping, 8-byte aligned (the mapping is
+            // page-aligned and `at` a multiple of 8).
+            unsafe { cell.write_volatile(window << 32 | u64::from(u32::MAX)) };
         }
         unmap(p);
     }
