@@ -175,7 +175,7 @@ impl WorkerTable {
     /// Reads pending control messages of lane `i`'s worker, recording its counters in
     /// `counters`.
     ///
-    /// At most [`CONTROL_READS_PER_ROUND`] messages, and no more than its [`Budget`] allows: a
+    /// At most `CONTROL_READS_PER_ROUND` messages, and no more than its [`Budget`] allows: a
     /// worker that floods its socket gets no more of the supervisor's time than that, and every
     /// other duty still comes round. Messages past the budget's serve rate are dropped unparsed
     /// and counted; `READY` is acted on all the same (it spends, so a flood of it is bounded

@@ -119,7 +119,7 @@ pub struct AcmeDoc {
     pub eab_hmac_key: Option<Located<String>>,
 }
 
-/// One `[[site.route]]`: the route the contract read from it ([`FileRoute`], then
+/// One `[[site.route]]`: the route the contract read from it ([`FileRoute`](ringmux_proto::route::FileRoute), then
 /// [`Route::try_from`]), or the problem it found, placed at the value it is about.
 #[derive(Clone, Debug)]
 pub struct RouteDoc {

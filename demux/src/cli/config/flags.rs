@@ -42,7 +42,7 @@ pub enum Command {
     /// when ringmux would start with it.
     Check {
         /// Also reach what the configuration names on the network: the ACME CA's directory is
-        /// fetched over the roots the ACME client would trust ([acme] ca_roots and the
+        /// fetched over the roots the ACME client would trust (`[acme]` ca_roots and the
         /// system's), and its answer (or the TLS or network error) is printed.
         #[arg(long, env = "RINGMUX_CHECK_ONLINE")]
         online: bool,
