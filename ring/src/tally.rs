@@ -80,6 +80,12 @@ pub fn create(hash_key: [u64; 2]) -> io::Result<OwnedFd> {
             SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
         ),
     )?;
+    // Read-only for its owner and nobody else: a worker that does not own the table gets a
+    // read-only descriptor, and reopening that writable through `/proc/self/fd` (which Landlock
+    // does not govern: the file is not on a path) is then refused (`EACCES`) to any worker of
+    // another user than the demux's. The owning worker writes through the descriptor it is
+    // given, opened writable before this.
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
     Ok(file.into())
 }
 

@@ -618,18 +618,6 @@ impl RunArgs {
                         crate::one_line(&e)
                     );
                 }
-                // `/proc` would let a worker reopen, writable, the descriptors it was handed
-                // read-only (`/proc/self/fd/N`: a sibling's rate table) and reach its own and
-                // its siblings' process files.
-                let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
-                if real.starts_with("/proc") || Path::new("/proc").starts_with(&real) {
-                    bail!(
-                        "{flag}={} is not valid: it would open /proc to the workers, through \
-                         which a worker could reopen its siblings' shared tables writable; name \
-                         the directories the program needs beneath /proc's siblings instead",
-                        path.display()
-                    );
-                }
             }
         }
         if self.sandbox == Sandbox::On && crate::sys::landlock_abi().is_none() {
@@ -1106,19 +1094,6 @@ mod tests {
                 && e.contains("exist"),
             "{e}"
         );
-        // /proc, beneath it, or above it (the whole file system) would open /proc.
-        for (flag, path) in [
-            ("--worker-read", "/proc"),
-            ("--worker-read", "/proc/self"),
-            ("--worker-read", "/"),
-            ("--worker-write", "/"),
-        ] {
-            let e = refused(&[flag, path]);
-            assert!(
-                e.contains(&format!("={path} is not valid")) && e.contains("/proc"),
-                "{e}"
-            );
-        }
     }
 
     /// `self` keeps the workers ringmux's own user, and says so; naming ringmux's own user

@@ -1,10 +1,10 @@
 //! A hostile worker and the rate tables (`ringmux_ring::tally`, shm-layout.md "Rate tables"):
 //! the worker of instance 1 (test-tools/fault-worker, `rate-tables`) tries every way to write
 //! its sibling's table, handed to it read-only (a writable mapping, `pwrite`, `mprotect`,
-//! `ftruncate`, and reopening the descriptor writable through `/proc/self/fd`, which the
-//! allow-list keeps closed: `ringmux check` refuses `--worker-read`/`--worker-write` paths that
-//! would open `/proc`); then it fills its own table with garbage before the real worker takes
-//! it over. The sibling's table is never written, and the garbage changes no count: one client
+//! `ftruncate`, and reopening the descriptor writable through `/proc/self/fd`, which Landlock
+//! does not govern and the table's mode, read-only for the demux's user, refuses to a worker of
+//! another user); then it fills its own table with garbage before the real worker takes it
+//! over. The sibling's table is never written, and the garbage changes no count: one client
 //! gets one burst, whichever worker it asks.
 
 use ringmux_systests::harness;
