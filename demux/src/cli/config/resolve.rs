@@ -867,6 +867,8 @@ mod tests {
                 "--tcp-idle-timeout=60",
                 "--max-tunnels=4096",
                 "--tunnel-idle=300",
+                "--tunnel-drain=off",
+                "--tunnel-drain-spread=10",
                 "--access-log-format=ringmux"
             ]
         );
