@@ -89,17 +89,9 @@ impl Plan {
     }
 }
 
-/// `authority` as a label value, as the workers' `backend` label writes it
-/// (`server/src/proxy/pool.rs`): `[a-z0-9_]`, every other byte `_`, at most 64 bytes.
+/// `authority` as a label value, as the workers' `backend` label writes it.
 pub fn label_of(authority: &str) -> String {
-    authority
-        .bytes()
-        .map(|b| match b.to_ascii_lowercase() {
-            c @ (b'a'..=b'z' | b'0'..=b'9') => c as char,
-            _ => '_',
-        })
-        .take(ringmux_proto::series::MAX_LABEL_VALUE_LEN)
-        .collect()
+    ringmux_proto::series::label_value(authority)
 }
 
 #[cfg(test)]

@@ -28,6 +28,19 @@ pub const MAX_LABEL_KEY_LEN: usize = 32;
 /// Longest label value, in bytes.
 pub const MAX_LABEL_VALUE_LEN: usize = 64;
 
+/// `text` as a label value: `[a-z0-9_]` (letters lowered, every other byte `_`), cut at
+/// [`MAX_LABEL_VALUE_LEN`] bytes. A backend's `host:port` is labelled so, by the workers and by
+/// the demux's health checks alike, so their series name it the same way.
+pub fn label_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b.to_ascii_lowercase() {
+            c @ (b'a'..=b'z' | b'0'..=b'9') => c as char,
+            _ => '_',
+        })
+        .take(MAX_LABEL_VALUE_LEN)
+        .collect()
+}
+
 /// The label every series gets from the demux, which no worker may set.
 pub const RESERVED_LABEL: &str = "instance";
 

@@ -522,14 +522,7 @@ fn content_length(h: &http::HeaderMap) -> Option<u64> {
 
 /// `authority` as a label value of a series: `[a-z0-9_]`, at most 64 bytes.
 fn label_of(authority: &str) -> String {
-    authority
-        .bytes()
-        .map(|b| match b.to_ascii_lowercase() {
-            c @ (b'a'..=b'z' | b'0'..=b'9') => c as char,
-            _ => '_',
-        })
-        .take(ringmux_proto::series::MAX_LABEL_VALUE_LEN)
-        .collect()
+    ringmux_proto::series::label_value(authority)
 }
 
 /// A request body past the route's `max_body`: the exchange answers 413 when nothing of the
