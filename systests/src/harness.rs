@@ -945,3 +945,28 @@ pub fn until_exit<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output
     }
     child.wait_with_output().expect("its output")
 }
+
+/// A configuration file in `dir` of one site named `name` (a self-signed certificate for it
+/// written beside, readable by the workers' user), `instances` workers and `routes` (TOML
+/// `[[site.route]]` tables), listening on any loopback port; its path.
+pub fn one_site_config(dir: &Path, name: &str, instances: u8, routes: &str) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let made = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+    let (cert, key) = (dir.join("site.pem"), dir.join("site.key"));
+    for (path, text) in [
+        (&cert, made.cert.pem()),
+        (&key, made.signing_key.serialize_pem()),
+    ] {
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\ninstances = {instances}\n\n[[site]]\nnames = [\"{name}\"]\n\
+         cert = \"{}\"\nkey = \"{}\"\n{routes}",
+        cert.display(),
+        key.display()
+    );
+    let path = dir.join("ringmux.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}

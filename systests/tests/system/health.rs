@@ -10,7 +10,6 @@ use ringmux_systests::harness;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -135,26 +134,9 @@ async fn answer(
     Ok(r)
 }
 
-/// A configuration of one site with `instances` workers and `routes`; its path.
+/// `harness::one_site_config` for this file's site.
 fn config(dir: &Path, instances: u8, routes: &str) -> String {
-    let made = rcgen::generate_simple_self_signed(vec![NAME.to_string()]).unwrap();
-    let (cert, key) = (dir.join("health.pem"), dir.join("health.key"));
-    for (path, text) in [
-        (&cert, made.cert.pem()),
-        (&key, made.signing_key.serialize_pem()),
-    ] {
-        std::fs::write(path, text).unwrap();
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\ninstances = {instances}\n\n[[site]]\nnames = [\"{NAME}\"]\n\
-         cert = \"{}\"\nkey = \"{}\"\n{routes}",
-        cert.display(),
-        key.display()
-    );
-    let path = dir.join("ringmux.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    harness::one_site_config(dir, NAME, instances, routes)
 }
 
 /// A `[[site.route]]` at `path` to `backends` with the check, round robin.

@@ -9,7 +9,6 @@
 use ringmux_systests::harness;
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,27 +36,9 @@ fn label(addr: SocketAddr) -> String {
     addr.to_string().replace(['.', ':'], "_")
 }
 
-/// A configuration of one site, `pool.test` (a self-signed certificate written to `dir`), with
-/// `instances` workers and `routes` (TOML `[[site.route]]` tables); its path.
+/// `harness::one_site_config` for this file's site.
 fn config(dir: &Path, instances: u8, routes: &str) -> String {
-    let made = rcgen::generate_simple_self_signed(vec![NAME.to_string()]).unwrap();
-    let (cert, key) = (dir.join("pool.pem"), dir.join("pool.key"));
-    for (path, text) in [
-        (&cert, made.cert.pem()),
-        (&key, made.signing_key.serialize_pem()),
-    ] {
-        std::fs::write(path, text).unwrap();
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    }
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\ninstances = {instances}\n\n[[site]]\nnames = [\"{NAME}\"]\n\
-         cert = \"{}\"\nkey = \"{}\"\n{routes}",
-        cert.display(),
-        key.display()
-    );
-    let path = dir.join("ringmux.toml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    harness::one_site_config(dir, NAME, instances, routes)
 }
 
 /// A `[[site.route]]` at `path` to `backends`, the prefix stripped, with `more` keys.
