@@ -12,6 +12,7 @@
 //! | what | refused |
 //! |---|---|
 //! | signals | `kill`, `tgkill`, `rt_sigqueueinfo`, `rt_tgsigqueueinfo` to any process but the worker itself (so also process groups, `-1`, the demux); `tkill` (it names a bare thread ID); `pidfd_send_signal`; `fcntl` `F_SETOWN`/`F_SETOWN_EX`/`F_SETSIG` and `ioctl` `FIOSETOWN`/`SIOCSPGRP`/`FIOASYNC` (I/O signals sent to another process) |
+//! | files' modes | `chmod`, `fchmod`, `fchmodat`, `fchmodat2`: the shared tables (the rate tables) are read-only for the demux's user, which a worker of that user owns; making one writable would let it reopen a sibling's table writable through `/proc/self/fd` |
 //! | other processes | `ptrace`, `process_vm_readv`/`writev`, `pidfd_getfd`, `kcmp`, `perf_event_open`, `bpf`; `setpriority`, `ioprio_set`, `sched_setaffinity`/`setscheduler`/`setparam`/`setattr`, `prlimit64` on anyone but itself |
 //! | its session and process group | `setsid`, `setpgid`: the demux starts it in a session of its own (so a group and a scheduler autogroup of its own) |
 //! | new processes | `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads are fine), `unshare`, `setns`; `clone3` answers `ENOSYS` (its flags are in memory, which a filter cannot read), so the C library falls back to `clone` |
@@ -292,6 +293,14 @@ fn other_processes(r: &mut Refusals) -> Result<(), seccompiler::BackendError> {
         libc::SYS_io_uring_register,
         libc::SYS_io_setup,
         libc::SYS_io_submit,
+        // Changing a file's mode: a worker of the demux's own user owns the shared tables the
+        // demux hands it (the rate tables, read-only for that user), and making one writable
+        // would let it reopen a sibling's table writable through /proc/self/fd.
+        libc::SYS_fchmod,
+        libc::SYS_fchmodat,
+        libc::SYS_fchmodat2,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_chmod,
         #[cfg(target_arch = "x86_64")]
         libc::SYS_fork,
         #[cfg(target_arch = "x86_64")]
