@@ -18,8 +18,10 @@ use crate::sync::{AtomicU32, AtomicU64};
 pub const MAGIC: u64 = u64::from_le_bytes(*b"RINGMUX\x01");
 /// Bumped on any change to this file that an older peer would misread.
 pub const LAYOUT_VERSION: u32 = 1;
-/// Feature bits the creator sets; none are defined yet, an attacher refuses unknown ones.
-pub const FEATURES: u32 = 0;
+/// Feature bits the creator sets; an attacher refuses unknown ones.
+pub const FEATURES: u32 = FEATURE_BUSY;
+/// Feature bit: the producer keeps [`TailLine::busy`] (older producers leave it zero).
+pub const FEATURE_BUSY: u32 = 1;
 /// Offset of slot 0 in the producer region: one page, so the header never shares a page with data.
 pub const SLOTS_OFFSET: u32 = 4096;
 /// Size of the consumer page memfd.
@@ -54,7 +56,11 @@ pub struct TailLine {
     pub doorbells: AtomicU64,
     /// Datagrams refused because the ring was full.
     pub dropped_full: AtomicU64,
-    pub reserved: [AtomicU64; 13],
+    /// 1 while the producer receives full batches close together, so that its next publish is
+    /// at most [`crate::spin::BUSY_SPIN`] away; 0 otherwise. A hint for the consumer's spin,
+    /// never needed for correctness.
+    pub busy: AtomicU64,
+    pub reserved: [AtomicU64; 12],
 }
 
 /// The producer region's first page.
@@ -174,7 +180,8 @@ fields! {
     "producer", LINE_BYTES, TailLine, tail, u64;
     "producer", LINE_BYTES, TailLine, doorbells, u64;
     "producer", LINE_BYTES, TailLine, dropped_full, u64;
-    "producer", LINE_BYTES, TailLine, reserved, [u64; 13];
+    "producer", LINE_BYTES, TailLine, busy, u64;
+    "producer", LINE_BYTES, TailLine, reserved, [u64; 12];
     "consumer", 0, ConsumerLine, head, u64;
     "consumer", 0, ConsumerLine, need_wakeup, u32;
     "consumer", 0, ConsumerLine, reserved0, u32;
@@ -222,7 +229,8 @@ mod asserts {
     const _: () = assert!(offset_of!(TailLine, tail) == 0);
     const _: () = assert!(offset_of!(TailLine, doorbells) == 8);
     const _: () = assert!(offset_of!(TailLine, dropped_full) == 16);
-    const _: () = assert!(offset_of!(TailLine, reserved) == 24);
+    const _: () = assert!(offset_of!(TailLine, busy) == 24);
+    const _: () = assert!(offset_of!(TailLine, reserved) == 32);
     const _: () = assert!(size_of::<ProducerHeader>() <= SLOTS_OFFSET as usize);
 
     const _: () = assert!(size_of::<ConsumerLine>() == 128);

@@ -30,7 +30,9 @@
 use core::ptr::NonNull;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use crate::layout::{ConsumerLine, ProducerHeader, SlotDesc, DESC_BYTES, FLAG_LOCAL_ADDR};
+use crate::layout::{
+    ConsumerLine, ProducerHeader, SlotDesc, DESC_BYTES, FEATURE_BUSY, FLAG_LOCAL_ADDR,
+};
 use crate::sync::{fence, Ordering};
 
 /// What travels with a datagram: enough to build a quinn `RecvMeta`.
@@ -381,6 +383,10 @@ pub(crate) struct ProducerCore {
     last_rung: u32,
     doorbells: u64,
     dropped_full: u64,
+    /// The ring's header has the `busy` field (feature bit [`FEATURE_BUSY`]), and what was
+    /// last stored in it.
+    keeps_busy: bool,
+    busy: bool,
 }
 
 // SAFETY: the pointers refer to shared memory that the owner keeps mapped; all shared access is
@@ -412,6 +418,8 @@ impl ProducerCore {
             last_rung: 0,
             doorbells: 0,
             dropped_full: 0,
+            keeps_busy: keeps_busy(header),
+            busy: false,
         }
     }
 
@@ -441,6 +449,9 @@ impl ProducerCore {
             last_rung: at.last_rung,
             doorbells: at.doorbells,
             dropped_full: at.dropped_full,
+            keeps_busy: keeps_busy(header),
+            // Whatever the previous producer left there is stale: store the first hint anew.
+            busy: true,
         }
     }
 
@@ -536,6 +547,19 @@ impl ProducerCore {
         Ok(false)
     }
 
+    /// Tells the consumer whether the next publish is near (`TailLine::busy`): a store only
+    /// when the hint changes, and none on a ring whose creator did not reserve the field.
+    #[inline]
+    pub(crate) fn hint_busy(&mut self, busy: bool) {
+        if busy != self.busy && self.keeps_busy {
+            self.busy = busy;
+            self.header()
+                .tail
+                .busy
+                .store(u64::from(busy), Ordering::Relaxed);
+        }
+    }
+
     /// Makes every written slot visible. Returns whether the caller must ring the doorbell.
     pub(crate) fn publish(&mut self) -> bool {
         if self.tail == self.published {
@@ -615,6 +639,16 @@ impl ProducerCore {
             Err(_) => self.published - self.cached_head,
         }
     }
+}
+
+/// Whether the ring behind `header` has the `busy` field: its creator set [`FEATURE_BUSY`].
+fn keeps_busy(header: NonNull<ProducerHeader>) -> bool {
+    // SAFETY: the callers' contract (ProducerCore::new, ::resume): mapped while the core lives.
+    let features = unsafe { header.as_ref() }
+        .header
+        .features
+        .load(Ordering::Relaxed);
+    features & FEATURE_BUSY != 0
 }
 
 /// The consumer half of the algorithm.
@@ -759,6 +793,13 @@ impl ConsumerCore {
             slots: n as usize,
             invalid,
         })
+    }
+
+    /// Whether the producer says its next publish is near (`TailLine::busy`). Any value is
+    /// harmless: it only lengthens a spin, by at most [`crate::spin::BUSY_SPIN`].
+    #[inline]
+    pub(crate) fn producer_busy(&self) -> bool {
+        self.header().tail.busy.load(Ordering::Relaxed) != 0
     }
 
     /// Announces a sleep. Returns `Ok(true)` if the ring is still empty after the announcement,

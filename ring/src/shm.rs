@@ -362,6 +362,16 @@ impl Producer {
         self.core.holds_at_least(n)
     }
 
+    /// Tells the consumer whether the next publish is near: call it before [`Producer::publish`]
+    /// with `true` when the receive that brought this batch filled it and came soon after the
+    /// one before (more datagrams wait), `false` otherwise. A spinning consumer then keeps
+    /// spinning for up to [`crate::spin::BUSY_SPIN`] instead of sleeping, so a saturated
+    /// producer pays no doorbell per batch (shm-layout.md, "Doorbell protocol").
+    #[inline]
+    pub fn hint_busy(&mut self, busy: bool) {
+        self.core.hint_busy(busy);
+    }
+
     /// Publishes every written slot (call once per receive batch). Returns whether it rang.
     #[inline]
     pub fn publish(&mut self) -> bool {
@@ -607,7 +617,6 @@ impl Consumer {
             return Ok(true);
         }
         let start = Instant::now();
-        let budget = self.spin.budget();
         let mut spins = 0u32;
         loop {
             // One tail load and one PAUSE per iteration: a PAUSE costs ~40-140 cycles, so more
@@ -620,7 +629,7 @@ impl Consumer {
                 return Ok(true);
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(64) && start.elapsed() >= budget {
+            if spins.is_multiple_of(64) && !self.spins_on(start.elapsed()) {
                 break;
             }
             std::hint::spin_loop();
@@ -670,6 +679,14 @@ impl Consumer {
     /// The spin budget of the next idle period.
     pub fn spin(&self) -> Duration {
         self.spin.budget()
+    }
+
+    /// Whether an idle period that began `elapsed` ago spins on: within the spin budget, or
+    /// while the producer says its next publish is near ([`AdaptiveSpin::spins_on`]).
+    #[inline]
+    pub fn spins_on(&mut self, elapsed: Duration) -> bool {
+        let busy = self.core.producer_busy();
+        self.spin.spins_on(elapsed, busy)
     }
 
     /// The spin budget, for a caller that spins and sleeps itself (an async runtime's poll):

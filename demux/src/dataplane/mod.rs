@@ -44,6 +44,8 @@ use crate::sys::{self, RecvCmsg};
 const RECV_BUF: usize = 65536;
 /// How often occupancy and doorbell gauges are refreshed and stalls checked.
 const GAUGE_PERIOD: Duration = Duration::from_millis(100);
+/// Batches at most this far apart (ns) keep the rings' `busy` word: what a consumer spins on it.
+const BUSY_NS: u64 = ringmux_ring::spin::BUSY_SPIN.as_nanos() as u64;
 
 /// What one receive brought.
 enum Received {
@@ -320,7 +322,7 @@ impl<F: Forward> DataPlane<F> {
         Vec<Option<crate::forward::handover::IngressState>>,
     )> {
         use std::os::fd::AsRawFd;
-        self.forward.publish();
+        self.forward.publish(false);
         let lanes = (0..self.router.lanes())
             .map(|l| self.forward.export(l))
             .collect::<io::Result<_>>()?;
@@ -372,6 +374,9 @@ impl<F: Forward> DataPlane<F> {
             let ts = monotonic_ns();
             // Datagrams a coalescing window gathered are stamped with its beginning.
             let rx_ns = self.window_began_ns.take().unwrap_or(ts);
+            // Saturated: this receive filled its batch (more wait in the socket) and came
+            // soon after the one before, so the next publish is near.
+            let busy = !queue_empty && ts.saturating_sub(self.last_recv_ns) <= BUSY_NS;
             self.begin_batch(&mut local, ts);
             // Routes are remembered within one batch only: a reset or restart between batches
             // can never see a stale entry (routing is pure anyway).
@@ -432,7 +437,7 @@ impl<F: Forward> DataPlane<F> {
                     dropped[reason as usize] += 1;
                 }
             }
-            self.forward.publish();
+            self.forward.publish(busy);
             // Arrivals are counted in messages: a GRO train came as one, and woke one wake-up.
             found = n;
             self.coalesce.received(ts, n);
@@ -468,7 +473,7 @@ impl<F: Forward> DataPlane<F> {
     #[cold]
     #[inline(never)]
     fn leave_loop(&mut self, active: usize, deferred: &mut Vec<Deferred>) {
-        self.forward.publish();
+        self.forward.publish(false);
         self.active = active;
         for (_, reply) in deferred.drain(..) {
             let _ = reply.send(Err(io::ErrorKind::Interrupted.into()));

@@ -37,7 +37,6 @@ pub(crate) fn poll_recv(
     meta: &mut [RecvMeta],
 ) -> Poll<io::Result<usize>> {
     loop {
-        let spin = consumer.spin();
         let mut n = 0;
         let mut dropped = 0u64;
         let max = bufs.len().min(meta.len());
@@ -112,7 +111,8 @@ pub(crate) fn poll_recv(
         }
         let now = Instant::now();
         let started = *st.spin_started.get_or_insert(now);
-        if now.duration_since(started) < spin {
+        // Within the spin budget, or on while the demux says its next batch is near.
+        if consumer.spins_on(now.duration_since(started)) {
             // Cooperative spin: let the runtime run timers and sends, then poll again.
             cx.waker().wake_by_ref();
             return Poll::Pending;

@@ -521,7 +521,9 @@ pub struct RingArgs {
     /// empty spin burns CPU a sleep would not: the box's CPU per request end to end and per
     /// datagram at moderate rates is the lowest with it, and saturated it costs the same.
     /// `fixed` always spins --spin-us: a shorter ring-latency tail at moderate rates (tens of
-    /// µs at the 99th percentile) for more CPU (bench/RESULTS.md has the figures).
+    /// µs at the 99th percentile) for more CPU (bench/RESULTS.md has the figures). Either
+    /// polls on for up to 100 µs while the demux is saturated (its receives fill their batches
+    /// back to back), so that it then pays no wake-ups.
     #[arg(long, env = "RINGMUX_SPIN", value_enum, default_value = "adaptive")]
     pub spin: SpinMode,
 }

@@ -61,8 +61,10 @@ pub trait Forward: Send + 'static {
     }
 
     /// Makes everything pushed since the last call visible to the workers. Called once per
-    /// receive batch, and before the data plane stops.
-    fn publish(&mut self) {}
+    /// receive batch, and before the data plane stops. `busy`: the receive that brought this
+    /// batch filled it and came soon after the one before, so the next publish is near (a
+    /// ring's consumer then spins for it rather than sleep, `ringmux_ring::spin::BUSY_SPIN`).
+    fn publish(&mut self, _busy: bool) {}
 
     /// Starts a new generation of lane `lane`'s ingress for a replacement worker: whatever
     /// the old worker left unread is discarded (returned as a count) and the new worker's

@@ -187,8 +187,9 @@ impl Forward for Shm {
             .is_some_and(|r| r.holds_at_least(shed_at))
     }
 
-    fn publish(&mut self) {
+    fn publish(&mut self, busy: bool) {
         for r in self.rings.iter_mut().flatten() {
+            r.hint_busy(busy);
             r.publish();
         }
     }
