@@ -93,33 +93,30 @@ EOF
 plain_port=4450
 rules_port=4451
 config plain "$plain_port" ""
+# The rate limit and the CORS table of both rules servers.
+rate='rate = "1000000/s"
+burst = 1000000'
+cors="  [site.cors]
+  origins = [\"$origin\"]
+  methods = [\"GET\", \"POST\"]
+  headers = [\"content-type\"]
+  credentials = false
+  max_age = 600"
 # Ten header rules: six set, two added, two removed.
 config rules "$rules_port" "hsts = { max_age = 31536000, include_subdomains = true }
-rate = \"1000000/s\"
-burst = 1000000
+$rate
   [site.headers]
   set = { \"x-frame-options\" = \"DENY\", \"content-security-policy\" = \"default-src 'self'\", \"x-content-type-options\" = \"nosniff\", \"referrer-policy\" = \"strict-origin-when-cross-origin\", \"permissions-policy\" = \"geolocation=()\", \"cross-origin-opener-policy\" = \"same-origin\" }
   add = { \"link\" = \"</a.css>; rel=preload\", \"x-served-by\" = \"bench\" }
   remove = [\"last-modified\", \"accept-ranges\"]
-  [site.cors]
-  origins = [\"$origin\"]
-  methods = [\"GET\", \"POST\"]
-  headers = [\"content-type\"]
-  credentials = false
-  max_age = 600"
+$cors"
 config short 4452 "hsts = 1
-rate = \"1000000/s\"
-burst = 1000000
+$rate
   [site.headers]
   set = { \"x-a\" = \"1\", \"x-b\" = \"1\", \"x-c\" = \"1\", \"x-d\" = \"1\", \"x-e\" = \"1\", \"x-f\" = \"1\" }
   add = { \"x-g\" = \"1\", \"x-h\" = \"1\" }
   remove = [\"last-modified\", \"accept-ranges\"]
-  [site.cors]
-  origins = [\"$origin\"]
-  methods = [\"GET\", \"POST\"]
-  headers = [\"content-type\"]
-  credentials = false
-  max_age = 600"
+$cors"
 
 # start NAME: starts the NAME server; sets NAME_pid and NAME_workers.
 start() {
