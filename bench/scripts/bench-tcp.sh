@@ -113,20 +113,7 @@ name_of() {
 head -c 1 /dev/urandom >"$work/root/tiny.bin"
 head -c 1024 /dev/urandom >"$work/root/small.bin"
 head -c 1048576 /dev/urandom >"$work/root/big.bin"
-python3 - "$work/root/page.html" <<'PY'
-import random, sys
-rng = random.Random(7)
-words = ["ringmux", "quic", "worker", "datagram", "stream", "server", "header", "the", "of", "and",
-         "request", "response", "a", "to", "connection", "reload", "site", "route", "file", "proxy"]
-out = ["<!doctype html><html><head><title>page</title></head><body>"]
-size = len(out[0])
-while size < 16 * 1024 - 32:
-    p = "<p>" + " ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) + ".</p>\n"
-    out.append(p)
-    size += len(p)
-out.append("</body></html>\n")
-open(sys.argv[1], "w").write("".join(out))
-PY
+html_page "$work/root/page.html"
 chmod 644 "$work/root/"*.bin
 self_signed "$work"
 

@@ -60,3 +60,21 @@ http {
 }
 CONF
 }
+
+# html_page FILE: a 16 KiB HTML page of words (the same every time), a compressible body.
+html_page() {
+  python3 - "$1" <<'PY'
+import random, sys
+rng = random.Random(7)
+words = ["ringmux", "quic", "worker", "datagram", "stream", "server", "header", "the", "of", "and",
+         "request", "response", "a", "to", "connection", "reload", "site", "route", "file", "proxy"]
+out = ["<!doctype html><html><head><title>page</title></head><body>"]
+size = len(out[0])
+while size < 16 * 1024 - 32:
+    p = "<p>" + " ".join(rng.choice(words) for _ in range(rng.randint(8, 30))) + ".</p>\n"
+    out.append(p)
+    size += len(p)
+out.append("</body></html>\n")
+open(sys.argv[1], "w").write("".join(out))
+PY
+}

@@ -20,17 +20,26 @@ pub struct ServerOptions {
     pub idle_timeout: Duration,
     /// Concurrent request streams a client may open (`initial_max_streams_bidi`). Keep ≥ 100:
     /// browsers and load generators expect at least that (RFC 9114 §6.1 "SHOULD NOT be < 100").
-    /// quinn sets aside a slot per allowed stream in each of two hash maps when a connection
-    /// starts, about 84 bytes per stream: 128 (the TCP listener's HTTP/2 limit, and nginx's
-    /// `http3_max_concurrent_streams`) holds 11 kB less per connection than 256 did.
+    /// quinn keeps an entry for every stream the peer may open in two hash maps (the streams'
+    /// send and receive halves) from the connection's start, and a map's table doubles when
+    /// it is 7/8 full. 100 (quic-go's and Chromium's default) and [`MAX_UNI_STREAMS`] fit
+    /// tables of 128 entries where 128 and 16 needed 256: 5 kB less per connection. Freed
+    /// streams leave tombstones, so over a long connection a table may double once more:
+    /// to 256 entries here, to 512 with 128 and 16.
     pub max_streams: u32,
 }
+
+/// Unidirectional streams a client may open (`initial_max_streams_uni`): HTTP/3 needs 3 per
+/// side (control, QPACK encoder and decoder, RFC 9114 §6.2); the rest is room for reserved
+/// (grease) stream types and extensions, within quinn's 128-entry tables with the default
+/// [`ServerOptions::max_streams`].
+pub const MAX_UNI_STREAMS: u32 = 8;
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             idle_timeout: Duration::from_secs(30),
-            max_streams: 128,
+            max_streams: 100,
         }
     }
 }
@@ -69,9 +78,7 @@ pub fn server_config(
 fn transport_config(opts: &ServerOptions) -> TransportConfig {
     let mut t = TransportConfig::default();
     t.max_concurrent_bidi_streams(VarInt::from_u32(opts.max_streams));
-    // HTTP/3 needs 3 unidirectional streams per side (control, QPACK encoder and decoder,
-    // RFC 9114 §6.2); a little headroom for extensions and grease.
-    t.max_concurrent_uni_streams(VarInt::from_u32(16));
+    t.max_concurrent_uni_streams(VarInt::from_u32(MAX_UNI_STREAMS));
     // An out-of-range timeout (beyond 2^62 ms) cannot be expressed: fall back to quinn's.
     if let Ok(idle) = IdleTimeout::try_from(opts.idle_timeout) {
         t.max_idle_timeout(Some(idle));
@@ -82,6 +89,19 @@ fn transport_config(opts: &ServerOptions) -> TransportConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_peers_streams_fit_quinns_smallest_tables() {
+        // quinn-proto keeps an entry per stream the peer may open; a table of 128 entries
+        // takes 112 (7/8) before it doubles (`ServerOptions::max_streams`).
+        let max_streams = ServerOptions::default().max_streams;
+        assert!(max_streams >= 100, "RFC 9114 §6.1 asks for at least 100");
+        let peer = max_streams + MAX_UNI_STREAMS;
+        assert!(
+            peer <= 112,
+            "{peer} streams need quinn's tables of 256 entries"
+        );
+    }
 
     #[test]
     fn configs_build_with_shared_keys() {

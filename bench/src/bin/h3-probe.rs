@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, short = 'c', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     connections: u32,
 
-    /// Concurrent request streams per connection (keep ≤ the server's stream limit, 128 for
+    /// Concurrent request streams per connection (keep ≤ the server's stream limit, 100 for
     /// ringmux, or requests queue).
     #[arg(long, short = 's', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     streams: u32,
