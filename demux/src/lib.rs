@@ -23,7 +23,8 @@
 //!   * The ACME client is a crate of its own, `ringmux-acme`, run on a thread of its own; the
 //!     supervisor relays what it publishes.
 //! * [`upgrade`]: `ringmux upgrade`, the demux replacing its own process image.
-//! * [`metrics`]: counters, which lanes are up, the Prometheus endpoint, `ringmux stats`.
+//! * [`metrics`]: counters, which lanes are up, the Prometheus endpoint, `ringmux stats`: the
+//!   crate `ringmux-metrics`, re-exported here.
 //! * The command line (folder `cli/`, private; re-exported here):
 //!   * [`config`]: the command line, the configuration file and their checks.
 //!   * `ringmux lb-config`, the rules of a load balancer in front of several boxes, and the
@@ -37,10 +38,10 @@
 //! it shares with workers is the contract crate `ringmux-proto`. Its one HTTP client is the
 //! ACME engine's, on a thread of its own, talking to the CA only.
 //!
-//! The modules are layered: each imports only modules below it, bottom to top `sys`; `certs`;
-//! `metrics` (the labels it counts by and the log thread's dropped lines included); `budget`,
-//! `logs`; `dataplane` (inside it `tickets`, `admission`, `dispatch`, `forward`, then the
-//! loop); `sessions`; `cli` (`config`, over the crate `ringmux-lb`); `upgrade`; `supervisor`
+//! The modules are layered: each imports only modules below it (and the crates beneath the
+//! demux, `ringmux-metrics` among them), bottom to top `sys`; `certs`; `budget`, `logs`;
+//! `dataplane` (inside it `tickets`, `admission`, `dispatch`, `forward`, then the loop);
+//! `sessions`; `cli` (`config`, over the crate `ringmux-lb`); `upgrade`; `supervisor`
 //! (which reads a [`config::Config`], at start and at every reload); and `main.rs`.
 //! `scripts/mod-graph.py` prints which imports which and fails on a circle or a mutual import
 //! (CI runs it).
@@ -53,7 +54,6 @@ pub mod certs;
 mod cli;
 pub mod dataplane;
 pub mod logs;
-pub mod metrics;
 pub mod sessions;
 pub mod supervisor;
 pub mod sys;
@@ -63,6 +63,7 @@ pub use cli::config;
 pub use dataplane::{admission, dispatch, forward, tickets};
 pub use ringmux_lb as lbconfig;
 pub use ringmux_lb::options;
+pub use ringmux_metrics as metrics;
 pub use sys::alloc;
 
 pub use ringmux_proto::one_line;

@@ -1,20 +1,26 @@
 //! What `ringmux upgrade` takes from the supervisor and gives to the next process image's:
-//! whether an upgrade may start now ([`refusal`]), the lanes exported with their running
-//! workers' descriptors ([`export_lanes`]), what crosses besides descriptors ([`Exported`]),
-//! and a worker handed over taken back ([`adopt`]). The state's document and its descriptors
+//! the upgrades asked for and their answers ([`Upgrades`]), whether an upgrade may start now
+//! ([`refusal`]), everything exported ([`export`]: the lanes with their running workers'
+//! descriptors, [`export_lanes`], and what crosses besides descriptors, [`Exported`]), and a
+//! worker handed over taken back ([`adopt`]). The state's document and its descriptors
 //! as one set are `crate::upgrade`'s; the decision whether the supervisor is settled enough to
 //! hand over is the policy's ([`Policy::export`]).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use anyhow::Result;
 use ringmux_proto::sites::SiteTable;
 
+use super::control::Clients;
 use super::policy::{Policy, Unsettled};
+use super::spawn::TcpListeners;
 use super::workers::Worker;
 use crate::forward::Lanes;
-use crate::metrics::LaneState;
+use crate::metrics::{Counters, LaneState};
+use crate::sessions::SessionCache;
 use crate::sys::{self, ChildProcess};
 use crate::upgrade::{self, Compat, Incompatible, LanePhase, PreflightError};
 
@@ -40,6 +46,102 @@ impl Upgrade {
             }
         }
     }
+}
+
+/// The upgrades of this process image: the `ringmux` binary on disk (what an upgrade
+/// executes), and the upgrade that passed its checks, until the supervisor returns it.
+pub struct Upgrades {
+    pub binary: PathBuf,
+    pending: Option<Upgrade>,
+}
+
+impl Upgrades {
+    /// None asked for yet; an upgrade executes `binary`.
+    pub fn new(binary: PathBuf) -> Upgrades {
+        Upgrades {
+            binary,
+            pending: None,
+        }
+    }
+
+    /// An upgrade asked for by control client `client` (or by SIGUSR2), `checked` by
+    /// [`refusal`]: it joins the pending one or starts it ([`Upgrade::ask`]); a refused one is
+    /// counted in `counters`, logged, and answered on `control`, and this demux serves on.
+    pub fn ask(
+        &mut self,
+        client: Option<u64>,
+        checked: Result<(), Refused>,
+        counters: &Counters,
+        control: &mut Clients,
+    ) {
+        match checked {
+            Ok(()) => Upgrade::ask(&mut self.pending, client, &self.binary),
+            Err(why) => {
+                tracing::warn!(reason = %why, "upgrade refused; this demux serves on");
+                counters.upgrades_failed.fetch_add(1, Ordering::Relaxed);
+                control.answer(client, &format!("error: {why}; this demux serves on"));
+            }
+        }
+    }
+
+    /// The upgrade that passed its checks, if one did since the last look.
+    pub fn take(&mut self) -> Option<Upgrade> {
+        self.pending.take()
+    }
+}
+
+/// The upgrade `upgrade` did not happen (`why`): counted in `counters`, logged, and its
+/// clients answered on `control`; this demux serves on.
+pub fn failed(upgrade: Upgrade, why: &str, counters: &Counters, control: &mut Clients) {
+    counters.upgrades_failed.fetch_add(1, Ordering::Relaxed);
+    tracing::error!(reason = %why, "upgrade failed; this demux serves on");
+    for id in upgrade.clients {
+        control.answer(id, &format!("error: {why}; this demux serves on"));
+    }
+}
+
+/// What the supervisor hands over, borrowed from it for [`export`].
+pub struct Handing<'a> {
+    pub policy: &'a Policy,
+    pub workers: &'a [Worker],
+    pub control: &'a Clients,
+    pub tcp: &'a TcpListeners,
+    pub sessions: &'a SessionCache,
+    /// The site table the workers run with.
+    pub sites: &'a SiteTable,
+}
+
+/// Everything a new process image takes over from `from` for `upgrade`: its descriptors by
+/// number into `fds` (the TCP listeners, the control socket with the clients of `upgrade`, and
+/// a lane each, with its worker, for the data plane to add the ingress to), and the rest
+/// returned. `Err` when the policy is not settled enough to hand over ([`Policy::export`]).
+/// The session cache stops answering (frozen) until it is thawed (if the upgrade does not
+/// happen).
+pub fn export(
+    from: Handing<'_>,
+    upgrade: &Upgrade,
+    fds: &mut upgrade::Fds<RawFd>,
+) -> Result<Exported> {
+    let now = Instant::now();
+    let phases = from.policy.export(now)?;
+    fds.lanes = export_lanes(phases, from.workers);
+    if let Some((listener, answers)) = from.control.export(&upgrade.clients) {
+        fds.control = Some(listener);
+        fds.answers = answers;
+    }
+    fds.tcp = from.tcp.https.as_ref().map(AsRawFd::as_raw_fd);
+    fds.redirect = from.tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
+    let sessions = from
+        .sessions
+        .freeze(now)
+        .into_iter()
+        .map(crate::sessions::SessionEntry::freeze)
+        .collect();
+    Ok(Exported {
+        active_generation: from.policy.active(),
+        sites: from.sites.clone(),
+        sessions,
+    })
 }
 
 /// What the supervisor hands to a new process image besides its descriptors.
@@ -83,7 +185,7 @@ pub fn refusal(
     if let Some(why) = forward.upgrade_refusal() {
         return Err(Refused::Mode(why));
     }
-    policy.export(std::time::Instant::now())?;
+    policy.export(Instant::now())?;
     let half_gone = workers.iter().enumerate().find(|(l, w)| {
         policy.lane(*l).1 != LaneState::Idle
             && (w.child.is_none() || w.control.is_none() || w.sessions.is_none())

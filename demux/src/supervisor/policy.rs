@@ -513,6 +513,20 @@ impl Policy {
         }
     }
 
+    /// What the metrics show of every lane `now`, in lane order: its generation and state
+    /// ([`Policy::lane`]), and how long its worker has drained, if it drains.
+    pub fn gauges(
+        &self,
+        now: Instant,
+    ) -> impl Iterator<Item = (u64, crate::metrics::LaneState, Option<Duration>)> + '_ {
+        (0..self.lanes.len()).map(move |l| {
+            let (generation, state) = self.lane(l);
+            let since = self.draining_since(l);
+            let draining = since.map(|s| now.saturating_duration_since(s));
+            (generation, state, draining)
+        })
+    }
+
     /// Decides what the passing of time calls for: READY deadlines, restarts that are due, the
     /// old generation's drain, the end of a grace period, cut workers that did not exit.
     pub fn tick(&mut self, now: Instant) -> Vec<Action> {
@@ -999,6 +1013,30 @@ mod tests {
             p.on(t + Duration::from_secs(3), Event::Exited(1)),
             [Action::Finish]
         );
+    }
+
+    #[test]
+    fn the_gauges_show_each_lane_and_how_long_it_drains() {
+        use crate::metrics::LaneState;
+        let (mut p, t0) = running(2);
+        let g = p.lane(0).0;
+        let gauges = |p: &Policy, t: Instant| p.gauges(t).collect::<Vec<_>>();
+        let t = t0 + Duration::from_secs(60);
+        let all = gauges(&p, t);
+        // Every lane, those of the other generation slots idle.
+        assert_eq!(all.len(), Lanes::new(2).count());
+        let serving = (g, LaneState::Serving, None);
+        assert_eq!(all[..2], [serving, serving]);
+        assert!(all[2..]
+            .iter()
+            .all(|&(_, s, d)| s == LaneState::Idle && d.is_none()));
+        p.on(t, Event::ShutdownSignal);
+        let later = t + Duration::from_secs(7);
+        let draining = (g, LaneState::Draining, Some(Duration::from_secs(7)));
+        assert_eq!(gauges(&p, later)[..2], [draining, draining]);
+        p.on(later, Event::Exited(1));
+        let (_, state, since) = gauges(&p, later)[1];
+        assert_eq!((state, since), (LaneState::Idle, None));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 
 use super::acme;
 use super::control::{Clients, ControlServer};
-use super::policy::{Action, Failure, Limits, Policy, Refusal, CUT_WAIT};
+use super::policy::{Action, Event, Failure, Limits, Policy, Refusal, CUT_WAIT};
 use super::spawn::{worker_domain, Template};
 use super::workers::Worker;
 use crate::config::Config;
@@ -218,6 +218,46 @@ impl Reloads {
             waiters: Waiters::default(),
             start_errors: vec![None; lanes],
         }
+    }
+
+    /// A reload asked for by control client `client` (or by SIGHUP): reads the command
+    /// line's configuration file and certificates again, checked as a start checks them
+    /// ([`next_generation`]), then lets the policy start the next generation with them, which
+    /// becomes the `running` one. Refusals are counted, logged and answered on `control` at
+    /// once, and the running configuration serves on; the client of a reload that goes ahead
+    /// waits for its outcome. What the policy answers.
+    pub fn request(
+        &mut self,
+        client: Option<u64>,
+        running: Running<'_>,
+        control: &mut Clients,
+    ) -> Vec<Action> {
+        let acme = running.acme.is_some();
+        let next = match next_generation(running.cfg, running.template, acme) {
+            Ok(next) => next,
+            Err(why) => {
+                tracing::error!(error = format!("{why:#}"), "reload refused");
+                running
+                    .counters
+                    .reloads_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                let active = running.policy.active();
+                let line = format!("error: {why:#}; generation {active} serves on");
+                control.answer(client, &line);
+                return Vec::new();
+            }
+        };
+        let actions = running.policy.on(Instant::now(), Event::Reload);
+        if let Some(Action::ReloadRefused(r)) = actions.first() {
+            let why = refusal_line(r);
+            tracing::warn!(reason = %why, "reload refused");
+            control.answer(client, &format!("error: {why}"));
+            return Vec::new();
+        }
+        // The next generation starts from these.
+        next.apply(running);
+        self.waiters.join(control.server(), client);
+        actions
     }
 
     /// Lane `lane`'s worker started (`None`), or why starting it failed.

@@ -1,22 +1,25 @@
 //! The processes and descriptors of each lane's worker ([`WorkerTable`]), and what is done to
-//! them whatever the reason: wait for one, read what it says, reap it, tell it something, cut
-//! them all at the end of a shutdown, kill what dead workers left behind. Whether and when is
-//! [`super::policy`]'s.
+//! them whatever the reason: hold one that started, wait for one, read what it says, kill it,
+//! tell it to cut, reap it, cut them all at the end of a shutdown, kill what dead workers left
+//! behind; with the books of each (its process ID in the lane's counters, whether its lane is
+//! up). Whether and when is [`super::policy`]'s.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::process::ExitStatus;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringmux_proto::message::WorkerReport;
 use ringmux_proto::{Message, MessageError};
 
 use super::policy;
+use super::spawn::Launched;
 use crate::budget::{self, Budget};
 use crate::config::Config;
 use crate::forward::{IngressHandles, Lanes};
-use crate::metrics::Counters;
+use crate::metrics::{Counters, InstanceCounters, Liveness};
 use crate::sys::{self, ChildProcess};
 
 /// The processes and descriptors of one lane; what to do with them is the policy's.
@@ -131,6 +134,14 @@ pub struct Heard {
     pub applied: Vec<u64>,
 }
 
+/// Which worker a lane holds, as its log lines name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Named {
+    pub instance: u8,
+    /// Its worker generation (`Policy::lane`).
+    pub generation: u64,
+}
+
 impl WorkerTable {
     /// `lanes` lanes without a worker.
     pub fn new(lanes: usize, now: Instant) -> WorkerTable {
@@ -227,12 +238,110 @@ impl WorkerTable {
         heard
     }
 
-    /// Collects the process of lane `i`'s dead worker ([`Worker::reap`]), `draining` or not,
-    /// says how it ended, and looks for what it left behind.
-    pub fn reap(&mut self, i: usize, draining: bool, instance: u8, generation: u64) {
+    /// Lane `l`'s worker that just started (`started`), held from now on: its process ID in
+    /// the lane's `counters`, and its totals started again from 0 (it reports only the sites it
+    /// answered, by the indices of the table it was handed: `site_labels`'s); `challenges`, the
+    /// ACME challenges pending now, sent to it at once. Returns the demux's end of its session
+    /// socket, to serve.
+    pub fn started(
+        &mut self,
+        l: usize,
+        started: Launched,
+        counters: &InstanceCounters,
+        site_labels: Arc<[String]>,
+        challenges: Option<Message>,
+    ) -> OwnedFd {
+        let pid = started.child.id();
+        counters.worker_pid.store(u64::from(pid), Ordering::Relaxed);
+        counters.sites.start(site_labels);
+        counters.series.clear();
+        tracing::info!(
+            instance = started.handoff.instance,
+            pid,
+            generation = started.handoff.worker_generation,
+            ring_generation = started.handoff.generation,
+            "worker started"
+        );
+        if let Some(m) = challenges {
+            let _ = sys::send_packet(started.control.as_fd(), &m.encode());
+        }
+        let w = &mut self.lanes[l];
+        *w = Worker {
+            child: Some(started.child),
+            pidfd: started.pidfd,
+            control: Some(started.control),
+            sessions: Some(started.sessions_dup),
+            pipes: Some(started.pipes),
+            stopped: false,
+            ..std::mem::take(w)
+        };
+        started.sessions
+    }
+
+    /// Lane `l`'s running worker `worker`, handed over by a previous process image (process
+    /// `pid`), held from now on: its process ID in the lane's `counters`, its lane up unless
+    /// the lane is `idle`.
+    pub fn adopted(
+        &mut self,
+        l: usize,
+        worker: Worker,
+        pid: u32,
+        idle: bool,
+        counters: &InstanceCounters,
+        liveness: &Liveness,
+    ) {
+        counters.worker_pid.store(u64::from(pid), Ordering::Relaxed);
+        if !idle {
+            liveness.set_up(l, true);
+        }
+        self.lanes[l] = worker;
+    }
+
+    /// Kills lane `i`'s worker (`who`), saying why when it is news.
+    pub fn kill(&mut self, i: usize, why: policy::Why, who: Named, cfg: &Config) {
+        log_kill(why, who, cfg);
+        if let Some(c) = self.lanes[i].child.as_mut() {
+            let _ = c.kill();
+        }
+    }
+
+    /// Tells lane `i`'s worker (`who`, draining for `age`) to cut (`CUT`): the end of its
+    /// drain, counted in the lane's `counters`. The policy kills it if it is still there
+    /// [`policy::CUT_WAIT`] later.
+    pub fn cut(
+        &mut self,
+        i: usize,
+        why: policy::Why,
+        who: Named,
+        age: Option<Duration>,
+        cfg: &Config,
+        counters: &InstanceCounters,
+    ) {
+        log_cut(why, who, age, cfg);
+        counters.cuts.fetch_add(1, Ordering::Relaxed);
+        self.lanes[i].tell(&Message::Cut);
+    }
+
+    /// Collects the process of lane `i`'s dead worker (`who`, [`Worker::reap`]), `draining` or
+    /// not: its lane down and its process ID gone from `liveness` and `counters`; says how it
+    /// ended, and looks for what it left behind.
+    pub fn reap(
+        &mut self,
+        i: usize,
+        draining: bool,
+        who: Named,
+        counters: &InstanceCounters,
+        liveness: &Liveness,
+    ) {
+        liveness.set_up(i, false);
+        counters.worker_pid.store(0, Ordering::Relaxed);
         let Some(status) = self.lanes[i].reap(draining) else {
             return;
         };
+        let Named {
+            instance,
+            generation,
+        } = who;
         if draining {
             tracing::info!(instance, generation, ?status, "worker exited");
         } else {
@@ -403,9 +512,13 @@ impl Report {
     }
 }
 
-/// Logs why the worker of `instance` (generation `generation`) is killed, when that is news:
-/// the other reasons were logged when they were decided.
-pub fn log_kill(why: policy::Why, instance: u8, generation: u64, cfg: &Config) {
+/// Logs why the worker `who` is killed, when that is news: the other reasons were logged when
+/// they were decided.
+fn log_kill(why: policy::Why, who: Named, cfg: &Config) {
+    let Named {
+        instance,
+        generation,
+    } = who;
     match why {
         policy::Why::NotReady => tracing::error!(
             instance,
@@ -427,14 +540,12 @@ pub fn log_kill(why: policy::Why, instance: u8, generation: u64, cfg: &Config) {
     }
 }
 
-/// Logs why the worker of `instance` is told to cut what it serves, draining for `age`.
-pub fn log_cut(
-    why: policy::Why,
-    instance: u8,
-    generation: u64,
-    age: Option<Duration>,
-    cfg: &Config,
-) {
+/// Logs why the worker `who` is told to cut what it serves, draining for `age`.
+fn log_cut(why: policy::Why, who: Named, age: Option<Duration>, cfg: &Config) {
+    let Named {
+        instance,
+        generation,
+    } = who;
     match why {
         policy::Why::GraceOver => tracing::warn!(
             instance,
@@ -515,5 +626,66 @@ mod tests {
         assert!(table.read(1, &counters).gone);
         // A lane without a control socket has nothing to say.
         assert_eq!(table.read(0, &counters).ready, 0);
+    }
+
+    #[test]
+    fn a_cut_is_told_and_counted_for_its_lane_only() {
+        let (ours, theirs) = sys::seqpacket_pair().unwrap();
+        let mut table = WorkerTable::new(2, Instant::now());
+        table[1].control = Some(ours);
+        let counters = Counters::new(1, 2);
+        let who = Named {
+            instance: 0,
+            generation: 3,
+        };
+        let age = Some(Duration::from_secs(1));
+        let argv = ["ringmux", "--worker-cmd", "/bin/true"]
+            .map(Into::into)
+            .to_vec();
+        let cfg = crate::config::parse_from(argv).unwrap().run.validate();
+        let cfg = cfg.expect("a valid configuration");
+        let why = policy::Why::GraceOver;
+        table.cut(1, why, who, age, &cfg, &counters.instances[1]);
+        let mut buf = [0; 64];
+        let n = sys::recv_packet(theirs.as_fd(), &mut buf).unwrap();
+        assert!(matches!(Message::decode(&buf[..n]), Ok(Message::Cut)));
+        let cuts = |l: usize| counters.instances[l].cuts.load(Ordering::Relaxed);
+        assert_eq!((cuts(0), cuts(1)), (0, 1));
+        // Killing a lane without a process does nothing.
+        table.kill(0, policy::Why::NotReady, who, &cfg);
+    }
+
+    #[test]
+    fn a_worker_held_then_reaped_leaves_its_lane_down_and_without_a_pid() {
+        let counters = Counters::new(1, 2);
+        let liveness = Liveness::new(2);
+        let mut table = WorkerTable::new(2, Instant::now());
+        let (control, _theirs) = sys::seqpacket_pair().unwrap();
+        let worker = Worker {
+            control: Some(control),
+            ..Worker::default()
+        };
+        let ic = &counters.instances[1];
+        table.adopted(1, worker, 4242, false, ic, &liveness);
+        assert!(liveness.is_up(1) && !liveness.is_up(0));
+        assert_eq!(ic.worker_pid.load(Ordering::Relaxed), 4242);
+        assert!(table[1].control.is_some());
+        // An idle lane's worker is held but its lane stays down.
+        table.adopted(
+            0,
+            Worker::default(),
+            7,
+            true,
+            &counters.instances[0],
+            &liveness,
+        );
+        assert!(!liveness.is_up(0));
+        let who = Named {
+            instance: 0,
+            generation: 1,
+        };
+        table.reap(1, false, who, ic, &liveness);
+        assert!(!liveness.is_up(1));
+        assert_eq!(ic.worker_pid.load(Ordering::Relaxed), 0);
     }
 }

@@ -1,15 +1,16 @@
 //! A counting global allocator: every allocation made on the data-plane thread is counted, so
 //! the claim "the receive loop allocates nothing per datagram" is a number
 //! (`ringmux_dataplane_allocations_total`, compared with datagrams received) rather than a hope.
-//! Other threads are not counted. The cost is one thread-local flag test per allocation.
+//! Other threads are not counted. The cost is one thread-local flag test per allocation. The
+//! count is the metrics' ([`DATAPLANE_ALLOCATIONS`]).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
+
+use ringmux_metrics::counters::DATAPLANE_ALLOCATIONS;
 
 pub struct CountingAlloc;
-
-static DATAPLANE_ALLOCS: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
     static COUNTED: Cell<bool> = const { Cell::new(false) };
@@ -22,13 +23,13 @@ pub fn count_this_thread() {
 
 /// Allocations (including reallocations) made on the data-plane thread so far.
 pub fn dataplane_allocations() -> u64 {
-    DATAPLANE_ALLOCS.load(Ordering::Relaxed)
+    DATAPLANE_ALLOCATIONS.load(Ordering::Relaxed)
 }
 
 fn note() {
     // `try_with`: during thread teardown the flag may be gone; such allocations are not ours.
     if COUNTED.try_with(|c| c.get()).unwrap_or(false) {
-        DATAPLANE_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        DATAPLANE_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -346,8 +346,8 @@ fn backends(m: &Scrape, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::counters::LaneState;
-    use crate::metrics::{exposition, Counters};
+    use crate::counters::LaneState;
+    use crate::{exposition, Counters};
     use ringmux_proto::series::Series;
     use std::sync::atomic::Ordering;
 
@@ -356,7 +356,7 @@ mod tests {
         let c = Counters::new(2, 8);
         c.received.store(10, Ordering::Relaxed);
         c.instances[1].forwarded.store(7, Ordering::Relaxed);
-        let live = crate::metrics::Liveness::new(8);
+        let live = crate::Liveness::new(8);
         live.set_up(1, true);
         // Generation 1 drains in lanes 0 and 1 (one worker up, 5 connections); generation 2
         // serves in lanes 2 and 3 (slot 1), instance 0's worker also forwarded 4 datagrams.
@@ -379,9 +379,9 @@ mod tests {
         c.tokens_accepted.store(5, Ordering::Relaxed);
         c.dropped[DropReason::TokenRefused as usize].store(1, Ordering::Relaxed);
         c.under_pressure.store(1, Ordering::Relaxed);
-        c.count_take(crate::metrics::TakeResult::Hit);
-        c.count_take(crate::metrics::TakeResult::Hit);
-        c.count_take(crate::metrics::TakeResult::Foreign);
+        c.count_take(crate::TakeResult::Hit);
+        c.count_take(crate::TakeResult::Hit);
+        c.count_take(crate::TakeResult::Foreign);
         c.client_hellos[0].store(9, Ordering::Relaxed);
         // Instance 1's session requests past their rate, in two of its lanes.
         c.instances[1].session_dropped.store(2, Ordering::Relaxed);
@@ -475,7 +475,7 @@ mod tests {
         );
         // Instance 0's worker of the other generation: its counters add up.
         c.instances[2].record_report(&report(&[(counter("bytes_sent", &[]), 7)], 0), 0);
-        let live = crate::metrics::Liveness::new(4);
+        let live = crate::Liveness::new(4);
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         let section: Vec<&str> = t
             .lines()
@@ -497,7 +497,7 @@ mod tests {
         );
         let t = table(&Scrape::parse(&exposition::encode(
             &Counters::new(1, 2),
-            &crate::metrics::Liveness::new(2),
+            &crate::Liveness::new(2),
         )));
         assert!(t.contains("reported by the workers: nothing yet"), "{t}");
     }
@@ -526,7 +526,7 @@ mod tests {
             .observed(&keys[1], ringmux_health::Outcome::Timeout, t);
         c.health
             .observed(&keys[1], ringmux_health::Outcome::Connect, t);
-        let live = crate::metrics::Liveness::new(4);
+        let live = crate::Liveness::new(4);
         let out = table(&Scrape::parse(&exposition::encode(&c, &live)));
         let rows: Vec<Vec<&str>> = out
             .lines()
@@ -560,7 +560,7 @@ mod tests {
             &report(&[(1, [1, 7, 0, 0, 3, 0]), (3, [0, 0, 0, 2, 0, 2])]),
             4,
         );
-        let live = crate::metrics::Liveness::new(8);
+        let live = crate::Liveness::new(8);
         let t = table(&Scrape::parse(&exposition::encode(&c, &live)));
         let lines: Vec<Vec<&str>> = t
             .lines()

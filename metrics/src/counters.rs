@@ -237,6 +237,9 @@ pub static LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
 /// Access-log lines the demux could not write (`ringmux_access_log_lines_dropped_total`; the
 /// log thread adds).
 pub static ACCESS_LINES_DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Heap allocations made on the data-plane thread (`ringmux_dataplane_allocations_total`; the
+/// demux's counting allocator adds).
+pub static DATAPLANE_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 /// What became of a worker's TAKE, the `result` label of `ringmux_session_takes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -593,7 +596,7 @@ pub fn set_certificates(c: &Counters, table: &ringmux_proto::sites::SiteTable) {
         else {
             continue;
         };
-        let Ok(leaf) = crate::certs::leaf(&der) else {
+        let Ok(leaf) = ringmux_proto::x509::leaf(&der) else {
             continue;
         };
         let not_after = leaf

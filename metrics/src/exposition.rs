@@ -29,7 +29,7 @@ pub fn encode(c: &Counters, live: &Liveness) -> String {
         (
             names::DATAPLANE_ALLOCATIONS,
             "Heap allocations made on the data-plane thread after start-up (should stay flat)",
-            crate::sys::alloc::dataplane_allocations(),
+            super::counters::DATAPLANE_ALLOCATIONS.load(Ordering::Relaxed),
         ),
         (
             names::LOG_LINES_DROPPED,
@@ -720,7 +720,7 @@ fn answer(mut s: TcpStream, counters: &Counters, live: &Liveness) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Scrape;
+    use crate::Scrape;
 
     fn endpoint() -> SocketAddr {
         serve(
@@ -751,7 +751,7 @@ mod tests {
             status_line(&mut s),
             "HTTP/1.1 431 Request Header Fields Too Large"
         );
-        assert!(crate::metrics::fetch(addr).is_ok(), "still serving");
+        assert!(crate::fetch(addr).is_ok(), "still serving");
     }
 
     #[test]
@@ -773,7 +773,7 @@ mod tests {
                 }
             })
         };
-        let scrape = crate::metrics::fetch(addr);
+        let scrape = crate::fetch(addr);
         assert!(
             scrape.is_ok(),
             "a scrape beside a trickling client: {scrape:?}"
@@ -798,10 +798,10 @@ mod tests {
         // A place is given back when its thread ends, a moment after its answer went out:
         // wait for that (bounded), not for a fixed time.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        let mut scrape = crate::metrics::fetch(addr);
+        let mut scrape = crate::fetch(addr);
         while scrape.is_err() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
-            scrape = crate::metrics::fetch(addr);
+            scrape = crate::fetch(addr);
         }
         assert!(scrape.is_ok(), "places are given back: {scrape:?}");
     }
