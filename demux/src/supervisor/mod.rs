@@ -325,6 +325,7 @@ impl Supervisor {
         let tcp = &self.launcher.tcp;
         fds.tcp = tcp.https.as_ref().map(AsRawFd::as_raw_fd);
         fds.redirect = tcp.redirect.as_ref().map(AsRawFd::as_raw_fd);
+        fds.health = self.health.handed_over(self.template.health.as_ref());
         let sessions = self
             .sessions
             .cache()
