@@ -526,6 +526,7 @@ fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Re
         redirect,
         control,
         answers,
+        health,
         lanes,
     } = fds;
     let (lb, router) = routing(&cfg, &keys)?;
@@ -556,7 +557,8 @@ fn serve(cfg: Config, signals: nix::sys::signalfd::SignalFd, start: Start) -> Re
     // The ACME engine, with the certificates it has stored in the workers' site table.
     let mut table = sites;
     let acme = supervisor::acme::Relay::start(&cfg, &mut table, router.lanes())?;
-    let template = template(&cfg, &lb, &keys, &table, public_addr, redirect.is_some());
+    let mut template = template(&cfg, &lb, &keys, &table, public_addr, redirect.is_some());
+    supervisor::health::HealthTable::take_over(&mut template.health, health);
     metrics::counters::set_certificates(&counters, &table);
     let (metrics_addr, metrics) = serve_metrics(
         metrics.map(std::net::TcpListener::from),

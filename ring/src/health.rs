@@ -3,10 +3,18 @@
 //! every worker. `shm-layout.md`, "Health table", is the normative layout.
 //!
 //! The demux creates the table ([`HealthWriter::create`]): a memfd sized, its header written,
-//! mapped writable, then sealed against shrinking, growing and any later write
-//! (`F_SEAL_FUTURE_WRITE`), so the descriptor it hands every worker can only be mapped
-//! read-only; the demux's own mapping keeps writing. A worker maps it ([`HealthReader::attach`])
-//! and checks its size, header and seals.
+//! sealed against shrinking, growing and any change of seals, its mode made read-only for its
+//! owner and nobody else, and mapped writable through the descriptor it keeps. Every worker is
+//! handed a read-only open file description of it ([`HealthWriter::read_only`]), as a worker is
+//! handed its peers' rate tables (`crate::tally`): a writable mapping of it fails (`EACCES`), and
+//! reopening it writable through `/proc/self/fd` fails on the mode (0400) to any process without
+//! `CAP_DAC_OVERRIDE`, while the workers' filter refuses every `chmod`. The table is not sealed
+//! with `F_SEAL_FUTURE_WRITE`: that seal would also refuse the demux a new writable mapping
+//! after `ringmux upgrade` replaced its image, and the workers it hands over read on from the
+//! table they mapped, which the new image takes over ([`HealthWriter::adopt`]) and writes.
+//! A worker maps it ([`HealthReader::attach`]) and checks its size, header and seals, and that
+//! it cannot write it (its description is read-only, or an older demux sealed it against every
+//! writer).
 //!
 //! A slot is one byte, loaded once by a reader: [`Verdict::from_byte`] takes any other value
 //! than the ones the layout names as no verdict, so nothing the table holds can make a reader
@@ -15,10 +23,11 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use memmap2::{Mmap, MmapOptions, MmapRaw};
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+use nix::fcntl::{fcntl, FcntlArg, OFlag, SealFlag};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 
 /// `RMXHLTH1`, little-endian: the first word of the table.
@@ -30,12 +39,14 @@ pub const HEALTH_HEADER_BYTES: usize = 64;
 /// The most slots a table has: every backend of every route that checks health.
 pub const MAX_HEALTH_SLOTS: u32 = 64 * 1024;
 
-/// The seals a reader requires: no resize under its mapping (`SIGBUS`), no writable mapping
-/// but the demux's, no change of seals.
+/// The seals a reader requires: no resize under its mapping (`SIGBUS`), no change of seals.
+/// That no worker writes is the description's and the mode's ([`HealthWriter::read_only`]).
 const SEALS: SealFlag = SealFlag::F_SEAL_SHRINK
     .union(SealFlag::F_SEAL_GROW)
-    .union(SealFlag::F_SEAL_FUTURE_WRITE)
     .union(SealFlag::F_SEAL_SEAL);
+
+/// The table's mode: read-only for its owner, nothing for anyone else.
+const MODE: u32 = 0o400;
 
 /// The byte size of a table of `slots` slots: the header, then a byte per slot, rounded up to
 /// whole 8-byte words.
@@ -95,6 +106,14 @@ pub enum HealthTableError {
     Header,
     #[error("the health table lacks seals: has {found:#x}, needs {needed:#x}")]
     Unsealed { found: i32, needed: i32 },
+    /// A worker was handed a descriptor it could write the table through.
+    #[error("the health table was handed over writable: a worker must get a read-only descriptor")]
+    Writable,
+    /// The table handed over by a previous image cannot be mapped writable again: an image that
+    /// sealed it against every writer (`F_SEAL_FUTURE_WRITE`) made it, or the descriptor is
+    /// read-only.
+    #[error("the health table handed over cannot be written again ({0}); its workers keep the verdicts it holds until the next reload")]
+    NotWritable(io::Error),
 }
 
 /// The demux's side: the one writable mapping of a table.
@@ -106,8 +125,8 @@ pub struct HealthWriter {
 }
 
 impl HealthWriter {
-    /// A new table of `slots` slots, each [`Verdict::Unknown`], mapped writable and sealed so
-    /// no other mapping can write it.
+    /// A new table of `slots` slots, each [`Verdict::Unknown`], mapped writable through the
+    /// demux's descriptor; sealed and made read-only so that no other descriptor can write it.
     pub fn create(slots: u32) -> Result<HealthWriter, HealthTableError> {
         if slots > MAX_HEALTH_SLOTS {
             return Err(HealthTableError::TooManySlots { slots });
@@ -121,9 +140,9 @@ impl HealthWriter {
         let bytes = table_bytes(slots);
         file.set_len(bytes as u64)?;
         file.write_all(&header(slots))?;
-        // Mapped before F_SEAL_FUTURE_WRITE: this mapping keeps writing, no later one can.
-        let map = MmapOptions::new().len(bytes).map_raw(&file)?;
         fcntl(&file, FcntlArg::F_ADD_SEALS(SEALS)).map_err(io::Error::from)?;
+        file.set_permissions(std::fs::Permissions::from_mode(MODE))?;
+        let map = MmapOptions::new().len(bytes).map_raw(&file)?;
         Ok(HealthWriter {
             fd: file.into(),
             map,
@@ -131,9 +150,43 @@ impl HealthWriter {
         })
     }
 
-    /// The descriptor every worker is handed.
+    /// Takes over the table `fd` that a previous image of the demux created and handed over
+    /// (its own descriptor, as [`HealthWriter::fd`] gave it): checked as a worker checks it,
+    /// then mapped writable again, so that the workers reading it get verdicts on.
+    pub fn adopt(fd: OwnedFd) -> Result<HealthWriter, HealthTableError> {
+        use std::os::unix::fs::FileExt;
+        let file = File::from(fd);
+        check_seals(&file)?;
+        let size = file.metadata()?.len();
+        let mut head = [0u8; HEALTH_HEADER_BYTES];
+        file.read_exact_at(&mut head, 0)
+            .map_err(|_| HealthTableError::Size { size, slots: 0 })?;
+        let slots = header_slots(&head).ok_or(HealthTableError::Header)?;
+        if slots > MAX_HEALTH_SLOTS || (table_bytes(slots) as u64) > size {
+            return Err(HealthTableError::Size { size, slots });
+        }
+        // Mapped writable: refused when the table is sealed against every new writer.
+        let map = MmapOptions::new()
+            .len(table_bytes(slots))
+            .map_raw(&file)
+            .map_err(HealthTableError::NotWritable)?;
+        Ok(HealthWriter {
+            fd: file.into(),
+            map,
+            slots,
+        })
+    }
+
+    /// The demux's own descriptor, writable: what a new image of the demux takes over
+    /// ([`HealthWriter::adopt`]); never a worker's.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// A read-only open file description of the table: what every worker is handed. Opened
+    /// through `/proc/self/fd` in the caller (the demux), which has `/proc`.
+    pub fn read_only(&self) -> io::Result<OwnedFd> {
+        crate::tally::read_only(&self.fd)
     }
 
     pub fn slots(&self) -> u32 {
@@ -167,15 +220,17 @@ pub struct HealthReader {
 }
 
 impl HealthReader {
-    /// Maps `fd` read-only after checking its seals, size and header.
+    /// Maps `fd` read-only after checking its seals, size and header, and that it cannot
+    /// write the table through `fd`.
     pub fn attach(fd: OwnedFd) -> Result<HealthReader, HealthTableError> {
         let file = File::from(fd);
-        let found = fcntl(&file, FcntlArg::F_GET_SEALS).map_err(io::Error::from)?;
-        if found & SEALS.bits() != SEALS.bits() {
-            return Err(HealthTableError::Unsealed {
-                found,
-                needed: SEALS.bits(),
-            });
+        let seals = check_seals(&file)?;
+        let flags = fcntl(&file, FcntlArg::F_GETFL).map_err(io::Error::from)?;
+        let read_only = OFlag::from_bits_truncate(flags) & OFlag::O_ACCMODE == OFlag::O_RDONLY;
+        // A demux of a build before the table was handed over read-only sealed it against
+        // every writer instead: that one is as safe to read.
+        if !read_only && seals & SealFlag::F_SEAL_FUTURE_WRITE.bits() == 0 {
+            return Err(HealthTableError::Writable);
         }
         let size = file.metadata()?.len();
         if size < HEALTH_HEADER_BYTES as u64 {
@@ -205,6 +260,18 @@ impl HealthReader {
             false => Verdict::Unknown,
         }
     }
+}
+
+/// Checks that `file` has the seals every table has; returns every seal it has.
+fn check_seals(file: &File) -> Result<i32, HealthTableError> {
+    let found = fcntl(file, FcntlArg::F_GET_SEALS).map_err(io::Error::from)?;
+    if found & SEALS.bits() != SEALS.bits() {
+        return Err(HealthTableError::Unsealed {
+            found,
+            needed: SEALS.bits(),
+        });
+    }
+    Ok(found)
 }
 
 /// The header of a table of `slots` slots.
@@ -245,7 +312,7 @@ mod tests {
     use super::*;
 
     fn reader_of(w: &HealthWriter) -> HealthReader {
-        HealthReader::attach(w.fd().try_clone_to_owned().unwrap()).unwrap()
+        HealthReader::attach(w.read_only().unwrap()).unwrap()
     }
 
     #[test]
@@ -281,11 +348,12 @@ mod tests {
     }
 
     /// A worker holding the table cannot write it: not through a writable mapping, not
-    /// through `write`, not by turning its read-only mapping writable, nor resize it.
+    /// through `write`, not by turning its read-only mapping writable, nor resize it; and its
+    /// mode lets no process without `CAP_DAC_OVERRIDE` reopen it writable.
     #[test]
     fn a_worker_cannot_write_the_table() {
         let w = HealthWriter::create(8).unwrap();
-        let file = File::from(w.fd().try_clone_to_owned().unwrap());
+        let file = File::from(w.read_only().unwrap());
         // SAFETY: a test of refusal; the mapping, if made, is dropped unused.
         let writable = unsafe { MmapOptions::new().len(table_bytes(8)).map_mut(&file) };
         assert!(writable.is_err(), "a writable shared mapping is refused");
@@ -294,8 +362,61 @@ mod tests {
         let map = unsafe { MmapOptions::new().len(table_bytes(8)).map(&file) }.unwrap();
         assert!(map.make_mut().is_err(), "mprotect to writable is refused");
         assert!(file.set_len(0).is_err());
+        assert_eq!(file.metadata().unwrap().permissions().mode() & 0o777, MODE);
         w.set(0, Verdict::Up);
         assert_eq!(reader_of(&w).get(0), Verdict::Up, "the demux still writes");
+    }
+
+    /// A worker refuses a descriptor it could write the table through.
+    #[test]
+    fn a_writable_descriptor_is_refused_by_a_worker() {
+        let w = HealthWriter::create(2).unwrap();
+        let e = HealthReader::attach(w.fd().try_clone_to_owned().unwrap()).unwrap_err();
+        assert!(matches!(e, HealthTableError::Writable), "{e}");
+    }
+
+    /// What a new image of the demux does after `ringmux upgrade`: it takes the table over by
+    /// the descriptor the old one kept, and its writes reach the workers that mapped it before.
+    #[test]
+    fn a_new_image_takes_a_table_over_and_its_readers_see_its_writes() {
+        let old = HealthWriter::create(3).unwrap();
+        let worker = reader_of(&old);
+        old.set(0, Verdict::Up);
+        let new = HealthWriter::adopt(old.fd().try_clone_to_owned().unwrap()).unwrap();
+        drop(old);
+        assert_eq!((new.slots(), new.get(0)), (3, Verdict::Up));
+        new.set(1, Verdict::Down);
+        assert_eq!(worker.get(1), Verdict::Down);
+        // Nor a read-only descriptor, nor one that is no table.
+        let e = HealthWriter::adopt(new.read_only().unwrap()).unwrap_err();
+        assert!(matches!(e, HealthTableError::NotWritable(_)), "{e}");
+        let plain = memfd_create(c"x", MFdFlags::empty()).unwrap();
+        let e = HealthWriter::adopt(plain).unwrap_err();
+        assert!(matches!(e, HealthTableError::Unsealed { .. }), "{e}");
+    }
+
+    /// A table as builds before [`HealthWriter::adopt`] made it: sealed against every writer
+    /// too, and handed to workers by the demux's own descriptor.
+    fn table_sealed_against_every_writer(slots: u32) -> OwnedFd {
+        let fd = memfd_create(c"old", MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        let mut file = File::from(fd);
+        file.set_len(table_bytes(slots) as u64).unwrap();
+        file.write_all(&header(slots)).unwrap();
+        let seals = SEALS | SealFlag::F_SEAL_FUTURE_WRITE;
+        fcntl(&file, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+        file.into()
+    }
+
+    /// Across an upgrade from such a build: its workers' table cannot be taken over (they keep
+    /// its verdicts until the next reload, as before), and a worker of this build still reads
+    /// a table that such a demux hands it.
+    #[test]
+    fn a_table_sealed_against_every_writer_is_read_but_not_taken_over() {
+        let fd = table_sealed_against_every_writer(4);
+        let reader = HealthReader::attach(fd.try_clone().unwrap()).unwrap();
+        assert_eq!(reader.slots(), 4);
+        let e = HealthWriter::adopt(fd).unwrap_err();
+        assert!(matches!(e, HealthTableError::NotWritable(_)), "{e}");
     }
 
     #[test]

@@ -280,7 +280,10 @@ impl Supervisor {
             sessions: self.sessions.cache(),
             sites: &self.template.sites,
         };
-        handover::export(from, upgrade, fds)
+        let exported = handover::export(from, upgrade, fds)?;
+        // The health tables go over with the workers, which keep reading them.
+        fds.health = self.health.handed_over(self.template.health.as_ref());
+        Ok(exported)
     }
 
     /// The upgrade did not happen (`why`): answers its clients, and serves on.

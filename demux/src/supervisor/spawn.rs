@@ -478,12 +478,15 @@ pub fn launch(plan: &LaunchPlan<'_>, handles: IngressHandles, held: Held<'_>) ->
         None => Vec::new(),
     };
     let rate_tables: Vec<BorrowedFd<'_>> = tables.iter().map(|f| f.as_fd()).collect();
+    // A read-only description: the demux's own descriptor of the table is writable.
+    let health = plan.health.map(|h| h.writer.read_only());
+    let health = health.transpose().context("the worker's health table")?;
     let setup = sys::WorkerSetup {
         control: theirs.as_fd(),
         public: socket.as_fd(),
         handoff: &handoff,
         rate_tables: &rate_tables,
-        health: plan.health.map(|h| h.writer.fd()),
+        health: health.as_ref().map(|f| f.as_fd()),
         tcp: held
             .tcp
             .https

@@ -13,10 +13,11 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::forward::handover::Ingress;
 
-/// The public socket, the listeners, the control socket with the clients waiting on it, and
-/// the lanes with their workers' and ingresses' descriptors. The serialised names (`public_fd`,
+/// The public socket, the listeners, the control socket with the clients waiting on it, the
+/// health tables, and the lanes with their workers' and ingresses' descriptors. The serialised names (`public_fd`,
 /// …) are the hand-over state's since its format 4.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(bound(deserialize = "F: Deserialize<'de>"))]
 pub struct Fds<F> {
     /// The public UDP socket.
     #[serde(rename = "public_fd")]
@@ -36,6 +37,12 @@ pub struct Fds<F> {
     /// Control clients waiting for the upgrade's outcome.
     #[serde(rename = "answer_fds")]
     pub answers: Vec<F>,
+    /// The health tables the running workers read, newest first, by the demux's own
+    /// (writable) descriptor: the new image writes their verdicts on
+    /// (`crate::supervisor::health`). Absent from the document when there is none, and from an
+    /// image before they were handed over (its workers' verdicts then wait for a reload).
+    #[serde(default, rename = "health_fds", skip_serializing_if = "Vec::is_empty")]
+    pub health: Vec<F>,
     /// One per lane, as `ringmux_quic_lb::Router::lane` numbers them; none at a first start
     /// (the forwarding mode makes the ingresses, the supervisor starts the workers).
     pub lanes: Vec<Lane<F>>,
@@ -88,6 +95,7 @@ impl<F> Fds<F> {
             redirect: None,
             control: None,
             answers: Vec::new(),
+            health: Vec::new(),
             lanes: Vec::new(),
         }
     }
@@ -100,6 +108,7 @@ impl<F> Fds<F> {
             .chain(&self.redirect)
             .chain(&self.control)
             .chain(&self.answers)
+            .chain(&self.health)
             .chain(self.lanes.iter().flat_map(Lane::iter))
     }
 
@@ -115,6 +124,11 @@ impl<F> Fds<F> {
             control: self.control.map(&mut *f).transpose()?,
             answers: self
                 .answers
+                .into_iter()
+                .map(&mut *f)
+                .collect::<Result<_, E>>()?,
+            health: self
+                .health
                 .into_iter()
                 .map(&mut *f)
                 .collect::<Result<_, E>>()?,

@@ -200,10 +200,11 @@ async fn connections(rm: &Ringmux, instances: u8) -> Vec<H3Conn> {
     conns
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_whose_check_fails_gets_no_requests_and_comes_back() {
+/// A good backend and one whose `/healthz` does `sick`, behind one checked route served by
+/// two workers (the route's configuration in the folder returned).
+async fn pool_of_two(sick: Healthz) -> (Backend, Backend, ringmux_testkit::TempDir, Ringmux) {
     let good = Backend::start(Healthz::Ok).await;
-    let sick = Backend::start(Healthz::Unavailable).await;
+    let sick = Backend::start(sick).await;
     let dir = ringmux_testkit::temp_dir("ringmux-health");
     let routes = route("/", &[&good, &sick]);
     let rm = Ringmux::start(
@@ -211,6 +212,12 @@ async fn a_backend_whose_check_fails_gets_no_requests_and_comes_back() {
         Forward::Shm,
         &["--config", &config(dir.path(), 2, &routes)],
     );
+    (good, sick, dir, rm)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_whose_check_fails_gets_no_requests_and_comes_back() {
+    let (good, sick, _dir, rm) = pool_of_two(Healthz::Unavailable).await;
     bounded(LIMIT, async {
         rm.wait_for("the sick backend down, the good one up", LIMIT, |m| {
             up(m, &sick) == Some(0.0) && up(m, &good) == Some(1.0)
@@ -327,6 +334,48 @@ async fn a_health_endpoint_that_hangs_is_cut_by_its_timeout() {
         );
         let m = rm.metrics();
         assert_eq!(up(&m, &good), Some(1.0), "{m}");
+    })
+    .await;
+}
+
+/// After `ringmux upgrade` the new demux writes the verdicts into the health table the workers
+/// it adopted read: a backend whose check starts failing after the upgrade gets no request from
+/// them, and when both fail the route answers 503 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_handed_over_by_an_upgrade_read_fresh_verdicts() {
+    let (good, sick, _dir, rm) = pool_of_two(Healthz::Ok).await;
+    bounded(LIMIT, async {
+        rm.wait_for("both backends up", LIMIT, |m| {
+            up(m, &sick) == Some(1.0) && up(m, &good) == Some(1.0)
+        })
+        .await;
+        let pids = rm.worker_pids().await;
+        let conns = connections(&rm, 2).await;
+        get_all(&conns, 4).await;
+        assert!(sick.requests() > 0, "both backends served before");
+        let (ok, text) = rm.upgrade(Duration::from_secs(30)).await;
+        assert!(ok, "upgrade: {text}");
+        assert_eq!(rm.worker_pids().await, pids, "the workers were handed over");
+        // The new demux's checks mark it down: the adopted workers read that verdict.
+        sick.set(Healthz::Unavailable);
+        rm.wait_for("the sick backend down after the upgrade", LIMIT, |m| {
+            up(m, &sick) == Some(0.0)
+        })
+        .await;
+        let before = sick.requests();
+        get_all(&conns, 10).await;
+        let fresh = connections(&rm, 2).await;
+        get_all(&fresh, 10).await;
+        assert_eq!(sick.requests(), before, "a backend down gets no request");
+        good.set(Healthz::Unavailable);
+        rm.wait_for("both down", LIMIT, |m| up(m, &good) == Some(0.0))
+            .await;
+        let (a, b) = (good.requests(), sick.requests());
+        for conn in [&conns[0], &conns[1], &fresh[0], &fresh[1]] {
+            let r = conn.get("/x").await.expect("GET /x");
+            assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        assert_eq!((good.requests(), sick.requests()), (a, b));
     })
     .await;
 }

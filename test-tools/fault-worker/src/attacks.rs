@@ -1165,7 +1165,8 @@ fn log_forge(out: &mut Outcomes) {
 /// The rate tables (`ringmux_ring::tally`, shm-layout.md "Rate tables"): its sibling's table,
 /// handed over as a read-only open file description (descriptor `RATE_TABLES_FD + 1`), cannot
 /// be written by any way in: a writable shared mapping, `pwrite`, `mprotect` of a read-only
-/// mapping to writable, a writable reopen through `/proc/self/fd`, truncation. What the
+/// mapping to writable, making it writable by its mode (`chmod` in every form: a worker of the
+/// demux's own user owns it), a writable reopen through `/proc/self/fd`, truncation. What the
 /// sibling's cells hold after those attempts is recorded (`sibling-cells-nonzero`). Then this
 /// worker's own table (`RATE_TABLES_FD`) is filled with garbage: every cell a count of
 /// `u32::MAX` in a window far from any the workers count in, as a torn or stale write would
@@ -1233,6 +1234,7 @@ fn rate_tables(out: &mut Outcomes) {
         unmap(p);
     }
     let path = format!("/proc/self/fd/{SIBLING}\0");
+    sibling_chmod(SIBLING, &path, out);
     // SAFETY: a NUL-terminated path; a descriptor opened by mistake is closed.
     let fd = unsafe { libc::open(path.as_ptr().cast(), libc::O_RDWR | libc::O_CLOEXEC) };
     out.push(("sibling-reopen-writable", raw(fd.into())));
@@ -1261,6 +1263,36 @@ fn rate_tables(out: &mut Outcomes) {
         }
         unmap(p);
     }
+}
+
+/// Tries to make the sibling's table (descriptor `fd`, reached through `/proc/self/fd` as
+/// `path`, NUL-terminated) writable for its owner, each way the kernel offers: what a worker
+/// of the demux's own user, which owns the table, would do before reopening it writable. The
+/// workers' filter refuses all four (`EPERM`); a worker of another user is not the owner.
+fn sibling_chmod(fd: libc::c_int, path: &str, out: &mut Outcomes) {
+    let mode: libc::mode_t = 0o600;
+    // SAFETY: integers only.
+    let r = unsafe { libc::fchmod(fd, mode) };
+    out.push(("sibling-fchmod", raw(r.into())));
+    // SAFETY: `path` is NUL-terminated.
+    let r = unsafe { libc::chmod(path.as_ptr().cast(), mode) };
+    out.push(("sibling-chmod-proc", raw(r.into())));
+    // SAFETY: as above; AT_FDCWD with an absolute path.
+    let r = unsafe { libc::fchmodat(libc::AT_FDCWD, path.as_ptr().cast(), mode, 0) };
+    out.push(("sibling-fchmodat", raw(r.into())));
+    // fchmodat2 (Linux 6.6) on the descriptor itself (AT_EMPTY_PATH), through the raw call:
+    // libc has no wrapper on every target.
+    // SAFETY: a NUL-terminated empty path and integers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fchmodat2,
+            fd,
+            c"".as_ptr(),
+            mode,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    out.push(("sibling-fchmodat2", raw(r)));
 }
 
 /// The outcome of an `mmap`.

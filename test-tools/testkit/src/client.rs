@@ -131,6 +131,17 @@ pub(crate) fn any_certificate_tls(alpn: &[&[u8]]) -> Result<rustls::ClientConfig
     Ok(tls)
 }
 
+/// `config` with receive windows of `bytes` per stream and twice that for the connection
+/// (quinn's defaults let a server send megabytes ahead of what the client reads): a client
+/// that reads slowly ([`InFlight::read_body_at`]) then holds the server to its pace.
+pub fn with_receive_window(mut config: quinn::ClientConfig, bytes: u32) -> quinn::ClientConfig {
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(quinn::VarInt::from_u32(bytes));
+    transport.receive_window(quinn::VarInt::from_u32(bytes.saturating_mul(2)));
+    config.transport_config(Arc::new(transport));
+    config
+}
+
 /// A client endpoint. Connections share its socket and its [`quinn::ClientConfig`] (and so
 /// its session cache).
 pub struct H3Client {
@@ -286,11 +297,37 @@ impl InFlight {
     }
 
     /// Reads the body to its end (counted and checksummed; kept if `keep_body`).
-    pub async fn read_body(mut self, keep_body: bool) -> Result<Response, ClientError> {
+    pub async fn read_body(self, keep_body: bool) -> Result<Response, ClientError> {
+        self.read_body_paced(None, keep_body).await
+    }
+
+    /// Reads the body as [`InFlight::read_body`] does, but no faster than `bytes_per_s` on
+    /// average: after each chunk it waits until the bytes read so far are due at that rate, as
+    /// curl's `--limit-rate` does. On a connection with small receive windows
+    /// ([`with_receive_window`]) the server can then send no faster than this reads.
+    pub async fn read_body_at(
+        self,
+        bytes_per_s: u64,
+        keep_body: bool,
+    ) -> Result<Response, ClientError> {
+        self.read_body_paced(Some(bytes_per_s.max(1)), keep_body)
+            .await
+    }
+
+    async fn read_body_paced(
+        mut self,
+        bytes_per_s: Option<u64>,
+        keep_body: bool,
+    ) -> Result<Response, ClientError> {
         let mut sum = Fnv64::new();
         let mut len = 0u64;
         let mut kept = keep_body.then(BytesMut::new);
+        let start = tokio::time::Instant::now();
         while let Some(mut chunk) = self.stream.recv_data().await? {
+            if let Some(rate) = bytes_per_s {
+                let due = (len + chunk.remaining() as u64) as f64 / rate as f64;
+                tokio::time::sleep_until(start + std::time::Duration::from_secs_f64(due)).await;
+            }
             while chunk.has_remaining() {
                 let part = chunk.chunk();
                 let n = part.len();
@@ -420,6 +457,13 @@ impl H3Conn {
             .await
     }
 
+    /// Sends `request` with no body (its URI holds the path, as for [`H3Conn::open`]; its
+    /// headers go as they are) and returns once the response headers are in.
+    pub async fn start_request(&self, request: http::Request<()>) -> Result<InFlight, ClientError> {
+        let request = self.absolute(request)?;
+        self.send_head(request, None).await
+    }
+
     /// Sends `method path` (and the request body, if any) and returns once the response
     /// headers are in; the body is read with [`InFlight::read_body`].
     pub async fn start(
@@ -466,6 +510,13 @@ impl H3Conn {
         &self,
         request: http::Request<()>,
     ) -> Result<h3::client::RequestStream<h3_quinn::BidiStream<Bytes>, Bytes>, ClientError> {
+        let request = self.absolute(request)?;
+        let mut send = self.send.clone();
+        Ok(send.send_request(request).await?)
+    }
+
+    /// `request` with its URI made absolute: this connection's scheme and authority, its path.
+    fn absolute(&self, request: http::Request<()>) -> Result<http::Request<()>, ClientError> {
         let (mut parts, ()) = request.into_parts();
         let path = parts
             .uri
@@ -475,10 +526,7 @@ impl H3Conn {
         parts.uri = format!("https://{}{}", self.authority, path)
             .parse()
             .map_err(http::Error::from)?;
-        let mut send = self.send.clone();
-        Ok(send
-            .send_request(http::Request::from_parts(parts, ()))
-            .await?)
+        Ok(http::Request::from_parts(parts, ()))
     }
 
     /// Closes the connection with H3_NO_ERROR and waits until it is closed. Returns an error

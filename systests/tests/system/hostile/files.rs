@@ -16,7 +16,7 @@ use ringmux_systests::harness::{self, bounded, Forward, Ringmux};
 use ringmux_testkit::{temp_dir, tool, TempDir};
 
 /// The user ID ringmux runs as when not root: any unprivileged ID but nobody's.
-const RINGMUX_UID: u32 = 65533;
+pub(super) const RINGMUX_UID: u32 = 65533;
 /// nobody: the workers' user where ringmux may switch users.
 const NOBODY_UID: u32 = 65534;
 
@@ -171,18 +171,46 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// `bin` in `dir`, executable by anyone.
-fn world_executable_copy(bin: &Path, dir: &TempDir) -> PathBuf {
+pub(super) fn world_executable_copy(bin: &Path, dir: &TempDir) -> PathBuf {
     let to = dir.path().join(bin.file_name().expect("a file name"));
     std::fs::copy(bin, &to).expect("copying a binary");
     std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
     to
 }
 
+/// A script in `dir` that starts `demux` as RINGMUX_UID with `caps` ambient and `groups` (a
+/// `setpriv` option), as systemd's User= and AmbientCapabilities= start it; `files` (its own
+/// folder) made its own first.
+pub(super) fn as_unit(
+    dir: &Path,
+    setpriv: &Path,
+    demux: &Path,
+    files: &Path,
+    groups: &str,
+    caps: &str,
+) -> PathBuf {
+    let wrapper = dir.join("as-unit");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nchown -R {RINGMUX_UID}:{RINGMUX_UID} '{files}'\nexec \
+             '{setpriv}' --reuid={RINGMUX_UID} --regid={RINGMUX_UID} {groups} \
+             --inh-caps={caps} --ambient-caps={caps} '{demux}' \"$@\"\n",
+            files = files.display(),
+            setpriv = setpriv.display(),
+            demux = demux.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    wrapper
+}
+
 /// What a worker runs with, from `/proc/PID/status`.
 #[derive(Debug)]
-struct Credentials {
+pub(super) struct Credentials {
     /// Its effective user ID.
-    uid: u32,
+    pub(super) uid: u32,
     /// Its supplementary groups, as the file lists them.
     groups: String,
     /// Its effective, permitted and ambient capability sets, hexadecimal.
@@ -190,7 +218,7 @@ struct Credentials {
 }
 
 impl Credentials {
-    fn of(pid: u32) -> Credentials {
+    pub(super) fn of(pid: u32) -> Credentials {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let field = |name: &str| {
             status
@@ -266,25 +294,7 @@ async fn attack(mode: Mode, setpriv: &Path) -> (HashMap<String, String>, Vec<Cre
     };
     let launcher = match caps {
         None => demux,
-        Some(caps) => {
-            // ringmux as RINGMUX_UID with `caps` ambient, as systemd's User= and
-            // AmbientCapabilities= start it; its own files its own.
-            let wrapper = dir.path().join("as-unit");
-            std::fs::write(
-                &wrapper,
-                format!(
-                    "#!/bin/sh\nchown -R {RINGMUX_UID}:{RINGMUX_UID} '{files}'\nexec \
-                     '{setpriv}' --reuid={RINGMUX_UID} --regid={RINGMUX_UID} {groups} \
-                     --inh-caps={caps} --ambient-caps={caps} '{demux}' \"$@\"\n",
-                    files = files.path().display(),
-                    setpriv = setpriv.display(),
-                    demux = demux.display(),
-                ),
-            )
-            .unwrap();
-            std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-            wrapper
-        }
+        Some(caps) => as_unit(dir.path(), setpriv, &demux, files.path(), groups, caps),
     };
     let rm = Ringmux::start_in(files, &launcher, 2, Forward::Shm, &extra, fault, &env);
     let report = harness::fault_report(dir.path(), Duration::from_secs(30)).await;
@@ -334,7 +344,7 @@ fn assert_refused(mode: Mode, report: &HashMap<String, String>) {
 }
 
 /// Whether this test can run here: root, setpriv and Landlock.
-fn runnable() -> Option<PathBuf> {
+pub(super) fn runnable() -> Option<PathBuf> {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("skipped: starting ringmux as other users needs root");
         return None;

@@ -1191,6 +1191,38 @@ fn check_names_every_problem_at_its_place() {
             )],
         ),
         (
+            "a site's deny with a prefix too long",
+            SITE.replace("[[site.route]]", "deny = [\"203.0.113.0/33\"]\n[[site.route]]"),
+            vec![(
+                5,
+                8,
+                "deny: \"203.0.113.0/33\": the prefix length is 0 to 32 (IPv4) or 128 (IPv6)"
+                    .into(),
+            )],
+        ),
+        (
+            "a route's allow with bits beyond its prefix",
+            format!("{SITE}allow = [\"10.0.0.0/8\", \"10.0.0.1/8\"]\n"),
+            vec![(
+                8,
+                9,
+                "allow: \"10.0.0.1/8\": bits are set beyond the prefix: write the block's first \
+                 address (e.g. 203.0.113.0/24)"
+                    .into(),
+            )],
+        ),
+        (
+            "PROXY protocol sources with bits beyond a prefix",
+            format!("proxy_protocol_from = [\"10.0.0.1/8\"]\n{SITE}"),
+            vec![(
+                1,
+                23,
+                "proxy_protocol_from = [\"10.0.0.1/8\"] is not valid: \"10.0.0.1/8\": bits are \
+                 set beyond the prefix: write the block's first address (e.g. 203.0.113.0/24)"
+                    .into(),
+            )],
+        ),
+        (
             "roots that are no certificates",
             format!("[acme]\nca_roots = \"{{D}}/a.key\"\n{ACME_SITE}"),
             vec![(
