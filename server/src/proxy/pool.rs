@@ -21,6 +21,7 @@
 //!   backend it marks down is left out of the choice as an ejected one is, and counted
 //!   (`backend_skipped_down`). When it marks every backend of the route down, the request is
 //!   answered 503 at once, as Caddy answers when no upstream is available: nothing is tried.
+//!   A tunnel (a WebSocket) is refused the same way (`Pool::tunnel`).
 //! * Every decision is counted per backend and reported as series labelled by the backend
 //!   ([`report`]): bounded, as the backends are the configuration's.
 
@@ -42,7 +43,10 @@ use ringmux_proto::WorkerReport;
 use tracing::warn;
 
 use super::health::Verdicts;
-use super::{empty_body, BoxError, ErrorKind, Exchange, ProxyBody, Upstream};
+use super::{
+    empty_body, Ask, BoxError, ClientSide, ErrorKind, Exchange, Opened, ProxyBody, Upstream,
+};
+use crate::access_log::Logged;
 
 /// Why a backend's request failed, for `ringmux_worker_backend_failures_total{backend,kind}`:
 /// the proxy's [`ErrorKind`]s, then a 5xx response.
@@ -322,7 +326,7 @@ impl Pool {
     }
 
     /// The answer when the demux's health checks mark every backend down, each counted as
-    /// skipped: a 503 at once, nothing tried.
+    /// skipped: a 503 at once, nothing tried (requests and tunnels alike).
     fn all_down_refusal(&self) -> Option<Exchange> {
         if !self.all_down() {
             return None;
@@ -423,10 +427,29 @@ impl Pool {
         }
     }
 
+    /// Opens a tunnel to one backend, chosen as a request's is and never retried (the
+    /// client's bytes may have reached it); when the demux's checks mark every backend down,
+    /// a 503 at once as a request gets, counted the same way, and no backend is tried.
+    pub(crate) async fn tunnel(
+        &self,
+        parts: http::request::Parts,
+        ask: Ask,
+        remote: SocketAddr,
+        client: ClientSide,
+        logged: &mut Option<Logged>,
+    ) -> Opened {
+        if let Some(refusal) = self.all_down_refusal() {
+            return Opened::Exchange(refusal);
+        }
+        let backend = self.choose(remote, &[]);
+        let upstream = backend.upstream();
+        upstream.tunnel(parts, ask, remote, client, logged).await
+    }
+
     /// The backend for a request from `remote` that has tried `tried` already: by the route's
     /// policy among those neither down (by the demux's check), ejected nor tried, else among
     /// those neither down nor tried, else among those not tried.
-    pub(crate) fn choose(&self, remote: SocketAddr, tried: &[Arc<Backend>]) -> Arc<Backend> {
+    fn choose(&self, remote: SocketAddr, tried: &[Arc<Backend>]) -> Arc<Backend> {
         if let ([only], []) = (&self.backends[..], tried) {
             // The one backend, whatever its state (as below, with nothing to choose from):
             // no lists to make for the most common route.
@@ -925,6 +948,43 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with(b"no healthy upstream"));
         assert!(all.iter().all(|b| b.requests.load(Ordering::Relaxed) == 0));
+        assert!(all
+            .iter()
+            .all(|b| b.skipped_down.load(Ordering::Relaxed) == 1));
+    }
+
+    /// Tunnel counters that count nothing: a refused tunnel is counted by the pool.
+    struct NoCounts;
+
+    impl super::super::TunnelCounters for NoCounts {
+        fn opened(&self) {}
+        fn refused(&self) {}
+        fn closed(&self, _: super::super::TunnelEnd) {}
+        fn moved(&self, _: bool, _: u64) {}
+    }
+
+    #[tokio::test]
+    async fn every_backend_down_refuses_a_tunnel_with_a_503_and_none_tried() {
+        use ringmux_ring::health::Verdict;
+        let all = [backend(1), backend(2)];
+        let (pool, table) = checked(&all);
+        table.set(1, Verdict::Down);
+        table.set(2, Verdict::Down);
+        let mut head = Request::get("/ws").body(()).unwrap();
+        let side = ClientSide {
+            upgrade: hyper::upgrade::on(&mut head),
+            stats: Arc::new(NoCounts),
+            tunnels: Arc::default(),
+            hold: Box::new(()),
+        };
+        let ask = Ask::Upgrade(http::HeaderValue::from_static("websocket"));
+        let (parts, ()) = head.into_parts();
+        let opened = pool.tunnel(parts, ask, client(1), side, &mut None).await;
+        let Opened::Exchange(Exchange::Reply(status, body)) = opened else {
+            panic!("a reply of ringmux's own");
+        };
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with(b"no healthy upstream"));
         assert!(all
             .iter()
             .all(|b| b.skipped_down.load(Ordering::Relaxed) == 1));
