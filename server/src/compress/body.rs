@@ -50,23 +50,21 @@ impl ProxyCoding {
     /// no `content-length`, a coded entity tag, `vary`), `vary` added to any response that
     /// could have been coded, and `body` coded or passed as it is.
     pub(crate) fn apply<B>(self, head: &mut response::Parts, body: B) -> CodedBody<B> {
-        let plain = CodedBody {
-            inner: body,
-            encoder: None,
-            pending: Bytes::new(),
-            unflushed: false,
-            trailers: None,
-            done: false,
-        };
+        self.code(head, body).unwrap_or_else(CodedBody::plain)
+    }
+
+    /// [`ProxyCoding::apply`], but a body left as it is comes back as it is (`Err`), with no
+    /// wrapper to poll through: most proxied responses are never coded.
+    pub(crate) fn code<B>(self, head: &mut response::Parts, body: B) -> Result<CodedBody<B>, B> {
         if !self.enabled || !eligible(head.status, &head.headers) {
-            return plain;
+            return Err(body);
         }
         add_vary(&mut head.headers);
         let Some(coding) = self.coding else {
-            return plain;
+            return Err(body);
         };
         let Ok(encoder) = Encoder::new(coding, Level::OnTheFly) else {
-            return plain;
+            return Err(body);
         };
         let h = &mut head.headers;
         h.remove(header::CONTENT_LENGTH);
@@ -76,10 +74,10 @@ impl ProxyCoding {
             let coded = coded_etag(tag, coding);
             h.insert(header::ETAG, coded);
         }
-        CodedBody {
+        Ok(CodedBody {
             encoder: Some(encoder),
-            ..plain
-        }
+            ..CodedBody::plain(body)
+        })
     }
 }
 
@@ -130,6 +128,20 @@ pub(crate) struct CodedBody<B> {
     trailers: Option<HeaderMap>,
     /// The upstream's body ended (and the coder with it).
     done: bool,
+}
+
+impl<B> CodedBody<B> {
+    /// `body` passed as it is.
+    fn plain(body: B) -> CodedBody<B> {
+        CodedBody {
+            inner: body,
+            encoder: None,
+            pending: Bytes::new(),
+            unflushed: false,
+            trailers: None,
+            done: false,
+        }
+    }
 }
 
 impl<B> Body for CodedBody<B>

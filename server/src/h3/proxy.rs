@@ -83,8 +83,9 @@ pub(crate) async fn proxy_h3(
         .await
     {
         Exchange::Response(r) => r,
+        // Our own answers are rare: their state out of the request's.
         Exchange::Reply(status, body) => {
-            return reply(&mut tx, rules, rules.own_error(status, body)).await
+            return Box::pin(reply(&mut tx, rules, rules.own_error(status, body))).await
         }
         Exchange::ClientGone => {
             tx.stop_stream(Code::H3_REQUEST_CANCELLED);
@@ -92,23 +93,41 @@ pub(crate) async fn proxy_h3(
         }
     };
     let (mut parts, body) = response.into_parts();
-    let mut body = coding.apply(&mut parts, body);
+    let body = coding.code(&mut parts, body);
     rules.response(&mut parts.headers);
     let status = parts.status;
     if let Err(e) = tx.send_response(Response::from_parts(parts, ())).await {
         debug!(error = %e, "client went away before the response head");
         return Outcome::Failed;
     }
-    let mut bytes = 0u64;
     if head {
-        return finish(&mut tx, status, bytes).await;
+        return finish(&mut tx, status, 0).await;
     }
+    let sent = match body {
+        // Most responses are passed as they are, polled with no coder around them.
+        Err(plain) => send_body(&mut tx, plain, sent).await,
+        Ok(coded) => Box::pin(send_body(&mut tx, coded, sent)).await,
+    };
+    match sent {
+        Some(bytes) => finish(&mut tx, status, bytes).await,
+        None => Outcome::Failed,
+    }
+}
+
+/// Sends `body`'s frames on `tx`, counting its data bytes into `sent`: how many, or `None`
+/// when the client went away or the body failed (the stream is reset then: the head is out,
+/// and a short body must not look complete).
+async fn send_body<B>(tx: &mut SendHalf, mut body: B, sent: &AtomicU64) -> Option<u64>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut bytes = 0u64;
     while let Some(frame) = body.frame().await {
         let sending = match frame {
-            // Counted already; the head is out: a reset, not a short body that looks complete.
+            // Counted already.
             Err(_) => {
                 tx.stop_stream(Code::H3_INTERNAL_ERROR);
-                return Outcome::Failed;
+                return None;
             }
             Ok(frame) => match frame.into_data() {
                 Ok(data) if data.is_empty() => continue,
@@ -129,10 +148,10 @@ pub(crate) async fn proxy_h3(
         };
         if let Err(e) = sending {
             debug!(error = %e, "client went away during the response body");
-            return Outcome::Failed;
+            return None;
         }
     }
-    finish(&mut tx, status, bytes).await
+    Some(bytes)
 }
 
 fn client_gone_early(e: h3::error::StreamError) -> Outcome {

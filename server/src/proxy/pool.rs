@@ -21,6 +21,7 @@
 //!   backend it marks down is left out of the choice as an ejected one is, and counted
 //!   (`backend_skipped_down`). When it marks every backend of the route down, the request is
 //!   answered 503 at once, as Caddy answers when no upstream is available: nothing is tried.
+//!   A tunnel (a WebSocket) is refused the same way (`Pool::tunnel`).
 //! * Every decision is counted per backend and reported as series labelled by the backend
 //!   ([`report`]): bounded, as the backends are the configuration's.
 
@@ -42,7 +43,10 @@ use ringmux_proto::WorkerReport;
 use tracing::warn;
 
 use super::health::Verdicts;
-use super::{empty_body, BoxError, ErrorKind, Exchange, ProxyBody, Upstream};
+use super::{
+    empty_body, Ask, BoxError, ClientSide, ErrorKind, Exchange, Opened, ProxyBody, Upstream,
+};
+use crate::access_log::Logged;
 
 /// Why a backend's request failed, for `ringmux_worker_backend_failures_total{backend,kind}`:
 /// the proxy's [`ErrorKind`]s, then a 5xx response.
@@ -204,6 +208,35 @@ enum Held {
     Unread(Arc<Mutex<Option<ProxyBody>>>),
 }
 
+/// What the attempts of a request that may be retried share.
+struct Attempts {
+    /// The request's head, copied for each attempt.
+    parts: http::request::Parts,
+    held: Held,
+    /// Set when the body passed `max_body` (`None`: no limit, or no body).
+    cut: Option<Arc<AtomicBool>>,
+    remote: SocketAddr,
+    early: bool,
+}
+
+/// `backend`'s `response` as the client gets it: a 5xx counted towards its ejection, any
+/// other status clearing its failures, and the request in flight there until the body ends.
+fn answered(
+    backend: &Backend,
+    passive: &PassiveHealth,
+    in_flight: InFlight,
+    mut response: http::Response<super::UpstreamBody>,
+) -> Exchange {
+    if response.status().is_server_error() {
+        backend.status_5xx.fetch_add(1, Ordering::Relaxed);
+        backend.failed(passive);
+    } else {
+        backend.health.succeeded();
+    }
+    response.body_mut().guard = Some(Box::new(in_flight));
+    Exchange::Response(response)
+}
+
 impl Pool {
     /// A pool of `backends` (at least one, as a route's declaration holds), shared by
     /// `balancing`, refusing bodies past `max_body`.
@@ -242,28 +275,104 @@ impl Pool {
 
     /// Passes one request to a backend, and on to another when it failed and may be retried
     /// (the module's rules); [`Upstream::exchange`]'s contract otherwise, for both transports.
+    /// The refusals and the attempts that keep the request for a retry are out of line, so
+    /// the state of the common request (one attempt, the request moved as it is) stays small.
     pub async fn exchange(
         self: &Arc<Self>,
         request: Request<ProxyBody>,
         remote: SocketAddr,
         early: bool,
     ) -> Exchange {
-        if self.all_down() {
-            for b in &self.backends {
-                b.skipped_down.fetch_add(1, Ordering::Relaxed);
-            }
-            discard(request.into_body()).await;
-            return Exchange::Reply(StatusCode::SERVICE_UNAVAILABLE, ALL_DOWN);
+        if let Some(refusal) = self.all_down_refusal() {
+            Box::pin(discard(request.into_body())).await;
+            return refusal;
         }
         let limit = self.max_body.get();
         let length = content_length(request.headers());
         if let (Some(limit), Some(length)) = (limit, length) {
             if length > limit {
-                discard(request.into_body()).await;
+                Box::pin(discard(request.into_body())).await;
                 return Exchange::Reply(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
             }
         }
+        let empty = length == Some(0) || request.body().is_end_stream();
+        // A body past `max_body` says so here: whatever the attempt then came to, the answer
+        // is 413 (hyper reports the body's error as a request of ours it refused).
+        let cut = match (limit, empty) {
+            (Some(_), false) => Some(Arc::new(AtomicBool::new(false))),
+            _ => None,
+        };
+        let limited = |body: ProxyBody| match (limit, &cut) {
+            (Some(limit), Some(cut)) => LimitedBody::new(body, limit, cut.clone()).boxed_unsync(),
+            _ => body,
+        };
+        let retries = usize::from(self.balancing.retries.get());
+        if retries == 0 || self.backends.len() == 1 {
+            return self.once(request.map(limited), remote, early, cut).await;
+        }
         let (parts, body) = request.into_parts();
+        let held = match empty {
+            true => Held::Empty,
+            false => Held::Unread(Arc::new(Mutex::new(Some(limited(body))))),
+        };
+        let attempts = Attempts {
+            parts,
+            held,
+            cut,
+            remote,
+            early,
+        };
+        Box::pin(self.with_retries(attempts, retries)).await
+    }
+
+    /// The answer when the demux's health checks mark every backend down, each counted as
+    /// skipped: a 503 at once, nothing tried (requests and tunnels alike).
+    fn all_down_refusal(&self) -> Option<Exchange> {
+        if !self.all_down() {
+            return None;
+        }
+        for b in &self.backends {
+            b.skipped_down.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(Exchange::Reply(StatusCode::SERVICE_UNAVAILABLE, ALL_DOWN))
+    }
+
+    /// The one attempt of a request no other attempt could follow (one backend, or no
+    /// retries): the request goes to the chosen backend as it is, nothing kept for a retry.
+    async fn once(
+        &self,
+        request: Request<ProxyBody>,
+        remote: SocketAddr,
+        early: bool,
+        cut: Option<Arc<AtomicBool>>,
+    ) -> Exchange {
+        let backend = self.choose(remote, &[]);
+        let in_flight = InFlight::new(&backend);
+        let result = backend.upstream.attempt(request, remote, early).await;
+        let passive = &self.balancing.passive;
+        match result {
+            Ok(Exchange::Response(response)) => answered(&backend, passive, in_flight, response),
+            _ if cut.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) => {
+                Exchange::Reply(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE)
+            }
+            Ok(other) => other,
+            Err(kind) => {
+                backend.failed(passive);
+                Exchange::Reply(kind.status(), kind.body())
+            }
+        }
+    }
+
+    /// The attempts of a request that may go to another backend after a failure (the
+    /// module's rules), up to `retries` more.
+    async fn with_retries(&self, attempts: Attempts, retries: usize) -> Exchange {
+        let Attempts {
+            parts,
+            held,
+            cut,
+            remote,
+            early,
+        } = attempts;
         let idempotent = matches!(
             parts.method,
             Method::GET
@@ -273,22 +382,8 @@ impl Pool {
                 | Method::DELETE
                 | Method::TRACE
         );
-        let empty = length == Some(0) || body.is_end_stream();
-        // Set when the body passed `max_body`: whatever the attempt then came to, the answer
-        // is 413 (hyper reports the body's error as a request of ours it refused).
-        let cut = Arc::new(AtomicBool::new(false));
-        let held = match empty {
-            true => Held::Empty,
-            false => {
-                let body = match limit {
-                    Some(limit) => LimitedBody::new(body, limit, cut.clone()).boxed_unsync(),
-                    None => body,
-                };
-                Held::Unread(Arc::new(Mutex::new(Some(body))))
-            }
-        };
+        let empty = matches!(held, Held::Empty);
         let mut tried = Vec::with_capacity(2);
-        let retries = usize::from(self.balancing.retries.get());
         loop {
             let backend = self.choose(remote, &tried);
             let body = match &held {
@@ -303,17 +398,10 @@ impl Pool {
             let in_flight = InFlight::new(&backend);
             let passive = &self.balancing.passive;
             match backend.upstream.attempt(request, remote, early).await {
-                Ok(Exchange::Response(mut response)) => {
-                    if response.status().is_server_error() {
-                        backend.status_5xx.fetch_add(1, Ordering::Relaxed);
-                        backend.failed(passive);
-                    } else {
-                        backend.health.succeeded();
-                    }
-                    response.body_mut().guard = Some(Box::new(in_flight));
-                    return Exchange::Response(response);
+                Ok(Exchange::Response(response)) => {
+                    return answered(&backend, passive, in_flight, response);
                 }
-                Ok(_) | Err(_) if cut.load(Ordering::Relaxed) => {
+                _ if cut.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) => {
                     return Exchange::Reply(StatusCode::PAYLOAD_TOO_LARGE, TOO_LARGE);
                 }
                 Ok(other) => return other,
@@ -339,10 +427,37 @@ impl Pool {
         }
     }
 
+    /// Opens a tunnel to one backend, chosen as a request's is and never retried (the
+    /// client's bytes may have reached it); when the demux's checks mark every backend down,
+    /// a 503 at once as a request gets, counted the same way, and no backend is tried.
+    pub(crate) async fn tunnel(
+        &self,
+        parts: http::request::Parts,
+        ask: Ask,
+        remote: SocketAddr,
+        client: ClientSide,
+        logged: &mut Option<Logged>,
+    ) -> Opened {
+        if let Some(refusal) = self.all_down_refusal() {
+            return Opened::Exchange(refusal);
+        }
+        let backend = self.choose(remote, &[]);
+        let upstream = backend.upstream();
+        upstream.tunnel(parts, ask, remote, client, logged).await
+    }
+
     /// The backend for a request from `remote` that has tried `tried` already: by the route's
     /// policy among those neither down (by the demux's check), ejected nor tried, else among
     /// those neither down nor tried, else among those not tried.
-    pub(crate) fn choose(&self, remote: SocketAddr, tried: &[Arc<Backend>]) -> Arc<Backend> {
+    fn choose(&self, remote: SocketAddr, tried: &[Arc<Backend>]) -> Arc<Backend> {
+        if let ([only], []) = (&self.backends[..], tried) {
+            // The one backend, whatever its state (as below, with nothing to choose from):
+            // no lists to make for the most common route.
+            if self.verdicts.as_ref().is_some_and(|v| v.down(0)) {
+                only.skipped_down.fetch_add(1, Ordering::Relaxed);
+            }
+            return only.clone();
+        }
         let now = now_ms();
         let untried = |b: &&Arc<Backend>| !tried.iter().any(|t| Arc::ptr_eq(t, b));
         // Each verdict loaded once for this choice.
@@ -833,6 +948,43 @@ mod tests {
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.starts_with(b"no healthy upstream"));
         assert!(all.iter().all(|b| b.requests.load(Ordering::Relaxed) == 0));
+        assert!(all
+            .iter()
+            .all(|b| b.skipped_down.load(Ordering::Relaxed) == 1));
+    }
+
+    /// Tunnel counters that count nothing: a refused tunnel is counted by the pool.
+    struct NoCounts;
+
+    impl super::super::TunnelCounters for NoCounts {
+        fn opened(&self) {}
+        fn refused(&self) {}
+        fn closed(&self, _: super::super::TunnelEnd) {}
+        fn moved(&self, _: bool, _: u64) {}
+    }
+
+    #[tokio::test]
+    async fn every_backend_down_refuses_a_tunnel_with_a_503_and_none_tried() {
+        use ringmux_ring::health::Verdict;
+        let all = [backend(1), backend(2)];
+        let (pool, table) = checked(&all);
+        table.set(1, Verdict::Down);
+        table.set(2, Verdict::Down);
+        let mut head = Request::get("/ws").body(()).unwrap();
+        let side = ClientSide {
+            upgrade: hyper::upgrade::on(&mut head),
+            stats: Arc::new(NoCounts),
+            tunnels: Arc::default(),
+            hold: Box::new(()),
+        };
+        let ask = Ask::Upgrade(http::HeaderValue::from_static("websocket"));
+        let (parts, ()) = head.into_parts();
+        let opened = pool.tunnel(parts, ask, client(1), side, &mut None).await;
+        let Opened::Exchange(Exchange::Reply(status, body)) = opened else {
+            panic!("a reply of ringmux's own");
+        };
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with(b"no healthy upstream"));
         assert!(all
             .iter()
             .all(|b| b.skipped_down.load(Ordering::Relaxed) == 1));

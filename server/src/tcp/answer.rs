@@ -133,14 +133,7 @@ async fn tunnel(
         tunnels: conn.tunnels.clone(),
         hold: Box::new(conn.tracked.begin(&conn.stats)),
     };
-    // A tunnel goes to one backend, chosen as a request is, and is never retried: the
-    // client's bytes may have reached it.
-    let backend = pool.choose(conn.remote, &[]);
-    match backend
-        .upstream()
-        .tunnel(parts, ask, conn.remote, client, logged)
-        .await
-    {
+    match pool.tunnel(parts, ask, conn.remote, client, logged).await {
         Opened::Head(head) => {
             conn.stats.count_response(site, head.status);
             Response::from_parts(
