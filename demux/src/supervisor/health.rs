@@ -202,10 +202,10 @@ mod tests {
         checks.fed = vec![other.clone(), older.clone()];
         let fds = checks.handed_over(Some(&current));
         let fd_of = |t: &HealthTable| t.writer.fd().as_raw_fd();
-        assert_eq!(fds, vec![fd_of(&*current), fd_of(&*older)]);
+        assert_eq!(fds, vec![fd_of(&current), fd_of(&older)]);
         // Workers of the old image, each reading its table.
         let reads = |t: &HealthTable| HealthReader::attach(t.writer.read_only().unwrap()).unwrap();
-        let (worker, older_worker) = (reads(&*current), reads(&*older));
+        let (worker, older_worker) = (reads(&current), reads(&older));
         // The new image (the descriptors cross `execve` as they are; duplicates here).
         let mut ours = HealthTable::for_sites(&two);
         let handed = [&current, &older]
