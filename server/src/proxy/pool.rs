@@ -898,7 +898,7 @@ mod tests {
     fn checked(all: &[Arc<Backend>]) -> (Arc<Pool>, ringmux_ring::health::HealthWriter) {
         use ringmux_ring::health::{HealthReader, HealthWriter};
         let table = HealthWriter::create(1 + all.len() as u32).unwrap();
-        let reader = HealthReader::attach(table.fd().try_clone_to_owned().unwrap()).unwrap();
+        let reader = HealthReader::attach(table.read_only().unwrap()).unwrap();
         let balancing = Balancing {
             lb: Balance::RoundRobin,
             ..Balancing::default()
