@@ -54,6 +54,7 @@ pub fn model_pair(slots: u32) -> (ModelProducer, ModelConsumer) {
             tail: u64s(),
             doorbells: u64s(),
             dropped_full: u64s(),
+            busy: u64s(),
             reserved: std::array::from_fn(|_| u64s()),
         },
     });
