@@ -274,9 +274,13 @@ impl FromStr for Cidr {
             Some((a, l)) => (a, Some(l)),
             None => (s, None),
         };
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| bad("expected an IPv4 or IPv6 address before the /"))?;
+        let addr: IpAddr = addr.parse().map_err(|_| {
+            bad(if len.is_some() {
+                "expected an IPv4 or IPv6 address before the /"
+            } else {
+                "expected an IPv4 or IPv6 address, or a block such as 203.0.113.0/24"
+            })
+        })?;
         let bits = if addr.is_ipv4() { 32 } else { 128 };
         let len = match len {
             None => bits,
@@ -452,7 +456,11 @@ mod tests {
         for (bad, says) in [
             ("203.0.113.1/24", "bits are set beyond the prefix"),
             ("203.0.113.0/33", "the prefix length is 0 to 32"),
-            ("example.com/8", "expected an IPv4 or IPv6 address"),
+            (
+                "example.com/8",
+                "expected an IPv4 or IPv6 address before the /",
+            ),
+            ("localhost", "address, or a block such as 203.0.113.0/24"),
             ("10.0.0.0/x", "the prefix length"),
         ] {
             let e = bad.parse::<Cidr>().unwrap_err().to_string();
